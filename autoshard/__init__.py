@@ -1,0 +1,1 @@
+"""autoshard: automatic parallelization compiler for PyTorch."""

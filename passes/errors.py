@@ -1,0 +1,25 @@
+"""Errors autoshard raises for bad input. Each message names the cause and what to do."""
+
+
+class AutoshardError(Exception):
+    """Base class of every error autoshard raises on purpose."""
+
+
+class TraceError(AutoshardError):
+    """The model could not be captured (names the construct and where it is)."""
+
+
+class MeshError(AutoshardError):
+    """The mesh does not match the world (shows the arithmetic)."""
+
+
+class InfeasiblePlanError(AutoshardError):
+    """No plan fits the memory limit (shows the smallest memory any plan needs and what dominates)."""
+
+
+class BatchError(AutoshardError):
+    """A batch does not divide over the mesh, or differs from the batch the program was built for."""
+
+
+class PlanFormatError(AutoshardError):
+    """A saved plan is malformed or belongs to a different model/mesh."""

@@ -1,0 +1,76 @@
+"""The logical device mesh the planner shards over.
+
+A ``Mesh`` is a validated, immutable description: its shape (one size per axis) and axis names.
+It holds no process group; the runtime builds a ``torch.distributed.DeviceMesh`` of the same
+shape when it runs. Axis 0 is the outermost (slowest, e.g. across nodes); the last axis is the
+innermost (fastest, e.g. NVLink inside a node).
+
+>>> Mesh.of((2, 2))
+Mesh(shape=(2, 2), axis_names=('dp', 'tp'))
+>>> Mesh.of(4).size
+4
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+_DEFAULT_NAMES = {1: ("dp",), 2: ("dp", "tp"), 3: ("pp", "dp", "tp")}
+
+
+@dataclass(frozen=True)
+class Mesh:
+    shape: tuple[int, ...]
+    axis_names: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        shape = tuple(int(s) for s in self.shape)
+        if not shape or any(s < 1 for s in shape):
+            raise ValueError(f"mesh shape must be a non-empty tuple of positive ints, got {self.shape!r}")
+        names = tuple(self.axis_names) or _DEFAULT_NAMES.get(len(shape), tuple(f"axis{i}" for i in range(len(shape))))
+        if len(names) != len(shape):
+            raise ValueError(f"mesh has {len(shape)} axes {shape} but {len(names)} axis names {names}")
+        if len(set(names)) != len(names):
+            raise ValueError(f"mesh axis names must be distinct, got {names}")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "axis_names", names)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @classmethod
+    def of(cls, mesh) -> "Mesh":
+        """Accept an int, a tuple of ints, a ``Mesh`` or a ``torch.distributed.DeviceMesh``."""
+        if isinstance(mesh, Mesh):
+            return mesh
+        if isinstance(mesh, int):
+            return cls((mesh,))
+        if isinstance(mesh, (tuple, list)):
+            return cls(tuple(mesh))
+        shape = getattr(mesh, "shape", None)
+        names = getattr(mesh, "mesh_dim_names", None)
+        if shape is not None and hasattr(mesh, "get_group"):
+            return cls(tuple(shape), tuple(names) if names else ())
+        raise TypeError(
+            f"mesh must be an int, a tuple of ints, an autoshard.Mesh or a DeviceMesh; got {type(mesh).__name__}"
+        )
+
+    def coordinate(self, rank: int) -> tuple[int, ...]:
+        """Row-major coordinate of ``rank`` (the layout torch's init_device_mesh uses)."""
+        coord = []
+        for size in reversed(self.shape):
+            coord.append(rank % size)
+            rank //= size
+        return tuple(reversed(coord))
+
+    def to_json(self) -> dict:
+        return {"shape": list(self.shape), "axis_names": list(self.axis_names)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Mesh":
+        return cls(tuple(data["shape"]), tuple(data["axis_names"]))
