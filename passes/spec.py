@@ -151,3 +151,30 @@ class Strategy:
             tuple(tuple(parse_placement(p) for p in pls) for pls in data["outputs"]),
             tuple(data.get("lowerings", ())),
         )
+
+
+#: The special local lowerings a rule may name, and what the runtime does for each (runtime/lowerings.py
+#: implements them; a rule may name no other). "Sharded axes" are the mesh axes whose 1-D strategy
+#: carries this lowering.
+LOWERINGS: dict[str, str] = {
+    "mean_partial": (
+        "aten.mean over dims that include a dim sharded on these axes: output P on these axes; each rank "
+        "computes mean(local) * (local count of reduced elements) / (global count)."
+    ),
+    "loss_mean_partial": (
+        "aten.cross_entropy_loss / aten.nll_loss / aten.mse_loss / aten.l1_loss / "
+        "aten.binary_cross_entropy_with_logits with reduction=mean whose batch (or element) dims are sharded on "
+        "these axes: output P; each rank computes its local sum of per-element losses divided by the GLOBAL "
+        "number of counted elements (for ignore_index / class weights: the global total weight, obtained "
+        "by an all-reduce of the local total weight over these axes, outside autograd)."
+    ),
+    "batch_norm_sync": (
+        "aten.batch_norm (training) with the batch/spatial dims of its input sharded on these axes: mean and "
+        "variance are computed over the GLOBAL batch (sum, sum of squares and count all-reduced over these "
+        "axes, differentiably), running stats updated with the global statistics; output placed like input."
+    ),
+    "embedding_vocab": (
+        "aten.embedding with weight S(0) (vocabulary rows) on these axes and indices R: each rank looks up "
+        "the rows it owns, zeros elsewhere; output P."
+    ),
+}
