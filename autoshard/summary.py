@@ -1,0 +1,47 @@
+"""Text summary of a plan: estimates, parameter placements (repeated blocks folded), collectives."""
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from autoshard.drawing import _human_bytes, _human_time
+from autoshard.passes.spec import fmt_placements
+
+
+def _fold(name: str) -> str:
+    return re.sub(r"\.\d+\.", ".#.", name)
+
+
+def plan_summary(plan) -> str:
+    sol, mesh = plan.solution, plan.mesh
+    out = [f"autoshard plan: mesh {mesh.shape} axes {mesh.axis_names}, hardware {plan.hardware}"]
+    tb = getattr(sol, "time_breakdown", {}) or {}
+    out.append(f"  estimated step time: {_human_time(plan.estimated_step_time)}  ("
+               + ", ".join(f"{k} {_human_time(v)}" for k, v in tb.items()) + ")")
+    mb = getattr(sol, "memory_breakdown", {}) or {}
+    out.append(f"  estimated memory, busiest device: {_human_bytes(plan.estimated_memory)}  ("
+               + ", ".join(f"{k} {_human_bytes(v)}" for k, v in mb.items()) + ")")
+    out.append("  parameters (storage placement per mesh axis; repeated blocks folded as #):")
+    folded: dict[str, tuple[str, int]] = {}
+    for name, pls in plan.param_placements.items():
+        key = (_fold(name), fmt_placements(pls))
+        folded[key] = folded.get(key, 0) + 1
+    width = max((len(k[0]) for k in folded), default=10)
+    for (name, pls), count in folded.items():
+        out.append(f"    {name:<{width}}  {pls}" + (f"  x{count}" if count > 1 else ""))
+    kinds = Counter()
+    total_bytes = 0
+    for r in sol.redistributions:
+        for c in r.collectives:
+            kinds[c.kind] += 1
+            total_bytes += c.bytes
+    syncs = Counter(c.kind for items in sol.param_grad_syncs.values() for c in items)
+    out.append(f"  inserted collectives (forward graph, each with its backward adjoint): "
+               f"{sum(kinds.values())} {dict(kinds)}, {_human_bytes(total_bytes)}")
+    out.append(f"  gradient syncs: {sum(syncs.values())} {dict(syncs)}")
+    if sol.unruled_ops:
+        out.append(f"  ops run replicated for lack of a sharding rule: {', '.join(sol.unruled_ops)}")
+    stats = getattr(sol, "solver_stats", {}) or {}
+    if stats:
+        out.append("  solver: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
+    return "\n".join(out)

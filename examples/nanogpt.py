@@ -1,0 +1,84 @@
+"""A small GPT (pre-LN, causal attention, GELU MLP, learned positions, tied LM head) and a generated
+character corpus, shared by the examples and benchmarks."""
+from __future__ import annotations
+
+import random
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.ln_1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln_2 = nn.LayerNorm(d)
+        self.fc = nn.Linear(d, 4 * d)
+        self.fc_out = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc_out(F.gelu(self.fc(self.ln_2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int = 64, d: int = 64, n_layer: int = 2, n_head: int = 4, seq: int = 32):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList([Block(d, n_head) for _ in range(n_layer)])
+        self.ln_f = nn.LayerNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied embeddings
+
+    def forward(self, idx):
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+def lm_loss(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+_WORDS = ("the cat dog bird sat ran flew on under over a mat tree roof and then quickly slowly "
+          "big small red green sees eats finds").split()
+
+
+def generate_corpus(n_sentences: int = 2000, seed: int = 0) -> str:
+    """A deterministic toy language: sentences from a tiny grammar, so a GPT can learn its regularities."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n_sentences):
+        subj = rng.choice(["the cat", "the dog", "a bird", "the big cat", "a small dog"])
+        verb = rng.choice(["sat", "ran", "flew", "sees", "eats", "finds"])
+        place = rng.choice(["on the mat", "under the tree", "over the roof", "and then ran", "quickly"])
+        out.append(f"{subj} {verb} {place}.")
+    return " ".join(out)
+
+
+class CharData:
+    """Character-level batches from a corpus: ``batch(n, seq, step)`` -> (ids, next-ids), deterministic."""
+
+    def __init__(self, text: str):
+        chars = sorted(set(text))
+        self.vocab = len(chars)
+        self.stoi = {c: i for i, c in enumerate(chars)}
+        self.data = torch.tensor([self.stoi[c] for c in text], dtype=torch.long)
+
+    def batch(self, n: int, seq: int, step: int):
+        g = torch.Generator().manual_seed(step)
+        starts = torch.randint(0, len(self.data) - seq - 1, (n,), generator=g)
+        x = torch.stack([self.data[s:s + seq] for s in starts])
+        y = torch.stack([self.data[s + 1:s + seq + 1] for s in starts])
+        return x, y
