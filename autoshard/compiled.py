@@ -25,14 +25,31 @@ class CompiledModel:
                                     model=model, state_dict=state_dict)
 
     # ---- running -------------------------------------------------------------------------------
-    def step(self, *inputs, target=None) -> float:
+    def step(self, *inputs, target=None, **named_inputs) -> float:
         """Forward and backward over the GLOBAL batch (the same full tensors on every rank); returns the
-        mean loss, identical on every rank. Gradients land on ``parameters()``."""
-        return self._program.step(*inputs, target=target)
+        mean loss, identical on every rank. Gradients land on ``parameters()``. Inputs traced as keywords
+        (``example_inputs={"input_ids": ...}``) may be passed by name."""
+        return self._program.step(*self._ordered(inputs, named_inputs), target=target)
 
-    def __call__(self, *inputs):
+    def __call__(self, *inputs, **named_inputs):
         """Forward only; returns the full (gathered) output on every rank."""
-        return self._program.forward(*inputs)
+        return self._program.forward(*self._ordered(inputs, named_inputs))
+
+    def _ordered(self, inputs: tuple, named: dict) -> tuple:
+        if not named:
+            return inputs
+        order = [n for n in self.plan.captured.inputs if n != self.plan.captured.target]
+        unknown = sorted(set(named) - set(order))
+        if unknown:
+            from autoshard.passes.errors import BatchError
+            raise BatchError(f"unknown input name(s) {unknown}; the program was traced with inputs {order}")
+        positional = list(inputs)
+        for name in order[len(positional):]:
+            if name not in named:
+                from autoshard.passes.errors import BatchError
+                raise BatchError(f"input {name!r} is missing; the program was traced with inputs {order}")
+            positional.append(named[name])
+        return tuple(positional)
 
     # ---- state -----------------------------------------------------------------------------------
     def parameters(self) -> Iterator[torch.nn.Parameter]:

@@ -131,9 +131,9 @@ class Plan:
 def load_plan(path: str) -> Plan:
     """Read a plan written by ``Plan.save`` (JSON only; nothing is executed)."""
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             data = json.load(f)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise PlanFormatError(f"{path} is not valid JSON ({e}); was it written by Plan.save?") from e
     return Plan.from_json(data)
 

@@ -1,0 +1,377 @@
+"""Analytic cost model: seconds for compute and collectives, bytes per rank for memory.
+
+Collectives over one mesh axis of ``n`` devices with link bandwidth ``bw`` (bytes/s per direction)
+and per-step latency ``lat``; ``B`` is always the FULL per-group bytes (the gathered tensor for an
+all-gather, the input of a reduce-scatter, the tensor each rank holds for an all-reduce, the sum of
+all ranks' pieces for an all-to-all); every call also pays ``hardware.collective_launch_s``:
+
+    all_reduce      2 (n-1)/n   * B / bw  +  2 (n-1) * lat     (ring: reduce-scatter + all-gather)
+    all_gather        (n-1)/n   * B / bw  +    (n-1) * lat
+    reduce_scatter    (n-1)/n   * B / bw  +    (n-1) * lat
+    all_to_all        (n-1)/n^2 * B / bw  +    (n-1) * lat     (each rank keeps 1/n of its B/n piece)
+
+>>> round(collective_seconds("all_reduce", 8e9, 4, 100e9, 0.0), 4)   # 2 * 3/4 * 8 GB / 100 GB/s
+0.12
+
+Redistribution of a tensor from placements ``src`` to ``dst`` is priced axis by axis. Per-axis
+transitions: R->S(d) and R->P are free (take the local chunk / keep a summand); P->S(d)
+reduce-scatter; S(i)->S(j) all-to-all; P->R all-reduce; S->R (and S->P) all-gather. Transitions run
+in that order (free chunks first, gathers last), so the bytes on axis ``a`` are the tensor's bytes
+divided by the shard factor of the OTHER axes at that point. Backward pays each forward
+collective's adjoint (all-gather <-> reduce-scatter, all-reduce <-> all-reduce, all-to-all <->
+all-to-all; chunk <-> free) unless the value needs no gradient.
+
+Compute: matmul-like ops (mm, addmm, bmm, baddbmm, matmul, linear, einsum, scaled-dot-product
+attention, convolution) cost FLOPs / peak FLOP/s for their dtype, with backward = forward per
+differentiable matrix operand (2x when both need a gradient); every other op is memory-bound,
+(bytes read + written) / memory bandwidth, with backward = 1x forward; views cost nothing. A
+strategy's local cost is the global cost divided by the product of the sizes of the axes on which
+any operand or output is S or P.
+
+Memory per rank: parameters, gradients (same dtype) and optimizer state (``optimizer``: "adamw"
+keeps 2 fp32 states per element, "sgd" none) divided by the storage shard factor; activations are
+the local bytes of every non-view op output (autograd may save them), plus the local bytes of each
+redistributed copy that feeds an op (e.g. an all-gathered FSDP weight saved for backward).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.fx as fx
+
+from .graph import operand_meta, operands, outputs
+from .hardware import Hardware
+from .mesh import Mesh
+from .spec import Partial, Placement, Replicate, Shard, Strategy, TensorMeta
+
+__all__ = ["Collective", "collective_seconds", "optimizer_state_bytes", "CostModel", "GraphFacts", "NodePrice",
+           "ADJOINT", "op_name"]
+
+ADJOINT = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather",
+           "all_reduce": "all_reduce", "all_to_all": "all_to_all"}
+
+_OPTIMIZERS = {"adamw": 8.0, "adam": 8.0, "sgd": 0.0, "sgd_momentum": 4.0, "momentum": 4.0,
+               "adafactor": 0.0, "none": 0.0}
+
+_VIEWS = {"view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t", "permute", "expand",
+          "expand_as", "squeeze", "unsqueeze", "slice", "select", "split", "split_with_sizes", "unbind",
+          "chunk", "narrow", "alias", "detach", "as_strided", "view_as", "flatten", "unflatten",
+          "diagonal", "movedim", "getitem", "lift_fresh", "view_as_real", "view_as_complex",
+          "_assert_tensor_metadata", "sym_size", "sym_numel"}
+_NO_GRAD = {"detach", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
+            "argmax", "argmin", "arange", "zeros", "ones", "empty", "full", "scalar_tensor",
+            "_assert_tensor_metadata", "lift_fresh_copy"}
+_MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "einsum", "convolution", "conv1d",
+           "conv2d", "conv3d", "_convolution"}
+
+
+def op_name(target) -> str:
+    """``aten.linear.default`` -> ``linear``; ``operator.getitem`` -> ``getitem``."""
+    packet = getattr(target, "overloadpacket", None)
+    if packet is not None:
+        return packet.__name__
+    return getattr(target, "__name__", str(target))
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective a plan inserts: ``kind`` over mesh axis ``axis`` moving ``bytes`` (the full
+    per-group bytes B), taking ``seconds``; ``phase`` is "fwd" or "bwd" (the backward adjoint)."""
+    kind: str
+    axis: int
+    bytes: int
+    seconds: float
+    phase: str = "fwd"
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "axis": self.axis, "bytes": self.bytes, "seconds": self.seconds,
+                "phase": self.phase}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Collective":
+        return cls(str(d["kind"]), int(d["axis"]), int(d["bytes"]), float(d["seconds"]), str(d.get("phase", "fwd")))
+
+
+def collective_seconds(kind: str, nbytes: float, n: int, bandwidth: float, latency: float,
+                       launch: float = 0.0) -> float:
+    """Time of one ``kind`` collective over ``n`` devices; ``nbytes`` is the full per-group B."""
+    if n <= 1:
+        return 0.0
+    steps = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}[kind]
+    volume = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+              "all_to_all": (n - 1) / n ** 2}[kind]
+    return volume * nbytes / bandwidth + steps * (n - 1) * latency + launch
+
+
+def optimizer_state_bytes(optimizer: Union[str, float, int]) -> float:
+    """Optimizer state bytes per parameter element: a name ("adamw", "sgd", ...) or a number."""
+    if isinstance(optimizer, (int, float)) and not isinstance(optimizer, bool):
+        if optimizer < 0:
+            raise ValueError(f"optimizer state bytes per element must be >= 0, got {optimizer}")
+        return float(optimizer)
+    key = str(optimizer).lower()
+    if key not in _OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}: use one of {sorted(_OPTIMIZERS)} or the number of "
+                         "state bytes per parameter element (AdamW in fp32: 8)")
+    return _OPTIMIZERS[key]
+
+
+def _floating(meta) -> bool:
+    return isinstance(meta, TensorMeta) and meta.dtype.is_floating_point
+
+
+class GraphFacts:
+    """Per-node facts the cost model needs: kinds, which values need a gradient, global op cost.
+
+    ``kind[name]``: "param", "buffer", "input" (user inputs, the target, other placeholders) or "op".
+    ``requires_grad``: parameters, and every floating output computed from one (except ops that
+    cut the graph: detach, *_like constructors, ...). ``compute(name)``: (forward seconds, backward
+    seconds) of the op on one device holding everything.
+    """
+
+    def __init__(self, captured, hardware: Hardware):
+        gm = captured.gm
+        self.hardware = hardware
+        self.nodes: dict[str, fx.Node] = {n.name: n for n in gm.graph.nodes}
+        self.kind: dict[str, str] = {}
+        self.requires_grad: set[str] = set(captured.params)
+        self.views: set[str] = set()
+        self._compute: dict[str, tuple[float, float]] = {}
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                self.kind[node.name] = ("param" if node.name in captured.params else
+                                        "buffer" if node.name in captured.buffers else "input")
+                continue
+            if node.op != "call_function":
+                continue
+            self.kind[node.name] = "op"
+            name = op_name(node.target)
+            if name in _VIEWS:
+                self.views.add(node.name)
+            ins = [a for a in node.all_input_nodes if a.name in self.requires_grad]
+            metas = outputs(node)
+            if ins and name not in _NO_GRAD and any(_floating(m) for m in metas):
+                self.requires_grad.add(node.name)
+            self._compute[node.name] = self._op_seconds(node, name)
+
+    def _op_seconds(self, node: fx.Node, name: str) -> tuple[float, float]:
+        if node.name in self.views:
+            return 0.0, 0.0
+        ops = operands(node)
+        in_metas = [operand_meta(o) for o in ops]
+        out_metas = [m for m in outputs(node) if m is not None]
+        grad_out = node.name in self.requires_grad
+        flops = _matmul_flops(node, name, in_metas, out_metas)
+        if flops is not None and out_metas:
+            fwd = flops / self.hardware.peak_flops(out_metas[0].dtype)
+            if "scaled_dot_product" in name:
+                factor = 2.0 if grad_out else 0.0
+            else:
+                main = ops[1:3] if name in ("addmm", "baddbmm") else ops[:2]
+                factor = float(sum(1 for o in main if o.node.name in self.requires_grad))
+            return fwd, fwd * factor
+        moved = sum(m.nbytes for m in in_metas) + sum(m.nbytes for m in out_metas)
+        fwd = moved / self.hardware.memory_bandwidth
+        return fwd, (fwd if grad_out else 0.0)
+
+    def compute(self, name: str) -> tuple[float, float]:
+        return self._compute.get(name, (0.0, 0.0))
+
+    def tensor_outputs(self, name: str) -> list[TensorMeta]:
+        return [m for m in outputs(self.nodes[name]) if m is not None]
+
+    def value_needs_grad(self, producer: str, slot: int) -> bool:
+        """Does output ``slot`` (among tensor outputs) of ``producer`` carry a gradient?"""
+        if producer not in self.requires_grad:
+            return False
+        metas = self.tensor_outputs(producer)
+        return slot < len(metas) and _floating(metas[slot])
+
+
+def _matmul_flops(node: fx.Node, name: str, ins: list, outs: list) -> Optional[float]:
+    if not outs:
+        return None
+    out = outs[0]
+    if "scaled_dot_product" in name and len(ins) >= 3:
+        q, k, v = ins[:3]
+        batch = math.prod(q.shape[:-2])
+        L, E, S, Ev = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+        return 2.0 * batch * L * S * (E + Ev)
+    if name not in _MATMUL:
+        return None
+    if name == "einsum":
+        eq = node.args[0] if isinstance(node.args[0], str) else None
+        if eq is None:
+            return None
+        sizes: dict[str, int] = {}
+        for term, meta in zip(eq.split("->")[0].split(","), ins):
+            letters = re.sub(r"[^a-zA-Z]", "", term)
+            for ch, s in zip(letters, meta.shape[-len(letters):] if letters else ()):
+                sizes[ch] = s
+        return 2.0 * math.prod(sizes.values())
+    if name.startswith("conv") or name == "_convolution":
+        weight = ins[1]
+        return 2.0 * out.numel * math.prod(weight.shape[1:])
+    a = ins[1] if name in ("addmm", "baddbmm") else ins[0]
+    return 2.0 * out.numel * (a.shape[-1] if a.shape else 1)
+
+
+@dataclass
+class NodePrice:
+    """What one node costs under one strategy: local compute seconds, gradient all-reduces (for a
+    parameter), and bytes per rank by category."""
+    compute: float = 0.0
+    grad_sync: tuple = ()
+    params: float = 0.0
+    grads: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.compute + sum(c.seconds for c in self.grad_sync)
+
+    @property
+    def memory(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations
+
+
+class CostModel:
+    """Prices strategies and redistributions for one mesh and hardware (caches per instance)."""
+
+    def __init__(self, mesh: Mesh, hardware: Hardware, optimizer: Union[str, float] = "adamw", *,
+                 grad_bucket_bytes: float = 25 * 2 ** 20):
+        self.mesh = mesh
+        self.hardware = hardware
+        self.grad_bucket_bytes = grad_bucket_bytes
+        self.opt_bytes = optimizer_state_bytes(optimizer)
+        self.links = [hardware.axis_link(mesh, a) for a in range(mesh.ndim)]
+        self._reshard_cache: dict = {}
+
+    # ---- placements ----------------------------------------------------------------------------
+    def shard_factor(self, pls: Sequence[Placement], skip: Optional[int] = None) -> int:
+        """How many pieces ``pls`` cuts a tensor into (ignoring axis ``skip``)."""
+        f = 1
+        for a, p in enumerate(pls):
+            if a != skip and isinstance(p, Shard):
+                f *= self.mesh.shape[a]
+        return f
+
+    def work_divisor(self, strategy: Strategy) -> int:
+        """Product of the sizes of the axes where some operand or output is S or P."""
+        f = 1
+        for a, size in enumerate(self.mesh.shape):
+            if any(not isinstance(pls[a], Replicate) for pls in (*strategy.inputs, *strategy.outputs)):
+                f *= size
+        return f
+
+    # ---- collectives ---------------------------------------------------------------------------
+    def collective(self, kind: str, axis: int, nbytes: float, phase: str = "fwd") -> Collective:
+        bw, lat = self.links[axis]
+        secs = collective_seconds(kind, nbytes, self.mesh.shape[axis], bw, lat, self.hardware.collective_launch_s)
+        return Collective(kind, axis, int(nbytes), secs, phase)
+
+    def reshard(self, src: Sequence[Placement], dst: Sequence[Placement], meta: TensorMeta,
+                needs_grad: bool) -> tuple[Collective, ...]:
+        """The collectives that move a tensor from ``src`` to ``dst`` placements, forward then backward."""
+        src, dst = tuple(src), tuple(dst)
+        if src == dst:
+            return ()
+        key = (src, dst, meta.shape, meta.dtype, needs_grad)
+        hit = self._reshard_cache.get(key)
+        if hit is None:
+            hit = self._reshard_cache[key] = self._reshard(src, dst, meta, needs_grad)
+        return hit
+
+    def _reshard(self, src, dst, meta: TensorMeta, needs_grad: bool) -> tuple[Collective, ...]:
+        cur = list(src)
+        fwd: list[Collective] = []
+        axes = [a for a in range(self.mesh.ndim) if self.mesh.shape[a] > 1 and src[a] != dst[a]]
+
+        def move(a, kind, new):
+            fwd.append(self.collective(kind, a, meta.nbytes / self.shard_factor(cur, skip=a)))
+            cur[a] = new
+
+        for a in axes:  # free: take the local chunk, or keep the value as one summand
+            if isinstance(cur[a], Replicate):
+                cur[a] = dst[a]
+        for a in axes:
+            if isinstance(cur[a], Partial) and isinstance(dst[a], Shard):
+                move(a, "reduce_scatter", dst[a])
+        for a in axes:
+            if isinstance(cur[a], Shard) and isinstance(dst[a], Shard) and cur[a] != dst[a]:
+                move(a, "all_to_all", dst[a])
+        for a in axes:
+            if isinstance(cur[a], Partial) and isinstance(dst[a], Replicate):
+                move(a, "all_reduce", dst[a])
+        for a in axes:
+            if isinstance(cur[a], Shard) and not isinstance(dst[a], Shard):
+                move(a, "all_gather", dst[a])  # S->P: gather, then keep as a summand (free)
+        if not needs_grad:
+            return tuple(fwd)
+        bwd = [Collective(ADJOINT[c.kind], c.axis, c.bytes, self.collective(ADJOINT[c.kind], c.axis, c.bytes).seconds,
+                          "bwd") for c in reversed(fwd)]
+        return tuple(fwd) + tuple(bwd)
+
+    def reshard_memory(self, src, dst, meta: TensorMeta) -> float:
+        """Bytes of the redistributed local copy when the move communicates (a free chunk is a view)."""
+        if tuple(src) == tuple(dst):
+            return 0.0
+        if not any(c.phase == "fwd" for c in self.reshard(src, dst, meta, False)):
+            return 0.0
+        return meta.nbytes / self.shard_factor(dst)
+
+    def grad_sync(self, meta: TensorMeta, storage: Sequence[Placement]) -> tuple[Collective, ...]:
+        """All-reduce of a parameter's gradient over every axis (size > 1) where it is stored R.
+
+        The runtime buckets gradients (``grad_bucket_bytes``, DDP's 25 MiB default), so a gradient
+        pays the latency and launch cost of one all-reduce only in proportion to the bucket share it
+        fills; the bandwidth term is paid in full."""
+        local = meta.nbytes / self.shard_factor(storage)
+        share = min(1.0, local / self.grad_bucket_bytes)
+        found = []
+        for a, p in enumerate(storage):
+            n = self.mesh.shape[a]
+            if isinstance(p, Replicate) and n > 1:
+                bw, lat = self.links[a]
+                fixed = 2 * (n - 1) * lat + self.hardware.collective_launch_s
+                stream = collective_seconds("all_reduce", local, n, bw, 0.0)
+                found.append(Collective("all_reduce", a, int(local), stream + share * fixed))
+        return tuple(found)
+
+    # ---- whole nodes and edges ----------------------------------------------------------------
+    def price_node(self, name: str, strategy: Strategy, facts: GraphFacts) -> NodePrice:
+        kind = facts.kind[name]
+        metas = facts.tensor_outputs(name)
+        if kind == "param" and metas:
+            p, g, o = self.param_memory(metas[0], strategy.outputs[0])
+            return NodePrice(grad_sync=self.grad_sync(metas[0], strategy.outputs[0]), params=p, grads=g, optimizer=o)
+        if kind == "buffer" and metas:
+            return NodePrice(params=metas[0].nbytes / self.shard_factor(strategy.outputs[0]))
+        if kind != "op":
+            return NodePrice()
+        fwd, bwd = facts.compute(name)
+        acts = 0.0 if name in facts.views else self.activation_bytes(metas, strategy)
+        return NodePrice(compute=(fwd + bwd) / self.work_divisor(strategy), activations=acts)
+
+    def price_edge(self, src, dst, meta: TensorMeta, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
+        """(collectives, bytes of the redistributed copy) to move one operand from ``src`` to ``dst``."""
+        return self.reshard(src, dst, meta, needs_grad), self.reshard_memory(src, dst, meta)
+
+    # ---- memory --------------------------------------------------------------------------------
+    def param_memory(self, meta: TensorMeta, storage: Sequence[Placement]) -> tuple[float, float, float]:
+        """(parameter, gradient, optimizer-state) bytes per rank for one parameter."""
+        f = self.shard_factor(storage)
+        return meta.nbytes / f, meta.nbytes / f, meta.numel * self.opt_bytes / f
+
+    def activation_bytes(self, metas: Sequence[Optional[TensorMeta]], strategy: Strategy) -> float:
+        """Local bytes of a node's outputs under ``strategy``."""
+        total = 0.0
+        tensors = [m for m in metas if m is not None]
+        for m, pls in zip(tensors, strategy.outputs):
+            total += m.nbytes / self.shard_factor(pls)
+        return total

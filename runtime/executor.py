@@ -1,0 +1,210 @@
+"""``RankProgram``: one rank's lowered program, its local shards, and the training step.
+
+Built once from a captured graph, the plan's strategies and the mesh::
+
+    rp = RankProgram(captured, strategies, (2, 2), model=model)     # under torchrun, every rank
+    opt = torch.optim.AdamW(rp.parameters(), lr=1e-3)               # local shards
+    loss = rp.step(x, target=y); opt.step(); opt.zero_grad()        # the full global batch on every rank
+    print(rp.program.code)                                          # local ops + named collectives
+
+``step`` runs forward and backward over the global batch: every rank receives the same full
+inputs and keeps its own chunk; the program returns the loss as ``P`` on every axis, backward
+starts from it with seed 1, replicated parameters' gradients are all-reduced (``gradsync``), and
+the returned loss is the all-reduced sum of the local values, identical on every rank.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+import torch.nn as nn
+
+from autoshard.passes.errors import BatchError, MeshError
+from autoshard.passes.graph import META, CapturedGraph
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.spec import Replicate, Strategy, TensorMeta
+
+from .gradsync import GradSync
+from .groups import MeshEnv, setup_distributed
+from .layout import normalize
+from .lower import COLLECTIVE_META, lower
+from .materialize import materialize, names_of
+from .redistribute import redistribute
+
+__all__ = ["RankProgram"]
+
+
+class RankProgram:
+    """This rank's program and state. See the module docstring.
+
+    ``env``: a ``MeshEnv`` (default: ``setup_distributed(mesh)``). Initial values come from
+    ``state_dict`` (full tensors, original names), else ``model``'s real tensors, else, for a
+    meta-device model, initialization replayed with ``seed`` (see ``materialize``).
+    ``bucket_mb``/``first_bucket_mb`` size the gradient all-reduce buckets.
+    """
+
+    def __init__(self, captured: CapturedGraph, strategies: dict[str, Strategy], mesh: Any, *,
+                 env: Optional[MeshEnv] = None, model: Optional[nn.Module] = None,
+                 state_dict: Optional[dict] = None, seed: int = 0, bucket_mb: float = 25.0,
+                 first_bucket_mb: float = 1.0):
+        mesh = Mesh.of(mesh)
+        self.env = env if env is not None else setup_distributed(mesh)
+        if self.env.mesh.shape != mesh.shape:
+            raise MeshError(f"the plan is for mesh {mesh.shape} but the process groups were built for "
+                            f"{self.env.mesh.shape}; call setup_distributed with the plan's mesh")
+        self.captured, self.strategies, self.mesh = captured, strategies, mesh
+        self.program: fx.GraphModule = lower(captured, strategies, self.env)
+
+        local = materialize(captured, strategies, self.env, model=model, state_dict=state_dict, seed=seed)
+        trainable = self._trainable(model)
+        self._param_names = list(captured.params)
+        self._buffer_names = list(captured.buffers)
+        self._params = [nn.Parameter(local[ph], requires_grad=trainable.get(ph, True)) for ph in self._param_names]
+        self._buffers = [local[ph] for ph in self._buffer_names]
+        self._state_keys = self._state_dict_keys(model, state_dict)
+
+        entries = list(captured.inputs) + ([captured.target] if captured.target is not None else [])
+        self._inputs = [(name, captured.node(name).meta.get(META)) for name in entries]
+        self._loss_comm = self.env.comm_for([a for a, s in enumerate(mesh.shape) if s > 1])
+        self._sync = GradSync(self._sync_order(), bucket_bytes=int(bucket_mb * 2**20),
+                              first_bucket_bytes=int(first_bucket_mb * 2**20))
+
+    # ---- construction helpers ------------------------------------------------------------------
+    def _trainable(self, model) -> dict[str, bool]:
+        if model is None:
+            return {}
+        flags = {n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
+        return {ph: flags.get(fqn, True) for ph, fqn in self.captured.params.items()}
+
+    def _state_dict_keys(self, model, state_dict) -> list[str]:
+        if model is not None:
+            return list(model.state_dict().keys())
+        keys = []
+        for ph in self._param_names + self._buffer_names:
+            keys += names_of(self.captured, ph)
+        return keys
+
+    def _sync_order(self) -> list:
+        """(param, comm over its R axes) in the order gradients become ready: reverse first use."""
+        first_use: dict[str, int] = {}
+        for i, node in enumerate(self.captured.gm.graph.nodes):
+            for a in node.all_input_nodes:
+                if a.name in self.captured.params:
+                    first_use.setdefault(a.name, i)
+        order = sorted(range(len(self._param_names)),
+                       key=lambda k: -first_use.get(self._param_names[k], -1))
+        out = []
+        for k in order:
+            storage = normalize(self.strategies[self._param_names[k]].outputs[0], self.mesh.shape)
+            axes = [a for a, p in enumerate(storage) if isinstance(p, Replicate) and self.mesh.shape[a] > 1]
+            if axes:
+                out.append((self._params[k], self.env.comm_for(axes)))
+        return out
+
+    # ---- running -------------------------------------------------------------------------------
+    def _args(self, inputs: tuple, target) -> list:
+        has_target = self.captured.target is not None
+        user = self._inputs[:len(self._inputs) - has_target]
+        if len(inputs) != len(user):
+            raise BatchError(f"the program was traced with {len(user)} input(s) {[n for n, _ in user]} "
+                             f"but got {len(inputs)}")
+        if has_target and target is None:
+            raise BatchError(f"the program was traced with a loss: pass target= (the full global target of "
+                             f"shape {getattr(self._inputs[-1][1], 'shape', '?')})")
+        if not has_target and target is not None:
+            raise BatchError("the program was traced without a loss function; call it without target=")
+        inputs = tuple(inputs) + ((target,) if has_target else ())
+        out = []
+        for (name, meta), x in zip(self._inputs, inputs):
+            if isinstance(meta, TensorMeta):
+                if not isinstance(x, torch.Tensor):
+                    raise BatchError(f"input {name!r} must be a tensor of shape {meta.shape}, got {type(x).__name__}")
+                if tuple(x.shape) != meta.shape:
+                    raise BatchError(f"input {name!r} has shape {tuple(x.shape)} but the program was traced with the "
+                                     f"global batch {meta.shape}; pass the full global batch of the traced shape on "
+                                     f"every rank (or compile again for a new shape)")
+                if x.device != self.env.device:
+                    x = x.to(self.env.device, non_blocking=True)
+            out.append(x)
+        return out
+
+    def _local_loss(self, out) -> torch.Tensor:
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    def step(self, *inputs, target=None) -> float:
+        """Forward + backward over the global batch; gradients land on ``parameters()``.
+
+        Returns the mean loss (identical on every rank)."""
+        if not self.captured.loss_output:
+            raise BatchError("step() needs a program traced with a loss function (loss_fn=...); "
+                             "this one returns outputs: call forward()")
+        args = self._args(inputs, target)
+        self._sync.begin()
+        loss = self._local_loss(self.program(*self._params, *self._buffers, *args))
+        total = loss.detach().clone()
+        work = None
+        if self._loss_comm.size > 1:
+            work = dist.all_reduce(total, group=self._loss_comm.group, async_op=True)
+        try:
+            loss.backward()
+        finally:
+            self._sync.finish()
+        if work is not None:
+            work.wait()
+        return total.item()
+
+    def forward(self, *inputs, target=None):
+        """Forward only, without autograd: the full outputs (the loss, all-reduced, for a loss program)."""
+        args = self._args(inputs, target)
+        with torch.no_grad():
+            out = self.program(*self._params, *self._buffers, *args)
+            if not self.captured.loss_output:
+                return out[0] if isinstance(out, (tuple, list)) and len(out) == 1 else out
+            loss = self._local_loss(out).clone()
+            if self._loss_comm.size > 1:
+                dist.all_reduce(loss, group=self._loss_comm.group)
+            return loss
+
+    __call__ = forward
+
+    # ---- state ---------------------------------------------------------------------------------
+    def parameters(self) -> list[nn.Parameter]:
+        return list(self._params)
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(self.captured.params[ph], p) for ph, p in zip(self._param_names, self._params)]
+
+    def buffers(self) -> list[torch.Tensor]:
+        return list(self._buffers)
+
+    def named_buffers(self) -> list[tuple[str, torch.Tensor]]:
+        return [(self.captured.buffers[ph], b) for ph, b in zip(self._buffer_names, self._buffers)]
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full CPU tensors under the original ``model.state_dict()`` names (tied aliases included).
+        A collective: call it on every rank."""
+        full_by_name: dict[str, torch.Tensor] = {}
+        everything = (Replicate(),) * self.mesh.ndim
+        with torch.no_grad():
+            for ph, t in zip(self._param_names + self._buffer_names, self._params + self._buffers):
+                storage = self.strategies[ph].outputs[0]
+                full = redistribute(t.detach(), storage, everything, self.env).cpu().clone()
+                for name in names_of(self.captured, ph):
+                    full_by_name[name] = full
+        return {k: full_by_name[k] for k in self._state_keys if k in full_by_name}
+
+    # ---- inspecting ----------------------------------------------------------------------------
+    def collective_counts(self) -> dict[str, int]:
+        """Collective calls in the forward program by kind, plus ``grad_sync`` (parameters whose
+        gradient is all-reduced) and ``grad_sync_buckets`` (the all-reduce calls doing it)."""
+        counts: dict[str, int] = {}
+        for node in self.program.graph.nodes:
+            kind = node.meta.get(COLLECTIVE_META)
+            if kind:
+                counts[kind] = counts.get(kind, 0) + 1
+        if self._sync.num_params:
+            counts["grad_sync"] = self._sync.num_params
+            counts["grad_sync_buckets"] = len(self._sync.buckets)
+        return counts

@@ -1,0 +1,276 @@
+"""Lower a planned graph into one rank's own fx program.
+
+``lower(captured, strategies, env)`` walks the captured graph once and emits, for this rank:
+
+- the same placeholders (params and buffers receive the LOCAL shards in their storage placement;
+  user inputs and the target receive the full global batch and are chunked to their entry
+  placement, which costs nothing);
+- before each op, for each operand whose producer's placement differs from what the op's strategy
+  needs, the redistribution steps (``redistribute.plan_redistribute``) as explicit calls such as
+  ``all_gather(linear, 0, comm_tp)``; a redistributed value is reused by every consumer needing it;
+- the op itself on local pieces, size arguments made local and devices made the rank's
+  (``localize``), or its named lowering (``lowerings``);
+- for ops writing an operand in place (batch-norm running stats) through a redistributed copy, a
+  write-back to the stored piece;
+- the output: a scalar loss turned ``P`` on every axis (its local values sum to the loss, so
+  backward from it with seed 1 follows the gradient convention), anything else gathered to ``R``.
+
+Collective calls carry ``node.meta["autoshard.collective"]`` (their kind), so they can be counted.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Iterator
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+
+from autoshard.passes.errors import BatchError, PlanFormatError
+from autoshard.passes.graph import META, MODULE, CapturedGraph, is_getitem, operands
+from autoshard.passes.spec import Partial, Replicate, Strategy, TensorMeta
+
+from .groups import MeshEnv
+from .layout import local_shape, normalize
+from .localize import local_size_args, rewrite_devices, schema_of
+from .lowerings import emit_lowering
+from .redistribute import plan_redistribute, step_call
+
+__all__ = ["lower", "write_back", "COLLECTIVE_META"]
+
+COLLECTIVE_META = "autoshard.collective"
+_SKIP = {torch.ops.aten._assert_tensor_metadata.default} if hasattr(torch.ops.aten, "_assert_tensor_metadata") else set()
+
+
+def write_back(stored: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """Copy an in-place update made on a redistributed copy back into the stored piece."""
+    if value is not stored:
+        with torch.no_grad():
+            if value.untyped_storage().data_ptr() == stored.untyped_storage().data_ptr():
+                value = value.clone()
+            stored.copy_(value)
+    return stored
+
+
+def _written_args(target) -> set:
+    schema = schema_of(target)
+    if schema is None:
+        return set()
+    return {(i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write}
+
+
+class _Lowering:
+    """State of one lowering pass (also the ``ctx`` the lowering emitters receive)."""
+
+    def __init__(self, captured: CapturedGraph, strategies: dict[str, Strategy], env: MeshEnv):
+        self.captured, self.strategies, self.env = captured, strategies, env
+        self.mesh = env.mesh
+        self.graph = fx.Graph()
+        self.root = nn.Module()
+        self.value: dict[fx.Node, Any] = {}
+        self.placement: dict[tuple, tuple] = {}
+        self.cache: dict[tuple, fx.Node] = {}
+        self.comm_nodes: dict[tuple, fx.Node] = {}
+
+    # ---- helpers the emitters use ----------------------------------------------------------
+    def comm(self, axes) -> fx.Node:
+        key = tuple(sorted(axes))
+        if key not in self.comm_nodes:
+            comm = self.env.comm_for(key)
+            attr = f"comm_{comm.name}"
+            setattr(self.root, attr, comm)
+            self.comm_nodes[key] = self.graph.get_attr(attr)
+        return self.comm_nodes[key]
+
+    def collective(self, fn, args: tuple, axes) -> fx.Node:
+        node = self.graph.call_function(fn, tuple(args) + (self.comm(axes),))
+        node.meta[COLLECTIVE_META] = fn.__name__
+        return node
+
+    def move(self, value: fx.Node, src, dst, ndim: int) -> fx.Node:
+        for step in plan_redistribute(src, dst, self.mesh.shape, ndim):
+            fn, static = step_call(step)
+            value = self.collective(fn, (value,) + static, (step.axis,))
+        return value
+
+    def fetch(self, producer: fx.Node, dst, ndim: int) -> fx.Node:
+        dst = normalize(dst, self.mesh.shape)
+        key = (producer, dst)
+        if key not in self.cache:
+            self.cache[key] = self.move(self.value[producer], self.placement[(producer, None)], dst, ndim)
+        return self.cache[key]
+
+    # ---- the pass --------------------------------------------------------------------------
+    def strategy(self, node: fx.Node) -> Strategy:
+        st = self.strategies.get(node.name)
+        if st is None:
+            raise PlanFormatError(f"the plan has no strategy for node {node.name!r} ({node.op} {node.target}); "
+                                  "plan this graph again (the plan must cover every placeholder and op)")
+        for pls in tuple(st.inputs) + tuple(st.outputs):
+            if len(pls) != self.mesh.ndim:
+                raise PlanFormatError(f"strategy {st} of node {node.name!r} has placements for {len(pls)} axes; "
+                                      f"the mesh {self.mesh.shape} has {self.mesh.ndim}")
+        return st
+
+    def run(self) -> fx.GraphModule:
+        for node in self.captured.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.placeholder(node)
+            elif node.op == "call_function":
+                self.call(node)
+            elif node.op == "get_attr":
+                setattr(self.root, node.target, getattr(self.captured.gm, node.target))
+                self.value[node] = self.graph.get_attr(node.target)
+                meta = node.meta.get(META)
+                if isinstance(meta, TensorMeta):
+                    self.placement[(node, None)] = normalize((Replicate(),) * self.mesh.ndim, self.mesh.shape)
+            elif node.op == "output":
+                self.output(node)
+            else:
+                raise PlanFormatError(f"cannot lower node {node.name!r} of kind {node.op}: capture emits only "
+                                      "placeholders, call_function nodes and the output")
+        self.graph.lint()
+        return fx.GraphModule(self.root, self.graph, class_name=f"Rank{self.env.rank}Program")
+
+    def placeholder(self, node: fx.Node) -> None:
+        new = self.graph.placeholder(node.name)
+        self.value[node] = new
+        meta = node.meta.get(META)
+        if not isinstance(meta, TensorMeta):
+            return
+        st = self.strategy(node)
+        if len(st.outputs) != 1:
+            raise PlanFormatError(f"placeholder {node.name!r} needs one output placement, got {st}")
+        dst = normalize(st.outputs[0], self.mesh.shape)
+        if node.name in self.captured.params or node.name in self.captured.buffers:
+            self.placement[(node, None)] = dst
+            return
+        local_shape(meta.shape, dst, self.mesh.shape, error=BatchError, what=f"input {node.name!r}")
+        full = normalize((Replicate(),) * self.mesh.ndim, self.mesh.shape)
+        self.value[node] = self.move(new, full, dst, len(meta.shape))
+        self.placement[(node, None)] = dst
+
+    def substitute(self, node: fx.Node, local: Iterator[fx.Node]) -> tuple[tuple, dict, list]:
+        """The node's args with each tensor operand replaced by its local value, and where each came from."""
+        origin: list = []
+
+        def sub(a, top):
+            if isinstance(a, fx.Node):
+                if isinstance(a.meta.get(META), TensorMeta):
+                    origin.append(top)
+                    return next(local)
+                return self.value[a]
+            if isinstance(a, (list, tuple)):
+                return type(a)(sub(x, top) for x in a)
+            if isinstance(a, dict):
+                return {k: sub(v, top) for k, v in a.items()}
+            return a
+
+        args = tuple(sub(a, i) for i, a in enumerate(node.args))
+        kwargs = {k: sub(v, k) for k, v in node.kwargs.items()}
+        return args, kwargs, origin
+
+    def call(self, node: fx.Node) -> None:
+        if node.target in _SKIP:
+            self.value[node] = None
+            return
+        metas = node.meta.get(META)
+        ops = operands(node)
+        if not ops and not isinstance(metas, (TensorMeta, tuple)) and node.name not in self.strategies:
+            args, kwargs, _ = self.substitute(node, iter(()))
+            self.value[node] = self.graph.call_function(node.target, args, kwargs)
+            return
+        st = self.strategy(node)
+        if len(st.inputs) != len(ops):
+            raise PlanFormatError(f"strategy {st} of node {node.name!r} has {len(st.inputs)} operand placements; "
+                                  f"the op reads {len(ops)} tensors")
+        if is_getitem(node):
+            return self.getitem(node, st)
+        local = [self.fetch(op.node, st.inputs[i], len(op.node.meta[META].shape)) for i, op in enumerate(ops)]
+        args, kwargs, origin = self.substitute(node, iter(local))
+        args, kwargs = rewrite_devices(args, kwargs, self.env.device)
+        outs = [normalize(p, self.mesh.shape) for p in st.outputs]
+        if any(st.lowerings):
+            new = emit_lowering(self, node, args, kwargs, st)
+        elif not ops:
+            new = self.graph.create_node("call_function", node.target, args, kwargs, name=node.name)
+            if isinstance(metas, TensorMeta):  # a factory makes the global tensor; keep this rank's piece
+                full = normalize((Replicate(),) * self.mesh.ndim, self.mesh.shape)
+                new = self.move(new, full, outs[0], len(metas.shape))
+        else:
+            if isinstance(metas, TensorMeta) and outs:
+                shape = local_shape(metas.shape, outs[0], self.mesh.shape, what=f"output of {node.name!r}")
+                args, kwargs = local_size_args(node.target, args, kwargs, shape)
+            new = self.graph.create_node("call_function", node.target, args, kwargs, name=node.name)
+        if MODULE in node.meta:
+            new.meta[MODULE] = node.meta[MODULE]
+        self.value[node] = new
+        self.write_backs(node, ops, local, origin, st)
+        self.record_outputs(node, metas, outs)
+
+    def getitem(self, node: fx.Node, st: Strategy) -> None:
+        src, idx = node.args
+        raw = self.graph.call_function(operator.getitem, (self.value[src], idx))
+        meta = node.meta.get(META)
+        if isinstance(meta, TensorMeta):
+            need = normalize(st.inputs[0], self.mesh.shape)
+            raw = self.move(raw, self.placement[(src, idx)], need, len(meta.shape))
+            raw = self.move(raw, need, normalize(st.outputs[0], self.mesh.shape), len(meta.shape))
+            self.placement[(node, None)] = normalize(st.outputs[0], self.mesh.shape)
+        self.value[node] = raw
+
+    def record_outputs(self, node: fx.Node, metas, outs: list) -> None:
+        if isinstance(metas, TensorMeta):
+            if len(outs) != 1:
+                raise PlanFormatError(f"strategy of node {node.name!r} has {len(outs)} outputs; the op makes 1 tensor")
+            self.placement[(node, None)] = outs[0]
+        elif isinstance(metas, tuple):
+            positions = [i for i, m in enumerate(metas) if m is not None]
+            if len(outs) != len(positions):
+                raise PlanFormatError(f"strategy of node {node.name!r} has {len(outs)} outputs; the op makes "
+                                      f"{len(positions)} tensors")
+            for pos, raw in enumerate(positions):
+                self.placement[(node, raw)] = outs[pos]
+
+    def write_backs(self, node: fx.Node, ops, local: list, origin: list, st: Strategy) -> None:
+        written = _written_args(node.target)
+        if not written:
+            return
+        keys = {i for i, _ in written} | {name for _, name in written}
+        for i, op in enumerate(ops):
+            if origin[i] not in keys:
+                continue
+            producer = op.node
+            if local[i] is not self.value[producer]:
+                stored = self.placement[(producer, None)]
+                back = self.move(local[i], normalize(st.inputs[i], self.mesh.shape), stored,
+                                 len(producer.meta[META].shape))
+                self.graph.call_function(write_back, (self.value[producer], back))
+            for key in [k for k in self.cache if k[0] is producer]:
+                del self.cache[key]
+
+    def output(self, node: fx.Node) -> None:
+        n = self.mesh.ndim
+        if self.captured.loss_output:
+            dst = (Partial(),) * n
+        else:
+            dst = (Replicate(),) * n
+
+        def out(a):
+            if isinstance(a.meta.get(META), TensorMeta):
+                return self.fetch(a, dst, len(a.meta[META].shape))
+            return self.value[a]
+
+        self.graph.output(fx.node.map_arg(node.args[0], out))
+
+
+def lower(captured: CapturedGraph, strategies: dict[str, Strategy], env: MeshEnv) -> fx.GraphModule:
+    """This rank's program: ``program(*local_params, *local_buffers, *full_inputs[, full_target])``.
+
+    Returns the loss as ``P`` on every mesh axis when ``captured.loss_output`` (sum the local values
+    over all ranks for the loss), else the full outputs. Raises ``PlanFormatError`` when the plan
+    does not cover the graph and ``BatchError`` when an input does not divide over the axes
+    sharding it.
+    """
+    return _Lowering(captured, strategies, env).run()
+

@@ -1,0 +1,195 @@
+"""The named special lowerings of ``passes/spec.LOWERINGS``, emitted into a rank's program.
+
+A strategy's ``lowerings[a]`` names the lowering used on mesh axis ``a``; when one name is on
+several axes they act as one flattened axis (reductions run over all of them). Each emitter
+appends plain calls to the program, its collectives explicit:
+
+- ``mean_partial``: ``mean(local) * local_count / global_count`` (output P).
+- ``loss_mean_partial``: the loss with ``reduction=sum`` over the local elements, divided by the
+  global count. With class indices (cross_entropy / nll_loss) the count is the total weight of
+  the targets that are not ``ignore_index`` (class ``weight`` applied), summed over the axes by an
+  all-reduce outside autograd; otherwise it is the static global element (or sample) count.
+- ``batch_norm_sync``: per-channel ``sum(x - K)`` and ``sum((x - K)^2)`` all-reduced together
+  (differentiably; K = the running mean, a constant shift for accuracy), giving the global batch
+  mean and variance; running stats updated in place with them, identically on every rank.
+- ``embedding_vocab``: look up the rows this rank owns (rows ``start .. start+local_rows``), zeros
+  for indices owned elsewhere (output P).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx as fx
+
+from autoshard.passes.errors import PlanFormatError
+from autoshard.passes.graph import operand_meta, operands
+from autoshard.passes.spec import LOWERINGS, Strategy
+
+from . import collectives as C
+from .layout import local_offsets, local_shape, normalize
+from .localize import bind, rebuild
+
+aten = torch.ops.aten
+
+__all__ = ["emit_lowering", "EMITTERS", "loss_weight_total", "bn_local_stats", "bn_apply", "vocab_embedding"]
+
+_SUM = 2  # at::Reduction::Sum
+_MEAN = 1
+
+
+# ---- functions the emitted program calls -----------------------------------------------------
+
+def loss_weight_total(target: torch.Tensor, weight: Optional[torch.Tensor], ignore_index: int,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """Local total weight of the counted targets (a 0-d tensor outside autograd)."""
+    with torch.no_grad():
+        keep = target != ignore_index
+        if weight is None:
+            return keep.sum().to(dtype)
+        w = weight.detach()[target.masked_fill(~keep, 0)]
+        return (w * keep).sum().to(dtype)
+
+
+def bn_local_stats(x: torch.Tensor, running_mean: Optional[torch.Tensor]) -> torch.Tensor:
+    """``cat([sum(x - K), sum((x - K)^2)])`` per channel over every dim but 1."""
+    dims = [0] + list(range(2, x.dim()))
+    shift = _shift(x, running_mean)
+    xc = x - shift.view(_chan_shape(x)) if shift is not None else x
+    return torch.cat([xc.sum(dims), (xc * xc).sum(dims)])
+
+
+def bn_apply(x: torch.Tensor, stats: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+             running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor], momentum: float,
+             eps: float, count: int) -> torch.Tensor:
+    """Normalize with the global statistics and update the running stats in place."""
+    c = x.shape[1]
+    shift = _shift(x, running_mean)
+    m1 = stats[:c] / count
+    var = stats[c:] / count - m1 * m1
+    mean = m1 + shift if shift is not None else m1
+    shape = _chan_shape(x)
+    y = (x - mean.view(shape)) * torch.rsqrt(var + eps).view(shape)
+    if weight is not None:
+        y = y * weight.view(shape)
+    if bias is not None:
+        y = y + bias.view(shape)
+    if running_mean is not None:
+        with torch.no_grad():
+            running_mean.mul_(1 - momentum).add_(mean.detach().to(running_mean.dtype), alpha=momentum)
+            unbiased = var.detach() * (count / max(count - 1, 1))
+            running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+    return y
+
+
+def _shift(x: torch.Tensor, running_mean: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if running_mean is None else running_mean.detach().to(x.dtype).clone()
+
+
+def _chan_shape(x: torch.Tensor) -> list[int]:
+    return [1, x.shape[1]] + [1] * (x.dim() - 2)
+
+
+def vocab_embedding(weight: torch.Tensor, indices: torch.Tensor, start: int, padding_idx: int,
+                    scale_grad_by_freq: bool, sparse: bool) -> torch.Tensor:
+    """Rows ``start .. start + weight.shape[0]`` of the vocabulary; zeros for the others."""
+    rows = weight.shape[0]
+    local = indices - start
+    outside = (local < 0) | (local >= rows)
+    local = local.masked_fill(outside, 0)
+    pad = padding_idx - start if padding_idx >= 0 and start <= padding_idx < start + rows else -1
+    out = aten.embedding.default(weight, local, pad, scale_grad_by_freq, sparse)
+    return out.masked_fill(outside.unsqueeze(-1), 0)
+
+
+# ---- emitters ---------------------------------------------------------------------------------
+
+def _mean_partial(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, axes: tuple) -> fx.Node:
+    meta = operand_meta(operands(node)[0])
+    placement = normalize(strategy.inputs[0], ctx.mesh.shape)
+    local = local_shape(meta.shape, placement, ctx.mesh.shape)
+    bound = bind(node.target, args, kwargs)
+    dims = bound.get("dim")
+    if isinstance(dims, int):
+        dims = [dims]
+    dims = range(len(meta.shape)) if not dims else [d % len(meta.shape) for d in dims]
+    factor = math.prod(local[d] for d in dims) / math.prod(meta.shape[d] for d in dims)
+    out = ctx.graph.call_function(node.target, args, kwargs)
+    return ctx.graph.call_function(aten.mul.Tensor, (out, factor))
+
+
+def _loss_mean_partial(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, axes: tuple) -> fx.Node:
+    bound = bind(node.target, args, kwargs)
+    if bound.get("reduction") != _MEAN:
+        raise PlanFormatError(f"node {node.name}: 'loss_mean_partial' needs reduction=mean, got {bound.get('reduction')}")
+    meta = operand_meta(operands(node)[0])
+    bound["reduction"] = _SUM
+    new_args, new_kwargs = rebuild(node.target, bound)
+    local_sum = ctx.graph.call_function(node.target, new_args, new_kwargs)
+    target_meta = operand_meta(operands(node)[1])
+    if "ignore_index" in bound and not target_meta.dtype.is_floating_point:
+        weight_total = ctx.graph.call_function(
+            loss_weight_total, (bound["target"], bound.get("weight"), bound["ignore_index"], meta.dtype))
+        total = ctx.collective(C.all_reduce, (weight_total,), axes)
+        return ctx.graph.call_function(aten.div.Tensor, (local_sum, total))
+    if "ignore_index" in bound:  # class probabilities: mean over samples
+        count = meta.numel // meta.shape[1] if len(meta.shape) >= 2 else 1
+    else:
+        count = meta.numel
+    return ctx.graph.call_function(aten.div.Tensor, (local_sum, float(count)))
+
+
+def _batch_norm_sync(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, axes: tuple) -> fx.Node:
+    if node.target != aten.batch_norm.default:
+        raise PlanFormatError(f"node {node.name}: 'batch_norm_sync' lowers aten.batch_norm.default, not {node.target}")
+    b = bind(node.target, args, kwargs)
+    if not b["training"]:
+        return ctx.graph.call_function(node.target, args, kwargs)
+    if b["momentum"] is None:
+        raise PlanFormatError(f"node {node.name}: batch norm with momentum=None (cumulative average) is not supported "
+                              "sharded; give the BatchNorm a momentum or pin its input replicated")
+    meta = operand_meta(operands(node)[0])
+    count = meta.numel // meta.shape[1]
+    local = ctx.graph.call_function(bn_local_stats, (b["input"], b["running_mean"]))
+    stats = ctx.collective(C.all_reduce, (local,), axes)
+    return ctx.graph.call_function(bn_apply, (b["input"], stats, b["weight"], b["bias"], b["running_mean"],
+                                              b["running_var"], float(b["momentum"]), float(b["eps"]), count))
+
+
+def _embedding_vocab(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, axes: tuple) -> fx.Node:
+    b = bind(node.target, args, kwargs)
+    meta = operand_meta(operands(node)[0])
+    placement = normalize(strategy.inputs[0], ctx.mesh.shape)
+    start = local_offsets(meta.shape, placement, ctx.mesh.shape, ctx.env.coordinate)[0]
+    return ctx.graph.call_function(vocab_embedding, (b["weight"], b["indices"], start, b["padding_idx"],
+                                                     b["scale_grad_by_freq"], b["sparse"]))
+
+
+EMITTERS: dict[str, Callable] = {
+    "mean_partial": _mean_partial,
+    "loss_mean_partial": _loss_mean_partial,
+    "batch_norm_sync": _batch_norm_sync,
+    "embedding_vocab": _embedding_vocab,
+}
+assert set(EMITTERS) == set(LOWERINGS), "every lowering named in passes/spec.LOWERINGS needs an emitter"
+
+
+def emit_lowering(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy) -> fx.Node:
+    """Emit ``node`` under the lowerings its strategy names; returns the node holding its output.
+
+    ``ctx`` (from lower.py) offers ``graph``, ``mesh``, ``env`` and ``collective(fn, args, axes)``.
+    Only axes of size > 1 count; if none remain, the op runs as is.
+    """
+    names: dict[str, list[int]] = {}
+    for a, name in enumerate(strategy.lowerings):
+        if name and ctx.mesh.shape[a] > 1:
+            names.setdefault(name, []).append(a)
+    if not names:
+        return ctx.graph.call_function(node.target, args, kwargs)
+    if len(names) > 1:
+        raise PlanFormatError(f"node {node.name}: strategy {strategy} names several lowerings {sorted(names)}")
+    (name, axes), = names.items()
+    if name not in EMITTERS:
+        raise PlanFormatError(f"node {node.name}: unknown lowering {name!r}; known: {sorted(EMITTERS)}")
+    return EMITTERS[name](ctx, node, args, kwargs, strategy, tuple(axes))

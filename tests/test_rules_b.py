@@ -1,0 +1,486 @@
+"""Rule numerics for part B (elementwise, reductions, views, indexing, factory).
+
+Each case exports a small function with torch.export (so arguments look exactly as in the captured
+IR) and checks EVERY strategy the registry gives EVERY node whose rule lives in a part-B module,
+on n = 2 and n = 4 simulated ranks in one process:
+
+- split each operand by its placement (``S(d)``: ``torch.chunk``; ``R``: a copy; ``P``: random
+  summands); view/reshape/_unsafe_view/expand/new_* get their size argument rewritten to local
+  sizes exactly as the runtime does (the global output shape, each split dim divided by n);
+- run the ATen op on each rank's pieces (the ``mean_partial`` lowering is written out inline);
+- reassemble each output (``S``: cat; ``R``: all ranks equal; ``P``: sum) and compare with the
+  unsharded op; then check gradients by the convention of passes/spec.py (upstream gradient of an
+  ``S`` output: its shard, of ``P``: the full gradient, of ``R``: summands; local gradient of an ``S``
+  operand cats, of ``R`` sums, of ``P`` is the full gradient on every rank).
+
+Every strategy must be checked at n = 2 (shapes are chosen so it divides); n = 4 where it divides.
+Random and uninitialised outputs (rand_like, empty_like, new_empty, ...) are compared by shape.
+(tests/rule_check.py checks one op per trace and runs ops without the size rewrite, so part B uses
+this harness.)
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from autoshard.passes.graph import META, is_getitem, tensor_meta_of
+from autoshard.passes.rules import RULES, OpCall, rule_strategies
+from autoshard.passes.rules.indexing import index_layout
+from autoshard.passes.rules.views import view_groups
+from autoshard.passes.spec import Partial, Replicate, Shard, TensorMeta
+
+aten = torch.ops.aten
+PART_B = {"elementwise", "reductions", "views", "indexing", "factory"}
+SIZE_ARG = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.expand.default,
+            aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default, aten.new_full.default}
+SHAPE_ONLY = {aten.rand_like.default, aten.randn_like.default, aten.empty_like.default, aten.new_empty.default,
+              aten.empty.memory_format}
+
+
+# ---------------------------------------------------------------------------------------------- harness
+
+def _rule_module(target) -> str:
+    fn = RULES.get(target) or RULES.get(getattr(target, "overloadpacket", None))
+    return fn.__module__.rsplit(".", 1)[-1] if fn else ""
+
+
+def _trace(fn, inputs, only=None):
+    """Export ``fn``; give every node its META; return (graph module, {node: (args, kwargs) it saw})
+    for the nodes with a part-B rule (or, given ``only``, the nodes calling that op)."""
+    class Wrapper(torch.nn.Module):
+        def forward(self, *xs):
+            return fn(*xs)
+
+    ep = torch.export.export(Wrapper(), tuple(t.clone() for t in inputs), strict=False)
+    gm = ep.graph_module
+    for n in gm.graph.nodes:
+        n.meta[META] = tensor_meta_of(n.meta.get("val"))
+    user = iter(inputs)
+    feed = [ep.constants[s.target] if s.kind.name == "CONSTANT_TENSOR" else next(user)
+            for s in ep.graph_signature.input_specs]
+    seen = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, n):
+            if n.op == "call_function" and not is_getitem(n) and (
+                    n.target == only if only is not None else _rule_module(n.target) in PART_B):
+                a, k = self.fetch_args_kwargs_from_env(n)
+                seen[n] = (_clone(a), _clone(k))
+            return super().run_node(n)
+
+    Recorder(gm).run(*[t.clone() for t in feed])
+    return gm, seen
+
+
+def _clone(v):
+    if isinstance(v, torch.Tensor):
+        return v.detach().clone()
+    if isinstance(v, (list, tuple)):
+        return type(v)(_clone(x) for x in v) if isinstance(v, tuple) else [_clone(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _clone(x) for k, x in v.items()}
+    return v
+
+
+def _walk(node_arg, real, fn):
+    """Replace each tensor operand in ``real`` (walked alongside the node's args) by ``fn(real)``."""
+    if isinstance(node_arg, fx.Node):
+        return fn(real) if isinstance(node_arg.meta.get(META), TensorMeta) else real
+    if isinstance(node_arg, (list, tuple)):
+        vals = [_walk(a, r, fn) for a, r in zip(node_arg, real)]
+        return tuple(vals) if isinstance(real, tuple) else vals
+    if isinstance(node_arg, dict):
+        return {k: _walk(node_arg[k], real[k], fn) for k in node_arg}
+    return real
+
+
+def _operand_values(node, args, kwargs):
+    found = []
+    _walk((tuple(node.args), dict(node.kwargs)), (tuple(args), dict(kwargs)), lambda t: found.append(t) or t)
+    return found
+
+
+def _substitute(node, args, kwargs, values):
+    it = iter(values)
+    return _walk((tuple(node.args), dict(node.kwargs)), (tuple(args), dict(kwargs)), lambda _: next(it))
+
+
+def _tensors(res):
+    return [res] if isinstance(res, torch.Tensor) else [t for t in (res or ()) if isinstance(t, torch.Tensor)]
+
+
+class _Indivisible(Exception):
+    pass
+
+
+def _split(x, p, n, gen):
+    if isinstance(p, Shard):
+        if x.shape[p.dim] % n:
+            raise _Indivisible
+        return [c.contiguous() for c in torch.chunk(x, n, p.dim)]
+    if isinstance(p, Partial):
+        assert x.is_floating_point(), f"P on a {x.dtype} tensor"
+        parts = [torch.randn(x.shape, generator=gen, dtype=x.dtype) for _ in range(n - 1)]
+        return parts + [x - sum(parts)]
+    return [x.clone() for _ in range(n)]
+
+
+def _close(got, want, msg, tol=1e-8):
+    got, want = got.detach(), want.detach()
+    assert got.shape == want.shape, f"{msg}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    if got.is_floating_point():
+        assert torch.allclose(got, want, rtol=tol, atol=tol, equal_nan=True), \
+            f"{msg}: max error {(got - want).abs().max().item()}"
+    else:
+        assert torch.equal(got, want), msg
+
+
+def _assemble(pieces, p, msg, grad=False, tol=1e-8):
+    kind = type(p)
+    if grad and kind is not Shard:  # gradient convention: R and P swap roles
+        kind = Partial if kind is Replicate else Replicate
+    if kind is Shard:
+        return torch.cat(pieces, p.dim)
+    if kind is Partial:
+        return sum(pieces[1:], pieces[0].clone())
+    for r, t in enumerate(pieces[1:], 1):
+        _close(t, pieces[0], f"{msg}: rank {r} disagrees with rank 0 on a replicated value", tol)
+    return pieces[0]
+
+
+def _grads(outs, ups, ins):
+    pairs = [(o, g) for o, g in zip(outs, ups) if g is not None and o.requires_grad]
+    want = [t for t in ins if t.requires_grad]
+    if not pairs or not want:
+        return [None] * len(ins)
+    got = iter(torch.autograd.grad([o for o, _ in pairs], want, [g for _, g in pairs], allow_unused=True))
+    return [next(got) if t.requires_grad else None for t in ins]
+
+
+def _run_local(node, strategy, args, kwargs, n, full_in):
+    if node.target in SIZE_ARG:  # the runtime's rewrite: global output shape, split dim divided by n
+        p = strategy.outputs[0]
+        local = [s // n if isinstance(p, Shard) and p.dim == d else s for d, s in enumerate(node.meta[META].shape)]
+        args = (args[0], local, *args[2:])
+    res = node.target(*args, **kwargs)
+    if strategy.lowering == "mean_partial":  # local mean * local count / global count (output P: full shape)
+        x = _operand_values(node, args, kwargs)[0]
+        res = res * (x.numel() // res.numel()) / (full_in[0].numel() // res.numel())
+    elif strategy.lowering is not None:
+        raise AssertionError(f"part-B rules may only ask for mean_partial, got {strategy.lowering}")
+    return res
+
+
+def check_node(node, args, kwargs, n, gen) -> dict[str, bool]:
+    """Check every strategy of ``node`` on ``n`` ranks; {strategy: checked (False: did not divide)}."""
+    strategies, has_rule = rule_strategies(node)
+    assert has_rule, node.target
+    full = _operand_values(node, args, kwargs)
+    metas = [m for m in (node.meta[META] if isinstance(node.meta[META], tuple) else (node.meta[META],)) if m]
+    tol = 1e-5 if any(t.dtype == torch.float32 for t in [*full, *metas]) else 1e-8  # float32 anywhere: its eps
+    probe = [t.clone() for t in full]
+    a, k = _substitute(node, args, kwargs, probe)
+    node.target(*a, **k)
+    inplace = any(not torch.equal(x, y) for x, y in zip(full, probe))  # no gradient through in-place ops
+    diff = [t.is_floating_point() and not inplace and node.target not in SHAPE_ONLY for t in full]
+    ref_in = [t.clone().requires_grad_(d) for t, d in zip(full, diff)]
+    a, k = _substitute(node, args, kwargs, ref_in)
+    ref_out = _tensors(node.target(*a, **k))
+    ups = [torch.randn(o.shape, generator=gen, dtype=o.dtype) if o.requires_grad else None for o in ref_out]
+    want_grads = _grads(ref_out, ups, ref_in)
+    done = {}
+    for s in strategies:
+        tag = f"{node.format_node()} under {s} on {n} ranks"
+        try:
+            pieces = [_split(t, p, n, gen) for t, p in zip(full, s.inputs)]
+            for o, p in zip(ref_out, s.outputs):
+                _split(o.detach(), Replicate() if isinstance(p, Partial) else p, n, gen)
+        except _Indivisible:
+            done[str(s)] = False
+            continue
+        local_in = [[pieces[i][r].clone().requires_grad_(diff[i]) for i in range(len(full))] for r in range(n)]
+        try:
+            outs = [_tensors(_run_local(node, s, *_substitute(node, args, kwargs, local_in[r]), n, full))
+                    for r in range(n)]
+        except RuntimeError as e:
+            raise AssertionError(f"{tag}: the local op fails: {e}") from e
+        _check_outputs(node, s, outs, ref_out, tag, tol)
+        _check_grads(s, outs, ups, local_in, diff, want_grads, n, gen, tag, tol)
+        done[str(s)] = True
+    return done
+
+
+def _check_outputs(node, s, outs, ref_out, tag, tol):
+    for j, (p, want) in enumerate(zip(s.outputs, ref_out)):
+        if node.target in SHAPE_ONLY:  # random/uninitialised values: only the reassembled shape counts
+            got = _assemble([o[j] for o in outs], Partial() if isinstance(p, Replicate) else p, tag)
+            assert got.shape == want.shape, f"{tag}: output {j} has shape {tuple(got.shape)}"
+        else:
+            got = _assemble([o[j] for o in outs], p, f"{tag} output {j}", tol=tol)
+            _close(got, want, f"{tag}: output {j} ({p}) differs from the unsharded op", tol)
+
+
+def _check_grads(s, outs, ups, local_in, diff, want_grads, n, gen, tag, tol):
+    """Upstream gradient of an S output: its shard; of P: the full gradient; of R: summands."""
+    local_ups = [[None] * len(ups) for _ in range(n)]
+    for j, (p, g) in enumerate(zip(s.outputs, ups)):
+        if g is not None:
+            split = [g] * n if isinstance(p, Partial) else _split(g, Partial() if isinstance(p, Replicate) else p,
+                                                                   n, gen)
+            for r in range(n):
+                local_ups[r][j] = split[r]
+    local_grads = [_grads(outs[r], local_ups[r], local_in[r]) for r in range(n)]
+    for i, w in enumerate(want_grads):
+        if diff[i]:
+            parts = [g[i] if g[i] is not None else torch.zeros_like(local_in[r][i]) for r, g in enumerate(local_grads)]
+            got = _assemble(parts, s.inputs[i], f"{tag} grad {i}", grad=True, tol=tol)
+            _close(got, w if w is not None else torch.zeros_like(got), f"{tag}: gradient of operand {i}", tol)
+
+
+def check(fn, *inputs, ns=(2, 4), only=None) -> dict[str, dict]:
+    """Check every part-B node of ``fn``'s graph (or every call of ``only``); returns
+    {node name: {"target", "strategies"}}."""
+    gm, seen = _trace(fn, inputs, only)
+    gen = torch.Generator().manual_seed(0)
+    report = {}
+    for node, (args, kwargs) in seen.items():
+        per_n = {n: check_node(node, args, kwargs, n, gen) for n in ns}
+        missed = [s for s, ok in per_n[ns[0]].items() if not ok]
+        assert not missed, f"{node.format_node()}: strategies {missed} not checked on {ns[0]} ranks (indivisible)"
+        report[node.name] = {"target": node.target, "strategies": set(per_n[ns[0]])}
+    return report
+
+
+def strategies_of(report, target) -> set[str]:
+    found = [r["strategies"] for r in report.values() if r["target"] == target]
+    assert found, f"{target} not in the traced graph: {[r['target'] for r in report.values()]}"
+    return found[0]
+
+
+def f64(*shape):
+    return torch.randn(*shape, dtype=torch.float64)
+
+
+def idx(high, *shape):
+    return torch.randint(0, high, shape)
+
+
+def uniq_idx(high, *shape, dim):
+    """Indices with no repeats along ``dim`` (so scatter has no write races)."""
+    return torch.rand(*shape[:dim], high, *shape[dim + 1:]).argsort(dim).narrow(dim, 0, shape[dim])
+
+
+# ---------------------------------------------------------------------------------------------- cases
+
+def _unary(x):
+    a = x.abs() + 0.5
+    return (x.neg(), x.exp(), a.log(), a.sqrt(), a.rsqrt(), x.pow(2), x.sin(), x.cos(), x.tanh(), x.sigmoid(),
+            F.relu(x), F.gelu(x), F.gelu(x, approximate="tanh"), F.silu(x), F.softplus(x), torch.erf(x),
+            a.reciprocal(), x.clone(), x.detach(), x.clamp(-0.5, 0.5), x.clamp(min=0), F.hardtanh(x),
+            F.leaky_relu(x), F.elu(x), F.mish(x), F.hardswish(x), x.square(), x.sign(),
+            F.dropout(x, 0.0, True), aten.native_dropout(x, 0.0, True)[0], x.transpose(0, 1).contiguous())
+
+
+def _casts(x, y32, i):
+    return (x.to(torch.float32), x.type_as(y32), aten._to_copy(x, dtype=torch.float32), x.to(torch.int64),
+            i.to(torch.float64), i * 3, x.float().double())
+
+
+def _compare(x, y, i, j, v0):
+    m = x > 0
+    return (x.eq(y), x.ne(y), x < y, x <= 0.1, x >= y, torch.logical_not(m), m & (y > 0), m | (y > 0),
+            i & j, i | j, i ^ j, ~i, x.masked_fill(m, 0.0), x.masked_fill(m, -1.0), x.masked_fill(m, v0))
+
+
+def _binary(x, y, z, s):
+    xp = x.abs() + 0.5
+    return (x + y, x - z, x * y, x / z, torch.maximum(x, z), torch.minimum(y, x), torch.pow(xp, z),
+            torch.atan2(x, y), torch.fmod(x, z), torch.remainder(x, y), x * 2, x / 3, x + 1, 2 - x, x * s,
+            torch.add(x, y, alpha=2), torch.max(x, z), x.div(z, rounding_mode="floor"), torch.sub(z, x))
+
+
+def _inplace(x, y, z, s):
+    return (x.clone().add_(y), x.clone().mul_(z), x.clone().sub_(1), x.clone().div_(s),
+            F.relu(x.clone(), inplace=True), x.clone().copy_(z), x.clone().mul_(2))
+
+
+def _ternary(x, y, z, w):
+    return (torch.where(x > 0, x, y), torch.where(x > 0, x, 0.0), torch.addcmul(x, y, z, value=0.5),
+            torch.addcdiv(x, y, z.abs() + 1), torch.lerp(x, z, 0.3), torch.lerp(x, y, w))
+
+
+CASES = {
+    "unary": (_unary, lambda: (f64(4, 6, 8),)),
+    "casts": (_casts, lambda: (f64(4, 6), torch.randn(4, 6), idx(9, 4, 6))),
+    "compare": (_compare, lambda: (f64(4, 6, 8), f64(6, 8), idx(9, 4, 6, 8), idx(9, 8),
+                                   torch.tensor(2.0, dtype=torch.float64))),
+    "binary_broadcast": (_binary, lambda: (f64(4, 6, 8), f64(6, 1), f64(8), torch.tensor(1.5, dtype=torch.float64))),
+    "inplace": (_inplace, lambda: (f64(4, 6, 8), f64(6, 1), f64(8), torch.tensor(1.5, dtype=torch.float64))),
+    "ternary": (_ternary, lambda: (f64(4, 6, 8), f64(6, 1), f64(8), torch.rand(4, 1, 8, dtype=torch.float64))),
+    "sum": (lambda x: (x.sum(1), x.sum(1, keepdim=True), x.sum(), x.sum((0, 2)), x.sum(-1, keepdim=True),
+                       (x > 0).sum(1)), lambda: (f64(4, 6, 8),)),
+    "mean": (lambda x: (x.mean(1), x.mean((0, 2), keepdim=True), x.mean(), x.mean(-1)), lambda: (f64(4, 6, 8),)),
+    "max": (lambda x: (x.amax(-1, keepdim=True), x.amin(1), *x.max(1), *x.min(1, keepdim=True), x.max(),
+                       x.argmax(-1), x.argmin(0, keepdim=True), x.argmax()), lambda: (f64(4, 6, 8),)),
+    "stats": (lambda x: (x.var(1), x.std(1, keepdim=True), *torch.var_mean(x, 1), x.var(), x.prod(1),
+                         torch.logsumexp(x, -1), x.norm(dim=1), torch.linalg.vector_norm(x, dim=(0, 2), keepdim=True),
+                         (x > 0).all(), (x > 0).any(-1), (x > 0).all(1)), lambda: (f64(4, 6, 8),)),
+    "scans": (lambda x: (x.softmax(-1), F.softmax(x, 1), x.log_softmax(-1), aten._softmax(x, 2, False),
+                         aten._log_softmax(x, 0, False), x.cumsum(1), x.cumprod(2)), lambda: (f64(4, 6, 8),)),
+    "view_merge": (lambda x: (x.view(24, 8), x.reshape(24, 8), x.view(-1, 8), x.view(4, 48), x.flatten(1),
+                              x.flatten()), lambda: (f64(4, 6, 8),)),
+    "view_split": (lambda y: (y.view(4, 6, 8), y.reshape(2, 12, 8), aten._unsafe_view(y, [4, 6, 8])),
+                   lambda: (f64(24, 8),)),
+    "view_heads": (lambda z: (z.view(4, 16, 4, 8), z.unflatten(2, (4, 8)), z.unflatten(2, (-1, 8))),
+                   lambda: (f64(4, 16, 32),)),
+    "view_mixed": (lambda x, u: (x.view(2, 12, 8), u.view(4, 6), u.view(4, 6, 1), u.view(24)),
+                   lambda: (f64(4, 6, 8), f64(4, 1, 6))),
+    "permute": (lambda x, m: (x.transpose(0, 1), m.t(), x.permute(2, 0, 1), x.movedim(0, 2), x.mT,
+                              x.swapaxes(0, 2), x.swapdims(1, 2)), lambda: (f64(4, 6, 8), f64(4, 6))),
+    "squeeze": (lambda x, u: (u.squeeze(1), u.squeeze(), u.squeeze((1,)), x.unsqueeze(0), x.unsqueeze(-1),
+                              x.squeeze(0)), lambda: (f64(4, 6, 8), f64(4, 1, 8))),
+    "expand": (lambda u, z, x: (u.expand(4, 6, 8), z.expand(4, 6, 8), u.expand(-1, 6, -1), u.expand_as(x)),
+               lambda: (f64(4, 1, 8), f64(8), f64(4, 6, 8))),
+    "split": (lambda x: (*x.split(2, 1), *x.split([2, 4], 1), *x.chunk(2, 2), *x.unbind(1),
+                         *torch.tensor_split(x, 3, dim=1)), lambda: (f64(4, 6, 8),)),
+    "cat": (lambda x, y: (torch.cat([x, y], 1), torch.cat([x, x], 0), torch.stack([x, x], 0),
+                          torch.stack([x, x], -1)), lambda: (f64(4, 6, 8), f64(4, 2, 8))),
+    "slice": (lambda x: (x[:, 1:3], x[:, :, ::2], aten.slice.Tensor(x, 1, 0, 2 ** 63 - 1), x[:, 1],
+                         x.narrow(2, 2, 4), x.select(0, -1)), lambda: (f64(4, 6, 8),)),
+    "index_select": (lambda x, i, j: (x.index_select(1, i), x.index_select(0, j)),
+                     lambda: (f64(4, 6, 8), idx(6, 4), idx(4, 2))),
+    "repeat_flip": (lambda x: (x.repeat(2, 1, 1), x.repeat(2, 1, 1, 2), x.flip(0), x.roll(1, 2), x.roll(1)),
+                    lambda: (f64(4, 6, 8),)),
+    "pad": (lambda x: (F.pad(x, (1, 2)), F.pad(x, (1, 2, 0, 2), value=1.0), F.pad(x, (1, 1), mode="reflect"),
+                       aten.constant_pad_nd(x, [0, 0, 2, 0]), *x.split([2, 4], 1)), lambda: (f64(4, 6, 8),)),
+    "view_as": (lambda x, y: (x.view_as(y), x.reshape_as(y)), lambda: (f64(4, 6, 8), f64(24, 8))),
+    "sort": (lambda x: (*torch.topk(x, 2, -1), *torch.topk(x, 3, 1, largest=False), *torch.sort(x, 1),
+                        *torch.sort(x, descending=True, stable=True), x.argsort(-1)), lambda: (f64(4, 6, 8),)),
+    "gather": (lambda x, a, b, c: (torch.gather(x, 2, a), torch.gather(x, 1, b), torch.gather(x, 2, c)),
+               lambda: (f64(4, 6, 8), idx(8, 4, 6, 2), idx(6, 4, 4, 8), idx(8, 2, 6, 2))),
+    "scatter": (lambda x, i, src: (torch.zeros_like(x).scatter_add(2, i, src), x.scatter(2, i, src),
+                                   x.scatter(2, i, 1.0), x.scatter_reduce(2, i, src, "amax"),
+                                   x.clone().scatter_add_(2, i, src)),
+                lambda: (f64(4, 6, 8), uniq_idx(8, 4, 6, 4, dim=2), f64(4, 6, 4))),
+    "index": (lambda x, i, i0, i2, b0, b1: (x[i], x[:, i], x[i0, :, i2], x[b0, b1]),
+              lambda: (f64(4, 6, 8), idx(4, 6), idx(4, 2), idx(8, 2), idx(4, 2, 1), idx(6, 1, 4))),
+    "index_put": (lambda x, i, v, w: (x.index_put((i,), v, accumulate=True), aten.index_put(x, [None, i], w),
+                                      x.clone().index_put_((i,), v)),
+                  lambda: (f64(4, 6, 8), torch.tensor([0, 2]), f64(2, 6, 8), f64(4, 2, 8))),
+    "factories": (lambda x: (x + torch.arange(8), x + torch.zeros(6, 8), x + torch.ones(6, 8),
+                             x + torch.full((6, 8), 2.0), x * torch.scalar_tensor(2.0), torch.empty(4, 6)),
+                  lambda: (f64(4, 6, 8),)),
+    "likes": (lambda x: (torch.zeros_like(x), torch.ones_like(x), torch.empty_like(x), torch.full_like(x, 2.0),
+                         torch.rand_like(x), torch.randn_like(x)), lambda: (f64(4, 6, 8),)),
+    "new": (lambda x: (x.new_zeros(4, 6), x.new_ones(8, 6), x.new_empty(4, 6, 8), x.new_full((4, 6, 8), 2.0)),
+            lambda: (f64(4, 6, 8),)),
+    "tril": (lambda x, q: (x.tril(), x.triu(1), torch.ones(4, 4).triu(1).bool(), q + torch.tensor([1.0, 2.0])),
+             lambda: (f64(4, 6, 8), f64(2))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rule_numerics(case):
+    torch.manual_seed(0)
+    fn, make = CASES[case]
+    report = check(fn, *make())
+    assert report, f"{case}: no part-B op in the traced graph"
+
+
+# ---------------------------------------------------------------------------------------------- known answers
+
+def _one(fn, *inputs, target):
+    return strategies_of(check(fn, *inputs, ns=(2,)), target)
+
+
+def test_view_groups():
+    assert view_groups((4, 6, 8), (24, 8)) == [([0, 1], [0]), ([2], [1])]
+    assert view_groups((24, 8), (4, 6, 8)) == [([0], [0, 1]), ([1], [2])]
+    assert view_groups((4, 16, 32), (4, 16, 4, 8)) == [([0], [0]), ([1], [1]), ([2], [2, 3])]
+    assert view_groups((4, 1, 6), (2, 12)) == [([0, 2], [0, 1])]
+    assert view_groups((4, 6), (5, 5)) == []
+
+
+def test_view_known_answers():
+    x = f64(4, 6, 8)
+    assert _one(lambda x: x.view(24, 8), x, target=aten.view.default) == {
+        "(R)->(R)", "(S(0))->(S(0))", "(S(2))->(S(1))", "(P)->(P)"}
+    assert _one(lambda y: y.view(4, 6, 8), f64(24, 8), target=aten.view.default) == {
+        "(R)->(R)", "(S(0))->(S(0))", "(S(1))->(S(2))", "(P)->(P)"}
+    assert _one(lambda z: z.view(4, 16, 4, 8), f64(4, 16, 32), target=aten.view.default) == {
+        "(R)->(R)", "(S(0))->(S(0))", "(S(1))->(S(1))", "(S(2))->(S(2))", "(P)->(P)"}
+    # unflatten sizes are not rewritten: the unflattened dim splits only behind a leading -1
+    assert "(S(2))->(S(2))" not in _one(lambda z: z.unflatten(2, (4, 8)), f64(4, 16, 32), target=aten.unflatten.int)
+    assert "(S(2))->(S(2))" in _one(lambda z: z.unflatten(2, (-1, 8)), f64(4, 16, 32), target=aten.unflatten.int)
+    assert _one(lambda u: u.squeeze(), f64(4, 1, 8), target=aten.squeeze.default) == {"(R)->(R)", "(P)->(P)"}
+    assert _one(lambda x: x.transpose(1, 2), x, target=aten.transpose.int) >= {"(P)->(P)", "(S(1))->(S(2))"}
+    assert "(S(1))->(S(1), S(1), S(1))" not in _one(lambda x: x.split(2, 1), x, target=aten.split.Tensor)
+    assert _one(lambda x: torch.stack([x, x], 1), x, target=aten.stack.default) >= {"(S(1), S(1))->(S(2))"}
+    assert "(S(1), S(1))->(S(1))" not in _one(lambda x: torch.cat([x, x], 1), x, target=aten.cat.default)
+
+
+def test_reduction_known_answers():
+    x = f64(4, 6, 8)
+    assert _one(lambda x: x.sum(1), x, target=aten.sum.dim_IntList) == {
+        "(R)->(R)", "(S(0))->(S(0))", "(S(1))->(P)", "(S(2))->(S(1))", "(P)->(P)"}
+    assert _one(lambda x: x.sum(1, keepdim=True), x, target=aten.sum.dim_IntList) >= {"(S(2))->(S(2))"}
+    assert _one(lambda x: x.mean(1), x, target=aten.mean.dim) >= {"(S(1))->(P)[mean_partial]", "(P)->(P)"}
+    assert _one(lambda x: x.amax(1), x, target=aten.amax.default) == {"(R)->(R)", "(S(0))->(S(0))", "(S(2))->(S(1))"}
+    assert _one(lambda x: x.softmax(-1), x, target=aten.softmax.int) == {
+        "(R)->(R)", "(S(0))->(S(0))", "(S(1))->(S(1))"}
+    assert "(P)->(P)" not in _one(lambda x: (x > 0).sum(1), x, target=aten.sum.dim_IntList)  # no integer summands
+
+
+def test_elementwise_known_answers():
+    x, b = f64(4, 8), f64(8)
+    assert _one(lambda x, b: x + b, x, b, target=aten.add.Tensor) == {
+        "(R, R)->(R)", "(S(0), R)->(S(0))", "(S(1), S(0))->(S(1))", "(P, P)->(P)"}
+    assert "(P)->(P)" not in _one(lambda x: x + 1, x, target=aten.add.Tensor)
+    assert _one(lambda x, b: x * b, x, b, target=aten.mul.Tensor) >= {"(P, R)->(P)", "(R, P)->(P)"}
+    assert _one(lambda x, b: x / b, x, b, target=aten.div.Tensor) >= {"(P, R)->(P)"}
+    assert "(R, P)->(P)" not in _one(lambda x, b: x / b, x, b, target=aten.div.Tensor)
+    assert not any("P" in s for s in _one(lambda x: x.exp(), x, target=aten.exp.default))
+    assert "(P)->(P)" not in _one(lambda x: x.to(torch.int64), x, target=aten.to.dtype)
+
+
+def test_masked_select_is_replicated_only():
+    m = TensorMeta((4, 6), torch.float32)
+    mask = TensorMeta((4, 6), torch.bool)
+    call = OpCall(aten.masked_select.default, (m, mask), {}, (m, mask), (TensorMeta((7,), torch.float32),))
+    assert RULES[aten.masked_select.default](call) == []
+
+
+def test_index_layout():
+    m = TensorMeta((5,), torch.int64)
+    assert index_layout(3, [None, m]) == ({0: 0, 2: 2}, [1], (5,))
+    assert index_layout(3, [m, None, m]) == ({1: 1}, [0], (5,))
+
+
+# A harness that cannot fail proves nothing: each bogus strategy below must be caught.
+BOGUS = [
+    (lambda x: x.view(24, 8), (f64(4, 6, 8),), aten.view.default, "(S(1))->(S(0))"),
+    (lambda x: x.mean(1), (f64(4, 6, 8),), aten.mean.dim, "(S(1))->(P)"),
+    (lambda x: x.amax(-1), (f64(4, 6, 8),), aten.amax.default, "(S(2))->(P)"),
+    (lambda x: x.softmax(-1), (f64(4, 6, 8),), aten.softmax.int, "(S(2))->(S(2))"),
+    (lambda x: x.exp(), (f64(4, 6, 8),), aten.exp.default, "(P)->(P)"),
+    (lambda x, y: x + y, (f64(4, 8), f64(4, 8)), aten.add.Tensor, "(P, R)->(P)"),
+    (lambda x: x.transpose(0, 1), (f64(4, 6, 8),), aten.transpose.int, "(S(0))->(S(0))"),
+    (lambda z: z.expand(4, 6, 8), (f64(8),), aten.expand.default, "(S(0))->(S(0))"),
+    (lambda x: x.sum(1), (f64(4, 6, 8),), aten.sum.dim_IntList, "(P)->(R)"),
+]
+
+
+@pytest.mark.parametrize("fn, inputs, target, bogus", BOGUS, ids=[b[3] + str(b[2]) for b in BOGUS])
+def test_harness_catches_wrong_strategies(monkeypatch, fn, inputs, target, bogus):
+    from autoshard.passes.spec import Strategy1D, parse_placement
+
+    def parse(group):
+        return tuple(parse_placement(p) for p in group[1:-1].split(", ") if p)
+
+    ins, outs = bogus.split("->")
+    wrong = Strategy1D(parse(ins), parse(outs))
+    monkeypatch.setitem(RULES, target, lambda call: [wrong])
+    with pytest.raises(AssertionError, match="under"):
+        check(fn, *inputs, ns=(2,), only=target)
