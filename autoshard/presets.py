@@ -32,12 +32,13 @@ def fully_sharded(model, mesh, batch_inputs: Iterable[int] = (0,)) -> dict:
     return {"inputs": {i: shard for i in batch_inputs}, "params": params}
 
 
-def megatron_mlp(column: Iterable[str], row: Iterable[str], mesh, tp_axis: int = -1,
+def megatron_mlp(model, column: Iterable[str], row: Iterable[str], mesh, tp_axis: int = -1,
                  batch_inputs: Iterable[int] = (0,)) -> dict:
     """Megatron tensor parallel on ``tp_axis``: weights of ``column`` Linears split by output features
     (``S(0)``, bias ``S(0)``), of ``row`` Linears by input features (``S(1)``, bias replicated); other
-    axes run data parallel (batch split, weights replicated)."""
+    axes run data parallel (batch split, weights replicated). ``model`` tells which Linears have a bias."""
     m = Mesh.of(mesh)
+    existing = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     tp = tp_axis % m.ndim
 
     def on_tp(tp_pl: str) -> tuple:
@@ -50,5 +51,9 @@ def megatron_mlp(column: Iterable[str], row: Iterable[str], mesh, tp_axis: int =
     for name in row:
         params[f"{name}.weight"] = on_tp("S(1)")
         params[f"{name}.bias"] = on_tp("R")
+    missing = sorted(k for k in params if k.endswith(".weight") and k not in existing)
+    if missing:
+        raise KeyError(f"megatron_mlp: the model has no parameter(s) {missing}")
+    params = {k: v for k, v in params.items() if k in existing}
     batch = tuple("R" if a == tp else "S(0)" for a in range(m.ndim))
     return {"inputs": {i: batch for i in batch_inputs}, "params": params}

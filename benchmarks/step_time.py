@@ -93,7 +93,7 @@ def main() -> None:
     ups = [f"ups.{i}" for i in range(layers)]
     downs = [f"downs.{i}" for i in range(layers)]
     cm_tp = autoshard.compile(model, (world,), example_inputs=(x,), loss_fn=F.mse_loss, example_target=y,
-                              **autoshard.presets.megatron_mlp(ups, downs, (world,)))
+                              **autoshard.presets.megatron_mlp(model, ups, downs, (world,)))
     opt_c = torch.optim.AdamW(cm_tp.parameters(), lr=1e-3)
     mesh = init_device_mesh("cpu", (world,))
     plan = {u: ColwiseParallel() for u in ups} | {dn: RowwiseParallel() for dn in downs}

@@ -161,7 +161,8 @@ def _inline_regions(gm: fx.GraphModule, param_nodes: set) -> None:
                 new.meta.setdefault("nn_module_stack", node.meta.get("nn_module_stack", {}))
                 env[n] = new
             if detach:
-                results = tuple(_detached(graph, r) if _depends_on(r, param_nodes) else r for r in results)
+                results = tuple(_detached(graph, r) if isinstance(r, fx.Node) and _depends_on(r, param_nodes)
+                                else r for r in results)
         for use in list(node.users):
             if use.target is not operator.getitem:
                 raise TraceError(f"unexpected use {use.name} of region {node.name}")

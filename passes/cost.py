@@ -49,7 +49,7 @@ from .mesh import Mesh
 from .spec import Partial, Placement, Replicate, Shard, Strategy, TensorMeta
 
 __all__ = ["Collective", "collective_seconds", "optimizer_state_bytes", "CostModel", "GraphFacts", "NodePrice",
-           "ADJOINT", "op_name"]
+           "ADJOINT", "op_name", "encode", "placement_code", "R_CODE", "P_CODE"]
 
 ADJOINT = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather",
            "all_reduce": "all_reduce", "all_to_all": "all_to_all"}
@@ -118,6 +118,27 @@ def optimizer_state_bytes(optimizer: Union[str, float, int]) -> float:
         raise ValueError(f"unknown optimizer {optimizer!r}: use one of {sorted(_OPTIMIZERS)} or the number of "
                          "state bytes per parameter element (AdamW in fp32: 8)")
     return _OPTIMIZERS[key]
+
+
+R_CODE, P_CODE = -1, -2
+
+
+def placement_code(p: Placement) -> int:
+    """``S(d)`` -> d, ``R`` -> -1, ``P`` -> -2 (exact type checks first: placement isinstance is slow)."""
+    t = type(p)
+    if t is Replicate:
+        return R_CODE
+    if t is Shard:
+        return p.dim
+    if t is Partial:
+        return P_CODE
+    if isinstance(p, Shard):
+        return p.dim
+    return P_CODE if isinstance(p, Partial) else R_CODE
+
+
+def encode(pls: Sequence[Placement]) -> tuple[int, ...]:
+    return tuple(placement_code(p) for p in pls)
 
 
 def _floating(meta) -> bool:
@@ -255,19 +276,23 @@ class CostModel:
     # ---- placements ----------------------------------------------------------------------------
     def shard_factor(self, pls: Sequence[Placement], skip: Optional[int] = None) -> int:
         """How many pieces ``pls`` cuts a tensor into (ignoring axis ``skip``)."""
+        return self._factor(encode(pls), skip)
+
+    def _factor(self, codes: Sequence[int], skip: Optional[int] = None) -> int:
         f = 1
-        for a, p in enumerate(pls):
-            if a != skip and isinstance(p, Shard):
+        for a, c in enumerate(codes):
+            if c >= 0 and a != skip:
                 f *= self.mesh.shape[a]
         return f
 
     def work_divisor(self, strategy: Strategy) -> int:
         """Product of the sizes of the axes where some operand or output is S or P."""
-        f = 1
-        for a, size in enumerate(self.mesh.shape):
-            if any(not isinstance(pls[a], Replicate) for pls in (*strategy.inputs, *strategy.outputs)):
-                f *= size
-        return f
+        split = set()
+        for pls in (*strategy.inputs, *strategy.outputs):
+            for a, c in enumerate(encode(pls)):
+                if c != R_CODE:
+                    split.add(a)
+        return math.prod(self.mesh.shape[a] for a in split)
 
     # ---- collectives ---------------------------------------------------------------------------
     def collective(self, kind: str, axis: int, nbytes: float, phase: str = "fwd") -> Collective:
@@ -278,52 +303,50 @@ class CostModel:
     def reshard(self, src: Sequence[Placement], dst: Sequence[Placement], meta: TensorMeta,
                 needs_grad: bool) -> tuple[Collective, ...]:
         """The collectives that move a tensor from ``src`` to ``dst`` placements, forward then backward."""
-        src, dst = tuple(src), tuple(dst)
+        return self.moves(encode(src), encode(dst), meta.nbytes, needs_grad)[0]
+
+    def reshard_memory(self, src, dst, meta: TensorMeta) -> float:
+        """Bytes of the redistributed local copy when the move communicates (a free chunk is a view)."""
+        return self.moves(encode(src), encode(dst), meta.nbytes, False)[1]
+
+    def moves(self, src: tuple, dst: tuple, nbytes: int, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
+        """(collectives, copy bytes) between placement codes (see ``encode``), cached."""
         if src == dst:
-            return ()
-        key = (src, dst, meta.shape, meta.dtype, needs_grad)
+            return (), 0.0
+        key = (src, dst, nbytes, needs_grad)
         hit = self._reshard_cache.get(key)
         if hit is None:
-            hit = self._reshard_cache[key] = self._reshard(src, dst, meta, needs_grad)
+            hit = self._reshard_cache[key] = self._moves(src, dst, nbytes, needs_grad)
         return hit
 
-    def _reshard(self, src, dst, meta: TensorMeta, needs_grad: bool) -> tuple[Collective, ...]:
+    def _moves(self, src, dst, nbytes: int, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
         cur = list(src)
         fwd: list[Collective] = []
         axes = [a for a in range(self.mesh.ndim) if self.mesh.shape[a] > 1 and src[a] != dst[a]]
 
-        def move(a, kind, new):
-            fwd.append(self.collective(kind, a, meta.nbytes / self.shard_factor(cur, skip=a)))
-            cur[a] = new
+        def move(a, kind):
+            fwd.append(self.collective(kind, a, nbytes / self._factor(cur, skip=a)))
+            cur[a] = dst[a]
 
         for a in axes:  # free: take the local chunk, or keep the value as one summand
-            if isinstance(cur[a], Replicate):
+            if cur[a] == R_CODE:
                 cur[a] = dst[a]
         for a in axes:
-            if isinstance(cur[a], Partial) and isinstance(dst[a], Shard):
-                move(a, "reduce_scatter", dst[a])
+            if cur[a] == P_CODE and dst[a] >= 0:
+                move(a, "reduce_scatter")
         for a in axes:
-            if isinstance(cur[a], Shard) and isinstance(dst[a], Shard) and cur[a] != dst[a]:
-                move(a, "all_to_all", dst[a])
+            if cur[a] >= 0 and dst[a] >= 0 and cur[a] != dst[a]:
+                move(a, "all_to_all")
         for a in axes:
-            if isinstance(cur[a], Partial) and isinstance(dst[a], Replicate):
-                move(a, "all_reduce", dst[a])
+            if cur[a] == P_CODE and dst[a] == R_CODE:
+                move(a, "all_reduce")
         for a in axes:
-            if isinstance(cur[a], Shard) and not isinstance(dst[a], Shard):
-                move(a, "all_gather", dst[a])  # S->P: gather, then keep as a summand (free)
-        if not needs_grad:
-            return tuple(fwd)
-        bwd = [Collective(ADJOINT[c.kind], c.axis, c.bytes, self.collective(ADJOINT[c.kind], c.axis, c.bytes).seconds,
-                          "bwd") for c in reversed(fwd)]
-        return tuple(fwd) + tuple(bwd)
-
-    def reshard_memory(self, src, dst, meta: TensorMeta) -> float:
-        """Bytes of the redistributed local copy when the move communicates (a free chunk is a view)."""
-        if tuple(src) == tuple(dst):
-            return 0.0
-        if not any(c.phase == "fwd" for c in self.reshard(src, dst, meta, False)):
-            return 0.0
-        return meta.nbytes / self.shard_factor(dst)
+            if cur[a] >= 0 and dst[a] < 0:
+                move(a, "all_gather")  # S->P: gather, then keep as a summand (free)
+        copy = nbytes / self._factor(dst) if fwd else 0.0
+        if needs_grad:
+            fwd += [self.collective(ADJOINT[c.kind], c.axis, c.bytes, "bwd") for c in reversed(fwd)]
+        return tuple(fwd), copy
 
     def grad_sync(self, meta: TensorMeta, storage: Sequence[Placement]) -> tuple[Collective, ...]:
         """All-reduce of a parameter's gradient over every axis (size > 1) where it is stored R.
@@ -336,7 +359,7 @@ class CostModel:
         found = []
         for a, p in enumerate(storage):
             n = self.mesh.shape[a]
-            if isinstance(p, Replicate) and n > 1:
+            if placement_code(p) == R_CODE and n > 1:
                 bw, lat = self.links[a]
                 fixed = 2 * (n - 1) * lat + self.hardware.collective_launch_s
                 stream = collective_seconds("all_reduce", local, n, bw, 0.0)
@@ -360,7 +383,7 @@ class CostModel:
 
     def price_edge(self, src, dst, meta: TensorMeta, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
         """(collectives, bytes of the redistributed copy) to move one operand from ``src`` to ``dst``."""
-        return self.reshard(src, dst, meta, needs_grad), self.reshard_memory(src, dst, meta)
+        return self.moves(encode(src), encode(dst), meta.nbytes, needs_grad)
 
     # ---- memory --------------------------------------------------------------------------------
     def param_memory(self, meta: TensorMeta, storage: Sequence[Placement]) -> tuple[float, float, float]:

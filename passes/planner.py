@@ -17,7 +17,7 @@ import time
 from typing import Optional, Union
 
 from .clustering import OUTPUT, Clustering, cluster_edges, cluster_nodes, graph_edges
-from .cost import CostModel, GraphFacts
+from .cost import R_CODE, CostModel, GraphFacts, encode
 from .errors import InfeasiblePlanError
 from .graph import CapturedGraph
 from .hardware import Hardware, get_hardware
@@ -58,22 +58,30 @@ def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed:
                             allowed.get(rep)))
     out_index = len(nodes)
     nodes.append(SGNode(OUTPUT, [0.0], [0.0]))
-    replicated = tuple(Replicate() for _ in cm.mesh.shape)
+    replicated = (R_CODE,) * cm.mesh.ndim
+    codes: dict = {}
+
+    def placements_of(name: str, side: str, k: int) -> list[tuple]:
+        key = (name, side, k)
+        if key not in codes:
+            codes[key] = [encode(getattr(s, side)[k]) for s in table[name]]
+        return codes[key]
+
     edges: list[SGEdge] = []
     for (cu, slot, cv, i), (mult, (u, _, v, _)) in cluster_edges(graph_edges(captured), clustering).items():
-        u_class, srcs = _classes([s.outputs[slot] for s in table[u]])
+        u_class, srcs = _classes(placements_of(u, "outputs", slot))
         if cv == OUTPUT:
             v_class, dsts, vi = [0], [replicated], out_index
         else:
-            v_class, dsts = _classes([s.inputs[i] for s in table[v]])
+            v_class, dsts = _classes(placements_of(v, "inputs", i))
             vi = cv
-        meta = facts.tensor_outputs(u)[slot]
+        nbytes = facts.tensor_outputs(u)[slot].nbytes
         grad = facts.value_needs_grad(u, slot)
         cost, mem = [], []
         for p in srcs:
             row_c, row_m = [], []
             for q in dsts:
-                colls, copy = cm.price_edge(p, q, meta, grad)
+                colls, copy = cm.moves(p, q, nbytes, grad)
                 row_c.append(sum(c.seconds for c in colls))
                 row_m.append(copy)
             cost.append(row_c)

@@ -69,7 +69,7 @@ class RankProgram:
         self._inputs = [(name, captured.node(name).meta.get(META)) for name in entries]
         self._loss_comm = self.env.comm_for([a for a, s in enumerate(mesh.shape) if s > 1])
         self._sync = GradSync(self._sync_order(), bucket_bytes=int(bucket_mb * 2**20),
-                              first_bucket_bytes=int(first_bucket_mb * 2**20))
+                              first_bucket_bytes=int(first_bucket_mb * 2**20), carry_comm=self._loss_comm)
 
     # ---- construction helpers ------------------------------------------------------------------
     def _trainable(self, model) -> dict[str, bool]:
@@ -143,15 +143,18 @@ class RankProgram:
         args = self._args(inputs, target)
         self._sync.begin()
         loss = self._local_loss(self.program(*self._params, *self._buffers, *args))
-        total = loss.detach().clone()
-        work = None
-        if self._loss_comm.size > 1:
+        total, work = loss.detach().clone(), None
+        if self._sync.carries:  # the loss rides in a gradient bucket reduced over every axis
+            self._sync.carry(total)
+        elif self._loss_comm.size > 1:
             work = dist.all_reduce(total, group=self._loss_comm.group, async_op=True)
         try:
             loss.backward()
         finally:
             self._sync.finish()
-        if work is not None:
+        if self._sync.carries:
+            total = self._sync.carried()
+        elif work is not None:
             work.wait()
         return total.item()
 

@@ -10,6 +10,9 @@ the same order. ``finish`` waits and leaves each gradient as a view into its red
 
 Gradients already present when a step begins (accumulation across steps without ``zero_grad``)
 are set aside and added back after the reduction, so they are not summed twice.
+
+``carry``: a bucket reduced over ``carry_comm`` may reserve one extra slot for a scalar (the step's
+loss), which then rides along with the gradients instead of costing a collective of its own.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ class _Bucket:
     flat: Optional[torch.Tensor] = None
     pending: int = 0
     work: object = None
+    slot: Optional[int] = None  # index of the carried scalar, if this bucket carries one
 
 
 class GradSync:
@@ -42,9 +46,11 @@ class GradSync:
     communication starts early."""
 
     def __init__(self, params: list[tuple[nn.Parameter, AxisComm]], *, bucket_bytes: int = 25 * 2**20,
-                 first_bucket_bytes: int = 2**20):
+                 first_bucket_bytes: int = 2**20, carry_comm: Optional[AxisComm] = None):
         self.buckets: list[_Bucket] = []
         self._where: dict[nn.Parameter, tuple[_Bucket, int]] = {}
+        self._flat_view: dict[nn.Parameter, torch.Tensor] = {}
+        self._grad_view: dict[nn.Parameter, torch.Tensor] = {}
         self._stash: dict[nn.Parameter, torch.Tensor] = {}
         self._next = 0
         self.active = False
@@ -63,15 +69,34 @@ class GradSync:
             b.params.append(p)
             b.offsets.append(b.numel)
             b.numel += p.numel()
+        self._carrier = next((b for b in self.buckets if b.comm is carry_comm
+                              and b.params[0].dtype in (torch.float32, torch.float64)), None)
+        if self._carrier is not None:
+            self._carrier.slot = self._carrier.numel
         for b in self.buckets:
             p0 = b.params[0]
-            b.flat = torch.zeros(b.numel, dtype=p0.dtype, device=p0.device)
+            b.flat = torch.zeros(b.numel + (b.slot is not None), dtype=p0.dtype, device=p0.device)
+            for p, off in zip(b.params, b.offsets):
+                self._flat_view[p] = b.flat[off:off + p.numel()]
+                self._grad_view[p] = self._flat_view[p].view_as(p)
         for p in self._where:
             p.register_post_accumulate_grad_hook(self._ready)
 
     @property
     def num_params(self) -> int:
         return len(self._where)
+
+    @property
+    def carries(self) -> bool:
+        """Whether ``carry`` is available (some bucket is reduced over ``carry_comm``)."""
+        return self._carrier is not None
+
+    def carry(self, value: torch.Tensor) -> None:
+        """Put a scalar in the carrying bucket; after ``finish``, ``carried()`` is its sum."""
+        self._carrier.flat[self._carrier.slot].copy_(value.detach().reshape(()))
+
+    def carried(self) -> torch.Tensor:
+        return self._carrier.flat[self._carrier.slot].clone()
 
     def begin(self) -> None:
         """Call before backward: arm the hooks, set aside gradients already present."""
@@ -89,9 +114,8 @@ class GradSync:
     def _ready(self, p: nn.Parameter) -> None:
         if not self.active:
             return
-        b, i = self._where[p]
-        n = p.numel()
-        b.flat[b.offsets[i]:b.offsets[i] + n].copy_(p.grad.reshape(-1))
+        b, _ = self._where[p]
+        self._flat_view[p].copy_(p.grad.reshape(-1))
         b.pending -= 1
         self._launch_ready()
 
@@ -107,17 +131,17 @@ class GradSync:
         self.active = False
         for b in self.buckets[self._next:]:
             if b.pending:
-                for p, off in zip(b.params, b.offsets):
+                for p in b.params:
                     if p.grad is None:
-                        b.flat[off:off + p.numel()].zero_()
+                        self._flat_view[p].zero_()
                 b.pending = 0
         self._launch_ready()
         for b in self.buckets:
             b.work.wait()
-            for p, off in zip(b.params, b.offsets):
+            for p in b.params:
                 if p.grad is None:
                     continue
-                p.grad = b.flat[off:off + p.numel()].view_as(p)
+                p.grad = self._grad_view[p]
                 if p in self._stash:
                     p.grad.add_(self._stash[p])
         self._stash.clear()

@@ -3,7 +3,8 @@
     results = run_ranks(fn, 4, arg1, arg2)      # fn(rank, world_size, arg1, arg2) on 4 ranks
     results[0]                                   # what rank 0 returned
 
-``fn`` must be a module-level function (processes are spawned, so it is pickled by name). Tensors
+``fn`` must be a module-level function (it is pickled by name: ranks fork from a forkserver that
+has imported torch once). Tensors
 in the returned value come back as CPU tensors. If a rank raises, ``run_ranks`` raises the same
 exception (its traceback text attached as a note); if the ranks run past ``timeout`` seconds, it
 kills them and raises ``TimeoutError`` naming the ranks that had not finished.
@@ -78,6 +79,8 @@ def _worker(fn, rank, world, init, rendezvous, out, args, kwargs):
         elif init == "env":
             os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(rendezvous)})
         result = fn(rank, world, *args, **kwargs)
+        if dist.is_initialized():
+            dist.barrier()  # nobody leaves (closing its gloo pairs) while another is still connecting
         out.put((rank, True, _pack(result), None))
     except BaseException as e:  # noqa: BLE001 - every failure must reach the parent
         tb = traceback.format_exc()
@@ -94,6 +97,24 @@ def _worker(fn, rank, world, init, rendezvous, out, args, kwargs):
                 dist.destroy_process_group()
         except Exception:  # noqa: BLE001
             pass
+        # Skip the interpreter's slow teardown of torch; flush the result first.
+        out.close()
+        out.join_thread()
+        os._exit(0)
+
+
+_PRELOAD = ["torch", "torch.distributed", "torch.distributed.device_mesh", "torch.fx", "numpy"]
+
+
+def _context():
+    """A forkserver context: the server imports torch once, and every rank forks from it (spawning
+    four fresh interpreters that each import torch costs seconds per test). Falls back to spawn."""
+    try:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        return ctx
+    except ValueError:
+        return mp.get_context("spawn")
 
 
 def run_ranks(fn: Callable, world_size: int, *args, timeout: float = 180.0, init: str = "store",
@@ -101,7 +122,7 @@ def run_ranks(fn: Callable, world_size: int, *args, timeout: float = 180.0, init
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` spawned processes."""
     if init not in ("store", "env", None):
         raise ValueError(f"init must be 'store', 'env' or None, got {init!r}")
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     out = ctx.Queue()
     tmp = tempfile.mkdtemp(prefix="autoshard_ranks_")
     rendezvous = free_port() if init == "env" else os.path.join(tmp, "store")

@@ -10,8 +10,8 @@ What each one exercises:
 
 - ``mlp``: one ``nn.Linear`` (``proj``) applied twice (a parameter used twice); a second float input
   (a mask).
-- ``gpt``: pre-LN GPT, causal SDPA, GELU MLP, learned positions (``arange`` with a device
-  argument), LM head tied to the token embedding; long token ids as input and target.
+- ``gpt``: pre-LN GPT (q/k/v without bias), causal SDPA, GELU MLP, learned positions (``arange``
+  with a device argument), LM head tied to the token embedding; long token ids as input and target.
 - ``cnn``: Conv2d + BatchNorm2d (running-stat buffers, updated in place) + ReLU + pooling + flatten
   + Linear on 3x8x8 images.
 - ``hf_gpt2`` / ``hf_llama``: transformers models from tiny configs (GPT-2: tied embeddings, Conv1D;
@@ -64,9 +64,11 @@ class Block(nn.Module):
         super().__init__()
         self.n_head = n_head
         self.ln1 = nn.LayerNorm(d)
-        self.q = nn.Linear(d, d)
-        self.k = nn.Linear(d, d)
-        self.v = nn.Linear(d, d)
+        # no q/k/v biases: a key bias has an exactly-zero gradient (softmax ignores a per-query
+        # shift), so an optimizer like Adam would turn rounding noise into full-size updates
+        self.q = nn.Linear(d, d, bias=False)
+        self.k = nn.Linear(d, d, bias=False)
+        self.v = nn.Linear(d, d, bias=False)
         self.o = nn.Linear(d, d)
         self.ln2 = nn.LayerNorm(d)
         self.fc = nn.Linear(d, 4 * d)

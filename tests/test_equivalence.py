@@ -36,7 +36,7 @@ def tp_pins(model_name: str, model, mesh) -> dict:
     from autoshard import presets
     if model_name in TP_LAYERS:
         col, row = TP_LAYERS[model_name]
-        return presets.megatron_mlp(col, row, mesh)
+        return presets.megatron_mlp(model, col, row, mesh)
     last = len(mesh) - 1
     on_tp = lambda pl: tuple(pl if a == last else "R" for a in range(len(mesh)))  # noqa: E731
     batch = {0: tuple("R" if a == last else "S(0)" for a in range(len(mesh)))}
@@ -106,8 +106,8 @@ def equivalence_worker(rank: int, world: int, model_name: str, meshes, only=None
             plan = Plan.from_json(broadcast_json(payload, src=0, env=env)).attach(captured, mesh)
             cm = CompiledModel(model, plan, env)
             ref = copy.deepcopy(model)
-            opt = torch.optim.AdamW(cm.parameters(), lr=1e-2)
-            ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+            opt = torch.optim.AdamW(cm.parameters(), lr=1e-3)
+            ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
             for step in range(STEPS):
                 if isinstance(inputs, dict):
                     got = cm.step(target=target, **inputs)

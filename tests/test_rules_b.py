@@ -291,7 +291,7 @@ def _casts(x, y32, i):
 def _compare(x, y, i, j, v0):
     m = x > 0
     return (x.eq(y), x.ne(y), x < y, x <= 0.1, x >= y, torch.logical_not(m), m & (y > 0), m | (y > 0),
-            i & j, i | j, i ^ j, ~i, x.masked_fill(m, 0.0), x.masked_fill(m, -1.0), x.masked_fill(m, v0))
+            i & j, i | j, i ^ j, ~i, aten.__and__(m, y > 0), aten.__or__(i, j), *torch.broadcast_tensors(x, y[0], m), x.masked_fill(m, 0.0), x.masked_fill(m, -1.0), x.masked_fill(m, v0))
 
 
 def _binary(x, y, z, s):
@@ -328,7 +328,8 @@ CASES = {
                          torch.logsumexp(x, -1), x.norm(dim=1), torch.linalg.vector_norm(x, dim=(0, 2), keepdim=True),
                          (x > 0).all(), (x > 0).any(-1), (x > 0).all(1)), lambda: (f64(4, 6, 8),)),
     "scans": (lambda x: (x.softmax(-1), F.softmax(x, 1), x.log_softmax(-1), aten._softmax(x, 2, False),
-                         aten._log_softmax(x, 0, False), x.cumsum(1), x.cumprod(2)), lambda: (f64(4, 6, 8),)),
+                         aten._log_softmax(x, 0, False), x.cumsum(1), x.cumprod(2), torch.diff(x, dim=1),
+                         torch.diff(x, dim=-1, prepend=x[:, :, :1], append=x[:, :, :2])), lambda: (f64(4, 6, 8),)),
     "view_merge": (lambda x: (x.view(24, 8), x.reshape(24, 8), x.view(-1, 8), x.view(4, 48), x.flatten(1),
                               x.flatten()), lambda: (f64(4, 6, 8),)),
     "view_split": (lambda y: (y.view(4, 6, 8), y.reshape(2, 12, 8), aten._unsafe_view(y, [4, 6, 8])),

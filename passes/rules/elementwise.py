@@ -183,6 +183,12 @@ def _partial_patterns(call: OpCall, name: str) -> list[tuple[Placement, ...]]:
     return []
 
 
+def _broadcast_tensors_partial(call: OpCall) -> list[Strategy1D]:
+    """``broadcast_tensors`` only expands: partial inputs give partial outputs."""
+    n = len(call.inputs)
+    return [Strategy1D((P,) * n, (P,) * n)] if len(call.outputs) == n else []
+
+
 _LINEAR_UNARY = {
     "neg", "neg_", "positive", "clone", "contiguous", "detach", "detach_", "alias", "zero", "zero_",
 }
@@ -193,6 +199,8 @@ def pointwise_rule(call: OpCall) -> list[Strategy1D]:
     name = call.target._schema.name.split("::")[-1]
     dtype_only = [1] if name in ("type_as",) or (name == "to" and len(call.inputs) == 2) else []
     found = pointwise_strategies(call, dtype_only=dtype_only)
+    if name == "broadcast_tensors":
+        return found + _broadcast_tensors_partial(call)
     for pat in _partial_patterns(call, name):
         found.append(Strategy1D(pat, tuple(P for _ in call.outputs)))
     return found
@@ -215,6 +223,8 @@ _BINARY = """
 add sub rsub mul div maximum minimum fmax fmin atan2 fmod remainder floor_divide eq ne lt le gt ge
 logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor bitwise_left_shift
 bitwise_right_shift hypot copysign xlogy copy masked_fill lerp addcmul addcdiv
+__and__ __or__ __xor__ __lshift__ __rshift__ __iand__ __ior__ __ixor__ __ilshift__ __irshift__
+broadcast_tensors
 """.split()
 
 # Packets with non-pointwise overloads: only the listed overloads are pointwise.

@@ -15,8 +15,8 @@ Reducing a sharded dim is allowed only where the local results combine by a sum:
 - ``max``/``min``/``amax``/``amin``/``var``/``std``/``prod``/``argmax``/``logsumexp``/``norm``/
   ``all``/``any``: never (there is no partial-max placement); kept dims shard.
 
-Scans keep the shape: ``softmax``/``log_softmax``/``cumsum``/... shard every dim but the scan dim;
-``cumsum`` is linear, so ``P -> P``.
+Scans work along one dim: ``softmax``/``log_softmax``/``cumsum``/``diff``/... shard every dim but
+that one; ``cumsum`` and ``diff`` are linear, so ``P -> P``.
 """
 from __future__ import annotations
 
@@ -84,20 +84,21 @@ def no_partial_reduction_rule(call: OpCall) -> list[Strategy1D]:
     return reduction_strategies(call, on_reduced=None)
 
 
-_LINEAR_SCANS = {"cumsum", "cumsum_"}
+_LINEAR_SCANS = {"cumsum", "cumsum_", "diff"}
 
 
 @sharding_rule(
     aten.softmax.int, aten._softmax, aten.log_softmax.int, aten._log_softmax, aten._safe_softmax,
-    aten.cumsum, aten.cumsum_, aten.cumprod, aten.logcumsumexp, aten.cummax, aten.cummin,
+    aten.cumsum, aten.cumsum_, aten.cumprod, aten.logcumsumexp, aten.cummax, aten.cummin, aten.diff,
 )
 def scan_rule(call: OpCall) -> list[Strategy1D]:
-    """Shape-keeping ops along one dim: every other dim shards; each output follows."""
+    """Ops along one dim: every other dim shards; each output follows. ``diff``'s ``prepend`` and
+    ``append`` operands match ``self`` off the dim, so they shard with it."""
     x = call.inputs[0]
     dim = norm_dim(int(bound_args(call)["dim"]), len(x.shape))
-    n_out = len(call.outputs)
-    found = [Strategy1D((Shard(d),), (Shard(d),) * n_out) for d in split_dims(x.shape) if d != dim]
+    n_in, n_out = len(call.inputs), len(call.outputs)
+    found = [Strategy1D((Shard(d),) * n_in, (Shard(d),) * n_out) for d in split_dims(x.shape) if d != dim]
     name = call.target._schema.name.split("::")[-1]
     if name in _LINEAR_SCANS:
-        found.append(Strategy1D((P,), (P,)))
+        found.append(Strategy1D((P,) * n_in, (P,)))
     return found
