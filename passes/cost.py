@@ -19,7 +19,9 @@ reduce-scatter; S(i)->S(j) all-to-all; P->R all-reduce; S->R (and S->P) all-gath
 in that order (free chunks first, gathers last), so the bytes on axis ``a`` are the tensor's bytes
 divided by the shard factor of the OTHER axes at that point. Backward pays each forward
 collective's adjoint (all-gather <-> reduce-scatter, all-reduce <-> all-reduce, all-to-all <->
-all-to-all; chunk <-> free) unless the value needs no gradient.
+all-to-all; chunk <-> free) unless the value needs no gradient. The program's outputs are priced
+as gathered to ``R`` on every rank, forward only (the backward seed, ones for a loss, is available
+in any placement for free).
 
 Compute: matmul-like ops (mm, addmm, bmm, baddbmm, matmul, linear, einsum, scaled-dot-product
 attention, convolution) cost FLOPs / peak FLOP/s for their dtype, with backward = forward per

@@ -76,7 +76,7 @@ def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed:
             v_class, dsts = _classes(placements_of(v, "inputs", i))
             vi = cv
         nbytes = facts.tensor_outputs(u)[slot].nbytes
-        grad = facts.value_needs_grad(u, slot)
+        grad = cv != OUTPUT and facts.value_needs_grad(u, slot)  # an output's gradient seed is free
         cost, mem = [], []
         for p in srcs:
             row_c, row_m = [], []
@@ -123,6 +123,7 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
             raise _infeasible(captured, mesh, table, clustering, smallest, limit, hw, optimizer)
         result, status = smallest, "MEMORY_FALLBACK"
     chosen = _assign(table, clustering, result.choice)
+    _settle_inputs(captured, table, allowed, chosen, facts)
     stats = {"status": status, "wall_s": round(time.perf_counter() - t0, 4), "solve_s": round(result.wall_s, 4),
              "build_s": round(t_built - t0, 4), "variables": result.num_variables,
              "constraints": result.num_constraints, "clusters": clustering.num_clusters,
@@ -137,6 +138,24 @@ def _assign(table: StrategyTable, clustering: Clustering, choice: list[int]) -> 
         for name in members:
             chosen[name] = table[name][choice[cid]]
     return chosen
+
+
+def _settle_inputs(captured, table, allowed, chosen: dict[str, Strategy], facts: GraphFacts) -> None:
+    """An input (or the target) placed R whose consumers all read it one way takes that placement:
+    the runtime chunks the global batch for free either way, and the plan then says what each rank
+    gets (e.g. the batch S(0) under data parallelism)."""
+    reads: dict[str, set] = {}
+    for u, _, v, i in graph_edges(captured):
+        if facts.kind[u] == "input":
+            reads.setdefault(u, set()).add(None if v == OUTPUT else tuple(chosen[v].inputs[i]))
+    for u, wanted in reads.items():
+        want = next(iter(wanted))
+        if len(wanted) != 1 or want is None or any(c != R_CODE for c in encode(chosen[u].outputs[0])):
+            continue
+        for k in allowed.get(u, range(len(table[u]))):
+            if tuple(table[u][k].outputs[0]) == want:
+                chosen[u] = table[u][k]
+                break
 
 
 def _infeasible(captured, mesh, table, clustering, smallest, limit, hw, optimizer) -> InfeasiblePlanError:

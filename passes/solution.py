@@ -156,7 +156,8 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         dst = replicated if v == OUTPUT else strategies[v].inputs[i]
         if tuple(src) == tuple(dst):
             continue
-        colls, copy_bytes = cm.price_edge(src, dst, facts.tensor_outputs(u)[slot], facts.value_needs_grad(u, slot))
+        grad = v != OUTPUT and facts.value_needs_grad(u, slot)  # an output's gradient seed is free
+        colls, copy_bytes = cm.price_edge(src, dst, facts.tensor_outputs(u)[slot], grad)
         mem["activations"] += copy_bytes
         times["communication"] += sum(c.seconds for c in colls)
         moves.append(Redistribution(u, v, i, tuple(src), tuple(dst), colls))

@@ -15,6 +15,8 @@ on n = 2 and n = 4 simulated ranks in one process:
 
 Every strategy must be checked at n = 2 (shapes are chosen so it divides); n = 4 where it divides.
 Random and uninitialised outputs (rand_like, empty_like, new_empty, ...) are compared by shape.
+The same check then runs over every part-B node of captured test models (tests/models.py), and a
+self-test feeds the harness wrong strategies to prove it fails.
 (tests/rule_check.py checks one op per trace and runs ops without the size rewrite, so part B uses
 this harness.)
 """
@@ -388,6 +390,37 @@ def test_rule_numerics(case):
     fn, make = CASES[case]
     report = check(fn, *make())
     assert report, f"{case}: no part-B op in the traced graph"
+
+
+@pytest.mark.parametrize("builder", ["gpt", "cnn"])
+def test_every_part_b_node_of_a_captured_model(builder):
+    """Every part-B node of a real captured program (float64, so sums of summands stay exact)."""
+    import models
+    from autoshard.passes.capture import capture
+
+    torch.manual_seed(0)
+    model, inputs, target, loss_fn = getattr(models, builder)()
+    model = model.double()
+    inputs = tuple(t.double() if t.is_floating_point() else t for t in inputs)
+    target = target.double() if target.is_floating_point() else target
+    cg = capture(model, inputs, loss_fn=loss_fn, target=target)
+    state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    feed = [state[f].detach().clone() for f in [*cg.params.values(), *cg.buffers.values()]] + [*inputs, target]
+    seen = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, n):
+            if n.op == "call_function" and not is_getitem(n) and _rule_module(n.target) in PART_B:
+                a, k = self.fetch_args_kwargs_from_env(n)
+                seen[n] = (_clone(a), _clone(k))
+            return super().run_node(n)
+
+    Recorder(cg.gm).run(*feed)
+    assert len(seen) >= 5, f"{builder}: only {len(seen)} part-B nodes captured"
+    gen = torch.Generator().manual_seed(0)
+    for node, (args, kwargs) in seen.items():
+        done = check_node(node, args, kwargs, 2, gen)
+        assert all(done.values()), f"{node.format_node()}: {done}"
 
 
 # ---------------------------------------------------------------------------------------------- known answers
