@@ -127,8 +127,11 @@ def plan_to_dot(plan) -> str:
     redistributed = {}
     for k, r in enumerate(sol.redistributions):
         redistributed.setdefault((r.producer, r.consumer), []).append((k, r))
+    out_node = captured.output_node
+    lines.append(f'  "{out_node.name}" [label="{"loss" if captured.loss_output else "output"}", shape=doublecircle, '
+                 'fillcolor="#e5f5e0"];')
     for node in captured.gm.graph.nodes:
-        if node.op != "call_function":
+        if node.op not in ("call_function", "output"):
             continue
         seen = set()
         for src in node.all_input_nodes:

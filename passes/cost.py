@@ -26,7 +26,8 @@ in any placement for free).
 Compute: matmul-like ops (mm, addmm, bmm, baddbmm, matmul, linear, einsum, scaled-dot-product
 attention, convolution) cost FLOPs / peak FLOP/s for their dtype, with backward = forward per
 differentiable matrix operand (2x when both need a gradient); every other op is memory-bound,
-(bytes read + written) / memory bandwidth, with backward = 1x forward; views cost nothing. A
+(bytes read + written) / memory bandwidth, with backward = 1x forward; views (and ``to`` casts to
+the dtype a tensor already has) cost nothing. A
 strategy's local cost is the global cost divided by the product of the sizes of the axes on which
 any operand or output is S or P.
 
@@ -42,7 +43,6 @@ import re
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
-import torch
 import torch.fx as fx
 
 from .graph import operand_meta, operands, outputs
@@ -173,13 +173,18 @@ class GraphFacts:
                 continue
             self.kind[node.name] = "op"
             name = op_name(node.target)
-            if name in _VIEWS:
-                self.views.add(node.name)
+            if name in _VIEWS or (name == "to" and self._same_as_operand(node)):
+                self.views.add(node.name)  # ``x.to(x.dtype)`` returns x itself
             ins = [a for a in node.all_input_nodes if a.name in self.requires_grad]
             metas = outputs(node)
             if ins and name not in _NO_GRAD and any(_floating(m) for m in metas):
                 self.requires_grad.add(node.name)
             self._compute[node.name] = self._op_seconds(node, name)
+
+    @staticmethod
+    def _same_as_operand(node: fx.Node) -> bool:
+        ops = operands(node)
+        return len(ops) == 1 and outputs(node) == [operand_meta(ops[0])]
 
     def _op_seconds(self, node: fx.Node, name: str) -> tuple[float, float]:
         if node.name in self.views:

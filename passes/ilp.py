@@ -180,11 +180,11 @@ class ShardingILP:
         return ids, coefs
 
     def add_memory_constraint(self) -> None:
-        """(3) total bytes per device <= L, in units of L / 1e9 bytes (no-op without a limit)."""
+        """(3) total bytes per device <= L, in units of L / 1e9 (no-op without a limit)."""
         limit = self.g.memory_limit
         if limit is None:
             return
-        unit = max(1.0, limit / _SCALE_TARGET)
+        unit = limit / _SCALE_TARGET if limit > 0 else 1.0
         ids, coefs = self._memory_terms(unit)
         self.rows.append(("linear", ids, coefs, -math.inf, math.floor(limit / unit)))
 
@@ -227,13 +227,14 @@ class ShardingILP:
     def choice_from(self, value: Callable[[int], float]) -> list[int]:
         return [max(self.allowed[i], key=lambda s: value(xs[s])) for i, xs in enumerate(self.x)]
 
-    def lp_relaxation(self) -> Optional[tuple[list[int], float, bool]]:
-        """GLOP on the relaxation (0 <= x, e <= 1): (rounded choice, objective lower bound in
-        objective units, whether the LP optimum is already integral). None if GLOP fails."""
+    def lp_relaxation(self) -> tuple[str, Optional[list[int]], Optional[float], bool]:
+        """GLOP on the relaxation (0 <= x, e <= 1): (status, rounded choice, objective lower bound in
+        objective units, whether the LP optimum is integral). Status "INFEASIBLE" proves the ILP
+        infeasible too; "UNKNOWN" when GLOP is unavailable or fails."""
         from ortools.linear_solver import pywraplp
         lp = pywraplp.Solver.CreateSolver("GLOP")
         if lp is None:
-            return None
+            return "UNKNOWN", None, None, False
         v = [lp.NumVar(0.0, 1.0, "") for _ in range(self.num_vars)]
         for _, ids, coefs, lo, hi in self.rows:
             row = lp.RowConstraint(-lp.infinity() if lo == -math.inf else lo, hi, "")
@@ -243,11 +244,14 @@ class ShardingILP:
         for k, c in zip(*self.objective):
             obj.SetCoefficient(v[k], c)
         obj.SetMinimization()
-        if lp.Solve() != pywraplp.Solver.OPTIMAL:
-            return None
+        status = lp.Solve()
+        if status == pywraplp.Solver.INFEASIBLE:
+            return "INFEASIBLE", None, None, False
+        if status != pywraplp.Solver.OPTIMAL:
+            return "UNKNOWN", None, None, False
         values = [var.solution_value() for var in v]
         integral = all(min(values[k], 1 - values[k]) < 1e-6 for xs in self.x for k in xs)
-        return self.choice_from(lambda k: values[k]), obj.Value(), integral
+        return "OPTIMAL", self.choice_from(lambda k: values[k]), obj.Value(), integral
 
     def solve_cpsat(self, time_limit_s: float, workers: int, hint: Optional[list[int]] = None,
                     lower_bound: Optional[float] = None) -> ILPResult:
@@ -337,20 +341,20 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
         return limit is None or reduced.evaluate(choice)[1] <= limit
 
     t0 = time.perf_counter()
-    relaxed = ilp.lp_relaxation()
+    lp_status, rounded, bound, integral = ilp.lp_relaxation()
     lp_s = time.perf_counter() - t0
+    stats = dict(ilp_nodes=len(reduced.nodes), merged_followers=len(graph.nodes) - len(reduced.nodes),
+                 lp_s=round(lp_s, 4), lp_integral=integral)
+    if lp_status == "INFEASIBLE":  # the relaxation has no point under the limit: neither has the ILP
+        return ILPResult(None, math.inf, math.inf, "INFEASIBLE", lp_s, ilp.num_vars, len(ilp.rows), stats)
     hint = greedy(reduced, objective)
     if not fits(hint):
         hint = greedy(reduced, "memory")
-    bound = None
-    if relaxed is not None:
-        rounded, bound, integral = relaxed
-        if fits(rounded):
-            hint = rounded
+    if rounded is not None and fits(rounded):
+        hint = rounded
     result = ilp.solve_cpsat(max(0.1, time_limit_s - lp_s), workers, hint, bound)
     result.wall_s += lp_s
-    result.stats.update(ilp_nodes=len(reduced.nodes), merged_followers=len(graph.nodes) - len(reduced.nodes),
-                        lp_s=round(lp_s, 4), lp_integral=bool(relaxed and relaxed[2]))
+    result.stats.update(stats)
     choice = result.choice
     if choice is None and result.status == "UNKNOWN" and fits(hint):
         choice, result.status = hint, "GREEDY"

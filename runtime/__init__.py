@@ -1,0 +1,17 @@
+"""The runtime: a planned graph becomes each rank's own program, and trains.
+
+- ``groups``: ``setup_distributed(mesh) -> MeshEnv`` (one process group per mesh axis, device and
+  backend from the environment), ``broadcast_json``.
+- ``collectives``: autograd-aware collectives (all_gather, reduce_scatter, all_reduce, all_to_all,
+  chunk, to_partial), each backward the adjoint of its forward.
+- ``redistribute``: placements -> placements as a list of those collectives.
+- ``localize`` / ``lowerings``: local sizes and devices; the named special lowerings.
+- ``lower``: the per-rank fx program. ``materialize``: this rank's shards only.
+- ``gradsync``: bucketed, overlapped gradient all-reduce. ``executor``: ``RankProgram``.
+
+Imports ``autoshard.passes`` only, never the front door.
+"""
+from .executor import RankProgram  # noqa: F401
+from .groups import MeshEnv, broadcast_json, setup_distributed  # noqa: F401
+
+__all__ = ["RankProgram", "MeshEnv", "setup_distributed", "broadcast_json"]

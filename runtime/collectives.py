@@ -11,12 +11,14 @@ all_gather         S(d) -> R                      reduce-scatter on d
 reduce_scatter     P -> S(d)                      all-gather on d
 all_reduce         P -> R                         all-reduce
 all_to_all         S(i) -> S(j)                   all-to-all S(j) -> S(i)
-chunk              R -> S(d) (local, a view)      zero-pad (local)
+chunk              R -> S(d) (local)              zero-pad (local)
 to_partial         R -> P (zeros off coord 0)     the same (local)
 =================  =============================  ==============================
 
 They take an ``AxisComm`` last, so the per-rank fx program can print them as plain calls
-(``all_gather(linear, 0, comm_tp)``). On an axis of size 1 every function is the identity.
+(``all_gather(linear, 0, comm_tp)``). On an axis of size 1 every function is the identity. Results
+are contiguous (a chunk along dim 0 of a contiguous tensor is a view, which already is), so views
+the program takes later work as they did on the whole tensor.
 """
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ def _gather(x: torch.Tensor, dim: int, comm: AxisComm) -> torch.Tensor:
     src = x.movedim(dim, 0).contiguous() if dim else x.contiguous()
     out = src.new_empty((n * src.shape[0],) + tuple(src.shape[1:]))
     _all_gather_single(out, src, group=comm.pg())
-    return out.movedim(0, dim) if dim else out
+    return out.movedim(0, dim).contiguous() if dim else out
 
 
 def _scatter_sum(x: torch.Tensor, dim: int, comm: AxisComm) -> torch.Tensor:
@@ -70,7 +72,7 @@ def _scatter_sum(x: torch.Tensor, dim: int, comm: AxisComm) -> torch.Tensor:
     src = x.movedim(dim, 0).contiguous() if dim else x.contiguous()
     out = src.new_empty((src.shape[0] // n,) + tuple(src.shape[1:]))
     _reduce_scatter_single(out, src, group=comm.pg())
-    return out.movedim(0, dim) if dim else out
+    return out.movedim(0, dim).contiguous() if dim else out
 
 
 def _sum(x: torch.Tensor, comm: AxisComm) -> torch.Tensor:
@@ -85,12 +87,15 @@ def _exchange(x: torch.Tensor, gather_dim: int, scatter_dim: int, comm: AxisComm
     out = torch.empty_like(pieces)
     dist.all_to_all_single(out, pieces, group=comm.pg())
     # out[k] is rank k's piece of gather_dim: put the rank index right before gather_dim and merge.
-    return out.movedim(0, gather_dim).flatten(gather_dim, gather_dim + 1)
+    return out.movedim(0, gather_dim).flatten(gather_dim, gather_dim + 1).contiguous()
 
 
 def _take(x: torch.Tensor, dim: int, comm: AxisComm) -> torch.Tensor:
     m = x.shape[dim] // comm.size
-    return x.narrow(dim, comm.rank * m, m)
+    piece = x.narrow(dim, comm.rank * m, m)
+    # Later views of the piece must work as they did on the whole tensor, whose strides may allow a
+    # view that the narrowed piece's strides do not: always hand on a contiguous copy.
+    return piece.contiguous()
 
 
 def _pad(g: torch.Tensor, dim: int, comm: AxisComm) -> torch.Tensor:
@@ -215,7 +220,7 @@ def all_to_all(x: torch.Tensor, gather_dim: int, scatter_dim: int, comm: AxisCom
 
 
 def chunk(x: torch.Tensor, dim: int, comm: AxisComm) -> torch.Tensor:
-    """R -> S(dim): this rank's chunk, no communication (a view)."""
+    """R -> S(dim): this rank's chunk, no communication."""
     if comm.size == 1:
         return x
     _check_dim(x, dim, comm, "chunk")

@@ -8,6 +8,9 @@
 - Every ``torch.device`` argument (factories traced with ``device=meta``, ``_to_copy``) becomes the
   rank's device.
 
+``written_operands`` says which operands an op updates in place (from its schema, plus the
+composite ops whose schema does not say so, such as batch norm's running stats).
+
 >>> local_size_args(aten.view.default, (x, [8, 6]), {}, (4, 6))
 ((x, [4, 6]), {})
 """
@@ -18,7 +21,10 @@ from typing import Any, Optional, Sequence
 import torch
 import torch.fx as fx
 
-__all__ = ["schema_of", "bind", "rebuild", "size_arg", "local_size_args", "rewrite_devices"]
+from autoshard.passes.graph import META
+from autoshard.passes.spec import TensorMeta
+
+__all__ = ["schema_of", "bind", "rebuild", "size_arg", "local_size_args", "rewrite_devices", "written_operands"]
 
 _SIZE_NAMES = ("size", "shape")
 
@@ -92,3 +98,51 @@ def rewrite_devices(args: tuple, kwargs: dict, device: torch.device) -> tuple[tu
 
     new_kwargs = {k: (device if k == "device" and v is not None else sub(v)) for k, v in kwargs.items()}
     return tuple(sub(a) for a in args), new_kwargs
+
+
+# Composite ops that update arguments in place without saying so in their schema (training mode).
+_IMPLICIT_WRITES = {
+    torch.ops.aten.batch_norm.default: (("running_mean", "running_var"), "training"),
+    torch.ops.aten.instance_norm.default: (("running_mean", "running_var"), "use_input_stats"),
+}
+
+
+def _written_args(node: fx.Node) -> set:
+    """(position, name) of every argument the op writes in place."""
+    schema = schema_of(node.target)
+    if schema is None:
+        return set()
+    written = {(i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write}
+    if node.target in _IMPLICIT_WRITES:
+        names, flag = _IMPLICIT_WRITES[node.target]
+        pos = {a.name: i for i, a in enumerate(schema.arguments)}
+        on = node.args[pos[flag]] if pos[flag] < len(node.args) else node.kwargs.get(flag, True)
+        if on:
+            written |= {(pos[n], n) for n in names}
+    return written
+
+
+def written_operands(node: fx.Node) -> list[int]:
+    """Indices (in ``passes.graph.operands`` order) of the tensor operands ``node`` writes in place."""
+    written = _written_args(node)
+    if not written:
+        return []
+    keys = {i for i, _ in written} | {name for _, name in written}
+    origin: list = []  # the top-level argument (position or keyword) each operand comes from
+
+    def visit(a, top):
+        if isinstance(a, fx.Node):
+            if isinstance(a.meta.get(META), TensorMeta):
+                origin.append(top)
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                visit(x, top)
+        elif isinstance(a, dict):
+            for x in a.values():
+                visit(x, top)
+
+    for i, a in enumerate(node.args):
+        visit(a, i)
+    for k, v in node.kwargs.items():
+        visit(v, k)
+    return [i for i, top in enumerate(origin) if top in keys]

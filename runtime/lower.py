@@ -32,7 +32,7 @@ from autoshard.passes.spec import Partial, Replicate, Strategy, TensorMeta
 
 from .groups import MeshEnv
 from .layout import local_shape, normalize
-from .localize import local_size_args, rewrite_devices, schema_of
+from .localize import local_size_args, rewrite_devices, written_operands
 from .lowerings import emit_lowering
 from .redistribute import plan_redistribute, step_call
 
@@ -50,13 +50,6 @@ def write_back(stored: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
                 value = value.clone()
             stored.copy_(value)
     return stored
-
-
-def _written_args(target) -> set:
-    schema = schema_of(target)
-    if schema is None:
-        return set()
-    return {(i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write}
 
 
 class _Lowering:
@@ -119,11 +112,7 @@ class _Lowering:
             elif node.op == "call_function":
                 self.call(node)
             elif node.op == "get_attr":
-                setattr(self.root, node.target, getattr(self.captured.gm, node.target))
-                self.value[node] = self.graph.get_attr(node.target)
-                meta = node.meta.get(META)
-                if isinstance(meta, TensorMeta):
-                    self.placement[(node, None)] = normalize((Replicate(),) * self.mesh.ndim, self.mesh.shape)
+                self.constant(node)
             elif node.op == "output":
                 self.output(node)
             else:
@@ -150,25 +139,33 @@ class _Lowering:
         self.value[node] = self.move(new, full, dst, len(meta.shape))
         self.placement[(node, None)] = dst
 
-    def substitute(self, node: fx.Node, local: Iterator[fx.Node]) -> tuple[tuple, dict, list]:
-        """The node's args with each tensor operand replaced by its local value, and where each came from."""
-        origin: list = []
+    def constant(self, node: fx.Node) -> None:
+        """A tensor constant of the captured program: every rank holds all of it (R)."""
+        owner, _, leaf = node.target.rpartition(".")
+        value = getattr(self.captured.gm.get_submodule(owner), leaf)
+        if isinstance(value, torch.Tensor):
+            if value.is_meta:
+                raise PlanFormatError(f"graph constant {node.target!r} was traced on the meta device and has no values; "
+                                      "create it from a parameter or buffer, or capture a model on a real device")
+            value = value.to(self.env.device)
+        attr = "const_" + node.target.replace(".", "_")
+        setattr(self.root, attr, value)
+        self.value[node] = self.graph.get_attr(attr)
+        if isinstance(node.meta.get(META), TensorMeta):
+            self.placement[(node, None)] = normalize((Replicate(),) * self.mesh.ndim, self.mesh.shape)
 
-        def sub(a, top):
+    def substitute(self, node: fx.Node, local: Iterator[fx.Node]) -> tuple[tuple, dict]:
+        """The node's args with each tensor operand replaced by its local value."""
+        def sub(a):
             if isinstance(a, fx.Node):
-                if isinstance(a.meta.get(META), TensorMeta):
-                    origin.append(top)
-                    return next(local)
-                return self.value[a]
+                return next(local) if isinstance(a.meta.get(META), TensorMeta) else self.value[a]
             if isinstance(a, (list, tuple)):
-                return type(a)(sub(x, top) for x in a)
+                return type(a)(sub(x) for x in a)
             if isinstance(a, dict):
-                return {k: sub(v, top) for k, v in a.items()}
+                return {k: sub(v) for k, v in a.items()}
             return a
 
-        args = tuple(sub(a, i) for i, a in enumerate(node.args))
-        kwargs = {k: sub(v, k) for k, v in node.kwargs.items()}
-        return args, kwargs, origin
+        return tuple(sub(a) for a in node.args), {k: sub(v) for k, v in node.kwargs.items()}
 
     def call(self, node: fx.Node) -> None:
         if node.target in _SKIP:
@@ -177,7 +174,7 @@ class _Lowering:
         metas = node.meta.get(META)
         ops = operands(node)
         if not ops and not isinstance(metas, (TensorMeta, tuple)) and node.name not in self.strategies:
-            args, kwargs, _ = self.substitute(node, iter(()))
+            args, kwargs = self.substitute(node, iter(()))
             self.value[node] = self.graph.call_function(node.target, args, kwargs)
             return
         st = self.strategy(node)
@@ -187,7 +184,11 @@ class _Lowering:
         if is_getitem(node):
             return self.getitem(node, st)
         local = [self.fetch(op.node, st.inputs[i], len(op.node.meta[META].shape)) for i, op in enumerate(ops)]
-        args, kwargs, origin = self.substitute(node, iter(local))
+        written = written_operands(node)
+        for i in written:  # the op writes a private copy; write_back stores it after the op
+            if local[i] is not self.value[ops[i].node]:
+                local[i] = self.graph.call_function(torch.ops.aten.clone.default, (local[i],))
+        args, kwargs = self.substitute(node, iter(local))
         args, kwargs = rewrite_devices(args, kwargs, self.env.device)
         outs = [normalize(p, self.mesh.shape) for p in st.outputs]
         if any(st.lowerings):
@@ -205,7 +206,7 @@ class _Lowering:
         if MODULE in node.meta:
             new.meta[MODULE] = node.meta[MODULE]
         self.value[node] = new
-        self.write_backs(node, ops, local, origin, st)
+        self.write_backs(written, ops, local, st)
         self.record_outputs(node, metas, outs)
 
     def getitem(self, node: fx.Node, st: Strategy) -> None:
@@ -232,15 +233,9 @@ class _Lowering:
             for pos, raw in enumerate(positions):
                 self.placement[(node, raw)] = outs[pos]
 
-    def write_backs(self, node: fx.Node, ops, local: list, origin: list, st: Strategy) -> None:
-        written = _written_args(node.target)
-        if not written:
-            return
-        keys = {i for i, _ in written} | {name for _, name in written}
-        for i, op in enumerate(ops):
-            if origin[i] not in keys:
-                continue
-            producer = op.node
+    def write_backs(self, written: list[int], ops, local: list, st: Strategy) -> None:
+        for i in written:
+            producer = ops[i].node
             if local[i] is not self.value[producer]:
                 stored = self.placement[(producer, None)]
                 back = self.move(local[i], normalize(st.inputs[i], self.mesh.shape), stored,

@@ -16,6 +16,7 @@ with torch.distributed uninitialized.
 from __future__ import annotations
 
 import os
+import pickle
 import queue as queue_mod
 import socket
 import tempfile
@@ -81,11 +82,12 @@ def _worker(fn, rank, world, init, rendezvous, out, args, kwargs):
         result = fn(rank, world, *args, **kwargs)
         if dist.is_initialized():
             dist.barrier()  # nobody leaves (closing its gloo pairs) while another is still connecting
-        out.put((rank, True, _pack(result), None))
+        packed = _pack(result)
+        pickle.dumps(packed)  # fail here, with a traceback, rather than silently in the queue's thread
+        out.put((rank, True, packed, None))
     except BaseException as e:  # noqa: BLE001 - every failure must reach the parent
         tb = traceback.format_exc()
         try:
-            import pickle
             pickle.dumps(e)
             exc = e
         except Exception:  # noqa: BLE001

@@ -123,7 +123,7 @@ def gpt(vocab: int = 64, d: int = 32, n_layer: int = 2, n_head: int = 4, seq: in
 class CNN(nn.Module):
     def __init__(self, channels: int = 8, classes: int = 10):
         super().__init__()
-        self.conv = nn.Conv2d(3, channels, 3, padding=1)
+        self.conv = nn.Conv2d(3, channels, 3, padding=1, bias=False)  # BatchNorm cancels a bias: its grad is 0
         self.bn = nn.BatchNorm2d(channels)
         self.pool = nn.MaxPool2d(2)
         self.fc = nn.Linear(channels * 4 * 4, classes)

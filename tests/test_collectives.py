@@ -134,6 +134,15 @@ def _rank_main(rank: int, world: int) -> dict:
     bad: list = []
     _check_single_collectives(env, bad)
     pairs = _check_all_pairs(env, bad)
+    # a 3-axis mesh with a size-1 axis: flattened groups over axis subsets
+    env3 = setup_distributed(Mesh((2, 1, 2), ("pp", "dp", "tp")))
+    one = torch.ones(1, dtype=torch.float64)
+    sums = {axes: C.all_reduce(one * (rank + 1), env3.comm_for(axes)).item() for axes in ((0, 2), (0, 1), (2,))}
+    c = env3.coordinate
+    want = {(0, 2): 10.0, (0, 1): float(sum(r + 1 for r in range(4) if Mesh((2, 1, 2)).coordinate(r)[2] == c[2])),
+            (2,): float(sum(r + 1 for r in range(4) if Mesh((2, 1, 2)).coordinate(r)[0] == c[0]))}
+    if sums != want:
+        bad.append(f"flattened groups on (2, 1, 2): {sums} != {want}")
     plan = broadcast_json({"plan": [1, 2.5, "S(0)"], "rank": rank} if rank == 0 else None, src=0, env=env)
     big = broadcast_json("x" * 100_000 if rank == 1 else None, src=1, env=env)
     return {"bad": bad, "pairs": pairs, "coord": env.coordinate, "plan": plan, "big_ok": big == "x" * 100_000,

@@ -310,6 +310,18 @@ def _bn_plan(cg):
     return plan
 
 
+def _bn_channels_plan(cg):
+    """Channels split on (4,): each rank normalizes its channels; the replicated running stats are
+    updated through a chunk, so the update is written back (all-gathered) into the stored copy."""
+    plan = by_fqn(cg, {"fc1.weight": st("-> S0"), "bn.weight": st("-> S0"), "bn.bias": st("-> R"),
+                       "fc2.weight": st("-> S1"), "fc2.bias": st("-> R"), "bn.running_mean": st("-> R"),
+                       "bn.running_var": st("-> R"), "bn.num_batches_tracked": st("-> R")})
+    plan |= {"x": st("-> R"), "target": st("-> R"), "linear": st("R, S0 -> S1"), "add_": st("R -> R"),
+             "batch_norm": st("S1, S0, S0, S0, S0 -> S1"), "relu": st("S1 -> S1"),
+             "linear_1": st("S1, S1, P -> P"), "cross_entropy_loss": st("R, R -> R")}
+    return plan
+
+
 def _vocab_plan(cg):
     """dp x tp: vocabulary-parallel embedding, vocabulary-sharded logits gathered for the loss."""
     plan = by_fqn(cg, {"emb.weight": st("-> R|S0"), "norm.weight": st("-> R|R"), "norm.bias": st("-> S0|R"),
@@ -412,6 +424,10 @@ def _rank_main(rank: int, world: int) -> dict:
     cg_bn = export_captured(model, x0, y0, F.cross_entropy)
     _train(bad, "batch_norm_sync (2,2)", envs[(2, 2)], cg_bn, _bn_plan(cg_bn), model, copy.deepcopy(model), ce,
            _data)
+    torch.manual_seed(0)
+    model = _BN()
+    _train(bad, "batch_norm channels (4,)", envs[(4,)], cg_bn, _bn_channels_plan(cg_bn), model, copy.deepcopy(model),
+           ce, _data)
 
     def tokens(step):
         g = torch.Generator().manual_seed(200 + step)
