@@ -20,7 +20,8 @@ _VIEW_OPS = ("view", "reshape", "transpose", "permute", "expand", "unsqueeze", "
 
 
 def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')
+    """Quote-safe dot label text; real newlines become dot's centred line breaks."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _human_bytes(n: float) -> str:
@@ -102,16 +103,16 @@ def plan_to_dot(plan) -> str:
         shape = "x".join(str(s) for s in metas[0].shape) if metas else ""
         if node.op == "placeholder":
             if node.name in param_of:
-                label, shape_kind = f"{param_of[node.name]}\\n[{shape}]\\n{placement}", "ellipse"
+                label, shape_kind = f"{param_of[node.name]}\n[{shape}]\n{placement}", "ellipse"
             elif node.name in input_names:
-                label, shape_kind = f"input {node.name}\\n[{shape}]\\n{placement}", "invhouse"
+                label, shape_kind = f"input {node.name}\n[{shape}]\n{placement}", "invhouse"
             else:
-                label, shape_kind = f"buffer {captured.buffers.get(node.name, node.name)}\\n{placement}", "ellipse"
+                label, shape_kind = f"buffer {captured.buffers.get(node.name, node.name)}\n{placement}", "ellipse"
             lines.append(f'  "{node.name}" [label="{_escape(label)}", shape={shape_kind}, fillcolor="{_colour(out_pls)}"];')
             continue
         op = _op_name(node)
         small = any(op.startswith(v) for v in _VIEW_OPS)
-        label = f"{op}\\n[{shape}]\\n{placement}" + ("" if small or strat is None else "")
+        label = f"{op}\n[{shape}]\n{placement}"
         attrs = f'label="{_escape(label)}", shape=box, fillcolor="{_colour(out_pls)}"'
         if small:
             attrs += ", fontsize=7, height=0.2"
@@ -146,7 +147,7 @@ def plan_to_dot(plan) -> str:
                 cid = f"comm_{k}"
                 items = [f"{c.kind}({names[c.axis]}) {_human_bytes(c.bytes)} {_human_time(c.seconds)}"
                          for c in r.collectives] or ["local chunk"]
-                label = "\\n".join(items)
+                label = "\n".join(items)
                 lines.append(f'  "{cid}" [label="{_escape(label)}", shape=cds, fillcolor="#fc9272", fontsize=8];')
                 lines.append(f'  "{src.name}" -> "{cid}";')
                 lines.append(f'  "{cid}" -> "{node.name}";')
@@ -156,7 +157,7 @@ def plan_to_dot(plan) -> str:
         node_name = next((n for n, fqn in param_of.items() if fqn == pname), None)
         if node_name is None:
             continue
-        label = "grad " + "\\n".join(f"{c.kind}({names[c.axis]}) {_human_bytes(c.bytes)} {_human_time(c.seconds)}"
+        label = "grad " + "\n".join(f"{c.kind}({names[c.axis]}) {_human_bytes(c.bytes)} {_human_time(c.seconds)}"
                                      for c in syncs)
         lines.append(f'  "gsync_{k}" [label="{_escape(label)}", shape=note, fillcolor="#fee0d2", fontsize=7];')
         lines.append(f'  "{node_name}" -> "gsync_{k}" [style=dotted, arrowhead=none];')

@@ -29,15 +29,15 @@ def plan_summary(plan) -> str:
     width = max((len(k[0]) for k in folded), default=10)
     for (name, pls), count in folded.items():
         out.append(f"    {name:<{width}}  {pls}" + (f"  x{count}" if count > 1 else ""))
-    kinds = Counter()
+    kinds = {"fwd": Counter(), "bwd": Counter()}
     total_bytes = 0
     for r in sol.redistributions:
         for c in r.collectives:
-            kinds[c.kind] += 1
+            kinds.setdefault(c.phase, Counter())[c.kind] += 1
             total_bytes += c.bytes
     syncs = Counter(c.kind for items in sol.param_grad_syncs.values() for c in items)
-    out.append(f"  inserted collectives (forward graph, each with its backward adjoint): "
-               f"{sum(kinds.values())} {dict(kinds)}, {_human_bytes(total_bytes)}")
+    out.append(f"  inserted collectives: forward {sum(kinds['fwd'].values())} {dict(kinds['fwd'])}, "
+               f"backward {sum(kinds['bwd'].values())} {dict(kinds['bwd'])}, {_human_bytes(total_bytes)} in all")
     out.append(f"  gradient syncs: {sum(syncs.values())} {dict(syncs)}")
     if sol.unruled_ops:
         out.append(f"  ops run replicated for lack of a sharding rule: {', '.join(sol.unruled_ops)}")

@@ -37,6 +37,11 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList([Block(d, n_head) for _ in range(n_layer)])
         self.ln_f = nn.LayerNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
+        for m in self.modules():  # GPT-2's initialization: small weights, zero biases
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
         self.lm_head.weight = self.wte.weight  # tied embeddings
 
     def forward(self, idx):

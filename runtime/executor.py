@@ -79,12 +79,12 @@ class RankProgram:
         return {ph: flags.get(fqn, True) for ph, fqn in self.captured.params.items()}
 
     def _state_dict_keys(self, model, state_dict) -> list[str]:
+        """The names ``full_state_dict`` uses, in the order of the model's (or given) state_dict."""
         if model is not None:
             return list(model.state_dict().keys())
-        keys = []
-        for ph in self._param_names + self._buffer_names:
-            keys += names_of(self.captured, ph)
-        return keys
+        known = [n for ph in self._param_names + self._buffer_names for n in names_of(self.captured, ph)]
+        given = [k for k in (state_dict or {}) if k in set(known)]
+        return given + [k for k in known if k not in set(given)]
 
     def _sync_order(self) -> list:
         """(param, comm over its R axes) in the order gradients become ready: reverse first use."""

@@ -88,25 +88,17 @@ class MeshEnv:
         return comm
 
     def _new_flat_group(self, axes: tuple[int, ...]):
-        # Every rank must call new_group for every group, in the same order.
-        import itertools
-        shape = self.mesh.shape
-        others = [a for a in range(len(shape)) if a not in axes]
+        # Ranks sharing their coordinates off ``axes`` form one group. Every rank must call
+        # new_group for every group, in the same order.
+        others = [a for a in range(self.mesh.ndim) if a not in axes]
+        members: dict[tuple, list[int]] = {}
+        for r in range(self.mesh.size):
+            c = self.mesh.coordinate(r)
+            members.setdefault(tuple(c[a] for a in others), []).append(r)
         mine = None
-        for fixed in itertools.product(*(range(shape[a]) for a in others)):
-            ranks = []
-            for free in itertools.product(*(range(shape[a]) for a in axes)):
-                coord = [0] * len(shape)
-                for a, c in zip(others, fixed):
-                    coord[a] = c
-                for a, c in zip(axes, free):
-                    coord[a] = c
-                r = 0
-                for a, c in enumerate(coord):
-                    r = r * shape[a] + c
-                ranks.append(r)
-            g = dist.new_group(ranks)
-            if self.rank in ranks:
+        for key in sorted(members):
+            g = dist.new_group(members[key])
+            if self.rank in members[key]:
                 mine = g
         return mine
 

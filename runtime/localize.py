@@ -112,7 +112,8 @@ def _written_args(node: fx.Node) -> set:
     schema = schema_of(node.target)
     if schema is None:
         return set()
-    written = {(i, a.name) for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write}
+    written = {(i, a.name) for i, a in enumerate(schema.arguments)
+               if a.alias_info is not None and a.alias_info.is_write}
     if node.target in _IMPLICIT_WRITES:
         names, flag = _IMPLICIT_WRITES[node.target]
         pos = {a.name: i for i, a in enumerate(schema.arguments)}

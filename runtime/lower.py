@@ -39,7 +39,8 @@ from .redistribute import plan_redistribute, step_call
 __all__ = ["lower", "write_back", "COLLECTIVE_META"]
 
 COLLECTIVE_META = "autoshard.collective"
-_SKIP = {torch.ops.aten._assert_tensor_metadata.default} if hasattr(torch.ops.aten, "_assert_tensor_metadata") else set()
+# Checks export inserts (capture drops them too): shapes are global there, local here.
+_SKIP = {torch.ops.aten._assert_tensor_metadata.default}
 
 
 def write_back(stored: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
@@ -145,8 +146,9 @@ class _Lowering:
         value = getattr(self.captured.gm.get_submodule(owner), leaf)
         if isinstance(value, torch.Tensor):
             if value.is_meta:
-                raise PlanFormatError(f"graph constant {node.target!r} was traced on the meta device and has no values; "
-                                      "create it from a parameter or buffer, or capture a model on a real device")
+                raise PlanFormatError(f"graph constant {node.target!r} was traced on the meta device and has no "
+                                      "values; create it from a parameter or buffer, or capture a model on a real "
+                                      "device")
             value = value.to(self.env.device)
         attr = "const_" + node.target.replace(".", "_")
         setattr(self.root, attr, value)

@@ -18,7 +18,7 @@ appends plain calls to the program, its collectives explicit:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch
 import torch.fx as fx
@@ -122,7 +122,8 @@ def _mean_partial(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strat
 def _loss_mean_partial(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, axes: tuple) -> fx.Node:
     bound = bind(node.target, args, kwargs)
     if bound.get("reduction") != _MEAN:
-        raise PlanFormatError(f"node {node.name}: 'loss_mean_partial' needs reduction=mean, got {bound.get('reduction')}")
+        raise PlanFormatError(f"node {node.name}: 'loss_mean_partial' needs reduction=mean, "
+                              f"got {bound.get('reduction')}")
     meta = operand_meta(operands(node)[0])
     bound["reduction"] = _SUM
     new_args, new_kwargs = rebuild(node.target, bound)

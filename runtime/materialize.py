@@ -63,9 +63,9 @@ def full_tensors_by_replay(model: nn.Module, wanted: set[int], seed: int) -> dic
             if not callable(reset):
                 if meta_names and any(id(own[n]) in wanted for n in meta_names):
                     raise PlanFormatError(
-                        f"cannot initialize module {path or '<root>'!r} ({type(module).__name__}) from the meta device: "
-                        f"it owns {meta_names} but has no reset_parameters(); pass state_dict= with full tensors "
-                        "or build the model on a real device"
+                        f"cannot initialize module {path or '<root>'!r} ({type(module).__name__}) from the meta "
+                        f"device: it owns {meta_names} but has no reset_parameters(); pass state_dict= with full "
+                        "tensors or build the model on a real device"
                     )
                 continue
             alone = _alone(module).to_empty(device="cpu")

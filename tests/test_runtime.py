@@ -142,10 +142,6 @@ EXPECTED_COUNTS = {
 }
 
 
-class _OfflineCounts(RankProgram):
-    """A RankProgram built for one rank without processes (never stepped)."""
-
-
 def test_emitted_programs_have_the_expected_collectives():
     torch.manual_seed(0)
     x, y = _data(0)
