@@ -31,9 +31,10 @@ class CompiledModel:
         (``example_inputs={"input_ids": ...}``) may be passed by name."""
         return self._program.step(*self._ordered(inputs, named_inputs), target=target)
 
-    def __call__(self, *inputs, **named_inputs):
-        """Forward only; returns the full (gathered) output on every rank."""
-        return self._program.forward(*self._ordered(inputs, named_inputs))
+    def __call__(self, *inputs, target=None, **named_inputs):
+        """Forward only, no autograd: the full (gathered) output on every rank, or, for a program traced
+        with a loss function, the mean loss (pass ``target=``)."""
+        return self._program.forward(*self._ordered(inputs, named_inputs), target=target)
 
     def _ordered(self, inputs: tuple, named: dict) -> tuple:
         if not named:

@@ -38,6 +38,7 @@ def main() -> None:
         ("solver", (world,), {}),
         ("DP", (world,), "dp"),
         ("FSDP", (world,), "fsdp"),
+        ("TP", (world,), "tp"),
         ("solver", (2, world // 2), {}),
     ):
         torch.manual_seed(0)
@@ -46,6 +47,10 @@ def main() -> None:
             pins = autoshard.presets.data_parallel(mesh)
         elif pins == "fsdp":
             pins = autoshard.presets.fully_sharded(model, mesh)
+        elif pins == "tp":
+            pins = autoshard.presets.megatron_mlp(
+                model, [f"blocks.{i}.{n}" for i in range(2) for n in ("qkv", "fc")],
+                [f"blocks.{i}.{n}" for i in range(2) for n in ("proj", "fc_out")], mesh)
         cm = autoshard.compile(model, mesh, example_inputs=(x,), loss_fn=lm_loss, example_target=y, **pins)
         opt = torch.optim.AdamW(cm.parameters(), lr=1e-3)
         cm.step(x, target=y)

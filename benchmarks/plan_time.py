@@ -27,14 +27,14 @@ def llama3_8b(layers: int, seq: int):
                       tie_word_embeddings=False, use_cache=False)
     cfg._attn_implementation = "sdpa"
     with torch.device("meta"):
-        return LlamaForCausalLM(cfg)
+        return LlamaForCausalLM(cfg).to(torch.bfloat16)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--seq", type=int, default=8192)
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--mesh", default="8,8")
     args = ap.parse_args()
     mesh = Mesh(tuple(int(s) for s in args.mesh.split(",")))

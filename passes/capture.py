@@ -212,11 +212,33 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
     if target is not None and not isinstance(target, torch.Tensor):
         raise TraceError(f"target must be a tensor or None, got {type(target).__name__}")
     call = _make_call(model, example_inputs)
+    state_device = _state_device(model)
+    if state_device is not None and state_device.type == "meta":
+        # Planning a meta model on real data: trace on meta twins of the inputs (nothing allocated).
+        call.tensors[:] = [t.to("meta") for t in call.tensors]
+        target = target.to("meta") if target is not None else None
+    else:
+        _check_devices(state_device, call.tensors + ([target] if target is not None else []))
     flat = call.tensors + ([target] if target is not None else [])
     make_program = lambda m: _Program(m, call, loss_fn, target is not None)  # noqa: E731
     ep, method = trace(model, make_program, flat, call.constants)
     return _normalize(ep, model, call, has_target=target is not None,
                       loss_fn_given=loss_fn is not None, method=method)
+
+
+def _state_device(model: nn.Module) -> Optional[torch.device]:
+    for t in list(model.parameters()) + list(model.buffers()):
+        return t.device
+    return None
+
+
+def _check_devices(state_device: Optional[torch.device], tensors: list) -> None:
+    if state_device is None:
+        return
+    for t in tensors:
+        if t.device.type != "meta" and t.device != state_device:
+            raise TraceError(f"the model's parameters are on {state_device} but an example input is on {t.device}: "
+                             f"put them on the same device (or build the model on meta to plan without memory)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 from distributed import run_ranks
 
 MESHES = ((4,), (2, 2))
-N_RANDOM = 3
+N_RANDOM = 5
 STEPS = 3
 RTOL, ATOL = 1e-4, 2e-5
 ADAM_EPS = 1e-6  # damps the amplification of rounding noise in (near-)zero gradient entries
