@@ -1,0 +1,1 @@
+"""Pipeline parallelism as data: schedules (``Action`` lists), their simulator, and stage plans."""

@@ -1,0 +1,1 @@
+"""Pipeline-parallel runtime: per-stage programs, point-to-point transfers, the schedule interpreter."""
