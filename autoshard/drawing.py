@@ -13,6 +13,7 @@ import re
 import shutil
 
 from autoshard.passes.graph import MODULE, outputs
+from autoshard.passes.planner import human_bytes
 from autoshard.passes.spec import Partial, Shard
 
 _VIEW_OPS = ("view", "reshape", "transpose", "permute", "expand", "unsqueeze", "squeeze", "getitem",
@@ -24,12 +25,7 @@ def _escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"
+_human_bytes = human_bytes
 
 
 def _human_time(s: float) -> str:
