@@ -13,6 +13,20 @@ all ranks' pieces for an all-to-all); every call also pays ``hardware.collective
 >>> round(collective_seconds("all_reduce", 8e9, 4, 100e9, 0.0), 4)   # 2 * 3/4 * 8 GB / 100 GB/s
 0.12
 
+All-reduce has a second algorithm, ``algorithm="tree"`` (a pipelined double binary tree: reduce up,
+broadcast down; Sanders, Speck & Traeff 2009, used by NCCL since 2.4): ``2 ceil(log2 n) * lat +
+2 B / bw`` -- fewer latency steps, more bytes per link; ``"auto"`` takes the cheaper per call.
+Point-to-point (``p2p_seconds``): ``lat + B / bw``.
+
+An axis that crosses nodes with ``g`` members per node and ``m`` nodes (``Hardware.axis_locality``)
+is priced hierarchically, as rail-aligned two-level collectives (Horovod's / NCCL's hierarchical
+all-reduce): all-reduce = reduce-scatter inside the node (B) + all-reduce across nodes (B/g) +
+all-gather inside the node (B); all-gather = across nodes (B/g) then inside (B); reduce-scatter
+the mirror; all-to-all sends its (g-1)/n^2 B local pieces over the intra link and (n-g)/n^2 B over
+the inter link. ``CostModel(..., hierarchical=False)`` prices the whole axis flat at the inter-node
+link instead (for comparison). A collective a measured profile has a fit for (kind, n, intra-node
+group) costs ``latency_s + seconds_per_byte * B`` from the fit instead of the formula.
+
 Redistribution of a tensor from placements ``src`` to ``dst`` is priced axis by axis. Per-axis
 transitions: R->S(d) and R->P are free (take the local chunk / keep a summand); P->S(d)
 reduce-scatter; S(i)->S(j) all-to-all; P->R all-reduce; S->R (and S->P) all-gather. Transitions run
@@ -23,7 +37,12 @@ all-to-all; chunk <-> free) unless the value needs no gradient. The program's ou
 as gathered to ``R`` on every rank, forward only (the backward seed, ones for a loss, is available
 in any placement for free).
 
-Compute: matmul-like ops (mm, addmm, bmm, baddbmm, matmul, linear, einsum, scaled-dot-product
+Launch overhead: every op dispatch costs ``hardware.op_overhead_s`` on every rank, NOT divided by
+sharding (a launch costs the same for a shard): each op (views included, ``getitem`` excluded) once
+forward and once per backward op (a matmul with two operand gradients runs two), each parameter
+once (autograd accumulating its gradient), each collective call once, and each gradient once more
+when it is copied into its all-reduce bucket. On top of that, matmul-like ops (mm, addmm, bmm, baddbmm,
+matmul, linear, einsum, scaled-dot-product
 attention, convolution) cost FLOPs / peak FLOP/s for their dtype, with backward = forward per
 differentiable matrix operand (2x when both need a gradient); every other op is memory-bound,
 (bytes read + written) / memory bandwidth, with backward = 1x forward; views (and ``to`` casts to
@@ -50,7 +69,8 @@ from .hardware import Hardware
 from .mesh import Mesh
 from .spec import Partial, Placement, Replicate, Shard, Strategy, TensorMeta
 
-__all__ = ["Collective", "collective_seconds", "optimizer_state_bytes", "CostModel", "GraphFacts", "NodePrice",
+__all__ = ["Collective", "collective_seconds", "collective_terms", "hierarchical_terms", "p2p_seconds",
+           "optimizer_state_bytes", "CostModel", "GraphFacts", "NodePrice",
            "ADJOINT", "op_name", "encode", "placement_code", "R_CODE", "P_CODE"]
 
 ADJOINT = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather",
@@ -67,6 +87,7 @@ _VIEWS = {"view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t",
 _NO_GRAD = {"detach", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
             "argmax", "argmin", "arange", "zeros", "ones", "empty", "full", "scalar_tensor",
             "_assert_tensor_metadata", "lift_fresh_copy"}
+_FREE_CALLS = {"getitem", "sym_size", "sym_numel", "_assert_tensor_metadata"}  # no ATen dispatch
 _MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "einsum", "convolution", "conv1d",
            "conv2d", "conv3d", "_convolution"}
 
@@ -98,15 +119,70 @@ class Collective:
         return cls(str(d["kind"]), int(d["axis"]), int(d["bytes"]), float(d["seconds"]), str(d.get("phase", "fwd")))
 
 
-def collective_seconds(kind: str, nbytes: float, n: int, bandwidth: float, latency: float,
-                       launch: float = 0.0) -> float:
-    """Time of one ``kind`` collective over ``n`` devices; ``nbytes`` is the full per-group B."""
+_STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}
+
+
+def collective_terms(kind: str, n: int, bandwidth: float, latency: float, algorithm: str = "ring") -> tuple[float, float]:
+    """(fixed seconds, seconds per byte of B) of one flat ``kind`` collective over ``n`` devices.
+
+    >>> collective_terms("all_gather", 4, 1e9, 1e-5)     # 3 latency steps, 3/4 of B over the link
+    (3e-05, 7.5e-10)
+    """
     if n <= 1:
-        return 0.0
-    steps = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}[kind]
+        return 0.0, 0.0
+    if kind not in _STEPS:
+        raise ValueError(f"unknown collective {kind!r}: one of {sorted(_STEPS)}")
+    if kind == "all_reduce" and algorithm == "tree":
+        return 2.0 * math.ceil(math.log2(n)) * latency, 2.0 / bandwidth
     volume = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
               "all_to_all": (n - 1) / n ** 2}[kind]
-    return volume * nbytes / bandwidth + steps * (n - 1) * latency + launch
+    return _STEPS[kind] * (n - 1) * latency, volume / bandwidth
+
+
+def collective_seconds(kind: str, nbytes: float, n: int, bandwidth: float, latency: float,
+                       launch: float = 0.0, algorithm: str = "ring") -> float:
+    """Time of one ``kind`` collective over ``n`` devices; ``nbytes`` is the full per-group B.
+
+    ``algorithm`` (all-reduce only): "ring", "tree", or "auto" (the cheaper of the two)."""
+    if n <= 1:
+        return 0.0
+    if kind == "all_reduce" and algorithm == "auto":
+        return min(collective_seconds(kind, nbytes, n, bandwidth, latency, launch, a) for a in ("ring", "tree"))
+    fixed, per_byte = collective_terms(kind, n, bandwidth, latency, algorithm)
+    return fixed + per_byte * nbytes + launch
+
+
+def hierarchical_terms(kind: str, g: int, m: int, intra: tuple[float, float], inter: tuple[float, float],
+                       algorithm: str = "ring") -> tuple[float, float]:
+    """(fixed seconds, seconds per byte of B) of a two-level ``kind`` over ``g`` members per node
+    times ``m`` nodes; ``intra`` and ``inter`` are (bandwidth, latency) of the two links."""
+    n = g * m
+    if kind == "all_to_all":
+        return (g - 1) * intra[1] + (n - g) * inter[1], (g - 1) / n ** 2 / intra[0] + (n - g) / n ** 2 / inter[0]
+
+    def flat(k, size, link, scale):
+        fixed, per_byte = collective_terms(k, size, link[0], link[1], algorithm)
+        return fixed, per_byte * scale
+
+    if kind == "all_reduce":
+        parts = [flat("reduce_scatter", g, intra, 1.0), flat("all_reduce", m, inter, 1.0 / g),
+                 flat("all_gather", g, intra, 1.0)]
+    elif kind == "all_gather":
+        parts = [flat("all_gather", m, inter, 1.0 / g), flat("all_gather", g, intra, 1.0)]
+    elif kind == "reduce_scatter":
+        parts = [flat("reduce_scatter", g, intra, 1.0), flat("reduce_scatter", m, inter, 1.0 / g)]
+    else:
+        raise ValueError(f"unknown collective {kind!r}: one of {sorted(_STEPS)}")
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+def p2p_seconds(nbytes: float, bandwidth: float, latency: float, launch: float = 0.0) -> float:
+    """One point-to-point message of ``nbytes``: ``latency + nbytes / bandwidth (+ launch)``.
+
+    >>> p2p_seconds(1e6, 1e9, 1e-5)
+    0.00101
+    """
+    return latency + nbytes / bandwidth + launch
 
 
 def optimizer_state_bytes(optimizer: Union[str, float, int]) -> float:
@@ -164,10 +240,14 @@ class GraphFacts:
         self.requires_grad: set[str] = set(captured.params)
         self.views: set[str] = set()
         self._compute: dict[str, tuple[float, float]] = {}
+        self._launches: dict[str, int] = {}
+        self._param_bytes: Optional[float] = None
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 self.kind[node.name] = ("param" if node.name in captured.params else
                                         "buffer" if node.name in captured.buffers else "input")
+                if self.kind[node.name] == "param":
+                    self._launches[node.name] = 1  # autograd's AccumulateGrad into .grad
                 continue
             if node.op != "call_function":
                 continue
@@ -188,6 +268,8 @@ class GraphFacts:
 
     def _op_seconds(self, node: fx.Node, name: str) -> tuple[float, float]:
         if node.name in self.views:
+            if name not in _FREE_CALLS:  # a view is free on the device but still one dispatch
+                self._launches[node.name] = 1 + (1 if node.name in self.requires_grad else 0)
             return 0.0, 0.0
         ops = operands(node)
         in_metas = [operand_meta(o) for o in ops]
@@ -198,16 +280,38 @@ class GraphFacts:
             fwd = flops / self.hardware.peak_flops(out_metas[0].dtype)
             if "scaled_dot_product" in name:
                 factor = 2.0 if grad_out else 0.0
+                self._launches[node.name] = 1 + (1 if grad_out else 0)
             else:
                 main = ops[1:3] if name in ("addmm", "baddbmm") else ops[:2]
                 factor = float(sum(1 for o in main if o.node.name in self.requires_grad))
+                bias = ops[0] if name in ("addmm", "baddbmm") else (ops[2] if len(ops) > 2 else None)
+                bias_grad = bias is not None and bias.node.name in self.requires_grad  # a sum reduces its gradient
+                self._launches[node.name] = 1 + int(factor) + int(bias_grad)
             return fwd, fwd * factor
         moved = sum(m.nbytes for m in in_metas) + sum(m.nbytes for m in out_metas)
         fwd = moved / self.hardware.memory_bandwidth
+        self._launches[node.name] = 1 + (1 if grad_out else 0)
         return fwd, (fwd if grad_out else 0.0)
 
     def compute(self, name: str) -> tuple[float, float]:
+        """(forward, backward) seconds of the op's work on one device, launch overhead excluded."""
         return self._compute.get(name, (0.0, 0.0))
+
+    def launches(self, name: str) -> int:
+        """Op dispatches the node costs per step: 1 forward + 1 per backward op (0 for getitem)."""
+        return self._launches.get(name, 0)
+
+    def overhead(self, name: str) -> float:
+        """Launch overhead of the op on every rank: ``launches(name) * op_overhead_s``."""
+        return self._launches.get(name, 0) * self.hardware.op_overhead_s
+
+    @property
+    def param_bytes(self) -> float:
+        """Bytes of all parameters (each tied tensor once)."""
+        if self._param_bytes is None:
+            self._param_bytes = float(sum(m.nbytes for n, k in self.kind.items() if k == "param"
+                                          for m in self.tensor_outputs(n)))
+        return self._param_bytes
 
     def tensor_outputs(self, name: str) -> list[TensorMeta]:
         return [m for m in outputs(self.nodes[name]) if m is not None]
@@ -272,13 +376,50 @@ class CostModel:
     """Prices strategies and redistributions for one mesh and hardware (caches per instance)."""
 
     def __init__(self, mesh: Mesh, hardware: Hardware, optimizer: Union[str, float] = "adamw", *,
-                 grad_bucket_bytes: float = 25 * 2 ** 20):
+                 grad_bucket_bytes: float = 25 * 2 ** 20, hierarchical: bool = True):
         self.mesh = mesh
         self.hardware = hardware
         self.grad_bucket_bytes = grad_bucket_bytes
+        self.hierarchical = hierarchical
         self.opt_bytes = optimizer_state_bytes(optimizer)
         self.links = [hardware.axis_link(mesh, a) for a in range(mesh.ndim)]
+        self._terms = [self._axis_terms(a) for a in range(mesh.ndim)]
         self._reshard_cache: dict = {}
+
+    def _axis_terms(self, axis: int) -> dict[str, list[tuple[float, float]]]:
+        """kind -> candidate (fixed seconds incl. launch, seconds per byte); a call costs the cheapest."""
+        hw, n = self.hardware, self.mesh.shape[axis]
+        g, m = hw.axis_locality(self.mesh, axis)
+        algos = ("ring", "tree") if hw.collective_algorithm == "auto" else (hw.collective_algorithm,)
+        intra = (hw.intra_node_bandwidth, hw.intra_node_latency)
+        inter = (hw.inter_node_bandwidth, hw.inter_node_latency)
+        terms: dict[str, list[tuple[float, float]]] = {}
+        for kind in ADJOINT:
+            fit = hw.collective_fit(kind, n) if m == 1 else None
+            if n <= 1:
+                cands = [(0.0, 0.0)]
+            elif fit is not None:
+                cands = [fit]  # measured: launch and latency are inside the fitted intercept
+            elif m > 1 and g > 1 and self.hierarchical:
+                cands = [hierarchical_terms(kind, g, m, intra, inter, a) for a in algos]
+            else:
+                bw, lat = self.links[axis]
+                cands = [collective_terms(kind, n, bw, lat, a) for a in algos]
+            if n > 1 and fit is None:
+                cands = [(f + hw.collective_launch_s, p) for f, p in cands]
+            terms[kind] = cands
+        return terms
+
+    def p2p(self, nbytes: float, same_node: bool = True) -> float:
+        """Seconds of one point-to-point message of ``nbytes`` between two ranks (a measured
+        ``send_recv`` fit for ranks on one node when the profile has one)."""
+        hw = self.hardware
+        fit = hw.collective_fit("send_recv", 2) if same_node else None
+        if fit is not None:
+            return fit[0] + fit[1] * nbytes
+        bw, lat = ((hw.intra_node_bandwidth, hw.intra_node_latency) if same_node
+                   else (hw.inter_node_bandwidth, hw.inter_node_latency))
+        return p2p_seconds(nbytes, bw, lat, hw.collective_launch_s)
 
     # ---- placements ----------------------------------------------------------------------------
     def shard_factor(self, pls: Sequence[Placement], skip: Optional[int] = None) -> int:
@@ -302,9 +443,13 @@ class CostModel:
         return math.prod(self.mesh.shape[a] for a in split)
 
     # ---- collectives ---------------------------------------------------------------------------
+    def collective_time(self, kind: str, axis: int, nbytes: float) -> float:
+        """Seconds of one ``kind`` over mesh axis ``axis`` with full per-group bytes ``nbytes``."""
+        return min(f + p * nbytes for f, p in self._terms[axis][kind])
+
     def collective(self, kind: str, axis: int, nbytes: float, phase: str = "fwd") -> Collective:
-        bw, lat = self.links[axis]
-        secs = collective_seconds(kind, nbytes, self.mesh.shape[axis], bw, lat, self.hardware.collective_launch_s)
+        # the runtime dispatches each collective as one op (an autograd function): one launch more
+        secs = self.collective_time(kind, axis, nbytes) + self.hardware.op_overhead_s
         return Collective(kind, axis, int(nbytes), secs, phase)
 
     def reshard(self, src: Sequence[Placement], dst: Sequence[Placement], meta: TensorMeta,
@@ -355,22 +500,25 @@ class CostModel:
             fwd += [self.collective(ADJOINT[c.kind], c.axis, c.bytes, "bwd") for c in reversed(fwd)]
         return tuple(fwd), copy
 
-    def grad_sync(self, meta: TensorMeta, storage: Sequence[Placement]) -> tuple[Collective, ...]:
+    def grad_sync(self, meta: TensorMeta, storage: Sequence[Placement],
+                  total_bytes: Optional[float] = None) -> tuple[Collective, ...]:
         """All-reduce of a parameter's gradient over every axis (size > 1) where it is stored R.
 
         The runtime buckets gradients (``grad_bucket_bytes``, DDP's 25 MiB default), so a gradient
         pays the latency and launch cost of one all-reduce only in proportion to the bucket share it
-        fills; the bandwidth term is paid in full."""
+        fills; the bandwidth term is paid in full. A bucket holds at most ``total_bytes`` (all the
+        model's parameter bytes, when given): a small model still pays one whole all-reduce."""
         local = meta.nbytes / self.shard_factor(storage)
-        share = min(1.0, local / self.grad_bucket_bytes)
+        bucket = self.grad_bucket_bytes if not total_bytes else max(1.0, min(self.grad_bucket_bytes, total_bytes))
+        share = min(1.0, local / bucket)
         found = []
+        copy_in = self.hardware.op_overhead_s  # the hook copying the gradient into its bucket: one launch
         for a, p in enumerate(storage):
             n = self.mesh.shape[a]
             if placement_code(p) == R_CODE and n > 1:
-                bw, lat = self.links[a]
-                fixed = 2 * (n - 1) * lat + self.hardware.collective_launch_s
-                stream = collective_seconds("all_reduce", local, n, bw, 0.0)
-                found.append(Collective("all_reduce", a, int(local), stream + share * fixed))
+                fixed, per_byte = min(self._terms[a]["all_reduce"], key=lambda t: t[0] + t[1] * local)
+                found.append(Collective("all_reduce", a, int(local), per_byte * local + share * fixed + copy_in))
+                copy_in = 0.0
         return tuple(found)
 
     # ---- whole nodes and edges ----------------------------------------------------------------
@@ -379,14 +527,15 @@ class CostModel:
         metas = facts.tensor_outputs(name)
         if kind == "param" and metas:
             p, g, o = self.param_memory(metas[0], strategy.outputs[0])
-            return NodePrice(grad_sync=self.grad_sync(metas[0], strategy.outputs[0]), params=p, grads=g, optimizer=o)
+            syncs = self.grad_sync(metas[0], strategy.outputs[0], facts.param_bytes)
+            return NodePrice(compute=facts.overhead(name), grad_sync=syncs, params=p, grads=g, optimizer=o)
         if kind == "buffer" and metas:
             return NodePrice(params=metas[0].nbytes / self.shard_factor(strategy.outputs[0]))
         if kind != "op":
             return NodePrice()
         fwd, bwd = facts.compute(name)
         acts = 0.0 if name in facts.views else self.activation_bytes(metas, strategy)
-        return NodePrice(compute=(fwd + bwd) / self.work_divisor(strategy), activations=acts)
+        return NodePrice(compute=(fwd + bwd) / self.work_divisor(strategy) + facts.overhead(name), activations=acts)
 
     def price_edge(self, src, dst, meta: TensorMeta, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
         """(collectives, bytes of the redistributed copy) to move one operand from ``src`` to ``dst``."""

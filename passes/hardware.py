@@ -17,7 +17,16 @@ measured on a real cluster loads from JSON with the same field names:
 
 Mesh axis ``a`` stays inside one node when ``shape[a] * shape[a+1] * ... <= devices_per_node``
 (row-major rank layout: later axes vary fastest), so it uses the intra-node link; otherwise the
-inter-node one.
+inter-node one. ``axis_locality`` says how an axis that crosses nodes splits: ``g`` members share
+each node and ``m`` nodes take part, which the cost model prices as a two-level (hierarchical)
+collective.
+
+Measured profiles (``autoshard profile``, ``passes/profile_data.py``) add what a datasheet cannot
+give: ``op_overhead_s`` (host cost of launching one op, forward or backward) and
+``collective_fits``, one ``(kind, group size, latency s, seconds per byte)`` per measured
+collective, which the cost model uses in place of the analytic formula for intra-node groups of
+that size. ``collective_algorithm`` picks the all-reduce model: "ring", "tree" or "auto" (the
+cheaper of the two for each message, as NCCL's tuner does).
 """
 from __future__ import annotations
 
@@ -26,16 +35,22 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
 from .errors import AutoshardError
 from .mesh import Mesh
 
-__all__ = ["Hardware", "PRESETS", "get_hardware", "axis_link"]
+__all__ = ["Hardware", "PRESETS", "get_hardware", "axis_link", "COLLECTIVE_KINDS", "ALGORITHMS"]
 
 GB = 1e9
+
+#: Collectives a profile may carry fits for ("send_recv": a point-to-point exchange between pairs).
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+ALGORITHMS = ("ring", "tree", "auto")
+_MAY_BE_ZERO = ("intra_node_latency", "inter_node_latency", "collective_launch_s", "op_overhead_s")
+_NOT_NUMBERS = ("name", "collective_fits", "collective_algorithm")
 
 
 @dataclass(frozen=True)
@@ -44,7 +59,10 @@ class Hardware:
 
     Bandwidths are per device and per direction (what a ring collective streams through each link).
     ``collective_launch_s`` is the fixed cost of one collective call (kernel launch, stream sync),
-    paid once per call whatever its size.
+    paid once per call whatever its size. ``op_overhead_s`` is the fixed host cost of one op
+    (dispatch and launch), paid by every rank for every non-view op and every backward op, however
+    small its shard. ``collective_fits``: measured ``(kind, n, latency_s, seconds_per_byte)``
+    tuples, ``t(B) = latency_s + seconds_per_byte * B`` with ``B`` the full per-group bytes.
     """
     name: str
     flops_bf16: float
@@ -57,16 +75,57 @@ class Hardware:
     inter_node_bandwidth: float
     inter_node_latency: float
     collective_launch_s: float = 5e-6
+    op_overhead_s: float = 0.0
+    collective_algorithm: str = "ring"
+    collective_fits: tuple = ()
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            if f.name == "name":
+            if f.name in _NOT_NUMBERS:
                 continue
             v = getattr(self, f.name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (v == 0 and f.name not in (
-                    "intra_node_latency", "inter_node_latency", "collective_launch_s")):
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (v == 0 and f.name not in _MAY_BE_ZERO):
                 raise AutoshardError(
                     f"hardware {self.name!r}: {f.name} must be a positive number, got {v!r}")
+        if self.collective_algorithm not in ALGORITHMS:
+            raise AutoshardError(f"hardware {self.name!r}: collective_algorithm must be one of {list(ALGORITHMS)}, "
+                                 f"got {self.collective_algorithm!r}")
+        fits = []
+        for entry in self.collective_fits:
+            try:
+                kind, n, lat, per_byte = entry
+                fit = (str(kind), int(n), float(lat), float(per_byte))
+            except (TypeError, ValueError) as e:
+                raise AutoshardError(f"hardware {self.name!r}: each collective_fits entry is [kind, group size, "
+                                     f"latency_s, seconds_per_byte], got {entry!r}") from e
+            if fit[0] not in COLLECTIVE_KINDS or fit[1] < 2 or fit[2] < 0 or fit[3] < 0:
+                raise AutoshardError(f"hardware {self.name!r}: bad collective fit {entry!r}: kind in "
+                                     f"{list(COLLECTIVE_KINDS)}, group size >= 2, non-negative latency and slope")
+            fits.append(fit)
+        object.__setattr__(self, "collective_fits", tuple(fits))
+
+    def collective_fit(self, kind: str, n: int) -> Optional[tuple[float, float]]:
+        """(latency_s, seconds_per_byte) measured for ``kind`` over ``n`` devices, or None."""
+        for k, size, lat, per_byte in self.collective_fits:
+            if k == kind and size == n:
+                return lat, per_byte
+        return None
+
+    def axis_locality(self, mesh: Mesh, axis: int) -> tuple[int, int]:
+        """(members per node g, nodes m) of one group along ``axis``; g * m == mesh.shape[axis].
+
+        Members of a group are ``stride = prod(shape[axis+1:])`` ranks apart, and nodes hold
+        ``devices_per_node`` consecutive ranks. An axis inside one node is (n, 1); when the
+        members cannot be split evenly over nodes it is treated as (1, n): every hop crosses nodes.
+        """
+        n = mesh.shape[axis]
+        stride = math.prod(mesh.shape[axis + 1:])
+        if n * stride <= self.devices_per_node:
+            return n, 1
+        g = max(1, min(n, self.devices_per_node // stride))
+        if n % g or self.devices_per_node % stride:
+            return 1, n
+        return g, n // g
 
     def peak_flops(self, dtype: torch.dtype) -> float:
         """Dense peak for matmuls in ``dtype`` (16-bit floats use the bf16 tensor-core peak)."""
@@ -103,6 +162,9 @@ class Hardware:
                     raise AutoshardError(f"hardware profile {text!r} is not valid JSON: {e}") from e
         if not isinstance(data, dict):
             raise AutoshardError(f"a hardware profile is a JSON object, got {type(data).__name__}")
+        if "format" in data:  # a full measured profile: its "hardware" section is what the planner uses
+            from .profile_data import Profile
+            return Profile.from_json(data).hardware
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -114,6 +176,8 @@ class Hardware:
         values = dict(data)
         values.setdefault("name", "custom")
         values["devices_per_node"] = int(values["devices_per_node"])
+        values["collective_fits"] = tuple(tuple(e) if isinstance(e, list) else e
+                                          for e in values.get("collective_fits", ()))
         return cls(**values)
 
 
@@ -132,6 +196,7 @@ PRESETS: dict[str, Hardware] = {
         inter_node_bandwidth=25 * GB,  # DGX A100: one 200 Gb/s HDR InfiniBand NIC per GPU = 25 GB/s
         inter_node_latency=5e-6,       # estimate: InfiniBand RDMA round trip plus NCCL proxy
         collective_launch_s=5e-6,      # estimate: NCCL kernel launch and stream synchronization
+        op_overhead_s=0.0,             # estimate: CUDA launches are asynchronous, hidden behind earlier kernels
     ),
     "h100": Hardware(
         name="h100",
@@ -145,6 +210,7 @@ PRESETS: dict[str, Hardware] = {
         inter_node_bandwidth=50 * GB,  # DGX H100: one 400 Gb/s NDR ConnectX-7 per GPU = 50 GB/s
         inter_node_latency=5e-6,       # estimate
         collective_launch_s=5e-6,      # estimate
+        op_overhead_s=0.0,             # estimate: asynchronous launches (as A100)
     ),
     "h200": Hardware(
         name="h200",
@@ -158,6 +224,7 @@ PRESETS: dict[str, Hardware] = {
         inter_node_bandwidth=50 * GB,  # 400 Gb/s NDR per GPU = 50 GB/s
         inter_node_latency=5e-6,       # estimate
         collective_launch_s=5e-6,      # estimate
+        op_overhead_s=0.0,             # estimate: asynchronous launches (as A100)
     ),
     # Every number below is an ESTIMATE for a small 2-core x86 machine where the "devices" are
     # processes talking gloo over loopback TCP.
@@ -173,12 +240,14 @@ PRESETS: dict[str, Hardware] = {
         inter_node_bandwidth=1.25 * GB,  # estimate: 10 GbE, unused while all ranks share one machine
         inter_node_latency=100e-6,     # estimate
         collective_launch_s=20e-6,     # estimate: gloo call overhead
+        op_overhead_s=10e-6,           # estimate: ATen dispatch + autograd bookkeeping per op in eager PyTorch
     ),
 }
 
 
 def get_hardware(hardware: Union[str, dict, Hardware, os.PathLike]) -> Hardware:
-    """A preset name ("a100", "h100", "h200", "cpu"), a JSON profile path/dict, or a ``Hardware``."""
+    """A preset name ("a100", "h100", "h200", "cpu"), a JSON path/dict (``Hardware`` fields, or a full
+    profile written by ``autoshard profile``), or a ``Hardware``."""
     if isinstance(hardware, Hardware):
         return hardware
     if isinstance(hardware, str) and hardware.lower() in PRESETS:

@@ -1,0 +1,193 @@
+"""Cost-model fidelity: the plan's estimated step time against the measured one, for many layouts.
+
+    python benchmarks/fidelity.py [--rounds 7] [--iters 3] [--json out.json]   # starts torchrun 4 itself
+    torchrun --nproc_per_node 4 benchmarks/fidelity.py
+
+On 4 gloo ranks (CPU): first measures a profile of this machine with ``runtime/profiler.py`` (all 4
+ranks busy, as in the steps that follow) and writes it to a JSON file; then compiles the GPT example
+(examples/nanogpt.py) under pinned layouts -- data parallel, FSDP, Megatron TP, their mixes on (4,)
+and (2, 2), and the solver's own choice -- at several widths and batch sizes, each planned with
+``hardware=<that profile>``. A step is ``cm.step`` (forward + backward + gradient sync; the
+optimizer is not part of the estimate and is not run). Steps are timed in rounds that visit every
+layout in turn (interleaved, so machine noise spreads over all of them); the figure is the median
+over rounds. The model is fitted only on the profile's micro-benchmarks, never on these runs.
+
+Prints a table (predicted, measured, error = predicted / measured - 1), the Spearman rank
+correlation and the median |error|.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+
+#: (label, mesh, layout, width d, global batch); layouts: dp, fsdp, tp (Megatron on the last axis,
+#: data parallel on the others), solver (no pins)
+CASES = (
+    ("DP", (4,), "dp", 64, 16),
+    ("FSDP", (4,), "fsdp", 64, 16),
+    ("TP", (4,), "tp", 64, 16),
+    ("DP", (4,), "dp", 256, 32),
+    ("FSDP", (4,), "fsdp", 256, 32),
+    ("TP", (4,), "tp", 256, 32),
+    ("DP", (4,), "dp", 128, 64),
+    ("TP", (4,), "tp", 512, 16),
+    ("DP", (2, 2), "dp", 128, 16),
+    ("FSDP", (2, 2), "fsdp", 128, 16),
+    ("DP x TP", (2, 2), "tp", 128, 16),
+    ("DP x TP", (2, 2), "tp", 384, 32),
+    ("solver", (2, 2), "solver", 256, 32),
+    ("solver", (4,), "solver", 512, 64),
+)
+
+
+def spearman(xs, ys) -> float:
+    """Spearman rank correlation (ties get their average rank)."""
+    def ranks(v):
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2.0
+            i = j + 1
+        return r
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else float("nan")
+
+
+def _pins(layout, model, mesh, n_layer):
+    import autoshard
+    if layout == "dp":
+        return autoshard.presets.data_parallel(mesh)
+    if layout == "fsdp":
+        return autoshard.presets.fully_sharded(model, mesh)
+    if layout == "tp":
+        return autoshard.presets.megatron_mlp(
+            model, [f"blocks.{i}.{n}" for i in range(n_layer) for n in ("qkv", "fc")],
+            [f"blocks.{i}.{n}" for i in range(n_layer) for n in ("proj", "fc_out")], mesh)
+    return {}
+
+
+def _estimate(plan, profile: str) -> float:
+    """Re-price the plan that ran (the same strategy for every op) with ``profile``."""
+    from autoshard.passes.solution import evaluate
+    return evaluate(plan.captured, plan.mesh, plan.solution.strategies, profile).estimated_step_time
+
+
+def run(args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import autoshard
+    from autoshard.passes.profile_data import merge_profiles
+    from autoshard.runtime.profiler import ProfileConfig, measure_profile
+    from nanogpt import GPT, CharData, generate_corpus, lm_loss
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t0 = time.perf_counter()
+    config = ProfileConfig.make(quick=args.quick_profile)
+    prof = measure_profile(config, name="fidelity-cpu")
+    if rank == 0:
+        with open(args.profile, "w") as f:
+            json.dump(prof, f)
+    dist.barrier()
+    t_prof = time.perf_counter() - t0
+    data = CharData(generate_corpus())
+    compiled, plans = [], []
+    for label, mesh, layout, d, batch in CASES:
+        if rank == 0:
+            print(f"compiling {label} {mesh} d={d} batch={batch}", file=sys.stderr, flush=True)
+        torch.manual_seed(0)
+        model = GPT(vocab=data.vocab, d=d, n_layer=2, n_head=4, seq=32)
+        x, y = data.batch(batch, 32, step=0)
+        cm = autoshard.compile(model, mesh, example_inputs=(x,), loss_fn=lm_loss, example_target=y,
+                               hardware=args.profile, **_pins(layout, model, mesh, 2))
+        params = list(cm.parameters())
+
+        def step(cm=cm, x=x, y=y, params=params):
+            cm.step(x, target=y)
+            for p in params:
+                p.grad = None
+        for _ in range(2):
+            step()
+        compiled.append((step, cm.plan.solution.estimated_step_time))
+        plans.append(cm.plan)
+    times = [[] for _ in compiled]
+    for _ in range(args.rounds):
+        for k, (step, _) in enumerate(compiled):
+            dist.barrier()
+            t = time.perf_counter()
+            for _ in range(args.iters):
+                step()
+            dist.barrier()
+            times[k].append((time.perf_counter() - t) / args.iters)
+    if args.profile_after:  # a second profile after the steps; plans are priced again with both pooled
+        t0 = time.perf_counter()
+        later = measure_profile(config, name="fidelity-cpu")
+        t_prof += time.perf_counter() - t0
+        if rank == 0:
+            with open(args.profile, "w") as f:
+                json.dump(merge_profiles(prof, later), f)
+        dist.barrier()
+        for k, plan in enumerate(plans):
+            compiled[k] = (compiled[k][0], _estimate(plan, args.profile))
+    if rank == 0:
+        rows = []
+        for (label, mesh, layout, d, batch), (_, pred), ts in zip(CASES, compiled, times):
+            meas = statistics.median(ts)
+            rows.append({"layout": label, "mesh": list(mesh), "d": d, "batch": batch, "predicted_s": pred,
+                         "measured_s": meas, "error": pred / meas - 1.0})
+        rho = spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
+        med = statistics.median(abs(r["error"]) for r in rows)
+        print(f"GPT example (2 layers, seq 32), {world} gloo ranks; profile measured in the same run "
+              f"({t_prof:.1f} s); {args.rounds} rounds x {args.iters} steps, medians")
+        print(f"| layout | mesh | d | batch | predicted ms | measured ms | error |\n|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['layout']} | {tuple(r['mesh'])} | {r['d']} | {r['batch']} | {r['predicted_s'] * 1e3:.2f} | "
+                  f"{r['measured_s'] * 1e3:.2f} | {r['error'] * 100:+.1f}% |")
+        print(f"Spearman rank correlation {rho:.3f}; median |error| {med * 100:.1f}%")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"rows": rows, "spearman": rho, "median_abs_error": med, "profile_seconds": t_prof,
+                           "rounds": args.rounds, "iters": args.iters, "world": world}, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--nproc", type=int, default=4)
+    ap.add_argument("--quick-profile", action="store_true", help="measure the profile with --quick settings")
+    ap.add_argument("--profile", default=os.path.join(tempfile.gettempdir(), "autoshard_fidelity_profile.json"),
+                    help="where the measured profile is written")
+    ap.add_argument("--json", default=None, help="also write the table as JSON here")
+    ap.add_argument("--profile-after", action="store_true",
+                    help="measure the profile again after the steps and price with both pooled (load drift)")
+    args = ap.parse_args()
+    if "WORLD_SIZE" not in os.environ:  # start ourselves under torchrun
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
+               os.path.abspath(__file__), *sys.argv[1:]]
+        sys.exit(subprocess.call(cmd))
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
