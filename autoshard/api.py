@@ -77,7 +77,8 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
 def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, example_target=None,
             plan: Optional[Plan] = None, state_dict: Optional[dict] = None, hardware: Optional[str] = "auto",
             memory_limit: Optional[int] = None, optimizer: str = "adamw", random_seed: Optional[int] = None,
-            time_limit_s: float = 30.0, **pins):
+            time_limit_s: float = 30.0, pp: Optional[int] = None, schedule: Optional[str] = None,
+            microbatches: Optional[int] = None, stages: Optional[list] = None, **pins):
     """Plan ``model`` for ``mesh`` and build this rank's program; call on every rank under torchrun.
 
     Rank 0 solves (unless ``plan`` is given) and broadcasts the plan as JSON, so every rank runs the
@@ -85,12 +86,26 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     ``state_dict`` (full tensors under the original names), or, for a meta-device model, by replaying
     each module's ``reset_parameters`` so values equal a CPU model built with the same seed.
     Returns a ``CompiledModel``.
+
+    Pipeline parallelism: ``pp > 1`` cuts the program into stages on ``pp`` rank groups along the
+    mesh's first axis (``compiled.compile_pipeline``); ``schedule`` (default "1f1b"), ``microbatches``
+    (default ``pp``) and ``stages`` (module-name prefixes or node names where stages 1.. start) pin
+    the rest. Returns a ``PipelinedModel`` then.
     """
     from autoshard.compiled import CompiledModel
     from autoshard.runtime.groups import broadcast_json, setup_distributed
 
     mesh = Mesh.of(mesh)
     env = setup_distributed(mesh)
+    if pp is not None and pp > 1:
+        from autoshard.compiled import compile_pipeline
+        return compile_pipeline(model, mesh, env, example_inputs=example_inputs, loss_fn=loss_fn,
+                                example_target=example_target, pp=pp, schedule=schedule, microbatches=microbatches,
+                                stages=stages, state_dict=state_dict, hardware=resolve_hardware(hardware),
+                                memory_limit=memory_limit, optimizer=optimizer, time_limit_s=time_limit_s,
+                                pins=pins)
+    if any(v is not None for v in (schedule, microbatches, stages)):
+        raise TypeError("schedule=, microbatches= and stages= configure pipeline parallelism: pass pp= > 1 too")
     t0 = time.perf_counter()
     captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
     if plan is not None:

@@ -1,1 +1,15 @@
-"""Pipeline-parallel runtime: per-stage programs, point-to-point transfers, the schedule interpreter."""
+"""Pipeline-parallel runtime: per-stage programs, point-to-point transfers, the schedule interpreter.
+
+- ``split``: cut a captured program into per-stage sub-programs (``split_stages``); stage boundaries
+  from module prefixes or node names; ``make_pipeline_plan`` builds a ``PipelinePlan`` by hand.
+- ``groups``: each rank group's submesh communicators (``SubmeshEnv``) and shared-weight groups.
+- ``p2p``: replicated boundary layout, tagged isend/irecv between the k-th ranks of two groups.
+- ``stage``: one stage's lowered program on its submesh and per-microbatch F / B / W / BW.
+- ``interpreter``: runs a rank group's action list, recording a measured timeline.
+- ``executor``: ``PipelineProgram`` (step / parameters / full_state_dict) and ``write_chrome_trace``.
+"""
+from .executor import PipelineProgram, write_chrome_trace  # noqa: F401
+from .split import make_pipeline_plan, split_stages, stage_nodes_from_prefixes, stage_nodes_from_starts  # noqa: F401
+
+__all__ = ["PipelineProgram", "write_chrome_trace", "make_pipeline_plan", "split_stages",
+           "stage_nodes_from_prefixes", "stage_nodes_from_starts"]

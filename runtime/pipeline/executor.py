@@ -1,0 +1,273 @@
+"""``PipelineProgram``: this rank's pipeline stages, the schedule, and the training step.
+
+    pp = PipelineProgram(captured_mb, plan, schedule, model=model)   # on every rank, world = plan's ranks
+    opt = torch.optim.AdamW(pp.parameters(), lr=1e-3)
+    loss = pp.step(x, target=y); opt.step(); opt.zero_grad()          # the FULL global batch on every rank
+    full = pp.full_state_dict()                                       # original names, full tensors
+
+``captured`` is the program traced at MICROBATCH size (global batch / ``plan.microbatches``): stage
+programs bake in local sizes. ``step`` cuts every input and the target into ``plan.microbatches``
+along dim 0, runs this rank group's action list (``interpreter``), then: sums each replicated
+parameter's gradient over its axes inside the group; sums the gradients of parameters held by several
+stages (tied embeddings: stage 0 and the last stage each keep a copy, Megatron's embedding group)
+across the holders, so the copies stay equal under any optimizer; and all-reduces the loss over
+the world (the last stage's group holds it), returning the same float everywhere: the mean over
+microbatches, whose gradients equal one device's full-batch mean loss's.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from autoshard.passes.errors import BatchError, PlanFormatError
+from autoshard.passes.graph import META, CapturedGraph, operands
+from autoshard.passes.pipeline.stage_plan import PipelinePlan
+from autoshard.passes.spec import Replicate, Strategy, TensorMeta
+
+from ..groups import choose_device_backend
+from ..layout import shard_tensor
+from ..materialize import names_of
+from ..redistribute import redistribute
+from .groups import TieGroups, build_pipeline_envs, group_layout
+from .interpreter import Interpreter, TimelineEvent, Wiring, executed_schedule
+from .split import StageGraph, split_stages
+from .stage import StageProgram
+
+__all__ = ["PipelineProgram", "write_chrome_trace", "stage_strategies"]
+
+
+def write_chrome_trace(timelines: dict[int, list[TimelineEvent]], path) -> str:
+    """Write measured timelines (rank -> events, e.g. gathered from every rank's ``timeline``) as Chrome
+    trace JSON (``chrome://tracing`` / Perfetto; one row per rank) with the simulator's writer."""
+    from autoshard.passes.pipeline.timeline import chrome_trace
+    events = [(int(r), e.action, e.start, e.end, _microbatch(e.action)) for r, evs in sorted(timelines.items())
+              for e in evs]
+    return chrome_trace(events, path)
+
+
+def _microbatch(label: str) -> int:
+    digits = ""
+    for ch in reversed(label):
+        if not ch.isdigit():
+            break
+        digits = ch + digits
+    return int(digits or 0)
+
+
+def stage_strategies(graph: StageGraph, strategies: dict[str, Strategy]) -> dict[str, Strategy]:
+    """The stage's strategies, completed for received values: a Solution planned on the whole program
+    (the pipeline planner's, restricted to the stage) has none for them; each arrives full (``R``) and
+    is placed as its first reader in the stage wants it (chunking costs nothing)."""
+    out = dict(strategies)
+    gm = graph.captured.gm
+    for name in graph.captured.inputs:
+        if name in out:
+            continue
+        node = graph.captured.node(name)
+        want = None
+        for user in node.users:
+            st = strategies.get(user.name)
+            if st is None:
+                continue
+            for i, op in enumerate(operands(user)):
+                if op.node is node:
+                    want = tuple(st.inputs[i])
+                    break
+            if want is not None:
+                break
+        if want is None:
+            raise PlanFormatError(f"stage {graph.index}: no strategy for received value {name!r} and no planned "
+                                  f"reader to take one from; plan the stage's sub-graph ({gm.__class__.__name__})")
+        out[name] = Strategy((), (want,))
+    return out
+
+
+class PipelineProgram:
+    """This rank's stages of ``plan`` and the step. ``schedule``: ``dict[group, list[Action]]``; its compute
+    order, as executed (``interpreter.executed_schedule``), is proven deadlock-free with
+    ``simulate.check_deadlock`` first. Initial values: ``state_dict``, else ``model``'s tensors."""
+
+    def __init__(self, captured: CapturedGraph, plan: PipelinePlan, schedule: dict, *,
+                 model: Optional[nn.Module] = None, state_dict: Optional[dict] = None, seed: int = 0,
+                 device=None):
+        from autoshard.passes.pipeline.simulate import check_deadlock
+        if not dist.is_initialized():
+            raise PlanFormatError("a PipelineProgram needs torch.distributed initialized (torchrun, or "
+                                  "init_process_group) with as many ranks as the plan's groups hold")
+        missing = [s.index for s in plan.stages if s.solution is None]
+        if missing:
+            raise PlanFormatError(f"stages {missing} have no intra-stage Solution; plan each stage's sub-graph "
+                                  "(plan_sharding on split_stages(...)[s].captured) before running")
+        check_deadlock(executed_schedule(schedule), require_comms=False)
+        mbs = sorted({a.microbatch for acts in schedule.values() for a in acts})
+        if mbs != list(range(plan.microbatches)):
+            raise PlanFormatError(f"the schedule runs microbatches {mbs[:3]}..{mbs[-1:]} but the plan cuts the batch "
+                                  f"into {plan.microbatches}; generate the schedule with m={plan.microbatches}")
+        self.plan, self.captured, self.schedule = plan, captured, schedule
+        self.rank = dist.get_rank()
+        dev, backend = choose_device_backend()
+        self.device = torch.device(device) if device is not None else (dev if "nccl" in str(dist.get_backend()) else
+                                                                       torch.device("cpu"))
+        self.group, self.env = build_pipeline_envs(plan, self.rank, self.device, str(dist.get_backend()))
+        self.layout = group_layout(plan)
+        self.graphs = split_stages(captured, [s.nodes for s in plan.stages])
+        for sched_rank, acts in schedule.items():
+            for a in acts:
+                if a.kind in ("F", "B", "W", "BW") and plan.stages[a.stage].group != sched_rank:
+                    raise PlanFormatError(f"schedule runs {a} on rank group {sched_rank} but the plan puts stage "
+                                          f"{a.stage} on group {plan.stages[a.stage].group}")
+        trainable = ({n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
+                     if model is not None else {})
+        self.stages = {s.index: StageProgram(self.graphs[s.index], stage_strategies(self.graphs[s.index],
+                                                                                     s.solution.strategies),
+                                             self.env, model=model, state_dict=state_dict, seed=seed,
+                                             microbatches=plan.microbatches, trainable=trainable)
+                       for s in plan.stages if s.group == self.group}
+        self.wiring = self._wiring()
+        self.interpreter = Interpreter(self.stages, self.wiring, self.group, self.env.rank, self.rank, self.device)
+        self._holders = self._shared_params()
+        self._ties = TieGroups(self.layout, sorted({k for _, k in self._holders.values()}), self.rank)
+        everything = list(captured.params) + list(captured.buffers)
+        self._state_keys = (list(model.state_dict().keys()) if model is not None else
+                            [n for ph in everything for n in names_of(captured, ph)])
+
+    # ---- construction helpers ------------------------------------------------------------------
+    def _wiring(self) -> Wiring:
+        values, index = [], {}
+        sends, receives = {}, {}
+        for g in self.graphs:
+            sends[g.index] = []
+            for name, consumers in g.sends:
+                index[name] = len(values)
+                values.append((name, g.index))
+                sends[g.index].append((index[name], consumers))
+        for g in self.graphs:
+            receives[g.index] = [index[name] for name, _ in g.receives]
+        meta = []
+        for name, _ in values:
+            m = self.captured.node(name).meta[META]
+            meta.append((tuple(m.shape), m.dtype))
+        return Wiring([s.group for s in self.plan.stages], {g: r for g, (_, r) in self.layout.items()},
+                      values, sends, receives, meta, self.plan.microbatches)
+
+    def _shared_params(self) -> dict[str, tuple[list[int], tuple[int, ...]]]:
+        """param placeholder -> (stages holding it, the distinct groups holding it), for params in 2+ stages."""
+        out = {}
+        for ph in self.captured.params:
+            holders = [g.index for g in self.graphs if ph in g.captured.params]
+            if len(holders) > 1:
+                out[ph] = (holders, tuple(sorted({self.plan.stages[s].group for s in holders})))
+        return out
+
+    # ---- running -------------------------------------------------------------------------------
+    def _microbatches(self, inputs: tuple, target) -> tuple[list[list], list]:
+        user_names = self.captured.inputs
+        if len(inputs) != len(user_names):
+            raise BatchError(f"the program was traced with {len(user_names)} input(s) {user_names} but got "
+                             f"{len(inputs)}")
+        if target is None and self.captured.target is not None:
+            raise BatchError("the program was traced with a loss: pass target= (the full global target)")
+        m = self.plan.microbatches
+        out = []
+        for name, x in zip(list(user_names) + [self.captured.target], list(inputs) + [target]):
+            meta = self.captured.node(name).meta.get(META)
+            if isinstance(meta, TensorMeta):
+                want = (meta.shape[0] * m,) + tuple(meta.shape[1:])
+                if tuple(x.shape) != want:
+                    raise BatchError(f"input {name!r} has shape {tuple(x.shape)}; the pipeline was traced at "
+                                     f"microbatch shape {meta.shape} x {m} microbatches, so it takes the global "
+                                     f"batch {want} on every rank")
+                out.append(list(x.to(self.device).chunk(m, 0)))
+            else:
+                out.append([x] * m)
+        return out[:-1], out[-1]
+
+    def step(self, *inputs, target=None) -> float:
+        """Forward + backward of the global batch through the pipeline; the mean loss, same on every rank."""
+        user, target_mbs = self._microbatches(inputs, target)
+        stashed = {}
+        for st in self.stages.values():
+            for p in st.params:
+                if p.grad is not None:
+                    stashed[p], p.grad = p.grad, None
+        losses = self.interpreter.run(self.schedule[self.group], user, target_mbs)
+        self._sync_grads()
+        for p, g in stashed.items():
+            p.grad = g if p.grad is None else p.grad + g
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for loss in losses:
+            total += loss.double()
+        total /= self.plan.microbatches
+        dist.all_reduce(total)
+        return total.item()
+
+    def _sync_grads(self) -> None:
+        for st in self.stages.values():
+            by_comm: dict = {}
+            for p, comm in st.sync_list():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                by_comm.setdefault(id(comm), (comm, []))[1].append(p)
+            for comm, params in by_comm.values():
+                flat = torch.cat([p.grad.reshape(-1) for p in params])
+                dist.all_reduce(flat, group=comm.pg())
+                off = 0
+                for p in params:
+                    p.grad.copy_(flat[off:off + p.numel()].view_as(p))
+                    off += p.numel()
+        for ph, (holders, groups) in self._holders.items():
+            mine = [self.stages[s] for s in holders if s in self.stages]
+            if not mine:
+                continue
+            meta = self.captured.node(ph).meta[META]
+            total = torch.zeros(meta.shape, dtype=meta.dtype, device=self.device)
+            for st in mine:
+                p = st.params[st.param_names.index(ph)]
+                if p.grad is not None:
+                    total += redistribute(p.grad, st.grad_layout(ph), (Replicate(),) * self.env.mesh.ndim, self.env)
+            if len(groups) > 1:
+                dist.all_reduce(total, group=self._ties.get(groups))
+            for st in mine:
+                p = st.params[st.param_names.index(ph)]
+                if p.requires_grad:
+                    p.grad = shard_tensor(total, st.grad_layout(ph), self.env.mesh.shape, self.env.coordinate).clone()
+
+    # ---- state ---------------------------------------------------------------------------------
+    def parameters(self) -> list[nn.Parameter]:
+        """Every local parameter (a weight shared by two local stages appears once per copy)."""
+        return [p for s in sorted(self.stages) for p in self.stages[s].params]
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(self.captured.params[ph], p) for s in sorted(self.stages)
+                for ph, p in zip(self.stages[s].param_names, self.stages[s].params)]
+
+    @property
+    def timeline(self) -> list[TimelineEvent]:
+        """The last step's executed compute actions on this rank, in order, with measured times."""
+        return list(self.interpreter.timeline)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full CPU tensors under the original names, on every rank (a collective: call on every rank).
+        Each tensor comes from the first stage holding it."""
+        out: dict[str, torch.Tensor] = {}
+        everything = (Replicate(),) * self.env.mesh.ndim
+        for ph in list(self.captured.params) + list(self.captured.buffers):
+            owner = next((g.index for g in self.graphs if ph in g.captured.params or ph in g.captured.buffers), None)
+            if owner is None:  # read by no op: no stage holds it
+                continue
+            meta = self.captured.node(ph).meta[META]
+            src_group = self.plan.stages[owner].group
+            if owner in self.stages:
+                st = self.stages[owner]
+                names = st.param_names + st.buffer_names
+                t = (st.params + st.buffers)[names.index(ph)]
+                full = redistribute(t.detach(), st.strategies[ph].outputs[0], everything, self.env).contiguous()
+            else:
+                full = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
+            dist.broadcast(full, src=self.layout[src_group][1][0])
+            for name in names_of(self.captured, ph):
+                out[name] = full.detach().cpu().clone()
+        return {k: out[k] for k in self._state_keys if k in out}

@@ -1,0 +1,135 @@
+"""One pipeline stage on one rank: the core runtime's lowered program for the stage's sub-graph and
+Solution on its group's submesh, its local parameter shards, and per-microbatch F / B / W.
+
+``forward(mb, args)`` runs the program on one microbatch (received values arrive as leaves that
+require grad) and keeps what backward needs. ``backward_input(mb, grads)`` (B) returns the gradients
+of the received values, keeping the graph for W; ``backward_weight(mb)`` (W) then accumulates the
+weight gradients into ``.grad``, restarting autograd where B stopped (``split_backward``: nothing
+runs twice); ``backward(mb, grads)`` (BW) does both in one pass. On the last
+stage the output is the loss as ``P`` and its seed is ``1 / microbatches``, so gradients summed over
+microbatches equal the full-batch mean loss's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn as nn
+
+from autoshard.passes.graph import META
+from autoshard.passes.spec import Replicate, Strategy
+
+from ..layout import normalize
+from ..lower import lower
+from ..materialize import materialize
+from .groups import SubmeshEnv
+from .split import StageGraph
+from .split_backward import SplitBackward
+
+__all__ = ["StageProgram"]
+
+
+@dataclass(eq=False)
+class _Saved:
+    outputs: list
+    leaves: list
+    split: Optional[SplitBackward] = None
+
+
+class StageProgram:
+    """Stage ``graph.index`` on this rank. ``strategies``: the stage Solution's strategies."""
+
+    def __init__(self, graph: StageGraph, strategies: dict[str, Strategy], env: SubmeshEnv, *,
+                 model: Optional[nn.Module] = None, state_dict: Optional[dict] = None, seed: int = 0,
+                 microbatches: int = 1, trainable: Optional[dict] = None):
+        self.graph, self.strategies, self.env = graph, strategies, env
+        self.index = graph.index
+        captured = graph.captured
+        self.program = lower(captured, strategies, env)
+        local = materialize(captured, strategies, env, model=model, state_dict=state_dict, seed=seed)
+        trainable = trainable or {}
+        self.param_names = list(captured.params)
+        self.buffer_names = list(captured.buffers)
+        self.params = [nn.Parameter(local[ph], requires_grad=trainable.get(captured.params[ph], True))
+                       for ph in self.param_names]
+        self.buffers = [local[b] for b in self.buffer_names]
+        self.input_meta = [captured.node(n).meta.get(META) for n in captured.inputs]
+        self.n_user = len(graph.user_inputs)
+        self.seed_scale = 1.0 / microbatches
+        self.saved: dict[int, _Saved] = {}
+
+    def grad_layout(self, ph: str) -> tuple:
+        """Placements of a parameter's gradient: its storage, with ``P`` read as ``R`` (a ``P``-stored
+        parameter's gradient is the full gradient on every rank)."""
+        storage = normalize(self.strategies[ph].outputs[0], self.env.mesh.shape)
+        return tuple(Replicate() if p.is_partial() else p for p in storage)
+
+    def sync_list(self) -> list:
+        """(param, comm over its replicated axes) for the gradient all-reduce inside the group."""
+        out = []
+        for ph, p in zip(self.param_names, self.params):
+            storage = normalize(self.strategies[ph].outputs[0], self.env.mesh.shape)
+            axes = [a for a, pl in enumerate(storage) if isinstance(pl, Replicate) and self.env.mesh.shape[a] > 1]
+            if axes and p.requires_grad:
+                out.append((p, self.env.comm_for(axes)))
+        return out
+
+    # ---- per microbatch ------------------------------------------------------------------------
+    def forward(self, mb: int, user: list, received: list, target=None) -> list:
+        """Run on microbatch ``mb``: ``user`` inputs the stage reads, ``received`` values (full), the
+        target on the last stage. Returns the outputs (full ``R`` values; the local loss piece last)."""
+        leaves = []
+        for t in received:
+            if t.is_floating_point():
+                t = t.detach().requires_grad_(True)
+            leaves.append(t)
+        args = list(user) + leaves + ([target] if self.graph.reads_target else [])
+        out = self.program(*self.params, *self.buffers, *args)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        if self.graph.is_last:
+            outs = outs[:1]
+        self.saved[mb] = _Saved(outs, leaves)
+        return outs
+
+    def _seeds(self, outputs: list, grads: Optional[list]) -> tuple[list, list]:
+        """(outputs to differentiate, their seeds): the scaled loss on the last stage, else each output
+        that requires grad with the gradient summed from its consumers."""
+        if self.graph.is_last:
+            return [outputs[0]], [torch.full_like(outputs[0], self.seed_scale)]
+        outs, seeds = [], []
+        for o, g in zip(outputs, grads):
+            if o.requires_grad and g is not None:
+                outs.append(o)
+                seeds.append(g)
+        return outs, seeds
+
+    def _input_grads(self, leaves: list, got) -> list:
+        return [None if not t.is_floating_point() else (g if g is not None else torch.zeros_like(t))
+                for t, g in zip(leaves, got)]
+
+    def backward_input(self, mb: int, grads: Optional[list] = None) -> list:
+        """B: gradients of the received values (zeros where unused; None for non-float values). Runs only
+        the backward nodes on paths to the received values (``split_backward``)."""
+        saved = self.saved[mb]
+        outs, seeds = self._seeds(saved.outputs, grads)
+        wanted = [t for t in saved.leaves if t.requires_grad]
+        saved.split = SplitBackward(outs, seeds, wanted, [p for p in self.params if p.requires_grad])
+        got = saved.split.input_grads() if outs else [None] * len(wanted)
+        it = iter(got)
+        return self._input_grads(saved.leaves, [next(it) if t.requires_grad else None for t in saved.leaves])
+
+    def backward_weight(self, mb: int) -> None:
+        """W: accumulate the weight gradients of microbatch ``mb`` (after its B) and free its graph."""
+        saved = self.saved.pop(mb)
+        if saved.split is None:
+            raise RuntimeError(f"stage {self.index}: W{mb} ran before B{mb}; the schedule must run B before W")
+        saved.split.weight_grads()
+
+    def backward(self, mb: int, grads: Optional[list] = None) -> list:
+        """BW: input and weight gradients in one pass; frees the microbatch's graph."""
+        saved = self.saved.pop(mb)
+        outs, seeds = self._seeds(saved.outputs, grads)
+        if outs:
+            torch.autograd.backward(outs, seeds)
+        return self._input_grads(saved.leaves, [t.grad if t.requires_grad else None for t in saved.leaves])

@@ -1,0 +1,218 @@
+"""Stage planner (automatic 3D parallelism): layer profiles, the stage ILP, the search and its pins.
+
+One process, meta-device models. The 6.7B test traces two blocks and stands them for 32 (identical
+blocks share costs; ``profile_candidates(blocks=32)``)."""
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+from autoshard.passes.capture import capture
+from autoshard.passes.errors import AutoshardError, InfeasiblePlanError
+from autoshard.passes.hardware import PRESETS
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.pipeline.generators import generate
+from autoshard.passes.pipeline.layer_costs import layer_units, profile_submesh
+from autoshard.passes.pipeline.planner import plan_pipeline, profile_candidates, search_stages
+from autoshard.passes.pipeline.simulate import StageCosts, simulate
+from autoshard.passes.pipeline.stage_ilp import StageProblem, pipeline_step_time, solve_stages, stage_costs
+from autoshard.passes.planner import plan_sharding
+from models import GPT, _cross_entropy
+
+
+def _gpt(vocab, d, layers, seq, batch, dtype=torch.float32):
+    with torch.device("meta"):
+        model = GPT(vocab, d, layers, max(1, d // 64), seq, False).to(dtype)
+    ids = torch.empty(batch, seq, dtype=torch.long, device="meta")
+    return capture(model, (ids,), loss_fn=_cross_entropy, target=ids.clone())
+
+
+@pytest.fixture(scope="module")
+def small():
+    return _gpt(vocab=512, d=128, layers=4, seq=64, batch=16)
+
+
+@pytest.fixture(scope="module")
+def big_head():
+    # the head costs about 2.5 blocks: 2 * tokens * d * V vs a block's ~24 * tokens * d^2
+    return _gpt(vocab=7680, d=256, layers=8, seq=128, batch=16)
+
+
+def test_units_and_profile_add_up_to_the_core_estimate(small):
+    units = layer_units(small)
+    assert [u.name for u in units] == ["embedding", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "head"]
+    ops = [n.name for n in small.gm.graph.nodes if n.op == "call_function"]
+    assert [n for u in units for n in u.nodes] == ops  # contiguous slices, graph order, nothing lost
+    for shape in [(2, 2), (4, 1)]:
+        sol = plan_sharding(small, Mesh(shape), hardware="h100")
+        prof = profile_submesh(small, sol, hardware="h100", units=units)
+        time_1 = sum(c.fwd(1) + c.bwd(1) + c.grad_sync for c in prof.costs)
+        mem_1 = sum(c.state_bytes + c.act(1) for c in prof.costs)
+        assert time_1 == pytest.approx(sol.estimated_step_time, rel=1e-9)
+        assert mem_1 == pytest.approx(sol.estimated_memory, rel=1e-9)
+        # microbatching divides what follows the batch: 4 microbatches of a quarter cost less each
+        assert sum(c.fwd(4) for c in prof.costs) < sum(c.fwd(1) for c in prof.costs)
+        assert all(b > 0 for b in prof.cut_bytes(1))  # the residual stream crosses every cut
+        deep = prof.repeat_blocks(10)
+        assert len(deep.units) == 12 and len(deep.cut_fixed) == 11
+
+
+def _brute_force(prob: StageProblem) -> float:
+    L, S = len(prob.fwd), prob.num_stages
+    best = float("inf")
+    for cuts in itertools.combinations(range(1, L), S - 1):
+        options = [False, True] if prob.recompute is None else [prob.recompute]
+        for rec in itertools.product(options, repeat=S):
+            starts = [0, *cuts]
+            times, syncs, mems = stage_costs(prob, starts, rec)
+            per = {}
+            for s, g in enumerate(prob.stage_group):
+                per[g] = per.get(g, 0.0) + mems[s]
+            if max(per.values()) <= prob.memory_limit:
+                best = min(best, pipeline_step_time(times, prob.stage_group, prob.m, prob.v, syncs))
+    return best
+
+
+@pytest.mark.parametrize("groups,limit", [([0, 1, 2], 60.0), ([0, 1, 2], 28.0), ([0, 1, 2], 20.0),
+                                          ([0, 1, 0, 1], 70.0)])
+def test_stage_ilp_is_optimal_against_brute_force(groups, limit):
+    fwd = [1.0, 2.0, 2.5, 2.0, 1.5, 2.0, 4.0]
+    prob = StageProblem(fwd=fwd, bwd=[2 * f for f in fwd], grad_sync=[0.1 * f for f in fwd],
+                        state=[3.0, 4.0, 4.0, 4.0, 4.0, 4.0, 6.0], act=[2.0, 3.0, 3.0, 3.0, 3.0, 3.0, 1.0],
+                        cut_seconds=[0.2] * 6, cut_bytes=[0.5] * 6, stage_group=groups,
+                        held=[len(set(groups)) - g for g in groups], m=8, memory_limit=limit)
+    want = _brute_force(prob)
+    got = solve_stages(prob, time_limit_s=20)
+    assert want < float("inf") and got is not None
+    assert got.status == "OPTIMAL"
+    assert got.step_time == pytest.approx(want, rel=1e-4)
+    # at 20 only recompute fits (brute force agrees); pinning it off then has no answer
+    no_recompute = dataclasses.replace(prob, recompute=False)
+    assert (_brute_force(no_recompute) == float("inf")) == (limit == 20.0)
+    assert any(got.recompute) == (limit == 20.0)
+    assert (solve_stages(no_recompute) is None) == (limit == 20.0)
+
+
+def test_infeasible_stage_problem_gives_none():
+    prob = StageProblem(fwd=[1.0] * 4, bwd=[2.0] * 4, grad_sync=[0.0] * 4, state=[10.0] * 4, act=[1.0] * 4,
+                        cut_seconds=[0.0] * 3, cut_bytes=[0.0] * 3, stage_group=[0, 1], held=[2, 1], m=4,
+                        memory_limit=15.0)
+    assert solve_stages(prob) is None
+
+
+def _blocks_per_stage(plan, units):
+    block_of = {n: u.block is not None for u in units for n in u.nodes}
+    first = {u.nodes[0] for u in units if u.block is not None}
+    return [sum(1 for n in s.nodes if n in first) for s in plan.stages], block_of
+
+
+def test_expensive_head_gets_a_short_stage(big_head):
+    plan = plan_pipeline(big_head, (4,), hardware="h100", pp=4, schedule="1f1b")
+    units = layer_units(big_head)
+    blocks, _ = _blocks_per_stage(plan, units)
+    assert plan.pp == 4 and sum(blocks) == 8
+    assert blocks[-1] < max(blocks[:-1])  # uneven: the head's stage takes fewer blocks
+    assert plan.stages[-1].nodes[-1] == units[-1].nodes[-1]
+    # contiguous, in order, every op exactly once
+    ops = [n.name for n in big_head.gm.graph.nodes if n.op == "call_function"]
+    assert [n for s in plan.stages for n in s.nodes] == ops
+
+
+def test_pins_are_respected(small):
+    units = layer_units(small)
+    boundary = units[3].nodes[0]
+    plan = plan_pipeline(small, (4,), hardware="h100", pp=2, schedule="interleaved-1f1b", microbatches=4,
+                         stages=[2, boundary, 5])
+    assert (plan.pp, plan.virtual, plan.schedule, plan.microbatches) == (2, 2, "interleaved-1f1b", 4)
+    starts = [next(i for i, u in enumerate(units) if u.nodes[0] == s.nodes[0]) for s in plan.stages]
+    assert starts == [0, 2, 3, 5]
+    assert [s.group for s in plan.stages] == [0, 1, 0, 1]
+    assert [s.ranks for s in plan.stages] == [[0, 1], [2, 3], [0, 1], [2, 3]]
+    assert plan.stages[0].solution is not None and plan.stages[0].solution.strategies
+    with pytest.raises(AutoshardError, match="must divide the mesh's first axis"):
+        plan_pipeline(small, (4,), pp=3)
+    with pytest.raises(AutoshardError, match="lies inside layer unit"):
+        plan_pipeline(small, (4,), pp=2, stages=[units[2].nodes[1]])
+    with pytest.raises(AutoshardError, match="does not divide the global batch"):
+        plan_pipeline(small, (4,), pp=2, microbatches=3)
+
+
+def test_fast_network_and_a_model_that_fits_plans_no_pipeline():
+    captured = _gpt(vocab=1024, d=512, layers=4, seq=512, batch=64, dtype=torch.bfloat16)
+    fast = dataclasses.replace(PRESETS["h100"], name="fast-ib", inter_node_bandwidth=450e9, inter_node_latency=2e-6)
+    # 1F1B's bubble (p - 1) / (m + p - 1) is not worth paying when every link is fast
+    plan = plan_pipeline(captured, (2, 8), hardware=fast, schedule="1f1b")
+    assert plan.pp == 1 and len(plan.stages) == 1 and plan.microbatches == 1
+    assert plan.stages[0].solution.mesh.shape == (2, 8)
+    assert plan.estimated_step_time == pytest.approx(plan.stages[0].solution.estimated_step_time)
+    forced = plan_pipeline(captured, (2, 8), hardware=fast, pp=2, schedule="1f1b")
+    assert forced.pp == 2 and forced.estimated_step_time > plan.estimated_step_time
+    assert [s.ranks for s in forced.stages] == [list(range(8)), list(range(8, 16))]  # a node per group
+
+
+def test_nothing_fits_names_what_to_relax(small):
+    with pytest.raises(InfeasiblePlanError, match="memory_limit.*To relax"):
+        plan_pipeline(small, (2, 2), hardware="h100", memory_limit=1e5)
+
+
+def _simulated(prof, p, m, schedule, virtual, ranges, recompute, mesh, hw):
+    """Re-time a cut from its profile, independently of the planner's scoring code."""
+    bw, lat = hw.axis_link(Mesh((p, mesh.size // p)), 0)
+    cut = [x / bw + lat if x > 0 else 0.0 for x in prof.cut_bytes(m)]
+    L = len(prof.units)
+    f, b, sync = [], [], {}
+    for s, rng in enumerate(ranges):
+        fwd = sum(prof.costs[i].fwd(m) for i in rng)
+        f.append(fwd + (cut[rng.start - 1] if rng.start > 0 else 0.0))
+        b.append(sum(prof.costs[i].bwd(m) for i in rng) + (fwd if recompute[s] else 0.0)
+                 + (cut[rng.stop - 1] if rng.stop < L else 0.0))
+    groups = [s % p for s in range(len(f))] if schedule not in ("zbv", "dualpipev") else \
+        list(range(p)) + list(range(p - 1, -1, -1))
+    for s, rng in enumerate(ranges):
+        sync[groups[s]] = sync.get(groups[s], 0.0) + sum(prof.costs[i].grad_sync for i in rng)
+    split = schedule in ("zb-h1", "zbv", "dualpipev")
+    costs = StageCosts(f=f, b=[x / 2 for x in b] if split else b, w=[x / 2 for x in b] if split else [0.0] * len(b))
+    return simulate(generate(schedule, p, m, virtual), costs).step_time + max(sync.values())
+
+
+def _choice_simulated(choice, mesh, hw):
+    return _simulated(choice.profile, choice.pp, choice.m, choice.schedule, choice.virtual,
+                      choice.stages.ranges(len(choice.profile.units)), choice.stages.recompute, mesh, hw)
+
+
+def test_gpt3_6p7b_pipelines_across_a_slow_network_and_matches_the_simulator():
+    captured = _gpt(vocab=50304, d=4096, layers=2, seq=2048, batch=512, dtype=torch.bfloat16)
+    slow = dataclasses.replace(PRESETS["h100"], name="slow-ib", inter_node_bandwidth=1e9)
+    mesh = Mesh((2, 8))
+    profiles = profile_candidates(captured, mesh, [2], hardware=slow, optimizer="adamw",
+                                  memory_limit=slow.memory_bytes, blocks=32, time_limit_s=10)
+    assert all(len(p.units) == 34 for p in profiles.values())
+    best, stats = search_stages(profiles, mesh, hardware=slow, memory_limit=slow.memory_bytes, batch=512)
+    assert best is not None and best.pp == 2
+    dp, tp = best.profile.mesh.shape
+    assert dp * tp == 8  # each stage's submesh is one node: the slow link only carries the pipeline
+    assert max(best.stages.memory) <= slow.memory_bytes
+    assert best.step_time == pytest.approx(_choice_simulated(best, mesh, slow), rel=1e-9)
+    # data parallel across the slow link would pay, for the gradient all-reduce alone, a ring over
+    # 2 nodes of 6.7e9 bf16 gradients at 1 GB/s: 2 * (1/2) * 13.4 GB / 1 GB/s = 13.4 s per step
+    assert best.step_time < 13.4
+
+
+def test_returned_plan_objective_is_the_simulated_step_time(big_head):
+    mesh = Mesh((4,))
+    hw = PRESETS["h100"]
+    profiles = profile_candidates(big_head, mesh, [2, 4], hardware=hw, optimizer="adamw",
+                                  memory_limit=hw.memory_bytes)
+    best, _ = search_stages(profiles, mesh, hardware=hw, memory_limit=hw.memory_bytes, batch=16)
+    assert best.step_time == pytest.approx(_choice_simulated(best, mesh, hw), rel=1e-9)
+    # the front door's plan: map its stages back to unit ranges and simulate them
+    plan = plan_pipeline(big_head, mesh, hardware=hw, pp=best.pp, schedule=best.schedule, microbatches=best.m)
+    units = layer_units(big_head)
+    first = {u.nodes[0]: i for i, u in enumerate(units)}
+    starts = [first[s.nodes[0]] for s in plan.stages] + [len(units)]
+    ranges = [range(a, b) for a, b in zip(starts, starts[1:])]
+    prof = profiles[(plan.pp, plan.stages[0].mesh.shape)]
+    want = _simulated(prof, plan.pp, plan.microbatches, plan.schedule, plan.virtual, ranges,
+                      [s.recompute for s in plan.stages], mesh, hw)
+    assert plan.estimated_step_time == pytest.approx(want, rel=1e-9)
