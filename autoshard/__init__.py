@@ -3,16 +3,39 @@
 ``autoshard.plan(model, mesh, example_inputs=...)`` traces a model and solves an ILP for how to shard
 it (data parallel, FSDP/ZeRO, tensor parallel); ``autoshard.compile(...)`` does the same under
 torchrun and returns each rank's program; ``Plan.render`` draws the partition.
+
+Names that need torch load on first use, so torch-free commands (``autoshard solve``) start fast.
 """
-from autoshard.passes.errors import (  # noqa: F401
+import importlib
+
+from autoshard.passes.errors import (  # noqa: F401  (torch-free)
     AutoshardError, BatchError, InfeasiblePlanError, MeshError, PlanFormatError, TraceError,
 )
-from autoshard.passes.mesh import Mesh  # noqa: F401
-from autoshard.passes.spec import Partial, Replicate, Shard  # noqa: F401
-from autoshard.plan import Plan, load_plan  # noqa: F401
-from autoshard.api import compile, plan  # noqa: F401,A001
-from autoshard import presets  # noqa: F401
+from autoshard.passes.mesh import Mesh  # noqa: F401  (torch-free)
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "plan": "autoshard.api", "compile": "autoshard.api",
+    "Plan": "autoshard.plan", "load_plan": "autoshard.plan",
+    "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
+}
+_SUBMODULES = ("presets",)
+
 __all__ = ["plan", "compile", "load_plan", "Plan", "Mesh", "Shard", "Replicate", "Partial", "presets",
            "AutoshardError", "TraceError", "MeshError", "InfeasiblePlanError", "BatchError", "PlanFormatError"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"autoshard.{name}")
+    else:
+        raise AttributeError(f"module 'autoshard' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))

@@ -15,8 +15,7 @@ import sys
 import time
 
 from autoshard.passes.errors import AutoshardError
-from autoshard.plan import load_plan
-from autoshard import profile_cli
+from autoshard import profile_cli  # torch-free at import; `summary` and `profile` load torch when run
 
 
 def _solve(path: str, timeout: float, seed: int, start: float, verbose: bool = False) -> None:
@@ -71,6 +70,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.command == "summary":
+            from autoshard.plan import load_plan
             print(load_plan(args.plan).summary())
         elif args.command == "profile":
             return profile_cli.run(args)
