@@ -1,31 +1,7 @@
 """Analytic cost model: seconds for compute and collectives, bytes per rank for memory.
 
-Collectives over one mesh axis of ``n`` devices with link bandwidth ``bw`` (bytes/s per direction)
-and per-step latency ``lat``; ``B`` is always the FULL per-group bytes (the gathered tensor for an
-all-gather, the input of a reduce-scatter, the tensor each rank holds for an all-reduce, the sum of
-all ranks' pieces for an all-to-all); every call also pays ``hardware.collective_launch_s``:
-
-    all_reduce      2 (n-1)/n   * B / bw  +  2 (n-1) * lat     (ring: reduce-scatter + all-gather)
-    all_gather        (n-1)/n   * B / bw  +    (n-1) * lat
-    reduce_scatter    (n-1)/n   * B / bw  +    (n-1) * lat
-    all_to_all        (n-1)/n^2 * B / bw  +    (n-1) * lat     (each rank keeps 1/n of its B/n piece)
-
->>> round(collective_seconds("all_reduce", 8e9, 4, 100e9, 0.0), 4)   # 2 * 3/4 * 8 GB / 100 GB/s
-0.12
-
-All-reduce has a second algorithm, ``algorithm="tree"`` (a pipelined double binary tree: reduce up,
-broadcast down; Sanders, Speck & Traeff 2009, used by NCCL since 2.4): ``2 ceil(log2 n) * lat +
-2 B / bw`` -- fewer latency steps, more bytes per link; ``"auto"`` takes the cheaper per call.
-Point-to-point (``p2p_seconds``): ``lat + B / bw``.
-
-An axis that crosses nodes with ``g`` members per node and ``m`` nodes (``Hardware.axis_locality``)
-is priced hierarchically, as rail-aligned two-level collectives (Horovod's / NCCL's hierarchical
-all-reduce): all-reduce = reduce-scatter inside the node (B) + all-reduce across nodes (B/g) +
-all-gather inside the node (B); all-gather = across nodes (B/g) then inside (B); reduce-scatter
-the mirror; all-to-all sends its (g-1)/n^2 B local pieces over the intra link and (n-g)/n^2 B over
-the inter link. ``CostModel(..., hierarchical=False)`` prices the whole axis flat at the inter-node
-link instead (for comparison). A collective a measured profile has a fit for (kind, n, intra-node
-group) costs ``latency_s + seconds_per_byte * B`` from the fit instead of the formula.
+Collective formulas (flat, tree, hierarchical across nodes, point-to-point) live in
+``passes/collective_cost.py``; this module applies them to plans.
 
 Redistribution of a tensor from placements ``src`` to ``dst`` is priced axis by axis. Per-axis
 transitions: R->S(d) and R->P are free (take the local chunk / keep a summand); P->S(d)
@@ -64,6 +40,9 @@ from typing import Optional, Sequence, Union
 
 import torch.fx as fx
 
+from .collective_cost import (  # noqa: F401  (re-exported: the formulas are part of the cost API)
+    Collective, collective_seconds, collective_terms, hierarchical_terms, p2p_seconds,
+)
 from .graph import operand_meta, operands, outputs
 from .hardware import Hardware
 from .mesh import Mesh
@@ -98,91 +77,6 @@ def op_name(target) -> str:
     if packet is not None:
         return packet.__name__
     return getattr(target, "__name__", str(target))
-
-
-@dataclass(frozen=True)
-class Collective:
-    """One collective a plan inserts: ``kind`` over mesh axis ``axis`` moving ``bytes`` (the full
-    per-group bytes B), taking ``seconds``; ``phase`` is "fwd" or "bwd" (the backward adjoint)."""
-    kind: str
-    axis: int
-    bytes: int
-    seconds: float
-    phase: str = "fwd"
-
-    def to_json(self) -> dict:
-        return {"kind": self.kind, "axis": self.axis, "bytes": self.bytes, "seconds": self.seconds,
-                "phase": self.phase}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Collective":
-        return cls(str(d["kind"]), int(d["axis"]), int(d["bytes"]), float(d["seconds"]), str(d.get("phase", "fwd")))
-
-
-_STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}
-
-
-def collective_terms(kind: str, n: int, bandwidth: float, latency: float, algorithm: str = "ring") -> tuple[float, float]:
-    """(fixed seconds, seconds per byte of B) of one flat ``kind`` collective over ``n`` devices.
-
-    >>> collective_terms("all_gather", 4, 1e9, 1e-5)     # 3 latency steps, 3/4 of B over the link
-    (3e-05, 7.5e-10)
-    """
-    if n <= 1:
-        return 0.0, 0.0
-    if kind not in _STEPS:
-        raise ValueError(f"unknown collective {kind!r}: one of {sorted(_STEPS)}")
-    if kind == "all_reduce" and algorithm == "tree":
-        return 2.0 * math.ceil(math.log2(n)) * latency, 2.0 / bandwidth
-    volume = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
-              "all_to_all": (n - 1) / n ** 2}[kind]
-    return _STEPS[kind] * (n - 1) * latency, volume / bandwidth
-
-
-def collective_seconds(kind: str, nbytes: float, n: int, bandwidth: float, latency: float,
-                       launch: float = 0.0, algorithm: str = "ring") -> float:
-    """Time of one ``kind`` collective over ``n`` devices; ``nbytes`` is the full per-group B.
-
-    ``algorithm`` (all-reduce only): "ring", "tree", or "auto" (the cheaper of the two)."""
-    if n <= 1:
-        return 0.0
-    if kind == "all_reduce" and algorithm == "auto":
-        return min(collective_seconds(kind, nbytes, n, bandwidth, latency, launch, a) for a in ("ring", "tree"))
-    fixed, per_byte = collective_terms(kind, n, bandwidth, latency, algorithm)
-    return fixed + per_byte * nbytes + launch
-
-
-def hierarchical_terms(kind: str, g: int, m: int, intra: tuple[float, float], inter: tuple[float, float],
-                       algorithm: str = "ring") -> tuple[float, float]:
-    """(fixed seconds, seconds per byte of B) of a two-level ``kind`` over ``g`` members per node
-    times ``m`` nodes; ``intra`` and ``inter`` are (bandwidth, latency) of the two links."""
-    n = g * m
-    if kind == "all_to_all":
-        return (g - 1) * intra[1] + (n - g) * inter[1], (g - 1) / n ** 2 / intra[0] + (n - g) / n ** 2 / inter[0]
-
-    def flat(k, size, link, scale):
-        fixed, per_byte = collective_terms(k, size, link[0], link[1], algorithm)
-        return fixed, per_byte * scale
-
-    if kind == "all_reduce":
-        parts = [flat("reduce_scatter", g, intra, 1.0), flat("all_reduce", m, inter, 1.0 / g),
-                 flat("all_gather", g, intra, 1.0)]
-    elif kind == "all_gather":
-        parts = [flat("all_gather", m, inter, 1.0 / g), flat("all_gather", g, intra, 1.0)]
-    elif kind == "reduce_scatter":
-        parts = [flat("reduce_scatter", g, intra, 1.0), flat("reduce_scatter", m, inter, 1.0 / g)]
-    else:
-        raise ValueError(f"unknown collective {kind!r}: one of {sorted(_STEPS)}")
-    return sum(p[0] for p in parts), sum(p[1] for p in parts)
-
-
-def p2p_seconds(nbytes: float, bandwidth: float, latency: float, launch: float = 0.0) -> float:
-    """One point-to-point message of ``nbytes``: ``latency + nbytes / bandwidth (+ launch)``.
-
-    >>> p2p_seconds(1e6, 1e9, 1e-5)
-    0.00101
-    """
-    return latency + nbytes / bandwidth + launch
 
 
 def optimizer_state_bytes(optimizer: Union[str, float, int]) -> float:
