@@ -48,12 +48,8 @@ MESHES = {8: (1, 8), 64: (8, 8), 256: (32, 8), 1024: (128, 8)}
 
 def machine() -> str:
     import torch
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
+    from autoshard.runtime.profiler import cpu_model
+    cpu = cpu_model()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"{os.cpu_count()} cores ({cpu}), torch {torch.__version__}, Python {platform.python_version()}, {date}"
 

@@ -82,14 +82,20 @@ class ProfileConfig:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
 
 
-def machine_info(world: int, device: torch.device, backend: str) -> dict:
-    """Host, CPU model, core count, torch version, device, memory per device, UTC date."""
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
+    return cpu
+
+
+def machine_info(world: int, device: torch.device, backend: str) -> dict:
+    """Host, CPU model, core count, torch version, device, memory per device, UTC date."""
+    cpu = cpu_model()
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
