@@ -96,7 +96,7 @@ def trace_op(fn: Callable, args: Sequence, kwargs: Optional[dict] = None, target
         def run_node(self, n):
             if n is node:
                 a, k = self.fetch_args_kwargs_from_env(n)
-                captured["args"], captured["kwargs"] = _clone(a), _clone(k)
+                captured["args"], captured["kwargs"] = clone_values(a), clone_values(k)
             return super().run_node(n)
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -106,48 +106,48 @@ def trace_op(fn: Callable, args: Sequence, kwargs: Optional[dict] = None, target
     return node, captured["args"], captured["kwargs"]
 
 
-def _clone(v):
+def clone_values(v):
     if isinstance(v, torch.Tensor):
         return v.detach().clone()
     if isinstance(v, (list, tuple)):
-        return type(v)(_clone(x) for x in v) if isinstance(v, tuple) else [_clone(x) for x in v]
+        return type(v)(clone_values(x) for x in v) if isinstance(v, tuple) else [clone_values(x) for x in v]
     if isinstance(v, dict):
-        return {k: _clone(x) for k, x in v.items()}
+        return {k: clone_values(x) for k, x in v.items()}
     return v
 
 
-def _map_operands(node_arg, real, fn):
+def map_operands(node_arg, real, fn):
     """Replace each tensor operand of ``real`` (walked alongside the node's args) by ``fn(real)``."""
     if isinstance(node_arg, fx.Node):
         return fn(real) if isinstance(node_arg.meta.get(META), TensorMeta) else real
     if isinstance(node_arg, (list, tuple)):
-        vals = [_map_operands(a, r, fn) for a, r in zip(node_arg, real)]
+        vals = [map_operands(a, r, fn) for a, r in zip(node_arg, real)]
         return tuple(vals) if isinstance(real, tuple) else vals
     if isinstance(node_arg, dict):
-        return {k: _map_operands(node_arg[k], real[k], fn) for k in node_arg}
+        return {k: map_operands(node_arg[k], real[k], fn) for k in node_arg}
     return real
 
 
-def _substitute(node: fx.Node, args, kwargs, values: Sequence[torch.Tensor]):
+def substitute_operands(node: fx.Node, args, kwargs, values: Sequence[torch.Tensor]):
     it = iter(values)
-    a = _map_operands(tuple(node.args), tuple(args), lambda _: next(it))
-    k = _map_operands(dict(node.kwargs), dict(kwargs), lambda _: next(it))
+    a = map_operands(tuple(node.args), tuple(args), lambda _: next(it))
+    k = map_operands(dict(node.kwargs), dict(kwargs), lambda _: next(it))
     return a, k
 
 
-def _operands(node: fx.Node, args, kwargs) -> list[torch.Tensor]:
+def operand_values(node: fx.Node, args, kwargs) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
 
     def collect(t):
         found.append(t)
         return t
 
-    _map_operands(tuple(node.args), tuple(args), collect)
-    _map_operands(dict(node.kwargs), dict(kwargs), collect)
+    map_operands(tuple(node.args), tuple(args), collect)
+    map_operands(dict(node.kwargs), dict(kwargs), collect)
     return found
 
 
-def _tensors(result) -> list[torch.Tensor]:
+def output_tensors(result) -> list[torch.Tensor]:
     if isinstance(result, torch.Tensor):
         return [result]
     if isinstance(result, (list, tuple)):
@@ -280,7 +280,7 @@ def check_rule_numerics(fn: Callable, args: Sequence, kwargs: Optional[dict] = N
     if not has_rule:
         raise AssertionError(f"no sharding rule registered for {node.target}")
     op = node.target
-    full = _operands(node, real_args, real_kwargs)
+    full = operand_values(node, real_args, real_kwargs)
     gen = torch.Generator().manual_seed(seed)
 
     def close(got, want, msg):
@@ -294,14 +294,14 @@ def check_rule_numerics(fn: Callable, args: Sequence, kwargs: Optional[dict] = N
 
     # Reference run; operands the op writes in place are not differentiable leaves.
     probe = [t.clone() for t in full]
-    a, k = _substitute(node, real_args, real_kwargs, probe)
+    a, k = substitute_operands(node, real_args, real_kwargs, probe)
     op(*a, **k)
     mutated = [i for i, (before, after) in enumerate(zip(full, probe)) if not torch.equal(before, after)]
     diff = [grads and t.is_floating_point() and i not in mutated
             and _accepts_grad(node, real_args, real_kwargs, full, i) for i, t in enumerate(full)]
     ref_in = [t.clone().requires_grad_(d) for t, d in zip(full, diff)]
-    a, k = _substitute(node, real_args, real_kwargs, ref_in)
-    ref_out = _tensors(op(*a, **k))
+    a, k = substitute_operands(node, real_args, real_kwargs, ref_in)
+    ref_out = output_tensors(op(*a, **k))
     if len(ref_out) != len(strategies[0].outputs):
         raise AssertionError(f"{op}: ran to {len(ref_out)} tensor outputs, meta says {len(strategies[0].outputs)}")
     _check_well_formed(op, strategies, full, ref_out)
@@ -319,8 +319,8 @@ def check_rule_numerics(fn: Callable, args: Sequence, kwargs: Optional[dict] = N
             report.skipped.append((s, str(e)))
             continue
         local_in = [[pieces[i][r].clone().requires_grad_(diff[i]) for i in range(len(full))] for r in range(n)]
-        calls = [_substitute(node, real_args, real_kwargs, local_in[r]) for r in range(n)]
-        outs = [_tensors(_run_local(op, s.lowering, calls, r, full)) for r in range(n)]
+        calls = [substitute_operands(node, real_args, real_kwargs, local_in[r]) for r in range(n)]
+        outs = [output_tensors(_run_local(op, s.lowering, calls, r, full)) for r in range(n)]
         tag = f"strategy {s}"
         for j, (p, want) in enumerate(zip(s.outputs, ref_out)):
             got = _assemble(f"{tag} output {j}", [o[j] for o in outs], p, False, close)
@@ -348,7 +348,7 @@ def _check_well_formed(op, strategies: list[Strategy1D], ins: list[torch.Tensor]
 def _accepts_grad(node, args, kwargs, full, i) -> bool:
     """Whether the op is differentiable in operand i (batch norm refuses grad on its running stats)."""
     vals = [t.clone().requires_grad_(j == i) for j, t in enumerate(full)]
-    a, k = _substitute(node, args, kwargs, vals)
+    a, k = substitute_operands(node, args, kwargs, vals)
     try:
         node.target(*a, **k)
     except RuntimeError as e:

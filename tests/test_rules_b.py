@@ -17,7 +17,7 @@ Every strategy must be checked at n = 2 (shapes are chosen so it divides); n = 4
 Random and uninitialised outputs (rand_like, empty_like, new_empty, ...) are compared by shape.
 The same check then runs over every part-B node of captured test models (tests/models.py), and a
 self-test feeds the harness wrong strategies to prove it fails.
-(tests/rule_check.py checks one op per trace and runs ops without the size rewrite, so part B uses
+(tests/rule_check.py checks one op per trace and runs ops without the size rewrite, so part B has
 this harness.)
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ from autoshard.passes.rules import RULES, OpCall, rule_strategies
 from autoshard.passes.rules.indexing import index_layout
 from autoshard.passes.rules.views import view_groups
 from autoshard.passes.spec import Partial, Replicate, Shard, TensorMeta
+from rule_check import clone_values, operand_values, output_tensors, substitute_operands
 
 aten = torch.ops.aten
 PART_B = {"elementwise", "reductions", "views", "indexing", "factory"}
@@ -69,48 +70,11 @@ def _trace(fn, inputs, only=None):
             if n.op == "call_function" and not is_getitem(n) and (
                     n.target == only if only is not None else _rule_module(n.target) in PART_B):
                 a, k = self.fetch_args_kwargs_from_env(n)
-                seen[n] = (_clone(a), _clone(k))
+                seen[n] = (clone_values(a), clone_values(k))
             return super().run_node(n)
 
     Recorder(gm).run(*[t.clone() for t in feed])
     return gm, seen
-
-
-def _clone(v):
-    if isinstance(v, torch.Tensor):
-        return v.detach().clone()
-    if isinstance(v, (list, tuple)):
-        return type(v)(_clone(x) for x in v) if isinstance(v, tuple) else [_clone(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _clone(x) for k, x in v.items()}
-    return v
-
-
-def _walk(node_arg, real, fn):
-    """Replace each tensor operand in ``real`` (walked alongside the node's args) by ``fn(real)``."""
-    if isinstance(node_arg, fx.Node):
-        return fn(real) if isinstance(node_arg.meta.get(META), TensorMeta) else real
-    if isinstance(node_arg, (list, tuple)):
-        vals = [_walk(a, r, fn) for a, r in zip(node_arg, real)]
-        return tuple(vals) if isinstance(real, tuple) else vals
-    if isinstance(node_arg, dict):
-        return {k: _walk(node_arg[k], real[k], fn) for k in node_arg}
-    return real
-
-
-def _operand_values(node, args, kwargs):
-    found = []
-    _walk((tuple(node.args), dict(node.kwargs)), (tuple(args), dict(kwargs)), lambda t: found.append(t) or t)
-    return found
-
-
-def _substitute(node, args, kwargs, values):
-    it = iter(values)
-    return _walk((tuple(node.args), dict(node.kwargs)), (tuple(args), dict(kwargs)), lambda _: next(it))
-
-
-def _tensors(res):
-    return [res] if isinstance(res, torch.Tensor) else [t for t in (res or ()) if isinstance(t, torch.Tensor)]
 
 
 class _Indivisible(Exception):
@@ -168,7 +132,7 @@ def _run_local(node, strategy, args, kwargs, n, full_in):
         args = (args[0], local, *args[2:])
     res = node.target(*args, **kwargs)
     if strategy.lowering == "mean_partial":  # local mean * local count / global count (output P: full shape)
-        x = _operand_values(node, args, kwargs)[0]
+        x = operand_values(node, args, kwargs)[0]
         res = res * (x.numel() // res.numel()) / (full_in[0].numel() // res.numel())
     elif strategy.lowering is not None:
         raise AssertionError(f"part-B rules may only ask for mean_partial, got {strategy.lowering}")
@@ -179,17 +143,17 @@ def check_node(node, args, kwargs, n, gen) -> dict[str, bool]:
     """Check every strategy of ``node`` on ``n`` ranks; {strategy: checked (False: did not divide)}."""
     strategies, has_rule = rule_strategies(node)
     assert has_rule, node.target
-    full = _operand_values(node, args, kwargs)
+    full = operand_values(node, args, kwargs)
     metas = [m for m in (node.meta[META] if isinstance(node.meta[META], tuple) else (node.meta[META],)) if m]
     tol = 1e-5 if any(t.dtype == torch.float32 for t in [*full, *metas]) else 1e-8  # float32 anywhere: its eps
     probe = [t.clone() for t in full]
-    a, k = _substitute(node, args, kwargs, probe)
+    a, k = substitute_operands(node, args, kwargs, probe)
     node.target(*a, **k)
     inplace = any(not torch.equal(x, y) for x, y in zip(full, probe))  # no gradient through in-place ops
     diff = [t.is_floating_point() and not inplace and node.target not in SHAPE_ONLY for t in full]
     ref_in = [t.clone().requires_grad_(d) for t, d in zip(full, diff)]
-    a, k = _substitute(node, args, kwargs, ref_in)
-    ref_out = _tensors(node.target(*a, **k))
+    a, k = substitute_operands(node, args, kwargs, ref_in)
+    ref_out = output_tensors(node.target(*a, **k))
     ups = [torch.randn(o.shape, generator=gen, dtype=o.dtype) if o.requires_grad else None for o in ref_out]
     want_grads = _grads(ref_out, ups, ref_in)
     done = {}
@@ -204,7 +168,7 @@ def check_node(node, args, kwargs, n, gen) -> dict[str, bool]:
             continue
         local_in = [[pieces[i][r].clone().requires_grad_(diff[i]) for i in range(len(full))] for r in range(n)]
         try:
-            outs = [_tensors(_run_local(node, s, *_substitute(node, args, kwargs, local_in[r]), n, full))
+            outs = [output_tensors(_run_local(node, s, *substitute_operands(node, args, kwargs, local_in[r]), n, full))
                     for r in range(n)]
         except RuntimeError as e:
             raise AssertionError(f"{tag}: the local op fails: {e}") from e
@@ -412,7 +376,7 @@ def test_every_part_b_node_of_a_captured_model(builder):
         def run_node(self, n):
             if n.op == "call_function" and not is_getitem(n) and _rule_module(n.target) in PART_B:
                 a, k = self.fetch_args_kwargs_from_env(n)
-                seen[n] = (_clone(a), _clone(k))
+                seen[n] = (clone_values(a), clone_values(k))
             return super().run_node(n)
 
     Recorder(cg.gm).run(*feed)
