@@ -3,7 +3,8 @@
 - ``split``: cut a captured program into per-stage sub-programs (``split_stages``); stage boundaries
   from module prefixes or node names; ``make_pipeline_plan`` builds a ``PipelinePlan`` by hand.
 - ``groups``: each rank group's submesh communicators (``SubmeshEnv``) and shared-weight groups.
-- ``p2p``: replicated boundary layout, tagged isend/irecv between the k-th ranks of two groups.
+- ``p2p``: replicated boundary layout; one transfer order derived from the schedule (``plan_transfers``)
+  so every peer pair sends in the order the receiver posts (NCCL matches by order, not by tag).
 - ``stage``: one stage's lowered program on its submesh and per-microbatch F / B / W / BW.
 - ``interpreter``: runs a rank group's action list, recording a measured timeline.
 - ``executor``: ``PipelineProgram`` (step / parameters / full_state_dict) and ``write_chrome_trace``.

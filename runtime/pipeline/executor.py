@@ -8,11 +8,14 @@
 ``captured`` is the program traced at MICROBATCH size (global batch / ``plan.microbatches``): stage
 programs bake in local sizes. ``step`` cuts every input and the target into ``plan.microbatches``
 along dim 0, runs this rank group's action list (``interpreter``), then: sums each replicated
-parameter's gradient over its axes inside the group; sums the gradients of parameters held by several
-stages (tied embeddings: stage 0 and the last stage each keep a copy, Megatron's embedding group)
-across the holders, so the copies stay equal under any optimizer; and all-reduces the loss over
-the world (the last stage's group holds it), returning the same float everywhere: the mean over
-microbatches, whose gradients equal one device's full-batch mean loss's.
+parameter's gradient over its axes inside the group (``StageGradSync``: bucketed async all-reduces
+launched from gradient hooks during the stage's last weight-gradient action, so they overlap it and
+the rest of the step); sums the gradients of parameters held by several stages (tied embeddings:
+stage 0 and the last stage each keep a copy, Megatron's embedding group) across the holders, so the
+copies stay equal under any optimizer; and all-reduces the loss over the world (the last stage's
+group holds it; on gloo the other ranks post their zero share when the step begins, so nobody waits
+for it at the end), returning the same float everywhere: the mean over microbatches, whose
+gradients equal one device's full-batch mean loss's.
 """
 from __future__ import annotations
 
@@ -32,9 +35,10 @@ from ..layout import shard_tensor
 from ..materialize import names_of
 from ..redistribute import redistribute
 from .groups import TieGroups, build_pipeline_envs, group_layout
-from .interpreter import Interpreter, TimelineEvent, Wiring, executed_schedule
+from .interpreter import Interpreter, TimelineEvent, executed_schedule
+from .p2p import Wiring
 from .split import StageGraph, split_stages
-from .stage import StageProgram
+from .stage import StageGradSync, StageProgram
 
 __all__ = ["PipelineProgram", "write_chrome_trace", "stage_strategies"]
 
@@ -127,7 +131,13 @@ class PipelineProgram:
                                              microbatches=plan.microbatches, trainable=trainable)
                        for s in plan.stages if s.group == self.group}
         self.wiring = self._wiring()
-        self.interpreter = Interpreter(self.stages, self.wiring, self.group, self.env.rank, self.rank, self.device)
+        gloo = "gloo" in str(dist.get_backend())
+        # gloo: receives posted one action ahead overlap transfers with compute, and the loss reduction
+        # is posted at once (it completes in the background). NCCL: neither (see interpreter, p2p).
+        self._early_loss = gloo
+        self.interpreter = Interpreter(self.stages, self.wiring, self.group, self.env.rank, self.rank, self.device,
+                                       schedule, prefetch=1 if gloo else 0)
+        self._grad_sync = {s: StageGradSync(st.sync_list()) for s, st in self.stages.items()}
         self._holders = self._shared_params()
         self._ties = TieGroups(self.layout, sorted({k for _, k in self._holders.values()}), self.rank)
         everything = list(captured.params) + list(captured.buffers)
@@ -193,31 +203,27 @@ class PipelineProgram:
             for p in st.params:
                 if p.grad is not None:
                     stashed[p], p.grad = p.grad, None
-        losses = self.interpreter.run(self.schedule[self.group], user, target_mbs)
-        self._sync_grads()
+        holds_loss = self.group == self.plan.stages[-1].group
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        loss_work = None
+        if self._early_loss and not holds_loss:
+            loss_work = dist.all_reduce(total, async_op=True)
+        losses = self.interpreter.run(user, target_mbs, before_weights=lambda s: self._grad_sync[s].arm(),
+                                      after_weights=lambda s: self._grad_sync[s].launch_rest())
+        if holds_loss:
+            for loss in losses:
+                total += loss.double()
+            loss_work = dist.all_reduce(total, async_op=self._early_loss)
+        for sync in self._grad_sync.values():
+            sync.finish()
+        self._sync_tied()
         for p, g in stashed.items():
             p.grad = g if p.grad is None else p.grad + g
-        total = torch.zeros((), dtype=torch.float64, device=self.device)
-        for loss in losses:
-            total += loss.double()
-        total /= self.plan.microbatches
-        dist.all_reduce(total)
-        return total.item()
+        if loss_work is not None:
+            loss_work.wait()
+        return total.item() / self.plan.microbatches
 
-    def _sync_grads(self) -> None:
-        for st in self.stages.values():
-            by_comm: dict = {}
-            for p, comm in st.sync_list():
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                by_comm.setdefault(id(comm), (comm, []))[1].append(p)
-            for comm, params in by_comm.values():
-                flat = torch.cat([p.grad.reshape(-1) for p in params])
-                dist.all_reduce(flat, group=comm.pg())
-                off = 0
-                for p in params:
-                    p.grad.copy_(flat[off:off + p.numel()].view_as(p))
-                    off += p.numel()
+    def _sync_tied(self) -> None:
         for ph, (holders, groups) in self._holders.items():
             mine = [self.stages[s] for s in holders if s in self.stages]
             if not mine:

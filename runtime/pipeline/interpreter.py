@@ -2,145 +2,162 @@
 
 Compute actions drive everything; communication follows the data, not the SEND/RECV actions:
 
-- after ``F(s, i)`` the stage's outputs are posted at once (``isend``, or a local hand-off when the
-  consumer stage lives on the same rank group) to EVERY consumer stage, long skip connections
-  included; after ``B``/``BW`` the input gradients go back to every producer stage the same way;
-- before a compute action, what it needs is received (blocking ``irecv``) from each producer (F)
-  or consumer (B/BW).
+- ``p2p.plan_transfers`` derives, once, from every group's compute order and the stage wiring, which
+  receives each rank posts before each compute action and which sends follow it, in one global order
+  every rank agrees on (NCCL-safe, see ``p2p``); a compute action waits only for its own inputs;
+- an ``F(s, i)``'s outputs go to EVERY consumer stage, long skip connections included; a ``B``/``BW``'s
+  input gradients go back to every producer stage; same-group consumers get a local hand-off;
+- with ``prefetch = k > 0`` the receives planned for the next k actions are posted before the current
+  one runs (same order), so their transfers overlap its compute (gloo starts a transfer only once its
+  receive is posted). On NCCL keep ``k = 0``: a posted receive holds the pair's stream, and a send
+  queued behind it could wait on its own reply.
 
 The schedule's ``SEND_*``/``RECV_*`` actions are therefore ignored. What runs is exactly
-``executed_schedule(schedule)`` (the compute order; every message has its own tag, so arrival order
-never blocks), which ``PipelineProgram`` proves deadlock-free with ``simulate.check_deadlock`` in its
-dependency-only mode before running. Long skips add no new waits: ``F(s-1, i)`` done implies
-``F(a, i)`` done for every ``a < s`` (and likewise for backward).
+``executed_schedule(schedule)``, which ``PipelineProgram`` proves deadlock-free with
+``simulate.check_deadlock`` in its dependency-only mode before running: sends never wait and receives
+are posted before their consumers, so no wait is added. Long skips add no new waits: ``F(s-1, i)`` done implies ``F(a, i)`` done for every ``a < s``
+(and likewise for backward).
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
 from autoshard.passes.pipeline.actions import COMPUTE_KINDS, Action
 
-from .p2p import Mailbox, message_tag
+from .p2p import Message, Transport, Wiring, action_messages, plan_transfers
 from .stage import StageProgram
 
 __all__ = ["Wiring", "Interpreter", "TimelineEvent", "executed_schedule"]
 
 
 def executed_schedule(schedule: dict) -> dict:
-    """The schedule as this runtime executes it: only its compute actions, in order. Transfers are
-    posted eagerly right after their producer and matched by tag (not FIFO), so a compute action
-    waits for nothing but its data: exactly ``simulate.check_deadlock(..., require_comms=False)``."""
+    """The schedule as this runtime executes it: only its compute actions, in order. Transfers follow
+    ``p2p.plan_transfers`` (each receive posted before its consumer, each send released after its
+    producer), so a compute action waits for nothing but its data: exactly
+    ``simulate.check_deadlock(..., require_comms=False)``."""
     return {r: [a for a in acts if a.kind in COMPUTE_KINDS] for r, acts in schedule.items()}
 
 
 @dataclass(frozen=True)
 class TimelineEvent:
-    """One executed compute action: wall-clock seconds since the step began."""
+    """One executed compute action: wall-clock seconds since the step began; ``wait``: of which spent
+    blocked on its receives."""
     rank: int
     action: str
     start: float
     end: float
+    wait: float = 0.0
 
 
-@dataclass
-class Wiring:
-    """Where each stage lives and what flows between stages.
-
-    ``group_of[s]``: rank group of stage s; ``ranks_of[g]``: global ranks of group g (k-th talks to
-    k-th); ``values``: global list of boundary values (node name, producer stage); ``sends[s]``:
-    (value index, consumer stages) per output of s in return order; ``receives[s]``: value index per
-    received input of s in placeholder order; ``meta[v]``: (shape, dtype) of value v per microbatch.
-    """
-    group_of: list[int]
-    ranks_of: dict[int, list[int]]
-    values: list[tuple[str, int]]
-    sends: dict[int, list[tuple[int, list[int]]]]
-    receives: dict[int, list[int]]
-    meta: list[tuple]
-    microbatches: int
-    n_stages: int = field(init=False)
-
-    def __post_init__(self):
-        self.n_stages = len(self.group_of)
-
-    def peer(self, my_group: int, my_index: int, other_stage: int) -> int:
-        return self.ranks_of[self.group_of[other_stage]][my_index]
+@dataclass(frozen=True)
+class _Step:
+    action: Action
+    needs: tuple     # (message, source stage, source rank or None when local), consumption order
+    makes: tuple     # (message, destination stage, True when it leaves the group)
+    sends: tuple     # (message, destination rank, tag) sent after the action
+    posts: tuple     # (message, shape, dtype, source rank, tag) receives to post before it
 
 
 class Interpreter:
-    """Runs ``actions`` (this group's list) over the local ``stages`` (stage index -> StageProgram)."""
+    """Runs rank group ``group``'s part of ``schedule`` over the local ``stages`` (stage index ->
+    StageProgram); ``index``: this rank's position in its group. ``prefetch``: actions ahead whose
+    receives are posted early (0 on NCCL)."""
 
     def __init__(self, stages: dict[int, StageProgram], wiring: Wiring, group: int, index: int, rank: int,
-                 device: torch.device):
+                 device: torch.device, schedule: dict, *, prefetch: int = 0):
         self.stages, self.w, self.group, self.index, self.rank, self.device = stages, wiring, group, index, rank, device
+        self.prefetch = int(prefetch)
         self.timeline: list[TimelineEvent] = []
+        plan = plan_transfers(executed_schedule(schedule), wiring).get(group, [])
+        for t in plan:
+            if t.action.stage not in stages:
+                raise RuntimeError(f"action {t.action} names stage {t.action.stage}, which rank group {group} does "
+                                   f"not run (it runs {sorted(stages)})")
+        self.steps = [self._step(t) for t in plan]
+        last = {}
+        for j, t in enumerate(plan):
+            if t.action.kind in ("BW", "W"):
+                last[t.action.stage] = j
+        self._weights_done: dict[int, list[int]] = {}
+        for s in sorted(stages):
+            self._weights_done.setdefault(last.get(s, len(plan) - 1), []).append(s)
 
-    def run(self, actions: list[Action], user_mbs: list[list], target_mbs: list) -> list[torch.Tensor]:
-        """Run one step; returns the last stage's local loss pieces per microbatch (if it lives here)."""
-        box = Mailbox()
+    def _step(self, t) -> _Step:
+        w, g = self.w, self.group
+        needs, makes = action_messages(t.action, w)
+        needs = tuple((m, src, None if w.group_of[src] == g else w.peer(self.index, src)) for m, src in needs)
+        makes = tuple((m, dst, w.group_of[dst] != g) for m, dst in makes)
+        sends = tuple((m, w.ranks_of[h][self.index], w.tag(m)) for m, h in t.sends)
+        posts = tuple((m, *w.meta[m.value], w.ranks_of[h][self.index], w.tag(m)) for m, h in t.posts)
+        return _Step(t.action, needs, makes, sends, posts)
+
+    def run(self, user_mbs: list[list], target_mbs: list, *,
+            before_weights: Optional[Callable[[int], None]] = None,
+            after_weights: Optional[Callable[[int], None]] = None) -> list[torch.Tensor]:
+        """Run one step; returns the last stage's local loss pieces per microbatch (if it lives here).
+        ``before_weights(s)`` / ``after_weights(s)`` are called once per local stage s, right before /
+        after the last action of the step that adds to its weight gradients (BW or W; the last action
+        if none does): the same points on every rank of the group."""
+        tp = Transport(self.device)
+        ready: dict[Message, torch.Tensor] = {}
         self.timeline = []
         losses: list = []
+        steps, ahead = self.steps, self.prefetch
+        posted = 0
         t0 = time.perf_counter()
         try:
-            for a in actions:
-                if a.kind not in COMPUTE_KINDS:
-                    continue
-                if a.stage not in self.stages:
-                    raise RuntimeError(f"action {a} names stage {a.stage}, which rank group {self.group} does not "
-                                       f"run (it runs {sorted(self.stages)})")
-                start = time.perf_counter() - t0
-                self._compute(a, box, user_mbs, target_mbs, losses)
-                self.timeline.append(TimelineEvent(self.group, str(a), start, time.perf_counter() - t0))
+            for j, step in enumerate(steps):
+                while posted < len(steps) and posted <= j + ahead:
+                    for m, shape, dtype, src, tag in steps[posted].posts:
+                        tp.post_recv(m, shape, dtype, src, tag)
+                    posted += 1
+                if before_weights is not None:
+                    for s in self._weights_done.get(j, ()):
+                        before_weights(s)
+                start = time.perf_counter()
+                got = [tp.take(m) if src is None else tp.recv(m) for m, _, src in step.needs]
+                waited = time.perf_counter() - start
+                outs = self._compute(step, got, user_mbs, target_mbs, losses)
+                for (m, _, remote), o in zip(step.makes, outs):
+                    if remote:
+                        ready[m] = o
+                    else:
+                        tp.put(m, o)
+                for m, dst, tag in step.sends:
+                    tp.send(ready.pop(m), dst, tag)
+                self.timeline.append(TimelineEvent(self.group, str(step.action), start - t0,
+                                                   time.perf_counter() - t0, waited))
+                if after_weights is not None:
+                    for s in self._weights_done.get(j, ()):
+                        after_weights(s)
         finally:
-            box.drain()
+            tp.drain()
         return losses
 
     # ---- one compute action --------------------------------------------------------------------
-    def _tag(self, kind: str, value: int, consumer: int, mb: int) -> int:
-        return message_tag(kind, value, consumer, mb, self.w.n_stages, self.w.microbatches)
-
-    def _compute(self, a: Action, box: Mailbox, user_mbs, target_mbs, losses) -> None:
+    def _compute(self, step: _Step, got: list, user_mbs, target_mbs, losses) -> list:
+        """Run the action on its inputs (``step.needs`` order); returns its outputs in ``step.makes`` order."""
+        a = step.action
         st, s, i = self.stages[a.stage], a.stage, a.microbatch
         if a.kind == "F":
-            received = [self._get(box, "act", v, s, i, self.w.values[v][1]) for v in self.w.receives[s]]
             user = [user_mbs[k][i] for k in st.graph.user_inputs]
-            outs = st.forward(i, user, received, target_mbs[i] if st.graph.reads_target else None)
+            outs = st.forward(i, user, got, target_mbs[i] if st.graph.reads_target else None)
             if st.graph.is_last:
                 losses.append(outs[0].detach())
-            else:
-                for (v, consumers), o in zip(self.w.sends[s], outs):
-                    for c in consumers:
-                        self._put(box, "act", v, c, i, o, c)
-            return
+                return []
+            return [o for (_, consumers), o in zip(self.w.sends[s], outs) for _ in consumers]
         if a.kind == "W":
             st.backward_weight(i)
-            return
+            return []
         grads = None
         if not st.graph.is_last:
-            grads = []
+            grads, it = [], iter(got)
             for v, consumers in self.w.sends[s]:
-                parts = [self._get(box, "grad", v, c, i, c) for c in consumers if self._differentiable(v)]
+                parts = [next(it) for _ in consumers] if self.w.differentiable(v) else []
                 grads.append(sum(parts[1:], parts[0]) if parts else None)
         in_grads = st.backward_input(i, grads) if a.kind == "B" else st.backward(i, grads)
-        for v, g in zip(self.w.receives[s], in_grads):
-            if g is not None:
-                self._put(box, "grad", v, s, i, g, self.w.values[v][1])
-
-    def _differentiable(self, v: int) -> bool:
-        return self.w.meta[v][1].is_floating_point
-
-    def _put(self, box: Mailbox, kind: str, v: int, consumer: int, mb: int, t: torch.Tensor, dest_stage: int) -> None:
-        if self.w.group_of[dest_stage] == self.group:
-            box.put((kind, v, consumer, mb), t)
-        else:
-            box.send(t, self.w.peer(self.group, self.index, dest_stage), self._tag(kind, v, consumer, mb))
-
-    def _get(self, box: Mailbox, kind: str, v: int, consumer: int, mb: int, src_stage: int) -> torch.Tensor:
-        if self.w.group_of[src_stage] == self.group:
-            return box.take((kind, v, consumer, mb))
-        shape, dtype = self.w.meta[v]
-        return box.recv(shape, dtype, self.device, self.w.peer(self.group, self.index, src_stage),
-                        self._tag(kind, v, consumer, mb))
+        return [g for v, g in zip(self.w.receives[s], in_grads) if self.w.differentiable(v)]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from autoshard.passes.graph import META
@@ -27,7 +28,7 @@ from .groups import SubmeshEnv
 from .split import StageGraph
 from .split_backward import SplitBackward
 
-__all__ = ["StageProgram"]
+__all__ = ["StageProgram", "StageGradSync"]
 
 
 @dataclass(eq=False)
@@ -133,3 +134,71 @@ class StageProgram:
         if outs:
             torch.autograd.backward(outs, seeds)
         return self._input_grads(saved.leaves, [t.grad if t.requires_grad else None for t in saved.leaves])
+
+
+class StageGradSync:
+    """All-reduce one stage's replicated gradients inside its group, overlapped with the stage's last
+    weight-gradient action of the step.
+
+    ``pairs``: (parameter, comm over its replicated axes), as ``StageProgram.sync_list`` gives. Buckets
+    follow the parameters in reverse (the order backward finishes them), split by comm and dtype and
+    capped at ``bucket_bytes``. ``arm()`` right before the last action that adds to the stage's weight
+    gradients; each parameter's post-accumulate-grad hook then marks its gradient final, and full buckets
+    launch async all-reduces strictly in order, so every rank of the group issues the same collectives in
+    the same order. ``launch_rest()`` after that action launches what is left (a zero-bubble W adds its
+    gradients without hooks; a parameter without gradient contributes zeros); ``finish()`` waits and
+    writes the sums into ``.grad``. ``overlapped``: buckets launched from hooks in the last step."""
+
+    def __init__(self, pairs: list, bucket_bytes: int = 4 * 2**20):
+        self.buckets: list[tuple] = []
+        for p, comm in reversed(pairs):
+            last = self.buckets[-1] if self.buckets else None
+            if (last is None or last[0] is not comm or last[1][0].dtype != p.dtype
+                    or (sum(q.numel() for q in last[1]) + p.numel()) * p.element_size() > bucket_bytes):
+                self.buckets.append((comm, []))
+            self.buckets[-1][1].append(p)
+        self._bucket_of = {id(p): k for k, (_, ps) in enumerate(self.buckets) for p in ps}
+        self.armed = False
+        self.overlapped = 0
+        self._ready: set = set()
+        self._next = 0
+        self._works: list = []
+        for _, ps in self.buckets:
+            for p in ps:
+                p.register_post_accumulate_grad_hook(self._hook)
+
+    def arm(self) -> None:
+        self.armed, self._ready, self._next, self._works = True, set(), 0, []
+
+    def _hook(self, p) -> None:
+        if self.armed and id(p) in self._bucket_of:
+            self._ready.add(id(p))
+            self._launch(False)
+
+    def _launch(self, everything: bool) -> None:
+        while self._next < len(self.buckets):
+            comm, ps = self.buckets[self._next]
+            if not everything and any(id(p) not in self._ready for p in ps):
+                return
+            for p in ps:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            flat = torch.cat([p.grad.reshape(-1) for p in ps])
+            self._works.append((dist.all_reduce(flat, group=comm.pg(), async_op=True), flat, ps))
+            self._next += 1
+
+    def launch_rest(self) -> None:
+        if self.armed:
+            self.overlapped = self._next  # buckets the hooks launched during the action
+        self._launch(True)
+        self.armed = False
+
+    def finish(self) -> None:
+        self.launch_rest()
+        for work, flat, ps in self._works:
+            work.wait()
+            off = 0
+            for p in ps:
+                p.grad.copy_(flat[off:off + p.numel()].view_as(p))
+                off += p.numel()
+        self._works = []
