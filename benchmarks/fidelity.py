@@ -9,17 +9,20 @@ ranks busy, as in the steps that follow) and writes it to a JSON file; then comp
 and (2, 2), and the solver's own choice -- at several widths and batch sizes, each planned with
 ``hardware=<that profile>``. A step is ``cm.step`` (forward + backward + gradient sync; the
 optimizer is not part of the estimate and is not run). Steps are timed in rounds that visit every
-layout in turn (interleaved, so machine noise spreads over all of them); the figure is the median
-over rounds. The model is fitted only on the profile's micro-benchmarks, never on these runs.
+layout once, in a fresh shuffled order each round (the same on every rank), so load that comes and
+goes on a shared machine spreads over all layouts instead of hitting the same ones; the figure is
+the median over rounds. The model is fitted only on the profile's micro-benchmarks, never on these
+runs. ``--profile-after`` measures the profile again after the steps and prices with both pooled.
 
 Prints a table (predicted, measured, error = predicted / measured - 1), the Spearman rank
-correlation and the median |error|.
+correlation, the median |error| and the machine's load average (``os.getloadavg``) before and after.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -70,6 +73,10 @@ def spearman(xs, ys) -> float:
     return cov / var if var else float("nan")
 
 
+def _load(avg) -> str:
+    return "/".join(f"{v:.1f}" for v in avg)
+
+
 def _pins(layout, model, mesh, n_layer):
     import autoshard
     if layout == "dp":
@@ -81,6 +88,17 @@ def _pins(layout, model, mesh, n_layer):
             model, [f"blocks.{i}.{n}" for i in range(n_layer) for n in ("qkv", "fc")],
             [f"blocks.{i}.{n}" for i in range(n_layer) for n in ("proj", "fc_out")], mesh)
     return {}
+
+
+def _collective_counts(cm) -> tuple[int, int]:
+    """(forward collectives the plan prices, collective calls in the emitted forward program), both
+    without local chunks, gradient syncs and the loss's reduction (the executor's, outside the
+    program): a check that the cost model charges what runs."""
+    kinds = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+    plan = sum(1 for r in cm.plan.solution.redistributions if r.consumer != "output"
+               for c in r.collectives if c.phase == "fwd")
+    program = sum(v for k, v in cm.collective_counts().items() if k in kinds)
+    return plan, program
 
 
 def _estimate(plan, profile: str) -> float:
@@ -100,6 +118,7 @@ def run(args) -> None:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    load_before = os.getloadavg()
     t0 = time.perf_counter()
     config = ProfileConfig.make(quick=args.quick_profile)
     prof = measure_profile(config, name="fidelity-cpu")
@@ -109,7 +128,7 @@ def run(args) -> None:
     dist.barrier()
     t_prof = time.perf_counter() - t0
     data = CharData(generate_corpus())
-    compiled, plans = [], []
+    compiled, plans, counts = [], [], []
     for label, mesh, layout, d, batch in CASES:
         if rank == 0:
             print(f"compiling {label} {mesh} d={d} batch={batch}", file=sys.stderr, flush=True)
@@ -128,9 +147,13 @@ def run(args) -> None:
             step()
         compiled.append((step, cm.plan.solution.estimated_step_time))
         plans.append(cm.plan)
+        counts.append(_collective_counts(cm))
     times = [[] for _ in compiled]
-    for _ in range(args.rounds):
-        for k, (step, _) in enumerate(compiled):
+    order = list(range(len(compiled)))
+    for r in range(args.rounds):
+        random.Random(r).shuffle(order)  # seeded: every rank visits the layouts in the same order
+        for k in order:
+            step = compiled[k][0]
             dist.barrier()
             t = time.perf_counter()
             for _ in range(args.iters):
@@ -149,17 +172,22 @@ def run(args) -> None:
             compiled[k] = (compiled[k][0], _estimate(plan, args.profile))
     if rank == 0:
         rows = []
-        for (label, mesh, layout, d, batch), (_, pred), ts in zip(CASES, compiled, times):
+        for (label, mesh, layout, d, batch), (_, pred), ts, (n_plan, n_prog) in zip(CASES, compiled, times, counts):
             meas = statistics.median(ts)
             rows.append({"layout": label, "mesh": list(mesh), "d": d, "batch": batch, "predicted_s": pred,
+                         "collectives_plan": n_plan, "collectives_program": n_prog,
                          "measured_s": meas, "error": pred / meas - 1.0})
         rho = spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
         med = statistics.median(abs(r["error"]) for r in rows)
-        print(f"GPT example (2 layers, seq 32), {world} gloo ranks; profile measured in the same run "
-              f"({t_prof:.1f} s); {args.rounds} rounds x {args.iters} steps, medians")
-        print(f"| layout | mesh | d | batch | predicted ms | measured ms | error |\n|---|---|---|---|---|---|---|")
+        load_after = os.getloadavg()
+        print(f"GPT example (2 layers, seq 32), {world} gloo ranks on {os.cpu_count()} cores; profile measured "
+              f"in the same run ({t_prof:.1f} s); {args.rounds} shuffled rounds x {args.iters} steps, medians; "
+              f"load average (1, 5, 15 min) before {_load(load_before)}, after {_load(load_after)}")
+        print("| layout | mesh | d | batch | collectives plan/program | predicted ms | measured ms | error |\n"
+              "|---|---|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['layout']} | {tuple(r['mesh'])} | {r['d']} | {r['batch']} | {r['predicted_s'] * 1e3:.2f} | "
+            print(f"| {r['layout']} | {tuple(r['mesh'])} | {r['d']} | {r['batch']} | "
+                  f"{r['collectives_plan']}/{r['collectives_program']} | {r['predicted_s'] * 1e3:.2f} | "
                   f"{r['measured_s'] * 1e3:.2f} | {r['error'] * 100:+.1f}% |")
         print(f"Spearman rank correlation {rho:.3f}; median |error| {med * 100:.1f}%")
         if args.json:

@@ -8,7 +8,8 @@ Parts (each can be skipped):
     built on the meta device, planned for meshes of 8 ... 1024 devices shaped (n/8, 8), H100 preset.
     Each model is traced once (at most ``--max-layers`` blocks: identical blocks share one ILP
     decision, so solve time does not grow with depth, but tracing does -- the table says how many
-    layers were traced) and planned for every mesh. A PNG plot when matplotlib is importable.
+    layers were traced) and planned for every mesh. A table, and a plot (plan_time.svg next to
+    the --out file, written by benchmarks/svg_plot.py, no matplotlib needed) linked from it.
   * fidelity: benchmarks/fidelity.py (predicted vs measured step time, 4 gloo ranks).
   * the existing benchmarks: plan_time.py, memory.py and step_time.py (torchrun, 4 ranks).
 
@@ -116,7 +117,7 @@ def sweep(models, sizes, max_layers: int, seq: int) -> list[dict]:
     return rows
 
 
-def sweep_markdown(rows: list[dict], png: str | None, seq: int) -> str:
+def sweep_markdown(rows: list[dict], svg: str | None, seq: int) -> str:
     out = ["### Plan time as model size and device count grow", "",
            "`python benchmarks/run_all.py` (sweep part) -- models on the meta device, bf16, sequence "
            f"{seq}, global batch = number of devices (one sequence per device), H100 preset (80 GB, AdamW), "
@@ -129,29 +130,23 @@ def sweep_markdown(rows: list[dict], png: str | None, seq: int) -> str:
         out.append(f"| {r['model']} | {r['params_b']:.2f} B | {r['layers']}/{r['full_layers']} | {r['nodes']} | "
                    f"{r['trace_s']:.1f} | {r['devices']} | {tuple(r['mesh'])} | {r['solve_s']:.2f} | {r['status']} |")
     out.append("")
-    out.append(f"![plan time]({os.path.basename(png)})" if png else
-               "(matplotlib is not installed here, so no plot: the table is the figure.)")
+    if svg:
+        out.append(f"![plan time: solve seconds against devices, one line per model]({os.path.basename(svg)}) "
+                   f"([{os.path.basename(svg)}]({os.path.basename(svg)}))")
     return "\n".join(out)
 
 
-def plot(rows: list[dict], path: str) -> str | None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, ax = plt.subplots(figsize=(6, 4))
+def plot(rows: list[dict], path: str) -> str:
+    """Write the sweep as an SVG line plot (one line per model: solve seconds against devices, log x)
+    with the dependency-free ``svg_plot`` writer; returns ``path``."""
+    sys.path.insert(0, HERE)
+    from svg_plot import write_svg
+    series = {}
     for name in dict.fromkeys(r["model"] for r in rows):
-        pts = [(r["devices"], r["solve_s"]) for r in rows if r["model"] == name]
-        ax.plot(*zip(*pts), marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("devices")
-    ax.set_ylabel("solve seconds (trace excluded)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+        mine = [r for r in rows if r["model"] == name]
+        series[f"{name} ({mine[0]['params_b']:.3g} B)"] = [(r["devices"], r["solve_s"]) for r in mine]
+    return write_svg(path, series, x_label="devices (mesh (n/8, 8))", y_label="solve seconds (trace excluded)",
+                     title="autoshard plan time, H100 preset", log_x=True)
 
 
 def run_script(cmd: list[str], timeout: int) -> str:
@@ -167,14 +162,23 @@ def fidelity_markdown(data: dict, cmd: str) -> str:
     out = ["### Cost-model fidelity: predicted vs measured step time (goal: Spearman >= 0.9, median |error| <= 20%)",
            "", f"`{cmd}` -- the GPT example (2 layers, seq 32) on 4 gloo ranks under pinned layouts; each plan "
            "priced with a profile measured by `runtime/profiler.py` in the same run (never fitted to these "
-           f"steps); {data['rounds']} interleaved rounds x {data['iters']} steps, medians; a step is "
+           f"steps); {data['rounds']} interleaved, shuffled rounds x {data['iters']} steps, medians; a step is "
            "forward + backward + gradient sync (no optimizer).", "",
-           "| layout | mesh | d | batch | predicted ms | measured ms | error |", "|---|---|---|---|---|---|---|"]
+           "`collectives plan/program`: forward collectives the plan prices / collective calls in the emitted "
+           "program (local chunks, gradient syncs and the loss's reduction excluded).", "",
+           "| layout | mesh | d | batch | collectives plan/program | predicted ms | measured ms | error |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
-        out.append(f"| {r['layout']} | {tuple(r['mesh'])} | {r['d']} | {r['batch']} | {r['predicted_s'] * 1e3:.2f} | "
-                   f"{r['measured_s'] * 1e3:.2f} | {r['error'] * 100:+.1f}% |")
+        counts = f"{r.get('collectives_plan', '?')}/{r.get('collectives_program', '?')}"
+        out.append(f"| {r['layout']} | {tuple(r['mesh'])} | {r['d']} | {r['batch']} | {counts} | "
+                   f"{r['predicted_s'] * 1e3:.2f} | {r['measured_s'] * 1e3:.2f} | {r['error'] * 100:+.1f}% |")
     out += ["", f"**Spearman rank correlation {data['spearman']:.3f}; median |error| "
                 f"{data['median_abs_error'] * 100:.1f}%.**"]
+    if "load_before" in data:
+        out += ["", "Load average (1/5/15 min) on the {} cores before the run {}, after {} (other work on the "
+                "machine slows the steps and the profile alike, but not evenly).".format(
+                    data.get("cores", "?"), "/".join(f"{v:.1f}" for v in data["load_before"]),
+                    "/".join(f"{v:.1f}" for v in data["load_after"]))]
     return "\n".join(out)
 
 
@@ -196,8 +200,8 @@ def main() -> None:
         print("plan-time sweep ...", file=sys.stderr, flush=True)
         rows = sweep(args.sweep_models.split(","), [int(n) for n in args.sweep_devices.split(",")],
                      args.max_layers, args.seq)
-        png = plot(rows, os.path.join(HERE, "plan_time_sweep.png"))
-        sections += [sweep_markdown(rows, png, args.seq), ""]
+        svg = plot(rows, os.path.join(os.path.dirname(os.path.abspath(args.out)), "plan_time.svg"))
+        sections += [sweep_markdown(rows, svg, args.seq), ""]
     if not args.skip_fidelity:
         print("fidelity ...", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory() as tmp:

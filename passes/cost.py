@@ -3,15 +3,16 @@
 Collective formulas (flat, tree, hierarchical across nodes, point-to-point) live in
 ``passes/collective_cost.py``; this module applies them to plans.
 
-Redistribution of a tensor from placements ``src`` to ``dst`` is priced axis by axis. Per-axis
-transitions: R->S(d) and R->P are free (take the local chunk / keep a summand); P->S(d)
-reduce-scatter; S(i)->S(j) all-to-all; P->R all-reduce; S->R (and S->P) all-gather. Transitions run
-in that order (free chunks first, gathers last), so the bytes on axis ``a`` are the tensor's bytes
-divided by the shard factor of the OTHER axes at that point. Backward pays each forward
-collective's adjoint (all-gather <-> reduce-scatter, all-reduce <-> all-reduce, all-to-all <->
-all-to-all; chunk <-> free) unless the value needs no gradient. The program's outputs are priced
-as gathered to ``R`` on every rank, forward only (the backward seed, ones for a loss, is available
-in any placement for free).
+Redistribution of a tensor from placements ``src`` to ``dst`` runs the runtime's own steps
+(``redistribution_steps`` in ``passes/collective_cost.py``, mirroring ``runtime/redistribute.py``):
+unshard from the last axis to the first (S->R all-gather, P->R all-reduce, S(i)->S(j) all-to-all
+where nesting allows, else all-gather then chunk), then shard from the first axis to the last
+(R->S(d) and R->P local and free, P->S(d) reduce-scatter). The bytes of the collective on axis
+``a`` are the tensor's bytes divided by the shard factor of the OTHER axes at that point. Backward
+pays each forward collective's adjoint (all-gather <-> reduce-scatter, all-reduce <-> all-reduce,
+all-to-all <-> all-to-all; chunk <-> free) unless the value needs no gradient. The program's outputs
+are priced as gathered to ``R`` on every rank, forward only (the backward seed, ones for a loss, is
+available in any placement for free).
 
 Launch overhead: every op dispatch costs ``hardware.op_overhead_s`` on every rank, NOT divided by
 sharding (a launch costs the same for a shard): each op (views included, ``getitem`` excluded) once
@@ -41,7 +42,8 @@ from typing import Optional, Sequence, Union
 import torch.fx as fx
 
 from .collective_cost import (  # noqa: F401  (re-exported: the formulas are part of the cost API)
-    Collective, collective_seconds, collective_terms, hierarchical_terms, p2p_seconds,
+    P_CODE, R_CODE, Collective, collective_seconds, collective_terms, hierarchical_terms, p2p_seconds,
+    redistribution_steps,
 )
 from .graph import operand_meta, operands, outputs
 from .hardware import Hardware
@@ -49,7 +51,7 @@ from .mesh import Mesh
 from .spec import Partial, Placement, Replicate, Shard, Strategy, TensorMeta
 
 __all__ = ["Collective", "collective_seconds", "collective_terms", "hierarchical_terms", "p2p_seconds",
-           "optimizer_state_bytes", "CostModel", "GraphFacts", "NodePrice",
+           "redistribution_steps", "optimizer_state_bytes", "CostModel", "GraphFacts", "NodePrice",
            "ADJOINT", "op_name", "encode", "placement_code", "R_CODE", "P_CODE"]
 
 ADJOINT = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather",
@@ -90,9 +92,6 @@ def optimizer_state_bytes(optimizer: Union[str, float, int]) -> float:
         raise ValueError(f"unknown optimizer {optimizer!r}: use one of {sorted(_OPTIMIZERS)} or the number of "
                          "state bytes per parameter element (AdamW in fp32: 8)")
     return _OPTIMIZERS[key]
-
-
-R_CODE, P_CODE = -1, -2
 
 
 def placement_code(p: Placement) -> int:
@@ -368,27 +367,10 @@ class CostModel:
     def _moves(self, src, dst, nbytes: int, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
         cur = list(src)
         fwd: list[Collective] = []
-        axes = [a for a in range(self.mesh.ndim) if self.mesh.shape[a] > 1 and src[a] != dst[a]]
-
-        def move(a, kind):
-            fwd.append(self.collective(kind, a, nbytes / self._factor(cur, skip=a)))
-            cur[a] = dst[a]
-
-        for a in axes:  # free: take the local chunk, or keep the value as one summand
-            if cur[a] == R_CODE:
-                cur[a] = dst[a]
-        for a in axes:
-            if cur[a] == P_CODE and dst[a] >= 0:
-                move(a, "reduce_scatter")
-        for a in axes:
-            if cur[a] >= 0 and dst[a] >= 0 and cur[a] != dst[a]:
-                move(a, "all_to_all")
-        for a in axes:
-            if cur[a] == P_CODE and dst[a] == R_CODE:
-                move(a, "all_reduce")
-        for a in axes:
-            if cur[a] >= 0 and dst[a] < 0:
-                move(a, "all_gather")  # S->P: gather, then keep as a summand (free)
+        for kind, a in redistribution_steps(src, dst, self.mesh.shape):
+            if kind in ADJOINT:
+                fwd.append(self.collective(kind, a, nbytes / self._factor(cur, skip=a)))
+            cur[a] = R_CODE if kind == "all_gather" else dst[a]
         copy = nbytes / self._factor(dst) if fwd else 0.0
         if needs_grad:
             fwd += [self.collective(ADJOINT[c.kind], c.axis, c.bytes, "bwd") for c in reversed(fwd)]

@@ -11,9 +11,14 @@ batches of calls, and taken as the slowest rank's median (a step waits for the s
 Local work (matmuls in the three layouts of a training step, copies, an elementwise mix, and a
 captured tiny network for the per-op launch cost) cycles through operand sets larger than the
 caches, and its batches end at a barrier, so they run while every rank competes for the cores.
-Collectives over groups of ``n < world`` ranks run on every group of ``n`` consecutive ranks at
-once. Each series is measured on ``fit`` sizes, used by the least-squares fits, and on
-``held_out`` sizes, used only to report the fits' prediction error.
+Collectives over groups of ``n < world`` ranks run on every group at once and alternate between
+the groups of the two axes of an ``(n, world // n)`` mesh (``n`` consecutive ranks, then ``n``
+ranks ``world // n`` apart), because a plan on a 2-D mesh interleaves collectives on both axes
+(an FSDP weight is all-gathered on one axis, then on the other): each call then waits for the
+slowest rank of the whole world, not just of its own group. (On 4 gloo ranks sharing 2 cores, a
+size-2 all-gather or reduce-scatter timed on isolated pairs ran 1.3-2.2x faster than inside such a
+chain, and (2, 2) FSDP steps priced with those fits were underestimated by 40-50%.) Each series is measured on ``fit`` sizes, used
+by the least-squares fits, and on ``held_out`` sizes, used only to report the fits' prediction error.
 """
 from __future__ import annotations
 
@@ -246,39 +251,49 @@ def _op_chain(timer: _Timer, lengths, device) -> list:
     return rows
 
 
-def _groups(world: int, n: int, rank: int):
-    """Every rank calls new_group for every group of ``n`` consecutive ranks; returns this rank's."""
+def _groups(world: int, n: int, rank: int) -> list:
+    """This rank's groups of ``n``: [the WORLD] for ``n == world``; else [its group of ``n``
+    consecutive ranks, its group of ``n`` ranks ``world // n`` apart] -- the groups of the last and
+    of the first axis of a ``(n, world // n)`` mesh. Every rank creates every group, in one order."""
     if n == world:
-        return dist.group.WORLD
-    mine = None
+        return [dist.group.WORLD]
+    mine = [None, None]
+    stride = world // n
     for start in range(0, world, n):
         g = dist.new_group(list(range(start, start + n)))
         if start <= rank < start + n:
-            mine = g
+            mine[0] = g
+    for first in range(stride):
+        g = dist.new_group(list(range(first, world, stride)))
+        if rank % stride == first:
+            mine[1] = g
     return mine
 
 
-def _collective(timer: _Timer, kind: str, n: int, group, rank: int, sizes, device, backend: str) -> list:
+def _collective(timer: _Timer, kind: str, n: int, groups: list, rank: int, sizes, device, backend: str) -> list:
+    """[B, seconds per call] for each size. With two groups (``n < world``) the calls alternate
+    between them, as collectives on the axes of a 2-D mesh do in a step: every rank then waits for
+    ranks outside its own group too, which groups timed alone in a loop never do."""
     rows = []
     for B in sizes:
         unit = n * n
         elems = max(unit, int(B) // 4 // unit * unit)
         full = torch.ones(elems, dtype=torch.float32, device=device)
         piece = torch.ones(elems // n, dtype=torch.float32, device=device)
-        if kind == "all_reduce":
-            fn = lambda: dist.all_reduce(full, group=group)  # noqa: E731
-        elif kind == "all_gather":
-            fn = lambda: _all_gather_single(full, piece, group=group)  # noqa: E731
-        elif kind == "reduce_scatter":
-            fn = lambda: _reduce_scatter_single(piece, full, group=group)  # noqa: E731
-        elif kind == "all_to_all":
-            out = torch.empty_like(piece)
-            fn = lambda: dist.all_to_all_single(out, piece, group=group)  # noqa: E731
-        else:  # send_recv: pairs (2i, 2i+1) exchange one message each way
-            peer = rank ^ 1
-            recv = torch.empty_like(full)
+        out = torch.empty_like(piece)
+        recv = torch.empty_like(full)
 
-            def fn():
+        def call(group):
+            if kind == "all_reduce":
+                dist.all_reduce(full, group=group)
+            elif kind == "all_gather":
+                _all_gather_single(full, piece, group=group)
+            elif kind == "reduce_scatter":
+                _reduce_scatter_single(piece, full, group=group)
+            elif kind == "all_to_all":
+                dist.all_to_all_single(out, piece, group=group)
+            else:  # send_recv: pairs (2i, 2i+1) exchange one message each way
+                peer = rank ^ 1
                 if backend == "gloo":
                     works = [dist.isend(full, peer), dist.irecv(recv, peer)]
                 else:
@@ -286,7 +301,13 @@ def _collective(timer: _Timer, kind: str, n: int, group, rank: int, sizes, devic
                                                     dist.P2POp(dist.irecv, recv, peer)])
                 for w in works:
                     w.wait()
-        rows.append([elems * 4, timer(fn, _iters(elems * 4))])
+        if kind == "send_recv":
+            groups = groups[:1]  # point-to-point: no group
+
+        def fn():
+            for g in groups:
+                call(g)
+        rows.append([elems * 4, timer(fn, _iters(elems * 4 * len(groups))) / len(groups)])
     return rows
 
 
@@ -325,13 +346,13 @@ def measure_profile(config: Optional[ProfileConfig] = None, *, name: Optional[st
     for n in sizes:
         if n < 2 or world % n:
             raise AutoshardError(f"group size {n} does not divide the world of {world} ranks")
-        group = _groups(world, n, rank)
+        groups = _groups(world, n, rank)
         for kind in config.kinds:
             if kind == "send_recv" and n != 2:
                 continue
             prof["collectives"].append({"kind": kind, "n": n, **_fitted(
-                _collective(timer, kind, n, group, rank, config.collective_fit, device, backend), lambda s: s[0],
-                _collective(timer, kind, n, group, rank, config.collective_held_out, device, backend))})
+                _collective(timer, kind, n, groups, rank, config.collective_fit, device, backend), lambda s: s[0],
+                _collective(timer, kind, n, groups, rank, config.collective_held_out, device, backend))})
         log(f"collectives over groups of {n} measured ({time.perf_counter() - t0:.1f} s so far)")
     prof["seconds"] = time.perf_counter() - t0
     if rank != 0:

@@ -1,13 +1,15 @@
 """Cost model and hardware: formulas against hand-computed values."""
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
 import pytest
 import torch
 
-from autoshard.passes.cost import CostModel, GraphFacts, collective_seconds, optimizer_state_bytes
+from autoshard.passes.cost import (CostModel, GraphFacts, collective_seconds, optimizer_state_bytes,
+                                  redistribution_steps)
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.hardware import PRESETS, Hardware, axis_link, get_hardware
 from autoshard.passes.mesh import Mesh
@@ -51,10 +53,12 @@ def test_reshard_itemizes_each_axis_with_bytes_of_that_point():
     assert [(c.kind, c.axis, c.bytes, c.phase) for c in got] == [
         ("all_gather", 0, 32000, "fwd"), ("reduce_scatter", 0, 32000, "bwd")]
     assert got[0].seconds == pytest.approx(ag0) and got[1].seconds == pytest.approx(ag0)
-    # two gathers: axis 0 first while axis 1 still splits the tensor (16,000 bytes), then axis 1
+    # two gathers, as the runtime runs them: the last axis first while axis 0 still splits the
+    # tensor (16,000 bytes over the 10 GB/s link), then axis 0 on the full 32,000 (1 GB/s)
     got = cm.reshard((S(0), S(1)), (R, R), meta, needs_grad=False)
-    assert [(c.kind, c.axis, c.bytes) for c in got] == [("all_gather", 0, 16000), ("all_gather", 1, 32000)]
-    assert got[1].seconds == pytest.approx(0.5 * 32000 / 1e10 + 1e-6)
+    assert [(c.kind, c.axis, c.bytes) for c in got] == [("all_gather", 1, 16000), ("all_gather", 0, 32000)]
+    assert got[0].seconds == pytest.approx(0.5 * 16000 / 1e10 + 1e-6)
+    assert got[1].seconds == pytest.approx(0.5 * 32000 / 1e9 + 1e-5)
     # partial -> replicate: all-reduce both ways; partial -> shard: reduce-scatter, adjoint all-gather
     got = cm.reshard((P, R), (R, R), meta, needs_grad=True)
     assert [(c.kind, c.phase) for c in got] == [("all_reduce", "fwd"), ("all_reduce", "bwd")]
@@ -65,13 +69,40 @@ def test_reshard_itemizes_each_axis_with_bytes_of_that_point():
     got = cm.reshard((S(0), R), (S(1), R), meta, needs_grad=False)
     assert [(c.kind, c.bytes) for c in got] == [("all_to_all", 32000)]
     assert got[0].seconds == pytest.approx(0.25 * 32000 / 1e9 + 1e-5)
-    # chunks are free, and a chunk taken first shrinks the gather on the other axis
+    # ... but not when another axis nests in the same dim: gather both, then chunk (no all-to-all)
+    got = cm.reshard((S(0), S(0)), (S(1), S(0)), meta, needs_grad=False)
+    assert [(c.kind, c.axis, c.bytes) for c in got] == [("all_gather", 1, 16000), ("all_gather", 0, 32000)]
+    # chunks are free; gathers run before chunks, so a chunk on another axis does not shrink them
     assert cm.reshard((R, R), (S(0), S(1)), meta, True) == ()
     assert cm.reshard((R, R), (P, R), meta, True) == ()
     got = cm.reshard((S(0), R), (R, S(0)), meta, needs_grad=False)
-    assert [(c.kind, c.axis, c.bytes) for c in got] == [("all_gather", 0, 16000)]
+    assert [(c.kind, c.axis, c.bytes) for c in got] == [("all_gather", 0, 32000)]
+    # a kept shard whose parent split changes is gathered and chunked again
+    got = cm.reshard((R, S(0)), (S(0), S(0)), meta, needs_grad=False)
+    assert [(c.kind, c.axis, c.bytes) for c in got] == [("all_gather", 1, 32000)]
     assert cm.reshard_memory((S(0), R), (R, R), meta) == 32000
     assert cm.reshard_memory((R, R), (S(0), R), meta) == 0.0
+
+
+def test_reshard_runs_the_runtime_steps_for_every_placement_pair():
+    """The cost model's collectives are the runtime's (``runtime/redistribute.py``), in order, on
+    every pair of placements of a 2-D tensor over (2, 2) and (2, 1, 2) meshes."""
+    from autoshard.passes.cost import encode
+    from autoshard.runtime.redistribute import plan_redistribute
+    meta = TensorMeta((8, 8), torch.float32)
+    for shape in ((2, 2), (2, 1, 2)):
+        cm = CostModel(Mesh.of(shape), HW if len(shape) == 2 else PRESETS["h100"])
+        options = [R, P, S(0), S(1)]
+        pairs = 0
+        for src in itertools.product(options, repeat=len(shape)):
+            for dst in itertools.product(options, repeat=len(shape)):
+                steps = [(s.kind, s.axis) for s in plan_redistribute(src, dst, shape, 2)]
+                assert redistribution_steps(encode(src), encode(dst), shape) == steps, (src, dst)
+                comm = [st for st in steps if st[0] not in ("chunk", "to_partial")]
+                got = cm.reshard(src, dst, meta, needs_grad=True)
+                assert [(c.kind, c.axis) for c in got if c.phase == "fwd"] == comm, (src, dst)
+                pairs += 1
+        assert pairs == 4 ** (2 * len(shape))
 
 
 def test_compute_flops_memory_bound_and_local_division():

@@ -133,3 +133,24 @@ def test_autoshard_profile_quick_end_to_end_on_two_ranks(tmp_path):
     x, y = torch.randn(8, 16), torch.randn(8, 16)
     plan = autoshard.plan(Net(), 2, example_inputs=(x,), loss_fn=F.mse_loss, example_target=y, hardware=str(out))
     assert 0 < plan.solution.estimated_step_time < 10
+
+
+def _coupled_groups_rank(rank: int, world: int):
+    import torch.distributed as dist
+    from autoshard.runtime.profiler import _Timer, _collective, _groups
+    groups = _groups(world, 2, rank)
+    members = [dist.get_process_group_ranks(g) for g in groups]
+    timer = _Timer(torch.device("cpu"), 2, world)
+    rows = _collective(timer, "all_gather", 2, groups, rank, (4096,), torch.device("cpu"), "gloo")
+    whole = _groups(world, world, rank)
+    return members, rows, len(whole)
+
+
+def test_sub_group_collectives_alternate_over_both_axes_of_a_2d_mesh():
+    """Groups of 2 on 4 ranks: the (2, 2) mesh's last-axis pairs {0,1},{2,3} and first-axis pairs
+    {0,2},{1,3}; the timed calls alternate between them (one sample per size, per call)."""
+    from distributed import run_ranks
+    out = run_ranks(_coupled_groups_rank, 4)
+    assert [m for m, _, _ in out] == [[[0, 1], [0, 2]], [[0, 1], [1, 3]], [[2, 3], [0, 2]], [[2, 3], [1, 3]]]
+    for _, rows, n_world in out:
+        assert n_world == 1 and len(rows) == 1 and rows[0][0] == 4096 and rows[0][1] > 0
