@@ -105,7 +105,9 @@ def _worker(fn, rank, world, init, rendezvous, out, args, kwargs):
         os._exit(0)
 
 
-_PRELOAD = ["torch", "torch.distributed", "torch.distributed.device_mesh", "torch.fx", "numpy"]
+_PRELOAD = ["torch", "torch.distributed", "torch.distributed.device_mesh", "torch.fx", "numpy", "torch.export",
+            "torch._dynamo", "autoshard.passes.capture", "autoshard.passes.planner",
+            "autoshard.runtime.pipeline.executor"]
 
 
 def _context():

@@ -133,3 +133,16 @@ def test_ops_without_rules_are_listed():
     plan = autoshard.plan(Odd(), 4, example_inputs=(torch.randn(8, 8),), loss_fn=lambda o, t: F.mse_loss(o, t),
                           example_target=torch.randn(8, 8), hardware="cpu")
     assert any("bessel_j0" in op for op in plan.replicated_ops)
+
+
+def test_front_door_names_survive_importing_their_namesake_submodule():
+    """Importing autoshard.compiled (which imports the submodule autoshard.plan) before the first use of
+    autoshard.plan must still give the function, in a fresh interpreter."""
+    import subprocess
+    import sys
+    code = ("import autoshard.compiled, autoshard, inspect; "
+            "assert inspect.isfunction(autoshard.plan), autoshard.plan; "
+            "assert inspect.isfunction(autoshard.compile); "
+            "from autoshard.plan import Plan; assert Plan.__module__ == 'autoshard.plan'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
