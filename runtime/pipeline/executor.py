@@ -128,7 +128,8 @@ class PipelineProgram:
         self.stages = {s.index: StageProgram(self.graphs[s.index], stage_strategies(self.graphs[s.index],
                                                                                      s.solution.strategies),
                                              self.env, model=model, state_dict=state_dict, seed=seed,
-                                             microbatches=plan.microbatches, trainable=trainable)
+                                             microbatches=plan.microbatches, trainable=trainable,
+                                             recompute=s.recompute)
                        for s in plan.stages if s.group == self.group}
         self.wiring = self._wiring()
         gloo = "gloo" in str(dist.get_backend())

@@ -5,7 +5,10 @@ Solution on its group's submesh, its local parameter shards, and per-microbatch 
 require grad) and keeps what backward needs. ``backward_input(mb, grads)`` (B) returns the gradients
 of the received values, keeping the graph for W; ``backward_weight(mb)`` (W) then accumulates the
 weight gradients into ``.grad``, restarting autograd where B stopped (``split_backward``: nothing
-runs twice); ``backward(mb, grads)`` (BW) does both in one pass. On the last
+runs twice); ``backward(mb, grads)`` (BW) does both in one pass. With ``recompute``, F runs without
+autograd and keeps only its inputs and the RNG state; the first B or BW of that microbatch runs the
+forward again with autograd (same random numbers, buffers such as BatchNorm's running statistics
+left as the first run set them), so a stage holds one microbatch's activations at a time. On the last
 stage the output is the loss as ``P`` and its seed is ``1 / microbatches``, so gradients summed over
 microbatches equal the full-batch mean loss's.
 """
@@ -36,6 +39,7 @@ class _Saved:
     outputs: list
     leaves: list
     split: Optional[SplitBackward] = None
+    replay: Optional[tuple] = None  # (program arguments, RNG states) while the forward awaits its recompute
 
 
 class StageProgram:
@@ -43,8 +47,9 @@ class StageProgram:
 
     def __init__(self, graph: StageGraph, strategies: dict[str, Strategy], env: SubmeshEnv, *,
                  model: Optional[nn.Module] = None, state_dict: Optional[dict] = None, seed: int = 0,
-                 microbatches: int = 1, trainable: Optional[dict] = None):
+                 microbatches: int = 1, trainable: Optional[dict] = None, recompute: bool = False):
         self.graph, self.strategies, self.env = graph, strategies, env
+        self.recompute = recompute
         self.index = graph.index
         captured = graph.captured
         self.program = lower(captured, strategies, env)
@@ -86,12 +91,31 @@ class StageProgram:
                 t = t.detach().requires_grad_(True)
             leaves.append(t)
         args = list(user) + leaves + ([target] if self.graph.reads_target else [])
-        out = self.program(*self.params, *self.buffers, *args)
-        outs = list(out) if isinstance(out, (tuple, list)) else [out]
-        if self.graph.is_last:
-            outs = outs[:1]
-        self.saved[mb] = _Saved(outs, leaves)
+        if not self.recompute:
+            self.saved[mb] = _Saved(self._run(args), leaves)
+            return self.saved[mb].outputs
+        rng = _rng_states(self.params + leaves)
+        with torch.no_grad():
+            outs = self._run(args)
+        self.saved[mb] = _Saved(outs, leaves, replay=(args, rng))
         return outs
+
+    def _run(self, args: list, buffers: Optional[list] = None) -> list:
+        out = self.program(*self.params, *(self.buffers if buffers is None else buffers), *args)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        return outs[:1] if self.graph.is_last else outs
+
+    def _with_graph(self, mb: int) -> _Saved:
+        """The microbatch's saved state, its forward first re-run with autograd if it was recomputed."""
+        saved = self.saved[mb]
+        if saved.replay is not None:
+            args, rng = saved.replay
+            with torch.random.fork_rng(devices=rng[1]):
+                _set_rng_states(rng)
+                # buffer updates (running statistics) were made by the first run: the re-run updates copies
+                saved.outputs = self._run(args, [b.clone() for b in self.buffers])
+            saved.replay = None
+        return saved
 
     def _seeds(self, outputs: list, grads: Optional[list]) -> tuple[list, list]:
         """(outputs to differentiate, their seeds): the scaled loss on the last stage, else each output
@@ -112,7 +136,7 @@ class StageProgram:
     def backward_input(self, mb: int, grads: Optional[list] = None) -> list:
         """B: gradients of the received values (zeros where unused; None for non-float values). Runs only
         the backward nodes on paths to the received values (``split_backward``)."""
-        saved = self.saved[mb]
+        saved = self._with_graph(mb)
         outs, seeds = self._seeds(saved.outputs, grads)
         wanted = [t for t in saved.leaves if t.requires_grad]
         saved.split = SplitBackward(outs, seeds, wanted, [p for p in self.params if p.requires_grad])
@@ -129,11 +153,25 @@ class StageProgram:
 
     def backward(self, mb: int, grads: Optional[list] = None) -> list:
         """BW: input and weight gradients in one pass; frees the microbatch's graph."""
-        saved = self.saved.pop(mb)
+        saved = self._with_graph(mb)
+        del self.saved[mb]
         outs, seeds = self._seeds(saved.outputs, grads)
         if outs:
             torch.autograd.backward(outs, seeds)
         return self._input_grads(saved.leaves, [t.grad if t.requires_grad else None for t in saved.leaves])
+
+
+def _rng_states(tensors: list) -> tuple:
+    """(CPU RNG state, the CUDA devices the stage computes on, their RNG states)."""
+    devices = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
+    return torch.get_rng_state(), devices, [torch.cuda.get_rng_state(d) for d in devices]
+
+
+def _set_rng_states(states: tuple) -> None:
+    cpu, devices, cuda = states
+    torch.set_rng_state(cpu)
+    for d, state in zip(devices, cuda):
+        torch.cuda.set_rng_state(state, d)
 
 
 class StageGradSync:
