@@ -9,9 +9,12 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
+import signal
 import sys
+import tempfile
 import time
 
 from autoshard.passes.errors import AutoshardError
@@ -22,6 +25,7 @@ def _solve(path: str, timeout: float, seed: int, start: float, verbose: bool = F
     from autoshard.passes.iopddl import read_problem, verify
     from autoshard.passes.solver_search import SearchConfig, solve_problem
 
+    guard = _Watchdog(start + timeout - 1.0 - 0.005 * timeout)
     problem = read_problem(path)
     print(f"{time.perf_counter() - start:.2f}s read {problem.num_nodes} nodes, {len(problem.edges)} edges",
           flush=True)
@@ -29,15 +33,85 @@ def _solve(path: str, timeout: float, seed: int, start: float, verbose: bool = F
     def progress(elapsed: float, cost: int) -> None:
         print(f"{elapsed:.2f}s best {cost}", flush=True)
 
+    def answer(choice: list, cost: int) -> None:
+        guard.keep(choice)
+
     result = solve_problem(problem, timeout, start=start, config=SearchConfig(seed=seed, verbose=verbose),
-                           on_progress=progress)
+                           on_progress=progress, on_answer=answer)
     if result.choice and not verify(problem, result.choice).feasible:  # never print a bad answer
         result.choice = []
-    print(f"{time.perf_counter() - start:.2f}s done status {result.status} cost {result.cost} {result.stats}",
-          flush=True)
-    print(json.dumps(result.choice), flush=True)
-    sys.stderr.flush()
-    os._exit(0)  # freeing a large problem's objects takes seconds the timeout does not have
+    guard.finish(result.choice, f"{time.perf_counter() - start:.2f}s done status {result.status} "
+                                f"cost {result.cost} {result.stats}")
+
+
+class _Watchdog:
+    """Answers by a deadline even when the solver cannot. The process forks: the child solves and
+    prints; the parent only waits, and if the child has not printed its answer by the deadline,
+    stops it and prints the last answer the child kept (``keep``: a JSON file replaced atomically).
+    A thread would not do: a long C call (the JSON parse, a numpy or CP-SAT step) holds the
+    interpreter past any Python timer. ``flock`` on a lock file decides who prints the answer, so
+    exactly one JSON list comes out, last; the exit status is the child's, or 0 on a timeout."""
+
+    def __init__(self, deadline: float):
+        fd, self.path = tempfile.mkstemp(prefix="autoshard-solve-", suffix=".json")
+        os.write(fd, b"[]")
+        os.close(fd)
+        open(self.path + ".lock", "wb").close()  # never replaced, unlike the answer file
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.child = os.fork()
+        if self.child:
+            self._wait(deadline)  # never returns
+
+    def _take(self) -> bool:
+        """The right to print the answer (each process opens the lock file itself: a descriptor
+        shared across the fork would not exclude)."""
+        self.lock = open(self.path + ".lock", "rb")
+        try:
+            fcntl.flock(self.lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            return False
+
+    def _wait(self, deadline: float) -> None:
+        code = None
+        while code is None and time.perf_counter() < deadline:
+            pid, status = os.waitpid(self.child, os.WNOHANG)
+            if pid:
+                code = os.waitstatus_to_exitcode(status)
+            else:
+                time.sleep(0.02)
+        if code is None:
+            if self._take():  # the child has not started printing: stop it, answer for it
+                os.kill(self.child, signal.SIGKILL)
+                os.waitpid(self.child, 0)
+                with open(self.path) as f:
+                    choice = f.read()
+                print(f"{time.perf_counter() - deadline:+.2f}s past the watchdog: timeout, the best answer "
+                      f"so far", flush=True)
+                print(choice, flush=True)
+                code = 0
+            else:
+                code = os.waitstatus_to_exitcode(os.waitpid(self.child, 0)[1])
+        for p in (self.path, self.path + ".lock", self.path + ".tmp"):
+            if os.path.exists(p):
+                os.unlink(p)
+        os._exit(max(code, 0))
+
+    def keep(self, choice: list) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(choice, f)
+        os.replace(tmp, self.path)
+
+    def finish(self, choice: list, line: str) -> None:
+        if not self._take():  # the watchdog is answering and will stop this process
+            while True:
+                time.sleep(1.0)
+        print(line, flush=True)
+        print(json.dumps(choice), flush=True)
+        sys.stderr.flush()
+        os._exit(0)  # freeing a large problem's objects takes seconds the timeout does not have
 
 
 def _process_start() -> float:

@@ -60,6 +60,7 @@ def main() -> None:
         first = f"{row['first_s']:7.1f}" if row["first_s"] is not None else "    n/a"
         print(f"{name:4} {limit:7.0f} {row['wall_s']:7.1f} {first} {str(cost):>18} {best:16,d} {ratio} {ok:>3}",
               flush=True)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -63,13 +63,58 @@ class State:
     def total(self) -> float:
         """Cost of the assignment on the core (floats: for comparisons; the exact figure comes from
         ``iopddl.verify`` on the expanded answer)."""
-        c, ch = self.core, self.choice
-        t = sum(float(c.cost[i][ch[i]]) for i in range(c.n))
-        for i in range(c.n):
-            for j, m in c.nbrs[i]:
-                if i < j:
-                    t += float(m[ch[i], ch[j]])
+        t, ch = tables(self.core), self.choice
+        total = float(t["cost"][t["off"] + ch].sum())
+        if len(t["ei"]):
+            total += float(t["flat"][t["eoff"] + ch[t["ei"]] * t["sizes"][t["ej"]] + ch[t["ej"]]].sum())
+        return total
+
+    def improvable(self) -> list[int]:
+        """Nodes with a strategy cheaper than their current one given their neighbours (memory not
+        considered): where ICM has work, found for all nodes at once."""
+        t, ch = tables(self.core), self.choice
+        if self.core.n == 0:
+            return []
+        re, ra = t["row_e"], t["row_a"]  # every (edge, row of its first endpoint)
+        ce, cb = t["col_e"], t["col_b"]  # every (edge, column of its second endpoint)
+        ei, ej, sizes, eoff = t["ei"], t["ej"], t["sizes"], t["eoff"]
+        to_i = t["flat"][eoff[re] + ra * sizes[ej[re]] + ch[ej[re]]]
+        to_j = t["flat"][eoff[ce] + ch[ei[ce]] * sizes[ej[ce]] + cb]
+        local = t["cost"] + np.bincount(np.concatenate([t["off"][ei[re]] + ra, t["off"][ej[ce]] + cb]),
+                                        weights=np.concatenate([to_i, to_j]), minlength=len(t["cost"]))
+        best = np.minimum.reduceat(local, t["off"])
+        cur = local[t["off"] + ch]
+        return np.flatnonzero(best < cur - 1e-9 * np.abs(cur)).tolist()
+
+
+def tables(core: Core) -> dict:
+    """Flat arrays of the core's costs (built once per core, kept in ``core.cache``): node costs
+    ``cost`` at offsets ``off``, edges ``(ei[e], ej[e])`` with ``ei < ej`` and row-major matrices in
+    ``flat`` from ``eoff[e]``, and the (edge, row) / (edge, column) pairs ``improvable`` gathers."""
+    t = core.cache.get("tables")
+    if t is not None:
         return t
+    sizes = np.array([len(c) for c in core.cost], dtype=np.int64)
+    off = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    ei, ej, mats = [], [], []
+    for i in range(core.n):
+        for j, m in core.nbrs[i]:
+            if i < j:
+                ei.append(i)
+                ej.append(j)
+                mats.append(m.ravel())
+    ei, ej = np.array(ei, dtype=np.int64), np.array(ej, dtype=np.int64)
+    msize = np.array([m.size for m in mats], dtype=np.int64)
+    eoff = np.concatenate([[0], np.cumsum(msize)[:-1]]).astype(np.int64) if len(mats) else msize
+    si, sj = sizes[ei], sizes[ej]
+    row_e = np.repeat(np.arange(len(ei)), si)
+    col_e = np.repeat(np.arange(len(ei)), sj)
+    t = {"sizes": sizes, "off": off, "cost": np.concatenate(core.cost) if core.n else np.zeros(0),
+         "ei": ei, "ej": ej, "eoff": eoff, "flat": np.concatenate(mats) if mats else np.zeros(0),
+         "row_e": row_e, "row_a": np.arange(len(row_e)) - np.repeat(np.cumsum(si) - si, si),
+         "col_e": col_e, "col_b": np.arange(len(col_e)) - np.repeat(np.cumsum(sj) - sj, sj)}
+    core.cache["tables"] = t
+    return t
 
 
 def min_memory_start(core: Core) -> State:
@@ -78,7 +123,8 @@ def min_memory_start(core: Core) -> State:
     choice = []
     for i in range(core.n):
         u = core.usage[i]
-        choice.append(int(np.lexsort((core.cost[i], u))[0]) if core.lo[i] < core.hi[i] else int(np.argmin(core.cost[i])))
+        alive = core.lo[i] < core.hi[i]
+        choice.append(int(np.lexsort((core.cost[i], u))[0]) if alive else int(np.argmin(core.cost[i])))
     return State(core, choice)
 
 

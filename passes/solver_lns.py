@@ -14,6 +14,7 @@ where ``c'`` adds to a node's cost its edges to fixed neighbours. Forbidden stra
 """
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import numpy as np
@@ -50,9 +51,11 @@ def _clip(v: float) -> int:
 
 
 def solve_region(state: State, region: list[int], time_limit_s: float, *, workers: int = 1,
-                 keep_current: bool = True, seed: int = 0) -> RegionResult:
-    """Re-solve ``region`` optimally (within the time limit) and apply the answer to ``state`` when
-    it is cheaper. Status is CP-SAT's ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN")."""
+                 keep_current: bool = True, seed: int = 0, deadline: Optional[float] = None) -> RegionResult:
+    """Re-solve ``region`` optimally (within the time limit, and ending by ``deadline`` on the
+    ``time.perf_counter`` clock when given: building a large model takes seconds of its own) and
+    apply the answer to ``state`` when it is cheaper. Status is CP-SAT's ("OPTIMAL", "FEASIBLE",
+    "INFEASIBLE", "UNKNOWN")."""
     core, ch = state.core, state.choice
     pos = {i: k for k, i in enumerate(region)}
     model = cp_model.CpModel()
@@ -105,6 +108,8 @@ def solve_region(state: State, region: list[int], time_limit_s: float, *, worker
         for a, var in x[k].items():
             model.add_hint(var, a == ch[i])
     solver = cp_model.CpSolver()
+    if deadline is not None:
+        time_limit_s = min(time_limit_s, deadline - time.perf_counter())
     solver.parameters.max_time_in_seconds = max(0.01, float(time_limit_s))
     solver.parameters.num_workers = int(workers)
     solver.parameters.random_seed = int(seed)

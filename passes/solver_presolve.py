@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -31,6 +31,8 @@ from .iopddl import FORBIDDEN, Problem
 __all__ = ["Core", "presolve"]
 
 _SERIES_MAX = 2_000_000  # largest |S_u| x |S_v| x |S_w| block a series reduction may build
+_DOMINANCE_BLOCK = 4_000_000  # pairwise dominance compared in one array up to this many entries
+_HUB_DEGREE = 64         # nodes with more neighbours are checked for dominance at most twice
 
 
 @dataclass
@@ -50,6 +52,7 @@ class Core:
     _folds: list
     _fixed: dict
     _num_orig: int
+    cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # derived arrays
 
     @property
     def n(self) -> int:
@@ -132,11 +135,13 @@ class _Reducer:
             cols.append(self.usage[v][:, None])
         cols.extend(self.adj[v].values())
         key = np.concatenate(cols, axis=1)
-        if s * s * key.shape[1] <= 20_000_000:
+        if s * s * key.shape[1] <= _DOMINANCE_BLOCK:
             le = (key[:, None, :] <= key[None, :, :]).all(axis=2)  # le[t, s]: t is nowhere worse than s
             strict = le & ~le.T
             dominated = strict.any(axis=0) | np.triu(le & le.T, 1).any(axis=0)
             keep = ok & ~dominated
+        elif s * s * key.shape[1] > 50 * _DOMINANCE_BLOCK:
+            keep = ok  # too costly to compare (hundreds of strategies times wide rows): forbidden only
         else:
             keep = ok.copy()
             for t in range(s):
@@ -196,6 +201,7 @@ class _Reducer:
     def run(self, deadline: float):
         work = list(range(len(self.cost)))
         queued = [True] * len(self.cost)
+        pruned = [0] * len(self.cost)
         steps = 0
         while work:
             steps += 1
@@ -205,7 +211,11 @@ class _Reducer:
             queued[v] = False
             if not self.alive[v]:
                 continue
-            changed = self.prune(v)
+            # a hub's dominance check spans all its neighbours' strategies; redoing it each time one
+            # neighbour changes made presolve quadratic in the degree
+            big = len(self.adj[v]) > _HUB_DEGREE
+            changed = False if big and pruned[v] >= 2 else self.prune(v)
+            pruned[v] += 1
             touched = self.reduce(v)
             if changed and self.alive[v]:
                 touched = list(self.adj[v])

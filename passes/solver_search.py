@@ -1,10 +1,12 @@
 """The IOPDDL solver. Presolve (``solver_presolve``), then by the size of the reduced core:
 
 * small (``exact_max_vars``): one exact CP-SAT model of everything, so small instances end optimal;
-* otherwise a memory-safe start (greedy with lookahead at a few memory prices, then ICM), then
-  exact forest moves (``solver_dp``) alternating with CP-SAT neighbourhoods (``solver_lns``) aimed
-  first at forbidden costs, then at busy time points; medium cores (``whole_max_vars``) end with
-  CP-SAT on everything, hinted with the best state.
+* otherwise memory priced per time point (``solver_lagrange``: belief propagation on the priced
+  problem, repair, ICM; the main source of good answers), or failing that a memory-safe local start
+  (greedy with lookahead at a few memory prices, then ICM), and from there exact forest moves
+  (``solver_dp``) alternating with CP-SAT neighbourhoods (``solver_lns``, shaped by
+  ``solver_regions``) aimed first at forbidden costs, then at costly edges and busy time points;
+  medium cores (``whole_max_vars``) end with CP-SAT on everything, hinted with the best state.
 
 Only answers that pass ``iopddl.verify`` (memory limit kept, nothing forbidden) are ever returned.
 
@@ -25,8 +27,10 @@ import numpy as np
 from .iopddl import FORBIDDEN, Problem, verify
 from .solver_dp import forest_move, random_forest
 from .solver_heuristics import State, greedy_start, icm, min_memory_start
+from .solver_lagrange import lagrange_search
 from .solver_lns import region_size, solve_region
 from .solver_presolve import presolve
+from .solver_regions import adjacency, bfs_region, time_region
 
 __all__ = ["SolveResult", "SearchConfig", "solve_problem"]
 
@@ -44,6 +48,7 @@ class SearchConfig:
     forest_share_bad: float = 0.8    # the same while forbidden costs remain
     seed: int = 0
     verbose: bool = False
+    lagrange_share: float = 0.5      # of the time left after presolve: priced belief propagation
     presolve_share: float = 0.4      # presolve stops (still exact) at this share of the timeout
     margin_s: float = 1.0            # kept back (plus 1% of the timeout) to verify and print the answer
 
@@ -58,26 +63,32 @@ class SolveResult:
 
 def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] = None,
                   config: Optional[SearchConfig] = None,
-                  on_progress: Optional[Callable[[float, int], None]] = None) -> SolveResult:
+                  on_progress: Optional[Callable[[float, int], None]] = None,
+                  on_answer: Optional[Callable[[list, int], None]] = None) -> SolveResult:
     """Best answer found before ``start + timeout_s`` (``start`` defaults to now, as
-    ``time.perf_counter``). ``on_progress(elapsed_s, cost)`` is called on each verified improvement."""
+    ``time.perf_counter``). ``on_progress(elapsed_s, cost)`` and ``on_answer(choice, cost)`` are
+    called on each verified improvement (a caller that must answer by a deadline keeps the latest)."""
     cfg = config or SearchConfig()
     t0 = time.perf_counter() if start is None else start
     deadline = t0 + timeout_s - cfg.margin_s - 0.01 * timeout_s
     rng = random.Random(cfg.seed)
     core = presolve(problem, deadline=t0 + cfg.presolve_share * timeout_s)
     stats = {"core_nodes": core.n, "presolve_s": round(time.perf_counter() - t0, 2)}
-    best: list = [None, None]  # (choice, cost)
+    best: list = [None, None, None]  # (choice, cost, the state's core total)
 
     def offer(state: State) -> None:
-        if not state.feasible() or state.total() >= FORBIDDEN:
-            return
+        total = state.total()
+        if not state.feasible() or total >= FORBIDDEN or (best[2] is not None and total >= best[2]):
+            return  # the core total differs from the real cost by a constant: no better answer
+        best[2] = total
         t = time.perf_counter()
         choice = core.expand(state.choice)
         v = verify(problem, choice)
         stats["offer_s"] = max(stats.get("offer_s", 0.0), time.perf_counter() - t)
         if v.feasible and (best[1] is None or v.cost < best[1]):
             best[0], best[1] = choice, v.cost
+            if on_answer:
+                on_answer(choice, v.cost)
             if on_progress:
                 on_progress(time.perf_counter() - t0, v.cost)
 
@@ -94,22 +105,27 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
             return SolveResult([], None, "INFEASIBLE" if res.status == "INFEASIBLE" else "NONE", stats)
         return SolveResult(best[0], best[1], status if status == "OPTIMAL" else "FEASIBLE", stats)
 
-    state = _start(core, deadline)
+    now = time.perf_counter()
+    state = lagrange_search(core, now + cfg.lagrange_share * (deadline - now), offer, verbose=cfg.verbose)
+    stats["lagrange_s"] = round(time.perf_counter() - now, 2)
+    if state is None:  # no priced answer could be repaired in time: the memory-safe local start
+        state = _start(core, deadline)
+        stats["start"] = "greedy"
     offer(state)
     stats["mode"] = "lns"
     whole = region_size(core, everything) <= cfg.whole_max_vars
     now = time.perf_counter()
     # medium cores: after a local-search phase, CP-SAT on everything from the best state found
     lns_end = now + cfg.whole_after * (deadline - now) if whole else deadline
-    # room for the last offer and the caller's own check of the answer
-    stats.update(_lns(state, lambda: min(lns_end, deadline - 2.5 * stats.get("offer_s", 0.0)), cfg, rng, offer))
+    # room for the last offer, the caller's own check of the answer and a loaded machine
+    stats.update(_lns(state, lambda: min(lns_end, deadline - 4.0 * stats.get("offer_s", 0.0)), cfg, rng, offer))
     offer(state)
     if whole and state.feasible() and state.total() < FORBIDDEN:
         stats["mode"] = "lns+whole"
-        left = deadline - 2.5 * stats.get("offer_s", 0.0) - time.perf_counter()
+        left = deadline - 4.0 * stats.get("offer_s", 0.0) - time.perf_counter()
         # CP-SAT can run past its limit by a second or more on a busy machine
         res = solve_region(state, everything, max(0.05, 0.9 * left - 1.5), workers=max(cfg.workers, 2),
-                           seed=cfg.seed)
+                           seed=cfg.seed, deadline=time.perf_counter() + 0.9 * left - 1.5)
         stats["whole_status"] = res.status
         offer(state)
     if best[0] is None:
@@ -165,6 +181,13 @@ def _lns(state: State, deadline_fn, cfg: SearchConfig, rng: random.Random, offer
     core = state.core
     n = core.n
     mem_nodes = [i for i in range(n) if core.lo[i] < core.hi[i] and np.ptp(core.usage[i]) > 0]
+    mem_lo, mem_hi = core.lo[mem_nodes], core.hi[mem_nodes]
+    mem_arr = np.array(mem_nodes, dtype=np.int64)
+
+    def alive_at(t):
+        return mem_arr[(mem_lo <= t) & (t < mem_hi)].tolist()
+
+    adj = adjacency(core)
     size = cfg.region_vars
     tries = wins = forests = 0
     lns_s = 0.0
@@ -194,18 +217,19 @@ def _lns(state: State, deadline_fn, cfg: SearchConfig, rng: random.Random, offer
                 break
         tries += 1
         if bad and rng.random() < 0.8:
-            region = _bfs_region(core, bad[rng.randrange(len(bad))], size, rng)
+            region = bfs_region(core, bad[rng.randrange(len(bad))], size, rng, adj=adj)
         elif hot and rng.random() < 0.4:  # around the edges that cost most now
-            region = _bfs_region(core, hot[rng.randrange(len(hot))], size, rng)
+            region = bfs_region(core, hot[rng.randrange(len(hot))], size, rng, adj=adj)
         elif mem_nodes and rng.random() < 0.5:
-            region = _time_region(state, mem_nodes, size, rng)
+            region = time_region(state, alive_at, size, rng, adj=adj)
         else:
-            region = _bfs_region(core, rng.randrange(n), size, rng)
+            region = bfs_region(core, rng.randrange(n), size, rng, adj=adj)
         begin = time.perf_counter()
         budget = min(cfg.region_time_s, deadline - begin - overhead_s - 0.1)
         if budget <= 0.05:
             break
-        res = solve_region(state, region, budget, workers=cfg.workers, seed=rng.randrange(1 << 30))
+        res = solve_region(state, region, budget, workers=cfg.workers, seed=rng.randrange(1 << 30),
+                           deadline=begin + budget)
         if res.changed:
             wins += 1
             icm(state, deadline, nodes=region)
@@ -219,42 +243,3 @@ def _lns(state: State, deadline_fn, cfg: SearchConfig, rng: random.Random, offer
             offer(state)
             last_offer = time.perf_counter()
     return {"lns_tries": tries, "lns_wins": wins, "forest_moves": forests, "region_vars": size}
-
-
-def _bfs_region(core, seed: int, max_vars: int, rng: random.Random) -> list[int]:
-    region, seen, frontier, total = [], {seed}, [seed], 0
-    while frontier and total < max_vars:
-        i = frontier.pop(0)
-        region.append(i)
-        total += len(core.cost[i]) * (1 + len(core.nbrs[i]))
-        nb = [j for j, _ in core.nbrs[i] if j not in seen]
-        rng.shuffle(nb)
-        for j in nb:
-            seen.add(j)
-            frontier.append(j)
-    return region
-
-
-def _time_region(state: State, mem_nodes: list[int], max_vars: int, rng: random.Random) -> list[int]:
-    """Nodes alive at one busy time point (drawn among the most loaded), grown along edges."""
-    core = state.core
-    top = np.argsort(state.load)[-200:]
-    t = int(top[rng.randrange(len(top))])
-    alive = [i for i in mem_nodes if core.lo[i] <= t < core.hi[i]]
-    rng.shuffle(alive)
-    region, seen, total = [], set(), 0
-    for i in alive:
-        if total >= max_vars // 2:
-            break
-        region.append(i)
-        seen.add(i)
-        total += len(core.cost[i]) * (1 + len(core.nbrs[i]))
-    k = 0
-    while k < len(region) and total < max_vars:
-        for j, _ in core.nbrs[region[k]]:
-            if j not in seen:
-                seen.add(j)
-                region.append(j)
-                total += len(core.cost[j]) * (1 + len(core.nbrs[j]))
-        k += 1
-    return region

@@ -1,6 +1,7 @@
 """The IOPDDL command: format reader/writer, verifier, presolve + search against brute force on small
-random instances (exact optimum expected), infeasibility, the search path on a larger instance, and
-the ``autoshard solve`` CLI end to end."""
+random instances (exact optimum expected), infeasibility, the search path on a larger instance, the
+search's parts (belief propagation exact on trees, memory prices offering only feasible answers,
+neighbourhood budgets), and the ``autoshard solve`` CLI end to end."""
 from __future__ import annotations
 
 import gzip
@@ -9,6 +10,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -211,7 +213,7 @@ def test_cli_prints_progress_then_the_answer(tmp_path):
     path = tmp_path / "tiny.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump(TINY, f)
-    out = subprocess.run([sys.executable, "-m", "autoshard.cli", "solve", str(path), "--timeout", "5"],
+    out = subprocess.run([sys.executable, "-m", "autoshard.cli", "solve", str(path), "--timeout", "30"],
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
@@ -223,3 +225,90 @@ def test_cli_prints_progress_then_the_answer(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "autoshard.cli", "solve", str(tmp_path / "missing.json")],
                          capture_output=True, text=True, timeout=180)
     assert bad.returncode == 2 and "missing.json" in bad.stderr
+
+
+def _tree_problem(rng: random.Random, n: int) -> Problem:
+    strats = [rng.randint(2, 4) for _ in range(n)]
+    edges = [(rng.randrange(i), i) for i in range(1, n)]
+    return Problem([[rng.randint(0, 10 ** 6) for _ in range(s)] for s in strats], [[1] * s for s in strats],
+                   [(0, 1)] * n, edges,
+                   [[rng.choice([0, rng.randint(0, 10 ** 6)]) for _ in range(strats[u] * strats[v])] for u, v in edges],
+                   10 ** 9)
+
+
+def test_belief_propagation_is_exact_on_trees():
+    from autoshard.passes.solver_bp import BeliefPropagation
+    rng = random.Random(17)
+    for _ in range(10):
+        p = _tree_problem(rng, rng.randint(5, 8))
+        core = presolve(p, reduce=False)
+        choice = BeliefPropagation(core).run(np.zeros(core.n), iters=p.num_nodes + 1, damping=0.0)
+        assert verify(p, core.expand(choice.tolist())).cost == _brute(p)[0]
+
+
+def test_lagrange_search_offers_only_feasible_answers():
+    from autoshard.passes.solver_heuristics import State
+    from autoshard.passes.solver_lagrange import lagrange_search
+    rng = random.Random(23)
+    n = 300
+    strats = [rng.randint(2, 4) for _ in range(n)]
+    edges = [(i, rng.randrange(i)) for i in range(1, n)] + [tuple(rng.sample(range(n), 2)) for _ in range(n // 3)]
+    p = Problem([[rng.randint(0, 50) for _ in range(s)] for s in strats],
+                [[rng.randint(1, 10) for _ in range(s)] for s in strats],
+                [(t, t + rng.randint(1, 30)) for t in (rng.randint(0, 150) for _ in range(n))], edges,
+                [[rng.choice([0, rng.randint(1, 40)]) for _ in range(strats[u] * strats[v])] for u, v in edges], None)
+    low = verify(p, [int(np.argmin(u)) for u in p.usages]).peak
+    p.usage_limit = int(low * 1.2)
+    core = presolve(p)
+    offered = []
+
+    def offer(state: State) -> None:
+        offered.append(verify(p, core.expand(state.choice.tolist())))
+
+    best = lagrange_search(core, time.perf_counter() + 5, offer)
+    assert best is not None and offered and all(v.feasible for v in offered)
+    assert verify(p, core.expand(best.choice.tolist())).cost == min(v.cost for v in offered)
+    free = verify(p, core.expand(_free_choice(core)))
+    assert free.peak > p.usage_limit  # the limit binds: prices were needed
+
+
+def _free_choice(core):
+    from autoshard.passes.solver_bp import BeliefPropagation
+    return BeliefPropagation(core).run(np.zeros(core.n), iters=30).tolist()
+
+
+def test_regions_respect_their_budget_and_grow_past_hubs():
+    from autoshard.passes.solver_lns import region_size
+    from autoshard.passes.solver_regions import bfs_region
+    rng = random.Random(29)
+    n = 400  # a hub joined to every node, plus a chain through all of them
+    edges = [(0, i) for i in range(1, n)] + [(i, i + 1) for i in range(1, n - 1)]
+    p = Problem([[1, 2, 3]] * n, [[1, 1, 1]] * n, [(0, 1)] * n, edges, [[0, 1, 1, 1, 0, 1, 1, 1, 0]] * len(edges), None)
+    core = presolve(p, reduce=False)
+    for seed in (0, 5, 200):
+        for budget in (50, 300, 2000):
+            region = bfs_region(core, seed, budget, rng)
+            assert region_size(core, region) <= budget and region[0] == seed
+            assert len(region) >= min(n, budget // 24)  # a leaf next to the hub still gets a real region
+
+
+def test_cli_answers_within_its_timeout(tmp_path):
+    rng = random.Random(31)
+    n = 3000  # big enough that the search would use all the time it is given
+    strats = [rng.randint(2, 6) for _ in range(n)]
+    edges = [(i, rng.randrange(i)) for i in range(1, n)] + [tuple(rng.sample(range(n), 2)) for _ in range(n)]
+    p = Problem([[rng.randint(0, 50) for _ in range(s)] for s in strats],
+                [[rng.randint(1, 10) for _ in range(s)] for s in strats],
+                [(t, t + rng.randint(1, 40)) for t in (rng.randint(0, 500) for _ in range(n))], edges,
+                [[rng.choice([0, rng.randint(1, 40)]) for _ in range(strats[u] * strats[v])] for u, v in edges], None)
+    p.usage_limit = int(verify(p, [int(np.argmin(u)) for u in p.usages]).peak * 1.2)
+    path = tmp_path / "big.json.gz"
+    write_problem(p, str(path))
+    begin = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "autoshard.cli", "solve", str(path), "--timeout", "8"],
+                         capture_output=True, text=True, timeout=180)
+    wall = time.perf_counter() - begin
+    assert out.returncode == 0, out.stderr
+    assert wall < 8 + 1.5, wall  # a watchdog answers for a search that overruns
+    answer = json.loads(out.stdout.strip().splitlines()[-1])
+    assert answer == [] or verify(p, answer).feasible
