@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -30,8 +30,9 @@ def _pins(pins: dict) -> Optional[Pins]:
     return Pins(**given) if given else None
 
 
-def resolve_hardware(hardware: Optional[str]) -> str:
-    """``None``/"auto": the local accelerator's preset if it has one, else "cpu"."""
+def resolve_hardware(hardware):
+    """``None``/"auto": the local accelerator's preset if it has one, else "cpu". Anything else (a preset
+    name, a profile path, a ``Hardware`` object) passes through."""
     if hardware not in (None, "auto"):
         return hardware
     if torch.cuda.is_available():
@@ -40,6 +41,11 @@ def resolve_hardware(hardware: Optional[str]) -> str:
             if preset in name:
                 return preset.lower()
     return "cpu"
+
+
+def hardware_label(hardware) -> str:
+    """How a plan records its hardware: the preset or profile path, or a ``Hardware`` object's name."""
+    return hardware if isinstance(hardware, str) else str(getattr(hardware, "name", "custom"))
 
 
 def _plan_captured(captured, mesh: Mesh, *, hardware, memory_limit, optimizer, random_seed,
@@ -51,7 +57,7 @@ def _plan_captured(captured, mesh: Mesh, *, hardware, memory_limit, optimizer, r
     else:
         solution = plan_sharding(captured, mesh, hardware=hw, memory_limit=memory_limit, pins=pin_obj,
                                  optimizer=optimizer, time_limit_s=time_limit_s)
-    return Plan(solution, mesh, hw, graph_fingerprint(captured), captured)
+    return Plan(solution, mesh, hardware_label(hw), graph_fingerprint(captured), captured)
 
 
 def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, example_target=None,
@@ -75,9 +81,9 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
 
 
 def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, example_target=None,
-            plan: Optional[Plan] = None, state_dict: Optional[dict] = None, hardware: Optional[str] = "auto",
+            plan: Optional[Plan] = None, state_dict: Optional[dict] = None, hardware: Any = "auto",
             memory_limit: Optional[int] = None, optimizer: str = "adamw", random_seed: Optional[int] = None,
-            time_limit_s: float = 30.0, pp: Optional[int] = None, schedule: Optional[str] = None,
+            time_limit_s: float = 30.0, pp: Union[None, int, str] = None, schedule: Optional[str] = None,
             microbatches: Optional[int] = None, stages: Optional[list] = None, **pins):
     """Plan ``model`` for ``mesh`` and build this rank's program; call on every rank under torchrun.
 
@@ -85,27 +91,41 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     same plan. Each rank materializes only its own shards: from ``model``'s real parameters, from
     ``state_dict`` (full tensors under the original names), or, for a meta-device model, by replaying
     each module's ``reset_parameters`` so values equal a CPU model built with the same seed.
+    ``hardware``: a preset name, a profile JSON path, a ``Hardware`` object or "auto".
     Returns a ``CompiledModel``.
 
-    Pipeline parallelism: ``pp > 1`` cuts the program into stages on ``pp`` rank groups along the
-    mesh's first axis (``compiled.compile_pipeline``); ``schedule`` (default "1f1b"), ``microbatches``
-    (default ``pp``) and ``stages`` (module-name prefixes or node names where stages 1.. start) pin
-    the rest. Returns a ``PipelinedModel`` then.
+    Pipeline parallelism: ``pp="auto"`` lets the stage planner (``passes.pipeline.planner.plan_pipeline``)
+    choose the number of pipeline groups along the mesh's first axis, the stage cut, each group's
+    (dp, tp) submesh, the microbatch count and the schedule; ``pp=N`` (N > 1) pins the number of
+    groups and leaves the rest to it; ``schedule`` ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1",
+    "zbv", "dualpipev"), ``microbatches`` and ``stages`` (module-name prefixes, node names or layer-unit
+    indices where stages 1.. start) pin those decisions (``compiled.compile_pipeline``). The result is a
+    ``PipelinedModel``, or a ``CompiledModel`` when the planner finds no pipeline faster (pp = 1).
+    ``pp=None`` (default) or ``pp=1``: no pipeline, the plan above.
     """
     from autoshard.compiled import CompiledModel
     from autoshard.runtime.groups import broadcast_json, setup_distributed
 
+    pipelined = _pipeline_degree(pp)
+    if not pipelined and any(v is not None for v in (schedule, microbatches, stages)):
+        raise TypeError("schedule=, microbatches= and stages= configure pipeline parallelism: pass pp='auto' "
+                        "(or pp= > 1) too")
+    if pipelined:
+        bad = [k for k, v in (("plan", plan), ("random_seed", random_seed)) if v is not None]
+        bad += [f"{k} (pins)" for k in ("inputs", "ops", "strategies") if pins.get(k)]
+        if bad:
+            raise TypeError(f"{', '.join(bad)} cannot be combined with pp={pp!r}: a pipeline is planned per stage "
+                            "(only params= pins apply, to the stages holding those parameters)")
+        _pins(pins)
     mesh = Mesh.of(mesh)
     env = setup_distributed(mesh)
-    if pp is not None and pp > 1:
+    if pipelined:
         from autoshard.compiled import compile_pipeline
         return compile_pipeline(model, mesh, env, example_inputs=example_inputs, loss_fn=loss_fn,
                                 example_target=example_target, pp=pp, schedule=schedule, microbatches=microbatches,
                                 stages=stages, state_dict=state_dict, hardware=resolve_hardware(hardware),
                                 memory_limit=memory_limit, optimizer=optimizer, time_limit_s=time_limit_s,
                                 pins=pins)
-    if any(v is not None for v in (schedule, microbatches, stages)):
-        raise TypeError("schedule=, microbatches= and stages= configure pipeline parallelism: pass pp= > 1 too")
     t0 = time.perf_counter()
     captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
     if plan is not None:
@@ -121,3 +141,16 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
         payload = broadcast_json(payload, src=0, env=env)
         chosen = Plan.from_json(payload).attach(captured, mesh)
     return CompiledModel(model, chosen, env, state_dict=state_dict, compile_seconds=time.perf_counter() - t0)
+
+
+def _pipeline_degree(pp) -> bool:
+    """Whether ``pp`` asks for pipeline planning: "auto" or an int > 1 (None and 1: no pipeline)."""
+    if pp is None:
+        return False
+    if isinstance(pp, str):
+        if pp != "auto":
+            raise ValueError(f"pp={pp!r}: pass pp='auto' (the planner chooses), an int >= 1, or None (no pipeline)")
+        return True
+    if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
+        raise ValueError(f"pp={pp!r}: pass pp='auto' (the planner chooses), an int >= 1, or None (no pipeline)")
+    return pp > 1

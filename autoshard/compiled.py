@@ -15,12 +15,14 @@ from autoshard.plan import Plan
 
 class CompiledModel:
     def __init__(self, model: torch.nn.Module, plan: Plan, env, *, state_dict: Optional[dict] = None,
-                 compile_seconds: float = 0.0):
+                 compile_seconds: float = 0.0, planner_plan=None):
         from autoshard.runtime.executor import RankProgram
 
         self.plan = plan
         self.env = env
         self.compile_seconds = compile_seconds
+        #: with ``pp="auto"``: the stage planner's ``PipelinePlan`` (here pp == 1: it chose no pipeline)
+        self.planner_plan = planner_plan
         self._program = RankProgram(plan.captured, plan.solution.strategies, plan.mesh, env=env,
                                     model=model, state_dict=state_dict)
 
@@ -78,11 +80,14 @@ class CompiledModel:
 # ---- pipeline parallelism ----------------------------------------------------------------------
 
 class PipelinedModel:
-    """What ``autoshard.compile(..., pp=...)`` returns on each rank: this rank's pipeline stages
-    (``runtime.pipeline.PipelineProgram``) and the plan. Same training surface as ``CompiledModel``."""
+    """What ``autoshard.compile(..., pp=...)`` returns on each rank when the plan pipelines: this rank's
+    stages (``runtime.pipeline.PipelineProgram``), the runtime ``plan`` (stages traced and sharded at
+    microbatch shapes) and ``planner_plan``, the stage planner's choice it was built from (made at
+    global-batch shapes). Same training surface as ``CompiledModel``."""
 
-    def __init__(self, plan, program, *, compile_seconds: float = 0.0):
+    def __init__(self, plan, program, *, compile_seconds: float = 0.0, planner_plan=None):
         self.plan, self._program, self.compile_seconds = plan, program, compile_seconds
+        self.planner_plan = planner_plan
 
     def step(self, *inputs, target=None) -> float:
         """Forward and backward of the GLOBAL batch through the pipeline; the mean loss on every rank."""
@@ -103,28 +108,6 @@ class PipelinedModel:
         return self._program.timeline
 
 
-def _block_starts(captured, n_stages: int) -> list[str]:
-    """Module prefixes cutting the longest run of numbered blocks (``blocks.0``, ``blocks.1``, ...) evenly."""
-    import re
-    from autoshard.passes.errors import PlanFormatError
-    runs: dict[str, set] = {}
-    for node in captured.gm.graph.nodes:
-        path = node.meta.get("autoshard.module", "") or ""
-        parts = path.split(".")
-        for k in range(1, len(parts)):
-            if re.fullmatch(r"\d+", parts[k]):
-                runs.setdefault(".".join(parts[:k]), set()).add(int(parts[k]))
-    if not runs:
-        raise PlanFormatError("no repeated numbered blocks to cut into pipeline stages; pass stages= (module-name "
-                              "prefixes or node names where stages 1.. start)")
-    parent, idx = max(runs.items(), key=lambda kv: len(kv[1]))
-    blocks = sorted(idx)
-    if len(blocks) < n_stages:
-        raise PlanFormatError(f"{len(blocks)} blocks under {parent!r} cannot fill {n_stages} stages; lower pp or "
-                              "pass stages=")
-    return [f"{parent}.{blocks[(k * len(blocks)) // n_stages]}" for k in range(1, n_stages)]
-
-
 def _stage_pins(pins: dict, stage_captured) -> dict:
     """The user's parameter pins that concern this stage (patterns matching one of its parameters)."""
     import fnmatch
@@ -133,61 +116,121 @@ def _stage_pins(pins: dict, stage_captured) -> dict:
     return {"params": params} if params else {}
 
 
-def compile_pipeline(model, mesh, env, *, example_inputs, loss_fn, example_target, pp: int, schedule, microbatches,
-                     stages, state_dict, hardware, memory_limit, optimizer, time_limit_s, pins: dict) -> PipelinedModel:
-    """Plan and build a pipeline on every rank. Rank 0 cuts the longest run of numbered blocks evenly (or
-    at ``stages``: module-name prefixes or node names) and plans each stage's sub-graph on its submesh
-    with the core planner (parameter pins that match the stage apply); the plan travels as JSON. Stage
-    programs are traced at microbatch size (global batch / microbatches). The automatic stage planner
-    (``passes.pipeline.planner.plan_pipeline``) is not used yet: it plans at global-batch shapes."""
+def _planner_stages(captured, stages) -> Optional[list]:
+    """``stages=`` for the stage planner: unit indices and node names pass; module-name prefixes become
+    the name of the first op they make."""
+    from autoshard.runtime.pipeline.split import stage_nodes_from_prefixes
+    if stages is None:
+        return None
+    names = {n.name for n in captured.gm.graph.nodes if n.op == "call_function"}
+    out = []
+    for s in stages:
+        if isinstance(s, int) or s in names:
+            out.append(s)
+        else:
+            cut = stage_nodes_from_prefixes(captured, [str(s)])
+            if len(cut) < 2:
+                from autoshard.passes.errors import PlanFormatError
+                raise PlanFormatError(f"stage boundary {s!r} starts at the program's first op: stage 0 needs ops "
+                                      "of its own; name where stages 1.. start")
+            out.append(cut[1][0])
+    return out
+
+
+def _on_rank0(env, work):
+    """Run ``work()`` on rank 0 and broadcast its JSON result; an error there is raised on every rank
+    (AutoshardErrors with their own class), so no rank waits for a plan that will never come."""
+    from autoshard.passes import errors
+    from autoshard.runtime.groups import broadcast_json
+    payload, failure = None, None
+    if env.rank == 0:
+        try:
+            payload = {"ok": work()}
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it
+            failure = e
+            payload = {"error": type(e).__name__, "message": str(e)}
+    payload = broadcast_json(payload, src=0, env=env)
+    if failure is not None:
+        raise failure
+    if "error" in payload:
+        cls = getattr(errors, payload["error"], None)
+        if not (isinstance(cls, type) and issubclass(cls, errors.AutoshardError)):
+            cls, payload["message"] = RuntimeError, f"rank 0 failed to plan: {payload['error']}: {payload['message']}"
+        raise cls(payload["message"])
+    return payload["ok"]
+
+
+def compile_pipeline(model, mesh, env, *, example_inputs, loss_fn, example_target, pp, schedule, microbatches,
+                     stages, state_dict, hardware, memory_limit, optimizer, time_limit_s, pins: dict):
+    """Plan and build a pipeline on every rank with the automatic stage planner.
+
+    Rank 0 traces the program at the global batch and runs ``passes.pipeline.planner.plan_pipeline``,
+    which chooses pp (unless ``pp`` is an int), the stage cut, each rank group's (dp, tp) submesh, the
+    microbatch count and the schedule, honouring whichever of ``pp``/``schedule``/``microbatches``/
+    ``stages`` is pinned. If it chooses pp = 1, the result is an ordinary ``CompiledModel`` with its plan
+    (re-solved with the user's pins if any). Otherwise every rank traces the program at microbatch
+    shapes, rank 0 re-solves each stage's intra-op plan there on the planner's submesh
+    (``split.replan_at_microbatch``; parameter pins matching the stage apply), and the runtime plan
+    travels as JSON. Stages the planner recomputes run their forward without autograd and again before
+    their backward (``runtime.pipeline.stage``). Returns a ``PipelinedModel`` or a ``CompiledModel``."""
     import time
     from autoshard.passes.capture import capture
-    from autoshard.passes.errors import BatchError, PlanFormatError
-    from autoshard.passes.mesh import Mesh
+    from autoshard.passes.errors import BatchError
     from autoshard.passes.pins import Pins
     from autoshard.passes.pipeline.generators import generate
+    from autoshard.passes.pipeline.planner import plan_pipeline
     from autoshard.passes.pipeline.stage_plan import PipelinePlan
     from autoshard.passes.planner import plan_sharding
-    from autoshard.runtime.groups import broadcast_json
+    from autoshard.plan import graph_fingerprint
     from autoshard.runtime.pipeline.executor import PipelineProgram
-    from autoshard.runtime.pipeline.split import make_pipeline_plan, stage_nodes_from_prefixes, \
-        stage_nodes_from_starts
+    from autoshard.runtime.pipeline.split import replan_at_microbatch
 
     t0 = time.perf_counter()
     if isinstance(example_inputs, dict) or not isinstance(example_inputs, (tuple, list)):
         raise BatchError("pipeline parallelism takes example_inputs as a tuple of tensors (cut along dim 0)")
-    if mesh.shape[0] % pp:
-        raise PlanFormatError(f"pp={pp} must divide the mesh's first axis {mesh.shape[0]}")
-    schedule = schedule or "1f1b"
+    from autoshard.api import hardware_label
+    full = None
+
+    def trace_full():
+        nonlocal full
+        if full is None:
+            full = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
+        return full
+
+    def choose() -> dict:
+        captured = trace_full()
+        chosen = plan_pipeline(captured, mesh, hardware=hardware, memory_limit=memory_limit, optimizer=optimizer,
+                               pp=None if pp == "auto" else pp, schedule=schedule, microbatches=microbatches,
+                               stages=_planner_stages(captured, stages), time_limit_s=time_limit_s)
+        out = {"planner": chosen.to_json()}
+        if chosen.pp == 1:
+            solution = chosen.stages[0].solution
+            if pins.get("params"):
+                solution = plan_sharding(captured, mesh, hardware=hardware, memory_limit=memory_limit,
+                                         optimizer=optimizer, time_limit_s=time_limit_s,
+                                         pins=Pins(params=pins["params"]))
+            out["plan"] = Plan(solution, mesh, hardware_label(hardware), graph_fingerprint(captured),
+                               captured).to_json()
+        return out
+
+    chosen = _on_rank0(env, choose)
+    planner_plan = PipelinePlan.from_json(chosen["planner"])
+    if planner_plan.pp == 1:
+        plan = Plan.from_json(chosen["plan"]).attach(trace_full(), mesh)
+        return CompiledModel(model, plan, env, state_dict=state_dict, compile_seconds=time.perf_counter() - t0,
+                             planner_plan=planner_plan)
+    m = planner_plan.microbatches
     batch = int(example_inputs[0].shape[0])
-    m = microbatches or pp
-    if batch % m:
-        raise BatchError(f"microbatches={m} does not divide the global batch {batch}; use a divisor of {batch}")
-    virtual = 2 if schedule in ("interleaved-1f1b", "zbv", "dualpipev") else 1
-    small = tuple(x[:batch // m] for x in example_inputs)
-    captured = capture(model, small, loss_fn=loss_fn, target=None if example_target is None else
-                       example_target[:batch // m])
-    first = mesh.shape[0] // pp
-    sub_shape = ((first,) if first > 1 or mesh.ndim == 1 else ()) + tuple(mesh.shape[1:])
-    phys = Mesh((pp,) + sub_shape)
-    payload = None
-    if env.rank == 0:
-        n_stages = pp * virtual
-        if stages is None:
-            nodes = stage_nodes_from_prefixes(captured, _block_starts(captured, n_stages))
-        elif all(isinstance(s, str) and any(n.name == s for n in captured.gm.graph.nodes) for s in stages):
-            nodes = stage_nodes_from_starts(captured, stages)
-        else:
-            nodes = stage_nodes_from_prefixes(captured, [str(s) for s in stages])
+    small = capture(model, tuple(x[:batch // m] for x in example_inputs), loss_fn=loss_fn,
+                    target=None if example_target is None else example_target[:batch // m])
 
-        def solve(g, submesh):
-            p = _stage_pins(pins, g.captured)
-            return plan_sharding(g.captured, submesh, hardware=hardware, memory_limit=memory_limit,
-                                 optimizer=optimizer, time_limit_s=time_limit_s, pins=Pins(**p) if p else None)
+    def solve(graph, submesh):
+        p = _stage_pins(pins, graph.captured)
+        return plan_sharding(graph.captured, submesh, hardware=hardware, memory_limit=memory_limit,
+                             optimizer=optimizer, time_limit_s=time_limit_s, pins=Pins(**p) if p else None)
 
-        plan = make_pipeline_plan(captured, nodes, phys, schedule=schedule, microbatches=m, virtual=virtual,
-                                  solve=solve)
-        payload = plan.to_json()
-    plan = PipelinePlan.from_json(broadcast_json(payload, src=0, env=env))
-    program = PipelineProgram(captured, plan, generate(schedule, pp, m, virtual), model=model, state_dict=state_dict)
-    return PipelinedModel(plan, program, compile_seconds=time.perf_counter() - t0)
+    plan = PipelinePlan.from_json(_on_rank0(env, lambda: replan_at_microbatch(planner_plan, trace_full(), small,
+                                                                              solve=solve).to_json()))
+    program = PipelineProgram(small, plan, generate(plan.schedule, plan.pp, m, plan.virtual), model=model,
+                              state_dict=state_dict)
+    return PipelinedModel(plan, program, compile_seconds=time.perf_counter() - t0, planner_plan=planner_plan)

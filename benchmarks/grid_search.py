@@ -1,6 +1,7 @@
 """autoshard's 3D plan against the best point of an exhaustive grid, scored by the same cost model.
 
     python benchmarks/grid_search.py [--suite alpa|megatron|all] [--models 760M,1.3B] [--trace-blocks 2]
+                                    [--ilp-limit 3]
 
 For every model: trace ``--trace-blocks`` blocks (identical blocks share costs; the real depth
 enters through ``profile_candidates(blocks=L)``), build one intra-op plan per (pp, dp, tp) on the
@@ -12,9 +13,10 @@ points whose bound m * work / pp already exceeds the best are skipped (they cann
 grid's best is exact). autoshard: ``search_stages`` over the same profiles. Prints a table; the goal
 is autoshard / grid <= 1.00 on every row.
 
-Models: Alpa's GPT suite (Zheng et al. 2022, Table 4: seq 1024, batch 1024, vocab 51200) and the
-first rows of Megatron-LM's Table 1 (Narayanan et al. 2021: seq 2048, vocab 51200); larger
-Megatron rows (>= 18.4B on >= 256 GPUs) run with ``--models`` but take long on a small machine.
+Models: Alpa's GPT suite (Zheng et al. 2022, Table 4: seq 1024, batch 1024, vocab 51200) and
+Megatron-LM's Table 1 (Narayanan et al. 2021: seq 2048, vocab 51200, their GPU counts and global
+batches); the default runs Alpa's suite and Megatron's rows up to 7.5B, the larger ones run with
+``--models`` (each has more (pp, dp, tp) candidates, so more intra-op ILPs).
 """
 from __future__ import annotations
 
@@ -34,9 +36,17 @@ from autoshard.passes.pipeline.stage_ilp import stage_costs
 ALPA = {"760M": (24, 1536, 16, 1024, 2, 1024), "1.3B": (24, 2048, 32, 1024, 4, 1024),
         "2.6B": (32, 2560, 32, 1024, 8, 1024), "6.7B": (32, 4096, 32, 1024, 16, 1024),
         "15B": (48, 5120, 40, 1024, 32, 1024), "39B": (48, 8192, 64, 1024, 64, 1024)}
-MEGATRON = {"1.7B": (24, 2304, 24, 2048, 32, 512), "3.6B": (30, 3072, 32, 2048, 64, 512),
-            "7.5B": (36, 4096, 32, 2048, 128, 512), "18.4B": (40, 6144, 48, 2048, 256, 1024),
-            "39.1B": (48, 8192, 64, 2048, 512, 1536)}
+# Narayanan et al. 2021, Table 1 (their t / p in the comment)
+MEGATRON = {"1.7B": (24, 2304, 24, 2048, 32, 512),        # t 1, p 1
+            "3.6B": (30, 3072, 32, 2048, 64, 512),        # t 2, p 1
+            "7.5B": (36, 4096, 32, 2048, 128, 512),       # t 4, p 1
+            "18.4B": (40, 6144, 48, 2048, 256, 1024),     # t 8, p 1
+            "39.1B": (48, 8192, 64, 2048, 512, 1536),     # t 8, p 2
+            "76.1B": (60, 10240, 80, 2048, 1024, 1792),   # t 8, p 4
+            "145.6B": (80, 12288, 96, 2048, 1536, 2304),  # t 8, p 8
+            "310.1B": (96, 16384, 128, 2048, 1920, 2160),  # t 8, p 16
+            "529.6B": (105, 20480, 128, 2048, 2520, 2520),  # t 8, p 35
+            "1T": (128, 25600, 160, 2048, 3072, 3072)}    # t 8, p 64
 DEFAULT = list(ALPA) + ["1.7B", "3.6B", "7.5B"]
 GRID_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv")
 
@@ -101,6 +111,7 @@ def main() -> None:
     ap.add_argument("--suite", default="default", choices=["default", "alpa", "megatron", "all"])
     ap.add_argument("--models", default="")
     ap.add_argument("--trace-blocks", type=int, default=2)
+    ap.add_argument("--ilp-limit", type=float, default=3.0, help="intra-op ILP seconds per candidate")
     args = ap.parse_args()
     table = {**ALPA, **MEGATRON}
     names = ([m for m in args.models.split(",") if m] or
@@ -115,7 +126,8 @@ def main() -> None:
         t1 = time.perf_counter()
         pps = [p for p in range(1, mesh.shape[0] + 1) if mesh.shape[0] % p == 0 and p <= blocks + 2]
         profiles = profile_candidates(captured, mesh, pps, hardware=hw, optimizer="adamw",
-                                      memory_limit=hw.memory_bytes, blocks=blocks, single=True, time_limit_s=10)
+                                      memory_limit=hw.memory_bytes, blocks=blocks, single=True,
+                                      time_limit_s=args.ilp_limit)
         t2 = time.perf_counter()
         ours, stats = search_stages(profiles, mesh, hardware=hw, memory_limit=hw.memory_bytes,
                                     batch=global_batch(captured))

@@ -31,7 +31,8 @@ boundary there sends forward (and its gradient backward), and what a recomputing
 core ILP priced per microbatch (batch-dependent compute, collectives and activations divided by m,
 gradient all-reduces by m since they run once per step) with activations counted ``held`` times (the
 microbatches a stage keeps in flight), under ``pp * memory_limit`` for the whole program (the stages'
-sum). Tensor parallelism then appears where data parallelism's replicated weights would not fit.
+sum). Tensor parallelism then appears where data parallelism's replicated weights would not fit;
+when nothing fits, the least-memory plan, never replicated weights.
 
 Identical blocks cost the same, so a profile traced with a few blocks stands for a deep model:
 ``profile.repeat_blocks(96)``.
@@ -39,13 +40,15 @@ Identical blocks cost the same, so a profile traced with a few blocks stands for
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field, replace
 from typing import Optional, Union
 
 from ..clustering import OUTPUT, block_instance, graph_edges, module_path
 from ..cost import CostModel, GraphFacts
 from ..ilp import solve
-from ..planner import _assign, _prepare, _settle_inputs, build_strategy_graph, plan_sharding
+from ..errors import InfeasiblePlanError
+from ..planner import _assign, _prepare, _settle_inputs, build_strategy_graph
 from ..solution import evaluate
 from ..spec import TensorMeta
 from ..clustering import cluster_nodes
@@ -307,30 +310,48 @@ class _StageCostModel(CostModel):
 
 def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, optimizer, microbatches: int,
                  held: int, memory_limit: float, repeat: float = 1.0, time_limit_s: float = 30.0) -> Solution:
-    """The intra-op plan for the stages of a pipeline on ``mesh`` (see module docstring); when no
-    plan fits ``memory_limit`` for the whole program, the time-optimal plan (the stage ILP then
-    decides whether recompute or more stages make it fit). ``repeat``: the real model has ``repeat``
-    times the traced blocks (their ILP nodes and edges count that many times more)."""
+    """The intra-op plan for the stages of a pipeline on ``mesh`` (see module docstring). ``repeat``:
+    the real model has ``repeat`` times the traced blocks (their ILP nodes and edges count that many
+    times more). ``time_limit_s`` caps the ILP solves together (at least half a second each).
+
+    When no plan fits ``memory_limit`` with activations held ``held`` times, the plan for ONE held
+    microbatch (what a recomputing stage keeps), and failing that the least-memory plan (storage
+    sharded wherever it can be, e.g. FSDP on the data-parallel axis): the stage ILP then decides
+    whether recompute or more stages make it fit. ``solver_stats["status"]`` says which."""
+    deadline = time.perf_counter() + time_limit_s
     mesh, table, allowed = _prepare(captured, mesh, None)
     facts = _MicrobatchFacts(captured, hardware, microbatches)
-    cm = _StageCostModel(mesh, hardware, optimizer, microbatches, held)
+    nodes = {n.name: n for n in captured.gm.graph.nodes}
     clustering = cluster_nodes(captured, extra=lambda n: (len(table[n]), None, n in facts.requires_grad))
-    graph = build_strategy_graph(captured, table, allowed, clustering, cm, facts, memory_limit)
-    if repeat != 1.0:
-        nodes = {n.name: n for n in captured.gm.graph.nodes}
-        inside = {i for i, sg in enumerate(graph.nodes)
-                  if sg.name in nodes and block_instance(module_path(nodes[sg.name], captured)) is not None}
-        for i in inside:
-            graph.nodes[i].multiplicity = max(1, round(graph.nodes[i].multiplicity * repeat))
-        for e in graph.edges:
-            if e.u in inside and e.v in inside:
-                e.multiplicity = max(1, round(e.multiplicity * repeat))
-    result = solve(graph, time_limit_s=time_limit_s)
+    graph, result, status = None, None, None
+    for k in dict.fromkeys((held, 1)):
+        cm = _StageCostModel(mesh, hardware, optimizer, microbatches, k)
+        graph = build_strategy_graph(captured, table, allowed, clustering, cm, facts, memory_limit)
+        if repeat != 1.0:
+            _repeat(graph, nodes, captured, repeat)
+        result = solve(graph, time_limit_s=max(0.5, deadline - time.perf_counter()))
+        if result.choice is not None:
+            status = result.status if k == held else f"{result.status}_HELD_1"
+            break
     if result.choice is None:
-        return plan_sharding(captured, mesh, hardware=hardware, memory_limit=1e30, optimizer=optimizer,
-                             time_limit_s=time_limit_s)
+        result = solve(graph, objective="memory", time_limit_s=max(1.0, deadline - time.perf_counter()))
+        status = "MEMORY_FALLBACK"
+    if result.choice is None:
+        raise InfeasiblePlanError(f"the intra-op solver found no plan at all on submesh {mesh.shape} within "
+                                  f"{time_limit_s} s ({result.status}); raise time_limit_s")
     chosen = _assign(table, clustering, result.choice)
     _settle_inputs(captured, table, allowed, chosen, GraphFacts(captured, hardware))
-    stats = {"status": result.status, "solve_s": round(result.wall_s, 4), "microbatches": microbatches,
+    stats = {"status": status, "solve_s": round(result.wall_s, 4), "microbatches": microbatches,
              "held": held, "memory_limit": memory_limit}
     return evaluate(captured, mesh, chosen, hardware, optimizer, unruled=table.unruled, solver_stats=stats)
+
+
+def _repeat(graph, nodes: dict, captured: CapturedGraph, repeat: float) -> None:
+    """Count every ILP node and edge inside a numbered block ``repeat`` times more."""
+    inside = {i for i, sg in enumerate(graph.nodes)
+              if sg.name in nodes and block_instance(module_path(nodes[sg.name], captured)) is not None}
+    for i in inside:
+        graph.nodes[i].multiplicity = max(1, round(graph.nodes[i].multiplicity * repeat))
+    for e in graph.edges:
+        if e.u in inside and e.v in inside:
+            e.multiplicity = max(1, round(e.multiplicity * repeat))

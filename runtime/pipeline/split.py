@@ -18,8 +18,11 @@ Stage boundaries can be named two ways:
 >>> stage_nodes_from_starts(captured, ["linear_2"])              # doctest: +SKIP
 
 and ``make_pipeline_plan`` turns stage node lists into a ``PipelinePlan`` whose stages sit on
-the rank groups of the physical mesh's first axis. This module imports only ``autoshard.passes``
-(it is pure graph surgery), so the stage planner can reuse it.
+the rank groups of the physical mesh's first axis. ``replan_at_microbatch`` turns the stage
+planner's plan (``passes.pipeline.planner.plan_pipeline``, made at global-batch shapes) into one the
+runtime can run: the same cut, groups, submeshes, schedule and microbatches on the program traced at
+microbatch shapes, every stage's Solution re-solved there. This module imports only
+``autoshard.passes`` (it is pure graph surgery), so the stage planner can reuse it.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from autoshard.passes.solution import Solution
 from autoshard.passes.spec import TensorMeta
 
 __all__ = ["StageGraph", "split_stages", "stage_nodes_from_prefixes", "stage_nodes_from_starts",
-           "stage_group", "make_pipeline_plan"]
+           "stage_group", "make_pipeline_plan", "match_nodes", "replan_at_microbatch"]
 
 
 @dataclass
@@ -230,3 +233,34 @@ def make_pipeline_plan(captured: CapturedGraph, stage_nodes: Sequence[Sequence[s
         sol = solve(g, sub) if solve is not None else None
         stages.append(StagePlan(s, list(stage_nodes[s]), grp, ranks, sub, sol))
     return PipelinePlan(pp, virtual, stages, schedule, int(microbatches))
+
+
+def match_nodes(full: CapturedGraph, small: CapturedGraph) -> dict[str, str]:
+    """call_function node name in ``full`` -> the same op's name in ``small``: the same program traced
+    at another batch size. Ops pair up in graph order and must call the same targets; raises
+    ``PlanFormatError`` when the two traces differ (a batch-size-dependent program)."""
+    a, b = _calls(full), _calls(small)
+    diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x.target != y.target), None)
+    if len(a) != len(b) or diff is not None:
+        where = (f"op {diff}: {a[diff].name} ({a[diff].target}) vs {b[diff].name} ({b[diff].target})"
+                 if diff is not None else f"{len(a)} ops vs {len(b)}")
+        raise PlanFormatError(f"the program traced at the global batch and at the microbatch size differ ({where}); "
+                              "the model's ops depend on its batch size, so a pipeline plan made at one cannot run at "
+                              "the other: pin stages= by hand, or make the forward independent of the batch size")
+    return {x.name: y.name for x, y in zip(a, b)}
+
+
+def replan_at_microbatch(plan: PipelinePlan, full: CapturedGraph, small: CapturedGraph, *,
+                         solve: Callable[[StageGraph, Mesh], Solution]) -> PipelinePlan:
+    """The runtime's plan for ``plan``, a pipeline plan made on ``full`` (the program at global-batch
+    shapes): the same stage cut, rank groups, stage submeshes, schedule, microbatches and estimates, on
+    ``small`` (the program traced at microbatch shapes, which stage programs bake in), with every
+    stage's intra-op Solution from ``solve(stage_graph, stage_submesh)``. A Solution made at global
+    shapes cannot be reused: its sizes differ, and it has no strategies for the values a stage receives."""
+    names = match_nodes(full, small)
+    stage_nodes = [[names[n] for n in s.nodes] for s in plan.stages]
+    graphs = split_stages(small, stage_nodes)
+    stages = [StagePlan(s.index, stage_nodes[i], s.group, list(s.ranks), s.mesh, solve(graphs[i], s.mesh), s.recompute)
+              for i, s in enumerate(plan.stages)]
+    return PipelinePlan(plan.pp, plan.virtual, stages, plan.schedule, plan.microbatches, plan.estimated_step_time,
+                        plan.bubble_fraction, list(plan.peak_activation_memory))
