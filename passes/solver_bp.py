@@ -39,6 +39,8 @@ class BeliefPropagation:
         finite += [float(c[c < FORBIDDEN].max(initial=0.0)) for c in core.cost]
         self.cap = cap if cap is not None else 1e3 * max(finite, default=1.0) + 1e6
         self.unary = np.minimum(np.concatenate(core.cost), self.cap) if core.n else np.zeros(0)
+        self._free_unary = self.unary.copy()
+        self.clamps: dict[int, int] = {}
         buckets = defaultdict(list)
         for i in range(core.n):
             for j, m in core.nbrs[i]:
@@ -55,6 +57,17 @@ class BeliefPropagation:
             self.groups.append({"mats": mats, "pi": pi, "pj": pj, "buf": np.empty_like(mats),
                                 "to_j": np.zeros((len(items), sj)), "to_i": np.zeros((len(items), si))})
         self.node_of = np.repeat(np.arange(core.n), sizes)
+
+    def clamp(self, clamps: dict[int, int]) -> None:
+        """Hold node ``i`` at strategy ``clamps[i]`` (its other strategies cost ``cap``) in later
+        runs; an empty dict lifts every clamp. Conditioning on a hub's strategy picks one mode of
+        the messages, where unclamped loopy BP can settle in a far worse one."""
+        self.clamps = dict(clamps)
+        self.unary = self._free_unary.copy()
+        for i, s in self.clamps.items():
+            lo, hi = self.off[i], self.off[i + 1]
+            self.unary[lo:hi] = self.cap
+            self.unary[lo + s] = self._free_unary[lo + s]
 
     def reset(self) -> None:
         """Forget all messages (the next ``run`` starts cold)."""

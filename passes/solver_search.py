@@ -48,7 +48,7 @@ class SearchConfig:
     forest_share_bad: float = 0.8    # the same while forbidden costs remain
     seed: int = 0
     verbose: bool = False
-    lagrange_share: float = 0.5      # of the time left after presolve: priced belief propagation
+    lagrange_share: float = 0.7      # of the time left after presolve: priced belief propagation
     presolve_share: float = 0.4      # presolve stops (still exact) at this share of the timeout
     margin_s: float = 1.0            # kept back (plus 1% of the timeout) to verify and print the answer
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import math
 import random
 import subprocess
 import sys
@@ -244,6 +245,52 @@ def test_belief_propagation_is_exact_on_trees():
         core = presolve(p, reduce=False)
         choice = BeliefPropagation(core).run(np.zeros(core.n), iters=p.num_nodes + 1, damping=0.0)
         assert verify(p, core.expand(choice.tolist())).cost == _brute(p)[0]
+
+
+def test_clamped_belief_propagation_is_the_conditional_optimum_on_trees():
+    from autoshard.passes.solver_bp import BeliefPropagation
+    rng = random.Random(41)
+    for _ in range(6):
+        p = _tree_problem(rng, rng.randint(5, 7))
+        core = presolve(p, reduce=False)
+        assert core.n == p.num_nodes
+        bp = BeliefPropagation(core)
+        k = rng.randrange(core.n)
+        costs = []
+        for s in range(len(core.cost[k])):
+            bp.clamp({k: s})
+            bp.reset()
+            answer = core.expand(bp.run(np.zeros(core.n), iters=p.num_nodes + 1, damping=0.0).tolist())
+            held = Problem([list(c) for c in p.costs], p.usages, p.intervals, p.edges, p.edge_costs, p.usage_limit)
+            held.costs[k] = [c if t == answer[k] else FORBIDDEN for t, c in enumerate(p.costs[k])]
+            costs.append(verify(p, answer).cost)
+            assert costs[-1] == _brute(held)[0]
+        assert min(costs) == _brute(p)[0]
+        bp.clamp({})
+        assert (bp.unary == BeliefPropagation(core).unary).all()  # clamps lifted
+
+
+def test_choose_mode_keeps_the_best_clamp():
+    from autoshard.passes.solver_bp import BeliefPropagation
+    from autoshard.passes.solver_heuristics import State
+    from autoshard.passes.solver_lagrange import choose_mode
+    rng = random.Random(43)
+    p = _tree_problem(rng, 7)
+    core = presolve(p, reduce=False)
+    bp = BeliefPropagation(core)
+    tried: set = set()
+    calls = []
+
+    def attempt():
+        calls.append(dict(bp.clamps))
+        return State(core, bp.run(np.zeros(core.n), iters=p.num_nodes + 1, damping=0.0))
+
+    found = choose_mode(bp, attempt, math.inf, time.perf_counter() + 30, tried, max_nodes=1)
+    hub = max(range(core.n), key=lambda i: len(core.nbrs[i]))
+    assert tried == {hub} and len(calls) == len(core.cost[hub])  # one node, each strategy once
+    assert verify(p, core.expand(found.choice.tolist())).cost == _brute(p)[0]
+    assert bp.clamps == {hub: int(found.choice[hub])}
+    assert choose_mode(bp, attempt, 0.0, time.perf_counter() + 30, tried, max_nodes=1) is None  # bound
 
 
 def test_lagrange_search_offers_only_feasible_answers():
