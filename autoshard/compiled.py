@@ -107,6 +107,17 @@ class PipelinedModel:
         """The last step's measured compute actions on this rank (see ``write_chrome_trace``)."""
         return self._program.timeline
 
+    def to_dot(self) -> str:
+        """The partition as graphviz dot text: one cluster per stage with its ranks and submesh."""
+        from autoshard.pipeline_drawing import pipeline_to_dot
+        return pipeline_to_dot(self.plan, self._program.captured)
+
+    def render(self, path: str) -> str:
+        """Draw the partition to ``path`` (.svg or .png); without graphviz's ``dot``, writes .dot and
+        raises RuntimeError saying how to render it (as ``Plan.render``)."""
+        from autoshard.drawing import render_dot
+        return render_dot(self.to_dot(), path)
+
 
 def _stage_pins(pins: dict, stage_captured) -> dict:
     """The user's parameter pins that concern this stage (patterns matching one of its parameters)."""
