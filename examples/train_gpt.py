@@ -2,9 +2,13 @@
 
     torchrun --nproc_per_node 4 examples/train_gpt.py            # mesh (2, 2), chosen by the ILP
     torchrun --nproc_per_node 4 examples/train_gpt.py --mesh 4   # a 1-D mesh
+    torchrun --nproc_per_node 4 examples/train_gpt.py --pp 2     # 2 pipeline groups, rest planned
+    torchrun --nproc_per_node 4 examples/train_gpt.py --pp auto  # the planner decides whether to pipeline
 
 Rank 0 prints the plan summary and writes plan.svg (or plan.dot where graphviz is missing); every
-rank trains on the same global batches and prints nothing else; rank 0 reports the loss.
+rank trains on the same global batches and prints nothing else; rank 0 reports the loss. With a
+pipeline, rank 0 prints the stages and writes the last step's measured timeline as Chrome trace
+JSON (``--trace``, for chrome://tracing or Perfetto).
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16, help="global batch size")
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--plan-svg", default="plan.svg")
+    ap.add_argument("--pp", default=None, help='pipeline groups: an integer, or "auto" to let the planner choose')
+    ap.add_argument("--trace", default="pipeline_trace.json", help="rank 0's measured pipeline timeline")
     args = ap.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -41,11 +47,20 @@ def main() -> None:
     torch.manual_seed(0)
     model = GPT(vocab=data.vocab, d=64, n_layer=2, n_head=4, seq=args.seq)
     x, y = data.batch(args.batch, args.seq, step=0)
-    cm = autoshard.compile(model, mesh, example_inputs=(x,), loss_fn=lm_loss, example_target=y)
+    pp = None if args.pp is None else (args.pp if args.pp == "auto" else int(args.pp))
+    cm = autoshard.compile(model, mesh, example_inputs=(x,), loss_fn=lm_loss, example_target=y, pp=pp)
+    pipelined = not hasattr(cm.plan, "summary")
     if rank == 0:
-        print(cm.plan.summary(), flush=True)
+        if pipelined:
+            p = cm.plan
+            print(f"pipeline: pp {p.pp}, schedule {p.schedule}, {p.microbatches} microbatches", flush=True)
+            for s in p.stages:
+                print(f"  stage {s.index}: ranks {s.ranks}, submesh {s.mesh.shape}, {len(s.nodes)} ops"
+                      f"{', recompute' if s.recompute else ''}", flush=True)
+        else:
+            print(cm.plan.summary(), flush=True)
         try:
-            print("partition drawn to", cm.plan.render(args.plan_svg), flush=True)
+            print("partition drawn to", (cm if pipelined else cm.plan).render(args.plan_svg), flush=True)
         except RuntimeError as e:
             print(e, flush=True)
     opt = torch.optim.AdamW(cm.parameters(), lr=3e-3)
@@ -59,6 +74,9 @@ def main() -> None:
         last = loss
         if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
             print(f"step {step:3d}  loss {loss:.4f}", flush=True)
+    if pipelined and rank == 0:
+        from autoshard.runtime.pipeline.executor import write_chrome_trace
+        print("measured timeline written to", write_chrome_trace({0: cm.timeline}, args.trace), flush=True)
     if rank == 0:
         verdict = "fell" if last < first else "DID NOT FALL"
         print(f"loss {verdict}: {first:.4f} -> {last:.4f} over {args.steps} steps on mesh {mesh}", flush=True)
