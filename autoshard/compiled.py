@@ -107,6 +107,13 @@ class PipelinedModel:
         """The last step's measured compute actions on this rank (see ``write_chrome_trace``)."""
         return self._program.timeline
 
+    def gather_timelines(self) -> dict:
+        """Every rank's measured timeline of the last step, on every rank (a collective: call it on all
+        ranks). ``runtime.pipeline.timelines.draw_measured_timeline`` draws it; ``write_chrome_trace``
+        writes it for chrome://tracing / Perfetto."""
+        from autoshard.runtime.pipeline.timelines import gather_timelines
+        return gather_timelines(self._program.timeline)
+
     def to_dot(self) -> str:
         """The partition as graphviz dot text: one cluster per stage with its ranks and submesh."""
         from autoshard.pipeline_drawing import pipeline_to_dot

@@ -7,8 +7,8 @@
 
 Rank 0 prints the plan summary and writes plan.svg (or plan.dot where graphviz is missing); every
 rank trains on the same global batches and prints nothing else; rank 0 reports the loss. With a
-pipeline, rank 0 prints the stages and writes the last step's measured timeline as Chrome trace
-JSON (``--trace``, for chrome://tracing or Perfetto).
+pipeline, rank 0 prints the stages and writes the last step's measured timeline of every rank as
+Chrome trace JSON (``--trace``, for chrome://tracing or Perfetto) and as SVG next to it.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--plan-svg", default="plan.svg")
     ap.add_argument("--pp", default=None, help='pipeline groups: an integer, or "auto" to let the planner choose')
-    ap.add_argument("--trace", default="pipeline_trace.json", help="rank 0's measured pipeline timeline")
+    ap.add_argument("--trace", default="pipeline_trace.json", help="the measured pipeline timeline (and .svg)")
     args = ap.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -74,9 +74,13 @@ def main() -> None:
         last = loss
         if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
             print(f"step {step:3d}  loss {loss:.4f}", flush=True)
-    if pipelined and rank == 0:
+    if pipelined:
         from autoshard.runtime.pipeline.executor import write_chrome_trace
-        print("measured timeline written to", write_chrome_trace({0: cm.timeline}, args.trace), flush=True)
+        from autoshard.runtime.pipeline.timelines import draw_measured_timeline
+        timelines = cm.gather_timelines()  # every rank takes part
+        if rank == 0:
+            svg = draw_measured_timeline(timelines, os.path.splitext(args.trace)[0] + ".svg")
+            print("measured timeline written to", write_chrome_trace(timelines, args.trace), "and", svg, flush=True)
     if rank == 0:
         verdict = "fell" if last < first else "DID NOT FALL"
         print(f"loss {verdict}: {first:.4f} -> {last:.4f} over {args.steps} steps on mesh {mesh}", flush=True)

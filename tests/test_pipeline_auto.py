@@ -127,6 +127,24 @@ def _check_trace(label: str, cm, path: str) -> list:
     return []
 
 
+def _check_gathered(label: str, cm, world: int) -> list:
+    """Every rank gets every rank's timeline (a collective), its own equal to its local one, and the
+    measured step drawn from them accounts for each rank's busy time."""
+    from autoshard.runtime.pipeline.timelines import measured_result
+    gathered = cm.gather_timelines()
+    rank = torch.distributed.get_rank()
+    out = []
+    if sorted(gathered) != list(range(world)):
+        out.append(f"{label}: gathered timelines cover ranks {sorted(gathered)}, not all {world}")
+    mine = [(e.action, e.start, e.end) for e in cm.timeline]
+    if [(e.action, e.start, e.end) for e in gathered.get(rank, [])] != mine:
+        out.append(f"{label}: rank {rank}'s gathered timeline differs from its own")
+    result = measured_result(gathered)
+    if len(result.events) != sum(len(v) for v in gathered.values()) or not 0.0 <= result.bubble_fraction < 1.0:
+        out.append(f"{label}: measured step {result.step_time}, bubble {result.bubble_fraction} from the timelines")
+    return out
+
+
 def auto_worker(rank: int, world: int, cases: list, expected: list, trace_path: str = "") -> list:
     """Each case: compile with its keywords; check the kind of result, the plan and the training (and,
     for the first pipelined case, the measured timeline written as a Chrome trace)."""
@@ -175,6 +193,8 @@ def auto_worker(rank: int, world: int, cases: list, expected: list, trace_path: 
                     failures.append(f"{label}: pinned {k}={v!r} but the plan has {getattr(plan, k)!r}")
         t1 = time.perf_counter()
         failures += _train_and_compare(label, cm, model, inputs, target, loss_fn)
+        if case["expect"] == "pipelined":
+            failures += _check_gathered(label, cm, world)
         if trace_path and case["expect"] == "pipelined":
             failures += _check_trace(label, cm, trace_path)
             trace_path = ""

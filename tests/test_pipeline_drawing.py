@@ -66,3 +66,21 @@ def test_pipelined_model_draws_itself(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="graphviz"):
         cm.render(str(tmp_path / "p.svg"))
     assert "cluster_stage_3" in (tmp_path / "p.dot").read_text()
+
+
+def test_measured_timeline_as_a_step_result(tmp_path):
+    """Measured events become a SimResult: times from the first start, busy time per rank, bubble."""
+    from autoshard.runtime.pipeline.interpreter import TimelineEvent
+    from autoshard.runtime.pipeline.timelines import draw_measured_timeline, measured_result
+
+    timelines = {0: [TimelineEvent(0, "0F0", 10.0, 11.0), TimelineEvent(0, "0BW0", 13.0, 15.0)],
+                 1: [TimelineEvent(1, "1F0", 11.0, 12.0), TimelineEvent(1, "1B0", 12.0, 12.5),
+                     TimelineEvent(1, "1W0", 12.5, 13.0)]}
+    result = measured_result(timelines)
+    assert result.step_time == 5.0 and result.busy == [3.0, 2.0]
+    assert result.bubble_fraction == pytest.approx(1 - 5.0 / 10.0)
+    assert [(r, str(a), s, e) for r, a, s, e in result.events][:2] == [(0, "0F0", 0.0, 1.0), (0, "0BW0", 3.0, 5.0)]
+    svg = open(draw_measured_timeline(timelines, tmp_path / "t.svg")).read()
+    assert svg.count("<rect") >= 6 and ">BW0<" in svg and ">W0<" in svg
+    with pytest.raises(ValueError, match="compute action label"):
+        measured_result({0: [TimelineEvent(0, "SEND", 0.0, 1.0)]})
