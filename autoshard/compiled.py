@@ -13,7 +13,22 @@ import torch
 from autoshard.plan import Plan
 
 
-class CompiledModel:
+class _TrainingState:
+    """The state surface both compiled kinds share, read from the rank's program (``self._program``)."""
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        """This rank's local parameter shards (pass them to a torch.optim optimizer)."""
+        return iter(self._program.parameters())
+
+    def named_parameters(self):
+        return iter(self._program.named_parameters())
+
+    def full_state_dict(self) -> dict:
+        """Full tensors under the original ``model.state_dict()`` names (collective: call on every rank)."""
+        return self._program.full_state_dict()
+
+
+class CompiledModel(_TrainingState):
     def __init__(self, model: torch.nn.Module, plan: Plan, env, *, state_dict: Optional[dict] = None,
                  compile_seconds: float = 0.0, planner_plan=None):
         from autoshard.runtime.executor import RankProgram
@@ -54,18 +69,6 @@ class CompiledModel:
             positional.append(named[name])
         return tuple(positional)
 
-    # ---- state -----------------------------------------------------------------------------------
-    def parameters(self) -> Iterator[torch.nn.Parameter]:
-        """This rank's local parameter shards (pass them to a torch.optim optimizer)."""
-        return iter(self._program.parameters())
-
-    def named_parameters(self):
-        return iter(self._program.named_parameters())
-
-    def full_state_dict(self) -> dict:
-        """Full tensors under the original ``model.state_dict()`` names (collective: call on every rank)."""
-        return self._program.full_state_dict()
-
     # ---- inspecting ------------------------------------------------------------------------------
     @property
     def program(self) -> torch.fx.GraphModule:
@@ -79,7 +82,7 @@ class CompiledModel:
 
 # ---- pipeline parallelism ----------------------------------------------------------------------
 
-class PipelinedModel:
+class PipelinedModel(_TrainingState):
     """What ``autoshard.compile(..., pp=...)`` returns on each rank when the plan pipelines: this rank's
     stages (``runtime.pipeline.PipelineProgram``), the runtime ``plan`` (stages traced and sharded at
     microbatch shapes) and ``planner_plan``, the stage planner's choice it was built from (made at
@@ -92,15 +95,6 @@ class PipelinedModel:
     def step(self, *inputs, target=None) -> float:
         """Forward and backward of the GLOBAL batch through the pipeline; the mean loss on every rank."""
         return self._program.step(*inputs, target=target)
-
-    def parameters(self) -> Iterator[torch.nn.Parameter]:
-        return iter(self._program.parameters())
-
-    def named_parameters(self):
-        return iter(self._program.named_parameters())
-
-    def full_state_dict(self) -> dict:
-        return self._program.full_state_dict()
 
     @property
     def timeline(self) -> list:
