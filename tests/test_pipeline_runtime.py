@@ -33,58 +33,7 @@ TP_LAYERS = {
 }
 
 
-# ---- schedules: the generators when they exist, else GPipe / 1F1B written out here --------------
-def _with_comms(compute: dict, group_of) -> dict:
-    """Add chain SEND/RECV actions around compute actions (what check_deadlock expects)."""
-    from autoshard.passes.pipeline.actions import Action
-    n = len(group_of)
-    out = {r: [] for r in compute}
-    for r, acts in compute.items():
-        for a in acts:
-            s, i = a.stage, a.microbatch
-            if a.kind == "F" and s > 0 and group_of[s - 1] != r:
-                out[r].append(Action(s, "RECV_F", i, s - 1))
-            if a.kind in ("B", "BW") and s < n - 1 and group_of[s + 1] != r:
-                out[r].append(Action(s, "RECV_B", i, s + 1))
-            out[r].append(a)
-            if a.kind == "F" and s < n - 1 and group_of[s + 1] != r:
-                out[r].append(Action(s, "SEND_F", i, s + 1))
-            if a.kind in ("B", "BW") and s > 0 and group_of[s - 1] != r:
-                out[r].append(Action(s, "SEND_B", i, s - 1))
-    return out
-
-
-def inline_schedule(name: str, pp: int, m: int) -> dict:
-    from autoshard.passes.pipeline.actions import Action
-    compute = {}
-    for r in range(pp):
-        if name == "gpipe":
-            compute[r] = [Action(r, "F", i) for i in range(m)] + [Action(r, "BW", i) for i in range(m)]
-        else:  # 1f1b: warm-up forwards, then one forward / one backward, then cool-down backwards
-            warm = min(pp - 1 - r, m)
-            acts = [Action(r, "F", i) for i in range(warm)]
-            for i in range(m - warm):
-                acts += [Action(r, "F", warm + i), Action(r, "BW", i)]
-            acts += [Action(r, "BW", i) for i in range(m - warm, m)]
-            compute[r] = acts
-    return _with_comms(compute, list(range(pp)))
-
-
-def schedules_available() -> list[tuple[str, int]]:
-    """(schedule, virtual) pairs to test."""
-    try:
-        from autoshard.passes.pipeline import generators  # noqa: F401
-    except ImportError:
-        return [("gpipe", 1), ("1f1b", 1)]
-    return [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2), ("dualpipev", 2)]
-
-
-def make_schedule(name: str, pp: int, m: int, virtual: int) -> dict:
-    try:
-        from autoshard.passes.pipeline.generators import generate
-    except ImportError:
-        return inline_schedule(name, pp, m)
-    return generate(name, pp, m, virtual=virtual)
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("zbv", 2), ("dualpipev", 2)]
 
 
 def microbatches_for(schedule: str, pp: int) -> int:
@@ -146,6 +95,7 @@ def _model_cases(rank: int, model_name: str, configs: list) -> list:
     from autoshard.passes.capture import capture
     from autoshard.passes.mesh import Mesh
     from autoshard.passes.pins import Pins
+    from autoshard.passes.pipeline.generators import generate
     from autoshard.passes.pipeline.stage_plan import PipelinePlan
     from autoshard.passes.planner import plan_sharding
     from autoshard.runtime.groups import broadcast_json
@@ -167,7 +117,7 @@ def _model_cases(rank: int, model_name: str, configs: list) -> list:
     for pp, sub_shape, layout in configs:
         mesh = Mesh.of((pp,) + tuple(sub_shape))
         plans: dict = {}
-        for sched_name, virtual in schedules_available():
+        for sched_name, virtual in SCHEDULES:
             case = f"{model_name} pp={pp} sub={sub_shape} {layout} {sched_name}"
             n_stages = pp * virtual
             m = microbatches_for(sched_name, pp)
@@ -187,7 +137,7 @@ def _model_cases(rank: int, model_name: str, configs: list) -> list:
                 plan.schedule = sched_name
                 payload = plan.to_json()
             plan = PipelinePlan.from_json(broadcast_json(payload, src=0))
-            schedule = make_schedule(sched_name, pp, m, virtual)
+            schedule = generate(sched_name, pp, m, virtual=virtual)
             t_build = time.perf_counter()
             prog = PipelineProgram(captured, plan, schedule, model=model)
             t_steps = time.perf_counter()
@@ -276,7 +226,9 @@ def test_executed_schedule_is_checked():
     from autoshard.passes.pipeline.simulate import DeadlockError, check_deadlock
     from autoshard.runtime.pipeline.interpreter import executed_schedule
 
-    good = inline_schedule("1f1b", 2, 2)
+    from autoshard.passes.pipeline.generators import generate
+
+    good = generate("1f1b", 2, 2)
     run = executed_schedule(good)
     assert [str(a) for a in run[1]] == ["1F0", "1BW0", "1F1", "1BW1"]
     check_deadlock(run, require_comms=False)
