@@ -31,8 +31,10 @@ boundary there sends forward (and its gradient backward), and what a recomputing
 core ILP priced per microbatch (batch-dependent compute, collectives and activations divided by m,
 gradient all-reduces by m since they run once per step) with activations counted ``held`` times (the
 microbatches a stage keeps in flight), under ``pp * memory_limit`` for the whole program (the stages'
-sum). Tensor parallelism then appears where data parallelism's replicated weights would not fit;
-when nothing fits, the least-memory plan, never replicated weights.
+sum), and only with strategies that still divide the microbatch (``microbatch.microbatch_strategies``:
+16 sequences split 8 ways are fine, a microbatch of one sequence is not). Tensor parallelism then
+appears where data parallelism's replicated weights would not fit, or where the batch is too small
+to split; when nothing fits, the least-memory plan, never replicated weights.
 
 Identical blocks cost the same, so a profile traced with a few blocks stands for a deep model:
 ``profile.repeat_blocks(96)``.
@@ -45,18 +47,18 @@ from dataclasses import dataclass, field, replace
 from typing import Optional, Union
 
 from ..clustering import OUTPUT, block_instance, graph_edges, module_path
-from ..cost import CostModel, GraphFacts
-from ..ilp import solve
-from ..errors import InfeasiblePlanError
-from ..planner import _assign, _prepare, _settle_inputs, build_strategy_graph
-from ..solution import evaluate
-from ..spec import TensorMeta
 from ..clustering import cluster_nodes
+from ..cost import CostModel, GraphFacts
+from ..errors import InfeasiblePlanError
 from ..graph import CapturedGraph
 from ..hardware import Hardware, get_hardware
+from ..ilp import solve
 from ..mesh import Mesh
-from ..solution import Solution
+from ..pins import Pins, PinError
+from ..planner import _assign, _prepare, _settle_inputs, build_strategy_graph
+from ..solution import Solution, evaluate
 from ..spec import Replicate
+from .microbatch import MicrobatchFacts, batch_dependent, batch_granularity, microbatch_strategies
 
 __all__ = ["LayerUnit", "UnitCost", "SubmeshProfile", "layer_units", "batch_dependent", "profile_submesh",
            "submesh_shapes", "plan_submesh"]
@@ -90,15 +92,6 @@ def layer_units(captured: CapturedGraph) -> list[LayerUnit]:
             current = "embedding"
         units[-1][2].append(node.name)
     return [LayerUnit(name, block, tuple(nodes)) for name, block, nodes in units]
-
-
-def batch_dependent(captured: CapturedGraph) -> set[str]:
-    """Names of the nodes computed from a user input or the target (their size follows the batch)."""
-    found = set(captured.inputs) | ({captured.target} if captured.target else set())
-    for node in captured.gm.graph.nodes:
-        if node.op == "call_function" and any(a.name in found for a in node.all_input_nodes):
-            found.add(node.name)
-    return found
 
 
 @dataclass(frozen=True)
@@ -135,7 +128,9 @@ class UnitCost:
 @dataclass
 class SubmeshProfile:
     """Every unit's cost on one logical submesh (see module docstring); ``solution`` is the intra-op
-    plan priced (of the traced program: after ``repeat_blocks`` the units outnumber the traced ones)."""
+    plan priced (of the traced program: after ``repeat_blocks`` the units outnumber the traced ones).
+    ``batch_shard``: the smallest microbatch, in sequences, the plan stays valid for; microbatch
+    sizes must be multiples of it (``microbatch.batch_granularity``)."""
     mesh: Mesh
     units: list[LayerUnit]
     costs: list[UnitCost]
@@ -176,18 +171,6 @@ def submesh_shapes(group_size: int, hardware: Hardware) -> list[tuple[int, int]]
     (tensor parallel on the fast link), unless the group is smaller than a node."""
     limit = max(1, min(group_size, hardware.devices_per_node))
     return [(group_size // tp, tp) for tp in range(1, limit + 1) if group_size % tp == 0 and limit % tp == 0]
-
-
-def _batch_shard(captured: CapturedGraph, solution: Solution) -> int:
-    """How many pieces the solution cuts dim 0 of the inputs into (a microbatch must divide by it)."""
-    shard = 1
-    for name in list(captured.inputs) + ([captured.target] if captured.target else []):
-        pls = solution.strategies[name].outputs
-        if not pls:
-            continue
-        f = math.prod(solution.mesh.shape[a] for a, p in enumerate(pls[0]) if getattr(p, "dim", None) == 0)
-        shard = max(shard, f)
-    return shard
 
 
 def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Union[str, Hardware] = "h100",
@@ -259,39 +242,7 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
         for c in range(unit_of[u], last):
             target[c] += local
     costs = [UnitCost(**a) for a in acc]
-    return SubmeshProfile(mesh, list(units), costs, cut_fixed, cut_batch, solution, _batch_shard(captured, solution))
-
-
-@dataclass(frozen=True)
-class _ScaledMeta(TensorMeta):
-    """A tensor of one microbatch: ``nbytes`` is the global tensor's times ``scale``."""
-    scale: float = 1.0
-
-    @property
-    def nbytes(self) -> float:
-        return TensorMeta.nbytes.fget(self) * self.scale
-
-
-class _MicrobatchFacts(GraphFacts):
-    """GraphFacts of one microbatch: batch-dependent compute and tensor bytes divided by ``m``."""
-
-    def __init__(self, captured: CapturedGraph, hardware: Hardware, m: int):
-        super().__init__(captured, hardware)
-        self._batch = batch_dependent(captured)
-        self._m = m
-        self._scaled: dict = {}
-
-    def compute(self, name: str) -> tuple[float, float]:
-        fwd, bwd = super().compute(name)
-        return (fwd / self._m, bwd / self._m) if name in self._batch else (fwd, bwd)
-
-    def tensor_outputs(self, name: str) -> list:
-        metas = super().tensor_outputs(name)
-        if name not in self._batch:
-            return metas
-        if name not in self._scaled:
-            self._scaled[name] = [_ScaledMeta(m.shape, m.dtype, 1.0 / self._m) for m in metas]
-        return self._scaled[name]
+    return SubmeshProfile(mesh, list(units), costs, cut_fixed, cut_batch, solution, batch_granularity(captured, solution))
 
 
 class _StageCostModel(CostModel):
@@ -309,20 +260,29 @@ class _StageCostModel(CostModel):
 
 
 def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, optimizer, microbatches: int,
-                 held: int, memory_limit: float, repeat: float = 1.0, time_limit_s: float = 30.0) -> Solution:
+                 held: int, memory_limit: float, repeat: float = 1.0, time_limit_s: float = 30.0,
+                 pins: Optional[Pins] = None) -> Solution:
     """The intra-op plan for the stages of a pipeline on ``mesh`` (see module docstring). ``repeat``:
     the real model has ``repeat`` times the traced blocks (their ILP nodes and edges count that many
     times more). ``time_limit_s`` caps the ILP solves together (at least half a second each).
+    ``pins``: decisions fixed as in ``plan_sharding`` (e.g. to price a rejected layout).
 
     When no plan fits ``memory_limit`` with activations held ``held`` times, the plan for ONE held
     microbatch (what a recomputing stage keeps), and failing that the least-memory plan (storage
     sharded wherever it can be, e.g. FSDP on the data-parallel axis): the stage ILP then decides
     whether recompute or more stages make it fit. ``solver_stats["status"]`` says which."""
     deadline = time.perf_counter() + time_limit_s
-    mesh, table, allowed = _prepare(captured, mesh, None)
-    facts = _MicrobatchFacts(captured, hardware, microbatches)
+    mesh, table, allowed = _prepare(captured, mesh, pins)
+    for name, keep in microbatch_strategies(captured, table, mesh, microbatches).items():
+        both = set(allowed.get(name, keep)) & keep
+        if not both:
+            raise PinError(f"the pins on {name!r} split its batch dimension more ways than a microbatch of "
+                           f"1/{microbatches} of the batch has rows; pin fewer ways or use fewer microbatches")
+        allowed[name] = both
+    facts = MicrobatchFacts(captured, hardware, microbatches)
     nodes = {n.name: n for n in captured.gm.graph.nodes}
-    clustering = cluster_nodes(captured, extra=lambda n: (len(table[n]), None, n in facts.requires_grad))
+    clustering = cluster_nodes(captured, extra=lambda n: (
+        len(table[n]), tuple(sorted(allowed[n])) if n in allowed else None, n in facts.requires_grad))
     graph, result, status = None, None, None
     for k in dict.fromkeys((held, 1)):
         cm = _StageCostModel(mesh, hardware, optimizer, microbatches, k)

@@ -20,6 +20,7 @@ from ..errors import AutoshardError
 from ..graph import CapturedGraph
 from ..hardware import Hardware
 from ..mesh import Mesh
+from .microbatch import global_batch
 from .layer_costs import LayerUnit, SubmeshProfile, layer_units, plan_submesh, profile_submesh, submesh_shapes
 from .scoring import (DEFAULT_SCHEDULES, VIRTUAL, Choice, approx_held, held_microbatches, score_stages,
                       stage_problem, valid_schedule)
@@ -29,15 +30,6 @@ __all__ = ["global_batch", "profile_candidates", "plan_candidates", "closed_form
            "search_stages"]
 
 _UNBOUNDED = 1e30
-
-
-def global_batch(captured: CapturedGraph) -> int:
-    """Dim 0 of the first user input (the dimension microbatches cut)."""
-    for name in captured.inputs:
-        meta = captured.node(name).meta.get("autoshard.meta")
-        if meta is not None and getattr(meta, "shape", None):
-            return int(meta.shape[0])
-    raise AutoshardError("pipeline planning needs a batched tensor input (microbatches cut dim 0 of the inputs)")
 
 
 def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, hardware: Hardware,
