@@ -4,6 +4,7 @@ One process, meta-device models. The 6.7B test traces two blocks and stands them
 blocks share costs; ``profile_candidates(blocks=32)``)."""
 import dataclasses
 import itertools
+import math
 
 import pytest
 import torch
@@ -209,31 +210,70 @@ def _choice_simulated(choice, mesh, hw):
                       choice.stages.ranges(len(choice.profile.units)), choice.stages.recompute, mesh, hw)
 
 
-def test_gpt3_6p7b_pipelines_across_a_slow_network_and_matches_the_simulator():
-    captured = _gpt(vocab=50304, d=4096, layers=2, seq=2048, batch=512, dtype=torch.bfloat16)
-    slow = dataclasses.replace(PRESETS["h100"], name="slow-ib", inter_node_bandwidth=1e9)
+SLOW_IB = dataclasses.replace(PRESETS["h100"], name="slow-ib", inter_node_bandwidth=1e9)
+
+
+def _plan_6p7b(batch: int, pins=None):
+    """GPT-3 6.7B (32 blocks of d 4096, seq 2048, bf16, AdamW) on 2 nodes x 8 H100 whose inter-node
+    link is 1 GB/s: the best of pp = 1 (any (dp, tp) over all 16) and pp = 2 (one node per stage).
+    With ``pins`` only the pp = 2, in-node (8, 1) layout they force is priced."""
+    captured = _gpt(vocab=50304, d=4096, layers=2, seq=2048, batch=batch, dtype=torch.bfloat16)
     mesh = Mesh((2, 8))
-    profiles = profile_candidates(captured, mesh, [2], hardware=slow, optimizer="adamw",
-                                  memory_limit=slow.memory_bytes, blocks=32, time_limit_s=10)
-    assert all(len(p.units) == 34 for p in profiles.values())
-    best, stats = search_stages(profiles, mesh, hardware=slow, memory_limit=slow.memory_bytes, batch=512)
-    assert best is not None and best.pp == 2
-    dp, tp = best.profile.mesh.shape
-    assert dp * tp == 8  # each stage's submesh is one node: the slow link only carries the pipeline
-    # Inside the node the physically right answer here is DATA parallel, not Megatron TP: a stage's
-    # replicated state (16 blocks x 2.4 GB of bf16 weights, grads and AdamW state, ~41 GB) plus its
-    # in-flight activations (~10 GB) fits 80 GB, and then DP's one gradient all-reduce per step over
-    # NVLink (2 * 7/8 * 6.7 GB / 450 GB/s ~ 26 ms, overlapped with the backward) is far cheaper than
-    # TP's four activation all-reduces per block per microbatch (2 * 7/8 * 8.6 GB / 450 GB/s ~ 33 ms
-    # each per step, x 4 x 16 blocks ~ 2.1 s). Megatron-LM's own rule (Narayanan et al. 2021, sec. 3):
-    # model-parallel only as far as memory needs, data-parallel beyond. Every block weight replicated,
-    # the batch cut 8 ways across the node:
+    if pins is None:
+        profiles = profile_candidates(captured, mesh, [1, 2], hardware=SLOW_IB, optimizer="adamw", single=True,
+                                      memory_limit=SLOW_IB.memory_bytes, blocks=32, time_limit_s=10)
+        assert len(profiles) == 8 and all(len(p.units) == 34 for p in profiles.values())
+    else:
+        sol = plan_submesh(captured, Mesh((8, 1)), hardware=SLOW_IB, optimizer="adamw", microbatches=max(1, batch // 8),
+                           held=2, memory_limit=2 * SLOW_IB.memory_bytes, repeat=16, time_limit_s=10, pins=pins)
+        profiles = {(2, (8, 1)): profile_submesh(captured, sol, hardware=SLOW_IB, optimizer="adamw").repeat_blocks(32)}
+    best, _ = search_stages(profiles, mesh, hardware=SLOW_IB, memory_limit=SLOW_IB.memory_bytes, batch=batch)
+    assert best is not None and max(best.stages.memory) <= SLOW_IB.memory_bytes
+    assert best.step_time == pytest.approx(_choice_simulated(best, mesh, SLOW_IB), rel=1e-9)
+    return best
+
+
+DATA_PARALLEL_IN_NODE = dict(params={"*": ("R", "R")}, inputs={0: ("S(0)", "R")})
+
+
+def test_gpt3_6p7b_on_slow_linked_nodes_pipelines_across_them_with_tensor_parallel_inside():
+    """The slow link carries only the pipeline (pp = 2, one node per stage); inside each node the
+    microbatch is NOT split: every GPU sees all of it and attention runs tensor parallel, q/k/v
+    column-split so each GPU owns 1/8 of the heads. Why TP and not DP here: the global batch is 8
+    sequences. Data parallel over the node's 8 GPUs leaves each rank one, so the pipeline gets one
+    microbatch and its bubble is half the step; keeping the batch whole lets it run 4 microbatches
+    (Narayanan et al. 2021, sec. 3.3: with a fixed global batch, more data-parallel ways means fewer
+    microbatches and a bigger bubble). At 16 sequences the best is dp 2 x tp 4, from 32 on data
+    parallel (the next test)."""
+    best = _plan_6p7b(8)
+    assert best.pp == 2 and math.prod(best.profile.mesh.shape) == 8
+    assert best.profile.batch_shard == 1 and best.m > 1  # the microbatch is whole on every GPU ...
+    sol = best.profile.solution
+    ways = {fqn: math.prod(best.profile.mesh.shape[a] for a, p in enumerate(pls) if str(p).startswith("S"))
+            for fqn, pls in sol.param_placements.items()}
+    for part in ("q", "k", "v"):  # ... and the attention weights are split across the node
+        assert ways[f"blocks.0.{part}.weight"] == ways[f"blocks.1.{part}.weight"] == 8, sol.param_placements
+    # the same simulator prices the rejected layouts: data parallel inside the node (what batch 512 picks) ...
+    dp_inside = _plan_6p7b(8, pins=DATA_PARALLEL_IN_NODE)
+    assert dp_inside.profile.batch_shard == 8 and dp_inside.m == 1
+    assert best.step_time < 0.95 * dp_inside.step_time
+    # ... and data parallel across the slow link: its gradient all-reduce alone is a ring over 2 nodes
+    # of 6.7e9 bf16 gradients at 1 GB/s, 2 * (1/2) * 13.4 GB / 1 GB/s = 13.4 s per step
+    assert best.step_time < 13.4
+
+
+def test_gpt3_6p7b_on_slow_linked_nodes_with_a_large_batch_is_data_parallel_inside_each_node():
+    """At a global batch of 512 the same two nodes still pipeline across the slow link, but inside a
+    node data parallel wins: a stage's replicated state (16 blocks x 2.4 GB of bf16 weights, grads
+    and AdamW state, ~41 GB) plus its in-flight activations (~10 GB) fits 80 GB, m = 64 microbatches
+    keep the bubble small anyway, and DP's one gradient all-reduce per step over NVLink
+    (2 * 7/8 * 6.7 GB / 450 GB/s ~ 26 ms, overlapped with the backward) is far cheaper than TP's four
+    activation all-reduces per block per microbatch (~2.1 s per step at this batch). Megatron-LM's
+    rule (Narayanan et al. 2021, sec. 3): model-parallel only as far as memory and the bubble need."""
+    best = _plan_6p7b(512)
+    assert best.pp == 2 and math.prod(best.profile.mesh.shape) == 8
     assert best.profile.batch_shard == 8
     assert {tuple(map(str, p)) for p in best.profile.solution.param_placements.values()} == {("R", "R")}
-    assert max(best.stages.memory) <= slow.memory_bytes
-    assert best.step_time == pytest.approx(_choice_simulated(best, mesh, slow), rel=1e-9)
-    # data parallel across the slow link would pay, for the gradient all-reduce alone, a ring over
-    # 2 nodes of 6.7e9 bf16 gradients at 1 GB/s: 2 * (1/2) * 13.4 GB / 1 GB/s = 13.4 s per step
     assert best.step_time < 13.4
 
 
