@@ -4,7 +4,9 @@ For the GPT with tied embeddings and the U-Net-like model (long skips), on 4 glo
 pp=2 x dp=2; pp=2 x tp=2) and 8 ranks (pp=2 x dp=2 x tp=2), under every schedule available: the
 loss at every step and the full parameters after 3 AdamW steps match a single-device copy trained
 on the full batch (rtol 1e-4), and each rank's executed compute actions are its schedule's compute
-actions in order. DualPipeV needs m >= 2p microbatches: at pp=4 it runs 8 microbatches of the
+actions in order. With data parallel inside the stages, every stage launches gradient all-reduce
+buckets during its last weight action (BW through autograd hooks, zero-bubble W through
+``mark_ready``). DualPipeV needs m >= 2p microbatches: at pp=4 it runs 8 microbatches of the
 traced size on a global batch of 16 (``larger_batch``); every other case runs 4 on a batch of 8.
 One process spawn per world size; every case runs inside it. The front door
 (``autoshard.compile(..., pp=...)``) is tested in test_pipeline_auto.py.
@@ -155,6 +157,10 @@ def _model_cases(rank: int, model_name: str, configs: list) -> list:
                 if not abs(got - want.item()) <= ATOL + RTOL * abs(want.item()):
                     failures.append(f"{case}: loss at step {step} is {got:.7f}, one device gives {want.item():.7f}")
                     break
+            if layout == "dp":  # the gradient all-reduce starts inside the last BW / W, not after it
+                late = [s for s, sync in prog._grad_sync.items() if sync.buckets and sync.overlapped == 0]
+                if late:
+                    failures.append(f"{case}: stages {late} launched no gradient bucket during their last weight action")
             executed = [e.action for e in prog.timeline]
             planned = [str(a) for a in schedule[prog.group] if a.kind in ("F", "B", "W", "BW")]
             if executed != planned:

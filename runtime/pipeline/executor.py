@@ -210,7 +210,8 @@ class PipelineProgram:
         if self._early_loss and not holds_loss:
             loss_work = dist.all_reduce(total, async_op=True)
         losses = self.interpreter.run(user, target_mbs, before_weights=lambda s: self._grad_sync[s].arm(),
-                                      after_weights=lambda s: self._grad_sync[s].launch_rest())
+                                      after_weights=lambda s: self._grad_sync[s].launch_rest(),
+                                      weight_ready=lambda s, p: self._grad_sync[s].mark_ready(p))
         if holds_loss:
             for loss in losses:
                 total += loss.double()

@@ -71,6 +71,7 @@ class Interpreter:
                  device: torch.device, schedule: dict, *, prefetch: int = 0):
         self.stages, self.w, self.group, self.index, self.rank, self.device = stages, wiring, group, index, rank, device
         self.prefetch = int(prefetch)
+        self._weight_ready: Optional[Callable[[int, torch.Tensor], None]] = None
         self.timeline: list[TimelineEvent] = []
         plan = plan_transfers(executed_schedule(schedule), wiring).get(group, [])
         for t in plan:
@@ -97,11 +98,14 @@ class Interpreter:
 
     def run(self, user_mbs: list[list], target_mbs: list, *,
             before_weights: Optional[Callable[[int], None]] = None,
-            after_weights: Optional[Callable[[int], None]] = None) -> list[torch.Tensor]:
+            after_weights: Optional[Callable[[int], None]] = None,
+            weight_ready: Optional[Callable[[int, torch.Tensor], None]] = None) -> list[torch.Tensor]:
         """Run one step; returns the last stage's local loss pieces per microbatch (if it lives here).
         ``before_weights(s)`` / ``after_weights(s)`` are called once per local stage s, right before /
         after the last action of the step that adds to its weight gradients (BW or W; the last action
-        if none does): the same points on every rank of the group."""
+        if none does): the same points on every rank of the group. ``weight_ready(s, p)``: during a
+        W of stage s, as parameter p's gradient lands (a full backward's land through autograd hooks)."""
+        self._weight_ready = weight_ready
         tp = Transport(self.device)
         ready: dict[Message, torch.Tensor] = {}
         self.timeline = []
@@ -151,7 +155,8 @@ class Interpreter:
                 return []
             return [o for (_, consumers), o in zip(self.w.sends[s], outs) for _ in consumers]
         if a.kind == "W":
-            st.backward_weight(i)
+            ready = self._weight_ready
+            st.backward_weight(i, None if ready is None else lambda p: ready(s, p))
             return []
         grads = None
         if not st.graph.is_last:

@@ -13,6 +13,7 @@ reaches an input (the first stage, fed token ids) are W's roots, seeded with the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import torch
 from torch.autograd.graph import GradientEdge
@@ -86,8 +87,13 @@ class SplitBackward:
         self.frontier = [(edge, g) for edge, g in zip(edges, got[len(self.leaves):]) if g is not None]
         return list(got[:len(self.leaves)])
 
-    def weight_grads(self) -> None:
-        """W: accumulate the weights' gradients into ``.grad`` (only the weight-only graph runs)."""
+    def weight_grads(self, on_ready: Optional[Callable[[torch.Tensor], None]] = None,
+                     chunk_bytes: int = 4 * 2**20) -> None:
+        """W: accumulate the weights' gradients into ``.grad`` (only the weight-only graph runs).
+
+        The weights are done in chunks of about ``chunk_bytes``, last parameter first (the order a
+        full backward finishes them), and ``on_ready(p)`` is called as each one's gradient lands, so
+        a data-parallel all-reduce of the first chunks can run while the later ones compute."""
         param_of = {id(p): p for p in self.params}
         direct, edges, grads = [], [], []
         for (node, nr), g in self.frontier:
@@ -100,9 +106,23 @@ class SplitBackward:
         for o, g in self.roots:
             edges.append(o)
             grads.append(g)
-        got = torch.autograd.grad(edges, self.params, grads, allow_unused=True) if edges and self.params else []
-        with torch.no_grad():
-            for p, g in list(zip(self.params, got)) + direct:
-                if g is not None:
-                    p.grad = g.detach().clone() if p.grad is None else p.grad.add_(g)
+        chunks: list[list[torch.Tensor]] = []
+        for p in reversed(self.params):
+            if not chunks or sum(q.numel() * q.element_size() for q in chunks[-1]) >= chunk_bytes:
+                chunks.append([])
+            chunks[-1].append(p)
+        _accumulate(direct)
+        for k, chunk in enumerate(chunks):
+            if edges:
+                got = torch.autograd.grad(edges, chunk, grads, allow_unused=True, retain_graph=k < len(chunks) - 1)
+                _accumulate(list(zip(chunk, got)))
+            for p in chunk if on_ready is not None else ():
+                on_ready(p)  # every contribution to p (direct ones came first) is in
         self.frontier, self.roots = [], []
+
+
+def _accumulate(pairs: list) -> None:
+    with torch.no_grad():
+        for p, g in pairs:
+            if g is not None:
+                p.grad = g.detach().clone() if p.grad is None else p.grad.add_(g)

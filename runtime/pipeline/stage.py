@@ -15,7 +15,7 @@ microbatches equal the full-batch mean loss's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -144,12 +144,13 @@ class StageProgram:
         it = iter(got)
         return self._input_grads(saved.leaves, [next(it) if t.requires_grad else None for t in saved.leaves])
 
-    def backward_weight(self, mb: int) -> None:
-        """W: accumulate the weight gradients of microbatch ``mb`` (after its B) and free its graph."""
+    def backward_weight(self, mb: int, on_ready: Optional[Callable[[torch.Tensor], None]] = None) -> None:
+        """W: accumulate the weight gradients of microbatch ``mb`` (after its B) and free its graph;
+        ``on_ready(p)`` as each parameter's gradient lands (``SplitBackward.weight_grads``)."""
         saved = self.saved.pop(mb)
         if saved.split is None:
             raise RuntimeError(f"stage {self.index}: W{mb} ran before B{mb}; the schedule must run B before W")
-        saved.split.weight_grads()
+        saved.split.weight_grads(on_ready)
 
     def backward(self, mb: int, grads: Optional[list] = None) -> list:
         """BW: input and weight gradients in one pass; frees the microbatch's graph."""
@@ -183,8 +184,9 @@ class StageGradSync:
     capped at ``bucket_bytes``. ``arm()`` right before the last action that adds to the stage's weight
     gradients; each parameter's post-accumulate-grad hook then marks its gradient final, and full buckets
     launch async all-reduces strictly in order, so every rank of the group issues the same collectives in
-    the same order. ``launch_rest()`` after that action launches what is left (a zero-bubble W adds its
-    gradients without hooks; a parameter without gradient contributes zeros); ``finish()`` waits and
+    the same order; a zero-bubble W, which sets gradients without hooks, reports them through
+    ``mark_ready``. ``launch_rest()`` after that action launches what is left (a parameter without
+    gradient contributes zeros); ``finish()`` waits and
     writes the sums into ``.grad``. ``overlapped``: buckets launched from hooks in the last step."""
 
     def __init__(self, pairs: list, bucket_bytes: int = 4 * 2**20):
@@ -209,6 +211,10 @@ class StageGradSync:
         self.armed, self._ready, self._next, self._works = True, set(), 0, []
 
     def _hook(self, p) -> None:
+        self.mark_ready(p)
+
+    def mark_ready(self, p) -> None:
+        """``p``'s gradient is final for this step (a zero-bubble W reports what no hook sees)."""
         if self.armed and id(p) in self._bucket_of:
             self._ready.add(id(p))
             self._launch(False)
