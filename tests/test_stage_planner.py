@@ -16,9 +16,12 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.generators import generate
 from autoshard.passes.pipeline.layer_costs import layer_units, plan_submesh, profile_submesh
 from autoshard.passes.pipeline.planner import plan_pipeline, profile_candidates, search_stages
-from autoshard.passes.pipeline.search import closed_form_best, plan_candidates
+from autoshard.passes.pipeline.scoring import (DEFAULT_SCHEDULES, VIRTUAL, approx_held, held_microbatches, score_stages,
+                                               stage_problem, valid_schedule)
+from autoshard.passes.pipeline.search import closed_form_best, microbatch_options, plan_candidates
 from autoshard.passes.pipeline.simulate import StageCosts, simulate
-from autoshard.passes.pipeline.stage_ilp import StageProblem, pipeline_step_time, solve_stages, stage_costs
+from autoshard.passes.pipeline.stage_ilp import (StageProblem, even_stages, pipeline_step_time, solve_stages,
+                                                 stage_costs)
 from autoshard.passes.planner import plan_sharding
 from models import GPT, _cross_entropy
 
@@ -326,3 +329,40 @@ def test_two_pass_candidates_rank_by_closed_form_and_keep_every_candidate(big_he
     assert all(str(row["status"]).startswith("OPTIMAL") for row in stats["candidates"].values())
     for k in profiles:
         assert profiles[k].solution.strategies == plain[k].solution.strategies
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1", "zbv", "dualpipev"])
+def test_closed_form_in_flight_counts_equal_the_simulators(schedule):
+    """The search's first pass fits memory with ``approx_held``; a count too high drops a layout that
+    fits (zbv's second half was once counted as its first), one too low wastes a simulation."""
+    for p in (2, 3, 4, 8, 16):
+        for m in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32):
+            if valid_schedule(schedule, p, m):
+                assert approx_held(schedule, p, m) == list(held_microbatches(schedule, p, m)), (p, m)
+
+
+def test_search_is_never_worse_than_any_evenly_cut_configuration(big_head):
+    """Every (pp, submesh, m, schedule, recompute on all / none) cut evenly by units and simulated,
+    as the grid benchmark scores them: the search's answer is at least as fast as the best of them."""
+    mesh = Mesh((8,))
+    hw = dataclasses.replace(PRESETS["h100"], memory_bytes=2e8)  # tight: recompute and deep pipelines matter
+    batch = 16
+    profiles = profile_candidates(big_head, mesh, [1, 2, 4, 8], hardware=hw, optimizer="adamw", single=True,
+                                  memory_limit=hw.memory_bytes)
+    best, _ = search_stages(profiles, mesh, hardware=hw, memory_limit=hw.memory_bytes, batch=batch)
+    grid = math.inf
+    for (p, _), prof in profiles.items():
+        for schedule in DEFAULT_SCHEDULES:
+            if p * VIRTUAL[schedule] > len(prof.units):
+                continue
+            for m in microbatch_options(batch, prof.batch_shard, p):
+                if not valid_schedule(schedule, p, m):
+                    continue
+                prob = stage_problem(prof, p, m, schedule, mesh, hw, hw.memory_bytes,
+                                     list(held_microbatches(schedule, p, m)))
+                for on in (False, True):
+                    sol = even_stages(prob, on)
+                    if sol is not None:
+                        grid = min(grid, score_stages(prob, schedule, sol.starts, sol.recompute)[0])
+    assert grid < math.inf and best is not None
+    assert best.step_time <= grid * (1 + 1e-9)

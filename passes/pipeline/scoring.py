@@ -70,15 +70,18 @@ def held_microbatches(schedule: str, p: int, m: int) -> tuple[int, ...]:
 
 
 def approx_held(schedule: str, p: int, m: int) -> list[int]:
-    """In-flight microbatches per stage from closed forms (the simulator's count is exact)."""
+    """In-flight microbatches per stage from closed forms (the simulator's count is exact; these
+    equal it for every schedule but interleaved-1f1b, whose per-group total they approximate)."""
     groups = stage_rank(schedule, p, VIRTUAL[schedule])
     if schedule == "gpipe":
         return [m] * len(groups)
     if schedule == "interleaved-1f1b":  # Megatron's warm-up 2 (p - g - 1) + (v - 1) p, plus one, over v
         v = VIRTUAL[schedule]
         return [math.ceil(min(m * v, 2 * (p - g - 1) + (v - 1) * p + 1) / v) for g in groups]
-    if schedule in ("zbv", "dualpipev"):
-        return [min(m, 2 * (p - g)) for g in groups]
+    if schedule in ("zbv", "dualpipev"):  # stage s of the V (2p stages) holds 2p - s
+        return [min(m, 2 * p - s) for s in range(len(groups))]
+    if schedule == "zb-h1":  # W is deferred, so every stage holds p
+        return [min(m, p)] * p
     return [min(m, p - g) for g in groups]
 
 

@@ -24,7 +24,7 @@ from .microbatch import global_batch
 from .layer_costs import LayerUnit, SubmeshProfile, layer_units, plan_submesh, profile_submesh, submesh_shapes
 from .scoring import (DEFAULT_SCHEDULES, VIRTUAL, Choice, approx_held, held_microbatches, score_stages,
                       stage_problem, valid_schedule)
-from .stage_ilp import StageProblem, StageSolution, balanced_stages, solve_stages
+from .stage_ilp import StageProblem, StageSolution, balanced_stages, even_stages, solve_stages
 
 __all__ = ["global_batch", "profile_candidates", "plan_candidates", "closed_form_best", "microbatch_options",
            "search_stages"]
@@ -139,6 +139,10 @@ def microbatch_options(batch: int, shard: int, p: int, pinned: Optional[int] = N
     return [m for m in range(1, batch + 1) if batch % m == 0 and (batch // m) % shard == 0]
 
 
+#: phase 3 simulates an even cut whose closed-form step is below this multiple of the best so far
+EVEN_CUT_MARGIN = 1.3
+
+
 def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limit: float, batch: int,
                   schedules: Sequence[str] = DEFAULT_SCHEDULES, microbatches: Optional[int] = None,
                   starts: Optional[list[int]] = None, recompute: Optional[bool] = None,
@@ -151,7 +155,9 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
     every schedule are then re-cut with the simulator's in-flight counts and simulated, skipping
     those whose bound m * work / pp (no bubble, no communication) cannot beat the best so far.
     Phase 2 runs the stage ILP on the ``refine`` best simulated ones, and on configurations the
-    balanced cut could not fit (the ``refine`` with the smallest bounds, while they can still win)."""
+    balanced cut could not fit (the ``refine`` with the smallest bounds, while they can still win).
+    Phase 3 (unpinned cuts) simulates the even cut of every configuration whose bound can still
+    win, recompute on all stages or none (``_even_cuts``)."""
     t0 = time.perf_counter()
     configs = []
     for (p, shape), prof in profiles.items():
@@ -222,8 +228,52 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
         choice = _choice(prob, sol, p, prof, m, schedule, prob.held)
         if best is None or choice.step_time < best.step_time:
             best = choice
+    if starts is None:
+        best = _even_cuts(configs, best, stats, mesh, hardware, memory_limit, recompute,
+                          deadline=t0 + time_limit_s)
     stats["wall_s"] = round(time.perf_counter() - t0, 3)
     return best, stats
+
+
+def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, hardware: Hardware,
+               memory_limit: float, recompute: Optional[bool], deadline: float,
+               margin: float = EVEN_CUT_MARGIN) -> Optional[Choice]:
+    """Every configuration whose bound can still win, cut evenly by unit count with recompute on
+    all stages or none, simulated when its closed form is within ``margin`` of the best so far: the
+    closed form ranks one schedule against itself well but can misjudge across schedules (zbv's V
+    against 1F1B), and this pass keeps such a miss from hiding a textbook layout that beats the answer."""
+    stats["even"] = 0
+    improved = None
+    for bound, p, prof, m, schedule in configs:  # sorted by bound
+        if best is not None and bound >= best.step_time:
+            break
+        if time.perf_counter() > deadline:
+            stats["timed_out"] = True
+            break
+        rough = stage_problem(prof, p, m, schedule, mesh, hardware, memory_limit, approx_held(schedule, p, m), None,
+                              recompute)
+        for on in ((False, True) if recompute is None else (bool(recompute),)):
+            guess = even_stages(rough, on)
+            if guess is None or (best is not None and guess.step_time >= margin * best.step_time):
+                continue
+            held = list(held_microbatches(schedule, p, m))
+            prob = stage_problem(prof, p, m, schedule, mesh, hardware, memory_limit, held, None, recompute)
+            sol = even_stages(prob, on)
+            if sol is None:
+                continue
+            stats["even"] += 1
+            choice = _choice(prob, sol, p, prof, m, schedule, held)
+            if best is None or choice.step_time < best.step_time:
+                best, improved = choice, prob
+    left = deadline - time.perf_counter()
+    if improved is not None and left > 0:  # the stage ILP refines the even cut that won
+        sol = solve_stages(improved, time_limit_s=min(2.0, left), hint=best.stages)
+        stats["ilp"] += 1
+        if sol is not None:
+            choice = _choice(improved, sol, best.pp, best.profile, best.m, best.schedule, improved.held)
+            if choice.step_time < best.step_time:
+                best = choice
+    return best
 
 
 def _choice(prob: StageProblem, sol: StageSolution, p: int, prof: SubmeshProfile, m: int, schedule: str,

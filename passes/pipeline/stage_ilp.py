@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 
 from ortools.sat.python import cp_model
 
-__all__ = ["StageProblem", "StageSolution", "StageILP", "solve_stages", "balanced_stages", "stage_costs",
+__all__ = ["StageProblem", "StageSolution", "StageILP", "solve_stages", "balanced_stages", "even_stages", "stage_costs",
            "pipeline_step_time"]
 
 _UNITS = 1e6
@@ -302,6 +302,17 @@ def balanced_stages(prob: StageProblem) -> Optional[StageSolution]:
             per[g] = per.get(g, 0.0) + mems[s]
         recompute = [per[prob.stage_group[s]] > prob.memory_limit for s in range(S)]
     sol = _package(prob, starts, recompute, "HEURISTIC", time.perf_counter() - t0)
+    return sol if _fits(prob, sol.memory) else None
+
+
+def even_stages(prob: StageProblem, recompute: bool) -> Optional[StageSolution]:
+    """The textbook cut: stage s starts at unit round(s L / S) (Megatron's even split by layer count),
+    with recompute on every stage or none. None if it does not fit."""
+    L, S = len(prob.fwd), prob.num_stages
+    if S > L or prob.starts is not None:
+        return None
+    starts = [round(s * L / S) for s in range(S)]
+    sol = _package(prob, starts, [recompute] * S, "EVEN", 0.0)
     return sol if _fits(prob, sol.memory) else None
 
 
