@@ -22,7 +22,8 @@ The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-o
    ranges and per-stage recompute minimizing the closed-form step time under the memory limit, with
    the activations the schedule keeps in flight (the simulator's peak per stage). Every
    configuration first gets the balanced cut (``stage_ilp.balanced_stages``); the ILP refines the
-   best few and those the balanced cut cannot fit (``search_stages``).
+   best few and those the balanced cut cannot fit; every configuration whose closed form can still
+   win is also tried with the even cut by unit count, simulated (``search_stages``).
 5. Every answer is re-timed by the schedule simulator (``scoring.score_stages``): the plan with
    the smallest SIMULATED step time, each group's gradient all-reduce overlapped with the backward
    still running after its last microbatch's gradients are ready, wins, and that is the plan's
