@@ -41,7 +41,6 @@ Identical blocks cost the same, so a profile traced with a few blocks stands for
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Optional, Union

@@ -16,7 +16,6 @@ import math
 import time
 from typing import Optional, Sequence
 
-from ..errors import AutoshardError
 from ..graph import CapturedGraph
 from ..hardware import Hardware
 from ..mesh import Mesh
