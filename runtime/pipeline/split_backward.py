@@ -107,10 +107,13 @@ class SplitBackward:
             edges.append(o)
             grads.append(g)
         chunks: list[list[torch.Tensor]] = []
+        filled = chunk_bytes
         for p in reversed(self.params):
-            if not chunks or sum(q.numel() * q.element_size() for q in chunks[-1]) >= chunk_bytes:
+            if filled >= chunk_bytes:
                 chunks.append([])
+                filled = 0
             chunks[-1].append(p)
+            filled += p.numel() * p.element_size()
         _accumulate(direct)
         for k, chunk in enumerate(chunks):
             if edges:
