@@ -7,8 +7,6 @@ torchrun and returns each rank's program; ``Plan.render`` draws the partition.
 Names that need torch load on first use, so torch-free commands (``autoshard solve``) start fast.
 """
 import importlib
-import sys
-import types
 
 from autoshard.passes.errors import (  # noqa: F401  (torch-free)
     AutoshardError, BatchError, InfeasiblePlanError, MeshError, PlanFormatError, TraceError,
@@ -19,7 +17,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "plan": "autoshard.api", "compile": "autoshard.api",
-    "Plan": "autoshard.plan", "load_plan": "autoshard.plan",
+    "Plan": "autoshard.plans", "load_plan": "autoshard.plans",
     "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
 }
 _SUBMODULES = ("presets",)
@@ -41,17 +39,3 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))
-
-
-class _Package(types.ModuleType):
-    """Importing the submodule ``autoshard.plan`` makes Python bind it as the package's ``plan``
-    attribute, hiding the lazy function ``autoshard.plan``: that one binding is refused (the submodule
-    stays reachable through ``sys.modules`` and ``from autoshard.plan import ...``)."""
-
-    def __setattr__(self, name, value):
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

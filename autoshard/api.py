@@ -12,12 +12,12 @@ from typing import Any, Optional, Union
 
 import torch
 
-from autoshard.passes.capture import capture
+from autoshard.passes.capture.export import capture
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pins import Pins
-from autoshard.passes.planner import plan_sharding, random_solution
-from autoshard.passes.solution import Solution
-from autoshard.plan import Plan, graph_fingerprint
+from autoshard.passes.sharding.pins import Pins
+from autoshard.passes.solve.planner import plan_sharding, random_solution
+from autoshard.passes.solve.solution import Solution
+from autoshard.plans import Plan, graph_fingerprint
 
 PIN_KEYWORDS = ("params", "inputs", "ops", "strategies")
 
@@ -94,7 +94,7 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     ``hardware``: a preset name, a profile JSON path, a ``Hardware`` object or "auto".
     Returns a ``CompiledModel``.
 
-    Pipeline parallelism: ``pp="auto"`` lets the stage planner (``passes.pipeline.planner.plan_pipeline``)
+    Pipeline parallelism: ``pp="auto"`` lets the stage planner (``passes.pipeline.stages.planner.plan_pipeline``)
     choose the number of pipeline groups along the mesh's first axis, the stage cut, each group's
     (dp, tp) submesh, the microbatch count and the schedule; ``pp=N`` (N > 1) pins the number of
     groups and leaves the rest to it; ``schedule`` ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1",

@@ -18,12 +18,12 @@ import tempfile
 import time
 
 from autoshard.passes.errors import AutoshardError
-from autoshard import profile_cli  # torch-free at import; `summary` and `profile` load torch when run
+from autoshard.profiling import cli as profile_cli  # torch-free at import; `summary` and `profile` load torch when run
 
 
 def _solve(path: str, timeout: float, seed: int, start: float, verbose: bool = False) -> None:
-    from autoshard.passes.iopddl import read_problem, verify
-    from autoshard.passes.solver_search import SearchConfig, solve_problem
+    from autoshard.passes.iopddl.problem import read_problem, verify
+    from autoshard.passes.iopddl.solver import SearchConfig, solve_problem
 
     guard = _Watchdog(start + timeout - 1.0 - 0.005 * timeout)
     problem = read_problem(path)
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.command == "summary":
-            from autoshard.plan import load_plan
+            from autoshard.plans import load_plan
             print(load_plan(args.plan).summary())
         elif args.command == "profile":
             return profile_cli.run(args)

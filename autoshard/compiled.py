@@ -10,7 +10,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from autoshard.plan import Plan
+from autoshard.plans import Plan
 
 
 class _TrainingState:
@@ -176,7 +176,7 @@ def compile_pipeline(model, mesh, env, *, example_inputs, loss_fn, example_targe
                      stages, state_dict, hardware, memory_limit, optimizer, time_limit_s, pins: dict):
     """Plan and build a pipeline on every rank with the automatic stage planner.
 
-    Rank 0 traces the program at the global batch and runs ``passes.pipeline.planner.plan_pipeline``,
+    Rank 0 traces the program at the global batch and runs ``passes.pipeline.stages.planner.plan_pipeline``,
     which chooses pp (unless ``pp`` is an int), the stage cut, each rank group's (dp, tp) submesh, the
     microbatch count and the schedule, honouring whichever of ``pp``/``schedule``/``microbatches``/
     ``stages`` is pinned. If it chooses pp = 1, the result is an ordinary ``CompiledModel`` with its plan
@@ -186,14 +186,14 @@ def compile_pipeline(model, mesh, env, *, example_inputs, loss_fn, example_targe
     travels as JSON. Stages the planner recomputes run their forward without autograd and again before
     their backward (``runtime.pipeline.stage``). Returns a ``PipelinedModel`` or a ``CompiledModel``."""
     import time
-    from autoshard.passes.capture import capture
+    from autoshard.passes.capture.export import capture
     from autoshard.passes.errors import BatchError
-    from autoshard.passes.pins import Pins
-    from autoshard.passes.pipeline.generators import generate
-    from autoshard.passes.pipeline.planner import plan_pipeline
-    from autoshard.passes.pipeline.stage_plan import PipelinePlan
-    from autoshard.passes.planner import plan_sharding
-    from autoshard.plan import graph_fingerprint
+    from autoshard.passes.sharding.pins import Pins
+    from autoshard.passes.pipeline.schedule.generators import generate
+    from autoshard.passes.pipeline.stages.planner import plan_pipeline
+    from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+    from autoshard.passes.solve.planner import plan_sharding
+    from autoshard.plans import graph_fingerprint
     from autoshard.runtime.pipeline.executor import PipelineProgram
     from autoshard.runtime.pipeline.split import replan_at_microbatch
 

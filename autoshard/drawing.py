@@ -13,7 +13,7 @@ import re
 import shutil
 
 from autoshard.passes.graph import MODULE, outputs
-from autoshard.passes.planner import human_bytes
+from autoshard.passes.solve.planner import human_bytes
 from autoshard.passes.spec import Partial, Shard
 
 _VIEW_OPS = ("view", "reshape", "transpose", "permute", "expand", "unsqueeze", "squeeze", "getitem",

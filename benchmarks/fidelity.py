@@ -3,7 +3,7 @@
     python benchmarks/fidelity.py [--rounds 7] [--iters 3] [--json out.json]   # starts torchrun 4 itself
     torchrun --nproc_per_node 4 benchmarks/fidelity.py
 
-On 4 gloo ranks (CPU): first measures a profile of this machine with ``runtime/profiler.py`` (all 4
+On 4 gloo ranks (CPU): first measures a profile of this machine with ``autoshard/profiling/measure.py`` (all 4
 ranks busy, as in the steps that follow) and writes it to a JSON file; then compiles the GPT example
 (examples/nanogpt.py) under pinned layouts -- data parallel, FSDP, Megatron TP, their mixes on (4,)
 and (2, 2), and the solver's own choice -- at several widths and batch sizes, each planned with
@@ -103,7 +103,7 @@ def _collective_counts(cm) -> tuple[int, int]:
 
 def _estimate(plan, profile: str) -> float:
     """Re-price the plan that ran (the same strategy for every op) with ``profile``."""
-    from autoshard.passes.solution import evaluate
+    from autoshard.passes.solve.solution import evaluate
     return evaluate(plan.captured, plan.mesh, plan.solution.strategies, profile).estimated_step_time
 
 
@@ -112,8 +112,8 @@ def run(args) -> None:
     import torch.distributed as dist
 
     import autoshard
-    from autoshard.passes.profile_data import merge_profiles
-    from autoshard.runtime.profiler import ProfileConfig, measure_profile
+    from autoshard.passes.cost.profile_format import merge_profiles
+    from autoshard.profiling.measure import ProfileConfig, measure_profile
     from nanogpt import GPT, CharData, generate_corpus, lm_loss
 
     dist.init_process_group("gloo")

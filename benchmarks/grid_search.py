@@ -25,12 +25,12 @@ import time
 
 import torch
 
-from autoshard.passes.capture import capture
-from autoshard.passes.hardware import get_hardware
+from autoshard.passes.capture.export import capture
+from autoshard.passes.cost.hardware import get_hardware
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.planner import (VIRTUAL, global_batch, held_microbatches, profile_candidates,
+from autoshard.passes.pipeline.stages.planner import (VIRTUAL, global_batch, held_microbatches, profile_candidates,
                                                score_stages, search_stages, stage_problem)
-from autoshard.passes.pipeline.stage_ilp import stage_costs
+from autoshard.passes.pipeline.stages.stage_ilp import stage_costs
 
 # name: (blocks, width, heads, seq, gpus, global batch)
 ALPA = {"760M": (24, 1536, 16, 1024, 2, 1024), "1.3B": (24, 2048, 32, 1024, 4, 1024),

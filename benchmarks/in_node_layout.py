@@ -22,11 +22,11 @@ import time
 
 from grid_search import traced
 
-from autoshard.passes.hardware import PRESETS
+from autoshard.passes.cost.hardware import PRESETS
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pins import Pins
-from autoshard.passes.pipeline.layer_costs import plan_submesh, profile_submesh
-from autoshard.passes.pipeline.search import profile_candidates, search_stages
+from autoshard.passes.sharding.pins import Pins
+from autoshard.passes.pipeline.stages.layer_costs import plan_submesh, profile_submesh
+from autoshard.passes.pipeline.stages.search import profile_candidates, search_stages
 
 SLOW_IB = dataclasses.replace(PRESETS["h100"], name="h100, 1 GB/s between nodes", inter_node_bandwidth=1e9)
 MESH = Mesh((2, 8))

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from autoshard.passes.iopddl import read_problem, verify
+from autoshard.passes.iopddl.problem import read_problem, verify
 
 INSTANCES = {  # name: (contest time limit s, best cost reached by any contest team)
     "A": (60, 6_548_641_531),

@@ -4,7 +4,7 @@
 
 A GPT (tests/models.py's, untied embeddings so both sides hold the same stages) cut into 4 stages at
 the same block boundaries, one stage per rank (pp=4), on gloo (CPU). autoshard: ``PipelineProgram``
-with the ``1f1b`` schedule from ``passes.pipeline.generators``. torch: ``PipelineStage`` +
+with the ``1f1b`` schedule from ``passes.pipeline.schedule.generators``. torch: ``PipelineStage`` +
 ``Schedule1F1B`` over hand-cut stage modules. A step is forward + backward of the global batch in
 ``--micro`` microbatches + AdamW step. Rounds of ``--iters`` steps interleave the two (ABBA order, so
 neither side always runs first) so machine noise hits both; each round pair gives one ratio.
@@ -95,9 +95,9 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
-    from autoshard.passes.capture import capture
-    from autoshard.passes.pipeline.generators import generate
-    from autoshard.passes.planner import plan_sharding
+    from autoshard.passes.capture.export import capture
+    from autoshard.passes.pipeline.schedule.generators import generate
+    from autoshard.passes.solve.planner import plan_sharding
     from autoshard.runtime.pipeline.executor import PipelineProgram, write_chrome_trace
     from autoshard.runtime.pipeline.split import make_pipeline_plan, stage_nodes_from_prefixes
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B

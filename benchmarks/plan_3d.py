@@ -26,10 +26,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from autoshard.passes.capture import capture
-from autoshard.passes.hardware import get_hardware
+from autoshard.passes.capture.export import capture
+from autoshard.passes.cost.hardware import get_hardware
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.search import plan_candidates, profile_candidates, search_stages
+from autoshard.passes.pipeline.stages.search import plan_candidates, profile_candidates, search_stages
 
 
 def gpt3(blocks: int, d: int, heads: int, seq: int, vocab: int):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import autoshard
 from autoshard.api import _plan_captured
-from autoshard.passes.capture import capture
+from autoshard.passes.capture.export import capture
 from autoshard.passes.mesh import Mesh
 
 

@@ -55,7 +55,7 @@ MESHES = {8: (1, 8), 64: (8, 8), 256: (32, 8), 1024: (128, 8)}
 
 def machine() -> str:
     import torch
-    from autoshard.runtime.profiler import cpu_model
+    from autoshard.profiling.measure import cpu_model
     cpu = cpu_model()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return f"{os.cpu_count()} cores ({cpu}), torch {torch.__version__}, Python {platform.python_version()}, {date}"
@@ -90,7 +90,7 @@ def sweep(models, sizes, max_layers: int, seq: int) -> list[dict]:
     import torch.nn.functional as F
 
     from autoshard.api import _plan_captured
-    from autoshard.passes.capture import capture
+    from autoshard.passes.capture.export import capture
     from autoshard.passes.errors import InfeasiblePlanError
     from autoshard.passes.mesh import Mesh
 
@@ -167,7 +167,7 @@ def run_script(cmd: list[str], timeout: int) -> str:
 def fidelity_markdown(data: dict, cmd: str) -> str:
     out = ["### Cost-model fidelity: predicted vs measured step time (goal: Spearman >= 0.9, median |error| <= 20%)",
            "", f"`{cmd}` -- the GPT example (2 layers, seq 32) on 4 gloo ranks under pinned layouts; each plan "
-           "priced with a profile measured by `runtime/profiler.py` in the same run (never fitted to these "
+           "priced with a profile measured by `autoshard/profiling/measure.py` in the same run (never fitted to these "
            f"steps); {data['rounds']} interleaved, shuffled rounds x {data['iters']} steps, medians; a step is "
            "forward + backward + gradient sync (no optimizer).", "",
            "`collectives plan/program`: forward collectives the plan prices / collective calls in the emitted "

@@ -1,0 +1,17 @@
+"""Analysis: an ``nn.Module`` in, a sharding plan out. Pure functions over an fx graph; no process group.
+
+The stages, in the order a plan is made::
+
+    capture/     model + example batch -> CapturedGraph (ATen-level fx program, shapes and module paths)
+    sharding/    the ways each op may be split: rules per op family, multi-axis strategies, user pins
+    cost/        what a strategy costs: the analytic model, collective formulas, hardware, measured profiles
+    solve/       the choice: clustering of repeated blocks, the ILP, the sharding planner, the Solution
+    pipeline/    stages and schedules: schedule/ (actions, generators, simulator), stages/ (the stage planner)
+    iopddl/      a standalone solver for the IOPDDL strategy-graph format (the same problem, contest form)
+
+Loose files are the vocabulary every stage shares: ``errors``, ``mesh``, ``spec`` (placements and
+strategies), ``graph`` (the captured program), ``units`` (human-readable bytes and seconds).
+
+May import: torch, numpy, ortools, and itself. Never ``autoshard``'s front door or ``autoshard.runtime``.
+Within ``passes``, a stage imports the vocabulary and the stages before it, never one after it.
+"""

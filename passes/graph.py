@@ -1,6 +1,6 @@
 """The captured program and the small vocabulary every pass uses to walk it.
 
-``capture`` (passes/capture.py) produces a ``CapturedGraph``: an ATen-level ``torch.fx``
+``capture`` (passes/capture/export.py) produces a ``CapturedGraph``: an ATen-level ``torch.fx``
 GraphModule whose placeholders are, in order, the parameters, the buffers, the user inputs and
 (when a loss function is given) the target. Every node carries namespaced metadata:
 
@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 import torch.fx as fx
 
-from .spec import TensorMeta
+from autoshard.passes.spec import TensorMeta
 
 META = "autoshard.meta"
 MODULE = "autoshard.module"

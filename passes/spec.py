@@ -14,7 +14,7 @@ replicated parameter's gradient needs an all-reduce over every axis where it is 
 collective's backward is its adjoint (all-gather <-> reduce-scatter, all-reduce <-> all-reduce,
 local chunk <-> zero-pad, all-to-all <-> all-to-all).
 
-A sharding rule returns ``Strategy1D`` options for ONE mesh axis. ``passes.strategies`` combines
+A sharding rule returns ``Strategy1D`` options for ONE mesh axis. ``passes.sharding.strategies`` combines
 them into multi-axis ``Strategy`` objects (the product over axes, filtered by divisibility).
 
 Local semantics of a strategy: every rank runs the same ATen op on its local pieces, with

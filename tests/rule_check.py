@@ -35,7 +35,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from autoshard.passes.graph import META, is_getitem, tensor_meta_of
-from autoshard.passes.rules import rule_strategies
+from autoshard.passes.sharding.rules import rule_strategies
 from autoshard.passes.spec import LOWERINGS, Partial, Placement, Replicate, Shard, Strategy1D, TensorMeta
 
 __all__ = ["RuleCheck", "check_rule_numerics", "trace_op"]

@@ -135,14 +135,15 @@ def test_ops_without_rules_are_listed():
     assert any("bessel_j0" in op for op in plan.replicated_ops)
 
 
-def test_front_door_names_survive_importing_their_namesake_submodule():
-    """Importing autoshard.compiled (which imports the submodule autoshard.plan) before the first use of
-    autoshard.plan must still give the function, in a fresh interpreter."""
+def test_front_door_names_survive_importing_every_submodule():
+    """``autoshard.plan`` and ``autoshard.compile`` stay the functions after every front-door submodule is
+    imported, in a fresh interpreter (no submodule shares a front-door function's name)."""
     import subprocess
     import sys
-    code = ("import autoshard.compiled, autoshard, inspect; "
+    code = ("import pkgutil, importlib, inspect, autoshard; "
+            "[importlib.import_module('autoshard.' + m.name) for m in pkgutil.iter_modules(autoshard.__path__)]; "
             "assert inspect.isfunction(autoshard.plan), autoshard.plan; "
-            "assert inspect.isfunction(autoshard.compile); "
-            "from autoshard.plan import Plan; assert Plan.__module__ == 'autoshard.plan'")
+            "assert inspect.isfunction(autoshard.compile), autoshard.compile; "
+            "from autoshard.plans import Plan; assert Plan.__module__ == 'autoshard.plans'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

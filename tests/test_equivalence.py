@@ -100,9 +100,9 @@ def equivalence_worker(rank: int, world: int, model_name: str, meshes, only=None
     """Run every (mesh, layout) case for one model; return a list of failure descriptions."""
     from autoshard.api import _plan_captured
     from autoshard.compiled import CompiledModel
-    from autoshard.passes.capture import capture
+    from autoshard.passes.capture.export import capture
     from autoshard.passes.mesh import Mesh
-    from autoshard.plan import Plan
+    from autoshard.plans import Plan
     from autoshard.runtime.groups import broadcast_json, setup_distributed
     from models import BUILDERS
 

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from autoshard.passes.cost import (CostModel, GraphFacts, collective_seconds, collective_terms, hierarchical_terms,
+from autoshard.passes.cost.model import (CostModel, GraphFacts, collective_seconds, collective_terms, hierarchical_terms,
                                    p2p_seconds)
 from autoshard.passes.errors import AutoshardError
-from autoshard.passes.hardware import Hardware
+from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import R, S, Strategy, TensorMeta
 

@@ -3,17 +3,17 @@ microbatch's batch dimension unevenly are kept out of the ILP, and a plan report
 microbatch it stays valid for. One process, meta-device models."""
 import torch
 
-from autoshard.passes.capture import capture
+from autoshard.passes.capture.export import capture
 from autoshard.passes.graph import operand_meta, operands, outputs
-from autoshard.passes.hardware import PRESETS
+from autoshard.passes.cost.hardware import PRESETS
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pins import Pins
-from autoshard.passes.pipeline.layer_costs import plan_submesh
-from autoshard.passes.pipeline.microbatch import (batch_dependent, batch_granularity, global_batch,
+from autoshard.passes.sharding.pins import Pins
+from autoshard.passes.pipeline.stages.layer_costs import plan_submesh
+from autoshard.passes.pipeline.stages.microbatch import (batch_dependent, batch_granularity, global_batch,
                                                   microbatch_strategies)
-from autoshard.passes.planner import plan_sharding
+from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.spec import Shard
-from autoshard.passes.strategies import enumerate_strategies
+from autoshard.passes.sharding.strategies import enumerate_strategies
 from models import GPT, _cross_entropy
 
 BATCH, SEQ = 8, 16

@@ -31,14 +31,14 @@ ADAM_EPS = 1e-6
 
 def slow_network():
     """One rank per node and a 1 MB/s network: gradient all-reduces are dear, activations cheap."""
-    from autoshard.passes.hardware import get_hardware
+    from autoshard.passes.cost.hardware import get_hardware
     return dataclasses.replace(get_hardware("cpu"), name="slow-net", devices_per_node=1,
                                inter_node_bandwidth=1e6, inter_node_latency=1e-3)
 
 
 def fast_network():
     """Near-free collectives and no per-op overhead: data parallelism beats any pipeline bubble."""
-    from autoshard.passes.hardware import get_hardware
+    from autoshard.passes.cost.hardware import get_hardware
     return dataclasses.replace(get_hardware("cpu"), name="fast-net", intra_node_bandwidth=1e12,
                                intra_node_latency=1e-7, inter_node_bandwidth=1e12, inter_node_latency=1e-7,
                                collective_launch_s=1e-7, op_overhead_s=0.0)
@@ -59,8 +59,8 @@ def build(model_name: str):
 def expected_plans(cases: list) -> list:
     """Each case's plan_pipeline answer, computed in this process (compile runs it on rank 0)."""
     from autoshard.compiled import _planner_stages
-    from autoshard.passes.capture import capture
-    from autoshard.passes.pipeline.planner import plan_pipeline
+    from autoshard.passes.capture.export import capture
+    from autoshard.passes.pipeline.stages.planner import plan_pipeline
     out, traced = [], {}
     for case in cases:
         if case["model"] not in traced:
@@ -81,8 +81,8 @@ def expected_plans(cases: list) -> list:
 def recompute_limit(model_name: str, mesh, hardware) -> int:
     """A memory limit under which the planner's best plan recomputes some stage (found by lowering the
     limit from what the unconstrained plan needs)."""
-    from autoshard.passes.capture import capture
-    from autoshard.passes.pipeline.planner import plan_pipeline
+    from autoshard.passes.capture.export import capture
+    from autoshard.passes.pipeline.stages.planner import plan_pipeline
     model, inputs, target, loss_fn, _ = build(model_name)
     captured = capture(model, inputs, loss_fn=loss_fn, target=target)
     free = plan_pipeline(captured, mesh, hardware=hardware, time_limit_s=30)
@@ -236,7 +236,7 @@ def test_compile_pp_auto_4_ranks(tmp_path):
 def test_bad_pipeline_arguments():
     """Argument errors are raised before any process group is needed, naming the fix."""
     import autoshard
-    from autoshard.passes.capture import capture
+    from autoshard.passes.capture.export import capture
     from autoshard.passes.errors import PlanFormatError
     from autoshard.runtime.pipeline.split import match_nodes
 

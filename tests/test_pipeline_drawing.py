@@ -9,8 +9,8 @@ import torch
 
 
 def _unet_plan():
-    from autoshard.passes.capture import capture
-    from autoshard.passes.planner import plan_sharding
+    from autoshard.passes.capture.export import capture
+    from autoshard.passes.solve.planner import plan_sharding
     from autoshard.runtime.pipeline.split import make_pipeline_plan, stage_nodes_from_prefixes
     from models_pipeline import unet
 

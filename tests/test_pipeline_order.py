@@ -27,8 +27,8 @@ import dataclasses
 import pytest
 import torch
 
-from autoshard.passes.pipeline.actions import Action
-from autoshard.passes.pipeline.generators import SCHEDULE_NAMES, generate, stage_rank
+from autoshard.passes.pipeline.schedule.actions import Action
+from autoshard.passes.pipeline.schedule.generators import SCHEDULE_NAMES, generate, stage_rank
 from autoshard.runtime.pipeline.interpreter import Interpreter, executed_schedule
 from autoshard.runtime.pipeline.p2p import Message, Wiring, action_messages, plan_transfers
 

@@ -33,10 +33,10 @@ class Net(nn.Module):
 
 
 def _program(model, x, y, schedule: str, recompute: bool, m: int):
-    from autoshard.passes.capture import capture
-    from autoshard.passes.pipeline.generators import generate
-    from autoshard.passes.pipeline.stage_plan import PipelinePlan
-    from autoshard.passes.planner import plan_sharding
+    from autoshard.passes.capture.export import capture
+    from autoshard.passes.pipeline.schedule.generators import generate
+    from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+    from autoshard.passes.solve.planner import plan_sharding
     from autoshard.runtime.groups import broadcast_json
     from autoshard.runtime.pipeline.executor import PipelineProgram
     from autoshard.runtime.pipeline.split import make_pipeline_plan, stage_nodes_from_prefixes

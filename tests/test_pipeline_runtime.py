@@ -94,12 +94,12 @@ def pipeline_worker(rank: int, world: int, model_names, configs: list) -> list:
 
 
 def _model_cases(rank: int, model_name: str, configs: list) -> list:
-    from autoshard.passes.capture import capture
+    from autoshard.passes.capture.export import capture
     from autoshard.passes.mesh import Mesh
-    from autoshard.passes.pins import Pins
-    from autoshard.passes.pipeline.generators import generate
-    from autoshard.passes.pipeline.stage_plan import PipelinePlan
-    from autoshard.passes.planner import plan_sharding
+    from autoshard.passes.sharding.pins import Pins
+    from autoshard.passes.pipeline.schedule.generators import generate
+    from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+    from autoshard.passes.solve.planner import plan_sharding
     from autoshard.runtime.groups import broadcast_json
     from autoshard.runtime.pipeline.executor import PipelineProgram
     from autoshard.runtime.pipeline.split import make_pipeline_plan, stage_nodes_from_prefixes
@@ -199,7 +199,7 @@ def test_pipeline_matches_single_device_8_ranks():
 
 def test_split_and_bad_input():
     """Sub-graph wiring (a long skip goes straight to its consumer) and clear errors on bad stage cuts."""
-    from autoshard.passes.capture import capture
+    from autoshard.passes.capture.export import capture
     from autoshard.passes.errors import PlanFormatError
     from autoshard.runtime.pipeline.split import split_stages, stage_nodes_from_prefixes, stage_nodes_from_starts
     from models_pipeline import unet
@@ -228,11 +228,11 @@ def test_split_and_bad_input():
 
 def test_executed_schedule_is_checked():
     """The runtime executes the compute order (transfers follow the data); a bad order is caught."""
-    from autoshard.passes.pipeline.actions import Action
-    from autoshard.passes.pipeline.simulate import DeadlockError, check_deadlock
+    from autoshard.passes.pipeline.schedule.actions import Action
+    from autoshard.passes.pipeline.schedule.simulate import DeadlockError, check_deadlock
     from autoshard.runtime.pipeline.interpreter import executed_schedule
 
-    from autoshard.passes.pipeline.generators import generate
+    from autoshard.passes.pipeline.schedule.generators import generate
 
     good = generate("1f1b", 2, 2)
     run = executed_schedule(good)

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 
 import autoshard
 from autoshard.passes.errors import AutoshardError
-from autoshard.passes.hardware import get_hardware
-from autoshard.passes.profile_data import (PROFILE_FORMAT, PROFILE_VERSION, Profile, derive_hardware, fit_affine,
+from autoshard.passes.cost.hardware import get_hardware
+from autoshard.passes.cost.profile_format import (PROFILE_FORMAT, PROFILE_VERSION, Profile, derive_hardware, fit_affine,
                                            fit_latency_bandwidth, held_out_errors, load_profile, merge_profiles)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -137,7 +137,7 @@ def test_autoshard_profile_quick_end_to_end_on_two_ranks(tmp_path):
 
 def _coupled_groups_rank(rank: int, world: int):
     import torch.distributed as dist
-    from autoshard.runtime.profiler import _Timer, _collective, _groups
+    from autoshard.profiling.measure import _Timer, _collective, _groups
     groups = _groups(world, 2, rank)
     members = [dist.get_process_group_ranks(g) for g in groups]
     timer = _Timer(torch.device("cpu"), 2, world)

@@ -17,16 +17,16 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from autoshard.passes.graph import META, tensor_meta_of
-from autoshard.passes.rules import RULES, rule_strategies
-from autoshard.passes.rules.matmul import einsum_strategies, parse_einsum
-from autoshard.passes.rules.registry import _ensure_loaded, _lookup
+from autoshard.passes.sharding.rules import RULES, rule_strategies
+from autoshard.passes.sharding.rules.matmul import einsum_strategies, parse_einsum
+from autoshard.passes.sharding.rules.registry import _ensure_loaded, _lookup
 from autoshard.passes.spec import Partial, Replicate, Shard, Strategy1D
 
 from rule_check import check_rule_numerics
 
 aten = torch.ops.aten
 D = torch.float64
-RULES_DIR = Path(__file__).resolve().parents[1] / "passes" / "rules"
+RULES_DIR = Path(__file__).resolve().parents[1] / "passes" / "sharding" / "rules"
 PART_A = ["matmul.py", "embedding.py", "norms.py", "attention.py", "losses.py", "conv.py"]
 
 

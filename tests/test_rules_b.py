@@ -28,9 +28,9 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from autoshard.passes.graph import META, is_getitem, tensor_meta_of
-from autoshard.passes.rules import RULES, OpCall, rule_strategies
-from autoshard.passes.rules.indexing import index_layout
-from autoshard.passes.rules.views import view_groups
+from autoshard.passes.sharding.rules import RULES, OpCall, rule_strategies
+from autoshard.passes.sharding.rules.indexing import index_layout
+from autoshard.passes.sharding.rules.views import view_groups
 from autoshard.passes.spec import Partial, Replicate, Shard, TensorMeta
 from rule_check import clone_values, operand_values, output_tensors, substitute_operands
 
@@ -360,7 +360,7 @@ def test_rule_numerics(case):
 def test_every_part_b_node_of_a_captured_model(builder):
     """Every part-B node of a real captured program (float64, so sums of summands stay exact)."""
     import models
-    from autoshard.passes.capture import capture
+    from autoshard.passes.capture.export import capture
 
     torch.manual_seed(0)
     model, inputs, target, loss_fn = getattr(models, builder)()

@@ -11,11 +11,11 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from autoshard.passes.errors import AutoshardError
-from autoshard.passes.pipeline.actions import COMPUTE_KINDS, Action
-from autoshard.passes.pipeline.generators import SCHEDULE_NAMES, generate, prepared, stage_rank
-from autoshard.passes.pipeline.simulate import (DeadlockError, ScheduleError, StageCosts, check_deadlock, prepare,
+from autoshard.passes.pipeline.schedule.actions import COMPUTE_KINDS, Action
+from autoshard.passes.pipeline.schedule.generators import SCHEDULE_NAMES, generate, prepared, stage_rank
+from autoshard.passes.pipeline.schedule.simulate import (DeadlockError, ScheduleError, StageCosts, check_deadlock, prepare,
                                                 simulate)
-from autoshard.passes.pipeline.timeline import chrome_trace, draw_timeline
+from autoshard.passes.pipeline.schedule.timeline import chrome_trace, draw_timeline
 
 PS = range(2, 9)
 KINDS = {"gpipe": {"F", "BW"}, "1f1b": {"F", "BW"}, "interleaved-1f1b": {"F", "BW"}, "zb-h1": {"F", "B", "W"},

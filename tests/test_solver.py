@@ -13,14 +13,14 @@ import pytest
 import torch
 
 from autoshard.passes.errors import InfeasiblePlanError
-from autoshard.passes.hardware import PRESETS
-from autoshard.passes.ilp import SGEdge, SGNode, StrategyGraph, merge_followers, solve
+from autoshard.passes.cost.hardware import PRESETS
+from autoshard.passes.solve.ilp import SGEdge, SGNode, StrategyGraph, merge_followers, solve
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pins import PinError, Pins
-from autoshard.passes.planner import plan_sharding, random_solution
-from autoshard.passes.solution import Solution, evaluate
+from autoshard.passes.sharding.pins import PinError, Pins
+from autoshard.passes.solve.planner import plan_sharding, random_solution
+from autoshard.passes.solve.solution import Solution, evaluate
 from autoshard.passes.spec import P, R, S, Replicate, Shard, fmt_placements
-from autoshard.passes.strategies import divides, enumerate_strategies
+from autoshard.passes.sharding.strategies import divides, enumerate_strategies
 
 from test_strategies import GPT, captured, gpt_graph, gpt_loss, mlp_graph
 

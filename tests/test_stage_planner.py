@@ -9,20 +9,20 @@ import math
 import pytest
 import torch
 
-from autoshard.passes.capture import capture
+from autoshard.passes.capture.export import capture
 from autoshard.passes.errors import AutoshardError, InfeasiblePlanError
-from autoshard.passes.hardware import PRESETS
+from autoshard.passes.cost.hardware import PRESETS
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.generators import generate
-from autoshard.passes.pipeline.layer_costs import layer_units, plan_submesh, profile_submesh
-from autoshard.passes.pipeline.planner import plan_pipeline, profile_candidates, search_stages
-from autoshard.passes.pipeline.scoring import (DEFAULT_SCHEDULES, VIRTUAL, approx_held, held_microbatches, score_stages,
+from autoshard.passes.pipeline.schedule.generators import generate
+from autoshard.passes.pipeline.stages.layer_costs import layer_units, plan_submesh, profile_submesh
+from autoshard.passes.pipeline.stages.planner import plan_pipeline, profile_candidates, search_stages
+from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, VIRTUAL, approx_held, held_microbatches, score_stages,
                                                stage_problem, valid_schedule)
-from autoshard.passes.pipeline.search import closed_form_best, microbatch_options, plan_candidates
-from autoshard.passes.pipeline.simulate import StageCosts, simulate
-from autoshard.passes.pipeline.stage_ilp import (StageProblem, even_stages, pipeline_step_time, solve_stages,
+from autoshard.passes.pipeline.stages.search import closed_form_best, microbatch_options, plan_candidates
+from autoshard.passes.pipeline.schedule.simulate import StageCosts, simulate
+from autoshard.passes.pipeline.stages.stage_ilp import (StageProblem, even_stages, pipeline_step_time, solve_stages,
                                                  stage_costs)
-from autoshard.passes.planner import plan_sharding
+from autoshard.passes.solve.planner import plan_sharding
 from models import GPT, _cross_entropy
 
 

@@ -12,11 +12,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from autoshard.passes.capture import capture
+from autoshard.passes.capture.export import capture
 from autoshard.passes.graph import operands, outputs
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Replicate, Shard, Strategy
-from autoshard.passes.strategies import divides, enumerate_strategies, placeholder_strategies, unruled_ops
+from autoshard.passes.sharding.strategies import divides, enumerate_strategies, placeholder_strategies, unruled_ops
 
 
 # ---- models shared by the planner tests (meta device: nothing is allocated) --------------------

@@ -27,7 +27,7 @@ import torch.nn as nn
 
 from autoshard.passes.errors import BatchError, PlanFormatError
 from autoshard.passes.graph import META, CapturedGraph, operands
-from autoshard.passes.pipeline.stage_plan import PipelinePlan
+from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
 from autoshard.passes.spec import Replicate, Strategy, TensorMeta
 
 from ..groups import choose_device_backend
@@ -46,7 +46,7 @@ __all__ = ["PipelineProgram", "write_chrome_trace", "stage_strategies"]
 def write_chrome_trace(timelines: dict[int, list[TimelineEvent]], path) -> str:
     """Write measured timelines (rank -> events, e.g. gathered from every rank's ``timeline``) as Chrome
     trace JSON (``chrome://tracing`` / Perfetto; one row per rank) with the simulator's writer."""
-    from autoshard.passes.pipeline.timeline import chrome_trace
+    from autoshard.passes.pipeline.schedule.timeline import chrome_trace
     events = [(int(r), e.action, e.start, e.end, _microbatch(e.action)) for r, evs in sorted(timelines.items())
               for e in evs]
     return chrome_trace(events, path)
@@ -97,7 +97,7 @@ class PipelineProgram:
     def __init__(self, captured: CapturedGraph, plan: PipelinePlan, schedule: dict, *,
                  model: Optional[nn.Module] = None, state_dict: Optional[dict] = None, seed: int = 0,
                  device=None):
-        from autoshard.passes.pipeline.simulate import check_deadlock
+        from autoshard.passes.pipeline.schedule.simulate import check_deadlock
         if not dist.is_initialized():
             raise PlanFormatError("a PipelineProgram needs torch.distributed initialized (torchrun, or "
                                   "init_process_group) with as many ranks as the plan's groups hold")

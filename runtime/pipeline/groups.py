@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from autoshard.passes.errors import MeshError
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.stage_plan import PipelinePlan
+from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
 
 from ..collectives import AxisComm
 from ..groups import MeshEnv

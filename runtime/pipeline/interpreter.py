@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 import torch
 
-from autoshard.passes.pipeline.actions import COMPUTE_KINDS, Action
+from autoshard.passes.pipeline.schedule.actions import COMPUTE_KINDS, Action
 
 from .p2p import Message, Transport, Wiring, action_messages, plan_transfers
 from .stage import StageProgram

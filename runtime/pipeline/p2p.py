@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from autoshard.passes.pipeline.actions import COMPUTE_KINDS, Action
+from autoshard.passes.pipeline.schedule.actions import COMPUTE_KINDS, Action
 
 __all__ = ["Message", "Wiring", "ActionTransfers", "action_messages", "plan_transfers", "message_tag",
            "Transport"]

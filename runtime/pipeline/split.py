@@ -19,7 +19,7 @@ Stage boundaries can be named two ways:
 
 and ``make_pipeline_plan`` turns stage node lists into a ``PipelinePlan`` whose stages sit on
 the rank groups of the physical mesh's first axis. ``replan_at_microbatch`` turns the stage
-planner's plan (``passes.pipeline.planner.plan_pipeline``, made at global-batch shapes) into one the
+planner's plan (``passes.pipeline.stages.planner.plan_pipeline``, made at global-batch shapes) into one the
 runtime can run: the same cut, groups, submeshes, schedule and microbatches on the program traced at
 microbatch shapes, every stage's Solution re-solved there. This module imports only
 ``autoshard.passes`` (it is pure graph surgery), so the stage planner can reuse it.
@@ -34,8 +34,8 @@ import torch.fx as fx
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import META, MODULE, CapturedGraph, is_getitem
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.stage_plan import PipelinePlan, StagePlan
-from autoshard.passes.solution import Solution
+from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
+from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import TensorMeta
 
 __all__ = ["StageGraph", "split_stages", "stage_nodes_from_prefixes", "stage_nodes_from_starts",
@@ -208,7 +208,7 @@ def stage_nodes_from_prefixes(captured: CapturedGraph, prefixes: Sequence[str]) 
 def stage_group(schedule: str, pp: int, virtual: int, stage: int) -> int:
     """The rank group running ``stage`` (``generators.stage_rank``: round robin for loop schedules, a V
     (0..p-1, then p-1..0) for zbv/dualpipev)."""
-    from autoshard.passes.pipeline.generators import stage_rank
+    from autoshard.passes.pipeline.schedule.generators import stage_rank
     return stage_rank(schedule, pp, virtual)[stage]
 
 

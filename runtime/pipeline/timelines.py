@@ -15,9 +15,9 @@ import re
 import torch
 import torch.distributed as dist
 
-from autoshard.passes.pipeline.actions import Action
-from autoshard.passes.pipeline.simulate import SimResult
-from autoshard.passes.pipeline.timeline import draw_timeline
+from autoshard.passes.pipeline.schedule.actions import Action
+from autoshard.passes.pipeline.schedule.simulate import SimResult
+from autoshard.passes.pipeline.schedule.timeline import draw_timeline
 
 from .interpreter import TimelineEvent
 

@@ -1,0 +1,423 @@
+"""Capture pass: an ``nn.Module`` and example inputs -> ``CapturedGraph`` (an ATen-level fx program).
+
+``capture`` traces ``model`` with ``torch.export.export(strict=False)`` (training IR: high-level
+ATen ops such as ``aten.linear`` survive, in-place buffer updates stay in place) and normalizes the
+result into the contract of ``passes.graph.CapturedGraph``:
+
+- placeholders, in order: parameters (``model.named_parameters()`` order), buffers
+  (``model.named_buffers()`` order, non-persistent ones included), user inputs, then the target.
+  So ``gm(*model.parameters(), *model.buffers(), *inputs[, target])`` runs the program.
+- tied tensors get ONE placeholder under the canonical FQN (first name in
+  ``named_parameters(remove_duplicate=False)`` order); the other names go to ``aliases``.
+  Parameters the program never reads keep their placeholder (no users), so gradients and the
+  optimizer still see them.
+- output: the node itself when the program returns one value (``loss_output``: a scalar loss),
+  a tuple of nodes when it returns several.
+- every node carries ``autoshard.meta`` and ``autoshard.module`` (paths as in
+  ``model.named_modules()``); nodes whose arguments hold a ``torch.device`` carry
+  ``autoshard.device_kwarg = True`` and ``set_graph_device`` retargets them.
+
+Normalizations (each keeps the program's meaning): ``aten._assert_tensor_metadata`` checks are
+dropped; export's ``wrap_with_set_grad_enabled`` / disabled-autocast regions are inlined (outputs of
+a no-grad region that depend on a parameter are wrapped in ``aten.detach``); tensor constants
+become ``get_attr`` nodes of buffers on the returned GraphModule; a buffer reassigned in forward
+(``self.buf = f(self.buf)``) becomes an in-place ``aten.copy_``.
+
+If export fails, ``passes.capture.tracers`` retries through ``torch.fx.symbolic_trace`` (which
+drops Python side effects such as statistics logged with ``.numpy()``); ``method`` says which path
+was used. If both fail, ``TraceError`` names the construct and the user's file:line.
+
+>>> cg = capture(nn.Linear(4, 2), (torch.randn(8, 4),))  # fx renames ``input`` (a builtin)
+>>> list(cg.params.values()), cg.inputs, cg.loss_output
+(['weight', 'bias'], ['input_1'], False)
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Union
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.export.graph_signature import InputKind, OutputKind
+
+from autoshard.passes.capture.tracers import trace
+from autoshard.passes.errors import TraceError
+from autoshard.passes.graph import META, MODULE, CapturedGraph, tensor_meta_of
+
+__all__ = ["capture", "set_graph_device", "DEVICE_KWARG"]
+
+DEVICE_KWARG = "autoshard.device_kwarg"
+_PREFIX = "model"  # attribute under which the program wrapper holds the user's model
+_aten = torch.ops.aten
+_DROPPED_OPS = (_aten._assert_tensor_metadata.default,)
+
+
+# ---------------------------------------------------------------------------------------------
+# the user's call: which example inputs are tensors (placeholders) and what they are called
+
+
+@dataclass(frozen=True)
+class _Slot:
+    index: int
+
+
+@dataclass
+class _Call:
+    """``model(*args, **kwargs)`` with each tensor replaced by ``_Slot(i)`` (i: placeholder order).
+
+    ``names``: placeholder name of each tensor; ``constants``: the other inputs by parameter name
+    (baked into the program; the fx fallback traces with them fixed).
+    """
+    args: tuple
+    kwargs: dict
+    names: list[str]
+    tensors: list[torch.Tensor]
+    constants: dict[str, Any]
+
+    def bind(self, flat) -> tuple[tuple, dict]:
+        put = lambda v: flat[v.index] if isinstance(v, _Slot) else v  # noqa: E731
+        return tuple(put(a) for a in self.args), {k: put(v) for k, v in self.kwargs.items()}
+
+
+def _positional_names(model: nn.Module, n: int) -> list[str]:
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names: list[str] = []
+    for p in params:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+        elif p.kind == p.VAR_POSITIONAL:
+            names += [f"{p.name}_{i}" for i in range(n - len(names))]
+    return names[:n] + [f"input_{i}" for i in range(len(names), n)]
+
+
+def _make_call(model: nn.Module, example_inputs) -> _Call:
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if isinstance(example_inputs, Mapping):
+        pairs, args_mode = list(example_inputs.items()), False
+    elif isinstance(example_inputs, (tuple, list)):
+        pairs = list(zip(_positional_names(model, len(example_inputs)), example_inputs))
+        args_mode = True
+    else:
+        raise TraceError(
+            f"example_inputs must be a tuple of tensors or a dict of keyword tensors, got "
+            f"{type(example_inputs).__name__}; pass e.g. example_inputs=(x,) or {{'input_ids': ids}}")
+    names, tensors, values, constants = [], [], [], {}
+    for name, value in pairs:
+        if isinstance(value, torch.Tensor):
+            values.append(_Slot(len(tensors)))
+            names.append(str(name))
+            tensors.append(value)
+        elif isinstance(value, (list, tuple, dict)) and any(
+                isinstance(v, torch.Tensor) for v in (value.values() if isinstance(value, dict) else value)):
+            raise TraceError(
+                f"example input {name!r} is a {type(value).__name__} of tensors; autoshard needs each "
+                f"tensor as its own argument: pass them as separate positional or keyword inputs")
+        else:
+            values.append(value)
+            constants[str(name)] = value
+    if args_mode:
+        return _Call(tuple(values), {}, names, tensors, constants)
+    return _Call((), dict(zip([k for k, _ in pairs], values)), names, tensors, constants)
+
+
+# ---------------------------------------------------------------------------------------------
+# the traced program: model call, then loss_fn or output selection
+
+
+def _pick_output(out):
+    """What the program returns when no loss_fn is given."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)) and out and all(isinstance(o, torch.Tensor) for o in out):
+        return tuple(out)
+    for key in ("loss", "logits"):
+        value = out.get(key) if isinstance(out, Mapping) else getattr(out, key, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    raise TraceError(
+        f"the model returned {type(out).__name__}; autoshard captures models that return a tensor, a "
+        f"tuple of tensors, or an object with a .loss / .logits tensor: pass loss_fn=... to reduce "
+        f"the output to a scalar loss")
+
+
+def _loss_input(out):
+    """What loss_fn receives: the model output, or its ``.logits`` for HF-style output objects."""
+    if isinstance(out, (torch.Tensor, tuple, list)):
+        return out
+    logits = getattr(out, "logits", None)
+    return logits if isinstance(logits, torch.Tensor) else out
+
+
+class _Program(nn.Module):
+    """``forward(*inputs[, target])``: the user's call, reduced to what the graph returns."""
+
+    def __init__(self, model: nn.Module, call: _Call, loss_fn: Optional[Callable], has_target: bool):
+        super().__init__()
+        self.model = model
+        # not registered as submodules: a loss module's tensors are constants, not model state
+        self.__dict__["_call"] = call
+        self.__dict__["_loss_fn"] = loss_fn
+        self.__dict__["_has_target"] = has_target
+
+    def forward(self, *flat):
+        n = len(self._call.tensors)
+        args, kwargs = self._call.bind(flat[:n])
+        before = list(self.model.named_buffers(remove_duplicate=False))
+        out = self.model(*args, **kwargs)
+        _reassigned_buffers_to_copy(self.model, before)
+        if self._loss_fn is not None:
+            return self._loss_fn(_loss_input(out), flat[n] if self._has_target else None)
+        return _pick_output(out)
+
+
+def _reassigned_buffers_to_copy(model: nn.Module, before: list) -> None:
+    """``self.buf = f(self.buf)`` -> ``buf.copy_(f(buf))`` and the original buffer put back.
+
+    torch.export records such a reassignment only on the root module, and the user's model is a
+    submodule of ``_Program``; an in-place copy is traced on every path.
+    """
+    for name, old in before:
+        owner, _, leaf = name.rpartition(".")
+        module = model.get_submodule(owner)
+        new = module._buffers.get(leaf)
+        if new is not old and isinstance(new, torch.Tensor):
+            module._buffers[leaf] = old
+            old.copy_(new)
+
+
+# ---------------------------------------------------------------------------------------------
+# the front door
+
+
+def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = None,
+            target: Optional[torch.Tensor] = None) -> CapturedGraph:
+    """Trace ``model`` on ``example_inputs`` into a ``CapturedGraph`` (see the module docstring).
+
+    ``example_inputs``: a tuple of positional inputs or a dict of keyword inputs (HF style); tensors
+    become placeholders named after the forward's parameters / the dict keys, other values are
+    baked in as constants. ``loss_fn(output, target)``: when given, the program returns this scalar
+    (for HF-style outputs ``output`` is ``.logits``); ``target`` (a tensor) becomes the last
+    placeholder. Without ``loss_fn`` the program returns the model's tensor, tuple of tensors, or
+    ``.loss`` (else ``.logits``). The model is traced in its current train/eval mode and is not
+    modified. Shapes are static: the program is specialized to these example shapes.
+    """
+    if not isinstance(model, nn.Module):
+        raise TraceError(f"capture needs an nn.Module, got {type(model).__name__}; wrap the function in a module")
+    if target is not None and not isinstance(target, torch.Tensor):
+        raise TraceError(f"target must be a tensor or None, got {type(target).__name__}")
+    call = _make_call(model, example_inputs)
+    state_device = _state_device(model)
+    if state_device is not None and state_device.type == "meta":
+        # Planning a meta model on real data: trace on meta twins of the inputs (nothing allocated).
+        call.tensors[:] = [t.to("meta") for t in call.tensors]
+        target = target.to("meta") if target is not None else None
+    else:
+        _check_devices(state_device, call.tensors + ([target] if target is not None else []))
+    flat = call.tensors + ([target] if target is not None else [])
+    make_program = lambda m: _Program(m, call, loss_fn, target is not None)  # noqa: E731
+    ep, method = trace(model, make_program, flat, call.constants)
+    return _normalize(ep, model, call, has_target=target is not None,
+                      loss_fn_given=loss_fn is not None, method=method)
+
+
+def _state_device(model: nn.Module) -> Optional[torch.device]:
+    for t in list(model.parameters()) + list(model.buffers()):
+        return t.device
+    return None
+
+
+def _check_devices(state_device: Optional[torch.device], tensors: list) -> None:
+    if state_device is None:
+        return
+    for t in tensors:
+        if t.device.type != "meta" and t.device != state_device:
+            raise TraceError(f"the model's parameters are on {state_device} but an example input is on {t.device}: "
+                             f"put them on the same device (or build the model on meta to plan without memory)")
+
+
+# ---------------------------------------------------------------------------------------------
+# normalization of the exported program
+
+
+def _strip(fqn: str) -> str:
+    return fqn[len(_PREFIX) + 1:] if fqn.startswith(_PREFIX + ".") else fqn
+
+
+def _canonical_names(named: list[tuple[str, torch.Tensor]]) -> dict[str, str]:
+    """Every FQN -> the first FQN naming the same tensor object."""
+    first: dict[int, str] = {}
+    out = {}
+    for name, t in named:
+        out[name] = first.setdefault(id(t), name)
+    return out
+
+
+def _normalize(ep, model: nn.Module, call: _Call, *, has_target: bool, loss_fn_given: bool,
+               method: str) -> CapturedGraph:
+    gm = ep.graph_module
+    graph = gm.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    param_canon = _canonical_names(list(model.named_parameters(remove_duplicate=False)))
+    buffer_canon = _canonical_names(list(model.named_buffers(remove_duplicate=False)))
+
+    state: dict[str, fx.Node] = {}  # canonical FQN -> placeholder
+    user: list[fx.Node] = []
+    for node, spec in zip(placeholders, ep.graph_signature.input_specs):
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            canon = (param_canon if spec.kind == InputKind.PARAMETER else buffer_canon).get(_strip(spec.target))
+            if canon is None:
+                raise TraceError(f"traced state {spec.target!r} is not a parameter or buffer of the model; "
+                                 f"state used by loss_fn must be a plain tensor, not a registered module")
+            if canon in state:  # a tied alias: read the canonical placeholder instead
+                node.replace_all_uses_with(state[canon])
+                graph.erase_node(node)
+            else:
+                state[canon] = node
+        elif spec.kind == InputKind.CONSTANT_TENSOR:
+            _constant_to_get_attr(gm, node, ep.constants[spec.target], _strip(spec.target))
+        elif spec.kind == InputKind.USER_INPUT:
+            user.append(node)
+        else:
+            raise TraceError(f"torch.export produced a {spec.kind.name} input ({spec.target}); autoshard "
+                             f"supports parameters, buffers, tensor constants and tensor inputs only")
+
+    for spec in ep.graph_signature.output_specs:
+        if spec.kind != OutputKind.USER_OUTPUT:
+            raise TraceError(f"torch.export produced a {spec.kind.name} output ({spec.target}); autoshard "
+                             f"expects state updates in place (buf.copy_(...), buf.add_(...))")
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in _DROPPED_OPS:
+            graph.erase_node(node)
+
+    params = _order_state(graph, state, dict(model.named_parameters()), "p_")
+    buffers = _order_state(graph, state, dict(model.named_buffers()), "b_")
+    ordered = list(params.values()) + list(buffers.values()) + user
+    for node, name in zip(user, call.names + ["target"]):
+        node._rename(name)
+        node.target = node.name
+    anchor = next(iter(graph.nodes))
+    for node in reversed(ordered):
+        anchor.prepend(node)
+        anchor = node
+
+    out = _single_output(graph)
+    _annotate(graph, {n for n, _ in model.named_modules()})
+    graph.lint()
+    new_gm = fx.GraphModule(gm, graph)
+    loss_output = loss_fn_given or (isinstance(out, fx.Node) and _is_scalar_float(out))
+    return CapturedGraph(
+        gm=new_gm,
+        params={v.name: k for k, v in params.items()},
+        buffers={v.name: k for k, v in buffers.items()},
+        inputs=[n.name for n in user[:len(call.names)]],
+        target=user[-1].name if has_target else None,
+        aliases={**{k: v for k, v in param_canon.items() if k != v},
+                 **{k: v for k, v in buffer_canon.items() if k != v}},
+        loss_output=bool(loss_output),
+        method=method,
+    )
+
+
+def _constant_to_get_attr(gm: fx.GraphModule, node: fx.Node, value, fqn: str) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise TraceError(f"the model uses a non-tensor constant {type(value).__name__} ({fqn}); "
+                         f"autoshard supports tensor constants only")
+    name = "_const_" + fqn.replace(".", "_")
+    while hasattr(gm, name):
+        name += "_"
+    gm.register_buffer(name, value, persistent=False)
+    with gm.graph.inserting_before(node):
+        attr = gm.graph.get_attr(name)
+    attr.meta.update(node.meta)
+    attr.meta.setdefault("val", value)
+    node.replace_all_uses_with(attr)
+    gm.graph.erase_node(node)
+
+
+def _order_state(graph: fx.Graph, state: dict, named: dict, prefix: str) -> dict[str, fx.Node]:
+    """Placeholders for ``named`` (canonical FQN -> tensor) in that order, adding unused ones."""
+    ordered = {}
+    for fqn, tensor in named.items():
+        node = state.get(fqn)
+        if node is None:  # never read by the program (e.g. dropped by the fx fallback): keep it
+            with graph.inserting_before(next(iter(graph.nodes))):
+                node = graph.placeholder(prefix + fqn.replace(".", "_"))
+            node.meta["val"] = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+        node._rename(prefix + fqn.replace(".", "_"))
+        node.target = node.name
+        ordered[fqn] = node
+    return ordered
+
+
+def _single_output(graph: fx.Graph):
+    out = next(n for n in reversed(graph.nodes) if n.op == "output")
+    values = out.args[0]
+    if len(values) == 1:
+        out.args = (values[0],)
+        return values[0]
+    return values
+
+
+def _is_scalar_float(node: fx.Node) -> bool:
+    val = node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dim() == 0 and val.dtype.is_floating_point
+
+
+def _has_device(args) -> bool:
+    found = []
+    fx.node.map_aggregate(args, lambda a: found.append(a) if isinstance(a, torch.device) else a)
+    return bool(found)
+
+
+def _module_path(node: fx.Node, known: set) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if not stack or node.op in ("placeholder", "get_attr", "output"):
+        return ""
+    path = list(stack.values())[-1][0]
+    if path != _PREFIX and not path.startswith(_PREFIX + "."):
+        return ""  # the wrapper's own code: loss_fn, output selection
+    path = _strip(path) if path != _PREFIX else ""
+    while path and path not in known:  # e.g. an indexed container the tracer spelled differently
+        path = path.rpartition(".")[0]
+    return path
+
+
+def _annotate(graph: fx.Graph, known_modules: set) -> None:
+    for node in graph.nodes:
+        node.meta[META] = None if node.op == "output" else tensor_meta_of(node.meta.get("val"))
+        node.meta[MODULE] = _module_path(node, known_modules)
+        if _has_device((node.args, node.kwargs)):
+            node.meta[DEVICE_KWARG] = True
+
+
+def set_graph_device(gm: fx.GraphModule, device: Union[str, torch.device]) -> fx.GraphModule:
+    """A copy of ``gm`` whose factory / transfer ops create tensors on ``device``.
+
+    Every ``torch.device`` argument of a node marked ``autoshard.device_kwarg`` becomes
+    ``device``, and tensor constants (buffers of ``gm``) are moved there; ``gm`` is not modified.
+    A graph captured on the meta device runs on CPU tensors after ``set_graph_device(gm, "cpu")``.
+    """
+    device = torch.device(device)
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    old_out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    graph.output(graph.graph_copy(gm.graph, env)).meta.update(old_out.meta)
+    swap = lambda a: device if isinstance(a, torch.device) else a  # noqa: E731
+    for node in graph.nodes:
+        if node.meta.get(DEVICE_KWARG):
+            node.args = fx.node.map_aggregate(node.args, swap)
+            node.kwargs = fx.node.map_aggregate(node.kwargs, swap)
+    new = fx.GraphModule(gm, graph)
+    for name, buf in list(new.named_buffers()):
+        if buf.is_meta and device.type != "meta":
+            raise TraceError(f"graph constant {name} was traced on the meta device and has no values; "
+                             f"create it from a parameter/buffer or build the model on a real device")
+        owner, _, leaf = name.rpartition(".")
+        new.get_submodule(owner).register_buffer(leaf, buf.to(device), persistent=False)
+    return new

@@ -1,0 +1,271 @@
+"""Running the tracers for ``passes.capture.export``: torch.export first, a torch.fx fallback, a clear error.
+
+The program ``trace`` hands back is flat: the higher-order ops export wraps grad-mode and
+autocast(enabled=False) regions in are inlined.
+
+``trace`` exports the program wrapper (``torch.export.export(strict=False)``). If export rejects
+the model, ``export_via_symbolic_trace`` runs ``torch.fx.symbolic_trace`` on the user's model
+first: its proxies record only tensor dataflow, so Python side effects that export cannot run on
+fake tensors (statistics logged with ``.numpy()``, ``data_ptr()`` bookkeeping) fall away as dead
+code. The resulting GraphModule keeps the model's submodule paths and parameter names and is then
+exported like the original, so both paths yield the same ATen training IR. Module paths are
+coarser on that path: symbolic_trace inlines non-leaf submodules, so only leaf modules such as
+``nn.Linear`` keep their own path.
+
+If both fail, ``trace_error`` builds the ``TraceError``: the construct, the innermost frame of the
+user's code (file:line and source), and what to change. Neither path leaves anything on the
+user's modules (tracers assign attributes such as ``self.last = y`` while running forward).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import operator
+import os
+import sys
+import sysconfig
+import traceback
+from typing import Callable, Optional
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.export.graph_signature import InputKind
+
+from autoshard.passes.errors import TraceError
+
+__all__ = ["trace", "export_via_symbolic_trace", "trace_error", "user_frame"]
+
+METHOD_EXPORT = "export"
+METHOD_FX = "symbolic_trace"
+
+
+def trace(model: nn.Module, make_program: Callable[[nn.Module], nn.Module], flat: list,
+          constants: dict) -> tuple["torch.export.ExportedProgram", str]:
+    """``(exported program, method)`` for ``make_program(model)`` called on ``flat``.
+
+    ``make_program`` wraps a module into the program to trace (it is applied to the user's model,
+    or to its symbolic-traced copy on the fallback path); ``constants``: the non-tensor inputs by
+    name. The returned graph has no higher-order ops: export's grad-mode and disabled-autocast
+    regions are inlined (outputs of a no-grad region that depend on a parameter get an
+    ``aten.detach``). Raises ``TraceError`` when neither tracer accepts the model or the graph
+    holds other control flow.
+    """
+    with _preserved(model):
+        try:
+            ep, method = _export(make_program(model), flat), METHOD_EXPORT
+        except TraceError:
+            raise
+        except Exception as export_error:  # noqa: BLE001 - any tracer failure goes to the fallback
+            try:
+                ep, method = export_via_symbolic_trace(model, make_program, flat, constants), METHOD_FX
+            except Exception as fallback_error:  # noqa: BLE001
+                raise trace_error(model, export_error, fallback_error) from export_error
+    params = {s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.PARAMETER}
+    _inline_regions(ep.graph_module, {n for n in ep.graph.nodes if n.op == "placeholder" and n.name in params})
+    return ep, method
+
+
+@contextlib.contextmanager
+def _preserved(model: nn.Module):
+    """Put back every attribute the tracers set on the user's modules."""
+    saved = [(m, dict(m.__dict__), dict(m._parameters), dict(m._buffers), dict(m._modules))
+             for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, attrs, params, buffers, modules in saved:
+            for d, old in ((m._parameters, params), (m._buffers, buffers), (m._modules, modules)):
+                d.clear()
+                d.update(old)
+            for key in [k for k in m.__dict__ if k not in attrs]:
+                del m.__dict__[key]
+            m.__dict__.update({k: v for k, v in attrs.items() if m.__dict__.get(k) is not v})
+
+
+def _export(program: nn.Module, flat: list) -> "torch.export.ExportedProgram":
+    # A failed export prints its partial graph to stderr and logs a warning about it; the
+    # TraceError (or the fallback) says it better, so that dump is dropped and the rest kept.
+    logger = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    old_level, err = logger.level, io.StringIO()
+    logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(err):
+            return torch.export.export(program, tuple(flat), strict=False)
+    except Exception as e:
+        dump = str(getattr(e, "partial_fx_graph", "") or "")
+        err = io.StringIO(err.getvalue().replace(dump, "") if dump else err.getvalue())
+        raise
+    finally:
+        logger.setLevel(old_level)
+        if err.getvalue().strip():
+            sys.stderr.write(err.getvalue().strip("\n") + "\n")
+
+
+def _region_args(node: fx.Node):
+    """(subgraph get_attr node, operands, detach outputs?) of an inlinable higher-order op, else None."""
+    name = getattr(node.target, "__name__", str(node.target))
+    if name == "wrap_with_set_grad_enabled":
+        enabled, sub, *ops = node.args
+        return sub, ops, not enabled
+    if name == "wrap_with_autocast":
+        _device_type, _dtype, enabled, _cache, sub, *ops = node.args
+        if enabled:
+            raise TraceError(f"torch.autocast is enabled inside the model's forward ({node.name}); autoshard "
+                             f"traces one precision: remove the autocast region or cast the model instead")
+        return sub, ops, False
+    return None
+
+
+def _depends_on(node: fx.Node, sources: set) -> bool:
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n in sources:
+            return True
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return False
+
+
+def _inline_regions(gm: fx.GraphModule, param_nodes: set) -> None:
+    """Inline export's grad-mode / autocast(enabled=False) regions into the main graph."""
+    graph = gm.graph
+    while True:
+        hops = [n for n in graph.nodes
+                if n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator)]
+        if not hops:
+            return
+        node = hops[0]
+        region = _region_args(node)
+        if region is None:
+            raise TraceError(f"torch.export produced the higher-order op {node.target} ({node.name}); "
+                             f"autoshard cannot plan control flow (torch.cond / loops): rewrite it with "
+                             f"tensor ops such as torch.where")
+        sub_attr, ops, detach = region
+        sub = getattr(gm, sub_attr.target)
+        env = dict(zip([p for p in sub.graph.nodes if p.op == "placeholder"], ops))
+        results = ()
+        with graph.inserting_before(node):
+            for n in sub.graph.nodes:
+                if n.op == "placeholder":
+                    continue
+                if n.op == "output":
+                    results = fx.node.map_arg(n.args[0], lambda a: env[a])
+                    continue
+                new = graph.node_copy(n, lambda a: env[a])
+                if n.op == "get_attr":
+                    new.target = _fresh_attr(gm, getattr(sub, n.target))
+                new.meta.setdefault("nn_module_stack", node.meta.get("nn_module_stack", {}))
+                env[n] = new
+            if detach:
+                results = tuple(_detached(graph, r) if isinstance(r, fx.Node) and _depends_on(r, param_nodes)
+                                else r for r in results)
+        for use in list(node.users):
+            if use.target is not operator.getitem:
+                raise TraceError(f"unexpected use {use.name} of region {node.name}")
+            use.replace_all_uses_with(results[use.args[1]])
+            graph.erase_node(use)
+        graph.erase_node(node)
+        if not sub_attr.users:
+            graph.erase_node(sub_attr)
+
+
+def _fresh_attr(gm: fx.GraphModule, value) -> str:
+    i = 0
+    while hasattr(gm, f"_inlined_{i}"):
+        i += 1
+    setattr(gm, f"_inlined_{i}", value)
+    return f"_inlined_{i}"
+
+
+def _detached(graph: fx.Graph, node: fx.Node) -> fx.Node:
+    new = graph.call_function(torch.ops.aten.detach.default, (node,))
+    new.meta.update({k: node.meta[k] for k in ("val", "nn_module_stack") if k in node.meta})
+    return new
+
+
+class _BufferProxyTracer(fx.Tracer):
+    """symbolic_trace that also records buffer reads, so ``self.buf.add_(1)`` is traced, not run."""
+    proxy_buffer_attributes = True
+
+
+def _keeps_side_effect(node: fx.Node) -> bool:
+    """Dead-code rule for symbolic_trace graphs: in-place methods/functions (``x.add_``) stay."""
+    if node.is_impure():
+        return True
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return node.op in ("call_method", "call_function") and name.endswith("_") and not name.endswith("__")
+
+
+def export_via_symbolic_trace(model: nn.Module, make_program: Callable[[nn.Module], nn.Module], flat: list,
+                              constants: dict) -> "torch.export.ExportedProgram":
+    """Export ``make_program(symbolic_trace(model))`` on ``flat``, dead code of the fx graph removed.
+
+    ``constants`` are fixed while tracing (``concrete_args``) so Python branches on them resolve.
+    """
+    graph = _BufferProxyTracer().trace(model, concrete_args=constants or None)
+    traced = fx.GraphModule(model, graph, class_name=type(model).__name__)
+    traced.graph.eliminate_dead_code(is_impure_node=_keeps_side_effect)
+    traced.recompile()
+    return _export(make_program(traced), flat)
+
+
+def _is_user_file(filename: str, torch_dir: str, own_dir: str, stdlib: str) -> bool:
+    if filename.startswith("<"):
+        return False
+    path = os.path.abspath(filename)
+    if path.startswith(torch_dir) or path.startswith(own_dir):
+        return False
+    # third-party model code (e.g. transformers) in site-packages is the user's code here
+    return "site-packages" in path.split(os.sep) or not path.startswith(stdlib)
+
+
+def user_frame(error: Optional[BaseException]) -> Optional[traceback.FrameSummary]:
+    """The innermost traceback frame of ``error`` (or what it was raised from) in user code."""
+    dirs = (os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)),
+            sysconfig.get_paths()["stdlib"])
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if _is_user_file(f.filename, *dirs)]
+        if frames:
+            return frames[-1]
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    line = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {line}"[:300]
+
+
+def _classify(export_error: BaseException, fallback_error: BaseException) -> tuple[str, str]:
+    text = f"{type(export_error).__name__} {export_error} {type(fallback_error).__name__} {fallback_error}"
+    if "data-dependent" in text or "DataDependent" in text or "cannot be used as inputs to control flow" in text:
+        return ("Python control flow or a Python number that depends on tensor values "
+                "(e.g. `if x.sum() > 0:`, `float(t)`, `.item()`)",
+                "express it with tensor ops (torch.where, masking) or compute it outside the model and pass "
+                "it in as an input")
+    if "fake" in text.lower() and ("impl" in text or "kernel" in text):
+        return ("an operator with no meta/fake implementation",
+                "register one with torch.library.register_fake, or move the op out of forward")
+    return ("a construct the tracers do not support",
+            "rewrite it with plain tensor ops that depend only on shapes, not on tensor values")
+
+
+def trace_error(model: nn.Module, export_error: BaseException, fallback_error: BaseException) -> TraceError:
+    """The TraceError for a model neither ``torch.export`` nor the fx fallback could capture."""
+    construct, fix = _classify(export_error, fallback_error)
+    frame = user_frame(export_error) or user_frame(fallback_error)
+    where = (f"{frame.filename}:{frame.lineno} in {frame.name}: `{(frame.line or '').strip()}`"
+             if frame else "an unknown location (no user frame in the traceback)")
+    return TraceError(
+        f"autoshard could not capture {type(model).__name__}: {construct} at {where}.\n"
+        f"  torch.export said: {_first_line(export_error)}\n"
+        f"  the torch.fx fallback said: {_first_line(fallback_error)}\n"
+        f"  fix: {fix}."
+    )

@@ -1,0 +1,265 @@
+"""Hardware the cost model prices a plan on: compute peaks, memory, and the links of each mesh axis.
+
+A ``Hardware`` is a typed, immutable description of ONE device and how it talks to its peers. The
+presets come from vendor datasheets (each constant cites its source); latencies and the per-call
+collective overhead are estimates (NCCL-tests small-message figures), marked as such. A profile
+measured on a real cluster loads from JSON with the same field names:
+
+>>> from autoshard.passes.mesh import Mesh
+>>> hw = Hardware.from_json({"name": "mine", "flops_bf16": 1e15, "flops_fp32": 6e13,
+...                          "memory_bandwidth": 3e12, "memory_bytes": 8e10, "devices_per_node": 8,
+...                          "intra_node_bandwidth": 4.5e11, "intra_node_latency": 2e-6,
+...                          "inter_node_bandwidth": 5e10, "inter_node_latency": 5e-6})
+>>> hw.axis_link(Mesh.of((2, 8)), 1)     # 8 devices along the last axis fit one node: NVLink
+(450000000000.0, 2e-06)
+>>> hw.axis_link(Mesh.of((2, 8)), 0)     # axis 0 spans 16 devices, two nodes: the NIC
+(50000000000.0, 5e-06)
+
+Mesh axis ``a`` stays inside one node when ``shape[a] * shape[a+1] * ... <= devices_per_node``
+(row-major rank layout: later axes vary fastest), so it uses the intra-node link; otherwise the
+inter-node one. ``axis_locality`` says how an axis that crosses nodes splits: ``g`` members share
+each node and ``m`` nodes take part, which the cost model prices as a two-level (hierarchical)
+collective.
+
+Measured profiles (``autoshard profile``, ``passes/cost/profile_format.py``) add what a datasheet cannot
+give: ``op_overhead_s`` (host cost of launching one op, forward or backward) and
+``collective_fits``, one ``(kind, group size, latency s, seconds per byte)`` per measured
+collective, which the cost model uses in place of the analytic formula for intra-node groups of
+that size. ``collective_algorithm`` picks the all-reduce model: "ring", "tree" or "auto" (the
+cheaper of the two for each message, as NCCL's tuner does).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from autoshard.passes.errors import AutoshardError
+from autoshard.passes.mesh import Mesh
+
+__all__ = ["Hardware", "PRESETS", "get_hardware", "axis_link", "COLLECTIVE_KINDS", "ALGORITHMS"]
+
+GB = 1e9
+
+#: Collectives a profile may carry fits for ("send_recv": a point-to-point exchange between pairs).
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+ALGORITHMS = ("ring", "tree", "auto")
+_MAY_BE_ZERO = ("intra_node_latency", "inter_node_latency", "collective_launch_s", "op_overhead_s")
+_NOT_NUMBERS = ("name", "collective_fits", "collective_algorithm")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One device and its links. Units: FLOP/s, bytes/s, bytes, seconds.
+
+    Bandwidths are per device and per direction (what a ring collective streams through each link).
+    ``collective_launch_s`` is the fixed cost of one collective call (kernel launch, stream sync),
+    paid once per call whatever its size. ``op_overhead_s`` is the fixed host cost of one op
+    (dispatch and launch), paid by every rank for every non-view op and every backward op, however
+    small its shard. ``collective_fits``: measured ``(kind, n, latency_s, seconds_per_byte)``
+    tuples, ``t(B) = latency_s + seconds_per_byte * B`` with ``B`` the full per-group bytes.
+    """
+    name: str
+    flops_bf16: float
+    flops_fp32: float
+    memory_bandwidth: float
+    memory_bytes: float
+    devices_per_node: int
+    intra_node_bandwidth: float
+    intra_node_latency: float
+    inter_node_bandwidth: float
+    inter_node_latency: float
+    collective_launch_s: float = 5e-6
+    op_overhead_s: float = 0.0
+    collective_algorithm: str = "ring"
+    collective_fits: tuple = ()
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            if f.name in _NOT_NUMBERS:
+                continue
+            v = getattr(self, f.name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (v == 0 and f.name not in _MAY_BE_ZERO):
+                raise AutoshardError(
+                    f"hardware {self.name!r}: {f.name} must be a positive number, got {v!r}")
+        if self.collective_algorithm not in ALGORITHMS:
+            raise AutoshardError(f"hardware {self.name!r}: collective_algorithm must be one of {list(ALGORITHMS)}, "
+                                 f"got {self.collective_algorithm!r}")
+        fits = []
+        for entry in self.collective_fits:
+            try:
+                kind, n, lat, per_byte = entry
+                fit = (str(kind), int(n), float(lat), float(per_byte))
+            except (TypeError, ValueError) as e:
+                raise AutoshardError(f"hardware {self.name!r}: each collective_fits entry is [kind, group size, "
+                                     f"latency_s, seconds_per_byte], got {entry!r}") from e
+            if fit[0] not in COLLECTIVE_KINDS or fit[1] < 2 or fit[2] < 0 or fit[3] < 0:
+                raise AutoshardError(f"hardware {self.name!r}: bad collective fit {entry!r}: kind in "
+                                     f"{list(COLLECTIVE_KINDS)}, group size >= 2, non-negative latency and slope")
+            fits.append(fit)
+        object.__setattr__(self, "collective_fits", tuple(fits))
+
+    def collective_fit(self, kind: str, n: int) -> Optional[tuple[float, float]]:
+        """(latency_s, seconds_per_byte) measured for ``kind`` over ``n`` devices, or None."""
+        for k, size, lat, per_byte in self.collective_fits:
+            if k == kind and size == n:
+                return lat, per_byte
+        return None
+
+    def axis_locality(self, mesh: Mesh, axis: int) -> tuple[int, int]:
+        """(members per node g, nodes m) of one group along ``axis``; g * m == mesh.shape[axis].
+
+        Members of a group are ``stride = prod(shape[axis+1:])`` ranks apart, and nodes hold
+        ``devices_per_node`` consecutive ranks. An axis inside one node is (n, 1); when the
+        members cannot be split evenly over nodes it is treated as (1, n): every hop crosses nodes.
+        """
+        n = mesh.shape[axis]
+        stride = math.prod(mesh.shape[axis + 1:])
+        if n * stride <= self.devices_per_node:
+            return n, 1
+        g = max(1, min(n, self.devices_per_node // stride))
+        if n % g or self.devices_per_node % stride:
+            return 1, n
+        return g, n // g
+
+    def peak_flops(self, dtype: torch.dtype) -> float:
+        """Dense peak for matmuls in ``dtype`` (16-bit floats use the bf16 tensor-core peak)."""
+        if dtype in (torch.bfloat16, torch.float16) or (dtype.is_floating_point and dtype.itemsize == 1):
+            return self.flops_bf16
+        return self.flops_fp32
+
+    def axis_link(self, mesh: Mesh, axis: int) -> tuple[float, float]:
+        """(bandwidth bytes/s, latency s) of the link mesh axis ``axis`` communicates over."""
+        span = math.prod(mesh.shape[axis:])
+        if span <= self.devices_per_node:
+            return self.intra_node_bandwidth, self.intra_node_latency
+        return self.inter_node_bandwidth, self.inter_node_latency
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Union[dict, str, os.PathLike]) -> "Hardware":
+        """Build from a dict, a JSON text, or a path to a JSON file (same keys as the fields)."""
+        if isinstance(data, (str, os.PathLike)):
+            text = str(data)
+            if text.lstrip().startswith("{"):
+                data = json.loads(text)
+            else:
+                try:
+                    with open(text) as f:
+                        data = json.load(f)
+                except FileNotFoundError as e:
+                    raise AutoshardError(
+                        f"hardware profile {text!r} not found: pass a preset name {sorted(PRESETS)} or the "
+                        f"path of a JSON file with the fields {[f.name for f in dataclasses.fields(cls)]}") from e
+                except json.JSONDecodeError as e:
+                    raise AutoshardError(f"hardware profile {text!r} is not valid JSON: {e}") from e
+        if not isinstance(data, dict):
+            raise AutoshardError(f"a hardware profile is a JSON object, got {type(data).__name__}")
+        if "format" in data:  # a full measured profile: its "hardware" section is what the planner uses
+            from autoshard.passes.cost.profile_format import Profile
+            return Profile.from_json(data).hardware
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise AutoshardError(f"hardware profile has unknown field(s) {unknown}; known fields: {sorted(names)}")
+        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+        missing = sorted(required - set(data) - {"name"})
+        if missing:
+            raise AutoshardError(f"hardware profile lacks field(s) {missing}")
+        values = dict(data)
+        values.setdefault("name", "custom")
+        values["devices_per_node"] = int(values["devices_per_node"])
+        values["collective_fits"] = tuple(tuple(e) if isinstance(e, list) else e
+                                          for e in values.get("collective_fits", ()))
+        return cls(**values)
+
+
+#: Presets. SXM parts, DGX-style nodes of 8 GPUs. Sources: NVIDIA A100 datasheet (2021), H100
+#: datasheet (2023), H200 datasheet (2024), DGX A100 / DGX H100 user guides (one ConnectX NIC per GPU).
+PRESETS: dict[str, Hardware] = {
+    "a100": Hardware(
+        name="a100",
+        flops_bf16=312e12,             # A100 SXM datasheet: BF16 tensor core 312 TFLOPS (dense)
+        flops_fp32=19.5e12,            # A100 datasheet: FP32 19.5 TFLOPS (TF32 tensor core: 156, not default)
+        memory_bandwidth=2.039e12,     # A100 80GB SXM datasheet: HBM2e 2,039 GB/s
+        memory_bytes=80 * GB,          # A100 80GB
+        devices_per_node=8,            # DGX A100: 8 GPUs
+        intra_node_bandwidth=300 * GB,  # NVLink3 600 GB/s total bidirectional -> 300 GB/s each way
+        intra_node_latency=2e-6,       # estimate: NCCL ring step over NVLink, a few microseconds
+        inter_node_bandwidth=25 * GB,  # DGX A100: one 200 Gb/s HDR InfiniBand NIC per GPU = 25 GB/s
+        inter_node_latency=5e-6,       # estimate: InfiniBand RDMA round trip plus NCCL proxy
+        collective_launch_s=5e-6,      # estimate: NCCL kernel launch and stream synchronization
+        op_overhead_s=0.0,             # estimate: CUDA launches are asynchronous, hidden behind earlier kernels
+    ),
+    "h100": Hardware(
+        name="h100",
+        flops_bf16=989e12,             # H100 SXM datasheet: BF16 tensor core 1,979 TFLOPS with sparsity, 989 dense
+        flops_fp32=67e12,              # H100 SXM datasheet: FP32 67 TFLOPS
+        memory_bandwidth=3.35e12,      # H100 SXM datasheet: HBM3 3.35 TB/s
+        memory_bytes=80 * GB,          # H100 SXM: 80 GB
+        devices_per_node=8,            # DGX H100 / HGX H100: 8 GPUs
+        intra_node_bandwidth=450 * GB,  # NVLink4 900 GB/s total bidirectional -> 450 GB/s each way
+        intra_node_latency=2e-6,       # estimate (as A100)
+        inter_node_bandwidth=50 * GB,  # DGX H100: one 400 Gb/s NDR ConnectX-7 per GPU = 50 GB/s
+        inter_node_latency=5e-6,       # estimate
+        collective_launch_s=5e-6,      # estimate
+        op_overhead_s=0.0,             # estimate: asynchronous launches (as A100)
+    ),
+    "h200": Hardware(
+        name="h200",
+        flops_bf16=989e12,             # H200 SXM datasheet: same tensor cores as H100 SXM
+        flops_fp32=67e12,              # H200 SXM datasheet: FP32 67 TFLOPS
+        memory_bandwidth=4.8e12,       # H200 datasheet: HBM3e 4.8 TB/s
+        memory_bytes=141 * GB,         # H200 datasheet: 141 GB
+        devices_per_node=8,            # HGX H200: 8 GPUs
+        intra_node_bandwidth=450 * GB,  # NVLink4 900 GB/s total bidirectional -> 450 GB/s each way
+        intra_node_latency=2e-6,       # estimate
+        inter_node_bandwidth=50 * GB,  # 400 Gb/s NDR per GPU = 50 GB/s
+        inter_node_latency=5e-6,       # estimate
+        collective_launch_s=5e-6,      # estimate
+        op_overhead_s=0.0,             # estimate: asynchronous launches (as A100)
+    ),
+    # Every number below is an ESTIMATE for a small 2-core x86 machine where the "devices" are
+    # processes talking gloo over loopback TCP.
+    "cpu": Hardware(
+        name="cpu",
+        flops_bf16=20e9,               # estimate: bf16 matmul on AVX2 without AMX is slower than fp32
+        flops_fp32=50e9,               # estimate: ~2 cores x 3 GHz x 16 FLOP/cycle x ~50% efficiency
+        memory_bandwidth=10 * GB,      # estimate: one DDR4 channel share
+        memory_bytes=16 * GB,          # estimate
+        devices_per_node=1024,         # every process lives on the one machine
+        intra_node_bandwidth=2 * GB,   # estimate: gloo ring over loopback TCP
+        intra_node_latency=50e-6,      # estimate: loopback TCP round trip through gloo
+        inter_node_bandwidth=1.25 * GB,  # estimate: 10 GbE, unused while all ranks share one machine
+        inter_node_latency=100e-6,     # estimate
+        collective_launch_s=20e-6,     # estimate: gloo call overhead
+        op_overhead_s=10e-6,           # estimate: ATen dispatch + autograd bookkeeping per op in eager PyTorch
+    ),
+}
+
+
+def get_hardware(hardware: Union[str, dict, Hardware, os.PathLike]) -> Hardware:
+    """A preset name ("a100", "h100", "h200", "cpu"), a JSON path/dict (``Hardware`` fields, or a full
+    profile written by ``autoshard profile``), or a ``Hardware``."""
+    if isinstance(hardware, Hardware):
+        return hardware
+    if isinstance(hardware, str) and hardware.lower() in PRESETS:
+        return PRESETS[hardware.lower()]
+    if isinstance(hardware, str) and not (hardware.endswith(".json") or hardware.lstrip().startswith("{")
+                                          or os.path.exists(hardware)):
+        raise AutoshardError(
+            f"unknown hardware {hardware!r}: use one of the presets {sorted(PRESETS)} or the path of a JSON "
+            "profile (a file ending in .json)")
+    return Hardware.from_json(hardware)
+
+
+def axis_link(mesh: Mesh, axis: int, hardware: Union[str, Hardware] = "h100") -> tuple[float, float]:
+    """Module-level form of ``Hardware.axis_link``."""
+    return get_hardware(hardware).axis_link(mesh, axis)

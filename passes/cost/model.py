@@ -1,0 +1,432 @@
+"""Analytic cost model: seconds for compute and collectives, bytes per rank for memory.
+
+Collective formulas (flat, tree, hierarchical across nodes, point-to-point) live in
+``passes/cost/collectives.py``; this module applies them to plans.
+
+Redistribution of a tensor from placements ``src`` to ``dst`` runs the runtime's own steps
+(``redistribution_steps`` in ``passes/cost/collectives.py``, mirroring ``runtime/redistribute.py``):
+unshard from the last axis to the first (S->R all-gather, P->R all-reduce, S(i)->S(j) all-to-all
+where nesting allows, else all-gather then chunk), then shard from the first axis to the last
+(R->S(d) and R->P local and free, P->S(d) reduce-scatter). The bytes of the collective on axis
+``a`` are the tensor's bytes divided by the shard factor of the OTHER axes at that point. Backward
+pays each forward collective's adjoint (all-gather <-> reduce-scatter, all-reduce <-> all-reduce,
+all-to-all <-> all-to-all; chunk <-> free) unless the value needs no gradient. The program's outputs
+are priced as gathered to ``R`` on every rank, forward only (the backward seed, ones for a loss, is
+available in any placement for free).
+
+Launch overhead: every op dispatch costs ``hardware.op_overhead_s`` on every rank, NOT divided by
+sharding (a launch costs the same for a shard): each op (views included, ``getitem`` excluded) once
+forward and once per backward op (a matmul with two operand gradients runs two), each parameter
+once (autograd accumulating its gradient), each collective call once, and each gradient once more
+when it is copied into its all-reduce bucket. On top of that, matmul-like ops (mm, addmm, bmm, baddbmm,
+matmul, linear, einsum, scaled-dot-product
+attention, convolution) cost FLOPs / peak FLOP/s for their dtype, with backward = forward per
+differentiable matrix operand (2x when both need a gradient); every other op is memory-bound,
+(bytes read + written) / memory bandwidth, with backward = 1x forward; views (and ``to`` casts to
+the dtype a tensor already has) cost nothing. A
+strategy's local cost is the global cost divided by the product of the sizes of the axes on which
+any operand or output is S or P.
+
+Memory per rank: parameters, gradients (same dtype) and optimizer state (``optimizer``: "adamw"
+keeps 2 fp32 states per element, "sgd" none) divided by the storage shard factor; activations are
+the local bytes of every non-view op output (autograd may save them), plus the local bytes of each
+redistributed copy that feeds an op (e.g. an all-gathered FSDP weight saved for backward).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+import torch.fx as fx
+
+from autoshard.passes.cost.collectives import (  # noqa: F401  (re-exported: the formulas are part of the cost API)
+    P_CODE, R_CODE, Collective, collective_seconds, collective_terms, hierarchical_terms, p2p_seconds,
+    redistribution_steps,
+)
+from autoshard.passes.graph import operand_meta, operands, outputs
+from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.spec import Partial, Placement, Replicate, Shard, Strategy, TensorMeta
+
+__all__ = ["Collective", "collective_seconds", "collective_terms", "hierarchical_terms", "p2p_seconds",
+           "redistribution_steps", "optimizer_state_bytes", "CostModel", "GraphFacts", "NodePrice",
+           "ADJOINT", "op_name", "encode", "placement_code", "R_CODE", "P_CODE"]
+
+ADJOINT = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather",
+           "all_reduce": "all_reduce", "all_to_all": "all_to_all"}
+
+_OPTIMIZERS = {"adamw": 8.0, "adam": 8.0, "sgd": 0.0, "sgd_momentum": 4.0, "momentum": 4.0,
+               "adafactor": 0.0, "none": 0.0}
+
+_VIEWS = {"view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t", "permute", "expand",
+          "expand_as", "squeeze", "unsqueeze", "slice", "select", "split", "split_with_sizes", "unbind",
+          "chunk", "narrow", "alias", "detach", "as_strided", "view_as", "flatten", "unflatten",
+          "diagonal", "movedim", "getitem", "lift_fresh", "view_as_real", "view_as_complex",
+          "_assert_tensor_metadata", "sym_size", "sym_numel"}
+_NO_GRAD = {"detach", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
+            "argmax", "argmin", "arange", "zeros", "ones", "empty", "full", "scalar_tensor",
+            "_assert_tensor_metadata", "lift_fresh_copy"}
+_FREE_CALLS = {"getitem", "sym_size", "sym_numel", "_assert_tensor_metadata"}  # no ATen dispatch
+_MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "einsum", "convolution", "conv1d",
+           "conv2d", "conv3d", "_convolution"}
+
+
+def op_name(target) -> str:
+    """``aten.linear.default`` -> ``linear``; ``operator.getitem`` -> ``getitem``."""
+    packet = getattr(target, "overloadpacket", None)
+    if packet is not None:
+        return packet.__name__
+    return getattr(target, "__name__", str(target))
+
+
+def optimizer_state_bytes(optimizer: Union[str, float, int]) -> float:
+    """Optimizer state bytes per parameter element: a name ("adamw", "sgd", ...) or a number."""
+    if isinstance(optimizer, (int, float)) and not isinstance(optimizer, bool):
+        if optimizer < 0:
+            raise ValueError(f"optimizer state bytes per element must be >= 0, got {optimizer}")
+        return float(optimizer)
+    key = str(optimizer).lower()
+    if key not in _OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}: use one of {sorted(_OPTIMIZERS)} or the number of "
+                         "state bytes per parameter element (AdamW in fp32: 8)")
+    return _OPTIMIZERS[key]
+
+
+def placement_code(p: Placement) -> int:
+    """``S(d)`` -> d, ``R`` -> -1, ``P`` -> -2 (exact type checks first: placement isinstance is slow)."""
+    t = type(p)
+    if t is Replicate:
+        return R_CODE
+    if t is Shard:
+        return p.dim
+    if t is Partial:
+        return P_CODE
+    if isinstance(p, Shard):
+        return p.dim
+    return P_CODE if isinstance(p, Partial) else R_CODE
+
+
+def encode(pls: Sequence[Placement]) -> tuple[int, ...]:
+    return tuple(placement_code(p) for p in pls)
+
+
+def _floating(meta) -> bool:
+    return isinstance(meta, TensorMeta) and meta.dtype.is_floating_point
+
+
+class GraphFacts:
+    """Per-node facts the cost model needs: kinds, which values need a gradient, global op cost.
+
+    ``kind[name]``: "param", "buffer", "input" (user inputs, the target, other placeholders) or "op".
+    ``requires_grad``: parameters, and every floating output computed from one (except ops that
+    cut the graph: detach, *_like constructors, ...). ``compute(name)``: (forward seconds, backward
+    seconds) of the op on one device holding everything.
+    """
+
+    def __init__(self, captured, hardware: Hardware):
+        gm = captured.gm
+        self.hardware = hardware
+        self.nodes: dict[str, fx.Node] = {n.name: n for n in gm.graph.nodes}
+        self.kind: dict[str, str] = {}
+        self.requires_grad: set[str] = set(captured.params)
+        self.views: set[str] = set()
+        self._compute: dict[str, tuple[float, float]] = {}
+        self._launches: dict[str, int] = {}
+        self._param_bytes: Optional[float] = None
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                self.kind[node.name] = ("param" if node.name in captured.params else
+                                        "buffer" if node.name in captured.buffers else "input")
+                if self.kind[node.name] == "param":
+                    self._launches[node.name] = 1  # autograd's AccumulateGrad into .grad
+                continue
+            if node.op != "call_function":
+                continue
+            self.kind[node.name] = "op"
+            name = op_name(node.target)
+            if name in _VIEWS or (name == "to" and self._same_as_operand(node)):
+                self.views.add(node.name)  # ``x.to(x.dtype)`` returns x itself
+            ins = [a for a in node.all_input_nodes if a.name in self.requires_grad]
+            metas = outputs(node)
+            if ins and name not in _NO_GRAD and any(_floating(m) for m in metas):
+                self.requires_grad.add(node.name)
+            self._compute[node.name] = self._op_seconds(node, name)
+
+    @staticmethod
+    def _same_as_operand(node: fx.Node) -> bool:
+        ops = operands(node)
+        return len(ops) == 1 and outputs(node) == [operand_meta(ops[0])]
+
+    def _op_seconds(self, node: fx.Node, name: str) -> tuple[float, float]:
+        if node.name in self.views:
+            if name not in _FREE_CALLS:  # a view is free on the device but still one dispatch
+                self._launches[node.name] = 1 + (1 if node.name in self.requires_grad else 0)
+            return 0.0, 0.0
+        ops = operands(node)
+        in_metas = [operand_meta(o) for o in ops]
+        out_metas = [m for m in outputs(node) if m is not None]
+        grad_out = node.name in self.requires_grad
+        flops = _matmul_flops(node, name, in_metas, out_metas)
+        if flops is not None and out_metas:
+            fwd = flops / self.hardware.peak_flops(out_metas[0].dtype)
+            if "scaled_dot_product" in name:
+                factor = 2.0 if grad_out else 0.0
+                self._launches[node.name] = 1 + (1 if grad_out else 0)
+            else:
+                main = ops[1:3] if name in ("addmm", "baddbmm") else ops[:2]
+                factor = float(sum(1 for o in main if o.node.name in self.requires_grad))
+                bias = ops[0] if name in ("addmm", "baddbmm") else (ops[2] if len(ops) > 2 else None)
+                bias_grad = bias is not None and bias.node.name in self.requires_grad  # a sum reduces its gradient
+                self._launches[node.name] = 1 + int(factor) + int(bias_grad)
+            return fwd, fwd * factor
+        moved = sum(m.nbytes for m in in_metas) + sum(m.nbytes for m in out_metas)
+        fwd = moved / self.hardware.memory_bandwidth
+        self._launches[node.name] = 1 + (1 if grad_out else 0)
+        return fwd, (fwd if grad_out else 0.0)
+
+    def compute(self, name: str) -> tuple[float, float]:
+        """(forward, backward) seconds of the op's work on one device, launch overhead excluded."""
+        return self._compute.get(name, (0.0, 0.0))
+
+    def launches(self, name: str) -> int:
+        """Op dispatches the node costs per step: 1 forward + 1 per backward op (0 for getitem)."""
+        return self._launches.get(name, 0)
+
+    def overhead(self, name: str) -> float:
+        """Launch overhead of the op on every rank: ``launches(name) * op_overhead_s``."""
+        return self._launches.get(name, 0) * self.hardware.op_overhead_s
+
+    @property
+    def param_bytes(self) -> float:
+        """Bytes of all parameters (each tied tensor once)."""
+        if self._param_bytes is None:
+            self._param_bytes = float(sum(m.nbytes for n, k in self.kind.items() if k == "param"
+                                          for m in self.tensor_outputs(n)))
+        return self._param_bytes
+
+    def tensor_outputs(self, name: str) -> list[TensorMeta]:
+        return [m for m in outputs(self.nodes[name]) if m is not None]
+
+    def value_needs_grad(self, producer: str, slot: int) -> bool:
+        """Does output ``slot`` (among tensor outputs) of ``producer`` carry a gradient?"""
+        if producer not in self.requires_grad:
+            return False
+        metas = self.tensor_outputs(producer)
+        return slot < len(metas) and _floating(metas[slot])
+
+
+def _matmul_flops(node: fx.Node, name: str, ins: list, outs: list) -> Optional[float]:
+    if not outs:
+        return None
+    out = outs[0]
+    if "scaled_dot_product" in name and len(ins) >= 3:
+        q, k, v = ins[:3]
+        batch = math.prod(q.shape[:-2])
+        L, E, S, Ev = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+        return 2.0 * batch * L * S * (E + Ev)
+    if name not in _MATMUL:
+        return None
+    if name == "einsum":
+        eq = node.args[0] if isinstance(node.args[0], str) else None
+        if eq is None:
+            return None
+        sizes: dict[str, int] = {}
+        for term, meta in zip(eq.split("->")[0].split(","), ins):
+            letters = re.sub(r"[^a-zA-Z]", "", term)
+            for ch, s in zip(letters, meta.shape[-len(letters):] if letters else ()):
+                sizes[ch] = s
+        return 2.0 * math.prod(sizes.values())
+    if name.startswith("conv") or name == "_convolution":
+        weight = ins[1]
+        return 2.0 * out.numel * math.prod(weight.shape[1:])
+    a = ins[1] if name in ("addmm", "baddbmm") else ins[0]
+    return 2.0 * out.numel * (a.shape[-1] if a.shape else 1)
+
+
+@dataclass
+class NodePrice:
+    """What one node costs under one strategy: local compute seconds, gradient all-reduces (for a
+    parameter), and bytes per rank by category."""
+    compute: float = 0.0
+    grad_sync: tuple = ()
+    params: float = 0.0
+    grads: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self.compute + sum(c.seconds for c in self.grad_sync)
+
+    @property
+    def memory(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations
+
+
+class CostModel:
+    """Prices strategies and redistributions for one mesh and hardware (caches per instance)."""
+
+    def __init__(self, mesh: Mesh, hardware: Hardware, optimizer: Union[str, float] = "adamw", *,
+                 grad_bucket_bytes: float = 25 * 2 ** 20, hierarchical: bool = True):
+        self.mesh = mesh
+        self.hardware = hardware
+        self.grad_bucket_bytes = grad_bucket_bytes
+        self.hierarchical = hierarchical
+        self.opt_bytes = optimizer_state_bytes(optimizer)
+        self.links = [hardware.axis_link(mesh, a) for a in range(mesh.ndim)]
+        self._terms = [self._axis_terms(a) for a in range(mesh.ndim)]
+        self._reshard_cache: dict = {}
+
+    def _axis_terms(self, axis: int) -> dict[str, list[tuple[float, float]]]:
+        """kind -> candidate (fixed seconds incl. launch, seconds per byte); a call costs the cheapest."""
+        hw, n = self.hardware, self.mesh.shape[axis]
+        g, m = hw.axis_locality(self.mesh, axis)
+        algos = ("ring", "tree") if hw.collective_algorithm == "auto" else (hw.collective_algorithm,)
+        intra = (hw.intra_node_bandwidth, hw.intra_node_latency)
+        inter = (hw.inter_node_bandwidth, hw.inter_node_latency)
+        terms: dict[str, list[tuple[float, float]]] = {}
+        for kind in ADJOINT:
+            fit = hw.collective_fit(kind, n) if m == 1 else None
+            if n <= 1:
+                cands = [(0.0, 0.0)]
+            elif fit is not None:
+                cands = [fit]  # measured: launch and latency are inside the fitted intercept
+            elif m > 1 and g > 1 and self.hierarchical:
+                cands = [hierarchical_terms(kind, g, m, intra, inter, a) for a in algos]
+            else:
+                bw, lat = self.links[axis]
+                cands = [collective_terms(kind, n, bw, lat, a) for a in algos]
+            if n > 1 and fit is None:
+                cands = [(f + hw.collective_launch_s, p) for f, p in cands]
+            terms[kind] = cands
+        return terms
+
+    def p2p(self, nbytes: float, same_node: bool = True) -> float:
+        """Seconds of one point-to-point message of ``nbytes`` between two ranks (a measured
+        ``send_recv`` fit for ranks on one node when the profile has one)."""
+        hw = self.hardware
+        fit = hw.collective_fit("send_recv", 2) if same_node else None
+        if fit is not None:
+            return fit[0] + fit[1] * nbytes
+        bw, lat = ((hw.intra_node_bandwidth, hw.intra_node_latency) if same_node
+                   else (hw.inter_node_bandwidth, hw.inter_node_latency))
+        return p2p_seconds(nbytes, bw, lat, hw.collective_launch_s)
+
+    # ---- placements ----------------------------------------------------------------------------
+    def shard_factor(self, pls: Sequence[Placement], skip: Optional[int] = None) -> int:
+        """How many pieces ``pls`` cuts a tensor into (ignoring axis ``skip``)."""
+        return self._factor(encode(pls), skip)
+
+    def _factor(self, codes: Sequence[int], skip: Optional[int] = None) -> int:
+        f = 1
+        for a, c in enumerate(codes):
+            if c >= 0 and a != skip:
+                f *= self.mesh.shape[a]
+        return f
+
+    def work_divisor(self, strategy: Strategy) -> int:
+        """Product of the sizes of the axes where some operand or output is S or P."""
+        split = set()
+        for pls in (*strategy.inputs, *strategy.outputs):
+            for a, c in enumerate(encode(pls)):
+                if c != R_CODE:
+                    split.add(a)
+        return math.prod(self.mesh.shape[a] for a in split)
+
+    # ---- collectives ---------------------------------------------------------------------------
+    def collective_time(self, kind: str, axis: int, nbytes: float) -> float:
+        """Seconds of one ``kind`` over mesh axis ``axis`` with full per-group bytes ``nbytes``."""
+        return min(f + p * nbytes for f, p in self._terms[axis][kind])
+
+    def collective(self, kind: str, axis: int, nbytes: float, phase: str = "fwd") -> Collective:
+        # the runtime dispatches each collective as one op (an autograd function): one launch more
+        secs = self.collective_time(kind, axis, nbytes) + self.hardware.op_overhead_s
+        return Collective(kind, axis, int(nbytes), secs, phase)
+
+    def reshard(self, src: Sequence[Placement], dst: Sequence[Placement], meta: TensorMeta,
+                needs_grad: bool) -> tuple[Collective, ...]:
+        """The collectives that move a tensor from ``src`` to ``dst`` placements, forward then backward."""
+        return self.moves(encode(src), encode(dst), meta.nbytes, needs_grad)[0]
+
+    def reshard_memory(self, src, dst, meta: TensorMeta) -> float:
+        """Bytes of the redistributed local copy when the move communicates (a free chunk is a view)."""
+        return self.moves(encode(src), encode(dst), meta.nbytes, False)[1]
+
+    def moves(self, src: tuple, dst: tuple, nbytes: int, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
+        """(collectives, copy bytes) between placement codes (see ``encode``), cached."""
+        if src == dst:
+            return (), 0.0
+        key = (src, dst, nbytes, needs_grad)
+        hit = self._reshard_cache.get(key)
+        if hit is None:
+            hit = self._reshard_cache[key] = self._moves(src, dst, nbytes, needs_grad)
+        return hit
+
+    def _moves(self, src, dst, nbytes: int, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
+        cur = list(src)
+        fwd: list[Collective] = []
+        for kind, a in redistribution_steps(src, dst, self.mesh.shape):
+            if kind in ADJOINT:
+                fwd.append(self.collective(kind, a, nbytes / self._factor(cur, skip=a)))
+            cur[a] = R_CODE if kind == "all_gather" else dst[a]
+        copy = nbytes / self._factor(dst) if fwd else 0.0
+        if needs_grad:
+            fwd += [self.collective(ADJOINT[c.kind], c.axis, c.bytes, "bwd") for c in reversed(fwd)]
+        return tuple(fwd), copy
+
+    def grad_sync(self, meta: TensorMeta, storage: Sequence[Placement],
+                  total_bytes: Optional[float] = None) -> tuple[Collective, ...]:
+        """All-reduce of a parameter's gradient over every axis (size > 1) where it is stored R.
+
+        The runtime buckets gradients (``grad_bucket_bytes``, DDP's 25 MiB default), so a gradient
+        pays the latency and launch cost of one all-reduce only in proportion to the bucket share it
+        fills; the bandwidth term is paid in full. A bucket holds at most ``total_bytes`` (all the
+        model's parameter bytes, when given): a small model still pays one whole all-reduce."""
+        local = meta.nbytes / self.shard_factor(storage)
+        bucket = self.grad_bucket_bytes if not total_bytes else max(1.0, min(self.grad_bucket_bytes, total_bytes))
+        share = min(1.0, local / bucket)
+        found = []
+        copy_in = self.hardware.op_overhead_s  # the hook copying the gradient into its bucket: one launch
+        for a, p in enumerate(storage):
+            n = self.mesh.shape[a]
+            if placement_code(p) == R_CODE and n > 1:
+                fixed, per_byte = min(self._terms[a]["all_reduce"], key=lambda t: t[0] + t[1] * local)
+                found.append(Collective("all_reduce", a, int(local), per_byte * local + share * fixed + copy_in))
+                copy_in = 0.0
+        return tuple(found)
+
+    # ---- whole nodes and edges ----------------------------------------------------------------
+    def price_node(self, name: str, strategy: Strategy, facts: GraphFacts) -> NodePrice:
+        kind = facts.kind[name]
+        metas = facts.tensor_outputs(name)
+        if kind == "param" and metas:
+            p, g, o = self.param_memory(metas[0], strategy.outputs[0])
+            syncs = self.grad_sync(metas[0], strategy.outputs[0], facts.param_bytes)
+            return NodePrice(compute=facts.overhead(name), grad_sync=syncs, params=p, grads=g, optimizer=o)
+        if kind == "buffer" and metas:
+            return NodePrice(params=metas[0].nbytes / self.shard_factor(strategy.outputs[0]))
+        if kind != "op":
+            return NodePrice()
+        fwd, bwd = facts.compute(name)
+        acts = 0.0 if name in facts.views else self.activation_bytes(metas, strategy)
+        return NodePrice(compute=(fwd + bwd) / self.work_divisor(strategy) + facts.overhead(name), activations=acts)
+
+    def price_edge(self, src, dst, meta: TensorMeta, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
+        """(collectives, bytes of the redistributed copy) to move one operand from ``src`` to ``dst``."""
+        return self.moves(encode(src), encode(dst), meta.nbytes, needs_grad)
+
+    # ---- memory --------------------------------------------------------------------------------
+    def param_memory(self, meta: TensorMeta, storage: Sequence[Placement]) -> tuple[float, float, float]:
+        """(parameter, gradient, optimizer-state) bytes per rank for one parameter."""
+        f = self.shard_factor(storage)
+        return meta.nbytes / f, meta.nbytes / f, meta.numel * self.opt_bytes / f
+
+    def activation_bytes(self, metas: Sequence[Optional[TensorMeta]], strategy: Strategy) -> float:
+        """Local bytes of a node's outputs under ``strategy``."""
+        total = 0.0
+        tensors = [m for m in metas if m is not None]
+        for m, pls in zip(tensors, strategy.outputs):
+            total += m.nbytes / self.shard_factor(pls)
+        return total

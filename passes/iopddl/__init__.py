@@ -1,0 +1,17 @@
+"""A standalone solver for the IOPDDL strategy-graph problem (the ASPLOS/EuroSys 2025 contest format).
+
+It is the sharding problem in its contest form: one strategy per node, resharding costs on edges,
+and a memory limit over time. ``autoshard solve`` runs it; the sharding planner solves its own
+problems with ``passes.solve.ilp`` and shares only the problem format (``problem.from_strategy_graph``).
+
+- ``problem``: reading, writing and verifying IOPDDL problems.
+- ``presolve``: exact reductions and the compact ``Core`` the search works on.
+- ``local_search``: a state with memory load per time point, greedy starts and ICM moves.
+- ``belief_propagation``: min-sum loopy belief propagation on the memory-free problem.
+- ``lagrangian``: memory as per-time-point prices, with repair.
+- ``forest_moves``: exact block moves on random induced forests (dynamic programming).
+- ``regions`` / ``neighbourhood_search``: neighbourhoods re-solved exactly with CP-SAT.
+- ``solver``: ``solve_problem``, which runs the phases under a deadline.
+
+May import: numpy, ortools, ``passes.errors`` and ``passes.solve.ilp`` (for the format conversion).
+"""

@@ -1,0 +1,245 @@
+"""The IOPDDL solver. Presolve (``solver_presolve``), then by the size of the reduced core:
+
+* small (``exact_max_vars``): one exact CP-SAT model of everything, so small instances end optimal;
+* otherwise memory priced per time point (``solver_lagrange``: belief propagation on the priced
+  problem, repair, ICM; the main source of good answers), or failing that a memory-safe local start
+  (greedy with lookahead at a few memory prices, then ICM), and from there exact forest moves
+  (``solver_dp``) alternating with CP-SAT neighbourhoods (``solver_lns``, shaped by
+  ``solver_regions``) aimed first at forbidden costs, then at costly edges and busy time points;
+  medium cores (``whole_max_vars``) end with CP-SAT on everything, hinted with the best state.
+
+Only answers that pass ``iopddl.verify`` (memory limit kept, nothing forbidden) are ever returned.
+
+>>> from autoshard.passes.iopddl.problem import Problem
+>>> p = Problem([[1, 5], [2, 0]], [[3, 1], [2, 2]], [(0, 2), (1, 3)], [(0, 1)], [[0, 4, 4, 0]], 4)
+>>> solve_problem(p, timeout_s=5).choice
+[1, 1]
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from autoshard.passes.iopddl.problem import FORBIDDEN, Problem, verify
+from autoshard.passes.iopddl.forest_moves import forest_move, random_forest
+from autoshard.passes.iopddl.local_search import State, greedy_start, icm, min_memory_start
+from autoshard.passes.iopddl.lagrangian import lagrange_search
+from autoshard.passes.iopddl.neighbourhood_search import region_size, solve_region
+from autoshard.passes.iopddl.presolve import presolve
+from autoshard.passes.iopddl.regions import adjacency, bfs_region, time_region
+
+__all__ = ["SolveResult", "SearchConfig", "solve_problem"]
+
+
+@dataclass
+class SearchConfig:
+    """Knobs of the search (defaults tuned on the contest instances)."""
+    exact_max_vars: int = 40_000     # cores up to this many CP-SAT variables are solved whole
+    whole_max_vars: int = 200_000    # up to this size, CP-SAT finishes on the whole core
+    whole_after: float = 0.35        # ... after this share of the search time
+    region_vars: int = 2_500         # starting neighbourhood size, in CP-SAT variables
+    region_time_s: float = 1.0       # CP-SAT time per neighbourhood
+    workers: int = 1
+    forest_share: float = 0.5        # share of search time spent on forest moves (+ ICM)
+    forest_share_bad: float = 0.8    # the same while forbidden costs remain
+    seed: int = 0
+    verbose: bool = False
+    lagrange_share: float = 0.7      # of the time left after presolve: priced belief propagation
+    presolve_share: float = 0.4      # presolve stops (still exact) at this share of the timeout
+    margin_s: float = 1.0            # kept back (plus 1% of the timeout) to verify and print the answer
+
+
+@dataclass
+class SolveResult:
+    choice: list[int]                # [] when no feasible answer was found
+    cost: Optional[int]
+    status: str                      # OPTIMAL, FEASIBLE, INFEASIBLE or NONE
+    stats: dict = field(default_factory=dict)
+
+
+def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] = None,
+                  config: Optional[SearchConfig] = None,
+                  on_progress: Optional[Callable[[float, int], None]] = None,
+                  on_answer: Optional[Callable[[list, int], None]] = None) -> SolveResult:
+    """Best answer found before ``start + timeout_s`` (``start`` defaults to now, as
+    ``time.perf_counter``). ``on_progress(elapsed_s, cost)`` and ``on_answer(choice, cost)`` are
+    called on each verified improvement (a caller that must answer by a deadline keeps the latest)."""
+    cfg = config or SearchConfig()
+    t0 = time.perf_counter() if start is None else start
+    deadline = t0 + timeout_s - cfg.margin_s - 0.01 * timeout_s
+    rng = random.Random(cfg.seed)
+    core = presolve(problem, deadline=t0 + cfg.presolve_share * timeout_s)
+    stats = {"core_nodes": core.n, "presolve_s": round(time.perf_counter() - t0, 2)}
+    best: list = [None, None, None]  # (choice, cost, the state's core total)
+
+    def offer(state: State) -> None:
+        total = state.total()
+        if not state.feasible() or total >= FORBIDDEN or (best[2] is not None and total >= best[2]):
+            return  # the core total differs from the real cost by a constant: no better answer
+        best[2] = total
+        t = time.perf_counter()
+        choice = core.expand(state.choice)
+        v = verify(problem, choice)
+        stats["offer_s"] = max(stats.get("offer_s", 0.0), time.perf_counter() - t)
+        if v.feasible and (best[1] is None or v.cost < best[1]):
+            best[0], best[1] = choice, v.cost
+            if on_answer:
+                on_answer(choice, v.cost)
+            if on_progress:
+                on_progress(time.perf_counter() - t0, v.cost)
+
+    everything = list(range(core.n))
+    if region_size(core, everything) <= cfg.exact_max_vars:
+        state = _start(core, deadline)
+        offer(state)
+        res = solve_region(state, everything, max(0.05, deadline - time.perf_counter()),
+                           workers=max(cfg.workers, 2), keep_current=False, seed=cfg.seed)
+        offer(state)
+        stats["mode"] = "exact"
+        status = res.status if best[0] is not None or res.status == "INFEASIBLE" else "NONE"
+        if best[0] is None:
+            return SolveResult([], None, "INFEASIBLE" if res.status == "INFEASIBLE" else "NONE", stats)
+        return SolveResult(best[0], best[1], status if status == "OPTIMAL" else "FEASIBLE", stats)
+
+    now = time.perf_counter()
+    state = lagrange_search(core, now + cfg.lagrange_share * (deadline - now), offer, verbose=cfg.verbose)
+    stats["lagrange_s"] = round(time.perf_counter() - now, 2)
+    if state is None:  # no priced answer could be repaired in time: the memory-safe local start
+        state = _start(core, deadline)
+        stats["start"] = "greedy"
+    offer(state)
+    stats["mode"] = "lns"
+    whole = region_size(core, everything) <= cfg.whole_max_vars
+    now = time.perf_counter()
+    # medium cores: after a local-search phase, CP-SAT on everything from the best state found
+    lns_end = now + cfg.whole_after * (deadline - now) if whole else deadline
+    # room for the last offer, the caller's own check of the answer and a loaded machine
+    stats.update(_lns(state, lambda: min(lns_end, deadline - 4.0 * stats.get("offer_s", 0.0)), cfg, rng, offer))
+    offer(state)
+    if whole and state.feasible() and state.total() < FORBIDDEN:
+        stats["mode"] = "lns+whole"
+        left = deadline - 4.0 * stats.get("offer_s", 0.0) - time.perf_counter()
+        # CP-SAT can run past its limit by a second or more on a busy machine
+        res = solve_region(state, everything, max(0.05, 0.9 * left - 1.5), workers=max(cfg.workers, 2),
+                           seed=cfg.seed, deadline=time.perf_counter() + 0.9 * left - 1.5)
+        stats["whole_status"] = res.status
+        offer(state)
+    if best[0] is None:
+        return SolveResult([], None, "NONE", stats)
+    return SolveResult(best[0], best[1], "FEASIBLE", stats)
+
+
+def _start(core, deadline, penalties=(10.0, 3.0, 1.0, 30.0, 0.0)) -> State:
+    """A memory-safe start: breadth-first greedy with lookahead inside the free memory, polished by
+    ICM, for several prices of memory (cost units per usage unit) until one meets no forbidden
+    cost and a third of the time left is used; the best (fewest forbidden, then cheapest) wins."""
+    budget_end = time.perf_counter() + (deadline - time.perf_counter()) / 3
+    best, best_key = None, None
+    for k, penalty in enumerate(penalties):
+        state = greedy_start(core, penalty=penalty, deadline=deadline)
+        if not state.feasible():
+            state = min_memory_start(core)
+        icm(state, deadline)
+        key = (len(_bad_nodes(state)), state.total())
+        if best_key is None or key < best_key:
+            best, best_key = state, key
+        if (best_key[0] == 0 and k >= 1) or time.perf_counter() > budget_end:
+            break
+    return best
+
+
+def _bad_nodes(state: State) -> list[int]:
+    """Nodes whose current strategy meets a forbidden cost (their own or on an edge)."""
+    return _scan(state)[0]
+
+
+def _scan(state: State, hot: int = 32) -> tuple[list[int], list[int]]:
+    """(nodes meeting a forbidden cost, endpoints of the ``hot`` most expensive edges now)."""
+    core, ch = state.core, state.choice
+    bad, edges = [], []
+    for i in range(core.n):
+        worst = core.cost[i][ch[i]]
+        for j, m in core.nbrs[i]:
+            c = m[ch[i], ch[j]]
+            worst = max(worst, c)
+            if i < j and c > 0:
+                edges.append((c, i, j))
+        if worst >= FORBIDDEN:
+            bad.append(i)
+    edges.sort(reverse=True)
+    return bad, [k for _, i, j in edges[:hot] for k in (i, j)]
+
+
+def _lns(state: State, deadline_fn, cfg: SearchConfig, rng: random.Random, offer) -> dict:
+    """Alternate exact forest moves (``forest_share`` of the time) and CP-SAT neighbourhoods: around
+    nodes that still meet a forbidden cost first, else around the currently most expensive edges,
+    a busy time point or a random node."""
+    core = state.core
+    n = core.n
+    mem_nodes = [i for i in range(n) if core.lo[i] < core.hi[i] and np.ptp(core.usage[i]) > 0]
+    mem_lo, mem_hi = core.lo[mem_nodes], core.hi[mem_nodes]
+    mem_arr = np.array(mem_nodes, dtype=np.int64)
+
+    def alive_at(t):
+        return mem_arr[(mem_lo <= t) & (t < mem_hi)].tolist()
+
+    adj = adjacency(core)
+    size = cfg.region_vars
+    tries = wins = forests = 0
+    lns_s = 0.0
+    bad: list[int] = []
+    hot: list[int] = []
+    last_offer = time.perf_counter()
+    forest_s, overhead_s = 0.0, 0.1
+    while True:
+        deadline = deadline_fn()
+        now = time.perf_counter()
+        if now + overhead_s + 0.1 > deadline:
+            break
+        share = cfg.forest_share_bad if bad else cfg.forest_share
+        if (tries == 0 or lns_s * share >= forest_s * (1 - share)) and now + 1.5 * forest_s < deadline:
+            lns_s = 0.0
+            forests += 1
+            forest_move(state, random_forest(core, rng, hubs_first=forests % 2 == 1))
+            icm(state, deadline)
+            bad, hot = _scan(state)
+            if cfg.verbose:
+                print(f"  forest {forests}: cost {state.total():.6g} peak {state.peak():.6g} bad {len(bad)} "
+                      f"tries {tries} wins {wins} size {size}", flush=True)
+            offer(state)
+            last_offer = time.perf_counter()
+            forest_s = last_offer - now
+            if last_offer + overhead_s + 0.1 > deadline:
+                break
+        tries += 1
+        if bad and rng.random() < 0.8:
+            region = bfs_region(core, bad[rng.randrange(len(bad))], size, rng, adj=adj)
+        elif hot and rng.random() < 0.4:  # around the edges that cost most now
+            region = bfs_region(core, hot[rng.randrange(len(hot))], size, rng, adj=adj)
+        elif mem_nodes and rng.random() < 0.5:
+            region = time_region(state, alive_at, size, rng, adj=adj)
+        else:
+            region = bfs_region(core, rng.randrange(n), size, rng, adj=adj)
+        begin = time.perf_counter()
+        budget = min(cfg.region_time_s, deadline - begin - overhead_s - 0.1)
+        if budget <= 0.05:
+            break
+        res = solve_region(state, region, budget, workers=cfg.workers, seed=rng.randrange(1 << 30),
+                           deadline=begin + budget)
+        if res.changed:
+            wins += 1
+            icm(state, deadline, nodes=region)
+        overhead_s = max(0.8 * overhead_s, time.perf_counter() - begin - budget)
+        lns_s += time.perf_counter() - begin
+        if res.status == "OPTIMAL":
+            size = min(int(size * 1.1) + 1, 20_000)
+        else:
+            size = max(200, int(size * 0.8))
+        if time.perf_counter() - last_offer > 2.0:
+            offer(state)
+            last_offer = time.perf_counter()
+    return {"lns_tries": tries, "lns_wins": wins, "forest_moves": forests, "region_vars": size}

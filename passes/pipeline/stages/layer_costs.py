@@ -1,0 +1,316 @@
+"""Per-layer cost and memory profiles of a captured program on one pipeline-stage submesh.
+
+The stage planner sees the program as a CHAIN OF LAYER UNITS: the call_function nodes in graph
+order, cut wherever a new numbered block instance begins (``blocks.3``, ``model.layers.11``; see
+``passes.solve.clustering.block_instance``). Nodes outside numbered blocks join the unit before them,
+except that the nodes after the last block form their own unit (final norm, head, loss), and those
+before the first block form the embedding unit. Every unit is a contiguous slice of the graph, so
+any cut between units is a valid stage boundary (``PipelinePlan`` wants contiguous node slices).
+
+>>> [u.name for u in layer_units(captured)]          # doctest: +SKIP
+['embedding', 'blocks.0', 'blocks.1', 'head']
+
+A ``SubmeshProfile`` prices every unit under one intra-op ``Solution`` (the core planner's plan for
+the whole program on the stage's logical (dp, tp) submesh) with the core cost model, split by how
+the cost scales with the microbatch count ``m`` (the global batch cut into ``m`` pieces):
+
+    per-microbatch forward   f(m) = fwd_fixed + fwd_batch / m        (same for backward, activations)
+    per step                 grad_sync, state bytes (parameters + gradients + optimizer state)
+
+``*_batch`` is the full-global-batch amount of everything computed from the inputs (it shrinks with
+the microbatch); ``*_fixed`` is what every microbatch pays whatever its size: ops on parameters only
+and their collectives (an FSDP weight gather repeats per microbatch), and each collective's latency
+and launch terms (collective time is affine in bytes, ``passes.cost.model.collective_seconds``). With
+``m = 1`` the units add up exactly to ``evaluate``'s step time for the solution (tested).
+
+``cut_fixed[c] / cut_batch[c]``: bytes per device of the values that cross the cut after unit
+``c`` (produced at or before ``c``, read after it), at the producer's placement: what a stage
+boundary there sends forward (and its gradient backward), and what a recomputing stage keeps.
+
+``plan_submesh`` chooses that intra-op plan for a pipeline stage rather than for a whole step: the
+core ILP priced per microbatch (batch-dependent compute, collectives and activations divided by m,
+gradient all-reduces by m since they run once per step) with activations counted ``held`` times (the
+microbatches a stage keeps in flight), under ``pp * memory_limit`` for the whole program (the stages'
+sum), and only with strategies that still divide the microbatch (``microbatch.microbatch_strategies``:
+16 sequences split 8 ways are fine, a microbatch of one sequence is not). Tensor parallelism then
+appears where data parallelism's replicated weights would not fit, or where the batch is too small
+to split; when nothing fits, the least-memory plan, never replicated weights.
+
+Identical blocks cost the same, so a profile traced with a few blocks stands for a deep model:
+``profile.repeat_blocks(96)``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Optional, Union
+
+from autoshard.passes.solve.clustering import OUTPUT, block_instance, graph_edges, module_path
+from autoshard.passes.solve.clustering import cluster_nodes
+from autoshard.passes.cost.model import CostModel, GraphFacts
+from autoshard.passes.errors import InfeasiblePlanError
+from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.cost.hardware import Hardware, get_hardware
+from autoshard.passes.solve.ilp import solve
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.sharding.pins import Pins, PinError
+from autoshard.passes.solve.planner import _assign, _prepare, _settle_inputs, build_strategy_graph
+from autoshard.passes.solve.solution import Solution, evaluate
+from autoshard.passes.spec import Replicate
+from autoshard.passes.pipeline.stages.microbatch import MicrobatchFacts, batch_dependent, batch_granularity, microbatch_strategies
+
+__all__ = ["LayerUnit", "UnitCost", "SubmeshProfile", "layer_units", "batch_dependent", "profile_submesh",
+           "submesh_shapes", "plan_submesh"]
+
+
+@dataclass(frozen=True)
+class LayerUnit:
+    """One link of the chain: ``name`` ("embedding", "blocks.3", "head"), ``block`` (normalized block
+    path such as "blocks.#", None outside numbered blocks), its call_function ``nodes`` in order."""
+    name: str
+    block: Optional[str]
+    nodes: tuple[str, ...]
+
+
+def layer_units(captured: CapturedGraph) -> list[LayerUnit]:
+    """Cut the program's call_function nodes into contiguous layer units (see module docstring)."""
+    ops = [n for n in captured.gm.graph.nodes if n.op == "call_function"]
+    keys = [block_instance(module_path(n, captured)) for n in ops]
+    last_block = max((i for i, k in enumerate(keys) if k is not None), default=-1)
+    units: list[tuple[str, Optional[str], list[str]]] = []
+    current: Optional[str] = None
+    for i, (node, key) in enumerate(zip(ops, keys)):
+        if key is not None and key[1] != current:
+            units.append((key[1], key[0], []))
+            current = key[1]
+        elif key is None and i > last_block and (not units or units[-1][0] != "head"):
+            units.append(("head", None, []))
+            current = "head"
+        elif not units:
+            units.append(("embedding", None, []))
+            current = "embedding"
+        units[-1][2].append(node.name)
+    return [LayerUnit(name, block, tuple(nodes)) for name, block, nodes in units]
+
+
+@dataclass(frozen=True)
+class UnitCost:
+    """One unit on one submesh: seconds per microbatch ``fixed + batch / m`` (forward, backward),
+    gradient all-reduce seconds per step, parameter / gradient / optimizer-state bytes (buffers count
+    as parameters), and activation bytes
+    per microbatch ``act_fixed + act_batch / m`` (what autograd keeps for the backward)."""
+    fwd_fixed: float = 0.0
+    fwd_batch: float = 0.0
+    bwd_fixed: float = 0.0
+    bwd_batch: float = 0.0
+    grad_sync: float = 0.0
+    params: float = 0.0
+    grads: float = 0.0
+    optimizer: float = 0.0
+    act_fixed: float = 0.0
+    act_batch: float = 0.0
+
+    @property
+    def state_bytes(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    def fwd(self, m: int) -> float:
+        return self.fwd_fixed + self.fwd_batch / m
+
+    def bwd(self, m: int) -> float:
+        return self.bwd_fixed + self.bwd_batch / m
+
+    def act(self, m: int) -> float:
+        return self.act_fixed + self.act_batch / m
+
+
+@dataclass
+class SubmeshProfile:
+    """Every unit's cost on one logical submesh (see module docstring); ``solution`` is the intra-op
+    plan priced (of the traced program: after ``repeat_blocks`` the units outnumber the traced ones).
+    ``batch_shard``: the smallest microbatch, in sequences, the plan stays valid for; microbatch
+    sizes must be multiples of it (``microbatch.batch_granularity``)."""
+    mesh: Mesh
+    units: list[LayerUnit]
+    costs: list[UnitCost]
+    cut_fixed: list[float]
+    cut_batch: list[float]
+    solution: Optional[Solution] = None
+    batch_shard: int = 1
+    stats: dict = field(default_factory=dict)
+
+    def cut_bytes(self, m: int) -> list[float]:
+        return [f + b / m for f, b in zip(self.cut_fixed, self.cut_batch)]
+
+    def repeat_blocks(self, n: int) -> "SubmeshProfile":
+        """The profile of the same model with ``n`` identical blocks (the middle traced block repeated)."""
+        blocks = [i for i, u in enumerate(self.units) if u.block is not None]
+        if not blocks:
+            raise ValueError("the profile has no numbered blocks to repeat")
+        first, last = blocks[0], blocks[-1]
+        if blocks != list(range(first, last + 1)) or len({self.units[i].block for i in blocks}) != 1:
+            raise ValueError("repeat_blocks needs one contiguous run of identical blocks, got "
+                             f"{[self.units[i].name for i in blocks]}")
+        rep = blocks[len(blocks) // 2]
+        inner = rep if rep < last else rep - 1  # a cut between two blocks (if there are two)
+        pre, post = self.units[:first], self.units[last + 1:]
+        name = self.units[rep].block
+        units = pre + [replace(self.units[rep], name=name.replace("#", str(k))) for k in range(n)] + post
+        costs = self.costs[:first] + [self.costs[rep]] * n + self.costs[last + 1:]
+
+        def cuts(values):
+            return values[:first] + [values[inner]] * (n - 1) + values[last:]
+
+        return SubmeshProfile(self.mesh, units, costs, cuts(self.cut_fixed), cuts(self.cut_batch), self.solution,
+                              self.batch_shard, dict(self.stats, repeated_blocks=n))
+
+
+def submesh_shapes(group_size: int, hardware: Hardware) -> list[tuple[int, int]]:
+    """Logical (dp, tp) shapes of a rank group: tp divides the group and stays within one node
+    (tensor parallel on the fast link), unless the group is smaller than a node."""
+    limit = max(1, min(group_size, hardware.devices_per_node))
+    return [(group_size // tp, tp) for tp in range(1, limit + 1) if group_size % tp == 0 and limit % tp == 0]
+
+
+def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Union[str, Hardware] = "h100",
+                    optimizer: Union[str, float] = "adamw",
+                    units: Optional[list[LayerUnit]] = None) -> SubmeshProfile:
+    """Price every layer unit of ``captured`` under ``solution`` (on ``solution.mesh``)."""
+    hw = get_hardware(hardware)
+    units = units if units is not None else layer_units(captured)
+    mesh = solution.mesh
+    facts = GraphFacts(captured, hw)
+    cm = CostModel(mesh, hw, optimizer)
+    batch = batch_dependent(captured)
+    unit_of = {name: i for i, u in enumerate(units) for name in u.nodes}
+    acc = [dict.fromkeys(UnitCost.__dataclass_fields__, 0.0) for _ in units]
+    strategies = solution.strategies
+    for i, unit in enumerate(units):
+        for name in unit.nodes:
+            s = strategies[name]
+            fwd, bwd = facts.compute(name)
+            div = cm.work_divisor(s)
+            part = "batch" if name in batch else "fixed"
+            acc[i][f"fwd_{part}"] += fwd / div
+            acc[i][f"bwd_{part}"] += bwd / div
+            extra = cm.price_node(name, s, facts).compute - (fwd + bwd) / div  # per-op launch overhead
+            share = fwd / (fwd + bwd) if fwd + bwd > 0 else 0.5
+            acc[i]["fwd_fixed"] += extra * share
+            acc[i]["bwd_fixed"] += extra * (1 - share)
+            if name not in facts.views:
+                acc[i][f"act_{part}"] += cm.activation_bytes(facts.tensor_outputs(name), s)
+    readers: dict[str, list[int]] = {}
+    last_reader: dict[tuple[str, int], int] = {}
+    for u, slot, v, _ in graph_edges(captured):
+        if v == OUTPUT:
+            continue
+        readers.setdefault(u, []).append(unit_of[v])
+        key = (u, slot)
+        last_reader[key] = max(last_reader.get(key, -1), unit_of[v])
+    for name, kind in facts.kind.items():
+        if kind not in ("param", "buffer") or name not in readers:
+            continue
+        owner = min(readers[name])  # a tied weight lives with its first reader
+        price = cm.price_node(name, strategies[name], facts)
+        for key in ("params", "grads", "optimizer"):
+            acc[owner][key] += getattr(price, key)
+        acc[owner]["grad_sync"] += sum(c.seconds for c in price.grad_sync)
+    replicated = tuple(Replicate() for _ in mesh.shape)
+    for u, slot, v, k in graph_edges(captured):
+        src = strategies[u].outputs[slot]
+        dst = replicated if v == OUTPUT else strategies[v].inputs[k]
+        if tuple(src) == tuple(dst):
+            continue
+        i = len(units) - 1 if v == OUTPUT else unit_of[v]
+        part = "batch" if u in batch else "fixed"
+        grad = v != OUTPUT and facts.value_needs_grad(u, slot)  # as ``evaluate`` prices it
+        colls, copy = cm.price_edge(src, dst, facts.tensor_outputs(u)[slot], grad)
+        for c in colls:
+            fixed = cm.collective(c.kind, c.axis, 0).seconds
+            acc[i][f"{c.phase}_fixed"] += fixed
+            acc[i][f"{c.phase}_{part}"] += c.seconds - fixed
+        acc[i][f"act_{part}"] += copy
+    cut_fixed = [0.0] * max(0, len(units) - 1)
+    cut_batch = [0.0] * max(0, len(units) - 1)
+    for (u, slot), last in last_reader.items():
+        if u not in unit_of:
+            continue  # inputs and parameters reach every stage from the data loader / their owner
+        meta = facts.tensor_outputs(u)[slot]
+        local = meta.nbytes / cm.shard_factor(strategies[u].outputs[slot])
+        target = cut_batch if u in batch else cut_fixed
+        for c in range(unit_of[u], last):
+            target[c] += local
+    costs = [UnitCost(**a) for a in acc]
+    return SubmeshProfile(mesh, list(units), costs, cut_fixed, cut_batch, solution, batch_granularity(captured, solution))
+
+
+class _StageCostModel(CostModel):
+    """Per-microbatch pricing: gradient syncs shared by the m microbatches, activations held k times."""
+
+    def __init__(self, mesh: Mesh, hardware: Hardware, optimizer, m: int, held: int):
+        super().__init__(mesh, hardware, optimizer)
+        self._m, self._held = m, held
+
+    def grad_sync(self, *args, **kwargs):
+        return tuple(replace(c, seconds=c.seconds / self._m) for c in super().grad_sync(*args, **kwargs))
+
+    def activation_bytes(self, *args, **kwargs) -> float:
+        return self._held * super().activation_bytes(*args, **kwargs)
+
+
+def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, optimizer, microbatches: int,
+                 held: int, memory_limit: float, repeat: float = 1.0, time_limit_s: float = 30.0,
+                 pins: Optional[Pins] = None) -> Solution:
+    """The intra-op plan for the stages of a pipeline on ``mesh`` (see module docstring). ``repeat``:
+    the real model has ``repeat`` times the traced blocks (their ILP nodes and edges count that many
+    times more). ``time_limit_s`` caps the ILP solves together (at least half a second each).
+    ``pins``: decisions fixed as in ``plan_sharding`` (e.g. to price a rejected layout).
+
+    When no plan fits ``memory_limit`` with activations held ``held`` times, the plan for ONE held
+    microbatch (what a recomputing stage keeps), and failing that the least-memory plan (storage
+    sharded wherever it can be, e.g. FSDP on the data-parallel axis): the stage ILP then decides
+    whether recompute or more stages make it fit. ``solver_stats["status"]`` says which."""
+    deadline = time.perf_counter() + time_limit_s
+    mesh, table, allowed = _prepare(captured, mesh, pins)
+    for name, keep in microbatch_strategies(captured, table, mesh, microbatches).items():
+        both = set(allowed.get(name, keep)) & keep
+        if not both:
+            raise PinError(f"the pins on {name!r} split its batch dimension more ways than a microbatch of "
+                           f"1/{microbatches} of the batch has rows; pin fewer ways or use fewer microbatches")
+        allowed[name] = both
+    facts = MicrobatchFacts(captured, hardware, microbatches)
+    nodes = {n.name: n for n in captured.gm.graph.nodes}
+    clustering = cluster_nodes(captured, extra=lambda n: (
+        len(table[n]), tuple(sorted(allowed[n])) if n in allowed else None, n in facts.requires_grad))
+    graph, result, status = None, None, None
+    for k in dict.fromkeys((held, 1)):
+        cm = _StageCostModel(mesh, hardware, optimizer, microbatches, k)
+        graph = build_strategy_graph(captured, table, allowed, clustering, cm, facts, memory_limit)
+        if repeat != 1.0:
+            _repeat(graph, nodes, captured, repeat)
+        result = solve(graph, time_limit_s=max(0.5, deadline - time.perf_counter()))
+        if result.choice is not None:
+            status = result.status if k == held else f"{result.status}_HELD_1"
+            break
+    if result.choice is None:
+        result = solve(graph, objective="memory", time_limit_s=max(1.0, deadline - time.perf_counter()))
+        status = "MEMORY_FALLBACK"
+    if result.choice is None:
+        raise InfeasiblePlanError(f"the intra-op solver found no plan at all on submesh {mesh.shape} within "
+                                  f"{time_limit_s} s ({result.status}); raise time_limit_s")
+    chosen = _assign(table, clustering, result.choice)
+    _settle_inputs(captured, table, allowed, chosen, GraphFacts(captured, hardware))
+    stats = {"status": status, "solve_s": round(result.wall_s, 4), "microbatches": microbatches,
+             "held": held, "memory_limit": memory_limit}
+    return evaluate(captured, mesh, chosen, hardware, optimizer, unruled=table.unruled, solver_stats=stats)
+
+
+def _repeat(graph, nodes: dict, captured: CapturedGraph, repeat: float) -> None:
+    """Count every ILP node and edge inside a numbered block ``repeat`` times more."""
+    inside = {i for i, sg in enumerate(graph.nodes)
+              if sg.name in nodes and block_instance(module_path(nodes[sg.name], captured)) is not None}
+    for i in inside:
+        graph.nodes[i].multiplicity = max(1, round(graph.nodes[i].multiplicity * repeat))
+    for e in graph.edges:
+        if e.u in inside and e.v in inside:
+            e.multiplicity = max(1, round(e.multiplicity * repeat))

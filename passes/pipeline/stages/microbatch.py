@@ -1,0 +1,140 @@
+"""How a plan made on the global batch relates to one pipeline microbatch.
+
+The program is captured once, at the global batch ``B``. A pipeline runs it on microbatches of
+``B / m`` sequences, so three things must follow the microbatch:
+
+- cost: compute and tensor bytes of everything computed from the inputs shrink by ``m``
+  (``MicrobatchFacts``);
+- validity: a sharding that splits a batch-sized dimension must still divide it at the microbatch.
+  Splitting 16 sequences 8 ways is fine for the global batch and impossible for a microbatch of
+  one (``microbatch_strategies`` keeps the ILP to strategies valid at the planned microbatch);
+- granularity: the microbatch sizes a finished plan stays valid for (``batch_granularity``).
+
+Convention (the runtime splits inputs on dim 0 the same way): dim 0 of a value computed from the
+inputs carries the batch, whole sequences ``[b, ...]`` or flattened tokens ``[b * s, ...]``.
+A value whose dim 0 is not a multiple of the batch is taken not to carry it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+from autoshard.passes.cost.model import GraphFacts
+from autoshard.passes.errors import AutoshardError
+from autoshard.passes.graph import CapturedGraph, operand_meta, operands, outputs
+from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.solve.solution import Solution
+from autoshard.passes.spec import Shard, TensorMeta
+from autoshard.passes.sharding.strategies import StrategyTable
+
+__all__ = ["global_batch", "batch_dependent", "MicrobatchFacts", "microbatch_strategies", "batch_granularity"]
+
+
+def global_batch(captured: CapturedGraph) -> int:
+    """Dim 0 of the first user input (the dimension microbatches cut)."""
+    for name in captured.inputs:
+        meta = captured.node(name).meta.get("autoshard.meta")
+        if meta is not None and getattr(meta, "shape", None):
+            return int(meta.shape[0])
+    raise AutoshardError("pipeline planning needs a batched tensor input (microbatches cut dim 0 of the inputs)")
+
+
+def batch_dependent(captured: CapturedGraph) -> set[str]:
+    """Names of the nodes computed from a user input or the target (their size follows the batch)."""
+    found = set(captured.inputs) | ({captured.target} if captured.target else set())
+    for node in captured.gm.graph.nodes:
+        if node.op == "call_function" and any(a.name in found for a in node.all_input_nodes):
+            found.add(node.name)
+    return found
+
+
+@dataclass(frozen=True)
+class _ScaledMeta(TensorMeta):
+    """A tensor of one microbatch: ``nbytes`` is the global tensor's times ``scale``."""
+    scale: float = 1.0
+
+    @property
+    def nbytes(self) -> float:
+        return TensorMeta.nbytes.fget(self) * self.scale
+
+
+class MicrobatchFacts(GraphFacts):
+    """GraphFacts of one microbatch: batch-dependent compute and tensor bytes divided by ``m``."""
+
+    def __init__(self, captured: CapturedGraph, hardware: Hardware, m: int):
+        super().__init__(captured, hardware)
+        self._batch = batch_dependent(captured)
+        self._m = m
+        self._scaled: dict = {}
+
+    def compute(self, name: str) -> tuple[float, float]:
+        fwd, bwd = super().compute(name)
+        return (fwd / self._m, bwd / self._m) if name in self._batch else (fwd, bwd)
+
+    def tensor_outputs(self, name: str) -> list:
+        metas = super().tensor_outputs(name)
+        if name not in self._batch:
+            return metas
+        if name not in self._scaled:
+            self._scaled[name] = [_ScaledMeta(m.shape, m.dtype, 1.0 / self._m) for m in metas]
+        return self._scaled[name]
+
+
+def _dim0_ways(pls, mesh: Mesh) -> int:
+    return math.prod(mesh.shape[a] for a, p in enumerate(pls) if isinstance(p, Shard) and p.dim == 0)
+
+
+def _batch_values(node, strategy, batch: set[str]) -> Iterator[tuple[TensorMeta, tuple]]:
+    """(meta, placements) of every batch-dependent value the strategy produces or reads."""
+    if node.name in batch:
+        for meta, pls in zip(outputs(node), strategy.outputs):
+            if isinstance(meta, TensorMeta) and meta.shape:
+                yield meta, pls
+    if node.op == "call_function":
+        for op, pls in zip(operands(node), strategy.inputs):
+            if op.node.name in batch:
+                meta = operand_meta(op)
+                if isinstance(meta, TensorMeta) and meta.shape:
+                    yield meta, pls
+
+
+def microbatch_strategies(captured: CapturedGraph, table: StrategyTable, mesh: Mesh,
+                          microbatches: int) -> dict[str, set[int]]:
+    """``node -> allowed strategy indices`` for every node with a strategy that splits dim 0 of a
+    batch-dependent value more ways than that dim has at the microbatch (``dim0 / microbatches``).
+    The all-replicated strategy always stays."""
+    batch = batch_dependent(captured)
+    nodes = {n.name: n for n in captured.gm.graph.nodes}
+    allowed: dict[str, set[int]] = {}
+    for name, strategies in table.items():
+        keep = set()
+        for k, s in enumerate(strategies):
+            ok = True
+            for meta, pls in _batch_values(nodes[name], s, batch):
+                ways = _dim0_ways(pls, mesh)
+                if ways > 1 and meta.shape[0] % microbatches == 0 and (meta.shape[0] // microbatches) % ways:
+                    ok = False
+                    break
+            if ok:
+                keep.add(k)
+        if len(keep) < len(strategies):
+            allowed[name] = keep
+    return allowed
+
+
+def batch_granularity(captured: CapturedGraph, solution: Solution) -> int:
+    """The smallest microbatch (in sequences) that every batch-dim split of ``solution`` divides:
+    microbatch sizes that are multiples of it keep the plan valid. A value of ``k * b`` rows split
+    ``f`` ways needs ``b`` to be a multiple of ``f / gcd(f, k)``."""
+    batch, batch_size = batch_dependent(captured), global_batch(captured)
+    nodes = {n.name: n for n in captured.gm.graph.nodes}
+    grain = 1
+    for name, strategy in solution.strategies.items():
+        for meta, pls in _batch_values(nodes[name], strategy, batch):
+            ways = _dim0_ways(pls, solution.mesh)
+            if ways > 1 and meta.shape[0] % batch_size == 0:
+                need = ways // math.gcd(ways, meta.shape[0] // batch_size)
+                grain = grain * need // math.gcd(grain, need)
+    return grain

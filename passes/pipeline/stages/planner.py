@@ -1,0 +1,215 @@
+"""Automatic 3D parallelism: pipeline stages, submesh shapes, microbatches, schedule and recompute,
+chosen jointly with the intra-op (data / tensor / FSDP) plan of every stage.
+
+>>> plan = plan_pipeline(captured, (2, 8), hardware=slow_network)       # doctest: +SKIP
+>>> plan.pp, plan.stages[0].mesh.shape, plan.schedule, plan.microbatches  # doctest: +SKIP
+(2, (8, 1), 'zb-h1', 64)
+
+The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-op part):
+
+1. Layer units (``layer_costs.layer_units``): the program as a chain (embedding, blocks, head).
+2. Candidate configurations: ``pp`` divides the physical mesh's first axis (rank group g owns the
+   contiguous block of ranks g*G .. (g+1)*G-1, G = world / pp); each group runs a logical (dp, tp)
+   submesh with tp inside one node (``layer_costs.submesh_shapes``); the pipeline hop between
+   groups uses the first axis's link (``Hardware.axis_link``: the NIC across nodes, NVLink within).
+3. Intra-op plan per (pp, submesh shape): the core ILP on the whole program priced per microbatch,
+   with activations held as a 1F1B stage holds them, under pp x the memory limit
+   (``layer_costs.plan_submesh``); then priced per unit (``layer_costs.profile_submesh``).
+   Identical blocks share costs and decisions. Every candidate's ILP first runs with a short cap;
+   the few whose plans search best are re-solved with a longer one (``search.plan_candidates``).
+   A candidate nothing fits gets the least-memory plan (never replicated weights).
+4. Per (pp, shape, microbatches m, schedule): ``stage_ilp.solve_stages`` picks the contiguous unit
+   ranges and per-stage recompute minimizing the closed-form step time under the memory limit, with
+   the activations the schedule keeps in flight (the simulator's peak per stage). Every
+   configuration first gets the balanced cut (``stage_ilp.balanced_stages``); the ILP refines the
+   best few and those the balanced cut cannot fit; every configuration whose closed form can still
+   win is also tried with the even cut by unit count, simulated (``search_stages``).
+5. Every answer is re-timed by the schedule simulator (``scoring.score_stages``): the plan with
+   the smallest SIMULATED step time, each group's gradient all-reduce overlapped with the backward
+   still running after its last microbatch's gradients are ready, wins, and that is the plan's
+   ``estimated_step_time``. Configurations whose bound m * work / pp already exceeds the best are
+   skipped. ``pp = 1`` is the core plan on the whole mesh, its gradient sync overlapped with its
+   backward by the same rule (``scoring.single_stage_step``), so both sides are timed alike.
+
+The search lives in ``search.py`` (candidates, stage search) and ``scoring.py`` (simulated step
+time); this module is the front door: pins, the pp = 1 comparison, and building the ``PipelinePlan``.
+
+Pins: ``pp``, ``schedule``, ``microbatches``, ``stages`` (the first unit of every stage after the
+first, as unit indices or node names; its length + 1 is the number of stages). Nothing fits ->
+``InfeasiblePlanError`` saying what to relax.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence, Union
+
+from autoshard.passes.errors import AutoshardError, InfeasiblePlanError
+from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.cost.hardware import get_hardware
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.solve.planner import human_bytes, plan_sharding
+from autoshard.passes.solve.solution import Solution
+from autoshard.passes.pipeline.schedule.generators import stage_rank
+from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, profile_submesh
+from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, VIRTUAL, Choice, held_microbatches, score_stages, single_stage_step,
+                      stage_problem)
+from autoshard.passes.pipeline.stages.search import global_batch, microbatch_options, plan_candidates, profile_candidates, search_stages
+from autoshard.passes.pipeline.stages.stage_plan import SCHEDULES, PipelinePlan, StagePlan
+
+__all__ = ["plan_pipeline", "profile_candidates", "search_stages", "score_stages", "stage_problem",
+           "held_microbatches", "microbatch_options", "Choice", "global_batch", "DEFAULT_SCHEDULES", "VIRTUAL"]
+
+
+# ---- the front door --------------------------------------------------------------------------
+def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardware] = "h100",
+                  memory_limit: Optional[float] = None, optimizer: Union[str, float] = "adamw",
+                  pp: Optional[int] = None, schedule: Optional[str] = None, microbatches: Optional[int] = None,
+                  stages: Optional[Sequence[Union[int, str]]] = None, time_limit_s: float = 60.0) -> PipelinePlan:
+    """The fastest pipeline plan (simulated step time) that fits ``memory_limit`` bytes per device;
+    ``pp == 1`` means "no pipeline": the core plan on the whole mesh (``stages[0].solution``)."""
+    t0 = time.perf_counter()
+    mesh = Mesh.of(mesh)
+    hw = get_hardware(hardware)
+    limit = float(memory_limit) if memory_limit is not None else hw.memory_bytes
+    units = layer_units(captured)
+    schedules = _schedules(schedule)
+    starts = _resolve_stages(stages, units)
+    pps = _pp_options(mesh, pp, len(units), starts, schedules)
+    batch = global_batch(captured)
+    if microbatches is not None and (microbatches < 1 or batch % microbatches):
+        raise AutoshardError(f"microbatches={microbatches} does not divide the global batch {batch}; use a divisor "
+                             f"of {batch}")
+    core, core_error = None, None
+    if 1 in pps and starts is None and microbatches in (None, 1):
+        try:
+            core = plan_sharding(captured, mesh, hardware=hw, memory_limit=limit, optimizer=optimizer,
+                                 time_limit_s=min(30.0, time_limit_s))
+        except InfeasiblePlanError as e:
+            core_error = e
+    core_step = None
+    if core is not None:
+        core_step = single_stage_step(profile_submesh(captured, core, hardware=hw, optimizer=optimizer, units=units))
+    profiles = plan_candidates(captured, mesh, pps, hardware=hw, optimizer=optimizer, memory_limit=limit,
+                               units=units, quick_s=min(3.0, time_limit_s / 4), thorough_s=min(30.0, time_limit_s / 2))
+    left = max(1.0, time_limit_s - (time.perf_counter() - t0))
+    best, stats = search_stages(profiles, mesh, hardware=hw, memory_limit=limit, batch=batch, schedules=schedules,
+                                microbatches=microbatches, starts=starts, time_limit_s=left)
+    stats["plan_wall_s"] = round(time.perf_counter() - t0, 3)
+    if core is not None and (best is None or core_step <= best.step_time):
+        return _core_plan(core, core_step, captured, mesh, stats)
+    if best is None:
+        raise _infeasible(mesh, limit, pps, schedules, microbatches, starts, stats, core_error)
+    return _build(best, captured, mesh, stats)
+
+
+def _schedules(schedule) -> tuple[str, ...]:
+    if schedule is None:
+        return DEFAULT_SCHEDULES
+    names = (schedule,) if isinstance(schedule, str) else tuple(schedule)
+    bad = [s for s in names if s not in SCHEDULES]
+    if bad:
+        raise AutoshardError(f"unknown schedule(s) {bad}; schedules are {SCHEDULES}")
+    return names
+
+
+def _resolve_stages(stages, units: list[LayerUnit]) -> Optional[list[int]]:
+    if stages is None:
+        return None
+    first = {u.nodes[0]: i for i, u in enumerate(units)}
+    where = {n: (i, u) for i, u in enumerate(units) for n in u.nodes}
+    out = []
+    for b in stages:
+        if isinstance(b, str):
+            if b not in where:
+                raise AutoshardError(f"stage boundary {b!r} is not a call_function node of the captured graph")
+            i, u = where[b]
+            if b not in first:
+                raise AutoshardError(f"stage boundary {b!r} lies inside layer unit {u.name!r}; stages start at a "
+                                     f"unit's first node: use {u.nodes[0]!r} (or the unit index {i})")
+            out.append(i)
+        else:
+            out.append(int(b))
+    if out != sorted(set(out)) or (out and (out[0] < 1 or out[-1] > len(units) - 1)):
+        raise AutoshardError(f"stage boundaries {list(stages)} must be increasing unit indices in 1..{len(units) - 1} "
+                             f"(units: {[u.name for u in units]})")
+    return out
+
+
+def _pp_options(mesh: Mesh, pp, num_units: int, starts, schedules) -> list[int]:
+    rows = mesh.shape[0]
+    if pp is not None:
+        if pp < 1 or rows % pp:
+            raise AutoshardError(f"pp={pp} must divide the mesh's first axis: {rows} % {pp} = {rows % pp if pp else '-'}; "
+                                 f"choose pp among {[d for d in range(1, rows + 1) if rows % d == 0]}")
+        return [pp]
+    found = [d for d in range(1, rows + 1) if rows % d == 0 and d <= num_units]
+    if starts is not None:
+        found = [d for d in found if any(d * VIRTUAL[s] == len(starts) + 1 for s in schedules)]
+        if not found:
+            raise AutoshardError(f"{len(starts) + 1} pinned stages cannot be pp * virtual for any pp dividing the "
+                                 f"mesh's first axis ({rows}) and schedules {list(schedules)}")
+    return found
+
+
+def _infeasible(mesh, limit, pps, schedules, microbatches, starts, stats, core_error) -> InfeasiblePlanError:
+    need = stats.get("smallest_memory")
+    smallest = f"; the leanest configuration tried needs {human_bytes(need)} on its busiest group" if need else ""
+    core = f" The plan without a pipeline failed too: {core_error}" if core_error else ""
+    pins = [f"{k}={v}" for k, v in (("microbatches", microbatches), ("stages", starts)) if v is not None]
+    return InfeasiblePlanError(
+        f"no pipeline plan fits memory_limit={int(limit)} bytes ({human_bytes(limit)}) per device on mesh {mesh.shape} "
+        f"with pp in {pps}, schedules {list(schedules)}{smallest}. To relax: raise memory_limit, allow more pipeline "
+        f"stages (a mesh with a longer first axis, or pp=None), a lighter optimizer (optimizer='sgd'), a smaller "
+        f"batch" + (f", or drop the pins {', '.join(pins)}" if pins else "") + "." +
+        (" The search ran out of time_limit_s; raise it." if stats.get("timed_out") else "") + core)
+
+
+def _core_plan(core: Solution, step: float, captured: CapturedGraph, mesh: Mesh, stats: dict) -> PipelinePlan:
+    """No pipeline: one stage, the core plan; its step time with the gradient sync overlapped (the
+    core ``Solution`` keeps its own, fully exposed, estimate)."""
+    nodes = [n.name for n in captured.gm.graph.nodes if n.op == "call_function"]
+    core.solver_stats = dict(core.solver_stats, pipeline_search=stats, overlapped_step_time=step)
+    stage = StagePlan(0, nodes, 0, list(range(mesh.size)), mesh, core)
+    return PipelinePlan(1, 1, [stage], "1f1b", 1, step, 0.0, [core.memory_breakdown.get("activations", 0.0)])
+
+
+def _build(best: Choice, captured: CapturedGraph, mesh: Mesh, stats: dict) -> PipelinePlan:
+    prof, sol = best.profile, best.stages
+    group_size = mesh.size // best.pp
+    groups = stage_rank(best.schedule, best.pp, best.virtual)
+    plans = []
+    for s, rng in enumerate(sol.ranges(len(prof.units))):
+        nodes = [n for i in rng for n in prof.units[i].nodes]
+        g = groups[s]
+        part = _stage_solution(prof, rng, nodes, captured, best, s, stats)
+        plans.append(StagePlan(s, nodes, g, list(range(g * group_size, (g + 1) * group_size)), prof.mesh, part,
+                               sol.recompute[s]))
+    act = [sol.memory[s] - sum(prof.costs[i].state_bytes for i in rng)
+           for s, rng in enumerate(sol.ranges(len(prof.units)))]
+    return PipelinePlan(best.pp, best.virtual, plans, best.schedule, best.m, best.step_time, best.bubble_fraction, act)
+
+
+def _stage_solution(prof: SubmeshProfile, rng: range, nodes: list[str], captured: CapturedGraph, best: Choice,
+                    s: int, stats: dict) -> Optional[Solution]:
+    """The core plan restricted to one stage: its ops, the placeholders they read, its costs."""
+    full = prof.solution
+    if full is None:
+        return None
+    mine = set(nodes)
+    read = {a.name for n in nodes for a in captured.node(n).all_input_nodes if a.op == "placeholder"}
+    strategies = {k: v for k, v in full.strategies.items() if k in mine or k in read}
+    fqns = {captured.params[n] for n in read if n in captured.params}
+    fqns |= {a for a, c in captured.aliases.items() if c in fqns}
+    costs = [prof.costs[i] for i in rng]
+    mem = {k: sum(getattr(c, k) for c in costs) for k in ("params", "grads", "optimizer")}
+    mem["activations"] = best.stages.memory[s] - sum(mem.values())
+    m = best.m
+    times = {"compute+communication": m * best.stages.stage_time[s], "grad_sync": best.stages.stage_sync[s]}
+    return Solution(
+        mesh=prof.mesh, strategies=strategies,
+        param_placements={k: v for k, v in full.param_placements.items() if k in fqns},
+        estimated_step_time=sum(times.values()), estimated_memory=best.stages.memory[s], memory_breakdown=mem,
+        time_breakdown=times, unruled_ops=list(full.unruled_ops),
+        redistributions=[r for r in full.redistributions if r.consumer in mine],
+        param_grad_syncs={k: v for k, v in full.param_grad_syncs.items() if k in fqns},
+        solver_stats=dict(full.solver_stats, pipeline_search=stats, stage=s, recompute=best.stages.recompute[s]))

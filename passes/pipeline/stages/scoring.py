@@ -1,0 +1,173 @@
+"""Scoring one pipeline configuration: the schedule simulator's step time plus the gradient sync the
+backward does not hide.
+
+A configuration is (pp groups, submesh profile, m microbatches, schedule, stage cut, recompute).
+``score_stages`` turns its unit costs into per-stage F / B / W durations, times the schedule with
+``simulate`` and adds the gradient all-reduce the way DDP runs it: every unit's gradient is ready
+once that unit's backward of the LAST microbatch is done (earlier microbatches only accumulate), and
+each rank group's all-reduces run one after another on its own link, overlapped with whatever
+backward is still running (``overlapped_sync``). The step ends when the last group's compute and
+its last all-reduce are done. ``single_stage_step`` applies the same rule to a plan without a
+pipeline (one stage, one microbatch), so "pipeline or not" compares like with like:
+
+>>> overlapped_sync([(1.0, 0.5), (2.0, 0.5), (2.1, 0.5)])   # (ready time, seconds) per gradient
+3.0
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.pipeline.schedule.generators import prepared, stage_rank
+from autoshard.passes.pipeline.stages.layer_costs import SubmeshProfile
+from autoshard.passes.pipeline.schedule.simulate import StageCosts, simulate
+from autoshard.passes.pipeline.stages.stage_ilp import StageProblem, StageSolution
+
+__all__ = ["DEFAULT_SCHEDULES", "VIRTUAL", "SPLIT_BACKWARD", "Choice", "held_microbatches", "approx_held",
+           "valid_schedule", "stage_problem", "score_stages", "overlapped_sync", "single_stage_step"]
+
+#: schedules searched unless pinned (GPipe is 1F1B's time with more memory; DualPipeV's overlap is
+#: not modelled by the simulator)
+DEFAULT_SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "zbv")
+VIRTUAL = {"gpipe": 1, "1f1b": 1, "zb-h1": 1, "interleaved-1f1b": 2, "zbv": 2, "dualpipev": 2}
+SPLIT_BACKWARD = ("zb-h1", "zbv", "dualpipev")  # schedules that run B and W apart
+_BACKWARD = ("B", "W", "BW")
+
+
+@dataclass
+class Choice:
+    """One scored configuration: pp groups, the submesh profile, m, schedule, the stage cut and its
+    step time (seconds, exposed gradient sync included), bubble and per-stage memory."""
+    pp: int
+    profile: SubmeshProfile
+    m: int
+    schedule: str
+    stages: StageSolution
+    step_time: float
+    bubble_fraction: float
+    held: list[int] = field(default_factory=list)
+
+    @property
+    def virtual(self) -> int:
+        return VIRTUAL[self.schedule]
+
+    def describe(self) -> str:
+        sizes = [len(r) for r in self.stages.ranges(len(self.profile.units))]
+        dp, tp = self.profile.mesh.shape
+        return (f"pp={self.pp} dp={dp} tp={tp} m={self.m} {self.schedule} units/stage={sizes} "
+                f"recompute={sum(self.stages.recompute)}/{len(sizes)} step={self.step_time:.4g}s")
+
+
+@functools.lru_cache(maxsize=1024)
+def held_microbatches(schedule: str, p: int, m: int) -> tuple[int, ...]:
+    """Per stage, the most microbatches whose activations it holds at once under ``schedule``
+    (the simulator's ``peak_stage``; a pure function of the schedule, so memoized)."""
+    return tuple(prepared(schedule, p, m, VIRTUAL[schedule]).peak_stage)
+
+
+def approx_held(schedule: str, p: int, m: int) -> list[int]:
+    """In-flight microbatches per stage from closed forms (the simulator's count is exact; these
+    equal it for every schedule but interleaved-1f1b, whose per-group total they approximate)."""
+    groups = stage_rank(schedule, p, VIRTUAL[schedule])
+    if schedule == "gpipe":
+        return [m] * len(groups)
+    if schedule == "interleaved-1f1b":  # Megatron's warm-up 2 (p - g - 1) + (v - 1) p, plus one, over v
+        v = VIRTUAL[schedule]
+        return [math.ceil(min(m * v, 2 * (p - g - 1) + (v - 1) * p + 1) / v) for g in groups]
+    if schedule in ("zbv", "dualpipev"):  # stage s of the V (2p stages) holds 2p - s
+        return [min(m, 2 * p - s) for s in range(len(groups))]
+    if schedule == "zb-h1":  # W is deferred, so every stage holds p
+        return [min(m, p)] * p
+    return [min(m, p - g) for g in groups]
+
+
+def valid_schedule(schedule: str, p: int, m: int) -> bool:
+    """Can ``generate`` build ``schedule`` for p groups and m microbatches?"""
+    if schedule == "interleaved-1f1b":
+        return m % p == 0
+    if schedule == "dualpipev":
+        return m >= 2 * p
+    return True
+
+
+def stage_problem(profile: SubmeshProfile, p: int, m: int, schedule: str, mesh: Mesh, hw: Hardware,
+                  memory_limit: float, held: Sequence[int], starts=None, recompute=None) -> StageProblem:
+    """The ``StageProblem`` of one configuration: ``profile`` at m microbatches, groups of ``schedule``,
+    the pipeline hop priced on the link of the mesh's first axis."""
+    costs = profile.costs
+    bw, lat = hw.axis_link(Mesh((p, mesh.size // p)), 0)
+    cut_bytes = profile.cut_bytes(m)
+    return StageProblem(
+        fwd=[c.fwd(m) for c in costs], bwd=[c.bwd(m) for c in costs], grad_sync=[c.grad_sync for c in costs],
+        state=[c.state_bytes for c in costs], act=[c.act(m) for c in costs],
+        cut_seconds=[x / bw + lat if x > 0 else 0.0 for x in cut_bytes], cut_bytes=cut_bytes,
+        stage_group=stage_rank(schedule, p, VIRTUAL[schedule]), held=list(held), m=m, memory_limit=memory_limit,
+        recompute=recompute, starts=starts)
+
+
+def overlapped_sync(buckets: Iterable[tuple[float, float]]) -> float:
+    """When the last of ``buckets`` ((ready time, seconds) gradient all-reduces sharing one link) is
+    done: each starts once it is ready and the link is free, in ready order."""
+    t = 0.0
+    for ready, seconds in sorted(buckets):
+        if seconds > 0:
+            t = max(t, ready) + seconds
+    return t
+
+
+def _stage_buckets(bwd: Sequence[float], sync: Sequence[float], units: range, end: float, frac: float):
+    """(ready, seconds) per unit of one stage whose last backward ends at ``end``: the backward runs
+    the units last to first, so unit l is ready ``frac * sum(bwd of the units before l)`` early."""
+    before = 0.0
+    out = []
+    for l in units:
+        out.append((end - frac * before, sync[l]))
+        before += bwd[l]
+    return out
+
+
+def score_stages(prob: StageProblem, schedule: str, starts: Sequence[int], recompute: Sequence[bool]
+                 ) -> tuple[float, float]:
+    """(step time, bubble fraction) of one cut: the simulated schedule, then every group's gradient
+    all-reduces overlapped with the backward still running (module docstring).
+
+    Stage s's forward is its units' forward plus receiving its input; its backward, its units'
+    backward, the recomputed forward and receiving its output's gradient (split half input-grad B,
+    half weight-grad W for the zero-bubble schedules)."""
+    L = len(prob.fwd)
+    ends = list(starts[1:]) + [L]
+    f, b = [], []
+    for s, (a, e) in enumerate(zip(starts, ends)):
+        fwd = sum(prob.fwd[a:e])
+        f.append(fwd + (prob.cut_seconds[a - 1] if a > 0 else 0.0))
+        b.append(sum(prob.bwd[a:e]) + (fwd if recompute[s] else 0.0) + (prob.cut_seconds[e - 1] if e < L else 0.0))
+    split = schedule in SPLIT_BACKWARD
+    if split:
+        costs = StageCosts(f=f, b=[x / 2 for x in b], w=[x / 2 for x in b])
+    else:
+        costs = StageCosts(f=f, b=b, w=[0.0] * len(b))
+    result = simulate(prepared(schedule, prob.p, prob.m, VIRTUAL[schedule]), costs)
+    last = [0.0] * len(starts)
+    for _, action, _, finish in result.events:
+        if action.kind in _BACKWARD and finish > last[action.stage]:
+            last[action.stage] = finish
+    groups: dict[int, list] = {}
+    for s, (a, e) in enumerate(zip(starts, ends)):
+        groups.setdefault(prob.stage_group[s], []).extend(
+            _stage_buckets(prob.bwd, prob.grad_sync, range(a, e), last[s], 0.5 if split else 1.0))
+    synced = max(overlapped_sync(buckets) for buckets in groups.values())
+    return max(result.step_time, synced), result.bubble_fraction
+
+
+def single_stage_step(profile: SubmeshProfile) -> float:
+    """Step time of ``profile``'s plan without a pipeline (one stage, one microbatch), its gradient
+    all-reduces overlapped with its backward as ``score_stages`` does for a pipeline."""
+    costs = profile.costs
+    compute = sum(c.fwd(1) + c.bwd(1) for c in costs)
+    buckets = _stage_buckets([c.bwd(1) for c in costs], [c.grad_sync for c in costs], range(len(costs)),
+                             compute, 1.0)
+    return max(compute, overlapped_sync(buckets))

@@ -1,0 +1,286 @@
+"""The search behind ``plan_pipeline``: intra-op plans per (pp, submesh) candidate, then the best
+(m, schedule, stage cut, recompute) over them.
+
+``profile_candidates`` solves one intra-op plan per (pp, (dp, tp)) candidate (``plan_submesh``,
+whose ILP is capped at ``time_limit_s``; a candidate whose plan cannot fit falls back to the
+least-memory plan) and prices it per layer unit. ``plan_candidates`` does that with a short cap
+for every candidate, then re-solves only the few that rank best with a longer one: most of the
+ILP time goes where the answer is decided.
+
+``search_stages`` ranks every configuration's balanced cut in closed form, simulates the shortlist
+(``scoring.score_stages``) and refines the best with the stage ILP (``stage_ilp.solve_stages``).
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional, Sequence
+
+from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.pipeline.stages.microbatch import global_batch
+from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, plan_submesh, profile_submesh, submesh_shapes
+from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, VIRTUAL, Choice, approx_held, held_microbatches, score_stages,
+                      stage_problem, valid_schedule)
+from autoshard.passes.pipeline.stages.stage_ilp import StageProblem, StageSolution, balanced_stages, even_stages, solve_stages
+
+__all__ = ["global_batch", "profile_candidates", "plan_candidates", "closed_form_best", "microbatch_options",
+           "search_stages"]
+
+_UNBOUNDED = 1e30
+
+
+def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, hardware: Hardware,
+                       optimizer, memory_limit: float, units: Optional[list[LayerUnit]] = None,
+                       blocks: Optional[int] = None, single: bool = False, time_limit_s: float = 30.0,
+                       stats: Optional[dict] = None,
+                       shapes: Optional[Sequence[tuple[int, int]]] = None) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
+    """``(pp, (dp, tp)) -> SubmeshProfile`` for every pp > 1 in ``pps`` and every submesh shape of
+    its rank groups: the intra-op plan of ``layer_costs.plan_submesh`` for one sequence per data-
+    parallel rank per microbatch and a 1F1B stage's average in-flight count, priced per unit.
+
+    ``blocks``: the model's real number of blocks when ``captured`` was traced with fewer (identical
+    blocks cost the same); the profiles then stand for the deep model (``repeat_blocks``) and the
+    intra-op ILP counts every traced block ``blocks / traced`` times. ``single``: also profile pp = 1
+    (one stage on the whole mesh: plain gradient accumulation over m microbatches).
+    ``time_limit_s``: the intra-op ILP's limit per candidate. ``stats``: filled with each
+    candidate's wall time and intra-op status. ``shapes``: only these (dp, tp) shapes."""
+    units = units if units is not None else layer_units(captured)
+    traced = sum(1 for u in units if u.block is not None)
+    repeat = blocks / traced if blocks and traced else 1.0
+    batch = global_batch(captured)
+    stats = stats if stats is not None else {}
+    out: dict = {}
+    for p in pps:
+        if p == 1 and not single:
+            continue  # plan_pipeline prices "no pipeline" with the core plan on the physical mesh
+        for shape in submesh_shapes(mesh.size // p, hardware):
+            if shapes is not None and tuple(shape) not in {tuple(x) for x in shapes}:
+                continue
+            t0 = time.perf_counter()
+            m_ref = max(1, batch // shape[0]) if batch % shape[0] == 0 else 1
+            sol = plan_submesh(captured, Mesh(shape), hardware=hardware, optimizer=optimizer, microbatches=m_ref,
+                               held=math.ceil((p + 1) / 2), memory_limit=p * memory_limit, repeat=repeat,
+                               time_limit_s=time_limit_s)
+            prof = profile_submesh(captured, sol, hardware=hardware, optimizer=optimizer, units=units)
+            out[(p, shape)] = prof.repeat_blocks(blocks) if blocks else prof
+            stats[(p, shape)] = {"wall_s": round(time.perf_counter() - t0, 3),
+                                 "status": sol.solver_stats.get("status")}
+    return out
+
+
+def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, hardware: Hardware, optimizer,
+                    memory_limit: float, units: Optional[list[LayerUnit]] = None, blocks: Optional[int] = None,
+                    single: bool = False, quick_s: float = 2.0, thorough_s: float = 10.0, finalists: int = 3,
+                    stats: Optional[dict] = None) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
+    """``profile_candidates`` in two passes: every candidate's intra-op ILP capped at ``quick_s``,
+    then the ``finalists`` whose quick plans rank best (``closed_form_best``: no simulation, a few ms
+    each) solved again for up to ``thorough_s`` when the quick solve was not proven optimal; a
+    re-solve replaces the quick plan only if it ranks better. ``stats``: per-candidate
+    wall times and statuses, the finalists, and each pass's seconds."""
+    stats = stats if stats is not None else {}
+    t0 = time.perf_counter()
+    per: dict = {}
+    profiles = profile_candidates(captured, mesh, pps, hardware=hardware, optimizer=optimizer,
+                                  memory_limit=memory_limit, units=units, blocks=blocks, single=single,
+                                  time_limit_s=quick_s, stats=per)
+    batch = global_batch(captured)
+    t1 = time.perf_counter()
+
+    def searched(key, prof):
+        return closed_form_best(prof, key[0], mesh, hardware=hardware, memory_limit=memory_limit, batch=batch)
+
+    score = {key: searched(key, prof) for key, prof in profiles.items()}
+    t2 = time.perf_counter()
+    chosen = sorted((k for k in score if score[k] < math.inf), key=score.get)[:finalists]
+    for key in chosen:
+        if str(per[key]["status"]).startswith("OPTIMAL"):
+            continue
+        again: dict = {}
+        better = profile_candidates(captured, mesh, [key[0]], hardware=hardware, optimizer=optimizer,
+                                    memory_limit=memory_limit, units=units, blocks=blocks, single=single,
+                                    time_limit_s=thorough_s, stats=again, shapes=[key[1]])
+        step = searched(key, better[key])
+        per[key] = dict(again[key], quick=per[key], quick_step=score[key], step=step)
+        if step < score[key]:
+            profiles[key], score[key] = better[key], step
+    stats.update(candidates=per, finalists=chosen, quick_s=round(t1 - t0, 3), rank_s=round(t2 - t1, 3),
+                 thorough_s=round(time.perf_counter() - t2, 3))
+    return profiles
+
+
+def closed_form_best(prof: SubmeshProfile, p: int, mesh: Mesh, *, hardware: Hardware, memory_limit: float,
+                     batch: int, schedules: Sequence[str] = DEFAULT_SCHEDULES) -> float:
+    """The smallest closed-form step time (``stage_ilp.pipeline_step_time`` of the balanced cut, in-
+    flight counts from ``approx_held``) over microbatch counts and ``schedules``; inf if none fits.
+    A ranking, not a simulation: it prices every configuration in microseconds."""
+    best = math.inf
+    for schedule in schedules:
+        if p * VIRTUAL[schedule] > len(prof.units):
+            continue
+        for m in microbatch_options(batch, prof.batch_shard, p):
+            if not valid_schedule(schedule, p, m):
+                continue
+            prob = stage_problem(prof, p, m, schedule, mesh, hardware, memory_limit, approx_held(schedule, p, m))
+            sol = balanced_stages(prob)
+            if sol is not None:
+                best = min(best, sol.step_time)
+    return best
+
+
+def microbatch_options(batch: int, shard: int, p: int, pinned: Optional[int] = None) -> list[int]:
+    """Microbatch counts searched: every divisor m of the batch whose microbatch still divides over
+    the intra-op plan's batch sharding (or the pinned one). Bubbles shrink with m while per-
+    microbatch costs (launches, latencies, weight gathers) grow, so neither end is always best."""
+    if pinned is not None:
+        return [pinned] if batch % pinned == 0 and (batch // pinned) % shard == 0 else []
+    return [m for m in range(1, batch + 1) if batch % m == 0 and (batch // m) % shard == 0]
+
+
+#: phase 3 simulates an even cut whose closed-form step is below this multiple of the best so far
+EVEN_CUT_MARGIN = 1.3
+
+
+def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limit: float, batch: int,
+                  schedules: Sequence[str] = DEFAULT_SCHEDULES, microbatches: Optional[int] = None,
+                  starts: Optional[list[int]] = None, recompute: Optional[bool] = None,
+                  time_limit_s: float = 60.0, refine: int = 4, shortlist: int = 4) -> tuple[Optional[Choice], dict]:
+    """The best ``Choice`` over ``profiles`` (from ``profile_candidates`` or ``repeat_blocks``) x
+    microbatch counts x ``schedules`` (None if nothing fits), and search statistics.
+
+    Phase 1 prices every configuration's balanced cut (``stage_ilp.balanced_stages``) in closed form
+    (activations in flight from the 1F1B / GPipe / interleaved formulas); the ``shortlist`` best of
+    every schedule are then re-cut with the simulator's in-flight counts and simulated, skipping
+    those whose bound m * work / pp (no bubble, no communication) cannot beat the best so far.
+    Phase 2 runs the stage ILP on the ``refine`` best simulated ones, and on configurations the
+    balanced cut could not fit (the ``refine`` with the smallest bounds, while they can still win).
+    Phase 3 (unpinned cuts) simulates the even cut of every configuration whose bound can still
+    win, recompute on all stages or none (``_even_cuts``)."""
+    t0 = time.perf_counter()
+    configs = []
+    for (p, shape), prof in profiles.items():
+        for schedule in schedules:
+            v = VIRTUAL[schedule]
+            if p * v > len(prof.units) or (starts is not None and len(starts) + 1 != p * v):
+                continue
+            for m in microbatch_options(batch, prof.batch_shard, p, microbatches):
+                if valid_schedule(schedule, p, m):
+                    work = sum(c.fwd(m) + c.bwd(m) for c in prof.costs)
+                    configs.append((m * work / p, p, prof, m, schedule))  # the busiest group's compute
+    configs.sort(key=lambda c: c[0])
+    stats = {"configs": len(configs), "heuristic": 0, "simulated": 0, "ilp": 0, "smallest_memory": None}
+    ranked: dict[str, list] = {}
+    unfit: list[tuple[float, StageProblem, tuple]] = []
+    for bound, p, prof, m, schedule in configs:
+        state = sum(c.state_bytes for c in prof.costs) / p
+        if state > memory_limit:
+            _note_memory(stats, state)
+            continue
+        prob = stage_problem(prof, p, m, schedule, mesh, hardware, memory_limit, approx_held(schedule, p, m),
+                             starts, recompute)
+        stats["heuristic"] += 1
+        sol = balanced_stages(prob)
+        if sol is None:
+            unfit.append((bound, prob, (p, prof, m, schedule)))
+        else:
+            ranked.setdefault(schedule, []).append((sol.step_time, bound, p, prof, m, schedule))
+    scored: list[tuple[float, int, Choice, StageProblem]] = []
+    best: Optional[Choice] = None
+    for rows in ranked.values():  # the closed form ranks configurations of one schedule alike
+        for _, bound, p, prof, m, schedule in sorted(rows, key=lambda r: r[0])[:shortlist]:
+            if best is not None and bound >= best.step_time:
+                continue
+            held = list(held_microbatches(schedule, p, m))
+            prob = stage_problem(prof, p, m, schedule, mesh, hardware, memory_limit, held, starts, recompute)
+            sol = balanced_stages(prob)
+            if sol is None:
+                unfit.append((bound, prob, (p, prof, m, schedule)))
+                continue
+            stats["simulated"] += 1
+            choice = _choice(prob, sol, p, prof, m, schedule, held)
+            scored.append((choice.step_time, len(scored), choice, prob))
+            if best is None or choice.step_time < best.step_time:
+                best = choice
+    unfit.sort(key=lambda u: u[0])
+    scored.sort(key=lambda c: (c[0], c[1]))
+    todo = [(c.step_time, prob, (c.pp, c.profile, c.m, c.schedule), c.stages) for _, _, c, prob in scored[:refine]]
+    todo += [(bound, prob, key, None) for bound, prob, key in unfit[:refine]]
+    for bound, prob, (p, prof, m, schedule), hint in todo:
+        left = time_limit_s - (time.perf_counter() - t0)
+        if left <= 0:
+            stats["timed_out"] = True
+            break
+        if hint is None and best is not None and bound >= best.step_time:
+            continue
+        if hint is None:
+            prob = StageProblem(**{**prob.__dict__, "held": list(held_microbatches(schedule, p, m))})
+        sol = solve_stages(prob, time_limit_s=min(2.0, left), hint=hint)
+        stats["ilp"] += 1
+        if sol is None:
+            if hint is None and recompute is not False:
+                relaxed = balanced_stages(StageProblem(**{**prob.__dict__, "memory_limit": _UNBOUNDED,
+                                                          "recompute": True}))
+                if relaxed is not None:
+                    _note_memory(stats, max(relaxed.memory))
+            continue
+        choice = _choice(prob, sol, p, prof, m, schedule, prob.held)
+        if best is None or choice.step_time < best.step_time:
+            best = choice
+    if starts is None:
+        best = _even_cuts(configs, best, stats, mesh, hardware, memory_limit, recompute,
+                          deadline=t0 + time_limit_s)
+    stats["wall_s"] = round(time.perf_counter() - t0, 3)
+    return best, stats
+
+
+def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, hardware: Hardware,
+               memory_limit: float, recompute: Optional[bool], deadline: float,
+               margin: float = EVEN_CUT_MARGIN) -> Optional[Choice]:
+    """Every configuration whose bound can still win, cut evenly by unit count with recompute on
+    all stages or none, simulated when its closed form is within ``margin`` of the best so far: the
+    closed form ranks one schedule against itself well but can misjudge across schedules (zbv's V
+    against 1F1B), and this pass keeps such a miss from hiding a textbook layout that beats the answer."""
+    stats["even"] = 0
+    improved = None
+    for bound, p, prof, m, schedule in configs:  # sorted by bound
+        if best is not None and bound >= best.step_time:
+            break
+        if time.perf_counter() > deadline:
+            stats["timed_out"] = True
+            break
+        rough = stage_problem(prof, p, m, schedule, mesh, hardware, memory_limit, approx_held(schedule, p, m), None,
+                              recompute)
+        for on in ((False, True) if recompute is None else (bool(recompute),)):
+            guess = even_stages(rough, on)
+            if guess is None or (best is not None and guess.step_time >= margin * best.step_time):
+                continue
+            held = list(held_microbatches(schedule, p, m))
+            prob = stage_problem(prof, p, m, schedule, mesh, hardware, memory_limit, held, None, recompute)
+            sol = even_stages(prob, on)
+            if sol is None:
+                continue
+            stats["even"] += 1
+            choice = _choice(prob, sol, p, prof, m, schedule, held)
+            if best is None or choice.step_time < best.step_time:
+                best, improved = choice, prob
+    left = deadline - time.perf_counter()
+    if improved is not None and left > 0:  # the stage ILP refines the even cut that won
+        sol = solve_stages(improved, time_limit_s=min(2.0, left), hint=best.stages)
+        stats["ilp"] += 1
+        if sol is not None:
+            choice = _choice(improved, sol, best.pp, best.profile, best.m, best.schedule, improved.held)
+            if choice.step_time < best.step_time:
+                best = choice
+    return best
+
+
+def _choice(prob: StageProblem, sol: StageSolution, p: int, prof: SubmeshProfile, m: int, schedule: str,
+            held: list[int]) -> Choice:
+    step, bubble = score_stages(prob, schedule, sol.starts, sol.recompute)
+    return Choice(p, prof, m, schedule, sol, step, bubble, list(held))
+
+
+def _note_memory(stats: dict, need: float) -> None:
+    if stats["smallest_memory"] is None or need < stats["smallest_memory"]:
+        stats["smallest_memory"] = need

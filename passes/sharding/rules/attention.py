@@ -1,0 +1,61 @@
+"""Scaled dot-product attention and its fused variants.
+
+q is ``(N..., Hq, L, E)``, k/v ``(N..., Hkv, S, E/Ev)``, the output ``(N..., Hq, L, Ev)``. Any dim
+before the last two -- batch or heads -- may be split: q, k, v and the output ``S(d)``. The
+sequence dims and the head dim are never split (softmax and the scores span them). An
+``attn_mask`` broadcast to ``(N..., L, S)`` is split on the matching dim, or stays ``R`` where it
+has size 1 there (it broadcasts). With grouped-query attention (``Hq = g * Hkv``) splitting the
+heads dim keeps each q head with its kv head as long as both head counts divide by the axis
+size; that divisibility is checked later, per actual mesh size.
+
+Example, ``sdpa(q, k, v, mask)`` with q/k/v ``(2, 4, 6, 8)`` and mask ``(2, 1, 6, 6)``::
+
+    (S(0), S(0), S(0), S(0))->(S(0))   (S(1), S(1), S(1), R)->(S(1))
+
+The fused ops (``_scaled_dot_product_{flash,efficient,cudnn}_attention``, ``..._for_cpu``) have
+the same inputs and several outputs: those shaped like ``(N, H, L, ...)`` (output, logsumexp,
+debug mask) are split with q; the rest (RNG seeds, empty placeholders) stay ``R``.
+"""
+from __future__ import annotations
+
+import torch
+
+from autoshard.passes.spec import Placement, Replicate, Shard, Strategy1D, TensorMeta
+from autoshard.passes.sharding.rules.matmul import operand_names
+from autoshard.passes.sharding.rules.registry import OpCall, register_rule
+
+aten = torch.ops.aten
+
+_MASK_NAMES = ("attn_mask", "attn_bias")
+
+
+def _broadcast_split(meta: TensorMeta, q: tuple, d: int) -> Placement:
+    """Split a k/v/mask operand on q's dim d (right-aligned), or keep it whole where it broadcasts."""
+    local = d - (len(q) - len(meta.shape))
+    return Shard(local) if local >= 0 and meta.shape[local] > 1 else Replicate()
+
+
+@register_rule(aten.scaled_dot_product_attention.default,
+               aten._scaled_dot_product_flash_attention_for_cpu.default,
+               aten._scaled_dot_product_flash_attention.default,
+               aten._scaled_dot_product_efficient_attention.default,
+               aten._scaled_dot_product_cudnn_attention.default)
+def sdpa_rule(call: OpCall) -> list[Strategy1D]:
+    names = operand_names(call)
+    q = call.inputs[names.index("query")].shape
+    found = []
+    for d in range(len(q) - 2):
+        if q[d] <= 1:
+            continue
+        ins = []
+        for name, meta in zip(names, call.inputs):
+            if name == "query":
+                ins.append(Shard(d))
+            elif name in ("key", "value") or name in _MASK_NAMES:
+                ins.append(_broadcast_split(meta, q, d))
+            else:
+                ins.append(Replicate())
+        outs = tuple(Shard(d) if len(o.shape) >= len(q) - 1 and o.shape[d] == q[d] else Replicate()
+                     for o in call.outputs)
+        found.append(Strategy1D(tuple(ins), outs))
+    return found

@@ -1,0 +1,9 @@
+"""Solve: choose one strategy per op, minimizing estimated step time under the memory limit.
+
+- ``clustering``: nodes of identical repeated blocks share one decision.
+- ``ilp``: the strategy-selection ILP on a ``StrategyGraph`` (OR-tools CP-SAT); knows nothing of torch.
+- ``planner``: the sharding planner (build the problem from a captured program, solve it, price it).
+- ``solution``: ``Solution``, the plan as plain data, priced by the cost model.
+
+May import: ortools, torch, the ``passes`` vocabulary, ``passes.sharding`` and ``passes.cost``.
+"""

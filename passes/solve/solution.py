@@ -1,0 +1,174 @@
+"""``Solution``: one strategy per node, with what the cost model says it costs. Plain data, JSON only.
+
+>>> sol = plan_sharding(captured, Mesh.of(4))                      # doctest: +SKIP
+>>> Solution.from_json(json.loads(json.dumps(sol.to_json()))) == sol   # doctest: +SKIP
+True
+
+Placements are written in short form ("S(0)", "R", "P"); nothing is ever pickled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from autoshard.passes.cost.model import Collective, CostModel, GraphFacts
+from autoshard.passes.errors import PlanFormatError
+from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.cost.hardware import Hardware, get_hardware
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.spec import Placement, Replicate, Strategy, fmt, parse_placement
+
+__all__ = ["Solution", "Redistribution", "evaluate"]
+
+
+def _pls_to_json(pls) -> list[str]:
+    return [fmt(p) for p in pls]
+
+
+def _pls_from_json(items) -> tuple[Placement, ...]:
+    return tuple(parse_placement(p) for p in items)
+
+
+@dataclass(frozen=True)
+class Redistribution:
+    """Operand ``operand_index`` of ``consumer`` moves from ``src`` (as ``producer`` made it) to
+    ``dst`` (as the consumer's strategy needs it) through ``collectives`` (empty: a free local
+    chunk). ``consumer`` is "output" for the program's outputs."""
+    producer: str
+    consumer: str
+    operand_index: int
+    src: tuple
+    dst: tuple
+    collectives: tuple[Collective, ...] = ()
+
+    @property
+    def seconds(self) -> float:
+        return sum(c.seconds for c in self.collectives)
+
+    def to_json(self) -> dict:
+        return {"producer": self.producer, "consumer": self.consumer, "operand_index": self.operand_index,
+                "src": _pls_to_json(self.src), "dst": _pls_to_json(self.dst),
+                "collectives": [c.to_json() for c in self.collectives]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Redistribution":
+        return cls(str(d["producer"]), str(d["consumer"]), int(d["operand_index"]), _pls_from_json(d["src"]),
+                   _pls_from_json(d["dst"]), tuple(Collective.from_json(c) for c in d["collectives"]))
+
+
+@dataclass
+class Solution:
+    """The planner's answer for one captured program on one mesh.
+
+    ``strategies``: node name -> Strategy, every placeholder and call_function node.
+    ``param_placements``: parameter FQN (tied aliases included) -> storage placements per axis.
+    ``estimated_step_time`` (s) = compute + communication + grad_sync (``time_breakdown``);
+    ``estimated_memory`` (bytes on the busiest rank) = params + grads + optimizer + activations
+    (``memory_breakdown``; buffers count under params). ``unruled_ops``: sorted op names that ran
+    replicated for lack of a rule. ``redistributions``: every operand whose producer's placement
+    differs from what its consumer needs. ``param_grad_syncs``: parameter FQN -> its gradient
+    all-reduces. ``solver_stats``: status, wall_s, variables, clusters, nodes, ...
+    """
+    mesh: Mesh
+    strategies: dict[str, Strategy]
+    param_placements: dict[str, tuple]
+    estimated_step_time: float = 0.0
+    estimated_memory: float = 0.0
+    memory_breakdown: dict[str, float] = field(default_factory=dict)
+    time_breakdown: dict[str, float] = field(default_factory=dict)
+    unruled_ops: list[str] = field(default_factory=list)
+    redistributions: list[Redistribution] = field(default_factory=list)
+    param_grad_syncs: dict[str, list[Collective]] = field(default_factory=dict)
+    solver_stats: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {
+            "mesh": self.mesh.to_json(),
+            "strategies": {k: s.to_json() for k, s in self.strategies.items()},
+            "param_placements": {k: _pls_to_json(v) for k, v in self.param_placements.items()},
+            "estimated_step_time": self.estimated_step_time,
+            "estimated_memory": self.estimated_memory,
+            "memory_breakdown": dict(self.memory_breakdown),
+            "time_breakdown": dict(self.time_breakdown),
+            "unruled_ops": list(self.unruled_ops),
+            "redistributions": [r.to_json() for r in self.redistributions],
+            "param_grad_syncs": {k: [c.to_json() for c in v] for k, v in self.param_grad_syncs.items()},
+            "solver_stats": dict(self.solver_stats),
+        }
+
+    @classmethod
+    def from_json(cls, data: Union[dict, str]) -> "Solution":
+        """Inverse of ``to_json`` (a dict, or its JSON text); PlanFormatError names what is wrong."""
+        import json
+        if isinstance(data, str):
+            data = json.loads(data)
+        try:
+            return cls(
+                mesh=Mesh.from_json(data["mesh"]),
+                strategies={k: Strategy.from_json(v) for k, v in data["strategies"].items()},
+                param_placements={k: _pls_from_json(v) for k, v in data["param_placements"].items()},
+                estimated_step_time=float(data.get("estimated_step_time", 0.0)),
+                estimated_memory=float(data.get("estimated_memory", 0.0)),
+                memory_breakdown={k: float(v) for k, v in data.get("memory_breakdown", {}).items()},
+                time_breakdown={k: float(v) for k, v in data.get("time_breakdown", {}).items()},
+                unruled_ops=list(data.get("unruled_ops", [])),
+                redistributions=[Redistribution.from_json(r) for r in data.get("redistributions", [])],
+                param_grad_syncs={k: [Collective.from_json(c) for c in v]
+                                  for k, v in data.get("param_grad_syncs", {}).items()},
+                solver_stats=dict(data.get("solver_stats", {})),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise PlanFormatError(f"malformed solution JSON ({type(e).__name__}: {e}); was it written by "
+                                  "Solution.to_json?") from e
+
+
+def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], hardware: Union[str, Hardware] = "h100",
+             optimizer: Union[str, float] = "adamw", *, unruled: Optional[dict] = None,
+             solver_stats: Optional[dict] = None) -> Solution:
+    """Price a full assignment (one Strategy per placeholder and call_function node) with the same
+    cost model the ILP uses, and package it as a Solution."""
+    from autoshard.passes.solve.clustering import OUTPUT, graph_edges
+    from autoshard.passes.sharding.strategies import unruled_ops
+
+    mesh = Mesh.of(mesh)
+    hw = get_hardware(hardware)
+    facts = GraphFacts(captured, hw)
+    cm = CostModel(mesh, hw, optimizer)
+    missing = [n for n in facts.kind if n not in strategies]
+    if missing:
+        raise PlanFormatError(f"the assignment lacks a strategy for {len(missing)} node(s), e.g. {missing[:5]}: "
+                              "plan again for this program")
+    mem = dict.fromkeys(("params", "grads", "optimizer", "activations"), 0.0)
+    times = dict.fromkeys(("compute", "communication", "grad_sync"), 0.0)
+    syncs: dict[str, list[Collective]] = {}
+    for name in facts.kind:
+        price = cm.price_node(name, strategies[name], facts)
+        times["compute"] += price.compute
+        for k in mem:
+            mem[k] += getattr(price, k)
+        if facts.kind[name] == "param":
+            syncs[captured.params[name]] = list(price.grad_sync)
+            times["grad_sync"] += sum(c.seconds for c in price.grad_sync)
+    replicated = tuple(Replicate() for _ in mesh.shape)
+    moves: list[Redistribution] = []
+    for u, slot, v, i in graph_edges(captured):
+        src = strategies[u].outputs[slot]
+        dst = replicated if v == OUTPUT else strategies[v].inputs[i]
+        if tuple(src) == tuple(dst):
+            continue
+        grad = v != OUTPUT and facts.value_needs_grad(u, slot)  # an output's gradient seed is free
+        colls, copy_bytes = cm.price_edge(src, dst, facts.tensor_outputs(u)[slot], grad)
+        mem["activations"] += copy_bytes
+        times["communication"] += sum(c.seconds for c in colls)
+        moves.append(Redistribution(u, v, i, tuple(src), tuple(dst), colls))
+    placements = {fqn: tuple(strategies[node].outputs[0]) for node, fqn in captured.params.items()}
+    for alias, canon in captured.aliases.items():
+        if canon in placements:
+            placements[alias] = placements[canon]
+    names = unruled if unruled is not None else unruled_ops(captured)
+    return Solution(
+        mesh=mesh, strategies=dict(strategies), param_placements=placements,
+        estimated_step_time=sum(times.values()), estimated_memory=sum(mem.values()),
+        memory_breakdown=mem, time_breakdown=times, unruled_ops=sorted(set(names.values())),
+        redistributions=moves, param_grad_syncs=syncs, solver_stats=dict(solver_stats or {}),
+    )
