@@ -110,7 +110,7 @@ class PipelinedModel(_TrainingState):
 
     def to_dot(self) -> str:
         """The partition as graphviz dot text: one cluster per stage with its ranks and submesh."""
-        from autoshard.pipeline_drawing import pipeline_to_dot
+        from autoshard.drawing import pipeline_to_dot
         return pipeline_to_dot(self.plan, self._program.captured)
 
     def render(self, path: str) -> str:

@@ -12,11 +12,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Optional
 
+from autoshard.drawing import plan_to_dot, render_dot
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import META, CapturedGraph
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import fmt_placements
+from autoshard.summary import plan_summary
 
 PLAN_FORMAT = "autoshard.plan"
 PLAN_VERSION = 1
@@ -69,18 +71,15 @@ class Plan:
     # ---- reading it ---------------------------------------------------------------------------
     def summary(self) -> str:
         """A human-readable account: mesh, estimates, parameter placements, inserted collectives."""
-        from autoshard.summary import plan_summary
         return plan_summary(self)
 
     def to_dot(self) -> str:
         """The partition as graphviz dot text (needs the captured graph)."""
-        from autoshard.drawing import plan_to_dot
         return plan_to_dot(self)
 
     def render(self, path: str) -> str:
         """Draw the partition to ``path`` (.svg or .png). Without graphviz's ``dot`` program, writes
         ``path`` with suffix .dot instead and raises RuntimeError saying how to render it."""
-        from autoshard.drawing import render_dot
         return render_dot(self.to_dot(), path)
 
     # ---- persistence ---------------------------------------------------------------------------

@@ -4,8 +4,8 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from autoshard.drawing import _human_bytes, _human_time
 from autoshard.passes.spec import fmt_placements
+from autoshard.passes.units import human_bytes, human_time
 
 
 def _fold(name: str) -> str:
@@ -16,11 +16,11 @@ def plan_summary(plan) -> str:
     sol, mesh = plan.solution, plan.mesh
     out = [f"autoshard plan: mesh {mesh.shape} axes {mesh.axis_names}, hardware {plan.hardware}"]
     tb = getattr(sol, "time_breakdown", {}) or {}
-    out.append(f"  estimated step time: {_human_time(plan.estimated_step_time)}  ("
-               + ", ".join(f"{k} {_human_time(v)}" for k, v in tb.items()) + ")")
+    out.append(f"  estimated step time: {human_time(plan.estimated_step_time)}  ("
+               + ", ".join(f"{k} {human_time(v)}" for k, v in tb.items()) + ")")
     mb = getattr(sol, "memory_breakdown", {}) or {}
-    out.append(f"  estimated memory, busiest device: {_human_bytes(plan.estimated_memory)}  ("
-               + ", ".join(f"{k} {_human_bytes(v)}" for k, v in mb.items()) + ")")
+    out.append(f"  estimated memory, busiest device: {human_bytes(plan.estimated_memory)}  ("
+               + ", ".join(f"{k} {human_bytes(v)}" for k, v in mb.items()) + ")")
     out.append("  parameters (storage placement per mesh axis; repeated blocks folded as #):")
     folded: dict[str, tuple[str, int]] = {}
     for name, pls in plan.param_placements.items():
@@ -37,7 +37,7 @@ def plan_summary(plan) -> str:
             total_bytes += c.bytes
     syncs = Counter(c.kind for items in sol.param_grad_syncs.values() for c in items)
     out.append(f"  inserted collectives: forward {sum(kinds['fwd'].values())} {dict(kinds['fwd'])}, "
-               f"backward {sum(kinds['bwd'].values())} {dict(kinds['bwd'])}, {_human_bytes(total_bytes)} in all")
+               f"backward {sum(kinds['bwd'].values())} {dict(kinds['bwd'])}, {human_bytes(total_bytes)} in all")
     out.append(f"  gradient syncs: {sum(syncs.values())} {dict(syncs)}")
     if sol.unruled_ops:
         out.append(f"  ops run replicated for lack of a sharding rule: {', '.join(sol.unruled_ops)}")

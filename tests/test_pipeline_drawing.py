@@ -25,7 +25,7 @@ def _unet_plan():
 
 
 def test_stage_clusters_submeshes_and_p2p_edges(tmp_path):
-    from autoshard.pipeline_drawing import pipeline_to_dot
+    from autoshard.drawing import pipeline_to_dot
 
     plan, captured = _unet_plan()
     dot = pipeline_to_dot(plan, captured)

@@ -11,12 +11,23 @@ the smallest memory any plan needs. The ILP has one node per cluster of identica
 so a 32-layer model solves as fast as a 2-layer one. ``random_solution`` draws a random valid strategy per node
 (for randomized equivalence tests of the runtime). Both price the result with
 ``solution.evaluate``, the same cost model the ILP sees.
+
+Other planners reuse the steps through a ``ShardingProblem`` (``build_problem``): the strategy
+table, the pinned choices, the clusters and the graph facts of one program on one mesh. It turns a
+cost model into the ILP's ``StrategyGraph`` (``strategy_graph``) and the ILP's answer into a priced
+``Solution`` (``solution``). The stage planner prices the same problem per microbatch this way
+(``passes.pipeline.stages.layer_costs.plan_submesh``):
+
+>>> problem = build_problem(captured, (2, 2), hardware="h100")                       # doctest: +SKIP
+>>> result = solve(problem.strategy_graph(CostModel(problem.mesh, problem.hardware, "adamw"), 80e9))
+>>> problem.solution(result.choice, optimizer="adamw").estimated_step_time           # doctest: +SKIP
 """
 from __future__ import annotations
 
 import random
 import time
-from typing import Optional, Union
+from dataclasses import dataclass
+from typing import Callable, Collection, Optional, Union
 
 from autoshard.passes.solve.clustering import OUTPUT, Clustering, cluster_edges, cluster_nodes, graph_edges, output_slot
 from autoshard.passes.cost.model import R_CODE, CostModel, GraphFacts, encode
@@ -29,16 +40,9 @@ from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.solution import Solution, evaluate
 from autoshard.passes.spec import Partial, Replicate, Strategy, fmt_placements
 from autoshard.passes.sharding.strategies import StrategyTable, enumerate_strategies
+from autoshard.passes.units import human_bytes
 
-__all__ = ["plan_sharding", "random_solution", "build_strategy_graph", "human_bytes"]
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
+__all__ = ["plan_sharding", "random_solution", "build_strategy_graph", "ShardingProblem", "build_problem"]
 
 
 def _classes(items: list) -> tuple[list[int], list]:
@@ -93,7 +97,8 @@ def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed:
     return StrategyGraph(nodes, edges, memory_limit)
 
 
-def _prepare(captured: CapturedGraph, mesh, pins: Optional[Pins]):
+def _strategy_choices(captured: CapturedGraph, mesh, pins) -> tuple[Mesh, StrategyTable, dict]:
+    """The mesh, every node's strategies and the pinned nodes' allowed indices."""
     mesh = Mesh.of(mesh)
     table = enumerate_strategies(captured, mesh)
     if pins is not None and not isinstance(pins, Pins):
@@ -102,75 +107,119 @@ def _prepare(captured: CapturedGraph, mesh, pins: Optional[Pins]):
     return mesh, table, allowed
 
 
+@dataclass
+class ShardingProblem:
+    """What the sharding ILP is built from, for one captured program on one mesh.
+
+    ``table``: every node's strategies; ``allowed``: node -> the strategy indices its pins (and any
+    narrowing) leave, absent for a free node; ``clustering``: nodes that share one decision;
+    ``facts``: the graph facts the cost model prices with (shapes, compute, which values need grad).
+    The cost model is not part of the problem: one problem may be priced several ways.
+    """
+    captured: CapturedGraph
+    mesh: Mesh
+    hardware: Hardware
+    table: StrategyTable
+    allowed: dict[str, Collection[int]]
+    facts: GraphFacts
+    clustering: Clustering
+
+    def strategy_graph(self, cost_model: CostModel, memory_limit: Optional[float]) -> StrategyGraph:
+        """The ILP's input, priced by ``cost_model`` under ``memory_limit`` bytes per device."""
+        return build_strategy_graph(self.captured, self.table, self.allowed, self.clustering, cost_model,
+                                    self.facts, memory_limit)
+
+    def strategies(self, choice: list[int]) -> dict[str, Strategy]:
+        """Node -> strategy for the ILP's ``choice`` (one strategy index per cluster), as chosen."""
+        chosen: dict[str, Strategy] = {}
+        for cid, members in enumerate(self.clustering.members):
+            for name in members:
+                chosen[name] = self.table[name][choice[cid]]
+        return chosen
+
+    def settle_inputs(self, chosen: dict[str, Strategy]) -> None:
+        """An input (or the target) placed R whose consumers all read it one way takes that placement:
+        the runtime chunks the global batch for free either way, and the plan then says what each rank
+        gets (e.g. the batch S(0) under data parallelism). Changes ``chosen`` in place."""
+        reads: dict[str, set] = {}
+        for u, _, v, i in graph_edges(self.captured):
+            if self.facts.kind[u] == "input":
+                reads.setdefault(u, set()).add(None if v == OUTPUT else tuple(chosen[v].inputs[i]))
+        for u, wanted in reads.items():
+            want = next(iter(wanted))
+            if len(wanted) != 1 or want is None or any(c != R_CODE for c in encode(chosen[u].outputs[0])):
+                continue
+            for k in self.allowed.get(u, range(len(self.table[u]))):
+                if tuple(self.table[u][k].outputs[0]) == want:
+                    chosen[u] = self.table[u][k]
+                    break
+
+    def solution(self, choice: list[int], *, optimizer: Union[str, float],
+                 solver_stats: Optional[dict] = None) -> Solution:
+        """The ILP's ``choice`` as a priced ``Solution``: strategies assigned, inputs settled, evaluated."""
+        chosen = self.strategies(choice)
+        self.settle_inputs(chosen)
+        return evaluate(self.captured, self.mesh, chosen, self.hardware, optimizer, unruled=self.table.unruled,
+                        solver_stats=solver_stats)
+
+
+def build_problem(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardware] = "h100",
+                  pins: Optional[Pins] = None, facts: Optional[GraphFacts] = None,
+                  narrow: Optional[Callable[[StrategyTable, Mesh, dict], dict]] = None) -> ShardingProblem:
+    """The sharding problem of ``captured`` on ``mesh``: strategies, pins resolved, clusters.
+
+    ``facts`` defaults to ``GraphFacts(captured, hardware)`` (a subclass prices, e.g., one
+    microbatch). ``narrow(table, mesh, allowed) -> allowed`` has the last say on the allowed
+    strategies before nodes are clustered (nodes cluster only with equally restricted ones)."""
+    mesh, table, allowed = _strategy_choices(captured, mesh, pins)
+    if narrow is not None:
+        allowed = narrow(table, mesh, allowed)
+    hw = get_hardware(hardware)
+    facts = GraphFacts(captured, hw) if facts is None else facts
+    clustering = cluster_nodes(captured, extra=lambda n: (
+        len(table[n]), tuple(sorted(allowed[n])) if n in allowed else None, n in facts.requires_grad))
+    return ShardingProblem(captured, mesh, hw, table, allowed, facts, clustering)
+
+
 def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardware] = "h100",
                   memory_limit: Optional[float] = None, pins: Optional[Pins] = None,
                   optimizer: Union[str, float] = "adamw", time_limit_s: float = 30.0,
                   workers: int = 2) -> Solution:
     """The cheapest plan (estimated step time) that fits ``memory_limit`` bytes per device."""
     t0 = time.perf_counter()
-    mesh, table, allowed = _prepare(captured, mesh, pins)
-    hw = get_hardware(hardware)
-    limit = float(hw.memory_bytes if memory_limit is None else memory_limit)
-    facts = GraphFacts(captured, hw)
-    cm = CostModel(mesh, hw, optimizer)
-    clustering = cluster_nodes(captured, extra=lambda n: (
-        len(table[n]), tuple(allowed[n]) if n in allowed else None, n in facts.requires_grad))
-    graph = build_strategy_graph(captured, table, allowed, clustering, cm, facts, limit)
+    problem = build_problem(captured, mesh, hardware=hardware, pins=pins)
+    limit = float(problem.hardware.memory_bytes if memory_limit is None else memory_limit)
+    cm = CostModel(problem.mesh, problem.hardware, optimizer)
+    graph = problem.strategy_graph(cm, limit)
     t_built = time.perf_counter()
     result = solve(graph, time_limit_s=time_limit_s, workers=workers)
     status = result.status
     if result.choice is None:
         smallest = solve(graph, objective="memory", time_limit_s=time_limit_s, workers=workers)
         if smallest.choice is None or smallest.memory > limit:
-            raise _infeasible(captured, mesh, table, clustering, smallest, limit, hw, optimizer)
+            raise _infeasible(problem, cm, smallest, limit, optimizer)
         result, status = smallest, "MEMORY_FALLBACK"
-    chosen = _assign(table, clustering, result.choice)
-    _settle_inputs(captured, table, allowed, chosen, facts)
+    clustering = problem.clustering
     stats = {"status": status, "wall_s": round(time.perf_counter() - t0, 4), "solve_s": round(result.wall_s, 4),
              "build_s": round(t_built - t0, 4), "variables": result.num_variables,
              "constraints": result.num_constraints, "clusters": clustering.num_clusters,
-             "nodes": len(chosen), "ilp_nodes": result.stats.get("ilp_nodes"), "ilp_edges": len(graph.edges),
-             "objective_s": result.cost}
-    return evaluate(captured, mesh, chosen, hw, optimizer, unruled=table.unruled, solver_stats=stats)
+             "nodes": sum(len(members) for members in clustering.members), "ilp_nodes": result.stats.get("ilp_nodes"),
+             "ilp_edges": len(graph.edges), "objective_s": result.cost}
+    return problem.solution(result.choice, optimizer=optimizer, solver_stats=stats)
 
 
-def _assign(table: StrategyTable, clustering: Clustering, choice: list[int]) -> dict[str, Strategy]:
-    chosen: dict[str, Strategy] = {}
-    for cid, members in enumerate(clustering.members):
-        for name in members:
-            chosen[name] = table[name][choice[cid]]
-    return chosen
-
-
-def _settle_inputs(captured, table, allowed, chosen: dict[str, Strategy], facts: GraphFacts) -> None:
-    """An input (or the target) placed R whose consumers all read it one way takes that placement:
-    the runtime chunks the global batch for free either way, and the plan then says what each rank
-    gets (e.g. the batch S(0) under data parallelism)."""
-    reads: dict[str, set] = {}
-    for u, _, v, i in graph_edges(captured):
-        if facts.kind[u] == "input":
-            reads.setdefault(u, set()).add(None if v == OUTPUT else tuple(chosen[v].inputs[i]))
-    for u, wanted in reads.items():
-        want = next(iter(wanted))
-        if len(wanted) != 1 or want is None or any(c != R_CODE for c in encode(chosen[u].outputs[0])):
-            continue
-        for k in allowed.get(u, range(len(table[u]))):
-            if tuple(table[u][k].outputs[0]) == want:
-                chosen[u] = table[u][k]
-                break
-
-
-def _infeasible(captured, mesh, table, clustering, smallest, limit, hw, optimizer) -> InfeasiblePlanError:
+def _infeasible(problem: ShardingProblem, cm: CostModel, smallest, limit: float, optimizer) -> InfeasiblePlanError:
+    mesh = problem.mesh
     if smallest.choice is None:
         return InfeasiblePlanError(
             f"no plan fits memory_limit={int(limit)} bytes ({human_bytes(limit)}) per device on mesh {mesh.shape}, "
             f"and the solver could not find the smallest plan in time ({smallest.status}); raise time_limit_s, "
             "use more devices or a larger memory_limit")
-    sol = evaluate(captured, mesh, _assign(table, clustering, smallest.choice), hw, optimizer, unruled=table.unruled)
+    captured, facts = problem.captured, problem.facts
+    sol = evaluate(captured, mesh, problem.strategies(smallest.choice), problem.hardware, optimizer,
+                   unruled=problem.table.unruled)
     need = sol.estimated_memory
     parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in sorted(sol.memory_breakdown.items(), key=lambda kv: -kv[1]))
-    cm = CostModel(mesh, hw, optimizer)
-    facts = GraphFacts(captured, hw)
     big = []
     for name, s in sol.strategies.items():
         price = cm.price_node(name, s, facts)
@@ -193,7 +242,7 @@ def random_solution(captured: CapturedGraph, mesh, *, seed: int, pins: Optional[
     Half the time an op takes a strategy whose operand placements match what its producers chose
     (so sharded chains form); strategies that turn a non-P operand into P are avoided when possible.
     """
-    mesh, table, allowed = _prepare(captured, mesh, pins)
+    mesh, table, allowed = _strategy_choices(captured, mesh, pins)
     rng = random.Random(seed)
     chosen: dict[str, Strategy] = {}
     replicated = tuple(Replicate() for _ in mesh.shape)  # what a get_attr constant holds

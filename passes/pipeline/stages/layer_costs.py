@@ -46,7 +46,6 @@ from dataclasses import dataclass, field, replace
 from typing import Optional, Union
 
 from autoshard.passes.solve.clustering import OUTPUT, block_instance, graph_edges, module_path
-from autoshard.passes.solve.clustering import cluster_nodes
 from autoshard.passes.cost.model import CostModel, GraphFacts
 from autoshard.passes.errors import InfeasiblePlanError
 from autoshard.passes.graph import CapturedGraph
@@ -54,8 +53,8 @@ from autoshard.passes.cost.hardware import Hardware, get_hardware
 from autoshard.passes.solve.ilp import solve
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins, PinError
-from autoshard.passes.solve.planner import _assign, _prepare, _settle_inputs, build_strategy_graph
-from autoshard.passes.solve.solution import Solution, evaluate
+from autoshard.passes.solve.planner import build_problem
+from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import Replicate
 from autoshard.passes.pipeline.stages.microbatch import MicrobatchFacts, batch_dependent, batch_granularity, microbatch_strategies
 
@@ -271,21 +270,24 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, opt
     sharded wherever it can be, e.g. FSDP on the data-parallel axis): the stage ILP then decides
     whether recompute or more stages make it fit. ``solver_stats["status"]`` says which."""
     deadline = time.perf_counter() + time_limit_s
-    mesh, table, allowed = _prepare(captured, mesh, pins)
-    for name, keep in microbatch_strategies(captured, table, mesh, microbatches).items():
-        both = set(allowed.get(name, keep)) & keep
-        if not both:
-            raise PinError(f"the pins on {name!r} split its batch dimension more ways than a microbatch of "
-                           f"1/{microbatches} of the batch has rows; pin fewer ways or use fewer microbatches")
-        allowed[name] = both
-    facts = MicrobatchFacts(captured, hardware, microbatches)
+
+    def divisible_at_microbatch(table, mesh, allowed):
+        for name, keep in microbatch_strategies(captured, table, mesh, microbatches).items():
+            both = set(allowed.get(name, keep)) & keep
+            if not both:
+                raise PinError(f"the pins on {name!r} split its batch dimension more ways than a microbatch of "
+                               f"1/{microbatches} of the batch has rows; pin fewer ways or use fewer microbatches")
+            allowed[name] = both
+        return allowed
+
+    problem = build_problem(captured, mesh, hardware=hardware, pins=pins,
+                            facts=MicrobatchFacts(captured, hardware, microbatches), narrow=divisible_at_microbatch)
+    mesh = problem.mesh
     nodes = {n.name: n for n in captured.gm.graph.nodes}
-    clustering = cluster_nodes(captured, extra=lambda n: (
-        len(table[n]), tuple(sorted(allowed[n])) if n in allowed else None, n in facts.requires_grad))
     graph, result, status = None, None, None
     for k in dict.fromkeys((held, 1)):
         cm = _StageCostModel(mesh, hardware, optimizer, microbatches, k)
-        graph = build_strategy_graph(captured, table, allowed, clustering, cm, facts, memory_limit)
+        graph = problem.strategy_graph(cm, memory_limit)
         if repeat != 1.0:
             _repeat(graph, nodes, captured, repeat)
         result = solve(graph, time_limit_s=max(0.5, deadline - time.perf_counter()))
@@ -298,11 +300,9 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, opt
     if result.choice is None:
         raise InfeasiblePlanError(f"the intra-op solver found no plan at all on submesh {mesh.shape} within "
                                   f"{time_limit_s} s ({result.status}); raise time_limit_s")
-    chosen = _assign(table, clustering, result.choice)
-    _settle_inputs(captured, table, allowed, chosen, GraphFacts(captured, hardware))
     stats = {"status": status, "solve_s": round(result.wall_s, 4), "microbatches": microbatches,
              "held": held, "memory_limit": memory_limit}
-    return evaluate(captured, mesh, chosen, hardware, optimizer, unruled=table.unruled, solver_stats=stats)
+    return problem.solution(result.choice, optimizer=optimizer, solver_stats=stats)
 
 
 def _repeat(graph, nodes: dict, captured: CapturedGraph, repeat: float) -> None:

@@ -45,9 +45,9 @@ from typing import Optional, Sequence, Union
 
 from autoshard.passes.errors import AutoshardError, InfeasiblePlanError
 from autoshard.passes.graph import CapturedGraph
-from autoshard.passes.cost.hardware import get_hardware
+from autoshard.passes.cost.hardware import Hardware, get_hardware
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.solve.planner import human_bytes, plan_sharding
+from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.pipeline.schedule.generators import stage_rank
 from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, profile_submesh
@@ -55,6 +55,7 @@ from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, VIRTUAL
                       stage_problem)
 from autoshard.passes.pipeline.stages.search import global_batch, microbatch_options, plan_candidates, profile_candidates, search_stages
 from autoshard.passes.pipeline.stages.stage_plan import SCHEDULES, PipelinePlan, StagePlan
+from autoshard.passes.units import human_bytes
 
 __all__ = ["plan_pipeline", "profile_candidates", "search_stages", "score_stages", "stage_problem",
            "held_microbatches", "microbatch_options", "Choice", "global_batch", "DEFAULT_SCHEDULES", "VIRTUAL"]

@@ -8,8 +8,11 @@ straight from its producer's stage to its consumer's, as the runtime sends it.
 """
 from __future__ import annotations
 
-from autoshard.drawing import _axes_label, _colour, _escape, _human_bytes, _human_time, _op_name, _VIEW_OPS
+from autoshard.drawing.dot import axes_label, escape, is_view_op, op_name, placement_colour
 from autoshard.passes.graph import outputs
+from autoshard.passes.units import human_bytes, human_time
+
+__all__ = ["pipeline_to_dot"]
 
 
 def pipeline_to_dot(plan, captured) -> str:
@@ -28,7 +31,7 @@ def pipeline_to_dot(plan, captured) -> str:
         if n.op == "placeholder" and n.name not in stage_of and consumers.get(n.name):
             stage_of[n.name] = min(consumers[n.name])
 
-    est = f", est. step {_human_time(plan.estimated_step_time)}" if plan.estimated_step_time else ""
+    est = f", est. step {human_time(plan.estimated_step_time)}" if plan.estimated_step_time else ""
     lines = ["digraph autoshard_pipeline {",
              '  graph [rankdir=TB, fontname="Helvetica", fontsize=11, labelloc=t, '
              f'label="autoshard pipeline: pp {plan.pp} x {plan.virtual} virtual, {plan.schedule}, '
@@ -44,19 +47,19 @@ def pipeline_to_dot(plan, captured) -> str:
         names = stage.mesh.axis_names
         strat = stage.solution.strategies.get(n.name) if stage.solution is not None else None
         pls = strat.outputs[0] if strat is not None and strat.outputs else ()
-        placement = _axes_label(pls, names) if pls else "-"
+        placement = axes_label(pls, names) if pls else "-"
         metas = [m for m in outputs(n) if m is not None]
         shape = "x".join(str(d) for d in metas[0].shape) if metas else ""
         if n.op == "placeholder":
             what = param_of.get(n.name) or (f"input {n.name}" if n.name in inputs else
                                              f"buffer {captured.buffers.get(n.name, n.name)}")
             label, kind = f"{what}\n[{shape}]\n{placement}", "ellipse"
-            attrs = f'label="{_escape(label)}", shape={kind}, fillcolor="{_colour(pls)}"'
+            attrs = f'label="{escape(label)}", shape={kind}, fillcolor="{placement_colour(pls)}"'
         else:
-            op = _op_name(n)
+            op = op_name(n)
             label = f"{op}\n[{shape}]\n{placement}"
-            attrs = f'label="{_escape(label)}", shape=box, fillcolor="{_colour(pls)}"'
-            if any(op.startswith(v) for v in _VIEW_OPS):
+            attrs = f'label="{escape(label)}", shape=box, fillcolor="{placement_colour(pls)}"'
+            if is_view_op(op):
                 attrs += ", fontsize=7, height=0.2"
         members[s].append(f'"{n.name}" [{attrs}];')
     for stage in plan.stages:
@@ -64,10 +67,10 @@ def pipeline_to_dot(plan, captured) -> str:
         span = f"{ranks[0]}..{ranks[-1]}" if len(ranks) > 2 else ", ".join(map(str, ranks))
         mem = ""
         if stage.solution is not None:
-            mem = f", est. memory {_human_bytes(stage.solution.estimated_memory)}"
+            mem = f", est. memory {human_bytes(stage.solution.estimated_memory)}"
         label = (f"stage {stage.index}: group {stage.group}, ranks {span}, submesh {tuple(stage.mesh.shape)} "
                  f"{tuple(stage.mesh.axis_names)}{', recompute' if stage.recompute else ''}{mem}")
-        lines.append(f'  subgraph cluster_stage_{stage.index} {{ label="{_escape(label)}"; style="rounded"; '
+        lines.append(f'  subgraph cluster_stage_{stage.index} {{ label="{escape(label)}"; style="rounded"; '
                      'color="#3182bd";')
         lines.extend("    " + m for m in members[stage.index])
         lines.append("  }")

@@ -8,52 +8,11 @@ as one box of ops.
 """
 from __future__ import annotations
 
-import os
-import re
-import shutil
-
+from autoshard.drawing.dot import axes_label, escape, is_view_op, op_name, placement_colour
 from autoshard.passes.graph import MODULE, outputs
-from autoshard.passes.solve.planner import human_bytes
-from autoshard.passes.spec import Partial, Shard
+from autoshard.passes.units import human_bytes, human_time
 
-_VIEW_OPS = ("view", "reshape", "transpose", "permute", "expand", "unsqueeze", "squeeze", "getitem",
-             "split", "t", "alias", "detach", "_unsafe_view", "flatten", "contiguous")
-
-
-def _escape(text: str) -> str:
-    """Quote-safe dot label text; real newlines become dot's centred line breaks."""
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-_human_bytes = human_bytes
-
-
-def _human_time(s: float) -> str:
-    if s >= 1:
-        return f"{s:.2f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.1f} us"
-
-
-def _axes_label(pls, axis_names) -> str:
-    return ", ".join(f"{a}:{_short(p)}" for a, p in zip(axis_names, pls))
-
-
-def _short(p) -> str:
-    if isinstance(p, Shard):
-        return f"S({p.dim})"
-    if isinstance(p, Partial):
-        return "P"
-    return "R"
-
-
-def _colour(pls) -> str:
-    if any(isinstance(p, Partial) for p in pls):
-        return "#fdd9a0"
-    if any(isinstance(p, Shard) for p in pls):
-        return "#c6dbef"
-    return "#f0f0f0"
+__all__ = ["plan_to_dot"]
 
 
 def _cluster_key(module_path: str) -> str:
@@ -63,12 +22,6 @@ def _cluster_key(module_path: str) -> str:
         if part.isdigit():
             return ".".join(parts[: i + 1])
     return parts[0] if parts else ""
-
-
-def _op_name(node) -> str:
-    target = node.target
-    name = getattr(target, "__name__", None) or str(target)
-    return re.sub(r"\.default$", "", str(getattr(target, "_opname", name) if hasattr(target, "_opname") else name))
 
 
 def plan_to_dot(plan) -> str:
@@ -82,7 +35,7 @@ def plan_to_dot(plan) -> str:
         "digraph autoshard_plan {",
         '  graph [rankdir=TB, fontname="Helvetica", fontsize=11, labelloc=t, '
         f'label="autoshard plan: mesh {plan.mesh.shape} {tuple(names)}, hardware {plan.hardware}, '
-        f'est. step {_human_time(plan.estimated_step_time)}, est. memory {_human_bytes(plan.estimated_memory)}"];',
+        f'est. step {human_time(plan.estimated_step_time)}, est. memory {human_bytes(plan.estimated_memory)}"];',
         '  node [fontname="Helvetica", fontsize=9, style=filled];',
         '  edge [fontname="Helvetica", fontsize=8, color="#606060"];',
     ]
@@ -94,7 +47,7 @@ def plan_to_dot(plan) -> str:
             continue
         strat = strategies.get(node.name)
         out_pls = strat.outputs[0] if strat is not None and strat.outputs else ()
-        placement = _axes_label(out_pls, names) if out_pls else "-"
+        placement = axes_label(out_pls, names) if out_pls else "-"
         metas = [m for m in outputs(node) if m is not None]
         shape = "x".join(str(s) for s in metas[0].shape) if metas else ""
         if node.op == "placeholder":
@@ -104,18 +57,17 @@ def plan_to_dot(plan) -> str:
                 label, shape_kind = f"input {node.name}\n[{shape}]\n{placement}", "invhouse"
             else:
                 label, shape_kind = f"buffer {captured.buffers.get(node.name, node.name)}\n{placement}", "ellipse"
-            lines.append(f'  "{node.name}" [label="{_escape(label)}", shape={shape_kind}, fillcolor="{_colour(out_pls)}"];')
+            lines.append(f'  "{node.name}" [label="{escape(label)}", shape={shape_kind}, fillcolor="{placement_colour(out_pls)}"];')
             continue
-        op = _op_name(node)
-        small = any(op.startswith(v) for v in _VIEW_OPS)
+        op = op_name(node)
         label = f"{op}\n[{shape}]\n{placement}"
-        attrs = f'label="{_escape(label)}", shape=box, fillcolor="{_colour(out_pls)}"'
-        if small:
+        attrs = f'label="{escape(label)}", shape=box, fillcolor="{placement_colour(out_pls)}"'
+        if is_view_op(op):
             attrs += ", fontsize=7, height=0.2"
         clusters.setdefault(_cluster_key(node.meta.get(MODULE, "")), []).append(f'"{node.name}" [{attrs}];')
     for i, (key, members) in enumerate(clusters.items()):
         if key:
-            lines.append(f'  subgraph cluster_{i} {{ label="{_escape(key)}"; style="rounded,dashed"; color="#9e9e9e";')
+            lines.append(f'  subgraph cluster_{i} {{ label="{escape(key)}"; style="rounded,dashed"; color="#9e9e9e";')
             lines.extend("    " + m for m in members)
             lines.append("  }")
         else:
@@ -141,10 +93,10 @@ def plan_to_dot(plan) -> str:
                 continue
             for k, r in hops:
                 cid = f"comm_{k}"
-                items = [f"{c.kind}({names[c.axis]}) {_human_bytes(c.bytes)} {_human_time(c.seconds)}"
+                items = [f"{c.kind}({names[c.axis]}) {human_bytes(c.bytes)} {human_time(c.seconds)}"
                          for c in r.collectives] or ["local chunk"]
                 label = "\n".join(items)
-                lines.append(f'  "{cid}" [label="{_escape(label)}", shape=cds, fillcolor="#fc9272", fontsize=8];')
+                lines.append(f'  "{cid}" [label="{escape(label)}", shape=cds, fillcolor="#fc9272", fontsize=8];')
                 lines.append(f'  "{src.name}" -> "{cid}";')
                 lines.append(f'  "{cid}" -> "{node.name}";')
     for k, (pname, syncs) in enumerate(sorted(sol.param_grad_syncs.items())):
@@ -153,30 +105,9 @@ def plan_to_dot(plan) -> str:
         node_name = next((n for n, fqn in param_of.items() if fqn == pname), None)
         if node_name is None:
             continue
-        label = "grad " + "\n".join(f"{c.kind}({names[c.axis]}) {_human_bytes(c.bytes)} {_human_time(c.seconds)}"
+        label = "grad " + "\n".join(f"{c.kind}({names[c.axis]}) {human_bytes(c.bytes)} {human_time(c.seconds)}"
                                      for c in syncs)
-        lines.append(f'  "gsync_{k}" [label="{_escape(label)}", shape=note, fillcolor="#fee0d2", fontsize=7];')
+        lines.append(f'  "gsync_{k}" [label="{escape(label)}", shape=note, fillcolor="#fee0d2", fontsize=7];')
         lines.append(f'  "{node_name}" -> "gsync_{k}" [style=dotted, arrowhead=none];')
     lines.append("}")
     return "\n".join(lines) + "\n"
-
-
-def render_dot(dot_text: str, path: str) -> str:
-    """Render dot text to ``path`` (format from its suffix: .svg, .png, .pdf). Returns the path.
-
-    Where graphviz's ``dot`` program is missing, writes the dot text next to ``path`` and raises
-    RuntimeError naming that file and how to render it (``apt-get install graphviz``)."""
-    fmt = os.path.splitext(path)[1].lstrip(".").lower() or "svg"
-    if shutil.which("dot") is None:
-        dot_path = os.path.splitext(path)[0] + ".dot"
-        with open(dot_path, "w") as f:
-            f.write(dot_text)
-        raise RuntimeError(
-            f"graphviz's `dot` program is not installed, so {path} was not drawn; the partition was written "
-            f"to {dot_path}. Install graphviz (Debian/Ubuntu: apt-get install graphviz; macOS: brew install "
-            f"graphviz) and run: dot -T{fmt} {dot_path} -o {path}")
-    import graphviz
-    data = graphviz.Source(dot_text).pipe(format=fmt)
-    with open(path, "wb") as f:
-        f.write(data)
-    return path
