@@ -16,50 +16,18 @@ composite ops whose schema does not say so, such as batch norm's running stats).
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.fx as fx
 
 from autoshard.passes.graph import META
+from autoshard.passes.sharding.schema import bind_args, schema_of
 from autoshard.passes.spec import TensorMeta
 
-__all__ = ["schema_of", "bind", "rebuild", "size_arg", "local_size_args", "rewrite_devices", "written_operands"]
+__all__ = ["size_arg", "local_size_args", "rewrite_devices", "written_operands"]
 
 _SIZE_NAMES = ("size", "shape")
-
-
-def schema_of(target) -> Optional[torch.FunctionSchema]:
-    return getattr(target, "_schema", None)
-
-
-def bind(target, args: Sequence[Any], kwargs: dict) -> dict[str, Any]:
-    """Every schema argument by name, defaults filled in (an ATen overload's call, normalized)."""
-    schema = schema_of(target)
-    if schema is None:
-        raise TypeError(f"{target} has no ATen schema")
-    out: dict[str, Any] = {}
-    for i, a in enumerate(schema.arguments):
-        if i < len(args) and not a.kwarg_only:
-            out[a.name] = args[i]
-        elif a.name in kwargs:
-            out[a.name] = kwargs[a.name]
-        elif a.has_default_value():
-            out[a.name] = a.default_value
-        else:
-            raise TypeError(f"{target}: missing argument {a.name!r}")
-    return out
-
-
-def rebuild(target, bound: dict[str, Any]) -> tuple[tuple, dict]:
-    """Inverse of ``bind``: positional arguments in schema order, keyword-only ones as kwargs."""
-    args, kwargs = [], {}
-    for a in schema_of(target).arguments:
-        if a.kwarg_only:
-            kwargs[a.name] = bound[a.name]
-        else:
-            args.append(bound[a.name])
-    return tuple(args), kwargs
 
 
 def size_arg(target) -> Optional[tuple[int, str]]:
@@ -116,9 +84,8 @@ def _written_args(node: fx.Node) -> set:
                if a.alias_info is not None and a.alias_info.is_write}
     if node.target in _IMPLICIT_WRITES:
         names, flag = _IMPLICIT_WRITES[node.target]
-        pos = {a.name: i for i, a in enumerate(schema.arguments)}
-        on = node.args[pos[flag]] if pos[flag] < len(node.args) else node.kwargs.get(flag, True)
-        if on:
+        if bind_args(node.target, node.args, node.kwargs)[flag]:
+            pos = {a.name: i for i, a in enumerate(schema.arguments)}
             written |= {(pos[n], n) for n in names}
     return written
 

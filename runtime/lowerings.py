@@ -25,11 +25,11 @@ import torch.fx as fx
 
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import operand_meta, operands
+from autoshard.passes.sharding.schema import bind_args, rebuild_args
 from autoshard.passes.spec import LOWERINGS, Strategy
 
 from . import collectives as C
 from .layout import local_offsets, local_shape, normalize
-from .localize import bind, rebuild
 
 aten = torch.ops.aten
 
@@ -109,7 +109,7 @@ def _mean_partial(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strat
     meta = operand_meta(operands(node)[0])
     placement = normalize(strategy.inputs[0], ctx.mesh.shape)
     local = local_shape(meta.shape, placement, ctx.mesh.shape)
-    bound = bind(node.target, args, kwargs)
+    bound = bind_args(node.target, args, kwargs)
     dims = bound.get("dim")
     if isinstance(dims, int):
         dims = [dims]
@@ -120,13 +120,13 @@ def _mean_partial(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strat
 
 
 def _loss_mean_partial(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, axes: tuple) -> fx.Node:
-    bound = bind(node.target, args, kwargs)
+    bound = bind_args(node.target, args, kwargs)
     if bound.get("reduction") != _MEAN:
         raise PlanFormatError(f"node {node.name}: 'loss_mean_partial' needs reduction=mean, "
                               f"got {bound.get('reduction')}")
     meta = operand_meta(operands(node)[0])
     bound["reduction"] = _SUM
-    new_args, new_kwargs = rebuild(node.target, bound)
+    new_args, new_kwargs = rebuild_args(node.target, bound)
     local_sum = ctx.graph.call_function(node.target, new_args, new_kwargs)
     target_meta = operand_meta(operands(node)[1])
     if "ignore_index" in bound and not target_meta.dtype.is_floating_point:
@@ -144,7 +144,7 @@ def _loss_mean_partial(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: 
 def _batch_norm_sync(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, axes: tuple) -> fx.Node:
     if node.target != aten.batch_norm.default:
         raise PlanFormatError(f"node {node.name}: 'batch_norm_sync' lowers aten.batch_norm.default, not {node.target}")
-    b = bind(node.target, args, kwargs)
+    b = bind_args(node.target, args, kwargs)
     if not b["training"]:
         return ctx.graph.call_function(node.target, args, kwargs)
     if b["momentum"] is None:
@@ -159,7 +159,7 @@ def _batch_norm_sync(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: St
 
 
 def _embedding_vocab(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, axes: tuple) -> fx.Node:
-    b = bind(node.target, args, kwargs)
+    b = bind_args(node.target, args, kwargs)
     meta = operand_meta(operands(node)[0])
     placement = normalize(strategy.inputs[0], ctx.mesh.shape)
     start = local_offsets(meta.shape, placement, ctx.mesh.shape, ctx.env.coordinate)[0]

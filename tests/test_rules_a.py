@@ -8,6 +8,7 @@ ones skipped: their math needs collectives, so the runtime tests them on real ra
 """
 from __future__ import annotations
 
+import operator
 import re
 from pathlib import Path
 
@@ -17,9 +18,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from autoshard.passes.graph import META, tensor_meta_of
-from autoshard.passes.sharding.rules import RULES, rule_strategies
+from autoshard.passes.sharding.rules import FAMILIES, RULES, lookup, rule_strategies
 from autoshard.passes.sharding.rules.matmul import einsum_strategies, parse_einsum
-from autoshard.passes.sharding.rules.registry import _ensure_loaded, _lookup
 from autoshard.passes.spec import Partial, Replicate, Shard, Strategy1D
 
 from rule_check import check_rule_numerics
@@ -188,7 +188,6 @@ def test_what_rules_do_not_offer():
 
 def test_checker_catches_wrong_strategies(monkeypatch):
     """The checker is honest: a wrong forward or a wrong gradient fails."""
-    _ensure_loaded()
     bad_forward = Strategy1D((Shard(1), Shard(0)), (Shard(0),))  # a contracted dim is not S on the output
     monkeypatch.setitem(RULES, aten.mm.default, lambda call: [bad_forward])
     with pytest.raises(AssertionError, match="output 0"):
@@ -243,17 +242,24 @@ def test_fused_attention_arity(target, extra):
 
 def test_every_named_aten_op_has_a_rule():
     """Catch typos: each ``aten.x.overload`` (or ``aten.x``) named in the part-A files has a rule."""
-    _ensure_loaded()
     seen = 0
     for name in PART_A:
         for packet, overload in re.findall(r"\baten\.(\w+)(?:\.(\w+))?", (RULES_DIR / name).read_text()):
             seen += 1
             pkt = getattr(aten, packet)
             if overload:
-                assert _lookup(getattr(pkt, overload)) is not None, f"{name}: no rule for aten.{packet}.{overload}"
+                assert lookup(getattr(pkt, overload)) is not None, f"{name}: no rule for aten.{packet}.{overload}"
             else:
-                assert any(_lookup(getattr(pkt, o)) is not None for o in pkt.overloads()), f"{name}: aten.{packet}"
+                assert any(lookup(getattr(pkt, o)) is not None for o in pkt.overloads()), f"{name}: aten.{packet}"
     assert seen > 40
+
+
+def test_every_family_module_is_imported():
+    """A family module the package does not import would register nothing, silently."""
+    shared = {"__init__", "registry", "common"}
+    on_disk = {p.stem for p in RULES_DIR.glob("*.py")} - shared
+    assert on_disk == {m.__name__.rsplit(".", 1)[-1] for m in FAMILIES}
+    assert lookup(operator.getitem) is not None
 
 
 def test_parse_einsum():

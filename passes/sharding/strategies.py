@@ -26,7 +26,7 @@ import torch.fx as fx
 
 from autoshard.passes.graph import META, CapturedGraph
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.sharding.rules.registry import op_call, rule_strategies
+from autoshard.passes.sharding.rules import op_call, rule_strategies
 from autoshard.passes.spec import Partial, Replicate, Shard, Strategy, Strategy1D, TensorMeta
 
 __all__ = ["StrategyTable", "enumerate_strategies", "unruled_ops", "divides", "why_not_divisible",

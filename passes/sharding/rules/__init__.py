@@ -1,15 +1,35 @@
-"""Sharding rules, one module per op family. Importing ``ALL_RULE_MODULES`` registers them all."""
-from autoshard.passes.sharding.rules.registry import OpCall, RULES, register_rule, rule_strategies  # noqa: F401
+"""Sharding rules: one registry keyed by op, one module per op family.
 
+- ``registry``: the table (``RULES``), the one decorator (``register_rule``), the ``OpCall`` a rule
+  receives (its arguments by schema name: ``call.bound_args``) and ``rule_strategies``, which asks
+  the table for a node's 1-D strategies.
+- ``common``: helpers every family shares (``norm_dim``, ``norm_dims``, ``split_dims``,
+  ``broadcast_placement``). A family imports only ``registry``, ``common`` and ``passes`` vocabulary,
+  never another family.
+- the families: ``elementwise``, ``reductions``, ``views``, ``indexing``, ``factory``, ``matmul``,
+  ``embedding``, ``norms``, ``attention``, ``losses``, ``conv``, ``pooling``, ``getitem``.
 
-def _load_all():
-    import importlib
-    import pkgutil
-    mods = []
-    for info in pkgutil.iter_modules(__path__):
-        if info.name not in ("registry",):
-            mods.append(importlib.import_module(f"{__name__}.{info.name}"))
-    return mods
+Importing this package imports every family, whose decorators fill ``RULES``. Adding a rule for an
+op touches one file, its family module::
 
+    @register_rule(aten.tril.default, aten.triu.default, float_partials_only=True)
+    def tril_rule(call: OpCall) -> list[Strategy1D]:
+        x = call.inputs[0]                    # TensorMeta of each tensor operand
+        lead = [d for d in split_dims(x.shape) if d < len(x.shape) - 2]   # the diagonal stays whole
+        return [Strategy1D((Shard(d),), (Shard(d),)) for d in lead] + [Strategy1D((P,), (P,))]
 
-ALL_RULE_MODULES = _load_all()
+A new family is a new module here, named in the import and in ``FAMILIES`` below.
+
+May import: torch and the ``passes`` vocabulary (``spec``, ``graph``, ``passes.sharding.schema``).
+"""
+from autoshard.passes.sharding.rules.registry import OpCall, RULES, lookup, op_call, register_rule, rule_strategies
+from autoshard.passes.sharding.rules import (
+    attention, conv, elementwise, embedding, factory, getitem, indexing, losses, matmul, norms, pooling,
+    reductions, views,
+)
+
+FAMILIES = (attention, conv, elementwise, embedding, factory, getitem, indexing, losses, matmul, norms, pooling,
+            reductions, views)
+"""Every family module; importing them registered their rules."""
+
+__all__ = ["FAMILIES", "OpCall", "RULES", "lookup", "op_call", "register_rule", "rule_strategies"]

@@ -20,19 +20,13 @@ from __future__ import annotations
 
 import torch
 
-from autoshard.passes.spec import Placement, Replicate, Shard, Strategy1D, TensorMeta
-from autoshard.passes.sharding.rules.matmul import operand_names
+from autoshard.passes.spec import Replicate, Shard, Strategy1D
+from autoshard.passes.sharding.rules.common import broadcast_placement
 from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
 aten = torch.ops.aten
 
 _MASK_NAMES = ("attn_mask", "attn_bias")
-
-
-def _broadcast_split(meta: TensorMeta, q: tuple, d: int) -> Placement:
-    """Split a k/v/mask operand on q's dim d (right-aligned), or keep it whole where it broadcasts."""
-    local = d - (len(q) - len(meta.shape))
-    return Shard(local) if local >= 0 and meta.shape[local] > 1 else Replicate()
 
 
 @register_rule(aten.scaled_dot_product_attention.default,
@@ -41,7 +35,7 @@ def _broadcast_split(meta: TensorMeta, q: tuple, d: int) -> Placement:
                aten._scaled_dot_product_efficient_attention.default,
                aten._scaled_dot_product_cudnn_attention.default)
 def sdpa_rule(call: OpCall) -> list[Strategy1D]:
-    names = operand_names(call)
+    names = call.operand_names()
     q = call.inputs[names.index("query")].shape
     found = []
     for d in range(len(q) - 2):
@@ -52,7 +46,7 @@ def sdpa_rule(call: OpCall) -> list[Strategy1D]:
             if name == "query":
                 ins.append(Shard(d))
             elif name in ("key", "value") or name in _MASK_NAMES:
-                ins.append(_broadcast_split(meta, q, d))
+                ins.append(broadcast_placement(meta, d, len(q)))  # split with q, or whole where it broadcasts
             else:
                 ins.append(Replicate())
         outs = tuple(Shard(d) if len(o.shape) >= len(q) - 1 and o.shape[d] == q[d] else Replicate()

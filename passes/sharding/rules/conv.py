@@ -21,7 +21,6 @@ from __future__ import annotations
 import torch
 
 from autoshard.passes.spec import Partial, Placement, Replicate, Shard, Strategy1D
-from autoshard.passes.sharding.rules.matmul import operand_names, schema_arg
 from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
 aten = torch.ops.aten
@@ -33,7 +32,7 @@ def _transposed(call: OpCall) -> bool:
     if call.target in _TRANSPOSED:
         return True
     if call.target in (aten.convolution.default, aten._convolution.default, aten._convolution.deprecated):
-        return bool(schema_arg(call, "transposed"))
+        return bool(call.bound_args["transposed"])
     return False
 
 
@@ -46,7 +45,7 @@ def _strategy(names: list[str], by_name: dict[str, Placement], out: Placement) -
                aten.conv3d.default, aten.conv3d.padding,
                aten.conv_transpose1d.default, aten.conv_transpose2d.input, aten.conv_transpose3d.input)
 def conv_rule(call: OpCall) -> list[Strategy1D]:
-    names = operand_names(call)
+    names = call.operand_names()
     x = call.inputs[names.index("input")].shape
     w = call.inputs[names.index("weight")].shape
     batched = len(x) == len(w)
@@ -54,7 +53,7 @@ def conv_rule(call: OpCall) -> list[Strategy1D]:
     found = []
     if batched:
         found.append(_strategy(names, {"input": Shard(0), "weight": Replicate(), "bias": Replicate()}, Shard(0)))
-    if int(schema_arg(call, "groups")) == 1:
+    if int(call.bound_args["groups"]) == 1:
         cout, cin = (1, 0) if _transposed(call) else (0, 1)
         found.append(_strategy(names, {"input": Replicate(), "weight": Shard(cout), "bias": Shard(0)},
                                Shard(channel)))

@@ -12,105 +12,26 @@ Partial (``P``: each rank holds a summand) passes only through ops that are line
 operands: ``neg``, ``clone``/``contiguous``/``detach``/``alias``, dtype casts to a floating dtype,
 ``add``/``sub`` of two partials, ``mul`` of a partial by a replicated value, ``div`` of a partial
 numerator, ``where(c, P, P)``, ``masked_fill(P, m, 0)``, ``lerp``/``addcmul``/``addcdiv`` in their
-linear operands. Nonlinear ops never take ``P``; neither do integer or boolean tensors (every rule
-of part B is registered through ``sharding_rule``, which drops such strategies).
+linear operands. Nonlinear ops never take ``P``; neither do integer or boolean tensors (the rule
+is registered with ``float_partials_only``, which drops such strategies).
 
 Random ops (``dropout``, ``native_dropout``) shard freely: each rank draws its
 own mask for its own piece, so the mask differs from a single-device run's (same distribution).
-
-This module also holds the small helpers the other rule modules of part B share
-(``bound_args``, ``norm_dim``, ``split_dims``, ``broadcast_placement``).
 """
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable, Iterable, Sequence
+from typing import Iterable
 
 import torch
 
 from autoshard.passes.spec import Partial, Placement, Replicate, Shard, Strategy1D, TensorMeta
-from autoshard.passes.sharding.rules.registry import OpCall, RuleFn, register_rule
+from autoshard.passes.sharding.rules.common import broadcast_placement, split_dims
+from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
 aten = torch.ops.aten
 R, P = Replicate(), Partial()
 
-__all__ = [
-    "bound_args", "norm_dim", "norm_dims", "split_dims", "broadcast_placement", "pointwise_strategies",
-    "floating_partials", "sharding_rule", "pointwise_rule",
-]
-
-
-# ---------------------------------------------------------------------------------------------
-# Shared helpers
-# ---------------------------------------------------------------------------------------------
-
-def bound_args(call: OpCall) -> dict[str, Any]:
-    """The call's arguments by schema name, defaults filled in (``{"self": TensorMeta, "dim": 1, ...}``)."""
-    schema = getattr(call.target, "_schema", None)
-    if schema is None:
-        raise TypeError(f"{call.target} has no ATen schema; part-B rules only handle ATen overloads")
-    out: dict[str, Any] = {}
-    for i, arg in enumerate(schema.arguments):
-        if i < len(call.args) and not arg.kwarg_only:
-            out[arg.name] = call.args[i]
-        elif arg.name in call.kwargs:
-            out[arg.name] = call.kwargs[arg.name]
-        else:
-            out[arg.name] = arg.default_value if arg.has_default_value() else None
-    return out
-
-
-def norm_dim(dim: int, ndim: int) -> int:
-    """``-1`` -> ``ndim - 1``; a 0-dim tensor accepts dims -1 and 0 (as torch does)."""
-    n = max(ndim, 1)
-    if not -n <= dim < n:
-        raise IndexError(f"dim {dim} out of range for a {ndim}-d tensor")
-    return dim % n
-
-
-def norm_dims(dims: Any, ndim: int) -> list[int]:
-    """A dim argument (int, list, None or ``[]``) as sorted non-negative dims; None/``[]``: all dims."""
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-        return list(range(ndim))
-    if isinstance(dims, int):
-        dims = [dims]
-    return sorted({norm_dim(int(d), ndim) for d in dims}) if ndim else []
-
-
-def split_dims(shape: Sequence[int]) -> list[int]:
-    """Dims worth splitting: size > 1 (a size-1 dim cannot be divided over 2+ ranks)."""
-    return [d for d, s in enumerate(shape) if s > 1]
-
-
-def broadcast_placement(meta: TensorMeta, out_dim: int, out_ndim: int) -> Placement:
-    """Placement of a broadcasting operand when the output is split on ``out_dim``."""
-    j = out_dim - (out_ndim - len(meta.shape))
-    if j < 0 or meta.shape[j] == 1:
-        return R
-    return Shard(j)
-
-
-def _floating(meta: TensorMeta) -> bool:
-    return meta.dtype.is_floating_point or meta.dtype.is_complex
-
-
-def floating_partials(call: OpCall, strategy: Strategy1D) -> bool:
-    """Whether every ``P`` of ``strategy`` sits on a floating tensor (no integer or boolean summands:
-    casts and comparisons of summands are not those of the sum, and only floats carry gradients)."""
-    pairs = list(zip(call.inputs, strategy.inputs)) + list(zip(call.outputs, strategy.outputs))
-    return all(_floating(m) for m, p in pairs if isinstance(p, Partial))
-
-
-def sharding_rule(*targets) -> Callable[[RuleFn], RuleFn]:
-    """``register_rule`` for the rules of this family: strategies putting ``P`` on a non-floating
-    tensor are dropped, so a rule may list ``P`` options without checking dtypes."""
-    def deco(fn: RuleFn) -> RuleFn:
-        @functools.wraps(fn)
-        def rule(call: OpCall) -> list[Strategy1D]:
-            return [s for s in fn(call) if floating_partials(call, s)]
-        register_rule(*targets)(rule)
-        return rule
-    return deco
+__all__ = ["pointwise_strategies", "pointwise_rule"]
 
 
 def pointwise_strategies(call: OpCall, dtype_only: Iterable[int] = ()) -> list[Strategy1D]:
@@ -138,7 +59,7 @@ def pointwise_strategies(call: OpCall, dtype_only: Iterable[int] = ()) -> list[S
 
 def _tensor_slots(call: OpCall) -> list[str]:
     """Schema names of the tensor operands, in operand order (only single-tensor arguments)."""
-    return [name for name, v in bound_args(call).items() if isinstance(v, TensorMeta)]
+    return [name for name, v in call.bound_args.items() if isinstance(v, TensorMeta)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,11 +76,11 @@ def _partial_patterns(call: OpCall, name: str) -> list[tuple[Placement, ...]]:
     slots = _tensor_slots(call)
     if len(slots) != len(call.inputs):
         return []
-    args = bound_args(call)
+    args = call.bound_args
     n = len(slots)
     if name in _LINEAR_UNARY and n == 1:
         return [(P,)]
-    if name in ("_to_copy", "to", "type_as"):  # float->float only: sharding_rule drops the rest
+    if name in ("_to_copy", "to", "type_as"):  # float->float only: float_partials_only drops the rest
         return [_pattern(slots, {"self"})] if slots[0] == "self" else []
     if name in ("add", "add_", "sub", "sub_", "rsub", "copy", "copy_"):
         # x + c (c a number) adds c on every rank: only sums of partials stay partial
@@ -196,7 +117,7 @@ _LINEAR_UNARY = {
 
 def pointwise_rule(call: OpCall) -> list[Strategy1D]:
     """Rule for every op registered in this module."""
-    name = call.target._schema.name.split("::")[-1]
+    name = call.op_name
     dtype_only = [1] if name in ("type_as",) or (name == "to" and len(call.inputs) == 2) else []
     found = pointwise_strategies(call, dtype_only=dtype_only)
     if name == "broadcast_tensors":
@@ -244,4 +165,4 @@ def _packets() -> list:
     return found
 
 
-pointwise_rule = sharding_rule(*_packets(), *_OVERLOADS)(pointwise_rule)
+pointwise_rule = register_rule(*_packets(), *_OVERLOADS, float_partials_only=True)(pointwise_rule)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 
 from autoshard.passes.spec import Partial, Replicate, Shard, Strategy1D
-from autoshard.passes.sharding.rules.matmul import schema_arg
 from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
 aten = torch.ops.aten
@@ -29,7 +28,7 @@ aten = torch.ops.aten
 @register_rule(aten.embedding.default)
 def embedding_rule(call: OpCall) -> list[Strategy1D]:
     weight, indices = call.inputs
-    local_counts = bool(schema_arg(call, "scale_grad_by_freq"))
+    local_counts = bool(call.bound_args["scale_grad_by_freq"])
     found: list[Strategy1D] = []
     if not local_counts:
         found += [Strategy1D((Replicate(), Shard(d)), (Shard(d),)) for d in range(len(indices.shape))]

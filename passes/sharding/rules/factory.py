@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from autoshard.passes.spec import Partial, Placement, Replicate, Shard, Strategy1D
-from autoshard.passes.sharding.rules.elementwise import bound_args, sharding_rule, split_dims
-from autoshard.passes.sharding.rules.registry import OpCall
+from autoshard.passes.sharding.rules.common import split_dims
+from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
 aten = torch.ops.aten
 R, P = Replicate(), Partial()
@@ -33,12 +33,12 @@ __all__ = ["replicated_factory_rule", "zeros_rule", "like_rule", "new_rule", "tr
            "assert_metadata_rule"]
 
 
-@sharding_rule(aten.arange, aten.ones, aten.full, aten.empty, aten.scalar_tensor)
+@register_rule(aten.arange, aten.ones, aten.full, aten.empty, aten.scalar_tensor, float_partials_only=True)
 def replicated_factory_rule(call: OpCall) -> list[Strategy1D]:
     return []
 
 
-@sharding_rule(aten.zeros)
+@register_rule(aten.zeros, float_partials_only=True)
 def zeros_rule(call: OpCall) -> list[Strategy1D]:
     return [Strategy1D((), (P,))]
 
@@ -46,19 +46,15 @@ def zeros_rule(call: OpCall) -> list[Strategy1D]:
 _ZERO_LIKE = {"zeros_like", "new_zeros"}
 
 
-def _name(call: OpCall) -> str:
-    return call.target._schema.name.split("::")[-1]
-
-
-@sharding_rule(aten.zeros_like, aten.ones_like, aten.empty_like, aten.full_like, aten.rand_like,
-               aten.randn_like)
+@register_rule(aten.zeros_like, aten.ones_like, aten.empty_like, aten.full_like, aten.rand_like,
+               aten.randn_like, float_partials_only=True)
 def like_rule(call: OpCall) -> list[Strategy1D]:
     x = call.inputs[0]
     found = [Strategy1D((Shard(d),), (Shard(d),)) for d in split_dims(x.shape)]
-    if _name(call) in ("rand_like", "randn_like"):
+    if call.op_name in ("rand_like", "randn_like"):
         return found
     found.append(Strategy1D((P,), (R,)))
-    if _name(call) in _ZERO_LIKE:
+    if call.op_name in _ZERO_LIKE:
         found.append(Strategy1D((P,), (P,)))
     return found
 
@@ -67,19 +63,19 @@ def _self_options(shape) -> list[Placement]:
     return [P] + [Shard(d) for d in split_dims(shape)]
 
 
-@sharding_rule(aten.new_zeros, aten.new_ones, aten.new_empty, aten.new_full)
+@register_rule(aten.new_zeros, aten.new_ones, aten.new_empty, aten.new_full, float_partials_only=True)
 def new_rule(call: OpCall) -> list[Strategy1D]:
     x, out = call.inputs[0], call.outputs[0]
     out_dims = split_dims(out.shape)
     found = [Strategy1D((R,), (Shard(d),)) for d in out_dims]
     found += [Strategy1D((Shard(d),), (Shard(d),)) for d in split_dims(x.shape) if d in out_dims]
     found += [Strategy1D((p,), (R,)) for p in _self_options(x.shape)]
-    if _name(call) in _ZERO_LIKE:
+    if call.op_name in _ZERO_LIKE:
         found += [Strategy1D((R,), (P,)), Strategy1D((P,), (P,))]
     return found
 
 
-@sharding_rule(aten.tril, aten.triu, aten.tril_, aten.triu_)
+@register_rule(aten.tril, aten.triu, aten.tril_, aten.triu_, float_partials_only=True)
 def tril_rule(call: OpCall) -> list[Strategy1D]:
     x = call.inputs[0]
     lead = [d for d in split_dims(x.shape) if d < len(x.shape) - 2]
@@ -87,16 +83,16 @@ def tril_rule(call: OpCall) -> list[Strategy1D]:
     return found + [Strategy1D((P,), (P,))]
 
 
-@sharding_rule(aten.lift_fresh_copy.default)
+@register_rule(aten.lift_fresh_copy.default, float_partials_only=True)
 def lift_rule(call: OpCall) -> list[Strategy1D]:
     x = call.inputs[0]
     found = [Strategy1D((Shard(d),), (Shard(d),)) for d in split_dims(x.shape)]
     return found + [Strategy1D((P,), (P,))]
 
 
-@sharding_rule(aten._assert_tensor_metadata.default)
+@register_rule(aten._assert_tensor_metadata.default, float_partials_only=True)
 def assert_metadata_rule(call: OpCall) -> list[Strategy1D]:
-    args = bound_args(call)
+    args = call.bound_args
     if args.get("size") is not None or args.get("stride") is not None or not call.inputs:
         return []
     return [Strategy1D((p,), ()) for p in _self_options(call.inputs[0].shape)]

@@ -22,8 +22,8 @@ from typing import Optional
 import torch
 
 from autoshard.passes.spec import Partial, Replicate, Shard, Strategy1D, TensorMeta
-from autoshard.passes.sharding.rules.elementwise import bound_args, sharding_rule, broadcast_placement, norm_dim, split_dims
-from autoshard.passes.sharding.rules.registry import OpCall
+from autoshard.passes.sharding.rules.common import broadcast_placement, norm_dim, split_dims
+from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
 aten = torch.ops.aten
 R, P = Replicate(), Partial()
@@ -32,19 +32,19 @@ __all__ = ["sort_rule", "gather_rule", "scatter_rule", "index_rule", "index_put_
            "index_layout"]
 
 
-@sharding_rule(aten.topk.default, aten.sort.default, aten.sort.stable, aten.argsort.default,
-               aten.argsort.stable)
+@register_rule(aten.topk.default, aten.sort.default, aten.sort.stable, aten.argsort.default,
+               aten.argsort.stable, float_partials_only=True)
 def sort_rule(call: OpCall) -> list[Strategy1D]:
     x = call.inputs[0]
-    dim = norm_dim(int(bound_args(call)["dim"]), len(x.shape))
+    dim = norm_dim(int(call.bound_args["dim"]), len(x.shape))
     n_out = len(call.outputs)
     return [Strategy1D((Shard(d),), (Shard(d),) * n_out) for d in split_dims(x.shape) if d != dim]
 
 
-@sharding_rule(aten.gather.default)
+@register_rule(aten.gather.default, float_partials_only=True)
 def gather_rule(call: OpCall) -> list[Strategy1D]:
     x, idx = call.inputs
-    dim = norm_dim(int(bound_args(call)["dim"]), len(x.shape))
+    dim = norm_dim(int(call.bound_args["dim"]), len(x.shape))
     found = []
     for d in split_dims(idx.shape):
         if d == dim:
@@ -57,17 +57,17 @@ def gather_rule(call: OpCall) -> list[Strategy1D]:
 _LINEAR_SCATTERS = {"scatter_add", "scatter_add_"}
 
 
-@sharding_rule(aten.scatter, aten.scatter_, aten.scatter_add, aten.scatter_add_, aten.scatter_reduce,
-               aten.scatter_reduce_)
+@register_rule(aten.scatter, aten.scatter_, aten.scatter_add, aten.scatter_add_, aten.scatter_reduce,
+               aten.scatter_reduce_, float_partials_only=True)
 def scatter_rule(call: OpCall) -> list[Strategy1D]:
     x = call.inputs[0]
-    dim = norm_dim(int(bound_args(call)["dim"]), len(x.shape))
+    dim = norm_dim(int(call.bound_args["dim"]), len(x.shape))
     n_in = len(call.inputs)
     found = []
     for d in split_dims(x.shape):
         if d != dim and all(m.shape[d] == x.shape[d] for m in call.inputs):
             found.append(Strategy1D((Shard(d),) * n_in, (Shard(d),)))
-    name = call.target._schema.name.split("::")[-1]
+    name = call.op_name
     if name in _LINEAR_SCATTERS and n_in == 3:
         found.append(Strategy1D((P, R, P), (P,)))
     return found
@@ -96,7 +96,7 @@ def index_layout(ndim: int, indices: list[Optional[TensorMeta]]) -> tuple[dict[i
 
 
 def _index_metas(call: OpCall) -> Optional[list[Optional[TensorMeta]]]:
-    indices = list(bound_args(call)["indices"])
+    indices = list(call.bound_args["indices"])
     if not any(isinstance(t, TensorMeta) for t in indices):
         return None
     if any(isinstance(t, TensorMeta) and t.dtype in (torch.bool, torch.uint8) for t in indices):
@@ -104,7 +104,7 @@ def _index_metas(call: OpCall) -> Optional[list[Optional[TensorMeta]]]:
     return [t if isinstance(t, TensorMeta) else None for t in indices]
 
 
-@sharding_rule(aten.index.Tensor)
+@register_rule(aten.index.Tensor, float_partials_only=True)
 def index_rule(call: OpCall) -> list[Strategy1D]:
     x = call.inputs[0]
     indices = _index_metas(call)
@@ -121,7 +121,7 @@ def index_rule(call: OpCall) -> list[Strategy1D]:
     return found + [Strategy1D((P,) + whole, (P,))]
 
 
-@sharding_rule(aten.index_put.default, aten.index_put_.default)
+@register_rule(aten.index_put.default, aten.index_put_.default, float_partials_only=True)
 def index_put_rule(call: OpCall) -> list[Strategy1D]:
     x, values = call.inputs[0], call.inputs[-1]
     indices = _index_metas(call)
@@ -135,11 +135,11 @@ def index_put_rule(call: OpCall) -> list[Strategy1D]:
         if x.shape[d] > 1:
             found.append(Strategy1D((Shard(d),) + whole + (broadcast_placement(values, o, result_ndim),),
                                     (Shard(d),)))
-    if bound_args(call).get("accumulate"):
+    if call.bound_args.get("accumulate"):
         found.append(Strategy1D((P,) + whole + (P,), (P,)))
     return found
 
 
-@sharding_rule(aten.masked_select.default)
+@register_rule(aten.masked_select.default, float_partials_only=True)
 def masked_select_rule(call: OpCall) -> list[Strategy1D]:
     return []

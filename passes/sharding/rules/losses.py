@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from autoshard.passes.spec import Partial, Placement, Replicate, Shard, Strategy1D, TensorMeta
-from autoshard.passes.sharding.rules.matmul import operand_names, schema_arg
+from autoshard.passes.spec import Partial, Placement, Replicate, Shard, Strategy1D
+from autoshard.passes.sharding.rules.common import broadcast_placement
 from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
 aten = torch.ops.aten
@@ -35,7 +35,7 @@ _NONE, _MEAN, _SUM = 0, 1, 2
 
 
 def _reduced_outputs(call: OpCall, element_out: Placement) -> tuple[tuple[Placement, ...], str | None]:
-    reduction = int(schema_arg(call, "reduction"))
+    reduction = int(call.bound_args["reduction"])
     if reduction == _NONE:
         return (element_out,) + (Replicate(),) * (len(call.outputs) - 1), None
     lowering = "loss_mean_partial" if reduction == _MEAN else None
@@ -45,7 +45,7 @@ def _reduced_outputs(call: OpCall, element_out: Placement) -> tuple[tuple[Placem
 @register_rule(aten.cross_entropy_loss.default, aten.nll_loss.default, aten.nll_loss_nd.default,
                aten.nll_loss2d.default, aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 def class_loss_rule(call: OpCall) -> list[Strategy1D]:
-    names = operand_names(call)
+    names = call.operand_names()
     x = call.inputs[names.index("self")].shape
     t = call.inputs[names.index("target")].shape
     if len(x) < 2:
@@ -60,14 +60,9 @@ def class_loss_rule(call: OpCall) -> list[Strategy1D]:
     return found
 
 
-def _broadcast_split(meta: TensorMeta, rank: int, d: int) -> Placement:
-    local = d - (rank - len(meta.shape))
-    return Shard(local) if local >= 0 and meta.shape[local] > 1 else Replicate()
-
-
 @register_rule(aten.mse_loss.default, aten.l1_loss.default, aten.binary_cross_entropy_with_logits.default)
 def elementwise_loss_rule(call: OpCall) -> list[Strategy1D]:
-    names = operand_names(call)
+    names = call.operand_names()
     shape = call.inputs[names.index("self")].shape
     if call.inputs[names.index("target")].shape != shape:
         return []  # the IR broadcasts first; the ATen kernels' gradients assume equal shapes
@@ -75,7 +70,7 @@ def elementwise_loss_rule(call: OpCall) -> list[Strategy1D]:
     for d in range(len(shape)):
         if shape[d] <= 1:
             continue
-        ins = tuple(_broadcast_split(m, len(shape), d) for m in call.inputs)
+        ins = tuple(broadcast_placement(m, d, len(shape)) for m in call.inputs)
         outs, lowering = _reduced_outputs(call, Shard(d))
         found.append(Strategy1D(ins, outs, lowering))
     return found

@@ -11,13 +11,10 @@ linear in each operand, so one operand ``P`` with the others ``R`` gives a ``P``
 
 ``addmm`` / ``baddbmm`` / ``linear`` add a broadcast addend: it follows the output (``P`` when
 the output is ``P``, so the addend is counted once in the sum).
-
-The module also holds two small schema helpers (``schema_arg``, ``operand_names``) that the other
-part-A rule modules import.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
@@ -26,40 +23,7 @@ from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
 aten = torch.ops.aten
 
-__all__ = ["schema_arg", "operand_names", "parse_einsum", "einsum_strategies"]
-
-
-# ---------------------------------------------------------------- schema helpers
-
-def schema_arg(call: OpCall, name: str) -> Any:
-    """The value of argument ``name`` of ``call`` (positional, keyword, or the schema default)."""
-    for i, a in enumerate(call.target._schema.arguments):
-        if a.name == name:
-            if i < len(call.args) and not a.kwarg_only:
-                return call.args[i]
-            return call.kwargs.get(name, a.default_value if a.has_default_value() else None)
-    raise KeyError(f"{call.target} has no argument named {name!r}")
-
-
-def operand_names(call: OpCall) -> list[str]:
-    """Schema name of each tensor operand of ``call``, in ``call.inputs`` order (a list arg repeats)."""
-    schema = call.target._schema.arguments
-    names: list[str] = []
-
-    def visit(name: str, value: Any) -> None:
-        if isinstance(value, TensorMeta):
-            names.append(name)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                visit(name, v)
-
-    for i, value in enumerate(call.args):
-        visit(schema[i].name, value)
-    for name, value in call.kwargs.items():
-        visit(name, value)
-    if len(names) != len(call.inputs):
-        raise AssertionError(f"{call.target}: found {len(names)} tensor operands, OpCall has {len(call.inputs)}")
-    return names
+__all__ = ["parse_einsum", "einsum_strategies"]
 
 
 # ---------------------------------------------------------------- einsum machinery
@@ -193,7 +157,7 @@ def linear_rule(call: OpCall) -> list[Strategy1D]:
 
 @register_rule(aten.einsum.default)
 def einsum_rule(call: OpCall) -> list[Strategy1D]:
-    equation = schema_arg(call, "equation")
+    equation = call.bound_args["equation"]
     subs, out = parse_einsum(equation, [len(m.shape) for m in call.inputs])
     return einsum_strategies(subs, out, [m.shape for m in call.inputs])
 

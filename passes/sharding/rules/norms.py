@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 
 from autoshard.passes.spec import Placement, Replicate, Shard, Strategy1D
-from autoshard.passes.sharding.rules.matmul import operand_names, schema_arg
 from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
 aten = torch.ops.aten
@@ -33,9 +32,9 @@ def _split_like(shape: tuple, ref: tuple, d: int) -> Placement:
 @register_rule(aten.layer_norm.default, aten.native_layer_norm.default,
                aten.rms_norm.default, aten._fused_rms_norm.default)
 def layer_norm_rule(call: OpCall) -> list[Strategy1D]:
-    names = operand_names(call)
+    names = call.operand_names()
     x = call.inputs[names.index("input")].shape
-    leading = len(x) - len(schema_arg(call, "normalized_shape"))
+    leading = len(x) - len(call.bound_args["normalized_shape"])
     found = []
     for d in range(leading):
         ins = tuple(Shard(d) if n == "input" else Replicate() for n in names)
@@ -46,7 +45,7 @@ def layer_norm_rule(call: OpCall) -> list[Strategy1D]:
 def _training(call: OpCall) -> bool:
     if call.target == aten._native_batch_norm_legit_no_training.default:
         return False
-    return bool(schema_arg(call, "training"))
+    return bool(call.bound_args["training"])
 
 
 @register_rule(aten.batch_norm.default, aten.native_batch_norm.default,
@@ -57,7 +56,7 @@ def batch_norm_rule(call: OpCall) -> list[Strategy1D]:
 
     Outputs: the normalised tensor (like input), then per-channel tensors (or empty ones).
     """
-    names = operand_names(call)
+    names = call.operand_names()
     x = call.inputs[names.index("input")].shape
     if len(x) < 2:
         return []
@@ -76,7 +75,7 @@ def batch_norm_rule(call: OpCall) -> list[Strategy1D]:
 
 @register_rule(aten.group_norm.default)
 def group_norm_rule(call: OpCall) -> list[Strategy1D]:
-    names = operand_names(call)
+    names = call.operand_names()
     x = call.inputs[names.index("input")].shape
     if len(x) < 2:
         return []

@@ -25,8 +25,8 @@ from typing import Optional
 import torch
 
 from autoshard.passes.spec import Partial, Shard, Strategy1D
-from autoshard.passes.sharding.rules.elementwise import bound_args, norm_dim, norm_dims, sharding_rule, split_dims
-from autoshard.passes.sharding.rules.registry import OpCall
+from autoshard.passes.sharding.rules.common import norm_dim, norm_dims, split_dims
+from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
 aten = torch.ops.aten
 P = Partial()
@@ -36,7 +36,7 @@ __all__ = ["reduction_strategies", "sum_rule", "mean_rule", "no_partial_reductio
 
 def _reduced_dims(call: OpCall) -> tuple[list[int], bool]:
     """(reduced dims, keepdim). A missing, ``None`` or empty ``dim`` reduces every dim."""
-    args = bound_args(call)
+    args = call.bound_args
     ndim = len(call.inputs[0].shape)
     return norm_dims(args.get("dim"), ndim), bool(args.get("keepdim") or False)
 
@@ -63,22 +63,23 @@ def reduction_strategies(call: OpCall, on_reduced: Optional[str]) -> list[Strate
     return found
 
 
-@sharding_rule(aten.sum.default, aten.sum.dim_IntList)
+@register_rule(aten.sum.default, aten.sum.dim_IntList, float_partials_only=True)
 def sum_rule(call: OpCall) -> list[Strategy1D]:
     return reduction_strategies(call, on_reduced="sum") + [Strategy1D((P,), (P,))]
 
 
-@sharding_rule(aten.mean.default, aten.mean.dim)
+@register_rule(aten.mean.default, aten.mean.dim, float_partials_only=True)
 def mean_rule(call: OpCall) -> list[Strategy1D]:
     found = reduction_strategies(call, on_reduced="mean")
     found.append(Strategy1D((P,), (P,)))
     return found
 
 
-@sharding_rule(
+@register_rule(
     aten.amax, aten.amin, aten.max.dim, aten.min.dim, aten.max.default, aten.min.default,
     aten.var, aten.std, aten.var_mean, aten.std_mean, aten.prod, aten.argmax, aten.argmin,
     aten.logsumexp, aten.norm, aten.linalg_vector_norm, aten.all, aten.any,
+    float_partials_only=True,
 )
 def no_partial_reduction_rule(call: OpCall) -> list[Strategy1D]:
     return reduction_strategies(call, on_reduced=None)
@@ -87,18 +88,19 @@ def no_partial_reduction_rule(call: OpCall) -> list[Strategy1D]:
 _LINEAR_SCANS = {"cumsum", "cumsum_", "diff"}
 
 
-@sharding_rule(
+@register_rule(
     aten.softmax.int, aten._softmax, aten.log_softmax.int, aten._log_softmax, aten._safe_softmax,
     aten.cumsum, aten.cumsum_, aten.cumprod, aten.logcumsumexp, aten.cummax, aten.cummin, aten.diff,
+    float_partials_only=True,
 )
 def scan_rule(call: OpCall) -> list[Strategy1D]:
     """Ops along one dim: every other dim shards; each output follows. ``diff``'s ``prepend`` and
     ``append`` operands match ``self`` off the dim, so they shard with it."""
     x = call.inputs[0]
-    dim = norm_dim(int(bound_args(call)["dim"]), len(x.shape))
+    dim = norm_dim(int(call.bound_args["dim"]), len(x.shape))
     n_in, n_out = len(call.inputs), len(call.outputs)
     found = [Strategy1D((Shard(d),) * n_in, (Shard(d),) * n_out) for d in split_dims(x.shape) if d != dim]
-    name = call.target._schema.name.split("::")[-1]
+    name = call.op_name
     if name in _LINEAR_SCANS:
         found.append(Strategy1D((P,) * n_in, (P,)))
     return found

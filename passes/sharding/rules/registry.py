@@ -1,4 +1,4 @@
-"""One registry of sharding rules keyed by ATen op.
+"""One registry of sharding rules keyed by op (an ATen overload or packet, or ``operator.getitem``).
 
 A rule receives an ``OpCall`` (the op's arguments with every tensor replaced by its
 ``TensorMeta``) and returns the ``Strategy1D`` options valid along ONE mesh axis of any size.
@@ -9,18 +9,23 @@ rule never has to list it.
     @register_rule(aten.mm.default)
     def mm(call: OpCall) -> list[Strategy1D]: ...
 
-Ops with no rule run replicated (always correct); ``rule_strategies`` reports them so the plan
-can list them by name.
+This module only holds the table; importing the package ``passes.sharding.rules`` imports every
+family module, whose decorators fill it. Ops with no rule run replicated (always correct);
+``rule_strategies`` reports them so the plan can list them by name.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property, wraps
 from typing import Any, Callable, Optional
 
 import torch.fx as fx
 
-from autoshard.passes.graph import META, is_getitem, operand_meta, operands, outputs
-from autoshard.passes.spec import Replicate, Strategy1D, TensorMeta
+from autoshard.passes.graph import META, operand_meta, operands, outputs
+from autoshard.passes.sharding.schema import bind_args, op_name
+from autoshard.passes.spec import Partial, Replicate, Strategy1D, TensorMeta
+
+__all__ = ["OpCall", "RuleFn", "RULES", "register_rule", "lookup", "op_call", "rule_strategies"]
 
 RuleFn = Callable[["OpCall"], list[Strategy1D]]
 RULES: dict[Any, RuleFn] = {}
@@ -40,19 +45,70 @@ class OpCall:
     inputs: tuple[TensorMeta, ...]
     outputs: tuple[TensorMeta, ...]
 
+    @cached_property
+    def bound_args(self) -> dict[str, Any]:
+        """Every argument by schema name, defaults filled in (``passes.sharding.schema.bind_args``):
+        ``{"self": TensorMeta, "dim": [1], "keepdim": False, "dtype": None}``."""
+        return bind_args(self.target, self.args, self.kwargs)
 
-def register_rule(*targets) -> Callable[[RuleFn], RuleFn]:
-    """Register ``fn`` as the rule for each ATen overload (or packet: all its overloads) given."""
+    @property
+    def op_name(self) -> str:
+        """The schema name without namespace or overload (``"add_"`` for ``aten.add_.Tensor``)."""
+        return op_name(self.target)
+
+    def operand_names(self) -> list[str]:
+        """Schema name of each tensor operand, in ``inputs`` order (a list argument repeats its name)."""
+        schema = self.target._schema.arguments
+        names: list[str] = []
+
+        def visit(name: str, value: Any) -> None:
+            if isinstance(value, TensorMeta):
+                names.append(name)
+            elif isinstance(value, (list, tuple)):
+                for v in value:
+                    visit(name, v)
+
+        for i, value in enumerate(self.args):
+            visit(schema[i].name, value)
+        for name, value in self.kwargs.items():
+            visit(name, value)
+        if len(names) != len(self.inputs):
+            raise AssertionError(f"{self.target}: found {len(names)} tensor operands, OpCall has {len(self.inputs)}")
+        return names
+
+
+def floating_partials(call: OpCall, strategy: Strategy1D) -> bool:
+    """Whether every ``P`` of ``strategy`` sits on a floating tensor (no integer or boolean summands:
+    casts and comparisons of summands are not those of the sum, and only floats carry gradients)."""
+    pairs = list(zip(call.inputs, strategy.inputs)) + list(zip(call.outputs, strategy.outputs))
+    return all(m.dtype.is_floating_point or m.dtype.is_complex for m, p in pairs if isinstance(p, Partial))
+
+
+def register_rule(*targets, float_partials_only: bool = False) -> Callable[[RuleFn], RuleFn]:
+    """Register a rule for each op given (an overload, or a packet: all its overloads).
+
+    ``float_partials_only``: drop the strategies that put ``P`` on a non-floating tensor, so the
+    rule may list ``P`` options without checking dtypes. Returns the rule as registered.
+    """
     def deco(fn: RuleFn) -> RuleFn:
+        rule = _without_non_float_partials(fn) if float_partials_only else fn
         for t in targets:
             if t in RULES:
                 raise ValueError(f"two sharding rules registered for {t}")
-            RULES[t] = fn
-        return fn
+            RULES[t] = rule
+        return rule
     return deco
 
 
-def _lookup(target) -> Optional[RuleFn]:
+def _without_non_float_partials(fn: RuleFn) -> RuleFn:
+    @wraps(fn)
+    def rule(call: OpCall) -> list[Strategy1D]:
+        return [s for s in fn(call) if floating_partials(call, s)]
+    return rule
+
+
+def lookup(target) -> Optional[RuleFn]:
+    """The rule for ``target``: registered for the overload itself, else for its packet; or None."""
     if target in RULES:
         return RULES[target]
     packet = getattr(target, "overloadpacket", None)
@@ -60,6 +116,7 @@ def _lookup(target) -> Optional[RuleFn]:
 
 
 def op_call(node: fx.Node) -> OpCall:
+    """The ``OpCall`` a rule sees for a call_function node (its operands must carry META)."""
     def sub(a):
         if isinstance(a, fx.Node):
             m = a.meta.get(META)
@@ -86,15 +143,8 @@ def rule_strategies(node: fx.Node) -> tuple[list[Strategy1D], bool]:
     """
     call = op_call(node)
     replicated = Strategy1D(tuple(Replicate() for _ in call.inputs), tuple(Replicate() for _ in call.outputs))
-    if is_getitem(node):
-        from autoshard.passes.sharding.rules.getitem import getitem_rule  # noqa: WPS433 (rule module imported lazily on purpose)
-        found = getitem_rule(call)
-        has_rule = True
-    else:
-        _ensure_loaded()
-        fn = _lookup(node.target)
-        has_rule = fn is not None
-        found = fn(call) if fn is not None else []
+    fn = lookup(node.target)
+    found = fn(call) if fn is not None else []
     out = [replicated]
     for s in found:
         if len(s.inputs) != len(call.inputs) or len(s.outputs) != len(call.outputs):
@@ -104,15 +154,4 @@ def rule_strategies(node: fx.Node) -> tuple[list[Strategy1D], bool]:
             )
         if s not in out:
             out.append(s)
-    return out, has_rule
-
-
-_loaded = False
-
-
-def _ensure_loaded() -> None:
-    """Import every rule module once so their decorators fill RULES."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        from autoshard.passes.sharding.rules import ALL_RULE_MODULES  # noqa: F401
+    return out, fn is not None

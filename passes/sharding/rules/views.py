@@ -27,8 +27,8 @@ from typing import Sequence
 import torch
 
 from autoshard.passes.spec import Partial, Replicate, Shard, Strategy1D
-from autoshard.passes.sharding.rules.elementwise import bound_args, sharding_rule, broadcast_placement, norm_dim, norm_dims, split_dims
-from autoshard.passes.sharding.rules.registry import OpCall
+from autoshard.passes.sharding.rules.common import broadcast_placement, norm_dim, norm_dims, split_dims
+from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
 aten = torch.ops.aten
 R, P = Replicate(), Partial()
@@ -78,13 +78,13 @@ def _view_pairs(in_shape, out_shape) -> list[tuple[int, int]]:
     return [(gi[0], go[0]) for gi, go in view_groups(in_shape, out_shape)]
 
 
-@sharding_rule(aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.flatten.using_ints,
-               aten.unflatten.int)
+@register_rule(aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.flatten.using_ints,
+               aten.unflatten.int, float_partials_only=True)
 def reshape_rule(call: OpCall) -> list[Strategy1D]:
     x, out = call.inputs[0], call.outputs[0]
     pairs = _view_pairs(x.shape, out.shape)
     if call.target == aten.unflatten.int:
-        args = bound_args(call)
+        args = call.bound_args
         dim = norm_dim(int(args["dim"]), len(x.shape))
         first = next((int(s) for s in args["sizes"] if int(s) != 1), None)
         if first != -1:
@@ -92,7 +92,7 @@ def reshape_rule(call: OpCall) -> list[Strategy1D]:
     return [Strategy1D((Shard(i),), (Shard(o),)) for i, o in pairs] + [_PARTIAL]
 
 
-@sharding_rule(aten.view_as.default, aten.reshape_as.default)
+@register_rule(aten.view_as.default, aten.reshape_as.default, float_partials_only=True)
 def view_as_rule(call: OpCall) -> list[Strategy1D]:
     """``view_as(self, other)``: ``other`` only lends its (local) shape, so it is split like the output."""
     x, out = call.inputs[0], call.outputs[0]
@@ -102,10 +102,10 @@ def view_as_rule(call: OpCall) -> list[Strategy1D]:
 
 def _permutation(call: OpCall) -> list[int]:
     """``perm`` with output dim ``i`` = input dim ``perm[i]``."""
-    args = bound_args(call)
+    args = call.bound_args
     n = len(call.inputs[0].shape)
     perm = list(range(n))
-    name = call.target._schema.name.split("::")[-1]
+    name = call.op_name
     if name in ("transpose", "swapaxes", "swapdims"):
         k0, k1 = ("axis0", "axis1") if name == "swapaxes" else ("dim0", "dim1")
         a, b = norm_dim(int(args[k0]), n), norm_dim(int(args[k1]), n)
@@ -129,8 +129,8 @@ def _permutation(call: OpCall) -> list[int]:
     return perm
 
 
-@sharding_rule(aten.transpose.int, aten.t.default, aten.permute.default, aten.movedim, aten.mT.default,
-               aten.swapaxes.default, aten.swapdims.default)
+@register_rule(aten.transpose.int, aten.t.default, aten.permute.default, aten.movedim, aten.mT.default,
+               aten.swapaxes.default, aten.swapdims.default, float_partials_only=True)
 def permute_rule(call: OpCall) -> list[Strategy1D]:
     x = call.inputs[0]
     perm = _permutation(call)
@@ -138,20 +138,20 @@ def permute_rule(call: OpCall) -> list[Strategy1D]:
     return found + [_PARTIAL]
 
 
-@sharding_rule(aten.unsqueeze.default)
+@register_rule(aten.unsqueeze.default, float_partials_only=True)
 def unsqueeze_rule(call: OpCall) -> list[Strategy1D]:
     x = call.inputs[0]
-    dim = norm_dim(int(bound_args(call)["dim"]), len(x.shape) + 1)
+    dim = norm_dim(int(call.bound_args["dim"]), len(x.shape) + 1)
     found = [Strategy1D((Shard(d),), (Shard(d if d < dim else d + 1),)) for d in split_dims(x.shape)]
     return found + [_PARTIAL]
 
 
-@sharding_rule(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+@register_rule(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, float_partials_only=True)
 def squeeze_rule(call: OpCall) -> list[Strategy1D]:
     if call.target == aten.squeeze.default:
         return [_PARTIAL]
     x = call.inputs[0]
-    named = set(norm_dims(bound_args(call)["dim"], len(x.shape)))
+    named = set(norm_dims(call.bound_args["dim"], len(x.shape)))
     removed = [d for d in named if x.shape[d] == 1]
     found = []
     for d in split_dims(x.shape):
@@ -160,7 +160,7 @@ def squeeze_rule(call: OpCall) -> list[Strategy1D]:
     return found + [_PARTIAL]
 
 
-@sharding_rule(aten.expand.default, aten.expand_as.default)
+@register_rule(aten.expand.default, aten.expand_as.default, float_partials_only=True)
 def expand_rule(call: OpCall) -> list[Strategy1D]:
     """A split output dim splits the input there if it has that size, else the input stays whole
     (a size-1 input dim expands to the local size). ``expand_as``'s ``other`` follows the output."""
@@ -173,12 +173,12 @@ def expand_rule(call: OpCall) -> list[Strategy1D]:
     return found + [Strategy1D((P, R) if has_other else (P,), (P,))]
 
 
-@sharding_rule(aten.split.Tensor, aten.split.sizes, aten.split_with_sizes.default, aten.chunk.default, aten.unbind.int,
-               aten.tensor_split.sections, aten.tensor_split.indices)
+@register_rule(aten.split.Tensor, aten.split.sizes, aten.split_with_sizes.default, aten.chunk.default,
+               aten.unbind.int, aten.tensor_split.sections, aten.tensor_split.indices, float_partials_only=True)
 def split_rule(call: OpCall) -> list[Strategy1D]:
     """Dims other than the split dim stay split in every piece (``unbind`` drops its dim)."""
     x = call.inputs[0]
-    dim = norm_dim(int(bound_args(call)["dim"]), len(x.shape))
+    dim = norm_dim(int(call.bound_args["dim"]), len(x.shape))
     drops = call.target == aten.unbind.int
     n_out = len(call.outputs)
     found = []
@@ -189,33 +189,34 @@ def split_rule(call: OpCall) -> list[Strategy1D]:
     return found + [Strategy1D((P,), (P,) * n_out)]
 
 
-@sharding_rule(aten.cat.default)
+@register_rule(aten.cat.default, float_partials_only=True)
 def cat_rule(call: OpCall) -> list[Strategy1D]:
     ranks = {len(m.shape) for m in call.inputs}
     if len(ranks) != 1:  # legacy cat skipping 1-d empty tensors: keep it simple and replicated
         return []
     out = call.outputs[0]
-    dim = norm_dim(int(bound_args(call)["dim"]), len(out.shape))
+    dim = norm_dim(int(call.bound_args["dim"]), len(out.shape))
     n_in = len(call.inputs)
     found = [Strategy1D((Shard(d),) * n_in, (Shard(d),)) for d in split_dims(out.shape) if d != dim]
     return found + [Strategy1D((P,) * n_in, (P,))]
 
 
-@sharding_rule(aten.stack.default)
+@register_rule(aten.stack.default, float_partials_only=True)
 def stack_rule(call: OpCall) -> list[Strategy1D]:
     x = call.inputs[0]
-    dim = norm_dim(int(bound_args(call)["dim"]), len(x.shape) + 1)
+    dim = norm_dim(int(call.bound_args["dim"]), len(x.shape) + 1)
     n_in = len(call.inputs)
     found = [Strategy1D((Shard(d),) * n_in, (Shard(d if d < dim else d + 1),)) for d in split_dims(x.shape)]
     return found + [Strategy1D((P,) * n_in, (P,))]
 
 
-@sharding_rule(aten.slice.Tensor, aten.select.int, aten.narrow.default, aten.narrow_copy.default)
+@register_rule(aten.slice.Tensor, aten.select.int, aten.narrow.default, aten.narrow_copy.default,
+               float_partials_only=True)
 def slice_rule(call: OpCall) -> list[Strategy1D]:
     """Dims other than the sliced one shard (``select`` drops its dim). A full ``slice``
     (start 0, step 1, nothing cut) is the identity on local pieces too, so its dim may stay split."""
     x, out = call.inputs[0], call.outputs[0]
-    args = bound_args(call)
+    args = call.bound_args
     dim = norm_dim(int(args["dim"]), len(x.shape))
     drops = call.target == aten.select.int
     whole = (call.target == aten.slice.Tensor and args.get("start") in (None, 0)
@@ -227,45 +228,45 @@ def slice_rule(call: OpCall) -> list[Strategy1D]:
     return found + [_PARTIAL]
 
 
-@sharding_rule(aten.index_select.default)
+@register_rule(aten.index_select.default, float_partials_only=True)
 def index_select_rule(call: OpCall) -> list[Strategy1D]:
     """``self`` shards on dims other than ``dim`` (index whole); or the index shards and the output
     follows it on ``dim`` (``self`` whole). Linear in ``self``: ``(P, R) -> P``."""
     x, idx = call.inputs
-    dim = norm_dim(int(bound_args(call)["dim"]), len(x.shape))
+    dim = norm_dim(int(call.bound_args["dim"]), len(x.shape))
     found = [Strategy1D((Shard(d), R), (Shard(d),)) for d in split_dims(x.shape) if d != dim]
     if len(idx.shape) == 1 and idx.shape[0] > 1:
         found.append(Strategy1D((R, Shard(0)), (Shard(dim),)))
     return found + [Strategy1D((P, R), (P,))]
 
 
-@sharding_rule(aten.repeat.default)
+@register_rule(aten.repeat.default, float_partials_only=True)
 def repeat_rule(call: OpCall) -> list[Strategy1D]:
     """Only dims repeated once shard (``repeats`` is not rewritten to local counts)."""
     x = call.inputs[0]
-    repeats = [int(r) for r in bound_args(call)["repeats"]]
+    repeats = [int(r) for r in call.bound_args["repeats"]]
     off = len(repeats) - len(x.shape)
     found = [Strategy1D((Shard(d),), (Shard(d + off),)) for d in split_dims(x.shape) if repeats[d + off] == 1]
     return found + [_PARTIAL]
 
 
-@sharding_rule(aten.flip.default, aten.roll.default)
+@register_rule(aten.flip.default, aten.roll.default, float_partials_only=True)
 def flip_roll_rule(call: OpCall) -> list[Strategy1D]:
     """Dims not flipped/rolled shard; ``roll`` with no dims rolls the flattened tensor (none shard)."""
     x = call.inputs[0]
-    dims = list(bound_args(call)["dims"])
+    dims = list(call.bound_args["dims"])
     if not dims and call.target == aten.roll.default:
         return [_PARTIAL]
     moved = set(norm_dims(dims, len(x.shape))) if dims else set()
     return [Strategy1D((Shard(d),), (Shard(d),)) for d in split_dims(x.shape) if d not in moved] + [_PARTIAL]
 
 
-@sharding_rule(aten.pad.default, aten.constant_pad_nd.default)
+@register_rule(aten.pad.default, aten.constant_pad_nd.default, float_partials_only=True)
 def pad_rule(call: OpCall) -> list[Strategy1D]:
     """Dims not padded shard. Padding copies elements (or adds a constant), so ``P -> P`` unless the
     constant is nonzero (it would be added once per rank)."""
     x = call.inputs[0]
-    args = bound_args(call)
+    args = call.bound_args
     pad = [int(p) for p in args["pad"]]
     padded = {len(x.shape) - 1 - i for i in range(len(pad) // 2) if pad[2 * i] or pad[2 * i + 1]}
     found = [Strategy1D((Shard(d),), (Shard(d),)) for d in split_dims(x.shape) if d not in padded]
