@@ -26,7 +26,7 @@ import time
 import torch
 
 from autoshard.passes.capture.export import capture
-from autoshard.passes.cost.hardware import get_hardware
+from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.stages.planner import (VIRTUAL, global_batch, held_microbatches, profile_candidates,
                                                score_stages, search_stages, stage_problem)

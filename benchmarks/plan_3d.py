@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from autoshard.passes.capture.export import capture
-from autoshard.passes.cost.hardware import get_hardware
+from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.stages.search import plan_candidates, profile_candidates, search_stages
 

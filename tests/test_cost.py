@@ -8,10 +8,12 @@ import math
 import pytest
 import torch
 
-from autoshard.passes.cost.model import (CostModel, GraphFacts, collective_seconds, optimizer_state_bytes,
-                                  redistribution_steps)
+from autoshard.passes.cost.collectives import collective_seconds, redistribution_steps
+from autoshard.passes.cost.facts import GraphFacts
+from autoshard.passes.cost.model import CostModel, encode, optimizer_state_bytes
 from autoshard.passes.errors import AutoshardError
-from autoshard.passes.cost.hardware import PRESETS, Hardware, axis_link, get_hardware
+from autoshard.passes.cost.hardware import PRESETS, Hardware
+from autoshard.passes.cost.hardware_lookup import axis_link, get_hardware
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import P, R, S, Strategy, TensorMeta
 
@@ -87,7 +89,6 @@ def test_reshard_itemizes_each_axis_with_bytes_of_that_point():
 def test_reshard_runs_the_runtime_steps_for_every_placement_pair():
     """The cost model's collectives are the runtime's (``runtime/redistribute.py``), in order, on
     every pair of placements of a 2-D tensor over (2, 2) and (2, 1, 2) meshes."""
-    from autoshard.passes.cost.model import encode
     from autoshard.runtime.redistribute import plan_redistribute
     meta = TensorMeta((8, 8), torch.float32)
     for shape in ((2, 2), (2, 1, 2)):

@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from autoshard.passes.cost.model import (CostModel, GraphFacts, collective_seconds, collective_terms, hierarchical_terms,
-                                   p2p_seconds)
+from autoshard.passes.cost.collectives import collective_seconds, collective_terms, hierarchical_terms, p2p_seconds
+from autoshard.passes.cost.facts import GraphFacts
+from autoshard.passes.cost.model import CostModel
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.mesh import Mesh

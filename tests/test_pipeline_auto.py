@@ -31,14 +31,14 @@ ADAM_EPS = 1e-6
 
 def slow_network():
     """One rank per node and a 1 MB/s network: gradient all-reduces are dear, activations cheap."""
-    from autoshard.passes.cost.hardware import get_hardware
+    from autoshard.passes.cost.hardware_lookup import get_hardware
     return dataclasses.replace(get_hardware("cpu"), name="slow-net", devices_per_node=1,
                                inter_node_bandwidth=1e6, inter_node_latency=1e-3)
 
 
 def fast_network():
     """Near-free collectives and no per-op overhead: data parallelism beats any pipeline bubble."""
-    from autoshard.passes.cost.hardware import get_hardware
+    from autoshard.passes.cost.hardware_lookup import get_hardware
     return dataclasses.replace(get_hardware("cpu"), name="fast-net", intra_node_bandwidth=1e12,
                                intra_node_latency=1e-7, inter_node_bandwidth=1e12, inter_node_latency=1e-7,
                                collective_launch_s=1e-7, op_overhead_s=0.0)

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 import autoshard
 from autoshard.passes.errors import AutoshardError
-from autoshard.passes.cost.hardware import get_hardware
+from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.cost.profile_format import (PROFILE_FORMAT, PROFILE_VERSION, Profile, derive_hardware, fit_affine,
                                            fit_latency_bandwidth, held_out_errors, load_profile, merge_profiles)
 
@@ -90,7 +91,9 @@ def test_profile_round_trip_and_plan_with_it(tmp_path):
     Profile(prof).save(path)
     assert json.loads(path.read_text())["format"] == PROFILE_FORMAT
     assert load_profile(path).hardware == hw
-    assert get_hardware(str(path)) == hw
+    assert get_hardware(str(path)) == hw and get_hardware(prof) == hw
+    with pytest.raises(AutoshardError, match="full measured profile"):  # Hardware knows only its own fields
+        Hardware.from_json(str(path))
     x, y = torch.randn(8, 16), torch.randn(8, 16)
     plan = autoshard.plan(Net(), 4, example_inputs=(x,), loss_fn=F.mse_loss, example_target=y,
                           hardware=str(path), **autoshard.presets.data_parallel(4))

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 __all__ = ["Collective", "collective_seconds", "collective_terms", "hierarchical_terms", "p2p_seconds",
            "redistribution_steps", "R_CODE", "P_CODE"]
 
-#: placement codes (``passes/cost.encode``): ``S(d)`` is ``d >= 0``
+#: placement codes (``encode`` in ``passes/cost/model.py``): ``S(d)`` is ``d >= 0``
 R_CODE, P_CODE = -1, -2
 
 

@@ -27,6 +27,9 @@ give: ``op_overhead_s`` (host cost of launching one op, forward or backward) and
 collective, which the cost model uses in place of the analytic formula for intra-node groups of
 that size. ``collective_algorithm`` picks the all-reduce model: "ring", "tree" or "auto" (the
 cheaper of the two for each message, as NCCL's tuner does).
+
+This module knows nothing of profiles: ``passes/cost/hardware_lookup.py``'s ``get_hardware`` turns a
+preset name, a JSON file of these fields, or a whole measured profile into a ``Hardware``.
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ import torch
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.mesh import Mesh
 
-__all__ = ["Hardware", "PRESETS", "get_hardware", "axis_link", "COLLECTIVE_KINDS", "ALGORITHMS"]
+__all__ = ["Hardware", "PRESETS", "read_hardware_json", "COLLECTIVE_KINDS", "ALGORITHMS"]
 
 GB = 1e9
 
@@ -145,26 +148,14 @@ class Hardware:
 
     @classmethod
     def from_json(cls, data: Union[dict, str, os.PathLike]) -> "Hardware":
-        """Build from a dict, a JSON text, or a path to a JSON file (same keys as the fields)."""
-        if isinstance(data, (str, os.PathLike)):
-            text = str(data)
-            if text.lstrip().startswith("{"):
-                data = json.loads(text)
-            else:
-                try:
-                    with open(text) as f:
-                        data = json.load(f)
-                except FileNotFoundError as e:
-                    raise AutoshardError(
-                        f"hardware profile {text!r} not found: pass a preset name {sorted(PRESETS)} or the "
-                        f"path of a JSON file with the fields {[f.name for f in dataclasses.fields(cls)]}") from e
-                except json.JSONDecodeError as e:
-                    raise AutoshardError(f"hardware profile {text!r} is not valid JSON: {e}") from e
-        if not isinstance(data, dict):
-            raise AutoshardError(f"a hardware profile is a JSON object, got {type(data).__name__}")
-        if "format" in data:  # a full measured profile: its "hardware" section is what the planner uses
-            from autoshard.passes.cost.profile_format import Profile
-            return Profile.from_json(data).hardware
+        """Build from a dict, a JSON text, or a path to a JSON file (same keys as the fields).
+
+        A full measured profile (a JSON object with a "format" key) is not a ``Hardware``: load it
+        with ``passes.cost.hardware_lookup.get_hardware``, which takes its "hardware" section."""
+        data = read_hardware_json(data)
+        if "format" in data:
+            raise AutoshardError("this JSON is a full measured profile, not Hardware fields: load it with "
+                                 "get_hardware(...) (passes.cost.hardware_lookup), which uses its 'hardware' section")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -179,6 +170,28 @@ class Hardware:
         values["collective_fits"] = tuple(tuple(e) if isinstance(e, list) else e
                                           for e in values.get("collective_fits", ()))
         return cls(**values)
+
+
+def read_hardware_json(data: Union[dict, str, os.PathLike]) -> dict:
+    """The JSON object a ``hardware=`` argument names: a dict as is, a JSON text parsed, or the path of
+    a JSON file read. ``AutoshardError`` names a missing file, invalid JSON, or a non-object."""
+    if isinstance(data, (str, os.PathLike)):
+        text = str(data)
+        if text.lstrip().startswith("{"):
+            data = json.loads(text)
+        else:
+            try:
+                with open(text) as f:
+                    data = json.load(f)
+            except FileNotFoundError as e:
+                raise AutoshardError(
+                    f"hardware profile {text!r} not found: pass a preset name {sorted(PRESETS)} or the "
+                    f"path of a JSON file with the fields {[f.name for f in dataclasses.fields(Hardware)]}") from e
+            except json.JSONDecodeError as e:
+                raise AutoshardError(f"hardware profile {text!r} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise AutoshardError(f"a hardware profile is a JSON object, got {type(data).__name__}")
+    return data
 
 
 #: Presets. SXM parts, DGX-style nodes of 8 GPUs. Sources: NVIDIA A100 datasheet (2021), H100
@@ -243,23 +256,3 @@ PRESETS: dict[str, Hardware] = {
         op_overhead_s=10e-6,           # estimate: ATen dispatch + autograd bookkeeping per op in eager PyTorch
     ),
 }
-
-
-def get_hardware(hardware: Union[str, dict, Hardware, os.PathLike]) -> Hardware:
-    """A preset name ("a100", "h100", "h200", "cpu"), a JSON path/dict (``Hardware`` fields, or a full
-    profile written by ``autoshard profile``), or a ``Hardware``."""
-    if isinstance(hardware, Hardware):
-        return hardware
-    if isinstance(hardware, str) and hardware.lower() in PRESETS:
-        return PRESETS[hardware.lower()]
-    if isinstance(hardware, str) and not (hardware.endswith(".json") or hardware.lstrip().startswith("{")
-                                          or os.path.exists(hardware)):
-        raise AutoshardError(
-            f"unknown hardware {hardware!r}: use one of the presets {sorted(PRESETS)} or the path of a JSON "
-            "profile (a file ending in .json)")
-    return Hardware.from_json(hardware)
-
-
-def axis_link(mesh: Mesh, axis: int, hardware: Union[str, Hardware] = "h100") -> tuple[float, float]:
-    """Module-level form of ``Hardware.axis_link``."""
-    return get_hardware(hardware).axis_link(mesh, axis)

@@ -19,10 +19,11 @@
 fits and reports the relative error. Every fit is ``t = latency_s + seconds_per_unit * x`` by least
 squares (``fit_latency_bandwidth``). ``hardware`` is derived from the fits by ``derive_hardware``
 when the profile is written and is what the planner prices plans with: ``plan(...,
-hardware="profile.json")`` loads it through ``passes.cost.hardware.get_hardware``.
+hardware="profile.json")`` loads it through ``passes.cost.hardware_lookup.get_hardware``.
 
->>> fit_latency_bandwidth([1e3, 1e4, 1e5], [2e-6 + 1e3 / 1e9, 2e-6 + 1e4 / 1e9, 2e-6 + 1e5 / 1e9])
-(2e-06, 1000000000.0)
+>>> latency, bandwidth = fit_latency_bandwidth([1e3, 1e4, 1e5], [2e-6 + 1e3 / 1e9, 2e-6 + 1e4 / 1e9, 2e-6 + 1e5 / 1e9])
+>>> round(latency, 12), round(bandwidth)
+(2e-06, 1000000000)
 
 Only JSON is read from disk, never pickle.
 """
@@ -46,7 +47,7 @@ __all__ = ["PROFILE_FORMAT", "PROFILE_VERSION", "Profile", "fit_latency_bandwidt
 PROFILE_FORMAT = "autoshard-profile"
 PROFILE_VERSION = 1
 
-#: latency steps per collective in the analytic model, as multiples of (n - 1) (see passes/cost/model.py)
+#: latency steps per collective in the analytic model, as multiples of (n - 1) (see passes/cost/collectives.py)
 STEP_FACTORS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0, "send_recv": None}
 _VOLUME = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
            "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n ** 2,

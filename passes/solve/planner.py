@@ -30,10 +30,13 @@ from dataclasses import dataclass
 from typing import Callable, Collection, Optional, Union
 
 from autoshard.passes.solve.clustering import OUTPUT, Clustering, cluster_edges, cluster_nodes, graph_edges, output_slot
-from autoshard.passes.cost.model import R_CODE, CostModel, GraphFacts, encode
+from autoshard.passes.cost.collectives import R_CODE
+from autoshard.passes.cost.facts import GraphFacts
+from autoshard.passes.cost.model import CostModel, encode
 from autoshard.passes.errors import InfeasiblePlanError
 from autoshard.passes.graph import CapturedGraph, operands
-from autoshard.passes.cost.hardware import Hardware, get_hardware
+from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.solve.ilp import SGEdge, SGNode, StrategyGraph, solve
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins

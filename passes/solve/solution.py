@@ -11,10 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from autoshard.passes.cost.model import Collective, CostModel, GraphFacts
+from autoshard.passes.cost.collectives import Collective
+from autoshard.passes.cost.facts import GraphFacts
+from autoshard.passes.cost.model import CostModel
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import CapturedGraph
-from autoshard.passes.cost.hardware import Hardware, get_hardware
+from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Placement, Replicate, Strategy, fmt, parse_placement
 

@@ -46,10 +46,12 @@ from dataclasses import dataclass, field, replace
 from typing import Optional, Union
 
 from autoshard.passes.solve.clustering import OUTPUT, block_instance, graph_edges, module_path
-from autoshard.passes.cost.model import CostModel, GraphFacts
+from autoshard.passes.cost.facts import GraphFacts
+from autoshard.passes.cost.model import CostModel
 from autoshard.passes.errors import InfeasiblePlanError
 from autoshard.passes.graph import CapturedGraph
-from autoshard.passes.cost.hardware import Hardware, get_hardware
+from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.solve.ilp import solve
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins, PinError

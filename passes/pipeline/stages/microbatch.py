@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterator
 
-from autoshard.passes.cost.model import GraphFacts
+from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.graph import CapturedGraph, operand_meta, operands, outputs
 from autoshard.passes.cost.hardware import Hardware

@@ -45,7 +45,8 @@ from typing import Optional, Sequence, Union
 
 from autoshard.passes.errors import AutoshardError, InfeasiblePlanError
 from autoshard.passes.graph import CapturedGraph
-from autoshard.passes.cost.hardware import Hardware, get_hardware
+from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import Solution

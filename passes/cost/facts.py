@@ -1,0 +1,188 @@
+"""Facts about a captured program that pricing needs: node kinds, gradients, and each op's work.
+
+``GraphFacts(captured, hardware)`` classifies every node once ("param", "buffer", "input" or "op"),
+finds which values carry a gradient, and prices each op on ONE device holding everything; the
+cost model (``passes/cost/model.py``) divides that work by how a strategy shards it.
+
+Work: matmul-like ops (mm, addmm, bmm, baddbmm, matmul, linear, einsum, scaled-dot-product
+attention, convolution) cost FLOPs / peak FLOP/s for their dtype, with backward = forward per
+differentiable matrix operand (2x when both need a gradient); every other op is memory-bound,
+(bytes read + written) / memory bandwidth, with backward = 1x forward; views (and ``to`` casts to
+the dtype a tensor already has) cost nothing.
+
+Launch overhead: every op dispatch costs ``hardware.op_overhead_s`` on every rank, NOT divided by
+sharding (a launch costs the same for a shard): each op (views included, ``getitem`` excluded) once
+forward and once per backward op (a matmul with two operand gradients runs two), and each parameter
+once (autograd accumulating its gradient). ``launches(name)`` counts them; the cost model adds the
+launches of collectives and gradient buckets.
+
+>>> import operator, torch
+>>> op_name(torch.ops.aten.linear.default), op_name(operator.getitem)
+('linear', 'getitem')
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Optional
+
+import torch.fx as fx
+
+from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.graph import operand_meta, operands, outputs
+from autoshard.passes.spec import TensorMeta
+
+__all__ = ["GraphFacts", "op_name"]
+
+_VIEWS = {"view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t", "permute", "expand",
+          "expand_as", "squeeze", "unsqueeze", "slice", "select", "split", "split_with_sizes", "unbind",
+          "chunk", "narrow", "alias", "detach", "as_strided", "view_as", "flatten", "unflatten",
+          "diagonal", "movedim", "getitem", "lift_fresh", "view_as_real", "view_as_complex",
+          "_assert_tensor_metadata", "sym_size", "sym_numel"}
+_NO_GRAD = {"detach", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
+            "argmax", "argmin", "arange", "zeros", "ones", "empty", "full", "scalar_tensor",
+            "_assert_tensor_metadata", "lift_fresh_copy"}
+_FREE_CALLS = {"getitem", "sym_size", "sym_numel", "_assert_tensor_metadata"}  # no ATen dispatch
+_MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "einsum", "convolution", "conv1d",
+           "conv2d", "conv3d", "_convolution"}
+
+
+def op_name(target) -> str:
+    """``aten.linear.default`` -> ``linear``; ``operator.getitem`` -> ``getitem``."""
+    packet = getattr(target, "overloadpacket", None)
+    if packet is not None:
+        return packet.__name__
+    return getattr(target, "__name__", str(target))
+
+
+def _floating(meta) -> bool:
+    return isinstance(meta, TensorMeta) and meta.dtype.is_floating_point
+
+
+class GraphFacts:
+    """Per-node facts the cost model needs: kinds, which values need a gradient, global op cost.
+
+    ``kind[name]``: "param", "buffer", "input" (user inputs, the target, other placeholders) or "op".
+    ``requires_grad``: parameters, and every floating output computed from one (except ops that
+    cut the graph: detach, *_like constructors, ...). ``compute(name)``: (forward seconds, backward
+    seconds) of the op on one device holding everything.
+    """
+
+    def __init__(self, captured, hardware: Hardware):
+        gm = captured.gm
+        self.hardware = hardware
+        self.nodes: dict[str, fx.Node] = {n.name: n for n in gm.graph.nodes}
+        self.kind: dict[str, str] = {}
+        self.requires_grad: set[str] = set(captured.params)
+        self.views: set[str] = set()
+        self._compute: dict[str, tuple[float, float]] = {}
+        self._launches: dict[str, int] = {}
+        self._param_bytes: Optional[float] = None
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                self.kind[node.name] = ("param" if node.name in captured.params else
+                                        "buffer" if node.name in captured.buffers else "input")
+                if self.kind[node.name] == "param":
+                    self._launches[node.name] = 1  # autograd's AccumulateGrad into .grad
+                continue
+            if node.op != "call_function":
+                continue
+            self.kind[node.name] = "op"
+            name = op_name(node.target)
+            if name in _VIEWS or (name == "to" and self._same_as_operand(node)):
+                self.views.add(node.name)  # ``x.to(x.dtype)`` returns x itself
+            ins = [a for a in node.all_input_nodes if a.name in self.requires_grad]
+            metas = outputs(node)
+            if ins and name not in _NO_GRAD and any(_floating(m) for m in metas):
+                self.requires_grad.add(node.name)
+            self._compute[node.name] = self._op_seconds(node, name)
+
+    @staticmethod
+    def _same_as_operand(node: fx.Node) -> bool:
+        ops = operands(node)
+        return len(ops) == 1 and outputs(node) == [operand_meta(ops[0])]
+
+    def _op_seconds(self, node: fx.Node, name: str) -> tuple[float, float]:
+        if node.name in self.views:
+            if name not in _FREE_CALLS:  # a view is free on the device but still one dispatch
+                self._launches[node.name] = 1 + (1 if node.name in self.requires_grad else 0)
+            return 0.0, 0.0
+        ops = operands(node)
+        in_metas = [operand_meta(o) for o in ops]
+        out_metas = [m for m in outputs(node) if m is not None]
+        grad_out = node.name in self.requires_grad
+        flops = _matmul_flops(node, name, in_metas, out_metas)
+        if flops is not None and out_metas:
+            fwd = flops / self.hardware.peak_flops(out_metas[0].dtype)
+            if "scaled_dot_product" in name:
+                factor = 2.0 if grad_out else 0.0
+                self._launches[node.name] = 1 + (1 if grad_out else 0)
+            else:
+                main = ops[1:3] if name in ("addmm", "baddbmm") else ops[:2]
+                factor = float(sum(1 for o in main if o.node.name in self.requires_grad))
+                bias = ops[0] if name in ("addmm", "baddbmm") else (ops[2] if len(ops) > 2 else None)
+                bias_grad = bias is not None and bias.node.name in self.requires_grad  # a sum reduces its gradient
+                self._launches[node.name] = 1 + int(factor) + int(bias_grad)
+            return fwd, fwd * factor
+        moved = sum(m.nbytes for m in in_metas) + sum(m.nbytes for m in out_metas)
+        fwd = moved / self.hardware.memory_bandwidth
+        self._launches[node.name] = 1 + (1 if grad_out else 0)
+        return fwd, (fwd if grad_out else 0.0)
+
+    def compute(self, name: str) -> tuple[float, float]:
+        """(forward, backward) seconds of the op's work on one device, launch overhead excluded."""
+        return self._compute.get(name, (0.0, 0.0))
+
+    def launches(self, name: str) -> int:
+        """Op dispatches the node costs per step: 1 forward + 1 per backward op (0 for getitem)."""
+        return self._launches.get(name, 0)
+
+    def overhead(self, name: str) -> float:
+        """Launch overhead of the op on every rank: ``launches(name) * op_overhead_s``."""
+        return self._launches.get(name, 0) * self.hardware.op_overhead_s
+
+    @property
+    def param_bytes(self) -> float:
+        """Bytes of all parameters (each tied tensor once)."""
+        if self._param_bytes is None:
+            self._param_bytes = float(sum(m.nbytes for n, k in self.kind.items() if k == "param"
+                                          for m in self.tensor_outputs(n)))
+        return self._param_bytes
+
+    def tensor_outputs(self, name: str) -> list[TensorMeta]:
+        return [m for m in outputs(self.nodes[name]) if m is not None]
+
+    def value_needs_grad(self, producer: str, slot: int) -> bool:
+        """Does output ``slot`` (among tensor outputs) of ``producer`` carry a gradient?"""
+        if producer not in self.requires_grad:
+            return False
+        metas = self.tensor_outputs(producer)
+        return slot < len(metas) and _floating(metas[slot])
+
+
+def _matmul_flops(node: fx.Node, name: str, ins: list, outs: list) -> Optional[float]:
+    if not outs:
+        return None
+    out = outs[0]
+    if "scaled_dot_product" in name and len(ins) >= 3:
+        q, k, v = ins[:3]
+        batch = math.prod(q.shape[:-2])
+        L, E, S, Ev = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
+        return 2.0 * batch * L * S * (E + Ev)
+    if name not in _MATMUL:
+        return None
+    if name == "einsum":
+        eq = node.args[0] if isinstance(node.args[0], str) else None
+        if eq is None:
+            return None
+        sizes: dict[str, int] = {}
+        for term, meta in zip(eq.split("->")[0].split(","), ins):
+            letters = re.sub(r"[^a-zA-Z]", "", term)
+            for ch, s in zip(letters, meta.shape[-len(letters):] if letters else ()):
+                sizes[ch] = s
+        return 2.0 * math.prod(sizes.values())
+    if name.startswith("conv") or name == "_convolution":
+        weight = ins[1]
+        return 2.0 * out.numel * math.prod(weight.shape[1:])
+    a = ins[1] if name in ("addmm", "baddbmm") else ins[0]
+    return 2.0 * out.numel * (a.shape[-1] if a.shape else 1)
