@@ -4,25 +4,43 @@
 >>> print(plan.summary())
 >>> cm = autoshard.compile(model, (2, 2), example_inputs=(x,), loss_fn=F.mse_loss, example_target=y)
 >>> loss = cm.step(x, target=y); opt.step()
+
+``plan_captured`` plans a program that is already captured (benchmarks and tests capture once and
+plan many times). ``compile`` plans on rank 0 only and sends the plan to every rank as JSON
+(``runtime.groups.run_and_broadcast``): when planning fails there, every rank raises the same error.
 """
 from __future__ import annotations
 
+import fnmatch
 import time
 from typing import Any, Optional, Union
 
 import torch
 
+from autoshard.compiled import CompiledModel, PipelinedModel
 from autoshard.passes.capture.export import capture
+from autoshard.passes.errors import BatchError, PlanFormatError
+from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.mesh import Mesh
+from autoshard.passes.pipeline.schedule.generators import generate
+from autoshard.passes.pipeline.stages.planner import plan_pipeline
+from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.planner import plan_sharding, random_solution
 from autoshard.passes.solve.solution import Solution
 from autoshard.plans import Plan, graph_fingerprint
+from autoshard.runtime.groups import MeshEnv, run_and_broadcast, setup_distributed
+from autoshard.runtime.pipeline.executor import PipelineProgram
+from autoshard.runtime.pipeline.split import replan_at_microbatch, stage_nodes_from_prefixes
+
+__all__ = ["plan", "compile", "plan_captured", "resolve_hardware", "hardware_label", "planner_stage_starts",
+           "PIN_KEYWORDS"]
 
 PIN_KEYWORDS = ("params", "inputs", "ops", "strategies")
 
 
 def _pins(pins: dict) -> Optional[Pins]:
+    """The pin keywords of ``plan``/``compile`` as ``Pins`` (None when none is given); TypeError on others."""
     unknown = sorted(set(pins) - set(PIN_KEYWORDS))
     if unknown:
         raise TypeError(f"unknown keyword(s) {unknown}; pins are {list(PIN_KEYWORDS)}")
@@ -48,10 +66,15 @@ def hardware_label(hardware) -> str:
     return hardware if isinstance(hardware, str) else str(getattr(hardware, "name", "custom"))
 
 
-def _plan_captured(captured, mesh: Mesh, *, hardware, memory_limit, optimizer, random_seed,
-                   time_limit_s, pins: dict) -> Plan:
+def plan_captured(captured: CapturedGraph, mesh: Any, *, hardware: Any = "auto", memory_limit: Optional[int] = None,
+                  optimizer: str = "adamw", random_seed: Optional[int] = None, time_limit_s: float = 30.0,
+                  pins: Optional[dict] = None) -> Plan:
+    """``plan`` for a program already captured (``passes.capture.export.capture``): capture once, plan
+    it for many meshes or pins. Same options as ``plan``, with the pins as one dict
+    (``pins={"params": {...}}``); the returned ``Plan`` carries ``captured``."""
+    mesh = Mesh.of(mesh)
     hw = resolve_hardware(hardware)
-    pin_obj = _pins(pins)
+    pin_obj = _pins(pins or {})
     if random_seed is not None:
         solution: Solution = random_solution(captured, mesh, seed=random_seed, pins=pin_obj)
     else:
@@ -76,8 +99,8 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
     """
     mesh = Mesh.of(mesh)
     captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
-    return _plan_captured(captured, mesh, hardware=hardware, memory_limit=memory_limit, optimizer=optimizer,
-                          random_seed=random_seed, time_limit_s=time_limit_s, pins=pins)
+    return plan_captured(captured, mesh, hardware=hardware, memory_limit=memory_limit, optimizer=optimizer,
+                         random_seed=random_seed, time_limit_s=time_limit_s, pins=pins)
 
 
 def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, example_target=None,
@@ -99,13 +122,10 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     (dp, tp) submesh, the microbatch count and the schedule; ``pp=N`` (N > 1) pins the number of
     groups and leaves the rest to it; ``schedule`` ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1",
     "zbv", "dualpipev"), ``microbatches`` and ``stages`` (module-name prefixes, node names or layer-unit
-    indices where stages 1.. start) pin those decisions (``compiled.compile_pipeline``). The result is a
+    indices where stages 1.. start) pin those decisions (``_compile_pipeline``). The result is a
     ``PipelinedModel``, or a ``CompiledModel`` when the planner finds no pipeline faster (pp = 1).
     ``pp=None`` (default) or ``pp=1``: no pipeline, the plan above.
     """
-    from autoshard.compiled import CompiledModel
-    from autoshard.runtime.groups import broadcast_json, setup_distributed
-
     pipelined = _pipeline_degree(pp)
     if not pipelined and any(v is not None for v in (schedule, microbatches, stages)):
         raise TypeError("schedule=, microbatches= and stages= configure pipeline parallelism: pass pp='auto' "
@@ -120,25 +140,19 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     mesh = Mesh.of(mesh)
     env = setup_distributed(mesh)
     if pipelined:
-        from autoshard.compiled import compile_pipeline
-        return compile_pipeline(model, mesh, env, example_inputs=example_inputs, loss_fn=loss_fn,
-                                example_target=example_target, pp=pp, schedule=schedule, microbatches=microbatches,
-                                stages=stages, state_dict=state_dict, hardware=resolve_hardware(hardware),
-                                memory_limit=memory_limit, optimizer=optimizer, time_limit_s=time_limit_s,
-                                pins=pins)
+        return _compile_pipeline(model, mesh, env, example_inputs=example_inputs, loss_fn=loss_fn,
+                                 example_target=example_target, pp=pp, schedule=schedule, microbatches=microbatches,
+                                 stages=stages, state_dict=state_dict, hardware=resolve_hardware(hardware),
+                                 memory_limit=memory_limit, optimizer=optimizer, time_limit_s=time_limit_s,
+                                 pins=pins)
     t0 = time.perf_counter()
     captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
     if plan is not None:
         chosen = plan.attach(captured, mesh)
-        payload = None
     else:
-        payload = None
-        if env.rank == 0:
-            chosen = _plan_captured(captured, mesh, hardware=hardware, memory_limit=memory_limit,
-                                    optimizer=optimizer, random_seed=random_seed, time_limit_s=time_limit_s,
-                                    pins=pins)
-            payload = chosen.to_json()
-        payload = broadcast_json(payload, src=0, env=env)
+        payload = run_and_broadcast(lambda: plan_captured(
+            captured, mesh, hardware=hardware, memory_limit=memory_limit, optimizer=optimizer,
+            random_seed=random_seed, time_limit_s=time_limit_s, pins=pins).to_json(), env=env)
         chosen = Plan.from_json(payload).attach(captured, mesh)
     return CompiledModel(model, chosen, env, state_dict=state_dict, compile_seconds=time.perf_counter() - t0)
 
@@ -154,3 +168,95 @@ def _pipeline_degree(pp) -> bool:
     if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
         raise ValueError(f"pp={pp!r}: pass pp='auto' (the planner chooses), an int >= 1, or None (no pipeline)")
     return pp > 1
+
+
+# ---- pipeline parallelism ----------------------------------------------------------------------
+
+def _compile_pipeline(model: torch.nn.Module, mesh: Mesh, env: MeshEnv, *, example_inputs, loss_fn, example_target,
+                      pp, schedule, microbatches, stages, state_dict, hardware, memory_limit, optimizer,
+                      time_limit_s, pins: dict):
+    """Plan and build a pipeline on every rank with the automatic stage planner.
+
+    Rank 0 traces the program at the global batch and runs ``passes.pipeline.stages.planner.plan_pipeline``,
+    which chooses pp (unless ``pp`` is an int), the stage cut, each rank group's (dp, tp) submesh, the
+    microbatch count and the schedule, honouring whichever of ``pp``/``schedule``/``microbatches``/
+    ``stages`` is pinned. If it chooses pp = 1, the result is an ordinary ``CompiledModel`` with its plan
+    (re-solved with the user's pins if any). Otherwise every rank traces the program at microbatch
+    shapes, rank 0 re-solves each stage's intra-op plan there on the planner's submesh
+    (``split.replan_at_microbatch``; parameter pins matching the stage apply), and the runtime plan
+    travels as JSON. Stages the planner recomputes run their forward without autograd and again before
+    their backward (``runtime.pipeline.stage``). Returns a ``PipelinedModel`` or a ``CompiledModel``."""
+    t0 = time.perf_counter()
+    if isinstance(example_inputs, dict) or not isinstance(example_inputs, (tuple, list)):
+        raise BatchError("pipeline parallelism takes example_inputs as a tuple of tensors (cut along dim 0)")
+    full = None
+
+    def trace_full():
+        nonlocal full
+        if full is None:
+            full = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
+        return full
+
+    def choose() -> dict:
+        captured = trace_full()
+        chosen = plan_pipeline(captured, mesh, hardware=hardware, memory_limit=memory_limit, optimizer=optimizer,
+                               pp=None if pp == "auto" else pp, schedule=schedule, microbatches=microbatches,
+                               stages=planner_stage_starts(captured, stages), time_limit_s=time_limit_s)
+        out = {"planner": chosen.to_json()}
+        if chosen.pp == 1:
+            solution = chosen.stages[0].solution
+            if pins.get("params"):
+                solution = plan_sharding(captured, mesh, hardware=hardware, memory_limit=memory_limit,
+                                         optimizer=optimizer, time_limit_s=time_limit_s,
+                                         pins=Pins(params=pins["params"]))
+            out["plan"] = Plan(solution, mesh, hardware_label(hardware), graph_fingerprint(captured),
+                               captured).to_json()
+        return out
+
+    chosen = run_and_broadcast(choose, env=env)
+    planner_plan = PipelinePlan.from_json(chosen["planner"])
+    if planner_plan.pp == 1:
+        plan = Plan.from_json(chosen["plan"]).attach(trace_full(), mesh)
+        return CompiledModel(model, plan, env, state_dict=state_dict, compile_seconds=time.perf_counter() - t0,
+                             planner_plan=planner_plan)
+    m = planner_plan.microbatches
+    batch = int(example_inputs[0].shape[0])
+    small = capture(model, tuple(x[:batch // m] for x in example_inputs), loss_fn=loss_fn,
+                    target=None if example_target is None else example_target[:batch // m])
+
+    def solve(graph, submesh):
+        p = _stage_pins(pins, graph.captured)
+        return plan_sharding(graph.captured, submesh, hardware=hardware, memory_limit=memory_limit,
+                             optimizer=optimizer, time_limit_s=time_limit_s, pins=Pins(**p) if p else None)
+
+    plan = PipelinePlan.from_json(run_and_broadcast(
+        lambda: replan_at_microbatch(planner_plan, trace_full(), small, solve=solve).to_json(), env=env))
+    program = PipelineProgram(small, plan, generate(plan.schedule, plan.pp, m, plan.virtual), model=model,
+                              state_dict=state_dict)
+    return PipelinedModel(plan, program, compile_seconds=time.perf_counter() - t0, planner_plan=planner_plan)
+
+
+def _stage_pins(pins: dict, stage_captured: CapturedGraph) -> dict:
+    """The user's parameter pins that concern this stage (patterns matching one of its parameters)."""
+    names = set(stage_captured.params.values()) | set(stage_captured.aliases)
+    params = {k: v for k, v in (pins.get("params") or {}).items() if any(fnmatch.fnmatchcase(n, k) for n in names)}
+    return {"params": params} if params else {}
+
+
+def planner_stage_starts(captured: CapturedGraph, stages) -> Optional[list]:
+    """``compile``'s ``stages=`` as the stage planner takes them: unit indices and node names pass;
+    module-name prefixes become the name of the first op they make. None stays None."""
+    if stages is None:
+        return None
+    names = {n.name for n in captured.gm.graph.nodes if n.op == "call_function"}
+    out = []
+    for s in stages:
+        if isinstance(s, int) or s in names:
+            out.append(s)
+        else:
+            cut = stage_nodes_from_prefixes(captured, [str(s)])
+            if len(cut) < 2:
+                raise PlanFormatError(f"stage boundary {s!r} starts at the program's first op: stage 0 needs ops "
+                                      "of its own; name where stages 1.. start")
+            out.append(cut[1][0])
+    return out

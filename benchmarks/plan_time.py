@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import autoshard
-from autoshard.api import _plan_captured
+from autoshard.api import plan_captured
 from autoshard.passes.capture.export import capture
 from autoshard.passes.mesh import Mesh
 
@@ -49,8 +49,7 @@ def main() -> None:
 
     captured = capture(model, (ids,), loss_fn=loss_fn, target=ids)
     t2 = time.perf_counter()
-    plan = _plan_captured(captured, mesh, hardware="h100", memory_limit=None, optimizer="adamw",
-                          random_seed=None, time_limit_s=60, pins={})
+    plan = plan_captured(captured, mesh, hardware="h100", time_limit_s=60)
     t3 = time.perf_counter()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"Llama-3-8B shape: {args.layers} layers, {n_params / 1e9:.2f} B params, seq {args.seq}, "

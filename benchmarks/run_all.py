@@ -89,7 +89,7 @@ def sweep(models, sizes, max_layers: int, seq: int) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    from autoshard.api import _plan_captured
+    from autoshard.api import plan_captured
     from autoshard.passes.capture.export import capture
     from autoshard.passes.errors import InfeasiblePlanError
     from autoshard.passes.mesh import Mesh
@@ -109,8 +109,7 @@ def sweep(models, sizes, max_layers: int, seq: int) -> list[dict]:
             trace_s = time.perf_counter() - t0
             t1 = time.perf_counter()
             try:
-                plan = _plan_captured(captured, Mesh(MESHES[n]), hardware="h100", memory_limit=None,
-                                      optimizer="adamw", random_seed=None, time_limit_s=60, pins={})
+                plan = plan_captured(captured, Mesh(MESHES[n]), hardware="h100", time_limit_s=60)
                 status, est = plan.solution.solver_stats.get("status"), plan.solution.estimated_step_time
             except InfeasiblePlanError:
                 status, est = "INFEASIBLE (80 GB)", float("nan")

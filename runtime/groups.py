@@ -6,7 +6,9 @@ this rank's coordinate, its device, and an ``AxisComm`` per axis (built with
 environment: CUDA available (and NCCL built) -> ``cuda:LOCAL_RANK`` with NCCL, else CPU with gloo.
 
 ``broadcast_json`` ships a JSON-able object from one rank to all as a uint8 tensor (length first),
-so a plan solved on rank 0 reaches every rank without pickle.
+so a plan solved on rank 0 reaches every rank without pickle. ``run_and_broadcast`` runs the work
+that makes such an object on one rank and broadcasts its result or its error: when planning fails
+on rank 0, every rank raises (no rank waits in the broadcast for a plan that will never come).
 
 >>> g = MeshEnv.offline(Mesh.of((2, 2)), rank=3)   # no processes: inspect rank 3's view
 >>> g.coordinate, g.comm(1)
@@ -14,20 +16,21 @@ so a plan solved on rank 0 reaches every rank without pickle.
 """
 from __future__ import annotations
 
+import builtins
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
-from autoshard.passes.errors import MeshError
+from autoshard.passes.errors import AutoshardError, MeshError
 from autoshard.passes.mesh import Mesh
 
 from .collectives import AxisComm
 
-__all__ = ["MeshEnv", "choose_device_backend", "setup_distributed", "broadcast_json"]
+__all__ = ["MeshEnv", "choose_device_backend", "setup_distributed", "broadcast_json", "run_and_broadcast"]
 
 
 def choose_device_backend(local_rank: Optional[int] = None) -> tuple[torch.device, str]:
@@ -181,3 +184,50 @@ def broadcast_json(obj: Any = None, src: int = 0, *, env: Optional[MeshEnv] = No
         data = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
     dist.broadcast(data, src=src, group=group)
     return obj if is_src else json.loads(data.cpu().numpy().tobytes().decode("utf-8"))
+
+
+def run_and_broadcast(work: Callable[[], Any], src: int = 0, *, env: Optional[MeshEnv] = None,
+                      group: Any = None) -> Any:
+    """Run ``work()`` on rank ``src`` only and return its JSON-able result on every rank.
+
+    If ``work`` raises on ``src``, that rank re-raises the exception and every other rank raises one of
+    the same class with the same message: an ``AutoshardError`` subclass this process has loaded or
+    a built-in exception; anything else becomes ``RuntimeError`` naming the original class. Alone (no
+    torch.distributed), it is ``work()``. Same transport as ``broadcast_json`` (``env``, ``group``).
+    """
+    payload, failure = None, None
+    if not dist.is_available() or not dist.is_initialized() or dist.get_rank() == src:
+        try:
+            payload = {"ok": work()}
+        except Exception as e:  # noqa: BLE001 - every rank must hear of it
+            failure = e
+            payload = {"error": _qualified_name(type(e)), "message": str(e)}
+    payload = broadcast_json(payload, src=src, env=env, group=group)
+    if failure is not None:
+        raise failure
+    if "error" in payload:
+        raise _rebuilt_error(payload["error"], payload["message"], src)
+    return payload["ok"]
+
+
+def _qualified_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _rebuilt_error(name: str, message: str, src: int) -> Exception:
+    """The exception rank ``src`` raised, as this rank can build it (see ``run_and_broadcast``)."""
+    known, pending = {}, [AutoshardError]
+    while pending:
+        cls = pending.pop()
+        known[_qualified_name(cls)] = cls
+        pending.extend(cls.__subclasses__())
+    module, _, short = name.rpartition(".")
+    cls = known.get(name)
+    if cls is None and module == "builtins":
+        cls = getattr(builtins, short, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(message)
+        except TypeError:  # a built-in exception that needs more than a message
+            pass
+    return RuntimeError(f"rank {src} failed: {name}: {message}")

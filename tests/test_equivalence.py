@@ -98,7 +98,7 @@ def _compare_grads(case: str, cm, ref, env) -> list:
 
 def equivalence_worker(rank: int, world: int, model_name: str, meshes, only=None) -> list:
     """Run every (mesh, layout) case for one model; return a list of failure descriptions."""
-    from autoshard.api import _plan_captured
+    from autoshard.api import plan_captured
     from autoshard.compiled import CompiledModel
     from autoshard.passes.capture.export import capture
     from autoshard.passes.mesh import Mesh
@@ -120,8 +120,7 @@ def equivalence_worker(rank: int, world: int, model_name: str, meshes, only=None
             case = f"{model_name} mesh={mesh_shape} layout={name}"
             payload = None
             if rank == 0:
-                plan = _plan_captured(captured, mesh, hardware="cpu", memory_limit=None, optimizer="adamw",
-                                      random_seed=seed, time_limit_s=20, pins=pins)
+                plan = plan_captured(captured, mesh, hardware="cpu", random_seed=seed, time_limit_s=20, pins=pins)
                 payload = plan.to_json()
             plan = Plan.from_json(broadcast_json(payload, src=0, env=env)).attach(captured, mesh)
             cm = CompiledModel(model, plan, env)

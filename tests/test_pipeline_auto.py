@@ -58,7 +58,7 @@ def build(model_name: str):
 
 def expected_plans(cases: list) -> list:
     """Each case's plan_pipeline answer, computed in this process (compile runs it on rank 0)."""
-    from autoshard.compiled import _planner_stages
+    from autoshard.api import planner_stage_starts
     from autoshard.passes.capture.export import capture
     from autoshard.passes.pipeline.stages.planner import plan_pipeline
     out, traced = [], {}
@@ -69,7 +69,7 @@ def expected_plans(cases: list) -> list:
         captured = traced[case["model"]]
         kw = {k: v for k, v in case["kw"].items() if k in ("schedule", "microbatches", "memory_limit")}
         pp = case["kw"].get("pp")
-        starts = _planner_stages(captured, case["kw"].get("stages"))
+        starts = planner_stage_starts(captured, case["kw"].get("stages"))
         plan = plan_pipeline(captured, case["mesh"], hardware=case["hardware"], pp=None if pp == "auto" else pp,
                              stages=starts, time_limit_s=30, **kw)
         if starts is not None:
