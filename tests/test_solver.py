@@ -14,7 +14,8 @@ import torch
 
 from autoshard.passes.errors import InfeasiblePlanError
 from autoshard.passes.cost.hardware import PRESETS
-from autoshard.passes.solve.ilp import SGEdge, SGNode, StrategyGraph, merge_followers, solve
+from autoshard.passes.solve.ilp import solve
+from autoshard.passes.solve.strategy_graph import SGEdge, SGNode, StrategyGraph, merge_followers
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import PinError, Pins
 from autoshard.passes.solve.planner import plan_sharding, random_solution

@@ -13,5 +13,5 @@ problems with ``passes.solve.ilp`` and shares only the problem format (``problem
 - ``regions`` / ``neighbourhood_search``: neighbourhoods re-solved exactly with CP-SAT.
 - ``solver``: ``solve_problem``, which runs the phases under a deadline.
 
-May import: numpy, ortools, ``passes.errors`` and ``passes.solve.ilp`` (for the format conversion).
+May import: numpy, ortools, ``passes.errors`` and ``passes.solve.strategy_graph`` (for the format conversion).
 """

@@ -1,5 +1,5 @@
 """The public IOPDDL strategy-graph format (ASPLOS/EuroSys 2025 contest, google/iopddl): reader,
-writer, verifier, and conversion to and from the ``StrategyGraph`` of ``passes/solve/ilp.py``.
+writer, verifier, and conversion to and from the ``StrategyGraph`` of ``passes/solve/strategy_graph.py``.
 
 A problem has nodes ``i`` with strategies ``s``: ``costs[i][s]``, ``usages[i][s]`` (memory held
 during the half-open interval ``intervals[i] = [lo, hi)``); edges ``(u, v)`` with a row-major
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
 from autoshard.passes.errors import AutoshardError
+from autoshard.passes.solve.strategy_graph import SGEdge, SGNode, StrategyGraph
 
 __all__ = ["Problem", "Verdict", "IOPDDLFormatError", "read_problem", "parse_problem", "write_problem",
            "verify", "to_strategy_graph", "from_strategy_graph", "FORBIDDEN"]
@@ -159,11 +160,10 @@ def verify(problem: Problem, choice: list[int]) -> Verdict:
     return Verdict(cost, peak, ok)
 
 
-def to_strategy_graph(problem: Problem):
+def to_strategy_graph(problem: Problem) -> StrategyGraph:
     """A ``StrategyGraph`` with the same costs (one class per strategy). Its memory constraint is a
     single total, so every node's usage counts as always alive: exact when all intervals share a time
     point, otherwise conservative (whatever fits the graph fits the problem)."""
-    from autoshard.passes.solve.ilp import SGEdge, SGNode, StrategyGraph
     nodes = [SGNode(f"n{i}", [float(c) for c in problem.costs[i]],
                     [float(u) if problem.intervals[i][0] < problem.intervals[i][1] else 0.0
                      for u in problem.usages[i]]) for i in range(problem.num_nodes)]
@@ -177,7 +177,7 @@ def to_strategy_graph(problem: Problem):
     return StrategyGraph(nodes, edges, limit)
 
 
-def from_strategy_graph(graph, *, cost_unit: float = 1e-9, memory_unit: float = 1.0) -> Problem:
+def from_strategy_graph(graph: StrategyGraph, *, cost_unit: float = 1e-9, memory_unit: float = 1.0) -> Problem:
     """The problem a ``StrategyGraph`` poses, in integer units (``cost_unit`` seconds, ``memory_unit``
     bytes): multiplicities multiplied in, class-indexed edge tables expanded to full matrices, every
     node alive at time 0 (the graph's memory is one total). Edge memory has no place in the format

@@ -1,6 +1,6 @@
 """The strategy-selection ILP, solved with OR-tools CP-SAT. Knows nothing about torch.
 
-Input: a ``StrategyGraph``: nodes ``i`` with strategies ``s``, each with a cost ``C[i,s]`` (seconds)
+Input: a ``StrategyGraph`` (``passes/solve/strategy_graph.py``): nodes ``i`` with strategies ``s``, each with a cost ``C[i,s]`` (seconds)
 and a memory ``M[i,s]`` (bytes); edges ``(u, v)`` whose cost depends on the producer's output
 placement class ``p = cls_u(s_u)`` and the consumer's operand placement class ``q = cls_v(s_v)``:
 ``c_e[p,q]`` seconds and ``w_e[p,q]`` bytes; multiplicities ``m_i``, ``m_e`` (how many identical
@@ -22,6 +22,7 @@ an edge from a node to itself (a cluster feeding its own next instance) a functi
 strategy; both are folded into C and M without edge variables. CP-SAT needs integer coefficients:
 costs are scaled so the largest possible total is about 1e9 units, bytes by ``L / 1e9``.
 
+>>> from autoshard.passes.solve.strategy_graph import SGEdge, SGNode, StrategyGraph
 >>> g = StrategyGraph([SGNode("a", [1.0, 0.5], [0, 0]), SGNode("b", [1.0, 0.5], [0, 0])],
 ...                   [SGEdge(0, 1, [0, 1], [0, 1], [[0.0, 3.0], [3.0, 0.0]])])
 >>> solve(g).choice
@@ -36,54 +37,11 @@ from typing import Callable, Optional
 
 from ortools.sat.python import cp_model
 
-__all__ = ["SGNode", "SGEdge", "StrategyGraph", "ILPResult", "ShardingILP", "solve", "greedy", "merge_followers"]
+from autoshard.passes.solve.strategy_graph import SGEdge, StrategyGraph, greedy, merge_followers
+
+__all__ = ["ILPResult", "ShardingILP", "solve"]
 
 _SCALE_TARGET = 1e9
-
-
-@dataclass
-class SGNode:
-    """One decision: per-strategy cost (s) and memory (bytes); ``allowed`` = pinned strategy indices."""
-    name: str
-    cost: list[float]
-    memory: list[float]
-    multiplicity: int = 1
-    allowed: Optional[list[int]] = None
-
-    def choices(self) -> list[int]:
-        return list(range(len(self.cost))) if self.allowed is None else list(self.allowed)
-
-
-@dataclass
-class SGEdge:
-    """Edge u -> v: ``u_class[s]`` / ``v_class[s]`` map strategies to placement classes; ``cost[p][q]``
-    (s) and ``memory[p][q]`` (bytes) price producer class p meeting consumer class q."""
-    u: int
-    v: int
-    u_class: list[int]
-    v_class: list[int]
-    cost: list[list[float]]
-    memory: Optional[list[list[float]]] = None
-    multiplicity: int = 1
-    follow: Optional[list[int]] = None  # producer class p -> consumer class with the same placement, or -1
-
-
-@dataclass
-class StrategyGraph:
-    nodes: list[SGNode]
-    edges: list[SGEdge]
-    memory_limit: Optional[float] = None
-
-    def evaluate(self, choice: list[int]) -> tuple[float, float]:
-        """Exact (cost, memory) of one strategy index per node."""
-        cost = sum(n.multiplicity * n.cost[c] for n, c in zip(self.nodes, choice))
-        mem = sum(n.multiplicity * n.memory[c] for n, c in zip(self.nodes, choice))
-        for e in self.edges:
-            p, q = e.u_class[choice[e.u]], e.v_class[choice[e.v]]
-            cost += e.multiplicity * e.cost[p][q]
-            if e.memory is not None:
-                mem += e.multiplicity * e.memory[p][q]
-        return cost, mem
 
 
 @dataclass
@@ -294,29 +252,6 @@ class ShardingILP:
                          {"objective": solver.objective_value, "bound": solver.best_objective_bound})
 
 
-def greedy(graph: StrategyGraph, what: str = "cost") -> list[int]:
-    """A quick assignment in node order: each node takes the allowed strategy cheapest given the
-    already-decided producers ("cost"), or the smallest node memory ("memory")."""
-    incoming: dict[int, list[SGEdge]] = {}
-    for e in graph.edges:
-        if e.u != e.v:
-            incoming.setdefault(e.v, []).append(e)
-    choice: list[int] = [n.choices()[0] for n in graph.nodes]
-    decided = [False] * len(graph.nodes)
-    for i, n in enumerate(graph.nodes):
-        def score(s):
-            if what == "memory":
-                return n.multiplicity * n.memory[s], n.multiplicity * n.cost[s]
-            c = n.multiplicity * n.cost[s]
-            for e in incoming.get(i, ()):
-                if decided[e.u]:
-                    c += e.multiplicity * e.cost[e.u_class[choice[e.u]]][e.v_class[s]]
-            return c
-        choice[i] = min(n.choices(), key=score)
-        decided[i] = True
-    return choice
-
-
 def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float = 30.0, workers: int = 2,
           merge: bool = True) -> ILPResult:
     """Minimize ``objective`` ("cost" under the memory limit, or "memory") over ``graph``.
@@ -362,72 +297,3 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
         result.choice = expand(choice)
         result.cost, result.memory = graph.evaluate(result.choice)
     return result
-
-
-def merge_followers(graph: StrategyGraph) -> tuple[StrategyGraph, Callable[[list[int]], list[int]]]:
-    """Fold every *follower* into its producer: a node ``v`` with exactly one in-edge ``u -> v`` (no
-    pins, no self-edge, one edge instance per instance of ``v``) whose strategies are determined by
-    the class of that operand, and whose in-edge says which consumer class equals each producer
-    class (``follow``). ``v`` then takes the strategy that keeps its producer's placement, so views
-    and unary elementwise ops never cost an ILP variable; when no strategy keeps producer class
-    ``p``, ``v`` takes the one with the cheapest move from ``p``. Repeats until no follower is
-    left (chains collapse). Returns the smaller graph (node costs and memory as totals,
-    multiplicity 1) and a function mapping its choice back to one index per original node.
-    """
-    cost = [[n.multiplicity * c for c in n.cost] for n in graph.nodes]
-    mem = [[n.multiplicity * m for m in n.memory] for n in graph.nodes]
-    edges = [SGEdge(e.u, e.v, list(e.u_class), list(e.v_class), e.cost, e.memory, e.multiplicity, e.follow)
-             for e in graph.edges]
-    absorbed: list[tuple[int, int, list[int]]] = []  # (v, u, f: u strategy -> v strategy), in order
-    alive = [True] * len(graph.nodes)
-    changed = True
-    while changed:
-        changed = False
-        ins: dict[int, list[SGEdge]] = {}
-        for e in edges:
-            ins.setdefault(e.v, []).append(e)
-        for v, node in enumerate(graph.nodes):
-            e = ins.get(v, [None])[0] if len(ins.get(v, ())) == 1 else None
-            if not alive[v] or e is None or e.u == v or e.follow is None or node.allowed is not None:
-                continue
-            if e.multiplicity != node.multiplicity or not alive[e.u]:
-                continue
-            by_class: dict[int, int] = {}
-            if any(by_class.setdefault(q, s) != s for s, q in enumerate(e.v_class)):
-                continue  # two strategies read the same placement: not determined by the operand
-            u = e.u
-            m = e.multiplicity
-            f = []
-            for s_u in range(len(cost[u])):
-                p = e.u_class[s_u]
-                q = e.follow[p]
-                if q < 0 or q not in by_class:
-                    q = min(by_class, key=lambda q: (m * e.cost[p][q] + cost[v][by_class[q]], q))
-                s_v = by_class[q]
-                f.append(s_v)
-                cost[u][s_u] += m * e.cost[p][q] + cost[v][s_v]
-                mem[u][s_u] += m * (e.memory[p][q] if e.memory else 0.0) + mem[v][s_v]
-            edges.remove(e)
-            for e2 in edges:
-                if e2.u == v:
-                    e2.u, e2.u_class = u, [e2.u_class[f[s]] for s in range(len(cost[u]))]
-            absorbed.append((v, u, f))
-            alive[v] = False
-            changed = True
-            break
-    keep = [i for i in range(len(graph.nodes)) if alive[i]]
-    new_index = {old: k for k, old in enumerate(keep)}
-    nodes = [SGNode(graph.nodes[i].name, cost[i], mem[i], 1, graph.nodes[i].allowed) for i in keep]
-    for e in edges:
-        e.u, e.v = new_index[e.u], new_index[e.v]
-    reduced = StrategyGraph(nodes, edges, graph.memory_limit)
-
-    def expand(choice: list[int]) -> list[int]:
-        full = [-1] * len(graph.nodes)
-        for k, old in enumerate(keep):
-            full[old] = choice[k]
-        for v, u, f in reversed(absorbed):
-            full[v] = f[full[u]]
-        return full
-
-    return reduced, expand

@@ -7,7 +7,7 @@
 ``plan_sharding`` minimizes the estimated step time under a per-device memory limit (default: the
 hardware's memory) and raises ``InfeasiblePlanError`` when nothing fits, after solving again for
 the smallest memory any plan needs. The ILP has one node per cluster of identical layer nodes
-(``clustering``), views and other followers folded into their producers (``ilp.merge_followers``),
+(``clustering``), views and other followers folded into their producers (``strategy_graph.merge_followers``),
 so a 32-layer model solves as fast as a 2-layer one. ``random_solution`` draws a random valid strategy per node
 (for randomized equivalence tests of the runtime). Both price the result with
 ``solution.evaluate``, the same cost model the ILP sees.
@@ -37,7 +37,8 @@ from autoshard.passes.errors import InfeasiblePlanError
 from autoshard.passes.graph import CapturedGraph, operands
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.hardware_lookup import get_hardware
-from autoshard.passes.solve.ilp import SGEdge, SGNode, StrategyGraph, solve
+from autoshard.passes.solve.ilp import solve
+from autoshard.passes.solve.strategy_graph import SGEdge, SGNode, StrategyGraph
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.solution import Solution, evaluate
