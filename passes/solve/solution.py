@@ -8,17 +8,20 @@ Placements are written in short form ("S(0)", "R", "P"); nothing is ever pickled
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from autoshard.passes.cost.collectives import Collective
 from autoshard.passes.cost.facts import GraphFacts
+from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import CapturedGraph
-from autoshard.passes.cost.hardware import Hardware
-from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.mesh import Mesh
+from autoshard.passes.sharding.strategies import unruled_ops
+from autoshard.passes.solve.clustering import OUTPUT, graph_edges
 from autoshard.passes.spec import Placement, Replicate, Strategy, fmt, parse_placement
 
 __all__ = ["Solution", "Redistribution", "evaluate"]
@@ -102,7 +105,6 @@ class Solution:
     @classmethod
     def from_json(cls, data: Union[dict, str]) -> "Solution":
         """Inverse of ``to_json`` (a dict, or its JSON text); PlanFormatError names what is wrong."""
-        import json
         if isinstance(data, str):
             data = json.loads(data)
         try:
@@ -130,9 +132,6 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
              solver_stats: Optional[dict] = None) -> Solution:
     """Price a full assignment (one Strategy per placeholder and call_function node) with the same
     cost model the ILP uses, and package it as a Solution."""
-    from autoshard.passes.solve.clustering import OUTPUT, graph_edges
-    from autoshard.passes.sharding.strategies import unruled_ops
-
     mesh = Mesh.of(mesh)
     hw = get_hardware(hardware)
     facts = GraphFacts(captured, hw)
