@@ -1,24 +1,15 @@
 """Rule numerics for part B (elementwise, reductions, views, indexing, factory).
 
-Each case exports a small function with torch.export (so arguments look exactly as in the captured
-IR) and checks EVERY strategy the registry gives EVERY node whose rule lives in a part-B module,
-on n = 2 and n = 4 simulated ranks in one process:
-
-- split each operand by its placement (``S(d)``: ``torch.chunk``; ``R``: a copy; ``P``: random
-  summands); view/reshape/_unsafe_view/expand/new_* get their size argument rewritten to local
-  sizes exactly as the runtime does (the global output shape, each split dim divided by n);
-- run the ATen op on each rank's pieces (the ``mean_partial`` lowering is written out inline);
-- reassemble each output (``S``: cat; ``R``: all ranks equal; ``P``: sum) and compare with the
-  unsharded op; then check gradients by the convention of passes/spec.py (upstream gradient of an
-  ``S`` output: its shard, of ``P``: the full gradient, of ``R``: summands; local gradient of an ``S``
-  operand cats, of ``R`` sums, of ``P`` is the full gradient on every rank).
+Each case exports a small function and checks, with the rule-numerics harness of
+tests/rule_check.py, EVERY strategy the registry gives EVERY node whose rule lives in a part-B
+module, on n = 2 and n = 4 simulated ranks in one process (operands split by placement, the op run
+per rank with its size argument rewritten to local sizes as the runtime does, outputs and
+gradients reassembled and compared with the unsharded op).
 
 Every strategy must be checked at n = 2 (shapes are chosen so it divides); n = 4 where it divides.
-Random and uninitialised outputs (rand_like, empty_like, new_empty, ...) are compared by shape.
-The same check then runs over every part-B node of captured test models (tests/models.py), and a
-self-test feeds the harness wrong strategies to prove it fails.
-(tests/rule_check.py checks one op per trace and runs ops without the size rewrite, so part B has
-this harness.)
+Part-B rules may only ask for the ``mean_partial`` lowering. The same check then runs over every
+part-B node of captured test models (tests/models.py), and a self-test feeds the harness wrong
+strategies to prove it fails.
 """
 from __future__ import annotations
 
@@ -27,195 +18,45 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from autoshard.passes.graph import META, is_getitem, tensor_meta_of
-from autoshard.passes.sharding.rules import RULES, OpCall, rule_strategies
+from autoshard.passes.sharding.rules import RULES, OpCall, lookup, rule_strategies
 from autoshard.passes.sharding.rules.indexing import index_layout
 from autoshard.passes.sharding.rules.views import view_groups
-from autoshard.passes.spec import Partial, Replicate, Shard, TensorMeta
-from rule_check import clone_values, operand_values, output_tensors, substitute_operands
+from autoshard.passes.spec import TensorMeta
+from rule_check import RuleCheck, check_node, record_calls, trace_calls
 
 aten = torch.ops.aten
 PART_B = {"elementwise", "reductions", "views", "indexing", "factory"}
-SIZE_ARG = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.expand.default,
-            aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default, aten.new_full.default}
-SHAPE_ONLY = {aten.rand_like.default, aten.randn_like.default, aten.empty_like.default, aten.new_empty.default,
-              aten.empty.memory_format}
 
 
 # ---------------------------------------------------------------------------------------------- harness
 
-def _rule_module(target) -> str:
-    fn = RULES.get(target) or RULES.get(getattr(target, "overloadpacket", None))
-    return fn.__module__.rsplit(".", 1)[-1] if fn else ""
+def _is_part_b(node: fx.Node) -> bool:
+    fn = lookup(node.target)
+    return fn is not None and fn.__module__.rsplit(".", 1)[-1] in PART_B
 
 
-def _trace(fn, inputs, only=None):
-    """Export ``fn``; give every node its META; return (graph module, {node: (args, kwargs) it saw})
-    for the nodes with a part-B rule (or, given ``only``, the nodes calling that op)."""
-    class Wrapper(torch.nn.Module):
-        def forward(self, *xs):
-            return fn(*xs)
+def check_part_b_node(node, args, kwargs, n, gen) -> RuleCheck:
+    """``rule_check.check_node``, plus: a part-B rule asks for no lowering but ``mean_partial``.
 
-    ep = torch.export.export(Wrapper(), tuple(t.clone() for t in inputs), strict=False)
-    gm = ep.graph_module
-    for n in gm.graph.nodes:
-        n.meta[META] = tensor_meta_of(n.meta.get("val"))
-    user = iter(inputs)
-    feed = [ep.constants[s.target] if s.kind.name == "CONSTANT_TENSOR" else next(user)
-            for s in ep.graph_signature.input_specs]
-    seen = {}
-
-    class Recorder(fx.Interpreter):
-        def run_node(self, n):
-            if n.op == "call_function" and not is_getitem(n) and (
-                    n.target == only if only is not None else _rule_module(n.target) in PART_B):
-                a, k = self.fetch_args_kwargs_from_env(n)
-                seen[n] = (clone_values(a), clone_values(k))
-            return super().run_node(n)
-
-    Recorder(gm).run(*[t.clone() for t in feed])
-    return gm, seen
-
-
-class _Indivisible(Exception):
-    pass
-
-
-def _split(x, p, n, gen):
-    if isinstance(p, Shard):
-        if x.shape[p.dim] % n:
-            raise _Indivisible
-        return [c.contiguous() for c in torch.chunk(x, n, p.dim)]
-    if isinstance(p, Partial):
-        assert x.is_floating_point(), f"P on a {x.dtype} tensor"
-        parts = [torch.randn(x.shape, generator=gen, dtype=x.dtype) for _ in range(n - 1)]
-        return parts + [x - sum(parts)]
-    return [x.clone() for _ in range(n)]
-
-
-def _close(got, want, msg, tol=1e-8):
-    got, want = got.detach(), want.detach()
-    assert got.shape == want.shape, f"{msg}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    if got.is_floating_point():
-        assert torch.allclose(got, want, rtol=tol, atol=tol, equal_nan=True), \
-            f"{msg}: max error {(got - want).abs().max().item()}"
-    else:
-        assert torch.equal(got, want), msg
-
-
-def _assemble(pieces, p, msg, grad=False, tol=1e-8):
-    kind = type(p)
-    if grad and kind is not Shard:  # gradient convention: R and P swap roles
-        kind = Partial if kind is Replicate else Replicate
-    if kind is Shard:
-        return torch.cat(pieces, p.dim)
-    if kind is Partial:
-        return sum(pieces[1:], pieces[0].clone())
-    for r, t in enumerate(pieces[1:], 1):
-        _close(t, pieces[0], f"{msg}: rank {r} disagrees with rank 0 on a replicated value", tol)
-    return pieces[0]
-
-
-def _grads(outs, ups, ins):
-    pairs = [(o, g) for o, g in zip(outs, ups) if g is not None and o.requires_grad]
-    want = [t for t in ins if t.requires_grad]
-    if not pairs or not want:
-        return [None] * len(ins)
-    got = iter(torch.autograd.grad([o for o, _ in pairs], want, [g for _, g in pairs], allow_unused=True))
-    return [next(got) if t.requires_grad else None for t in ins]
-
-
-def _run_local(node, strategy, args, kwargs, n, full_in):
-    if node.target in SIZE_ARG:  # the runtime's rewrite: global output shape, split dim divided by n
-        p = strategy.outputs[0]
-        local = [s // n if isinstance(p, Shard) and p.dim == d else s for d, s in enumerate(node.meta[META].shape)]
-        args = (args[0], local, *args[2:])
-    res = node.target(*args, **kwargs)
-    if strategy.lowering == "mean_partial":  # local mean * local count / global count (output P: full shape)
-        x = operand_values(node, args, kwargs)[0]
-        res = res * (x.numel() // res.numel()) / (full_in[0].numel() // res.numel())
-    elif strategy.lowering is not None:
-        raise AssertionError(f"part-B rules may only ask for mean_partial, got {strategy.lowering}")
-    return res
-
-
-def check_node(node, args, kwargs, n, gen) -> dict[str, bool]:
-    """Check every strategy of ``node`` on ``n`` ranks; {strategy: checked (False: did not divide)}."""
-    strategies, has_rule = rule_strategies(node)
-    assert has_rule, node.target
-    full = operand_values(node, args, kwargs)
-    metas = [m for m in (node.meta[META] if isinstance(node.meta[META], tuple) else (node.meta[META],)) if m]
-    tol = 1e-5 if any(t.dtype == torch.float32 for t in [*full, *metas]) else 1e-8  # float32 anywhere: its eps
-    probe = [t.clone() for t in full]
-    a, k = substitute_operands(node, args, kwargs, probe)
-    node.target(*a, **k)
-    inplace = any(not torch.equal(x, y) for x, y in zip(full, probe))  # no gradient through in-place ops
-    diff = [t.is_floating_point() and not inplace and node.target not in SHAPE_ONLY for t in full]
-    ref_in = [t.clone().requires_grad_(d) for t, d in zip(full, diff)]
-    a, k = substitute_operands(node, args, kwargs, ref_in)
-    ref_out = output_tensors(node.target(*a, **k))
-    ups = [torch.randn(o.shape, generator=gen, dtype=o.dtype) if o.requires_grad else None for o in ref_out]
-    want_grads = _grads(ref_out, ups, ref_in)
-    done = {}
-    for s in strategies:
-        tag = f"{node.format_node()} under {s} on {n} ranks"
-        try:
-            pieces = [_split(t, p, n, gen) for t, p in zip(full, s.inputs)]
-            for o, p in zip(ref_out, s.outputs):
-                _split(o.detach(), Replicate() if isinstance(p, Partial) else p, n, gen)
-        except _Indivisible:
-            done[str(s)] = False
-            continue
-        local_in = [[pieces[i][r].clone().requires_grad_(diff[i]) for i in range(len(full))] for r in range(n)]
-        try:
-            outs = [output_tensors(_run_local(node, s, *substitute_operands(node, args, kwargs, local_in[r]), n, full))
-                    for r in range(n)]
-        except RuntimeError as e:
-            raise AssertionError(f"{tag}: the local op fails: {e}") from e
-        _check_outputs(node, s, outs, ref_out, tag, tol)
-        _check_grads(s, outs, ups, local_in, diff, want_grads, n, gen, tag, tol)
-        done[str(s)] = True
-    return done
-
-
-def _check_outputs(node, s, outs, ref_out, tag, tol):
-    for j, (p, want) in enumerate(zip(s.outputs, ref_out)):
-        if node.target in SHAPE_ONLY:  # random/uninitialised values: only the reassembled shape counts
-            got = _assemble([o[j] for o in outs], Partial() if isinstance(p, Replicate) else p, tag)
-            assert got.shape == want.shape, f"{tag}: output {j} has shape {tuple(got.shape)}"
-        else:
-            got = _assemble([o[j] for o in outs], p, f"{tag} output {j}", tol=tol)
-            _close(got, want, f"{tag}: output {j} ({p}) differs from the unsharded op", tol)
-
-
-def _check_grads(s, outs, ups, local_in, diff, want_grads, n, gen, tag, tol):
-    """Upstream gradient of an S output: its shard; of P: the full gradient; of R: summands."""
-    local_ups = [[None] * len(ups) for _ in range(n)]
-    for j, (p, g) in enumerate(zip(s.outputs, ups)):
-        if g is not None:
-            split = [g] * n if isinstance(p, Partial) else _split(g, Partial() if isinstance(p, Replicate) else p,
-                                                                   n, gen)
-            for r in range(n):
-                local_ups[r][j] = split[r]
-    local_grads = [_grads(outs[r], local_ups[r], local_in[r]) for r in range(n)]
-    for i, w in enumerate(want_grads):
-        if diff[i]:
-            parts = [g[i] if g[i] is not None else torch.zeros_like(local_in[r][i]) for r, g in enumerate(local_grads)]
-            got = _assemble(parts, s.inputs[i], f"{tag} grad {i}", grad=True, tol=tol)
-            _close(got, w if w is not None else torch.zeros_like(got), f"{tag}: gradient of operand {i}", tol)
+    In-place ops are checked by their outputs, not by what they leave in the written operand:
+    ``mul_`` offers ``(R, P)->(P)``, whose ``self`` ends up holding a summand, not its ``R``.
+    """
+    odd = [str(s) for s in rule_strategies(node)[0] if s.lowering not in (None, "mean_partial")]
+    assert not odd, f"{node.format_node()}: part-B rules may only ask for mean_partial, got {odd}"
+    return check_node(node, args, kwargs, n, gen=gen, writes=False)
 
 
 def check(fn, *inputs, ns=(2, 4), only=None) -> dict[str, dict]:
     """Check every part-B node of ``fn``'s graph (or every call of ``only``); returns
     {node name: {"target", "strategies"}}."""
-    gm, seen = _trace(fn, inputs, only)
+    _, seen = trace_calls(fn, inputs, select=_is_part_b if only is None else (lambda n: n.target == only))
     gen = torch.Generator().manual_seed(0)
     report = {}
     for node, (args, kwargs) in seen.items():
-        per_n = {n: check_node(node, args, kwargs, n, gen) for n in ns}
-        missed = [s for s, ok in per_n[ns[0]].items() if not ok]
+        per_n = {n: check_part_b_node(node, args, kwargs, n, gen) for n in ns}
+        missed = [str(s) for s, _ in per_n[ns[0]].skipped]
         assert not missed, f"{node.format_node()}: strategies {missed} not checked on {ns[0]} ranks (indivisible)"
-        report[node.name] = {"target": node.target, "strategies": set(per_n[ns[0]])}
+        report[node.name] = {"target": node.target, "strategies": per_n[ns[0]].all_str}
     return report
 
 
@@ -370,21 +211,12 @@ def test_every_part_b_node_of_a_captured_model(builder):
     cg = capture(model, inputs, loss_fn=loss_fn, target=target)
     state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     feed = [state[f].detach().clone() for f in [*cg.params.values(), *cg.buffers.values()]] + [*inputs, target]
-    seen = {}
-
-    class Recorder(fx.Interpreter):
-        def run_node(self, n):
-            if n.op == "call_function" and not is_getitem(n) and _rule_module(n.target) in PART_B:
-                a, k = self.fetch_args_kwargs_from_env(n)
-                seen[n] = (clone_values(a), clone_values(k))
-            return super().run_node(n)
-
-    Recorder(cg.gm).run(*feed)
+    seen = record_calls(cg.gm, feed, _is_part_b)
     assert len(seen) >= 5, f"{builder}: only {len(seen)} part-B nodes captured"
     gen = torch.Generator().manual_seed(0)
     for node, (args, kwargs) in seen.items():
-        done = check_node(node, args, kwargs, 2, gen)
-        assert all(done.values()), f"{node.format_node()}: {done}"
+        report = check_part_b_node(node, args, kwargs, 2, gen)
+        assert not report.skipped, f"{node.format_node()}: {report.skipped}"
 
 
 # ---------------------------------------------------------------------------------------------- known answers
