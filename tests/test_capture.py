@@ -14,7 +14,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from models import BUILDERS, cnn, gpt, hf_gpt2, hf_llama, mlp
 
-from autoshard.passes.capture.export import DEVICE_KWARG, capture, set_graph_device
+from autoshard.passes.capture.export import capture, set_graph_device
+from autoshard.passes.capture.normalize import DEVICE_KWARG
 from autoshard.passes.errors import TraceError
 from autoshard.passes.graph import META, MODULE, operands
 from autoshard.passes.spec import TensorMeta

@@ -1,7 +1,9 @@
 """Capture: a model and one example batch become a ``CapturedGraph`` (``passes.graph``).
 
-- ``export``: ``capture(model, example_inputs, loss_fn=, target=)``, the program wrapper, normalization
-  of the exported graph (parameters, buffers, inputs and target as placeholders; module paths).
+- ``export``: ``capture(model, example_inputs, loss_fn=, target=)`` and the program wrapper it traces;
+  ``set_graph_device``.
+- ``normalize``: the exported graph -> the ``CapturedGraph`` contract (parameters, buffers, inputs and
+  target as placeholders; tied tensors; module paths and metadata on every node).
 - ``tracers``: run ``torch.export`` (non-strict), fall back to ``torch.fx.symbolic_trace``, and turn a
   tracer's failure into a ``TraceError`` that names the construct and where it is.
 

@@ -1,31 +1,25 @@
 """Capture pass: an ``nn.Module`` and example inputs -> ``CapturedGraph`` (an ATen-level fx program).
 
-``capture`` traces ``model`` with ``torch.export.export(strict=False)`` (training IR: high-level
-ATen ops such as ``aten.linear`` survive, in-place buffer updates stay in place) and normalizes the
-result into the contract of ``passes.graph.CapturedGraph``:
+``capture`` runs three steps:
 
-- placeholders, in order: parameters (``model.named_parameters()`` order), buffers
-  (``model.named_buffers()`` order, non-persistent ones included), user inputs, then the target.
-  So ``gm(*model.parameters(), *model.buffers(), *inputs[, target])`` runs the program.
-- tied tensors get ONE placeholder under the canonical FQN (first name in
-  ``named_parameters(remove_duplicate=False)`` order); the other names go to ``aliases``.
-  Parameters the program never reads keep their placeholder (no users), so gradients and the
-  optimizer still see them.
-- output: the node itself when the program returns one value (``loss_output``: a scalar loss),
-  a tuple of nodes when it returns several.
-- every node carries ``autoshard.meta`` and ``autoshard.module`` (paths as in
-  ``model.named_modules()``); nodes whose arguments hold a ``torch.device`` carry
-  ``autoshard.device_kwarg = True`` and ``set_graph_device`` retargets them.
+1. The user's call becomes a program wrapper (``_Program``): each example tensor a placeholder
+   named after the forward's parameters or the dict keys, other inputs baked in as constants, and
+   the output reduced by ``loss_fn`` or picked (a tensor, a tuple of tensors, ``.loss`` or
+   ``.logits``). A buffer reassigned in forward (``self.buf = f(self.buf)``) becomes an in-place
+   ``copy_``, which every tracer records.
+2. ``passes.capture.tracers`` traces the wrapper with ``torch.export.export(strict=False)``
+   (training IR: high-level ATen ops such as ``aten.linear`` survive, in-place buffer updates stay in
+   place), retrying through ``torch.fx.symbolic_trace`` when export fails (which drops Python side
+   effects such as statistics logged with ``.numpy()``); ``method`` says which path was used. If
+   both fail, ``TraceError`` names the construct and the user's file:line. Export's grad-mode and
+   disabled-autocast regions are inlined (outputs of a no-grad region that depend on a parameter
+   are wrapped in ``aten.detach``).
+3. ``passes.capture.normalize`` brings the export into the contract of ``passes.graph.CapturedGraph``:
+   parameters, buffers, user inputs, then the target as placeholders, so
+   ``gm(*model.parameters(), *model.buffers(), *inputs[, target])`` runs the program; one placeholder
+   per tied tensor; module paths and tensor metadata on every node.
 
-Normalizations (each keeps the program's meaning): ``aten._assert_tensor_metadata`` checks are
-dropped; export's ``wrap_with_set_grad_enabled`` / disabled-autocast regions are inlined (outputs of
-a no-grad region that depend on a parameter are wrapped in ``aten.detach``); tensor constants
-become ``get_attr`` nodes of buffers on the returned GraphModule; a buffer reassigned in forward
-(``self.buf = f(self.buf)``) becomes an in-place ``aten.copy_``.
-
-If export fails, ``passes.capture.tracers`` retries through ``torch.fx.symbolic_trace`` (which
-drops Python side effects such as statistics logged with ``.numpy()``); ``method`` says which path
-was used. If both fail, ``TraceError`` names the construct and the user's file:line.
+``set_graph_device`` retargets a captured program (traced on the meta device, say) to a real device.
 
 >>> cg = capture(nn.Linear(4, 2), (torch.randn(8, 4),))  # fx renames ``input`` (a builtin)
 >>> list(cg.params.values()), cg.inputs, cg.loss_output
@@ -40,18 +34,13 @@ from typing import Any, Callable, Mapping, Optional, Union
 import torch
 import torch.fx as fx
 import torch.nn as nn
-from torch.export.graph_signature import InputKind, OutputKind
 
+from autoshard.passes.capture.normalize import DEVICE_KWARG, normalize_export
 from autoshard.passes.capture.tracers import trace
 from autoshard.passes.errors import TraceError
-from autoshard.passes.graph import META, MODULE, CapturedGraph, tensor_meta_of
+from autoshard.passes.graph import CapturedGraph
 
-__all__ = ["capture", "set_graph_device", "DEVICE_KWARG"]
-
-DEVICE_KWARG = "autoshard.device_kwarg"
-_PREFIX = "model"  # attribute under which the program wrapper holds the user's model
-_aten = torch.ops.aten
-_DROPPED_OPS = (_aten._assert_tensor_metadata.default,)
+__all__ = ["capture", "set_graph_device"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,7 +144,8 @@ def _loss_input(out):
 
 
 class _Program(nn.Module):
-    """``forward(*inputs[, target])``: the user's call, reduced to what the graph returns."""
+    """``forward(*inputs[, target])``: the user's call, reduced to what the graph returns. Holds the
+    user's model as ``self.model`` (``normalize.PROGRAM_MODEL_ATTR``, the prefix normalization strips)."""
 
     def __init__(self, model: nn.Module, call: _Call, loss_fn: Optional[Callable], has_target: bool):
         super().__init__()
@@ -222,8 +212,8 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
     flat = call.tensors + ([target] if target is not None else [])
     make_program = lambda m: _Program(m, call, loss_fn, target is not None)  # noqa: E731
     ep, method = trace(model, make_program, flat, call.constants)
-    return _normalize(ep, model, call, has_target=target is not None,
-                      loss_fn_given=loss_fn is not None, method=method)
+    return normalize_export(ep, model, call.names, has_target=target is not None,
+                            loss_fn_given=loss_fn is not None, method=method)
 
 
 def _state_device(model: nn.Module) -> Optional[torch.device]:
@@ -242,158 +232,7 @@ def _check_devices(state_device: Optional[torch.device], tensors: list) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# normalization of the exported program
-
-
-def _strip(fqn: str) -> str:
-    return fqn[len(_PREFIX) + 1:] if fqn.startswith(_PREFIX + ".") else fqn
-
-
-def _canonical_names(named: list[tuple[str, torch.Tensor]]) -> dict[str, str]:
-    """Every FQN -> the first FQN naming the same tensor object."""
-    first: dict[int, str] = {}
-    out = {}
-    for name, t in named:
-        out[name] = first.setdefault(id(t), name)
-    return out
-
-
-def _normalize(ep, model: nn.Module, call: _Call, *, has_target: bool, loss_fn_given: bool,
-               method: str) -> CapturedGraph:
-    gm = ep.graph_module
-    graph = gm.graph
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    param_canon = _canonical_names(list(model.named_parameters(remove_duplicate=False)))
-    buffer_canon = _canonical_names(list(model.named_buffers(remove_duplicate=False)))
-
-    state: dict[str, fx.Node] = {}  # canonical FQN -> placeholder
-    user: list[fx.Node] = []
-    for node, spec in zip(placeholders, ep.graph_signature.input_specs):
-        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
-            canon = (param_canon if spec.kind == InputKind.PARAMETER else buffer_canon).get(_strip(spec.target))
-            if canon is None:
-                raise TraceError(f"traced state {spec.target!r} is not a parameter or buffer of the model; "
-                                 f"state used by loss_fn must be a plain tensor, not a registered module")
-            if canon in state:  # a tied alias: read the canonical placeholder instead
-                node.replace_all_uses_with(state[canon])
-                graph.erase_node(node)
-            else:
-                state[canon] = node
-        elif spec.kind == InputKind.CONSTANT_TENSOR:
-            _constant_to_get_attr(gm, node, ep.constants[spec.target], _strip(spec.target))
-        elif spec.kind == InputKind.USER_INPUT:
-            user.append(node)
-        else:
-            raise TraceError(f"torch.export produced a {spec.kind.name} input ({spec.target}); autoshard "
-                             f"supports parameters, buffers, tensor constants and tensor inputs only")
-
-    for spec in ep.graph_signature.output_specs:
-        if spec.kind != OutputKind.USER_OUTPUT:
-            raise TraceError(f"torch.export produced a {spec.kind.name} output ({spec.target}); autoshard "
-                             f"expects state updates in place (buf.copy_(...), buf.add_(...))")
-    for node in list(graph.nodes):
-        if node.op == "call_function" and node.target in _DROPPED_OPS:
-            graph.erase_node(node)
-
-    params = _order_state(graph, state, dict(model.named_parameters()), "p_")
-    buffers = _order_state(graph, state, dict(model.named_buffers()), "b_")
-    ordered = list(params.values()) + list(buffers.values()) + user
-    for node, name in zip(user, call.names + ["target"]):
-        node._rename(name)
-        node.target = node.name
-    anchor = next(iter(graph.nodes))
-    for node in reversed(ordered):
-        anchor.prepend(node)
-        anchor = node
-
-    out = _single_output(graph)
-    _annotate(graph, {n for n, _ in model.named_modules()})
-    graph.lint()
-    new_gm = fx.GraphModule(gm, graph)
-    loss_output = loss_fn_given or (isinstance(out, fx.Node) and _is_scalar_float(out))
-    return CapturedGraph(
-        gm=new_gm,
-        params={v.name: k for k, v in params.items()},
-        buffers={v.name: k for k, v in buffers.items()},
-        inputs=[n.name for n in user[:len(call.names)]],
-        target=user[-1].name if has_target else None,
-        aliases={**{k: v for k, v in param_canon.items() if k != v},
-                 **{k: v for k, v in buffer_canon.items() if k != v}},
-        loss_output=bool(loss_output),
-        method=method,
-    )
-
-
-def _constant_to_get_attr(gm: fx.GraphModule, node: fx.Node, value, fqn: str) -> None:
-    if not isinstance(value, torch.Tensor):
-        raise TraceError(f"the model uses a non-tensor constant {type(value).__name__} ({fqn}); "
-                         f"autoshard supports tensor constants only")
-    name = "_const_" + fqn.replace(".", "_")
-    while hasattr(gm, name):
-        name += "_"
-    gm.register_buffer(name, value, persistent=False)
-    with gm.graph.inserting_before(node):
-        attr = gm.graph.get_attr(name)
-    attr.meta.update(node.meta)
-    attr.meta.setdefault("val", value)
-    node.replace_all_uses_with(attr)
-    gm.graph.erase_node(node)
-
-
-def _order_state(graph: fx.Graph, state: dict, named: dict, prefix: str) -> dict[str, fx.Node]:
-    """Placeholders for ``named`` (canonical FQN -> tensor) in that order, adding unused ones."""
-    ordered = {}
-    for fqn, tensor in named.items():
-        node = state.get(fqn)
-        if node is None:  # never read by the program (e.g. dropped by the fx fallback): keep it
-            with graph.inserting_before(next(iter(graph.nodes))):
-                node = graph.placeholder(prefix + fqn.replace(".", "_"))
-            node.meta["val"] = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
-        node._rename(prefix + fqn.replace(".", "_"))
-        node.target = node.name
-        ordered[fqn] = node
-    return ordered
-
-
-def _single_output(graph: fx.Graph):
-    out = next(n for n in reversed(graph.nodes) if n.op == "output")
-    values = out.args[0]
-    if len(values) == 1:
-        out.args = (values[0],)
-        return values[0]
-    return values
-
-
-def _is_scalar_float(node: fx.Node) -> bool:
-    val = node.meta.get("val")
-    return isinstance(val, torch.Tensor) and val.dim() == 0 and val.dtype.is_floating_point
-
-
-def _has_device(args) -> bool:
-    found = []
-    fx.node.map_aggregate(args, lambda a: found.append(a) if isinstance(a, torch.device) else a)
-    return bool(found)
-
-
-def _module_path(node: fx.Node, known: set) -> str:
-    stack = node.meta.get("nn_module_stack")
-    if not stack or node.op in ("placeholder", "get_attr", "output"):
-        return ""
-    path = list(stack.values())[-1][0]
-    if path != _PREFIX and not path.startswith(_PREFIX + "."):
-        return ""  # the wrapper's own code: loss_fn, output selection
-    path = _strip(path) if path != _PREFIX else ""
-    while path and path not in known:  # e.g. an indexed container the tracer spelled differently
-        path = path.rpartition(".")[0]
-    return path
-
-
-def _annotate(graph: fx.Graph, known_modules: set) -> None:
-    for node in graph.nodes:
-        node.meta[META] = None if node.op == "output" else tensor_meta_of(node.meta.get("val"))
-        node.meta[MODULE] = _module_path(node, known_modules)
-        if _has_device((node.args, node.kwargs)):
-            node.meta[DEVICE_KWARG] = True
+# after capture
 
 
 def set_graph_device(gm: fx.GraphModule, device: Union[str, torch.device]) -> fx.GraphModule:
