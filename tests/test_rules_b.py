@@ -18,10 +18,12 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+import models
+from autoshard.passes.capture.export import capture
 from autoshard.passes.sharding.rules import RULES, OpCall, lookup, rule_strategies
 from autoshard.passes.sharding.rules.indexing import index_layout
 from autoshard.passes.sharding.rules.views import view_groups
-from autoshard.passes.spec import TensorMeta
+from autoshard.passes.spec import Strategy1D, TensorMeta, parse_placement
 from rule_check import RuleCheck, check_node, record_calls, trace_calls
 
 aten = torch.ops.aten
@@ -200,9 +202,6 @@ def test_rule_numerics(case):
 @pytest.mark.parametrize("builder", ["gpt", "cnn"])
 def test_every_part_b_node_of_a_captured_model(builder):
     """Every part-B node of a real captured program (float64, so sums of summands stay exact)."""
-    import models
-    from autoshard.passes.capture.export import capture
-
     torch.manual_seed(0)
     model, inputs, target, loss_fn = getattr(models, builder)()
     model = model.double()
@@ -304,8 +303,6 @@ BOGUS = [
 
 @pytest.mark.parametrize("fn, inputs, target, bogus", BOGUS, ids=[b[3] + str(b[2]) for b in BOGUS])
 def test_harness_catches_wrong_strategies(monkeypatch, fn, inputs, target, bogus):
-    from autoshard.passes.spec import Strategy1D, parse_placement
-
     def parse(group):
         return tuple(parse_placement(p) for p in group[1:-1].split(", ") if p)
 
