@@ -12,11 +12,11 @@
 Importing this package imports every family, whose decorators fill ``RULES``. Adding a rule for an
 op touches one file, its family module::
 
-    @register_rule(aten.tril.default, aten.triu.default, float_partials_only=True)
-    def tril_rule(call: OpCall) -> list[Strategy1D]:
-        x = call.inputs[0]                    # TensorMeta of each tensor operand
-        lead = [d for d in split_dims(x.shape) if d < len(x.shape) - 2]   # the diagonal stays whole
-        return [Strategy1D((Shard(d),), (Shard(d),)) for d in lead] + [Strategy1D((P,), (P,))]
+    @register_rule(aten.cumsum.default, float_partials_only=True)   # P never on integer tensors
+    def cumsum_rule(call: OpCall) -> list[Strategy1D]:
+        x = call.inputs[0]                                      # TensorMeta of each tensor operand
+        dim = norm_dim(call.bound_args["dim"], len(x.shape))    # arguments by schema name, defaults filled
+        return [Strategy1D((Shard(d),), (Shard(d),)) for d in split_dims(x.shape) if d != dim]
 
 A new family is a new module here, named in the import and in ``FAMILIES`` below.
 
