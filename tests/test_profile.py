@@ -140,12 +140,13 @@ def test_autoshard_profile_quick_end_to_end_on_two_ranks(tmp_path):
 
 def _coupled_groups_rank(rank: int, world: int):
     import torch.distributed as dist
-    from autoshard.profiling.measure import _Timer, _collective, _groups
-    groups = _groups(world, 2, rank)
+    from autoshard.profiling.collectives import rank_groups, time_collective
+    from autoshard.profiling.timer import Timer
+    groups = rank_groups(world, 2, rank)
     members = [dist.get_process_group_ranks(g) for g in groups]
-    timer = _Timer(torch.device("cpu"), 2, world)
-    rows = _collective(timer, "all_gather", 2, groups, rank, (4096,), torch.device("cpu"), "gloo")
-    whole = _groups(world, world, rank)
+    timer = Timer(torch.device("cpu"), 2, world)
+    rows = time_collective(timer, "all_gather", 2, groups, rank, (4096,), torch.device("cpu"), "gloo")
+    whole = rank_groups(world, world, rank)
     return members, rows, len(whole)
 
 
