@@ -3,8 +3,9 @@
     python benchmarks/iopddl.py [--only A G] [--scale 0.25] [--dir /work/shared/benchmarks/iopddl]
 
 Runs the real command (a fresh process per instance, so imports and file reading count against the
-limit, as in the contest), re-checks the printed answer with ``iopddl.verify`` and prints one row
-per instance: cost, ratio to the best contest entry, wall time, whether the limit was respected.
+limit, as in the contest), re-checks the printed answer with ``verify`` (``passes/iopddl/problem.py``)
+and prints one row per instance: cost, ratio to the best contest entry, wall time, whether the limit
+was respected.
 ``--scale`` multiplies the time limits (for quick looks; the table then says so).
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ in one array operation, so an iteration costs a few passes over all matrix entri
 
 It looks at every node and edge at once, which local moves cannot: where chains of must-agree
 edges meet, changing one node costs a forbidden pair until its whole chain changes with it. Node
-costs may carry memory prices (``solver_lagrange``); memory itself is not seen. Forbidden entries
+costs may carry memory prices (``lagrangian``); memory itself is not seen. Forbidden entries
 are capped at ``cap`` (a large finite cost) so the arithmetic stays finite.
 
 >>> from autoshard.passes.iopddl.problem import Problem

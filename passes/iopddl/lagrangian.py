@@ -3,7 +3,7 @@
 The memory constraint ``load[t] <= limit`` is relaxed with a price ``lam[t] >= 0`` per time point:
 node ``i`` then pays ``usage[i][s] * sum(lam[lo_i:hi_i])`` for strategy ``s``, which no longer
 couples nodes through time, so the priced problem is a plain pairwise min-sum problem, solved by
-belief propagation (``solver_bp``) plus ICM. Each priced answer is made feasible by ``repair``
+belief propagation (``belief_propagation``) plus ICM. Each priced answer is made feasible by ``repair``
 (cheapest memory per cost at the most loaded time point first), polished by memory-safe ICM and
 offered. ``lagrange_search`` chooses the prices (see its docstring) and, through ``choose_mode``,
 which strategies of hub nodes to clamp in the belief propagation.

@@ -62,7 +62,7 @@ class State:
 
     def total(self) -> float:
         """Cost of the assignment on the core (floats: for comparisons; the exact figure comes from
-        ``iopddl.verify`` on the expanded answer)."""
+        ``problem.verify`` on the expanded answer)."""
         t, ch = tables(self.core), self.choice
         total = float(t["cost"][t["off"] + ch].sum())
         if len(t["ei"]):

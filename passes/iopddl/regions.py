@@ -1,7 +1,7 @@
 """Neighbourhoods for the CP-SAT large-neighbourhood search on a presolved IOPDDL ``Core``.
 
 A region is a list of core nodes re-solved together (everything else fixed). Its size is counted
-the way the model of ``solver_lns`` grows: a node adds its strategies plus one variable per entry of
+the way the model of ``neighbourhood_search`` grows: a node adds its strategies plus one variable per entry of
 each matrix to a node already inside. High-degree nodes (a hub with thousands of neighbours is
 common: one weight feeding every layer) would swallow the whole budget or, counted by degree, stop
 a region at two nodes; so growth takes at most ``fanout`` random neighbours of any node, and a hub

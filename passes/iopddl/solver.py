@@ -1,14 +1,18 @@
-"""The IOPDDL solver. Presolve (``solver_presolve``), then by the size of the reduced core:
+"""The IOPDDL solver. Presolve (``presolve``), then by the size of the reduced core:
 
 * small (``exact_max_vars``): one exact CP-SAT model of everything, so small instances end optimal;
-* otherwise memory priced per time point (``solver_lagrange``: belief propagation on the priced
+* otherwise memory priced per time point (``lagrangian``: belief propagation on the priced
   problem, repair, ICM; the main source of good answers), or failing that a memory-safe local start
   (greedy with lookahead at a few memory prices, then ICM), and from there exact forest moves
-  (``solver_dp``) alternating with CP-SAT neighbourhoods (``solver_lns``, shaped by
-  ``solver_regions``) aimed first at forbidden costs, then at costly edges and busy time points;
+  (``forest_moves``) alternating with CP-SAT neighbourhoods (``neighbourhood_search``, shaped by
+  ``regions``) aimed first at forbidden costs, then at costly edges and busy time points;
   medium cores (``whole_max_vars``) end with CP-SAT on everything, hinted with the best state.
 
-Only answers that pass ``iopddl.verify`` (memory limit kept, nothing forbidden) are ever returned.
+Only answers that pass ``problem.verify`` (memory limit kept, nothing forbidden) are ever returned.
+
+``autoshard solve`` and ``benchmarks/iopddl.py`` run it on contest files. The sharding planner does
+not: it solves its own problems with the ILP of ``passes/solve/ilp.py``. A planner problem can
+still be handed to this solver through ``problem.from_strategy_graph``.
 
 >>> from autoshard.passes.iopddl.problem import Problem
 >>> p = Problem([[1, 5], [2, 0]], [[3, 1], [2, 2]], [(0, 2), (1, 3)], [(0, 1)], [[0, 4, 4, 0]], 4)
