@@ -49,7 +49,7 @@ KiB, MiB = 1024, 1024 * 1024
 @dataclass(frozen=True)
 class ProfileConfig:
     """What to measure. Sizes: matmul (m, k, n) shapes, copy bytes (read + written), collective
-    full per-group bytes B (see passes/cost/model.py), op-chain lengths. ``group_sizes`` None: every
+    full per-group bytes B (see passes/cost/collectives.py), op-chain lengths. ``group_sizes`` None: every
     power of two from 2 up to the world size that divides it."""
     matmul_fit: tuple = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512), (1024, 256, 1024),
                          (2048, 128, 512))

@@ -20,7 +20,7 @@ the cost scales with the microbatch count ``m`` (the global batch cut into ``m``
 ``*_batch`` is the full-global-batch amount of everything computed from the inputs (it shrinks with
 the microbatch); ``*_fixed`` is what every microbatch pays whatever its size: ops on parameters only
 and their collectives (an FSDP weight gather repeats per microbatch), and each collective's latency
-and launch terms (collective time is affine in bytes, ``passes.cost.model.collective_seconds``). With
+and launch terms (collective time is affine in bytes, ``passes.cost.collectives.collective_seconds``). With
 ``m = 1`` the units add up exactly to ``evaluate``'s step time for the solution (tested).
 
 ``cut_fixed[c] / cut_batch[c]``: bytes per device of the values that cross the cut after unit
