@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from ortools.linear_solver import pywraplp
 from ortools.sat.python import cp_model
 
 from autoshard.passes.solve.strategy_graph import SGEdge, StrategyGraph, greedy, merge_followers
@@ -189,7 +190,6 @@ class ShardingILP:
         """GLOP on the relaxation (0 <= x, e <= 1): (status, rounded choice, objective lower bound in
         objective units, whether the LP optimum is integral). Status "INFEASIBLE" proves the ILP
         infeasible too; "UNKNOWN" when GLOP is unavailable or fails."""
-        from ortools.linear_solver import pywraplp
         lp = pywraplp.Solver.CreateSolver("GLOP")
         if lp is None:
             return "UNKNOWN", None, None, False
