@@ -111,7 +111,7 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     """Plan ``model`` for ``mesh`` and build this rank's program; call on every rank under torchrun.
 
     Rank 0 solves (unless ``plan`` is given) and broadcasts the plan as JSON, so every rank runs the
-    same plan. Each rank materializes only its own shards: from ``model``'s real parameters, from
+    same plan; when solving fails there, every rank raises that error. Each rank materializes only its own shards: from ``model``'s real parameters, from
     ``state_dict`` (full tensors under the original names), or, for a meta-device model, by replaying
     each module's ``reset_parameters`` so values equal a CPU model built with the same seed.
     ``hardware``: a preset name, a profile JSON path, a ``Hardware`` object or "auto".

@@ -28,13 +28,14 @@ and launch terms (collective time is affine in bytes, ``passes.cost.collectives.
 boundary there sends forward (and its gradient backward), and what a recomputing stage keeps.
 
 ``plan_submesh`` chooses that intra-op plan for a pipeline stage rather than for a whole step: the
-core ILP priced per microbatch (batch-dependent compute, collectives and activations divided by m,
-gradient all-reduces by m since they run once per step) with activations counted ``held`` times (the
-microbatches a stage keeps in flight), under ``pp * memory_limit`` for the whole program (the stages'
-sum), and only with strategies that still divide the microbatch (``microbatch.microbatch_strategies``:
-16 sequences split 8 ways are fine, a microbatch of one sequence is not). Tensor parallelism then
-appears where data parallelism's replicated weights would not fit, or where the batch is too small
-to split; when nothing fits, the least-memory plan, never replicated weights.
+core planner's problem (``solve.planner.build_problem``) priced per microbatch (batch-dependent
+compute, collectives and activations divided by m, gradient all-reduces by m since they run once
+per step) with activations counted ``held`` times (the microbatches a stage keeps in flight), under
+``pp * memory_limit`` for the whole program (the stages' sum), and only with strategies that still
+divide the microbatch (``microbatch.microbatch_strategies``: 16 sequences split 8 ways are fine, a
+microbatch of one sequence is not). Tensor parallelism then appears where data parallelism's
+replicated weights would not fit, or where the batch is too small to split; when nothing fits, the
+least-memory plan, never replicated weights.
 
 Identical blocks cost the same, so a profile traced with a few blocks stands for a deep model:
 ``profile.repeat_blocks(96)``.
