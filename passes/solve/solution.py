@@ -19,6 +19,7 @@ from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.levers import Levers
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.strategies import unruled_ops
 from autoshard.passes.solve.clustering import OUTPUT, graph_edges
@@ -74,6 +75,8 @@ class Solution:
     replicated for lack of a rule. ``redistributions``: every operand whose producer's placement
     differs from what its consumer needs. ``param_grad_syncs``: parameter FQN -> its gradient
     all-reduces. ``solver_stats``: status, wall_s, variables, clusters, nodes, ...
+    ``levers``: accumulation, per-block checkpoint/reshard policies, mixed precision
+    (``passes.levers``; default: none pulled).
     """
     mesh: Mesh
     strategies: dict[str, Strategy]
@@ -86,6 +89,7 @@ class Solution:
     redistributions: list[Redistribution] = field(default_factory=list)
     param_grad_syncs: dict[str, list[Collective]] = field(default_factory=dict)
     solver_stats: dict[str, Any] = field(default_factory=dict)
+    levers: Levers = field(default_factory=Levers)
 
     def to_json(self) -> dict:
         return {
@@ -100,6 +104,7 @@ class Solution:
             "redistributions": [r.to_json() for r in self.redistributions],
             "param_grad_syncs": {k: [c.to_json() for c in v] for k, v in self.param_grad_syncs.items()},
             "solver_stats": dict(self.solver_stats),
+            "levers": self.levers.to_json(),
         }
 
     @classmethod
@@ -121,6 +126,7 @@ class Solution:
                 param_grad_syncs={k: [Collective.from_json(c) for c in v]
                                   for k, v in data.get("param_grad_syncs", {}).items()},
                 solver_stats=dict(data.get("solver_stats", {})),
+                levers=Levers.from_json(data.get("levers")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PlanFormatError(f"malformed solution JSON ({type(e).__name__}: {e}); was it written by "
