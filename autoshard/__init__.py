@@ -2,7 +2,8 @@
 
 ``autoshard.plan(model, mesh, example_inputs=...)`` traces a model and solves an ILP for how to shard
 it (data parallel, FSDP/ZeRO, tensor parallel); ``autoshard.compile(...)`` does the same under
-torchrun and returns each rank's program; ``Plan.render`` draws the partition.
+torchrun and returns each rank's program; ``Plan.render`` draws the partition. With ``pp="auto"``
+both plan pipeline stages too (``PipelinedPlan``: 3D plans).
 
 Names that need torch load on first use, so torch-free commands (``autoshard solve``) start fast.
 """
@@ -17,12 +18,12 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "plan": "autoshard.api", "compile": "autoshard.api",
-    "Plan": "autoshard.plans", "load_plan": "autoshard.plans",
+    "Plan": "autoshard.plans", "load_plan": "autoshard.plans", "PipelinedPlan": "autoshard.pipelined_plans",
     "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
 }
 _SUBMODULES = ("presets",)
 
-__all__ = ["plan", "compile", "load_plan", "Plan", "Mesh", "Shard", "Replicate", "Partial", "presets",
+__all__ = ["plan", "compile", "load_plan", "Plan", "PipelinedPlan", "Mesh", "Shard", "Replicate", "Partial", "presets",
            "AutoshardError", "TraceError", "MeshError", "InfeasiblePlanError", "BatchError", "PlanFormatError"]
 
 
