@@ -7,8 +7,6 @@ must answer for a 20-block model exactly as it answers when it prices all 20 blo
 """
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 import torch.nn as nn
@@ -21,7 +19,7 @@ from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.pipeline.stages.shallow import shallow_program
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import evaluate
-from models import GPT, _cross_entropy
+from autoshard.testing.models import GPT, lm_loss
 
 LAYERS = 20
 D = 768  # two blocks hold a gradient bucket of parameters (shallow.MIN_PARAM_BYTES)
@@ -29,7 +27,7 @@ D = 768  # two blocks hold a gradient bucket of parameters (shallow.MIN_PARAM_BY
 
 def _capture(model, batch=16, seq=32, vocab=256):
     ids = torch.empty(batch, seq, dtype=torch.long, device="meta")
-    return capture(model, (ids,), loss_fn=_cross_entropy, target=ids.clone())
+    return capture(model, (ids,), loss_fn=lm_loss, target=ids.clone())
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +81,8 @@ def test_decisions_written_back_are_a_consistent_deep_plan(deep):
 def test_folded_planner_answers_as_the_full_depth_one(deep):
     hw = PRESETS["h100"]
     mesh = Mesh((8, 8))
-    t0 = time.perf_counter()
     folded = plan_pipeline(deep, mesh, hardware=hw, pp=4, time_limit_s=30)
-    t1 = time.perf_counter()
     full = plan_pipeline(deep, mesh, hardware=hw, pp=4, time_limit_s=30, fold_blocks=False)
-    t2 = time.perf_counter()
     assert folded.stages[0].solution.solver_stats["pipeline_search"]["shallow_copy"]["blocks"] == LAYERS
     assert "shallow_copy" not in full.stages[0].solution.solver_stats["pipeline_search"]
     key = (folded.pp, folded.schedule, folded.microbatches, [len(s.nodes) for s in folded.stages],
@@ -101,7 +96,6 @@ def test_folded_planner_answers_as_the_full_depth_one(deep):
     for s_f, s_d in zip(folded.stages, full.stages):
         assert {k: str(v) for k, v in s_f.solution.strategies.items()} == \
                {k: str(v) for k, v in s_d.solution.strategies.items()}
-    assert t1 - t0 < t2 - t1  # the point of the copy
 
 
 class _Skip(nn.Module):
