@@ -101,7 +101,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     candidates: dict = {}
     profiles = plan_candidates(shallow.captured if shallow else captured, mesh, pps, hardware=hw, optimizer=optimizer,
                                memory_limit=limit, units=shallow.units if shallow else units,
-                               blocks=shallow.blocks if shallow else None, quick_s=min(3.0, time_limit_s / 4),
+                               blocks=shallow.blocks if shallow else None, quick_s=min(2.0, time_limit_s / 4),
                                thorough_s=min(30.0, time_limit_s / 2), stats=candidates, deep_chain=True)
     left = max(1.0, time_limit_s - (time.perf_counter() - t0))
     best, stats = search_stages(profiles, mesh, hardware=hw, memory_limit=limit, batch=batch, schedules=schedules,
