@@ -75,32 +75,29 @@ def plan_summary(plan) -> str:
     return "\n".join(out)
 
 
-def stage_contents(stage) -> str:
-    """What a stage holds, from its parameters: ``transformer.wte + transformer.h.0-5 (6 blocks)``."""
-    names = list(stage.solution.param_placements) if stage.solution is not None else []
+def stage_contents(*stages) -> str:
+    """What stages hold, from their parameters: ``transformer.wte + transformer.h.0-5 (6 blocks)``; for
+    several alike stages, ``transformer.h.6-89 (6 blocks each)``."""
+    names = [n for st in stages if st.solution is not None for n in st.solution.param_placements]
     parts: list[str] = []
-    blocks: dict[str, list[int]] = {}
+    blocks: dict[str, set] = {}
     for name in names:
         inst = block_instance(name.rsplit(".", 1)[0])
+        owner = inst[0] if inst is not None else name.rsplit(".", 1)[0]
         if inst is not None:
-            index = int(inst[1].rsplit(".", 1)[1])
-            if index not in blocks.setdefault(inst[0], []):
-                blocks[inst[0]].append(index)
-            if inst[0] not in parts:
-                parts.append(inst[0])
-        else:
-            owner = name.rsplit(".", 1)[0]
-            if owner not in parts:
-                parts.append(owner)
+            blocks.setdefault(inst[0], set()).add(int(inst[1].rsplit(".", 1)[1]))
+        if owner not in parts:
+            parts.append(owner)
     text = []
     for p in parts:
         if p in blocks:
             idx = sorted(blocks[p])
             span = f"{idx[0]}-{idx[-1]}" if len(idx) > 1 else f"{idx[0]}"
-            text.append(f"{p.replace('#', span)} ({len(idx)} block{'s' if len(idx) > 1 else ''})")
+            each = len(idx) // len(stages)
+            text.append(f"{p.replace('#', span)} ({each} block{'s' if each > 1 else ''}{' each' if len(stages) > 1 else ''})")
         else:
             text.append(p)
-    return " + ".join(text) if text else f"{len(stage.nodes)} ops"
+    return " + ".join(text) if text else f"{sum(len(st.nodes) for st in stages)} ops"
 
 
 def _ranks(ranks) -> str:
@@ -117,15 +114,30 @@ def pipelined_summary(plan) -> str:
            f"  estimated memory, busiest device: {human_bytes(plan.estimated_memory)}",
            throughput_line(plan),
            "  stages (rank group, ranks, submesh, contents, recompute, estimated memory per device):"]
+    rows: list[tuple[tuple, list]] = []  # consecutive stages alike but for their block numbers: one row
     for stage in pipe.stages:
         sol = stage.solution
         mem = ""
         if sol is not None:
             mb = ", ".join(f"{k} {human_bytes(v)}" for k, v in (sol.memory_breakdown or {}).items())
             mem = f"{human_bytes(sol.estimated_memory)} ({mb})"
-        out.append(f"    stage {stage.index:<3} group {stage.group:<3} ranks {_ranks(stage.ranks):<12} submesh "
-                   f"{tuple(stage.mesh.shape)} {tuple(stage.mesh.axis_names)}  {stage_contents(stage)}"
-                   f"{'  recompute' if stage.recompute else ''}  {mem}")
+        contents = stage_contents(stage)
+        key = (tuple(stage.mesh.shape), tuple(stage.mesh.axis_names), stage.recompute, mem,
+               re.sub(r"\.\d+-\d+ \(", ".# (", re.sub(r"\.\d+ \(", ".# (", contents)))
+        if rows and rows[-1][0] == key and rows[-1][1][-1].group != stage.group:
+            rows[-1][1].append(stage)
+        else:
+            rows.append((key, [stage]))
+    for (shape, names, recompute, mem, _), stages in rows:
+        first = stages[0]
+        if len(stages) == 1:
+            head = f"stage {first.index:<3} group {first.group:<3} ranks {_ranks(first.ranks):<12}"
+        else:
+            ranks = sorted(r for st in stages for r in st.ranks)
+            head = (f"stages {first.index}-{stages[-1].index} (x{len(stages)}) groups {first.group}-{stages[-1].group} "
+                    f"ranks {_ranks(ranks)}")
+        contents = stage_contents(*stages)
+        out.append(f"    {head} submesh {shape} {names}  {contents}{'  recompute' if recompute else ''}  {mem}")
     out.append("  parameters (storage placement per submesh axis; repeated blocks folded as #):")
     _placements(plan.param_placements, out)
     colls, syncs, total = Counter(), Counter(), 0.0

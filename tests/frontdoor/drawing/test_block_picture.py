@@ -72,7 +72,8 @@ def test_every_collective_is_drawn_once(seed):
 
 
 def test_pipelined_plan_folds_identical_stages():
-    """Four stages of 5 identical blocks on a slow-linked mesh: the two middle stages are one cluster."""
+    """Four stages of 5 identical blocks on a slow-linked mesh: the two middle stages are one cluster
+    (and one summary row)."""
     import dataclasses
     from autoshard.passes.cost.hardware_lookup import get_hardware
     slow = dataclasses.replace(get_hardware("cpu"), name="slow-net", devices_per_node=1, inter_node_bandwidth=1e6,
@@ -87,6 +88,7 @@ def test_pipelined_plan_folds_identical_stages():
     assert len(clusters) == 3 and clusters[1].startswith("stages 1-2 (\u00d72)"), clusters
     assert "p2p" in dot and "blocks.5-9" in dot and "\u00d75" in dot
     assert "cluster" in plan.to_dot("ops") and plan.to_dot("ops").count("subgraph cluster_stage_") == 4
+    assert "stages 1-2 (x2) groups 1-2" in plan.summary() and "blocks.5-14 (5 blocks each)" in plan.summary()
 
 
 def _png_size(path) -> tuple[int, int]:
