@@ -148,8 +148,8 @@ def _input_boxes(captured, strategies_of, axis_names) -> list[str]:
         meta = captured.node(name).meta.get(META)
         strategies = strategies_of(name)
         pls = strategies[name].outputs[0] if name in strategies and strategies[name].outputs else ()
-        what = "target" if name == captured.target else "input"
-        text = f"{what} {name} [{_shape(meta)} {str(getattr(meta, 'dtype', '')).replace('torch.', '')}]"
+        what = name if name != captured.target or name == "target" else f"target {name}"
+        text = f"{what} [{_shape(meta)} {str(getattr(meta, 'dtype', '')).replace('torch.', '')}]"
         out.append(f'"in_{name}" [shape=box, style="filled,rounded", height=0.3, fillcolor="{placement_colour(pls)}", '
                    f'label="{escape(text + chr(10) + axes_label(pls, axis_names))}"];')
     return out
