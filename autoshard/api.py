@@ -197,15 +197,17 @@ def _plan_pipeline(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn
                    memory_limit, optimizer, random_seed, time_limit_s, pp, schedule, microbatches, stages,
                    pins: dict) -> Union[Plan, PipelinedPlan]:
     """``plan(..., pp=...)``: the stage planner on the whole program, no process group
-    (``pipelines.plan_pipelined``). Parameter pins apply when it keeps one stage."""
+    (``pipelines.plan_pipelined``). Pins and random plans are refused (TypeError)."""
     if not _pipeline_degree(pp):
         raise TypeError("schedule=, microbatches= and stages= configure pipeline parallelism: pass pp='auto' "
                         "(or pp= > 1) too")
-    bad = ["random_seed"] if random_seed is not None else []
-    bad += [f"{k} (pins)" for k in ("inputs", "ops", "strategies") if pins.get(k)]
-    if bad:
-        raise TypeError(f"{', '.join(bad)} cannot be combined with pp={pp!r}: a pipeline is planned per stage")
     _pins(pins)
+    bad = ["random_seed"] if random_seed is not None else []
+    bad += [f"{k} (pins)" for k in PIN_KEYWORDS if pins.get(k)]
+    if bad:
+        raise TypeError(f"{', '.join(bad)} cannot be combined with plan(..., pp={pp!r}): the stage planner chooses "
+                        "each stage's sharding (compile(..., pp=..., params=...) applies parameter pins when it "
+                        "re-solves the stages)")
     if isinstance(example_inputs, dict) or not isinstance(example_inputs, (tuple, list)):
         raise BatchError("pipeline parallelism takes example_inputs as a tuple of tensors (cut along dim 0)")
     mesh = Mesh.of(mesh)
@@ -213,8 +215,7 @@ def _plan_pipeline(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn
     captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
     return plan_pipelined(captured, mesh, hardware=hw, hardware_label=hardware_label(hw), memory_limit=memory_limit,
                           optimizer=optimizer, pp=pp, schedule=schedule, microbatches=microbatches,
-                          stages=planner_stage_starts(captured, stages), time_limit_s=time_limit_s,
-                          params=pins.get("params"))
+                          stages=planner_stage_starts(captured, stages), time_limit_s=time_limit_s)
 
 
 def _compile_planned_pipeline(model: torch.nn.Module, mesh: Any, plan: PipelinedPlan, *, example_inputs, loss_fn,

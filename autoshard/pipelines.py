@@ -29,9 +29,7 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import generate
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
-from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import Redistribution, Solution
-from autoshard.passes.sharding.pins import Pins
 from autoshard.pipelined_plans import PipelinedPlan
 from autoshard.plan_format import graph_fingerprint
 from autoshard.plans import Plan, plan_work
@@ -43,21 +41,15 @@ __all__ = ["plan_pipelined", "build_pipelined_model", "microbatch_plan", "check_
 
 def plan_pipelined(captured: CapturedGraph, mesh: Mesh, *, hardware: Any, hardware_label: str,
                    memory_limit: Optional[int], optimizer: str, pp: Union[int, str], schedule: Optional[str],
-                   microbatches: Optional[int], stages: Optional[list], time_limit_s: float,
-                   params: Optional[dict] = None) -> Union[PipelinedPlan, Plan]:
+                   microbatches: Optional[int], stages: Optional[list], time_limit_s: float
+                   ) -> Union[PipelinedPlan, Plan]:
     """The stage planner's choice for ``captured`` on ``mesh`` as a plan object (module docstring).
-    ``stages``: unit indices or node names where stages 1.. start (``api.planner_stage_starts``).
-    ``params``: parameter pins, honoured only when the planner keeps one stage (the core plan is
-    solved again with them)."""
+    ``stages``: unit indices or node names where stages 1.. start (``api.planner_stage_starts``)."""
     chosen = plan_pipeline(captured, mesh, hardware=hardware, memory_limit=memory_limit, optimizer=optimizer,
                            pp=None if pp == "auto" else pp, schedule=schedule, microbatches=microbatches,
                            stages=stages, time_limit_s=time_limit_s)
     if chosen.pp == 1:
-        solution = chosen.stages[0].solution
-        if params:
-            solution = plan_sharding(captured, mesh, hardware=hardware, memory_limit=memory_limit,
-                                     optimizer=optimizer, time_limit_s=time_limit_s, pins=Pins(params=params))
-        return Plan.build(solution, mesh, hardware, captured)
+        return Plan.build(chosen.stages[0].solution, mesh, hardware, captured)
     return PipelinedPlan(chosen, mesh, hardware_label, graph_fingerprint(captured), captured,
                          plan_work(captured, hardware, mesh.size))
 

@@ -106,6 +106,8 @@ def test_bad_pipeline_plan_arguments(tmp_path):
         _plan("gpt", (4,), slow_network(), schedule="1f1b")
     with pytest.raises(TypeError, match="random_seed"):
         _plan("gpt", (4,), slow_network(), pp=2, random_seed=0)
+    with pytest.raises(TypeError, match="params \\(pins\\)"):
+        _plan("gpt", (4,), slow_network(), pp="auto", params={"wte.weight": ("R",)})
     plan = _plan("gpt", (4,), slow_network(), pp=2)
     model, inputs, target, loss_fn, _ = build("gpt")
     common = dict(example_inputs=inputs, loss_fn=loss_fn, example_target=target, plan=plan)
