@@ -94,7 +94,8 @@ def stage_contents(*stages) -> str:
             idx = sorted(blocks[p])
             span = f"{idx[0]}-{idx[-1]}" if len(idx) > 1 else f"{idx[0]}"
             each = len(idx) // len(stages)
-            text.append(f"{p.replace('#', span)} ({each} block{'s' if each > 1 else ''}{' each' if len(stages) > 1 else ''})")
+            plural, each_word = "s" if each > 1 else "", " each" if len(stages) > 1 else ""
+            text.append(f"{p.replace('#', span)} ({each} block{plural}{each_word})")
         else:
             text.append(p)
     return " + ".join(text) if text else f"{sum(len(st.nodes) for st in stages)} ops"

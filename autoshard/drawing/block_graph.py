@@ -128,8 +128,8 @@ def _units_and_edges(prefix: str, units, solution, captured, axis_names) -> tupl
         boxes.append(f'"{prefix}u{u}" [label={_unit_label(unit, u, solution, captured, axis_names, moves)}];')
         between = _collective_lines(moves.between.get(u, {}), axis_names)
         if unit.count > 1 and between:
-            edges.append(f'"{prefix}u{u}" -> "{prefix}u{u}" [label="{escape("block to next block:" + chr(10) + chr(10).join(between))}", '
-                         'color="#de2d26", fontcolor="#de2d26"];')
+            text = escape("\n".join(["block to next block:"] + between))
+            edges.append(f'"{prefix}u{u}" -> "{prefix}u{u}" [label="{text}", color="#de2d26", fontcolor="#de2d26"];')
     entry = set(captured.inputs) | ({captured.target} if captured.target else set())
     for src, dst in sorted(moves.links, key=str):
         if isinstance(src, str) and src not in entry:

@@ -81,7 +81,8 @@ def test_pipelined_plan_folds_identical_stages():
     torch.manual_seed(0)
     model, inputs, target, loss_fn = gpt(n_layer=20, d=16, n_head=2, seq=8)
     plan = autoshard.plan(model, (4,), example_inputs=inputs, loss_fn=loss_fn, example_target=target,
-                          hardware=slow, pp=4, schedule="1f1b", microbatches=2, stages=["blocks.5", "blocks.10", "blocks.15"])
+                          hardware=slow, pp=4, schedule="1f1b", microbatches=2,
+                          stages=["blocks.5", "blocks.10", "blocks.15"])
     assert isinstance(plan, autoshard.PipelinedPlan) and len(plan.stages) == 4
     dot = plan.to_dot()
     clusters = re.findall(r'subgraph cluster_\d+ \{ label="([^"]+)"', dot)
