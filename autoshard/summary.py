@@ -150,8 +150,8 @@ def pipelined_summary(plan) -> str:
                 colls[f"{c.phase} {c.kind}"] += 1
                 total += c.bytes
         syncs.update(c.kind for items in stage.solution.param_grad_syncs.values() for c in items)
-    out.append(f"  inserted collectives (all stages, per microbatch): {sum(colls.values())} {dict(colls)}, "
-               f"{human_bytes(total)} in all")
+    out.append(f"  inserted collectives (all stages, each stage's plan priced at the global batch in one pass): "
+               f"{sum(colls.values())} {dict(colls)}, {human_bytes(total)} in all")
     out.append(f"  gradient syncs: {sum(syncs.values())} {dict(syncs)}")
     search = next((s.solution.solver_stats.get("pipeline_search") for s in pipe.stages
                    if s.solution is not None and s.solution.solver_stats.get("pipeline_search")), None)

@@ -98,7 +98,7 @@ def _unit_label(unit: DrawnUnit, u: int, solution, captured, axis_names, moves: 
     return '<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="3">' + "".join(rows) + "</TABLE>>"
 
 
-def _legend(axis_names) -> str:
+def _legend(axis_names, pipelined: bool = False) -> str:
     rows = ['<TR><TD COLSPAN="2" BGCOLOR="#eeeeee"><B>legend</B></TD></TR>']
     for colour, text in ((placement_colour(()), "replicated on every axis (R)"),
                          ("#c6dbef", "sharded on some axis (S(d): split along dim d)"),
@@ -107,7 +107,8 @@ def _legend(axis_names) -> str:
     for text in (f"placements per mesh axis: {', '.join(f'{a}:...' for a in axis_names)}",
                  "\u00d7N: N identical blocks drawn once (figures per block)",
                  "edges: collectives on the way (bytes, est. time per step)",
-                 "\"x, bwd y\": forward collective x, its backward adjoint y"):
+                 "\"x, bwd y\": forward collective x, its backward adjoint y") + (
+                    ("stages: their plans priced at the global batch in one pass",) if pipelined else ()):
         rows.append(f'<TR><TD COLSPAN="2" ALIGN="LEFT">{_h(text)}</TD></TR>')
     return '<<TABLE BORDER="0" CELLBORDER="1" CELLSPACING="0" CELLPADDING="2">' + "".join(rows) + "</TABLE>>"
 
@@ -266,6 +267,6 @@ def block_pipeline_to_dot(plan) -> str:
         edges.append(f'"{lasts[r]}" -> "{firsts[r + 1]}" [ltail=cluster_{r}, lhead=cluster_{r + 1}, '
                      f'label="{escape(text)}", color="#3182bd", fontcolor="#3182bd", penwidth=2];')
     lines += ["  " + e for e in edges]
-    lines.append(f'  "legend" [label={_legend(sub_names)}];')
+    lines.append(f'  "legend" [label={_legend(sub_names, pipelined=True)}];')
     lines.append("}")
     return "\n".join(lines) + "\n"
