@@ -2,7 +2,8 @@
 
 ``autoshard.plan(model, mesh, example_inputs=...)`` traces a model and solves an ILP for how to shard
 it (data parallel, FSDP/ZeRO, tensor parallel); ``autoshard.compile(...)`` does the same under
-torchrun and returns each rank's program; ``Plan.render`` draws the partition.
+torchrun and returns each rank's program; ``Plan.render`` draws the partition. With ``pp="auto"``
+both plan pipeline stages too (``PipelinedPlan``: 3D plans).
 
 The front door: ``api`` (plan, compile), ``compiled`` (what compile returns), ``plans`` (``Plan``),
 ``presets``, ``summary``, ``cli``, and the subpackages ``drawing/`` and ``profiling/``. Below it sit
@@ -24,12 +25,12 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "plan": "autoshard.api", "compile": "autoshard.api",
-    "Plan": "autoshard.plans", "load_plan": "autoshard.plans",
+    "Plan": "autoshard.plans", "load_plan": "autoshard.plans", "PipelinedPlan": "autoshard.pipelined_plans",
     "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
 }
 _SUBMODULES = ("presets",)
 
-__all__ = ["plan", "compile", "load_plan", "Plan", "Mesh", "Shard", "Replicate", "Partial", "presets",
+__all__ = ["plan", "compile", "load_plan", "Plan", "PipelinedPlan", "Mesh", "Shard", "Replicate", "Partial", "presets",
            "AutoshardError", "TraceError", "MeshError", "InfeasiblePlanError", "BatchError", "PlanFormatError"]
 
 

@@ -28,6 +28,8 @@ from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.planner import plan_sharding, random_solution
 from autoshard.passes.solve.solution import Solution
+from autoshard.pipelined_plans import PipelinedPlan
+from autoshard.pipelines import build_pipelined_model, check_plan_arguments, plan_pipelined
 from autoshard.plans import Plan, graph_fingerprint
 from autoshard.runtime.groups import MeshEnv, run_and_broadcast, setup_distributed
 from autoshard.runtime.pipeline.executor import PipelineProgram
@@ -80,12 +82,14 @@ def plan_captured(captured: CapturedGraph, mesh: Any, *, hardware: Any = "auto",
     else:
         solution = plan_sharding(captured, mesh, hardware=hw, memory_limit=memory_limit, pins=pin_obj,
                                  optimizer=optimizer, time_limit_s=time_limit_s)
-    return Plan(solution, mesh, hardware_label(hw), graph_fingerprint(captured), captured)
+    return Plan.build(solution, mesh, hw, captured)
 
 
 def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, example_target=None,
          hardware: Optional[str] = "auto", memory_limit: Optional[int] = None, optimizer: str = "adamw",
-         random_seed: Optional[int] = None, time_limit_s: float = 30.0, **pins) -> Plan:
+         random_seed: Optional[int] = None, time_limit_s: float = 30.0, pp: Union[None, int, str] = None,
+         schedule: Optional[str] = None, microbatches: Optional[int] = None, stages: Optional[list] = None,
+         **pins) -> Union[Plan, PipelinedPlan]:
     """Trace ``model`` and choose how to shard it over ``mesh``; needs no process group.
 
     ``mesh``: an int, a tuple of ints, an ``autoshard.Mesh`` or a ``DeviceMesh``. ``example_inputs``:
@@ -96,7 +100,17 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
     ``params={"fc1.weight": ("S(0)", "R")}`` (fnmatch patterns), ``inputs={0: ("S(0)",)}``,
     ``ops={"linear_1": ("S(2)",)}``, ``strategies={node: Strategy}``. ``random_seed`` draws a random
     valid plan instead of solving (for testing the runtime).
+
+    3D plans: ``pp="auto"`` | N (and ``schedule=``, ``microbatches=``, ``stages=``) run the stage
+    planner as ``compile`` does, with no process group (``_plan_pipeline``): the result is a
+    ``PipelinedPlan`` (same surface; ``compile(..., plan=it)`` runs it under torchrun), or a ``Plan``
+    when no pipeline is faster. Pass the whole model: repeated blocks are priced once inside.
     """
+    if _pipeline_degree(pp) or any(v is not None for v in (schedule, microbatches, stages)):
+        return _plan_pipeline(model, mesh, example_inputs=example_inputs, loss_fn=loss_fn,
+                              example_target=example_target, hardware=hardware, memory_limit=memory_limit,
+                              optimizer=optimizer, random_seed=random_seed, time_limit_s=time_limit_s, pp=pp,
+                              schedule=schedule, microbatches=microbatches, stages=stages, pins=pins)
     mesh = Mesh.of(mesh)
     captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
     return plan_captured(captured, mesh, hardware=hardware, memory_limit=memory_limit, optimizer=optimizer,
@@ -124,8 +138,15 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     "zbv", "dualpipev"), ``microbatches`` and ``stages`` (module-name prefixes, node names or layer-unit
     indices where stages 1.. start) pin those decisions (``_compile_pipeline``). The result is a
     ``PipelinedModel``, or a ``CompiledModel`` when the planner finds no pipeline faster (pp = 1).
-    ``pp=None`` (default) or ``pp=1``: no pipeline, the plan above.
+    ``pp=None`` (default) or ``pp=1``: no pipeline, the plan above. ``plan`` may be a ``PipelinedPlan``
+    (from ``plan(..., pp=...)`` or ``load_plan``): the pipeline is built from it, nothing is planned
+    (``_compile_planned_pipeline``).
     """
+    if isinstance(plan, PipelinedPlan):
+        return _compile_planned_pipeline(model, mesh, plan, example_inputs=example_inputs, loss_fn=loss_fn,
+                                         example_target=example_target, state_dict=state_dict, pp=pp,
+                                         schedule=schedule, microbatches=microbatches, stages=stages,
+                                         random_seed=random_seed, pins=pins)
     pipelined = _pipeline_degree(pp)
     if not pipelined and any(v is not None for v in (schedule, microbatches, stages)):
         raise TypeError("schedule=, microbatches= and stages= configure pipeline parallelism: pass pp='auto' "
@@ -171,6 +192,46 @@ def _pipeline_degree(pp) -> bool:
 
 
 # ---- pipeline parallelism ----------------------------------------------------------------------
+
+def _plan_pipeline(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn, example_target, hardware,
+                   memory_limit, optimizer, random_seed, time_limit_s, pp, schedule, microbatches, stages,
+                   pins: dict) -> Union[Plan, PipelinedPlan]:
+    """``plan(..., pp=...)``: the stage planner on the whole program, no process group
+    (``pipelines.plan_pipelined``). Pins and random plans are refused (TypeError)."""
+    if not _pipeline_degree(pp):
+        raise TypeError("schedule=, microbatches= and stages= configure pipeline parallelism: pass pp='auto' "
+                        "(or pp= > 1) too")
+    _pins(pins)
+    bad = ["random_seed"] if random_seed is not None else []
+    bad += [f"{k} (pins)" for k in PIN_KEYWORDS if pins.get(k)]
+    if bad:
+        raise TypeError(f"{', '.join(bad)} cannot be combined with plan(..., pp={pp!r}): the stage planner chooses "
+                        "each stage's sharding (compile(..., pp=..., params=...) applies parameter pins when it "
+                        "re-solves the stages)")
+    if isinstance(example_inputs, dict) or not isinstance(example_inputs, (tuple, list)):
+        raise BatchError("pipeline parallelism takes example_inputs as a tuple of tensors (cut along dim 0)")
+    mesh = Mesh.of(mesh)
+    hw = resolve_hardware(hardware)
+    captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
+    return plan_pipelined(captured, mesh, hardware=hw, hardware_label=hardware_label(hw), memory_limit=memory_limit,
+                          optimizer=optimizer, pp=pp, schedule=schedule, microbatches=microbatches,
+                          stages=planner_stage_starts(captured, stages), time_limit_s=time_limit_s)
+
+
+def _compile_planned_pipeline(model: torch.nn.Module, mesh: Any, plan: PipelinedPlan, *, example_inputs, loss_fn,
+                              example_target, state_dict, pp, schedule, microbatches, stages, random_seed,
+                              pins: dict) -> PipelinedModel:
+    """``compile(..., plan=<PipelinedPlan>)``: join the world and build this rank's stages from the plan
+    (``pipelines.build_pipelined_model``); nothing is planned, on any rank."""
+    check_plan_arguments(plan, pp=pp, schedule=schedule, microbatches=microbatches, stages=stages,
+                         random_seed=random_seed, pins=pins)
+    mesh = Mesh.of(mesh)
+    if mesh.shape != plan.mesh.shape:
+        raise PlanFormatError(f"plan was made for mesh {plan.mesh.shape}, not {mesh.shape}: plan again")
+    setup_distributed(mesh)
+    return build_pipelined_model(plan, model, example_inputs=example_inputs, loss_fn=loss_fn,
+                                 example_target=example_target, state_dict=state_dict)
+
 
 def _compile_pipeline(model: torch.nn.Module, mesh: Mesh, env: MeshEnv, *, example_inputs, loss_fn, example_target,
                       pp, schedule, microbatches, stages, state_dict, hardware, memory_limit, optimizer,

@@ -32,7 +32,7 @@ from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.graph import operand_meta, operands, outputs
 from autoshard.passes.spec import TensorMeta
 
-__all__ = ["GraphFacts", "op_name"]
+__all__ = ["GraphFacts", "op_name", "matmul_flops"]
 
 _VIEWS = {"view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t", "permute", "expand",
           "expand_as", "squeeze", "unsqueeze", "slice", "select", "split", "split_with_sizes", "unbind",
@@ -158,6 +158,15 @@ class GraphFacts:
             return False
         metas = self.tensor_outputs(producer)
         return slot < len(metas) and _floating(metas[slot])
+
+
+def matmul_flops(node: fx.Node) -> Optional[float]:
+    """Forward FLOPs (2 per multiply-add) of a matmul-like call_function node, as the cost model counts
+    them (``GraphFacts``); None for every other op."""
+    if node.op != "call_function":
+        return None
+    ins = [operand_meta(o) for o in operands(node)]
+    return _matmul_flops(node, op_name(node.target), ins, [m for m in outputs(node) if m is not None])
 
 
 def _matmul_flops(node: fx.Node, name: str, ins: list, outs: list) -> Optional[float]:

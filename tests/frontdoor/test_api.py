@@ -65,7 +65,7 @@ def test_save_and_load_round_trip(tmp_path):
     assert {k: str(v) for k, v in loaded.strategies.items()} == {k: str(v) for k, v in plan.strategies.items()}
     # re-attaching to the same model's graph works; to another model it is refused
     reattached = loaded.attach(plan.captured, plan.mesh)
-    assert reattached.to_dot() == plan.to_dot()
+    assert reattached.to_dot() == plan.to_dot() and reattached.to_dot("ops") == plan.to_dot("ops")
     other = autoshard.plan(*mlp()[:1], (2, 2), example_inputs=mlp()[1], loss_fn=mlp()[3],
                            example_target=mlp()[2], hardware="cpu")
     with pytest.raises(PlanFormatError, match="different model"):
@@ -97,14 +97,14 @@ def test_summary_names_placements_and_collectives():
 
 def test_dot_draws_ops_placements_and_collectives(tmp_path):
     plan = _plan((2, 2), inputs={0: ("S(0)", "R")}, params={"blocks.*.fc.weight": ("R", "S(0)")})
-    dot = plan.to_dot()
+    dot = plan.to_dot(detail="ops")  # the op-level graph (the default picture is at block level)
     assert dot.startswith("digraph")
     assert "cluster" in dot and "blocks.0" in dot
     assert "dp:S(0)" in dot or "dp:R" in dot
     comm_nodes = [line for line in dot.splitlines() if '"comm_' in line and "label=" in line]
     assert len(comm_nodes) == sum(1 for _ in plan.solution.redistributions)
     if shutil.which("dot"):
-        out = plan.render(str(tmp_path / "plan.svg"))
+        out = plan.render(str(tmp_path / "plan.svg"), detail="ops")
         assert open(out).read().lstrip().startswith("<?xml") or "<svg" in open(out).read()
 
 
