@@ -9,7 +9,7 @@ Names that need torch load on first use, so torch-free commands (``autoshard sol
 import importlib
 
 from autoshard.passes.errors import (  # noqa: F401  (torch-free)
-    AutoshardError, BatchError, InfeasiblePlanError, MeshError, PlanFormatError, TraceError,
+    AutoshardError, BatchError, CheckpointError, InfeasiblePlanError, MeshError, PlanFormatError, TraceError,
 )
 from autoshard.passes.mesh import Mesh  # noqa: F401  (torch-free)
 
@@ -23,7 +23,8 @@ _LAZY = {
 _SUBMODULES = ("presets",)
 
 __all__ = ["plan", "compile", "load_plan", "Plan", "Mesh", "Shard", "Replicate", "Partial", "presets",
-           "AutoshardError", "TraceError", "MeshError", "InfeasiblePlanError", "BatchError", "PlanFormatError"]
+           "AutoshardError", "TraceError", "MeshError", "InfeasiblePlanError", "BatchError", "PlanFormatError",
+           "CheckpointError"]
 
 
 def __getattr__(name: str):

@@ -15,6 +15,7 @@ from autoshard.drawing import pipeline_to_dot, render_dot
 from autoshard.passes.errors import BatchError
 from autoshard.plans import Plan
 from autoshard.runtime.executor import RankProgram
+from autoshard.runtime.optim_state import load_optimizer_state_dict, optimizer_state_dict
 from autoshard.runtime.pipeline.timelines import gather_timelines
 
 
@@ -29,8 +30,34 @@ class _TrainingState:
         return iter(self._program.named_parameters())
 
     def full_state_dict(self) -> dict:
-        """Full tensors under the original ``model.state_dict()`` names (collective: call on every rank)."""
+        """Full tensors under the original ``model.state_dict()`` names, the model's state-dict hooks
+        included (collective: call on every rank)."""
         return self._program.full_state_dict()
+
+    # ---- checkpoints (``runtime.state_dict``, ``runtime.optim_state``) -------------------------------
+    def state_dict(self) -> dict:
+        """This rank's model state for ``torch.distributed.checkpoint``: DTensors with the plan's placements
+        on the program's DeviceMesh (views of the live parameters), under ``model.state_dict()``'s names,
+        hooks included. ``dcp.load`` into it, then ``load_state_dict`` it. Call on every rank."""
+        return self._program.model_state().state_dict()
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
+        """Copy ``state_dict`` into the local shards: DTensors on this program's mesh in any placements
+        (what ``dcp.load`` into ``state_dict()`` gives, from any plan or mesh) or full tensors. Call on
+        every rank."""
+        self._program.model_state().load_state_dict(state_dict, strict=strict)
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict:
+        """``optimizer``'s state keyed by parameter name (torch's flattened DCP layout:
+        ``state.<fqn>.<key>``, ``param_groups.<fqn>.<hyperparameter>``), state tensors as DTensors with
+        their parameter's placements. A fresh optimizer gets its state first (a zero step at lr 0)."""
+        return optimizer_state_dict(self._program.model_state(), optimizer)
+
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state_dict: dict,
+                                  strict: bool = True) -> None:
+        """Load what ``optimizer_state_dict`` gave (after ``dcp.load``, from any plan or mesh) into
+        ``optimizer``."""
+        load_optimizer_state_dict(self._program.model_state(), optimizer, state_dict, strict=strict)
 
 
 class CompiledModel(_TrainingState):

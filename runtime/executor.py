@@ -30,8 +30,8 @@ from .gradsync import GradSync
 from .groups import MeshEnv, setup_distributed
 from .layout import normalize
 from .lower import COLLECTIVE_META, lower
-from .materialize import materialize, names_of
-from .redistribute import redistribute
+from .materialize import materialize
+from .state_dict import ModelState
 
 __all__ = ["RankProgram"]
 
@@ -63,7 +63,8 @@ class RankProgram:
         self._buffer_names = list(captured.buffers)
         self._params = [nn.Parameter(local[ph], requires_grad=trainable.get(ph, True)) for ph in self._param_names]
         self._buffers = [local[ph] for ph in self._buffer_names]
-        self._state_keys = self._state_dict_keys(model, state_dict)
+        self.model = model  # its state_dict hooks name the checkpoint's tensors (``state_dict.ModelState``)
+        self._model_state: Optional[ModelState] = None
 
         entries = list(captured.inputs) + ([captured.target] if captured.target is not None else [])
         self._inputs = [(name, captured.node(name).meta.get(META)) for name in entries]
@@ -77,14 +78,6 @@ class RankProgram:
             return {}
         flags = {n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
         return {ph: flags.get(fqn, True) for ph, fqn in self.captured.params.items()}
-
-    def _state_dict_keys(self, model, state_dict) -> list[str]:
-        """The names ``full_state_dict`` uses, in the order of the model's (or given) state_dict."""
-        if model is not None:
-            return list(model.state_dict().keys())
-        known = [n for ph in self._param_names + self._buffer_names for n in names_of(self.captured, ph)]
-        given = [k for k in (state_dict or {}) if k in set(known)]
-        return given + [k for k in known if k not in set(given)]
 
     def _sync_order(self) -> list:
         """(param, comm over its R axes) in the order gradients become ready: reverse first use."""
@@ -185,18 +178,16 @@ class RankProgram:
     def named_buffers(self) -> list[tuple[str, torch.Tensor]]:
         return [(self.captured.buffers[ph], b) for ph, b in zip(self._buffer_names, self._buffers)]
 
+    def model_state(self) -> ModelState:
+        """The model's state over this program under ``model.state_dict()``'s names (built once)."""
+        if self._model_state is None:
+            self._model_state = ModelState(self, self.model)
+        return self._model_state
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full CPU tensors under the original ``model.state_dict()`` names (tied aliases included).
-        A collective: call it on every rank."""
-        full_by_name: dict[str, torch.Tensor] = {}
-        everything = (Replicate(),) * self.mesh.ndim
-        with torch.no_grad():
-            for ph, t in zip(self._param_names + self._buffer_names, self._params + self._buffers):
-                storage = self.strategies[ph].outputs[0]
-                full = redistribute(t.detach(), storage, everything, self.env).cpu().clone()
-                for name in names_of(self.captured, ph):
-                    full_by_name[name] = full
-        return {k: full_by_name[k] for k in self._state_keys if k in full_by_name}
+        """Full CPU tensors under the original ``model.state_dict()`` names (tied aliases and the model's
+        state-dict hooks included). A collective: call it on every rank."""
+        return self.model_state().full_state_dict()
 
     # ---- inspecting ----------------------------------------------------------------------------
     def collective_counts(self) -> dict[str, int]:

@@ -32,8 +32,8 @@ from autoshard.passes.spec import Replicate, Strategy, TensorMeta
 
 from ..groups import choose_device_backend
 from ..layout import shard_tensor
-from ..materialize import names_of
 from ..redistribute import redistribute
+from ..state_dict import ModelState
 from .groups import TieGroups, build_pipeline_envs, group_layout
 from .interpreter import Interpreter, TimelineEvent, executed_schedule
 from .p2p import Wiring
@@ -141,9 +141,8 @@ class PipelineProgram:
         self._grad_sync = {s: StageGradSync(st.sync_list()) for s, st in self.stages.items()}
         self._holders = self._shared_params()
         self._ties = TieGroups(self.layout, sorted({k for _, k in self._holders.values()}), self.rank)
-        everything = list(captured.params) + list(captured.buffers)
-        self._state_keys = (list(model.state_dict().keys()) if model is not None else
-                            [n for ph in everything for n in names_of(captured, ph)])
+        self.model = model  # its state_dict hooks name the checkpoint's tensors (``state_dict.ModelState``)
+        self._model_state: Optional[ModelState] = None
 
     # ---- construction helpers ------------------------------------------------------------------
     def _wiring(self) -> Wiring:
@@ -257,25 +256,14 @@ class PipelineProgram:
         """The last step's executed compute actions on this rank, in order, with measured times."""
         return list(self.interpreter.timeline)
 
+    def model_state(self) -> ModelState:
+        """The model's state over this rank's stages under ``model.state_dict()``'s names (built once; a
+        collective the first time)."""
+        if self._model_state is None:
+            self._model_state = ModelState(self, self.model, ties=self._ties)
+        return self._model_state
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full CPU tensors under the original names, on every rank (a collective: call on every rank).
-        Each tensor comes from the first stage holding it."""
-        out: dict[str, torch.Tensor] = {}
-        everything = (Replicate(),) * self.env.mesh.ndim
-        for ph in list(self.captured.params) + list(self.captured.buffers):
-            owner = next((g.index for g in self.graphs if ph in g.captured.params or ph in g.captured.buffers), None)
-            if owner is None:  # read by no op: no stage holds it
-                continue
-            meta = self.captured.node(ph).meta[META]
-            src_group = self.plan.stages[owner].group
-            if owner in self.stages:
-                st = self.stages[owner]
-                names = st.param_names + st.buffer_names
-                t = (st.params + st.buffers)[names.index(ph)]
-                full = redistribute(t.detach(), st.strategies[ph].outputs[0], everything, self.env).contiguous()
-            else:
-                full = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
-            dist.broadcast(full, src=self.layout[src_group][1][0])
-            for name in names_of(self.captured, ph):
-                out[name] = full.detach().cpu().clone()
-        return {k: out[k] for k in self._state_keys if k in out}
+        """Full CPU tensors under the original names (the model's state-dict hooks included), on every
+        rank (a collective: call on every rank). Each tensor comes from the first stage holding it."""
+        return self.model_state().full_state_dict()
