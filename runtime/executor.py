@@ -29,6 +29,7 @@ from autoshard.passes.spec import Replicate, Strategy, TensorMeta
 from .gradsync import GradSync
 from .groups import MeshEnv, setup_distributed
 from .layout import normalize
+from .local_batch import DataLayout, InputCheck, arrivals_for, data_layout, local_shapes, user_inputs
 from .lower import COLLECTIVE_META, lower
 from .materialize import materialize
 from .state_dict import ModelState
@@ -65,6 +66,8 @@ class RankProgram:
         self._buffers = [local[ph] for ph in self._buffer_names]
         self.model = model  # its state_dict hooks name the checkpoint's tensors (``state_dict.ModelState``)
         self._model_state: Optional[ModelState] = None
+        self._data_layout: Optional[DataLayout] = None
+        self._local_program: Optional[fx.GraphModule] = None
 
         entries = list(captured.inputs) + ([captured.target] if captured.target is not None else [])
         self._inputs = [(name, captured.node(name).meta.get(META)) for name in entries]
@@ -97,7 +100,8 @@ class RankProgram:
         return out
 
     # ---- running -------------------------------------------------------------------------------
-    def _args(self, inputs: tuple, target) -> list:
+    def _args(self, inputs: tuple, target, shapes: Optional[dict] = None) -> list:
+        """The program's input arguments, checked against the traced shapes (or ``shapes``: a local batch)."""
         has_target = self.captured.target is not None
         user = self._inputs[:len(self._inputs) - has_target]
         if len(inputs) != len(user):
@@ -114,10 +118,15 @@ class RankProgram:
             if isinstance(meta, TensorMeta):
                 if not isinstance(x, torch.Tensor):
                     raise BatchError(f"input {name!r} must be a tensor of shape {meta.shape}, got {type(x).__name__}")
-                if tuple(x.shape) != meta.shape:
+                if shapes is not None and tuple(x.shape) != shapes[name]:
+                    raise BatchError(f"input {name!r} has shape {tuple(x.shape)}; with local_batch=True this rank "
+                                     f"passes its slice of the global batch {meta.shape}: shape {shapes[name]} (rows "
+                                     f"of data_parallel_rank {self.data_layout().rank} of {self.data_layout().size})")
+                if shapes is None and tuple(x.shape) != meta.shape:
                     raise BatchError(f"input {name!r} has shape {tuple(x.shape)} but the program was traced with the "
                                      f"global batch {meta.shape}; pass the full global batch of the traced shape on "
-                                     f"every rank (or compile again for a new shape)")
+                                     f"every rank, or only this rank's slice with local_batch=True (or compile "
+                                     f"again for a new shape)")
                 if x.device != self.env.device:
                     x = x.to(self.env.device, non_blocking=True)
             out.append(x)
@@ -126,16 +135,37 @@ class RankProgram:
     def _local_loss(self, out) -> torch.Tensor:
         return out[0] if isinstance(out, (tuple, list)) else out
 
-    def step(self, *inputs, target=None) -> float:
-        """Forward + backward over the global batch; gradients land on ``parameters()``.
+    def _prepared(self, inputs: tuple, target, local_batch: bool) -> tuple:
+        """(program, arguments): the full-batch program, or with ``local_batch`` the one taking this rank's
+        slice (``local_batch.py``; lowered on first use), after checking the slices agree where they must."""
+        if not local_batch:
+            return self.program, self._args(inputs, target)
+        if self._local_program is None:
+            layout = self.data_layout()
+            self._local_program = lower(self.captured, self.strategies, self.env, arrivals_for(layout, self.mesh.ndim))
+            self._input_check = InputCheck(layout, self.env)
+        args = self._args(inputs, target, shapes=local_shapes(self.captured, self.data_layout()))
+        self._input_check([(name, x) for (name, _), x in zip(self._inputs, args) if isinstance(x, torch.Tensor)])
+        return self._local_program, args
+
+    def data_layout(self) -> DataLayout:
+        """The plan's data-parallel axes and this rank's place along them (``local_batch.DataLayout``)."""
+        if self._data_layout is None:
+            self._data_layout = data_layout([(self.captured, self.strategies, user_inputs(self.captured))], self.mesh,
+                                            self.env.coordinate)
+        return self._data_layout
+
+    def step(self, *inputs, target=None, local_batch: bool = False) -> float:
+        """Forward + backward over the global batch; gradients land on ``parameters()``. With
+        ``local_batch``, each rank passes only its data-parallel slice (``local_batch.py``).
 
         Returns the mean loss (identical on every rank)."""
         if not self.captured.loss_output:
             raise BatchError("step() needs a program traced with a loss function (loss_fn=...); "
                              "this one returns outputs: call forward()")
-        args = self._args(inputs, target)
+        program, args = self._prepared(inputs, target, local_batch)
         self._sync.begin()
-        loss = self._local_loss(self.program(*self._params, *self._buffers, *args))
+        loss = self._local_loss(program(*self._params, *self._buffers, *args))
         total, work = loss.detach().clone(), None
         if self._sync.carries:  # the loss rides in a gradient bucket reduced over every axis
             self._sync.carry(total)
@@ -151,11 +181,12 @@ class RankProgram:
             work.wait()
         return total.item()
 
-    def forward(self, *inputs, target=None):
-        """Forward only, without autograd: the full outputs (the loss, all-reduced, for a loss program)."""
-        args = self._args(inputs, target)
+    def forward(self, *inputs, target=None, local_batch: bool = False):
+        """Forward only, without autograd: the full outputs (the loss, all-reduced, for a loss program).
+        ``local_batch``: as in ``step``; the outputs are still the full batch's."""
+        program, args = self._prepared(inputs, target, local_batch)
         with torch.no_grad():
-            out = self.program(*self._params, *self._buffers, *args)
+            out = program(*self._params, *self._buffers, *args)
             if not self.captured.loss_output:
                 return out[0] if isinstance(out, (tuple, list)) and len(out) == 1 else out
             loss = self._local_loss(out).clone()
