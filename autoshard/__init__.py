@@ -20,9 +20,9 @@ _LAZY = {
     "Plan": "autoshard.plans", "load_plan": "autoshard.plans",
     "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
 }
-_SUBMODULES = ("presets",)
+_SUBMODULES = ("presets", "checkpoint")
 
-__all__ = ["plan", "compile", "load_plan", "Plan", "Mesh", "Shard", "Replicate", "Partial", "presets",
+__all__ = ["plan", "compile", "load_plan", "Plan", "Mesh", "Shard", "Replicate", "Partial", "presets", "checkpoint",
            "AutoshardError", "TraceError", "MeshError", "InfeasiblePlanError", "BatchError", "PlanFormatError",
            "CheckpointError"]
 

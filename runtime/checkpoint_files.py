@@ -20,15 +20,18 @@ them); anything else is a ``CheckpointError`` at save time naming the key.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
 import numbers
 import os
 import uuid
+import warnings
 from typing import Any, Optional, Union
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
                                                    MetadataIndex, StorageMeta, TensorProperties,
@@ -334,10 +337,22 @@ class JsonFileReader(StorageReader):
 def save(state: dict, path: PathLike, *, process_group=None) -> None:
     """``dcp.save(state)`` into directory ``path`` in the JSON format above; every rank calls it."""
     _check_storable(state)
-    dcp.save(state, storage_writer=JsonFileWriter(path), planner=JsonSavePlanner(), process_group=process_group)
+    with _alone_quietly():
+        dcp.save(state, storage_writer=JsonFileWriter(path), planner=JsonSavePlanner(), process_group=process_group,
+                 no_dist=not dist.is_initialized())
 
 
 def load(state: dict, path: PathLike, *, process_group=None) -> None:
     """``dcp.load(state)`` from directory ``path``: fills ``state``'s tensors in place (resharding to
     their placements) and replaces its non-tensor values; every rank calls it. Runs no pickle."""
-    dcp.load(state, storage_reader=JsonFileReader(path), planner=JsonLoadPlanner(), process_group=process_group)
+    with _alone_quietly():
+        dcp.load(state, storage_reader=JsonFileReader(path), planner=JsonLoadPlanner(), process_group=process_group,
+                 no_dist=not dist.is_initialized())
+
+
+@contextlib.contextmanager
+def _alone_quietly():
+    """Without a process group DCP warns that it assumes one process; that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
