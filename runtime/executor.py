@@ -72,7 +72,8 @@ class RankProgram:
         entries = list(captured.inputs) + ([captured.target] if captured.target is not None else [])
         self._inputs = [(name, captured.node(name).meta.get(META)) for name in entries]
         self._loss_comm = self.env.comm_for([a for a, s in enumerate(mesh.shape) if s > 1])
-        self._sync = GradSync(self._sync_order(), bucket_bytes=int(bucket_mb * 2**20),
+        # a forward-only program never has gradients: no buckets for them
+        self._sync = GradSync(self._sync_order() if captured.loss_output else [], bucket_bytes=int(bucket_mb * 2**20),
                               first_bucket_bytes=int(first_bucket_mb * 2**20), carry_comm=self._loss_comm)
 
     # ---- construction helpers ------------------------------------------------------------------
