@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from autoshard.drawing import plan_to_dot, render_dot
+from autoshard.explain import explain
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import META, CapturedGraph
 from autoshard.passes.mesh import Mesh
@@ -40,6 +41,9 @@ class Plan:
     hardware: str
     fingerprint: str
     captured: Optional[CapturedGraph] = field(default=None, repr=False)
+    #: how the model was built and planned when ``autoshard plan`` made it (spec, batch, seq, dtype,
+    #: memory limit, optimizer): ``autoshard explain`` builds the same model again from it. JSON data.
+    source: Optional[dict] = None
 
     # ---- the decisions -------------------------------------------------------------------------
     @property
@@ -73,6 +77,11 @@ class Plan:
         """A human-readable account: mesh, estimates, parameter placements, inserted collectives."""
         return plan_summary(self)
 
+    def explain(self, name: str, **kwargs):
+        """Why parameter or op ``name`` got its placement: the other strategies priced against the choice
+        and the binding constraint (``autoshard.explain``; needs the captured graph)."""
+        return explain(self, name, **kwargs)
+
     def to_dot(self) -> str:
         """The partition as graphviz dot text (needs the captured graph)."""
         return plan_to_dot(self)
@@ -91,6 +100,7 @@ class Plan:
             "hardware": self.hardware,
             "fingerprint": self.fingerprint,
             "solution": self.solution.to_json(),
+            **({"source": self.source} if self.source is not None else {}),
         }
 
     def save(self, path: str) -> None:
@@ -111,6 +121,7 @@ class Plan:
                 mesh=Mesh.from_json(data["mesh"]),
                 hardware=str(data["hardware"]),
                 fingerprint=str(data["fingerprint"]),
+                source=data.get("source"),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise PlanFormatError(f"malformed plan: {e}") from e
@@ -124,7 +135,7 @@ class Plan:
             raise PlanFormatError(
                 "plan was made for a different model or input shapes (graph fingerprint "
                 f"{self.fingerprint} != {fp}): plan again for this model")
-        return Plan(self.solution, self.mesh, self.hardware, self.fingerprint, captured)
+        return Plan(self.solution, self.mesh, self.hardware, self.fingerprint, captured, self.source)
 
 
 def load_plan(path: str) -> Plan:
