@@ -71,3 +71,24 @@ def missing_target_worker(rank: int, world: int) -> str:
 def test_every_rank_hears_the_missing_argument():
     messages = run_ranks(missing_target_worker, 2, init="env", timeout=60)
     assert len(set(messages)) == 1 and "without example_target" in messages[0]
+
+
+class BadHeads(nn.Module):
+    """A width of 10 viewed as 3 heads: the model itself fails, whatever traces it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 10)
+
+    def forward(self, x):
+        return self.fc(x).view(x.shape[0], 3, -1)
+
+
+def test_an_error_of_the_model_itself_is_not_blamed_on_the_tracers():
+    lines, first = inspect.getsourcelines(BadHeads.forward)
+    line = first + next(i for i, text in enumerate(lines) if ".view(" in text)
+    with pytest.raises(autoshard.TraceError) as info:
+        autoshard.plan(BadHeads(), 2, example_inputs=(torch.randn(8, 4),), hardware="cpu")
+    message = str(info.value)
+    assert "an error the model's forward raises on these example inputs (RuntimeError: shape" in message
+    assert f"{__file__}:{line}" in message and "tracers do not support" not in message
