@@ -6,7 +6,8 @@ SPEC is one of
   no remote code);
 - a model type with overrides, ``llama:num_hidden_layers=32,hidden_size=4096`` (values parsed as JSON
   where they parse, else strings): ``transformers.AutoConfig.for_model`` then the causal-LM class;
-- ``package.module:factory`` (any name transformers does not know as a model type): the factory is called (with whichever of ``batch``, ``seq`` and ``dtype``
+- ``package.module:factory`` (any name transformers does not know as a model type; importable from
+  ``PYTHONPATH`` or the current directory): the factory is called (with whichever of ``batch``, ``seq`` and ``dtype``
   it accepts as keywords) and returns ``(model, example_inputs)`` or ``(model, example_inputs, loss_fn,
   example_target)``; example inputs are a tuple of tensors or a dict of keyword tensors.
 
@@ -20,6 +21,7 @@ import importlib
 import inspect
 import json
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -122,6 +124,8 @@ def build_model(spec: str, *, batch: int, seq: int, dtype: str = "fp32") -> Buil
         return BuiltModel(model, inputs, causal_lm_loss, target, f"{type(model).__name__} ({spec})", source)
     if not rest:
         raise ValueError(f"{spec!r}: name a factory as package.module:function")
+    if os.getcwd() not in sys.path:  # as `python -m` would: modules next to where the command runs import
+        sys.path.insert(0, os.getcwd())
     try:
         factory = getattr(importlib.import_module(head), rest)
     except (ImportError, AttributeError) as e:
