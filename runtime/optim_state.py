@@ -111,11 +111,8 @@ def _local(state: ModelState, h, key: str, value: Any) -> Any:
     return value
 
 
-def load_optimizer_state_dict(state: ModelState, opt: torch.optim.Optimizer, sd: dict, strict: bool = True) -> None:
-    """Load a flat FQN-keyed optimizer state (as ``optimizer_state_dict`` gives, after ``dcp.load``) into
-    ``opt``. ``strict``: every owned parameter must have its state and hyperparameters in ``sd``."""
-    init_optimizer_state(opt)
-    rows = _holdings_in(state, opt)
+def _native(state: ModelState, opt, rows: list, sd: dict, strict: bool) -> tuple[dict, list, list]:
+    """(torch's index-keyed state, param groups, what is missing) for ``opt`` from the FQN-keyed ``sd``."""
     native_state: dict[int, dict] = {}
     groups, index, missing = [], 0, []
     for g, row in zip(opt.param_groups, rows):
@@ -136,9 +133,21 @@ def load_optimizer_state_dict(state: ModelState, opt: torch.optim.Optimizer, sd:
             group["params"].append(index)
             index += 1
         groups.append(group)
-    if missing:
-        raise CheckpointError(f"the optimizer state dict does not match: {missing[:5]}; pass strict=False to load "
-                              "what is there")
+    return native_state, groups, missing
+
+
+def load_optimizer_state_dict(state: ModelState, opt: torch.optim.Optimizer, sd: dict, strict: bool = True) -> None:
+    """Load a flat FQN-keyed optimizer state (as ``optimizer_state_dict`` gives, after ``dcp.load``) into
+    ``opt``. ``strict``: every owned parameter must have its state and hyperparameters in ``sd``."""
+    init_optimizer_state(opt)
+    rows = _holdings_in(state, opt)
+    try:
+        native_state, groups, missing = _native(state, opt, rows, sd, strict)
+        problem = (f"the optimizer state dict does not match: {missing[:5]}; pass strict=False to load what is there"
+                   if missing else None)
+    except CheckpointError as e:
+        problem = str(e)
+    state.agree(problem)
     opt.load_state_dict({"state": native_state, "param_groups": groups})
     keys = sorted({k for h in state.held if h.is_param and h.tensor in opt.state for k in opt.state[h.tensor]
                    if isinstance(opt.state[h.tensor][k], torch.Tensor)})

@@ -102,11 +102,11 @@ class ModelState:
     def _orphan_values(self, seed: int) -> dict[str, torch.Tensor]:
         """placeholder -> full value of tensors no stage holds, on the first rank group's ranks."""
         phs = orphan_placeholders(self.program)
-        if not phs or self.program.group != 0:
-            return {}
-        if self.model is None:
+        if phs and self.model is None:  # every rank knows the plan: every rank raises
             raise CheckpointError(f"{[names_of(self.captured, p)[0] for p in phs]} are read by no pipeline stage; "
                                   "their values come from the model: build the pipeline with model=")
+        if not phs or self.program.group != 0:
+            return {}
         own = dict(self.model.named_parameters(remove_duplicate=False))
         own.update(self.model.named_buffers(remove_duplicate=False))
         tensors = {ph: own[names_of(self.captured, ph)[0]] for ph in phs}
@@ -236,14 +236,19 @@ class ModelState:
         ours = self._ours if self._ours is not None else list(self.state_dict())
         targets, after = self._load_targets()
         template = self._run_state_dict({**self._stand_ins(targets), **targets})
+        problem = None
         if strict:
             missing = [k for k in ours if k not in state_dict]
             unexpected = [k for k in state_dict if k not in template]
             if missing or unexpected:
-                raise CheckpointError(f"the state dict does not match the compiled model: missing {missing[:5]}"
-                                      f"{' ...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
-                                      f"{' ...' if len(unexpected) > 5 else ''}; pass strict=False to load a part")
-        given = {k: self._as_target(k, state_dict[k]) for k in ours if k in state_dict}
+                problem = (f"the state dict does not match the compiled model: missing {missing[:5]}"
+                           f"{' ...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
+                           f"{' ...' if len(unexpected) > 5 else ''}; pass strict=False to load a part")
+        given = {}
+        for k in ours:
+            if k in state_dict and problem is None:
+                given[k], problem = self._as_target(k, state_dict[k])
+        self.agree(problem)
         completed = {k: given.get(k, v) for k, v in template.items() if k in given or k not in ours}
         if self.model is None:
             with torch.no_grad():
@@ -287,16 +292,29 @@ class ModelState:
             self.sync_copies(lambda h: h.tensor)
         return targets, after
 
-    def _as_target(self, key: str, value: Any) -> Any:
+    def _as_target(self, key: str, value: Any) -> tuple[Any, Optional[str]]:
+        """(the value as a DTensor on this program's mesh, or None and what is wrong with it)."""
         if not isinstance(value, torch.Tensor) or self.mesh is None:
-            return value
+            return value, None
         if isinstance(value, DTensor):
             if value.device_mesh != self.mesh:
-                raise CheckpointError(f"{key!r} is a DTensor on {value.device_mesh}, not on this program's mesh "
-                                      f"{self.mesh}; load it with torch.distributed.checkpoint into this model's "
-                                      "state_dict() (that reshards), or pass full tensors")
-            return value
-        return as_dtensor(value.to(self.env.device), self.mesh, (Replicate(),) * self.env.mesh.ndim, value.shape)
+                return None, (f"{key!r} is a DTensor on {value.device_mesh}, not on this program's mesh {self.mesh}; "
+                              "load it with torch.distributed.checkpoint into this model's state_dict() (that "
+                              "reshards), or pass full tensors")
+            return value, None
+        return as_dtensor(value.to(self.env.device), self.mesh, (Replicate(),) * self.env.mesh.ndim, value.shape), None
+
+    def agree(self, problem: Optional[str]) -> None:
+        """Raise ``CheckpointError`` on every rank when any rank found ``problem`` (a collective when
+        distributed): a load that fails on one rank must not leave the others waiting in its collectives."""
+        failed = problem is not None
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            flag = torch.tensor([1.0 if failed else 0.0], device=self.env.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            failed = bool(flag.item())
+        if failed:
+            raise CheckpointError(problem or "another rank's state dict does not match the compiled model (its error "
+                                  "names the keys); every rank stops loading")
 
     # ---- copies of shared weights (pipelines) ----------------------------------------------------
     def sync_copies(self, tensor_of, *, gradient_layout: bool = False) -> None:
