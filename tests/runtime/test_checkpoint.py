@@ -328,3 +328,24 @@ def unread_worker(rank: int, world: int, root: str) -> list:
 def test_a_parameter_no_pipeline_stage_reads_is_saved_too(tmp_path):
     failures = run_ranks(unread_worker, 4, str(tmp_path / "ck"), timeout=300)
     assert failures == [[]] * 4, failures
+
+
+def mismatch_worker(rank: int, world: int) -> str:
+    import autoshard
+    x, y = _data()
+    torch.manual_seed(0)
+    cm = autoshard.compile(FusedQKV(), (2,), example_inputs=(x,), loss_fn=F.mse_loss, example_target=y, hardware="cpu")
+    sd = cm.state_dict()
+    if rank == 1:
+        del sd["o.bias"]
+    try:
+        cm.load_state_dict(sd)
+    except autoshard.CheckpointError as e:
+        return str(e)
+    return "loaded"
+
+
+def test_a_state_dict_wrong_on_one_rank_stops_every_rank():
+    messages = run_ranks(mismatch_worker, 2, timeout=60)
+    assert "another rank's state dict does not match" in messages[0]
+    assert "missing ['o.bias']" in messages[1]
