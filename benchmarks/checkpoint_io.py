@@ -2,7 +2,8 @@
 
     torchrun --nproc_per_node 4 benchmarks/checkpoint_io.py [--width 384 --layers 6] [--rounds 3]
 
-The GPT of ``examples/nanogpt.py`` (d 384, 6 layers: 10.8 M parameters, 43 MB in fp32) under three
+``autoshard.testing.models.GPT`` with fused qkv (op for op examples/nanogpt.py's; d 384, 6 layers:
+10.8 M parameters, 43 MB in fp32) under three
 plans on 4 gloo ranks: data parallel (4,), FSDP (4,) and the solver's (2, 2) plan. For each, after
 one AdamW step, interleaved rounds (medians) of
 
@@ -20,7 +21,6 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
@@ -28,10 +28,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-import autoshard  # noqa: E402
-from autoshard import checkpoint, presets  # noqa: E402
-from nanogpt import GPT, lm_loss  # noqa: E402
+import autoshard
+from autoshard import checkpoint, presets
+from autoshard.testing.models import GPT, lm_loss
 
 
 def _timed(fn) -> float:
@@ -113,7 +112,7 @@ def main() -> None:
     root = holder[0]
     torch.manual_seed(0)
     seq, batch = 64, 8
-    model = GPT(vocab=256, d=args.width, n_layer=args.layers, n_head=4, seq=seq)
+    model = GPT(vocab=256, d=args.width, n_layer=args.layers, n_head=4, seq=seq, fused_qkv=True)
     n_params = sum(p.numel() for p in model.parameters())
     x = torch.randint(0, 256, (batch, seq))
     y = torch.randint(0, 256, (batch, seq))

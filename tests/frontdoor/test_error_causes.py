@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import autoshard
-from distributed import run_ranks
+from autoshard.testing.ranks import run_ranks
 
 
 class MLP(nn.Module):

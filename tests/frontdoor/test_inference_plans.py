@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 import autoshard
-from distributed import run_ranks
-from models import mlp
+from autoshard.testing.models import mlp
+from autoshard.testing.ranks import run_ranks
 
 
 def test_a_plan_without_a_loss_counts_no_gradients_or_optimizer_state():

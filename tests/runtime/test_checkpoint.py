@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from distributed import run_ranks
+from autoshard.testing.ranks import run_ranks
 
 RTOL, ATOL = 1e-4, 1e-6
 
@@ -146,7 +146,7 @@ def test_checkpoint_saved_under_data_parallel_loads_under_tensor_parallel(tmp_pa
 def pipeline_worker(rank: int, world: int, root: str) -> list:
     import autoshard
     from autoshard import checkpoint
-    from models_pipeline import gpt_pipeline
+    from autoshard.testing.models import gpt_pipeline
     failures = []
     torch.manual_seed(0)
     model, inputs, target, loss_fn, _ = gpt_pipeline(n_layer=2)

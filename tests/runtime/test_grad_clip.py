@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from distributed import run_ranks
+from autoshard.testing.ranks import run_ranks
 
 RTOL, ATOL = 1e-4, 1e-6
 
@@ -33,8 +33,7 @@ def _cases(model_name: str):
 def clip_worker(rank: int, world: int, model_name: str) -> list:
     import autoshard
     from autoshard import presets
-    from models import mlp
-    from models_pipeline import gpt_pipeline
+    from autoshard.testing.models import gpt_pipeline, mlp
     failures = []
     for norm_type in (2.0, math.inf):
         for label, mesh, kw in _cases(model_name):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from distributed import run_ranks
+from autoshard.testing.ranks import run_ranks
 
 STEPS = 2
 
@@ -53,8 +53,7 @@ def data_parallel_pipeline(model, inputs, target, loss_fn, prefixes, microbatche
 def local_batch_worker(rank: int, world: int) -> list:
     import autoshard
     from autoshard import presets
-    from models import mlp
-    from models_pipeline import gpt_pipeline
+    from autoshard.testing.models import gpt_pipeline, mlp
     failures = []
     cases = [("dp", "mlp", (4,), presets.data_parallel((4,), batch_inputs=(0, 1)), (4, rank)),
              ("dp 2-D", "mlp", (2, 2), presets.data_parallel((2, 2), batch_inputs=(0, 1)), (4, rank)),

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from distributed import free_port
+from autoshard.testing.ranks import free_port
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "two_node_script.py")
 

@@ -9,9 +9,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import autoshard  # noqa: E402
-from models import gpt  # noqa: E402
+import autoshard
+from autoshard.testing.models import gpt
 
 
 def main(out: str) -> None:
