@@ -17,7 +17,7 @@ May import: torch, graphviz, ``autoshard.passes`` and ``autoshard.runtime``. Nev
 import importlib
 
 from autoshard.passes.errors import (  # noqa: F401  (torch-free)
-    AutoshardError, BatchError, InfeasiblePlanError, MeshError, PlanFormatError, TraceError,
+    AutoshardError, BatchError, CheckpointError, InfeasiblePlanError, MeshError, PlanFormatError, TraceError,
 )
 from autoshard.passes.mesh import Mesh  # noqa: F401  (torch-free)
 
@@ -28,10 +28,11 @@ _LAZY = {
     "Plan": "autoshard.plans", "load_plan": "autoshard.plans", "PipelinedPlan": "autoshard.pipelined_plans",
     "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
 }
-_SUBMODULES = ("presets",)
+_SUBMODULES = ("presets", "checkpoint")
 
 __all__ = ["plan", "compile", "load_plan", "Plan", "PipelinedPlan", "Mesh", "Shard", "Replicate", "Partial", "presets",
-           "AutoshardError", "TraceError", "MeshError", "InfeasiblePlanError", "BatchError", "PlanFormatError"]
+           "checkpoint", "AutoshardError", "TraceError", "MeshError", "InfeasiblePlanError", "BatchError",
+           "PlanFormatError", "CheckpointError"]
 
 
 def __getattr__(name: str):

@@ -16,7 +16,8 @@ from autoshard.drawing import block_plan_to_dot, plan_to_dot, render_dot
 from autoshard.metrics import ModelWork, model_work
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.errors import AutoshardError, PlanFormatError
-from autoshard.passes.graph import CapturedGraph
+from autoshard.explain import explain
+from autoshard.passes.graph import META, CapturedGraph
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import fmt_placements
@@ -63,6 +64,9 @@ class Plan:
         label = hardware if isinstance(hardware, str) else str(getattr(hardware, "name", "custom"))
         return cls(solution, mesh, label, graph_fingerprint(captured), captured,
                    plan_work(captured, hardware, mesh.size, solution))
+    #: how the model was built and planned when ``autoshard plan`` made it (spec, batch, seq, dtype,
+    #: memory limit, optimizer): ``autoshard explain`` builds the same model again from it. JSON data.
+    source: Optional[dict] = None
 
     # ---- the decisions -------------------------------------------------------------------------
     @property
@@ -116,6 +120,11 @@ class Plan:
         """A human-readable account: mesh, estimates, parameter placements, inserted collectives."""
         return plan_summary(self)
 
+    def explain(self, name: str, **kwargs):
+        """Why parameter or op ``name`` got its placement: the other strategies priced against the choice
+        and the binding constraint (``autoshard.explain``; needs the captured graph)."""
+        return explain(self, name, **kwargs)
+
     def to_dot(self, detail: str = "blocks") -> str:
         """The partition as graphviz dot text (needs the captured graph). ``detail="blocks"``: one box
         per module segment, repeated blocks folded ("x32"), with placements per mesh axis and the
@@ -142,6 +151,7 @@ class Plan:
             "fingerprint": self.fingerprint,
             "work": self.work.to_json() if self.work else None,
             "solution": self.solution.to_json(),
+            **({"source": self.source} if self.source is not None else {}),
         }
 
     def save(self, path: str) -> None:
@@ -159,6 +169,7 @@ class Plan:
                 hardware=str(data["hardware"]),
                 fingerprint=str(data["fingerprint"]),
                 work=ModelWork.from_json(data.get("work")),
+                source=data.get("source"),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise PlanFormatError(f"malformed plan: {e}") from e
@@ -172,7 +183,8 @@ class Plan:
             raise PlanFormatError(
                 "plan was made for a different model or input shapes (graph fingerprint "
                 f"{self.fingerprint} != {fp}): plan again for this model")
-        return Plan(self.solution, self.mesh, self.hardware, self.fingerprint, captured, self.work)
+        return Plan(self.solution, self.mesh, self.hardware, self.fingerprint, captured, self.work,
+                    source=self.source)
 
 
 def load_plan(path: str) -> Union[Plan, PipelinedPlan]:

@@ -29,9 +29,10 @@ from autoshard.passes.spec import Replicate, Strategy, TensorMeta
 from .gradsync import GradSync
 from .groups import MeshEnv, setup_distributed
 from .layout import normalize
+from .local_batch import DataLayout, InputCheck, arrivals_for, data_layout, local_shapes, user_inputs
 from .lower import COLLECTIVE_META, lower
-from .materialize import materialize, names_of
-from .redistribute import redistribute
+from .materialize import materialize
+from .state_dict import ModelState
 
 __all__ = ["RankProgram"]
 
@@ -63,12 +64,16 @@ class RankProgram:
         self._buffer_names = list(captured.buffers)
         self._params = [nn.Parameter(local[ph], requires_grad=trainable.get(ph, True)) for ph in self._param_names]
         self._buffers = [local[ph] for ph in self._buffer_names]
-        self._state_keys = self._state_dict_keys(model, state_dict)
+        self.model = model  # its state_dict hooks name the checkpoint's tensors (``state_dict.ModelState``)
+        self._model_state: Optional[ModelState] = None
+        self._data_layout: Optional[DataLayout] = None
+        self._local_program: Optional[fx.GraphModule] = None
 
         entries = list(captured.inputs) + ([captured.target] if captured.target is not None else [])
         self._inputs = [(name, captured.node(name).meta.get(META)) for name in entries]
         self._loss_comm = self.env.comm_for([a for a, s in enumerate(mesh.shape) if s > 1])
-        self._sync = GradSync(self._sync_order(), bucket_bytes=int(bucket_mb * 2**20),
+        # a forward-only program never has gradients: no buckets for them
+        self._sync = GradSync(self._sync_order() if captured.loss_output else [], bucket_bytes=int(bucket_mb * 2**20),
                               first_bucket_bytes=int(first_bucket_mb * 2**20), carry_comm=self._loss_comm)
 
     # ---- construction helpers ------------------------------------------------------------------
@@ -77,14 +82,6 @@ class RankProgram:
             return {}
         flags = {n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
         return {ph: flags.get(fqn, True) for ph, fqn in self.captured.params.items()}
-
-    def _state_dict_keys(self, model, state_dict) -> list[str]:
-        """The names ``full_state_dict`` uses, in the order of the model's (or given) state_dict."""
-        if model is not None:
-            return list(model.state_dict().keys())
-        known = [n for ph in self._param_names + self._buffer_names for n in names_of(self.captured, ph)]
-        given = [k for k in (state_dict or {}) if k in set(known)]
-        return given + [k for k in known if k not in set(given)]
 
     def _sync_order(self) -> list:
         """(param, comm over its R axes) in the order gradients become ready: reverse first use."""
@@ -104,7 +101,8 @@ class RankProgram:
         return out
 
     # ---- running -------------------------------------------------------------------------------
-    def _args(self, inputs: tuple, target) -> list:
+    def _args(self, inputs: tuple, target, shapes: Optional[dict] = None) -> list:
+        """The program's input arguments, checked against the traced shapes (or ``shapes``: a local batch)."""
         has_target = self.captured.target is not None
         user = self._inputs[:len(self._inputs) - has_target]
         if len(inputs) != len(user):
@@ -121,10 +119,15 @@ class RankProgram:
             if isinstance(meta, TensorMeta):
                 if not isinstance(x, torch.Tensor):
                     raise BatchError(f"input {name!r} must be a tensor of shape {meta.shape}, got {type(x).__name__}")
-                if tuple(x.shape) != meta.shape:
+                if shapes is not None and tuple(x.shape) != shapes[name]:
+                    raise BatchError(f"input {name!r} has shape {tuple(x.shape)}; with local_batch=True this rank "
+                                     f"passes its slice of the global batch {meta.shape}: shape {shapes[name]} (rows "
+                                     f"of data_parallel_rank {self.data_layout().rank} of {self.data_layout().size})")
+                if shapes is None and tuple(x.shape) != meta.shape:
                     raise BatchError(f"input {name!r} has shape {tuple(x.shape)} but the program was traced with the "
                                      f"global batch {meta.shape}; pass the full global batch of the traced shape on "
-                                     f"every rank (or compile again for a new shape)")
+                                     f"every rank, or only this rank's slice with local_batch=True (or compile "
+                                     f"again for a new shape)")
                 if x.device != self.env.device:
                     x = x.to(self.env.device, non_blocking=True)
             out.append(x)
@@ -133,16 +136,37 @@ class RankProgram:
     def _local_loss(self, out) -> torch.Tensor:
         return out[0] if isinstance(out, (tuple, list)) else out
 
-    def step(self, *inputs, target=None) -> float:
-        """Forward + backward over the global batch; gradients land on ``parameters()``.
+    def _prepared(self, inputs: tuple, target, local_batch: bool) -> tuple:
+        """(program, arguments): the full-batch program, or with ``local_batch`` the one taking this rank's
+        slice (``local_batch.py``; lowered on first use), after checking the slices agree where they must."""
+        if not local_batch:
+            return self.program, self._args(inputs, target)
+        if self._local_program is None:
+            layout = self.data_layout()
+            self._local_program = lower(self.captured, self.strategies, self.env, arrivals_for(layout, self.mesh.ndim))
+            self._input_check = InputCheck(layout, self.env)
+        args = self._args(inputs, target, shapes=local_shapes(self.captured, self.data_layout()))
+        self._input_check([(name, x) for (name, _), x in zip(self._inputs, args) if isinstance(x, torch.Tensor)])
+        return self._local_program, args
+
+    def data_layout(self) -> DataLayout:
+        """The plan's data-parallel axes and this rank's place along them (``local_batch.DataLayout``)."""
+        if self._data_layout is None:
+            self._data_layout = data_layout([(self.captured, self.strategies, user_inputs(self.captured))], self.mesh,
+                                            self.env.coordinate)
+        return self._data_layout
+
+    def step(self, *inputs, target=None, local_batch: bool = False) -> float:
+        """Forward + backward over the global batch; gradients land on ``parameters()``. With
+        ``local_batch``, each rank passes only its data-parallel slice (``local_batch.py``).
 
         Returns the mean loss (identical on every rank)."""
         if not self.captured.loss_output:
             raise BatchError("step() needs a program traced with a loss function (loss_fn=...); "
                              "this one returns outputs: call forward()")
-        args = self._args(inputs, target)
+        program, args = self._prepared(inputs, target, local_batch)
         self._sync.begin()
-        loss = self._local_loss(self.program(*self._params, *self._buffers, *args))
+        loss = self._local_loss(program(*self._params, *self._buffers, *args))
         total, work = loss.detach().clone(), None
         if self._sync.carries:  # the loss rides in a gradient bucket reduced over every axis
             self._sync.carry(total)
@@ -158,11 +182,12 @@ class RankProgram:
             work.wait()
         return total.item()
 
-    def forward(self, *inputs, target=None):
-        """Forward only, without autograd: the full outputs (the loss, all-reduced, for a loss program)."""
-        args = self._args(inputs, target)
+    def forward(self, *inputs, target=None, local_batch: bool = False):
+        """Forward only, without autograd: the full outputs (the loss, all-reduced, for a loss program).
+        ``local_batch``: as in ``step``; the outputs are still the full batch's."""
+        program, args = self._prepared(inputs, target, local_batch)
         with torch.no_grad():
-            out = self.program(*self._params, *self._buffers, *args)
+            out = program(*self._params, *self._buffers, *args)
             if not self.captured.loss_output:
                 return out[0] if isinstance(out, (tuple, list)) and len(out) == 1 else out
             loss = self._local_loss(out).clone()
@@ -185,18 +210,16 @@ class RankProgram:
     def named_buffers(self) -> list[tuple[str, torch.Tensor]]:
         return [(self.captured.buffers[ph], b) for ph, b in zip(self._buffer_names, self._buffers)]
 
+    def model_state(self) -> ModelState:
+        """The model's state over this program under ``model.state_dict()``'s names (built once)."""
+        if self._model_state is None:
+            self._model_state = ModelState(self, self.model)
+        return self._model_state
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full CPU tensors under the original ``model.state_dict()`` names (tied aliases included).
-        A collective: call it on every rank."""
-        full_by_name: dict[str, torch.Tensor] = {}
-        everything = (Replicate(),) * self.mesh.ndim
-        with torch.no_grad():
-            for ph, t in zip(self._param_names + self._buffer_names, self._params + self._buffers):
-                storage = self.strategies[ph].outputs[0]
-                full = redistribute(t.detach(), storage, everything, self.env).cpu().clone()
-                for name in names_of(self.captured, ph):
-                    full_by_name[name] = full
-        return {k: full_by_name[k] for k in self._state_keys if k in full_by_name}
+        """Full CPU tensors under the original ``model.state_dict()`` names (tied aliases and the model's
+        state-dict hooks included). A collective: call it on every rank."""
+        return self.model_state().full_state_dict()
 
     # ---- inspecting ----------------------------------------------------------------------------
     def collective_counts(self) -> dict[str, int]:

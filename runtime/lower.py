@@ -20,7 +20,7 @@ Collective calls carry ``node.meta["autoshard.collective"]`` (their kind), so th
 from __future__ import annotations
 
 import operator
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.fx as fx
@@ -56,8 +56,10 @@ def write_back(stored: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
 class _Lowering:
     """State of one lowering pass (also the ``ctx`` the lowering emitters receive)."""
 
-    def __init__(self, captured: CapturedGraph, strategies: dict[str, Strategy], env: MeshEnv):
+    def __init__(self, captured: CapturedGraph, strategies: dict[str, Strategy], env: MeshEnv,
+                 arrivals: Optional[dict] = None):
         self.captured, self.strategies, self.env = captured, strategies, env
+        self.arrivals = arrivals or {}
         self.mesh = env.mesh
         self.graph = fx.Graph()
         self.root = nn.Module()
@@ -136,6 +138,9 @@ class _Lowering:
             self.placement[(node, None)] = dst
             return
         local_shape(meta.shape, dst, self.mesh.shape, error=BatchError, what=f"input {node.name!r}")
+        if node.name in self.arrivals:  # a slice: every reader takes it from how it arrives
+            self.placement[(node, None)] = normalize(self.arrivals[node.name], self.mesh.shape)
+            return
         full = normalize((Replicate(),) * self.mesh.ndim, self.mesh.shape)
         self.value[node] = self.move(new, full, dst, len(meta.shape))
         self.placement[(node, None)] = dst
@@ -261,13 +266,18 @@ class _Lowering:
         self.graph.output(fx.node.map_arg(node.args[0], out))
 
 
-def lower(captured: CapturedGraph, strategies: dict[str, Strategy], env: MeshEnv) -> fx.GraphModule:
+def lower(captured: CapturedGraph, strategies: dict[str, Strategy], env: MeshEnv,
+          arrivals: Optional[dict] = None) -> fx.GraphModule:
     """This rank's program: ``program(*local_params, *local_buffers, *full_inputs[, full_target])``.
+
+    ``arrivals`` (input name -> placements) says how an input arrives when it is not full: a rank
+    passing only its slice of the batch (``local_batch``) hands in ``S(0)`` on the data-parallel axes,
+    and each reader of the input redistributes from there (a free chunk where it reads a finer slice).
 
     Returns the loss as ``P`` on every mesh axis when ``captured.loss_output`` (sum the local values
     over all ranks for the loss), else the full outputs. Raises ``PlanFormatError`` when the plan
     does not cover the graph and ``BatchError`` when an input does not divide over the axes
     sharding it.
     """
-    return _Lowering(captured, strategies, env).run()
+    return _Lowering(captured, strategies, env, arrivals).run()
 

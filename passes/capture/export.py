@@ -35,10 +35,12 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from autoshard.passes.capture.arguments import check_loss_arguments
 from autoshard.passes.capture.normalize import DEVICE_KWARG, normalize_export
 from autoshard.passes.capture.tracers import trace
 from autoshard.passes.errors import TraceError
-from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.graph import META, CapturedGraph
+from autoshard.passes.spec import TensorMeta
 
 __all__ = ["capture", "set_graph_device"]
 
@@ -195,12 +197,14 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
     (for HF-style outputs ``output`` is ``.logits``); ``target`` (a tensor) becomes the last
     placeholder. Without ``loss_fn`` the program returns the model's tensor, tuple of tensors, or
     ``.loss`` (else ``.logits``). The model is traced in its current train/eval mode and is not
-    modified. Shapes are static: the program is specialized to these example shapes.
+    modified. Shapes are static: the program is specialized to these example shapes. ``loss_fn`` and
+    ``target`` come together (``arguments.check_loss_arguments`` names the missing one).
     """
     if not isinstance(model, nn.Module):
         raise TraceError(f"capture needs an nn.Module, got {type(model).__name__}; wrap the function in a module")
     if target is not None and not isinstance(target, torch.Tensor):
         raise TraceError(f"target must be a tensor or None, got {type(target).__name__}")
+    check_loss_arguments(loss_fn, target, lambda: _output_shapes(model, example_inputs))
     call = _make_call(model, example_inputs)
     state_device = _state_device(model)
     if state_device is not None and state_device.type == "meta":
@@ -214,6 +218,17 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
     ep, method = trace(model, make_program, flat, call.constants)
     return normalize_export(ep, model, call.names, has_target=target is not None,
                             loss_fn_given=loss_fn is not None, method=method)
+
+
+def _output_shapes(model: nn.Module, example_inputs) -> Optional[list]:
+    """Shapes of the model's outputs, traced without a loss; None when that fails too."""
+    try:
+        out = capture(model, example_inputs).output_node.args[0]
+    except Exception:  # noqa: BLE001 - only a hint for another error's message
+        return None
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    metas = [o.meta.get(META) for o in outs if isinstance(o, fx.Node)]
+    return [m.shape for m in metas if isinstance(m, TensorMeta)] or None
 
 
 def _state_device(model: nn.Module) -> Optional[torch.device]:

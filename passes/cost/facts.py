@@ -63,8 +63,9 @@ class GraphFacts:
     """Per-node facts the cost model needs: kinds, which values need a gradient, global op cost.
 
     ``kind[name]``: "param", "buffer", "input" (user inputs, the target, other placeholders) or "op".
-    ``requires_grad``: parameters, and every floating output computed from one (except ops that
-    cut the graph: detach, *_like constructors, ...). ``compute(name)``: (forward seconds, backward
+    ``training``: the program returns a loss (a training step); otherwise it is forward-only and
+    nothing carries a gradient. ``requires_grad``: when training, parameters and every floating output
+    computed from one (except ops that cut the graph: detach, *_like constructors, ...). ``compute(name)``: (forward seconds, backward
     seconds) of the op on one device holding everything.
     """
 
@@ -73,7 +74,9 @@ class GraphFacts:
         self.hardware = hardware
         self.nodes: dict[str, fx.Node] = {n.name: n for n in gm.graph.nodes}
         self.kind: dict[str, str] = {}
-        self.requires_grad: set[str] = set(captured.params)
+        #: a training step (the program returns a loss) or forward-only inference (no gradients at all)
+        self.training = bool(captured.loss_output)
+        self.requires_grad: set[str] = set(captured.params) if self.training else set()
         self.views: set[str] = set()
         self._compute: dict[str, tuple[float, float]] = {}
         self._launches: dict[str, int] = {}
@@ -82,7 +85,7 @@ class GraphFacts:
             if node.op == "placeholder":
                 self.kind[node.name] = ("param" if node.name in captured.params else
                                         "buffer" if node.name in captured.buffers else "input")
-                if self.kind[node.name] == "param":
+                if self.kind[node.name] == "param" and self.training:
                     self._launches[node.name] = 1  # autograd's AccumulateGrad into .grad
                 continue
             if node.op != "call_function":

@@ -53,6 +53,7 @@ class StageProgram:
         self.index = graph.index
         captured = graph.captured
         self.program = lower(captured, strategies, env)
+        self._programs = {False: self.program}
         local = materialize(captured, strategies, env, model=model, state_dict=state_dict, seed=seed)
         trainable = trainable or {}
         self.param_names = list(captured.params)
@@ -64,6 +65,13 @@ class StageProgram:
         self.n_user = len(graph.user_inputs)
         self.seed_scale = 1.0 / microbatches
         self.saved: dict[int, _Saved] = {}
+
+    def local_inputs(self, on: bool, arrivals: Optional[dict] = None) -> None:
+        """Run the program that takes this rank's slice of the batch inputs (``on``; lowered on first use
+        with ``arrivals``, see ``local_batch.arrivals_for``) or the one taking full inputs."""
+        if on not in self._programs:
+            self._programs[on] = lower(self.graph.captured, self.strategies, self.env, arrivals)
+        self.program = self._programs[on]
 
     def grad_layout(self, ph: str) -> tuple:
         """Placements of a parameter's gradient: its storage, with ``P`` read as ``R`` (a ``P``-stored
