@@ -19,10 +19,11 @@ _LAZY = {
     "plan": "autoshard.api", "compile": "autoshard.api",
     "Plan": "autoshard.plans", "load_plan": "autoshard.plans",
     "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
+    "MixedPrecision": "autoshard.passes.levers",
 }
 _SUBMODULES = ("presets",)
 
-__all__ = ["plan", "compile", "load_plan", "Plan", "Mesh", "Shard", "Replicate", "Partial", "presets",
+__all__ = ["plan", "compile", "load_plan", "Plan", "Mesh", "Shard", "Replicate", "Partial", "MixedPrecision", "presets",
            "AutoshardError", "TraceError", "MeshError", "InfeasiblePlanError", "BatchError", "PlanFormatError"]
 
 

@@ -15,6 +15,7 @@ from autoshard.drawing import pipeline_to_dot, render_dot
 from autoshard.passes.errors import BatchError
 from autoshard.plans import Plan
 from autoshard.runtime.executor import RankProgram
+from autoshard.runtime.memory_probe import MemoryProbe
 from autoshard.runtime.pipeline.timelines import gather_timelines
 
 
@@ -42,7 +43,7 @@ class CompiledModel(_TrainingState):
         #: with ``pp="auto"``: the stage planner's ``PipelinePlan`` (here pp == 1: it chose no pipeline)
         self.planner_plan = planner_plan
         self._program = RankProgram(plan.captured, plan.solution.strategies, plan.mesh, env=env,
-                                    model=model, state_dict=state_dict)
+                                    model=model, state_dict=state_dict, levers=plan.solution.levers)
 
     # ---- running -------------------------------------------------------------------------------
     def step(self, *inputs, target=None, **named_inputs) -> float:
@@ -79,6 +80,12 @@ class CompiledModel(_TrainingState):
     def collective_counts(self) -> dict:
         """Collective calls in this rank's program by kind (gradient syncs included)."""
         return self._program.collective_counts()
+
+    def memory_probe(self) -> MemoryProbe:
+        """``with cm.memory_probe() as probe: cm.step(...)``: then ``probe.saved_bytes`` (what autograd
+        kept at the end of the forward) and ``probe.gathered_peak_bytes`` (parameter copies alive at
+        the peak), measured on this rank (``runtime.memory_probe``)."""
+        return MemoryProbe(self._program)
 
 
 # ---- pipeline parallelism ----------------------------------------------------------------------
