@@ -36,7 +36,7 @@ from autoshard.runtime.pipeline.executor import PipelineProgram
 from autoshard.runtime.pipeline.split import replan_at_microbatch, stage_nodes_from_prefixes
 
 __all__ = ["plan", "compile", "plan_captured", "resolve_hardware", "hardware_label", "planner_stage_starts",
-           "PIN_KEYWORDS", "pin_levers", "block_types"]
+           "PIN_KEYWORDS", "pin_levers", "check_lever_values", "block_types", "microbatch"]
 
 PIN_KEYWORDS = ("params", "inputs", "ops", "strategies")
 
@@ -142,6 +142,7 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     """
     lever_pins = {"accumulation": accumulation, "checkpoint": checkpoint,
                   "reshard_after_forward": reshard_after_forward, "mixed_precision": mixed_precision}
+    check_lever_values(**lever_pins)
     pipelined = _pipeline_degree(pp)
     if pipelined and any(v is not None for v in lever_pins.values()):
         raise TypeError(f"{[k for k, v in lever_pins.items() if v is not None]} cannot be combined with pp={pp!r} "
@@ -214,9 +215,7 @@ def pin_levers(captured: CapturedGraph, levers: Levers, *, accumulation: Optiona
     """``levers`` with the given pins applied (None leaves a lever as ``levers`` has it): the one place
     ``compile``'s lever arguments enter a plan. ``checkpoint``/``reshard_after_forward``: one value
     for every block type of ``captured`` or a dict by block type."""
-    if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
-        raise TypeError(f"mixed_precision= takes autoshard.MixedPrecision(param_dtype=..., reduce_dtype=...), "
-                        f"got {type(mixed_precision).__name__}")
+    check_lever_values(accumulation, checkpoint, reshard_after_forward, mixed_precision)
     blocks = dict(levers.blocks)
     known = block_types(captured)
     if checkpoint is not None:
@@ -224,12 +223,25 @@ def pin_levers(captured: CapturedGraph, levers: Levers, *, accumulation: Optiona
             blocks[b] = BlockPolicy(policy, blocks.get(b, BlockPolicy()).reshard_after_forward)
     if reshard_after_forward is not None:
         for b, flag in _per_block("reshard_after_forward", reshard_after_forward, known).items():
-            if not isinstance(flag, bool):
-                raise TypeError(f"reshard_after_forward= takes True/False (or a dict of them by block type), "
-                                f"got {flag!r}")
             blocks[b] = BlockPolicy(blocks.get(b, BlockPolicy()).checkpoint, flag)
     return Levers(accumulation if accumulation is not None else levers.accumulation, blocks,
                   mixed_precision if mixed_precision is not None else levers.mixed_precision)
+
+
+def check_lever_values(accumulation=None, checkpoint=None, reshard_after_forward=None, mixed_precision=None) -> None:
+    """Refuse lever arguments of the wrong kind (block types are checked against a model by ``pin_levers``)."""
+    if accumulation is not None and (isinstance(accumulation, bool) or not isinstance(accumulation, int)
+                                     or accumulation < 1):
+        raise TypeError(f"accumulation={accumulation!r}: pass an int >= 1 (the number of sequential microsteps)")
+    for policy in (checkpoint.values() if isinstance(checkpoint, dict) else [checkpoint]):
+        if policy is not None:
+            BlockPolicy(policy)
+    for flag in (reshard_after_forward.values() if isinstance(reshard_after_forward, dict) else [reshard_after_forward]):
+        if flag is not None and not isinstance(flag, bool):
+            raise TypeError(f"reshard_after_forward= takes True/False (or a dict of them by block type), got {flag!r}")
+    if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
+        raise TypeError(f"mixed_precision= takes autoshard.MixedPrecision(param_dtype=..., reduce_dtype=...), "
+                        f"got {type(mixed_precision).__name__}")
 
 
 def microbatch(example_inputs, example_target, k: int):
