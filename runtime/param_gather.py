@@ -38,10 +38,9 @@ from typing import Any, Optional
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import _disable_current_modes
 
 from .collectives import AxisComm, flat_reduce_scatter, raw_adjoint, raw_step, start_flat_gather
-from .recompute import rerunning
+from .recompute import outside_selective_checkpoint, rerunning
 from .redistribute import Step, step_call
 
 __all__ = ["CopyRecipe", "GatherGroup", "ParamGatherer", "gather_params"]
@@ -240,15 +239,14 @@ class ParamGatherer:
         for f, (out, work) in zip(self._fused[index], pending.sets):
             work.wait()
             n = f.comm.size
-            rows = out.view(n, -1)
-            offset = 0
-            for k, d in zip(f.members, f.dims):
+            # out holds every rank's flat shards in rank order: member k's rows of rank r are
+            # out[r, offset_k : offset_k + numel_k]; one fused copy puts each member's in place
+            pieces = [out.new_empty((n, shards[k].numel())) for k in f.members]
+            torch.split_with_sizes_copy(out.view(n, -1), [p.shape[1] for p in pieces], dim=1, out=pieces)
+            for k, d, piece in zip(f.members, f.dims, pieces):
                 moved = shards[k].movedim(d, 0).shape
-                numel = shards[k].numel()
-                full = out.new_empty((n * moved[0],) + tuple(moved[1:]))
-                full.view(n, numel).copy_(rows[:, offset:offset + numel])
+                full = piece.view((n * moved[0],) + tuple(moved[1:]))
                 copies[k] = full.movedim(0, d).contiguous() if d else full
-                offset += numel
         for k in self._loose[index]:
             x = shards[k].detach().to(members[k].dtype)
             for step in members[k].steps:
@@ -268,16 +266,10 @@ class ParamGatherer:
             n = f.comm.size
             dtype = self.reduce_dtype or f.dtype
             sizes = [math.prod(shards_meta[k][1]) for k, _ in ks]
-            flat = torch.empty((n, sum(sizes)), dtype=dtype, device=shards_meta[ks[0][0]][2])
-            offset = 0
-            for (k, d), numel in zip(ks, sizes):
-                g = grads[k]
-                if g is not None:
-                    flat[:, offset:offset + numel].copy_(g.movedim(d, 0).reshape(n, numel))
-                else:
-                    flat[:, offset:offset + numel].zero_()
-                offset += numel
-            reduced = flat_reduce_scatter(flat.view(-1), f.comm)
+            device = shards_meta[ks[0][0]][2]
+            rows = [grads[k].to(dtype).movedim(d, 0).reshape(n, numel) if grads[k] is not None
+                    else torch.zeros((n, numel), dtype=dtype, device=device) for (k, d), numel in zip(ks, sizes)]
+            reduced = flat_reduce_scatter(torch.cat(rows, dim=1).view(-1), f.comm)
             offset = 0
             for (k, d), numel in zip(ks, sizes):
                 master_dtype, shape, _ = shards_meta[k]
@@ -353,10 +345,9 @@ class _GatherGroup(torch.autograd.Function):
         own, following = shards[:n_own], shards[n_own:]
         ctx.gatherer, ctx.index, ctx.n_following = gatherer, index, len(following)
         ctx.shards_meta = [(s.dtype, tuple(s.shape), s.device) for s in own]
-        # Outside any dispatch mode: selective checkpointing replays a region's ops by position, and
-        # a group's ops differ between forward and recomputation (which prefetch it consumes and
-        # starts); its copies are never kept by that mode anyway (recomputing re-gathers).
-        with _disable_current_modes():
+        # its ops differ between forward and recomputation; its copies are never kept by selective
+        # checkpointing anyway (recomputing gathers again)
+        with outside_selective_checkpoint():
             return tuple(gatherer.produce(index, own, following))
 
     @staticmethod

@@ -22,17 +22,21 @@ pipeline stage's recomputation (``pipeline.stage``) use it:
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
-import functools
+import weakref
 from typing import Callable, Sequence
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode, _push_mode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-__all__ = ["checkpointed", "Replay", "rerunning", "rng_state", "restore_rng", "SAVED_OPS", "POLICIES"]
+__all__ = ["checkpointed", "Replay", "rerunning", "outside_selective_checkpoint", "rng_state", "restore_rng",
+           "SAVED_OPS", "POLICIES"]
 
 POLICIES = ("full", "selective")
 _RERUN = contextvars.ContextVar("autoshard_rerun", default=False)
+_SELECTIVE_MODES: "weakref.WeakSet" = weakref.WeakSet()  # the dispatch modes our selective regions run under
 
 aten = torch.ops.aten
 _ATTENTION = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
@@ -93,6 +97,29 @@ def _keep_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op.overloadpacket in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def _selective_contexts():
+    caching, cached = create_selective_checkpoint_contexts(_keep_matmuls)
+    _SELECTIVE_MODES.add(caching)
+    _SELECTIVE_MODES.add(cached)
+    return caching, cached
+
+
+@contextlib.contextmanager
+def outside_selective_checkpoint():
+    """Run the body unseen by the selective checkpointing of the region it is in (other dispatch modes,
+    such as a memory tracker around the step, still see it). Selective checkpointing replays a
+    region's ops by position; work whose ops differ between the forward and the re-run (parameter
+    gathers: which prefetch they consume and start) must stay out of its count."""
+    popped = []
+    while (mode := _get_current_dispatch_mode()) is not None and mode in _SELECTIVE_MODES:
+        popped.append(_pop_mode())
+    try:
+        yield
+    finally:
+        for mode in reversed(popped):
+            _push_mode(mode)
+
+
 def checkpointed(fn: Callable, args: Sequence, *, policy: str, writable: Sequence[int] = ()):
     """``fn(*args)``, its activations recomputed in backward under ``policy`` ("full" or "selective");
     ``writable``: positions of ``args`` that ``fn`` writes in place (see ``Replay``)."""
@@ -100,7 +127,7 @@ def checkpointed(fn: Callable, args: Sequence, *, policy: str, writable: Sequenc
         raise ValueError(f"checkpoint policy {policy!r}: choose one of {list(POLICIES)}")
     kwargs = {}
     if policy == "selective":
-        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _keep_matmuls)
+        kwargs["context_fn"] = _selective_contexts
     replay = Replay(fn, writable)
     # Written arguments reach the function by closure, not through checkpoint, which would keep them
     # and refuse to recompute once they are modified; the re-run reads Replay's copies instead.
