@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-import torch
 import torch.fx as fx
 import torch.nn as nn
 from torch.fx.passes.split_module import split_module
