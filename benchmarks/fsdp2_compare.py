@@ -9,7 +9,8 @@ A small Llama-style model (HF ``LlamaForCausalLM``: 6 blocks, hidden 256, 8 head
   on the root; reshard after forward) against autoshard layouts, every one with
   ``reshard_after_forward=True``: "zero3" (the data-parallel plan with every parameter stored
   sharded: the layout FSDP2 runs, its op strategies pinned), the solver's own plan, and the
-  ``fully_sharded`` preset (parameters pinned sharded, the solver choosing the ops);
+  ``fully_sharded`` preset (parameters pinned sharded, the solver choosing the ops); and, for
+  reference, "zero3" keeping its gathered copies for backward;
 - mesh (2, 2): FSDP2 x TP2 (``parallelize_module`` ColwiseParallel q/k/v/gate/up and RowwiseParallel
   o/down on "tp", then ``fully_shard`` over "dp") against autoshard's Megatron pins with ZeRO-3
   storage on "dp" and the solver's plan.
@@ -169,8 +170,11 @@ def contenders(mesh_shape, ids, target):
         zero3(base, (0,))
         layouts.append(("autoshard zero3 x TP2", {"plan": base}))
         layouts.append(("autoshard solver", {}))
+    if len(mesh_shape) == 1:  # the same layout keeping gathered copies for backward, for reference
+        layouts.append(("autoshard zero3, no reshard", {"plan": base, "reshard_after_forward": False}))
     for name, extra in layouts:
-        cm = autoshard.compile(build(), mesh_shape, **kw, reshard_after_forward=True, **extra)
+        extra = {"reshard_after_forward": True, **extra}
+        cm = autoshard.compile(build(), mesh_shape, **kw, **extra)
         opt_a = torch.optim.AdamW(cm.parameters(), lr=1e-3)
 
         def ours(cm=cm, o=opt_a):

@@ -36,8 +36,11 @@ def test_lever_arguments_reach_the_plan_and_the_step_matches_one_device():
     assert cm.plan.captured.gm.graph.find_nodes(op="placeholder", target="ids")[0].meta["autoshard.meta"].shape \
         == (8, 16)  # traced at the microbatch
     assert sorted(m.block for m in cm.program.modules() if isinstance(m, CheckpointRegion)) == ["blocks.0", "blocks.1"]
+    with torch.no_grad():
+        evaluated = cm(ids, target=target).item()  # forward only: the mean over the 2 microbatches
     got = cm.step(ids, target=target)
     want = sum(loss_fn(ref(ids[i:i + 8]), target[i:i + 8]) / 2 for i in (0, 8))
+    assert evaluated == pytest.approx(want.item(), rel=1e-5)
     want.backward()
     assert got == pytest.approx(want.item(), rel=1e-5)
     grads = dict(cm.named_parameters())
