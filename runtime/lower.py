@@ -173,7 +173,7 @@ class _Lowering:
         following = []
         if index + 1 < len(self.groups):
             following = [self.value[self.captured.node(r.placeholder)] for r in self.groups[index + 1].members]
-        call = self.graph.call_function(gather_params, (self.gatherer_node, index, len(own), *own, *following))
+        call = self.graph.call_function(gather_params, (self.gatherer_node, index, tuple(following), *own))
         call.meta[PARAM_STEPS_META] = [s.kind for r in group.members for s in r.steps]
         for k, key in enumerate(self.group_keys[index]):
             self.cache[key] = self.graph.call_function(operator.getitem, (call, k))

@@ -5,10 +5,11 @@ The lowering (``lower``) groups every (parameter, placement) whose storage diffe
 needs, or that mixed precision casts, by the block segment of its first use (a block instance, or
 the ops before / after / between blocks) and emits one call per group::
 
-    gather_params = runtime_param_gather_gather_params(param_gatherer, 2, 3, p_q, p_k, p_v, p_o, p_fc)
+    gather_params = runtime_param_gather_gather_params(param_gatherer, 2, (p_o, p_fc), p_q, p_k, p_v)
     getitem = gather_params[0]; ...
 
-(group 2, its 3 own shards, then the next group's shards, read for the forward prefetch only).
+(group 2; the next group's shards, in a tuple autograd does not track, read for the forward
+prefetch only; then the group's own shards).
 ``ParamGatherer`` (the program's ``param_gatherer`` attribute) runs it:
 
 - members whose redistribution is one all-gather of one dim over the same mesh axes (FSDP's case)
@@ -195,13 +196,9 @@ class ParamGatherer:
         self.alive_bytes()
         return set(self._copies)
 
-    def _register(self, index: int, shards: tuple, copies: list) -> None:
-        members = self.groups[index].members
-        names = {m.placeholder: s for m, s in zip(members, shards)}
+    def _register(self, index: int, copies: list) -> None:
         for k, c in enumerate(copies):
             storage = c.untyped_storage()
-            if storage.data_ptr() == names[members[k].placeholder].untyped_storage().data_ptr():
-                continue  # the step handed the shard itself on: no copy
             ref = StorageWeakRef(storage)
             self._copies[ref.cdata] = _Copy(ref, storage.nbytes(), index, k)
         self.peak_bytes = max(self.peak_bytes, self.alive_bytes())
@@ -217,7 +214,7 @@ class ParamGatherer:
             self._prefetch_backward(index)
         elif index + 1 < len(self.groups) and following and self._fused[index + 1]:
             self._pending[index + 1] = self._start(index + 1, following)
-        self._register(index, own, copies)
+        self._register(index, copies)
         return copies
 
     def _start(self, index: int, shards: tuple) -> _Pending:
@@ -252,6 +249,8 @@ class ParamGatherer:
             for step in members[k].steps:
                 _, static = step_call(step)
                 x = raw_step(x, step.kind, static, self._comm_for((step.axis,)))
+            if x.untyped_storage().data_ptr() == shards[k].untyped_storage().data_ptr():
+                x = x.clone()  # a copy, never the shard itself (no cast needed, R -> P on coordinate 0)
             copies[k] = x
         return copies
 
@@ -319,7 +318,7 @@ class ParamGatherer:
                                    "current: run backward before the next forward of this program")
             with torch.no_grad():
                 copies = self._finish(index, shards)
-            self._register(index, shards, copies)
+            self._register(index, copies)
             self.regathered += 1
             self._regathered[index] = copies
             self._prefetch_backward(index)
@@ -341,9 +340,8 @@ def _storage_key(t: torch.Tensor) -> Optional[int]:
 
 class _GatherGroup(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, gatherer: ParamGatherer, index: int, n_own: int, *shards):
-        own, following = shards[:n_own], shards[n_own:]
-        ctx.gatherer, ctx.index, ctx.n_following = gatherer, index, len(following)
+    def forward(ctx, gatherer: ParamGatherer, index: int, following: tuple, *own):
+        ctx.gatherer, ctx.index = gatherer, index
         ctx.shards_meta = [(s.dtype, tuple(s.shape), s.device) for s in own]
         # its ops differ between forward and recomputation; its copies are never kept by selective
         # checkpointing anyway (recomputing gathers again)
@@ -352,12 +350,12 @@ class _GatherGroup(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        needs = ctx.needs_input_grad[3:3 + len(ctx.shards_meta)]
-        out = ctx.gatherer.reduce(ctx.index, grads, ctx.shards_meta, needs)
-        return (None, None, None, *out, *([None] * ctx.n_following))
+        out = ctx.gatherer.reduce(ctx.index, grads, ctx.shards_meta, ctx.needs_input_grad[3:])
+        return (None, None, None, *out)
 
 
-def gather_params(gatherer: ParamGatherer, index: int, n_own: int, *shards: torch.Tensor) -> tuple:
-    """Group ``index``'s copies (a tuple, in member order) from its ``n_own`` shards; the shards after
-    them are the next group's, for the forward prefetch."""
-    return _GatherGroup.apply(gatherer, index, n_own, *shards)
+def gather_params(gatherer: ParamGatherer, index: int, following: tuple, *own: torch.Tensor) -> tuple:
+    """Group ``index``'s copies (a tuple, in member order) from its shards ``own``. ``following``: the
+    next group's shards, for the forward prefetch; inside a tuple, autograd does not count this call
+    among their users (their gradients would otherwise wait for this group's backward)."""
+    return _GatherGroup.apply(gatherer, index, tuple(following), *own)
