@@ -13,7 +13,8 @@
 - ``gradsync``: bucketed, overlapped gradient all-reduce. ``executor``: ``RankProgram`` (the step,
   with gradient accumulation and mixed precision). ``memory_probe``: measured saved and gathered bytes.
 
-Imports ``autoshard.passes`` only, never the front door.
+May import: torch and ``autoshard.passes``. Never the front door (``autoshard``'s own modules) or
+``autoshard.testing``.
 """
 from .executor import RankProgram  # noqa: F401
 from .groups import MeshEnv, broadcast_json, setup_distributed  # noqa: F401
