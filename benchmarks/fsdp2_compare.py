@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import autoshard
-from autoshard.passes.spec import Replicate, Shard, Strategy
+from autoshard.testing.levers import zero3_plan
 
 SEQ, BATCH, VOCAB = 64, 8, 2048
 COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
@@ -60,28 +60,6 @@ def build() -> torch.nn.Module:
 
 def lm_loss(logits, target):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
-
-
-def zero3(plan, axes) -> None:
-    """Store every parameter of ``plan`` sharded on each of ``axes`` where it is replicated (a dim no
-    other axis shards, dividing evenly), its ops unchanged: they gather it (FSDP's layout)."""
-    captured, mesh = plan.captured, plan.mesh.shape
-    for ph, fqn in captured.params.items():
-        st = plan.solution.strategies[ph]
-        storage = list(st.outputs[0])
-        shape = list(captured.node(ph).meta["autoshard.meta"].shape)
-        for a, p in enumerate(storage):
-            if isinstance(p, Shard):
-                shape[p.dim] //= mesh[a]
-        for a in axes:
-            taken = {p.dim for p in storage if isinstance(p, Shard)}
-            dims = [d for d in range(len(shape)) if d not in taken and shape[d] % mesh[a] == 0]
-            if isinstance(storage[a], Replicate) and dims:
-                storage[a] = Shard(dims[0])
-                shape[dims[0]] //= mesh[a]
-        plan.solution.strategies[ph] = Strategy(st.inputs, (tuple(storage),), st.lowerings)
-        for name in [fqn] + [al for al, c in captured.aliases.items() if c == fqn]:
-            plan.solution.param_placements[name] = tuple(storage)
 
 
 def fsdp2(model, mesh_shape):
@@ -159,7 +137,7 @@ def contenders(mesh_shape, ids, target):
     layouts = []
     if len(mesh_shape) == 1:
         base = autoshard.plan(model, mesh_shape, **kw, **autoshard.presets.data_parallel(mesh_shape))
-        zero3(base, (0,))
+        zero3_plan(base, axes=(0,))
         layouts.append(("autoshard zero3", {"plan": base}))
         layouts.append(("autoshard solver", {}))
         layouts.append(("autoshard fully_sharded preset", autoshard.presets.fully_sharded(model, mesh_shape)))
@@ -167,7 +145,7 @@ def contenders(mesh_shape, ids, target):
         names = [f"model.model.layers.{i}.{n}" for i in range(6) for n in COLUMN], \
                 [f"model.model.layers.{i}.{n}" for i in range(6) for n in ROW]
         base = autoshard.plan(model, mesh_shape, **kw, **autoshard.presets.megatron_mlp(model, *names, mesh_shape))
-        zero3(base, (0,))
+        zero3_plan(base, axes=(0,))
         layouts.append(("autoshard zero3 x TP2", {"plan": base}))
         layouts.append(("autoshard solver", {}))
     if len(mesh_shape) == 1:  # the same layout keeping gathered copies for backward, for reference

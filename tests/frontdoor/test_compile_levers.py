@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import autoshard
 from autoshard.passes.errors import AutoshardError, BatchError, PlanFormatError
 from autoshard.runtime.regions import CheckpointRegion
-from models import gpt
+from autoshard.testing.models import gpt
 
 
 def _gpt(batch: int = 8):

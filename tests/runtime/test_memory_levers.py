@@ -20,8 +20,11 @@ import random
 import pytest
 import torch
 
-from distributed import run_ranks
-from levers_harness import MICRO, build, planned, rank_step, train_and_compare
+from autoshard.testing.equivalence import Tolerance, adamw, failures_of, train_against_one_device
+from autoshard.testing.levers import MICRO, Probed, Twice, accumulated_loss, build, planned
+from autoshard.testing.ranks import run_ranks
+
+TOL = Tolerance(rtol=1e-4, atol=2e-5)
 
 #: (name, accumulation, checkpoint, reshard, twice): every lever on every model and mesh (the baseline,
 #: no lever, is test_equivalence's; it runs here for GPT's memory comparison)
@@ -30,14 +33,16 @@ CASES = (("baseline", 1, "none", False, False), ("selective+reshard", 1, "select
          ("acc4+selective", 4, "selective", False, False), ("acc2+reshard twice", 2, "none", True, True))
 
 
-def _levers_acted(case: str, rp, levers, failures: list) -> None:
+def _levers_acted(case: str, rp, levers) -> list:
     from autoshard.runtime.regions import CheckpointRegion
     policies = {m.policy for m in rp.program.modules() if isinstance(m, CheckpointRegion)}
+    out = []
     for policy in levers.blocks.values():
         if policy.checkpoint != "none" and policy.checkpoint not in policies:
-            failures.append(f"{case}: no {policy.checkpoint} checkpoint region in the program")
+            out.append(f"{case}: no {policy.checkpoint} checkpoint region in the program")
         if policy.checkpoint == "none" and policy.reshard_after_forward and not rp.gatherer.regathered:
-            failures.append(f"{case}: reshard_after_forward gathered nothing again in backward")
+            out.append(f"{case}: reshard_after_forward gathered nothing again in backward")
+    return out
 
 
 def levers_worker(rank: int, world: int, model_name: str, meshes, baseline: bool) -> dict:
@@ -46,7 +51,6 @@ def levers_worker(rank: int, world: int, model_name: str, meshes, baseline: bool
     from autoshard.passes.mesh import Mesh
     from autoshard.runtime.executor import RankProgram
     from autoshard.runtime.groups import setup_distributed
-    from autoshard.runtime.memory_probe import MemoryProbe
 
     torch.set_num_threads(1)
     failures, memory = [], {}
@@ -62,26 +66,19 @@ def levers_worker(rank: int, world: int, model_name: str, meshes, baseline: bool
             case = f"{model_name} mesh={mesh_shape} {name}"
             levers = Levers(k, {block_type: BlockPolicy(ckpt, reshard)})
             rp = RankProgram(captured, strategies, mesh_shape, env=env, model=model, levers=levers)
-            measured = {}
-
-            def step(x, y, rp=rp, measured=measured):
-                if measured:
-                    return rank_step(rp, x, y)
-                with MemoryProbe(rp) as probe:
-                    loss = rank_step(rp, x, y)
-                measured.update(saved=probe.saved_bytes, gathered=probe.gathered_peak_bytes)
-                return loss
-
-            train_and_compare(case, step, rp.parameters(), rp.full_state_dict, copy.deepcopy(model), batch, loss_fn,
-                              k, failures, twice=twice)
-            _levers_acted(case, rp, levers, failures)
-            memory[f"{mesh_shape} {name}"] = measured
+            probed = Probed(rp)
+            failures += train_against_one_device(
+                case, Twice(probed) if twice else probed, copy.deepcopy(model),
+                lambda step, k=k: batch(MICRO * k, 100 + step), reference_loss=accumulated_loss(loss_fn, k, twice),
+                optimizer=adamw(), tol=TOL)
+            failures += _levers_acted(case, rp, levers)
+            memory[f"{mesh_shape} {name}"] = probed.measured
     return {"failures": failures, "memory": memory}
 
 
 def _run(model_name: str, baseline: bool = False) -> list:
     results = run_ranks(levers_worker, 4, model_name, ((4,), (2, 2)), baseline, timeout=900)
-    failures = sorted(set(f for r in results for f in r["failures"]))
+    failures = failures_of([r["failures"] for r in results])
     assert not failures, "\n".join(failures)
     return results
 
@@ -121,12 +118,9 @@ def random_levers_worker(rank: int, world: int, runs) -> list:
         cm = autoshard.compile(model, mesh_shape, example_inputs=inputs, loss_fn=loss_fn, example_target=target,
                                hardware="cpu", random_seed=seed, accumulation=k, checkpoint=ckpt,
                                reshard_after_forward=reshard)
-
-        def step(x, y, cm=cm):
-            return cm.step(target=y, **x) if isinstance(x, dict) else cm.step(*x, target=y)
-
-        train_and_compare(case, step, cm.parameters(), cm.full_state_dict, copy.deepcopy(model), batch, loss_fn, k,
-                          failures)
+        failures += train_against_one_device(case, cm, copy.deepcopy(model),
+                                             lambda step, k=k: batch(MICRO * k, 100 + step),
+                                             reference_loss=accumulated_loss(loss_fn, k), optimizer=adamw(), tol=TOL)
         if cm.plan.solution.levers.accumulation != k:
             failures.append(f"{case}: the plan carries accumulation={cm.plan.solution.levers.accumulation}")
     return failures
@@ -135,6 +129,5 @@ def random_levers_worker(rank: int, world: int, runs) -> list:
 def test_random_plans_with_random_levers_match_one_device():
     # seeds whose levers mix: (4, full, reshard), (2, selective, reshard), (4, none, reshard), (4, full, keep)
     runs = [("gpt", (2, 2), 37), ("hf_llama", (4,), 16), ("cnn", (2, 2), 10), ("gpt", (4,), 20)]
-    results = run_ranks(random_levers_worker, 4, runs, timeout=900)
-    failures = sorted(set(f for r in results for f in r))
+    failures = failures_of(run_ranks(random_levers_worker, 4, runs, timeout=900))
     assert not failures, "\n".join(failures)

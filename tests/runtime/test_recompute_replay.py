@@ -11,8 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distributed import run_ranks
-from levers_harness import ADAM_EPS, MICRO, STEPS, build, planned
+from autoshard.testing.levers import MICRO, build, planned
+from autoshard.testing.ranks import run_ranks
+
+STEPS = 3
+ADAM_EPS = 1e-6
 
 
 def dropout_worker(rank: int, world: int) -> dict:
