@@ -27,10 +27,11 @@ _LAZY = {
     "plan": "autoshard.api", "compile": "autoshard.api",
     "Plan": "autoshard.plans", "load_plan": "autoshard.plans", "PipelinedPlan": "autoshard.pipelined_plans",
     "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
+    "MixedPrecision": "autoshard.passes.levers",
 }
 _SUBMODULES = ("presets", "checkpoint")
 
-__all__ = ["plan", "compile", "load_plan", "Plan", "PipelinedPlan", "Mesh", "Shard", "Replicate", "Partial", "presets",
+__all__ = ["plan", "compile", "load_plan", "Plan", "PipelinedPlan", "Mesh", "Shard", "Replicate", "Partial", "MixedPrecision", "presets",
            "checkpoint", "AutoshardError", "TraceError", "MeshError", "InfeasiblePlanError", "BatchError",
            "PlanFormatError", "CheckpointError"]
 

@@ -18,6 +18,7 @@ from autoshard.runtime.executor import RankProgram
 from autoshard.runtime.grad_clip import clip_grad_norm_
 from autoshard.runtime.holdings import holdings
 from autoshard.runtime.optim_state import load_optimizer_state_dict, optimizer_state_dict
+from autoshard.runtime.memory_probe import MemoryProbe
 from autoshard.runtime.pipeline.timelines import gather_timelines
 
 
@@ -94,7 +95,7 @@ class CompiledModel(_TrainingState):
         #: with ``pp="auto"``: the stage planner's ``PipelinePlan`` (here pp == 1: it chose no pipeline)
         self.planner_plan = planner_plan
         self._program = RankProgram(plan.captured, plan.solution.strategies, plan.mesh, env=env,
-                                    model=model, state_dict=state_dict)
+                                    model=model, state_dict=state_dict, levers=plan.solution.levers)
         self._held = None
 
     # ---- running -------------------------------------------------------------------------------
@@ -133,6 +134,12 @@ class CompiledModel(_TrainingState):
     def collective_counts(self) -> dict:
         """Collective calls in this rank's program by kind (gradient syncs included)."""
         return self._program.collective_counts()
+
+    def memory_probe(self) -> MemoryProbe:
+        """``with cm.memory_probe() as probe: cm.step(...)``: then ``probe.saved_bytes`` (what autograd
+        kept at the end of the forward) and ``probe.gathered_peak_bytes`` (parameter copies alive at
+        the peak), measured on this rank (``runtime.memory_probe``)."""
+        return MemoryProbe(self._program)
 
 
 # ---- pipeline parallelism ----------------------------------------------------------------------

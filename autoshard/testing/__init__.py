@@ -8,6 +8,8 @@
 - ``ranks``: ``run_ranks(fn, n, ...)`` runs ``fn`` on n local gloo processes and collects the results.
 - ``equivalence``: the one harness that trains a distributed program next to a single-device copy
   and lists every difference (loss each step, gradients, the full state dict at the end).
+- ``levers``: for the memory-lever tests and benchmarks: batch makers, ZeRO-3 layouts, the one-device
+  reference of gradient accumulation, wrappers that step twice or measure memory.
 - ``rule_numerics``: checks every strategy a sharding rule claims against the unsharded op.
 - ``svg_plot``: a dependency-free SVG line plot for benchmark figures.
 

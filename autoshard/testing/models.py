@@ -13,6 +13,8 @@ Classes (build them on any device: ``with torch.device("meta"): GPT(...)`` alloc
   ``qkv`` Linear split in three (nanoGPT's layout).
 - ``CNN``: Conv2d + BatchNorm2d (running-stat buffers, updated in place) + ReLU + pooling + flatten +
   Linear on 3x8x8 images.
+- ``BlockCNN(dropout)``: a stem conv, 2 numbered residual blocks (conv, BatchNorm, ReLU, dropout:
+  repeated blocks that activation checkpointing can recompute), pooling, Linear, on 3x8x8 images.
 - ``UNet(d, depth)``: a down path of Linear+GELU blocks and an up path; up block k reads the previous
   up output concatenated (even k) or added (odd k) with the output of down block depth-1-k, so with
   4 pipeline stages stage 0's ``down.0`` output travels straight to stage 3.
@@ -39,8 +41,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["BATCH", "lm_loss", "MLP", "ResidualMLP", "MaskedMLP", "Block", "GPT", "CNN", "UNet", "mlp", "gpt",
-           "cnn", "hf_gpt2", "hf_llama", "unet", "gpt_pipeline", "BUILDERS", "PIPELINE_BUILDERS"]
+__all__ = ["BATCH", "lm_loss", "MLP", "ResidualMLP", "MaskedMLP", "Block", "GPT", "CNN", "BlockCNN", "UNet", "mlp",
+           "gpt", "cnn", "hf_gpt2", "hf_llama", "unet", "gpt_pipeline", "BUILDERS", "PIPELINE_BUILDERS"]
 
 BATCH = 8
 
@@ -186,6 +188,31 @@ class CNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.pool(F.relu(self.bn(self.conv(x))))
         return self.fc(torch.flatten(h, 1))
+
+
+class ConvBlock(nn.Module):
+    def __init__(self, channels: int, dropout: float):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(channels)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(F.relu(self.bn(self.conv(x))))
+
+
+class BlockCNN(nn.Module):
+    def __init__(self, dropout: float = 0.0, channels: int = 8, classes: int = 10):
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, padding=1)
+        self.blocks = nn.ModuleList(ConvBlock(channels, dropout) for _ in range(2))
+        self.fc = nn.Linear(channels * 4 * 4, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.fc(torch.flatten(F.max_pool2d(x, 2), 1))
 
 
 def cnn():

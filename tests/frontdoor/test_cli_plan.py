@@ -12,6 +12,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -114,6 +115,14 @@ def test_diff_names_every_parameter_placed_differently(planned, capsys):
 def test_a_long_solve_prints_progress(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cli_plan, "PROGRESS_AFTER_S", 0.05)
     monkeypatch.setattr(cli_plan, "PROGRESS_EVERY_S", 0.2)
+    import autoshard.api
+    solve = autoshard.api.plan_captured
+
+    def slow_solve(*args, **kwargs):  # a solve that outlasts PROGRESS_AFTER_S whatever the machine's speed
+        time.sleep(0.5)
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(autoshard.api, "plan_captured", slow_solve)
     assert cli.main(["plan", "cli_factory_models:mlp_factory", "--mesh", "2x2", "--batch", "8",
                      "--out", str(tmp_path / "p.json")]) == 0
     assert "autoshard plan: solving ... " in capsys.readouterr().err
