@@ -20,8 +20,11 @@ available in any placement for free).
 
 Memory per rank: parameters, gradients (same dtype) and optimizer state (``optimizer``: "adamw"
 keeps 2 fp32 states per element, "sgd" none) divided by the storage shard factor; activations are
-the local bytes of every non-view op output (autograd may save them), plus the local bytes of each
-redistributed copy that feeds an op (e.g. an all-gathered FSDP weight saved for backward).
+what autograd keeps for the backward (``passes.capture.saved``): the local bytes of every op output
+some op saves, of the tensors an op creates inside itself and saves (split like its work), and of
+each redistributed copy whose consumer saves it (e.g. an all-gathered FSDP weight a matmul keeps).
+Without that analysis (a program the meta device cannot run): every non-view op output and every
+redistributed copy.
 
 Placements travel as integer codes (``encode``): ``S(d)`` -> d, ``R`` -> ``R_CODE``, ``P`` -> ``P_CODE``.
 
@@ -246,8 +249,8 @@ class CostModel:
         if kind != "op":
             return NodePrice()
         fwd, bwd = facts.compute(name)
-        acts = 0.0 if name in facts.views else self.activation_bytes(metas, strategy)
-        return NodePrice(compute=(fwd + bwd) / self.work_divisor(strategy) + facts.overhead(name), activations=acts)
+        return NodePrice(compute=(fwd + bwd) / self.work_divisor(strategy) + facts.overhead(name),
+                         activations=self.node_activation_bytes(name, strategy, facts))
 
     def price_edge(self, src, dst, meta: TensorMeta, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
         """(collectives, bytes of the redistributed copy) to move one operand from ``src`` to ``dst``."""
@@ -259,10 +262,29 @@ class CostModel:
         f = self.shard_factor(storage)
         return meta.nbytes / f, meta.nbytes / f, meta.numel * self.opt_bytes / f
 
-    def activation_bytes(self, metas: Sequence[Optional[TensorMeta]], strategy: Strategy) -> float:
-        """Local bytes of a node's outputs under ``strategy``."""
-        total = 0.0
-        tensors = [m for m in metas if m is not None]
-        for m, pls in zip(tensors, strategy.outputs):
-            total += m.nbytes / self.shard_factor(pls)
-        return total
+    def activation_bytes(self, metas: Sequence[TensorMeta], placements: Sequence[Sequence[Placement]]) -> float:
+        """Local bytes of tensors ``metas`` kept for backward, each at its ``placements``."""
+        return self.kept(sum(m.nbytes / self.shard_factor(pls) for m, pls in zip(metas, placements)))
+
+    def kept(self, nbytes: float) -> float:
+        """Bytes per device that ``nbytes`` of one step's activations amount to (a pipeline stage
+        holding several microbatches counts them that many times)."""
+        return nbytes
+
+    def node_activation_bytes(self, name: str, strategy: Strategy, facts: GraphFacts) -> float:
+        """Local bytes autograd keeps of op ``name``'s own outputs and of the tensors it creates
+        inside itself (``facts.saved_of``; the internal ones split like the op's work). Without the
+        saved-tensor analysis: every output of every op that is not a view."""
+        metas = facts.tensor_outputs(name)
+        info = facts.saved_of(name)
+        if info is None:
+            return 0.0 if name in facts.views else self.activation_bytes(metas, strategy.outputs)
+        kept = self.activation_bytes([metas[s] for s in info.saved_outputs],
+                                     [strategy.outputs[s] for s in info.saved_outputs])
+        internal = facts.internal_bytes(name)
+        return kept + self.kept(internal / self.work_divisor(strategy))
+
+    def edge_activation_bytes(self, copy_bytes: float, facts: GraphFacts, consumer: str, index: int) -> float:
+        """Bytes of a redistributed copy kept for backward: all of it when the consumer keeps that
+        operand (``facts.operand_saved``), else none (the copy is freed after its use)."""
+        return copy_bytes if facts.operand_saved(consumer, index) else 0.0

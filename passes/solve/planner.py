@@ -87,13 +87,14 @@ def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed:
             vi = cv
         nbytes = facts.tensor_outputs(u)[slot].nbytes
         grad = cv != OUTPUT and facts.value_needs_grad(u, slot)  # an output's gradient seed is free
+        keeps = cv == OUTPUT or facts.operand_saved(v, i)  # the consumer keeps its copy for backward
         cost, mem = [], []
         for p in srcs:
             row_c, row_m = [], []
             for q in dsts:
                 colls, copy = cm.moves(p, q, nbytes, grad)
                 row_c.append(sum(c.seconds for c in colls))
-                row_m.append(copy)
+                row_m.append(copy if keeps else 0.0)
             cost.append(row_c)
             mem.append(row_m)
         same = {q: k for k, q in enumerate(dsts)}

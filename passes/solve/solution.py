@@ -166,7 +166,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
             continue
         grad = v != OUTPUT and facts.value_needs_grad(u, slot)  # an output's gradient seed is free
         colls, copy_bytes = cm.price_edge(src, dst, facts.tensor_outputs(u)[slot], grad)
-        mem["activations"] += copy_bytes
+        mem["activations"] += copy_bytes if v == OUTPUT else cm.edge_activation_bytes(copy_bytes, facts, v, i)
         times["communication"] += sum(c.seconds for c in colls)
         moves.append(Redistribution(u, v, i, tuple(src), tuple(dst), colls))
     placements = {fqn: tuple(strategies[node].outputs[0]) for node, fqn in captured.params.items()}

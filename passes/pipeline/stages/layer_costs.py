@@ -199,8 +199,7 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
             share = fwd / (fwd + bwd) if fwd + bwd > 0 else 0.5
             acc[i]["fwd_fixed"] += extra * share
             acc[i]["bwd_fixed"] += extra * (1 - share)
-            if name not in facts.views:
-                acc[i][f"act_{part}"] += cm.activation_bytes(facts.tensor_outputs(name), s)
+            acc[i][f"act_{part}"] += cm.node_activation_bytes(name, s, facts)
     readers: dict[str, list[int]] = {}
     last_reader: dict[tuple[str, int], int] = {}
     for u, slot, v, _ in graph_edges(captured):
@@ -231,7 +230,7 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
             fixed = cm.collective(c.kind, c.axis, 0).seconds
             acc[i][f"{c.phase}_fixed"] += fixed
             acc[i][f"{c.phase}_{part}"] += c.seconds - fixed
-        acc[i][f"act_{part}"] += copy
+        acc[i][f"act_{part}"] += copy if v == OUTPUT else cm.edge_activation_bytes(copy, facts, v, k)
     cut_fixed = [0.0] * max(0, len(units) - 1)
     cut_batch = [0.0] * max(0, len(units) - 1)
     for (u, slot), last in last_reader.items():
@@ -256,8 +255,8 @@ class _StageCostModel(CostModel):
     def grad_sync(self, *args, **kwargs):
         return tuple(replace(c, seconds=c.seconds / self._m) for c in super().grad_sync(*args, **kwargs))
 
-    def activation_bytes(self, *args, **kwargs) -> float:
-        return self._held * super().activation_bytes(*args, **kwargs)
+    def kept(self, nbytes: float) -> float:
+        return self._held * nbytes
 
 
 def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, optimizer, microbatches: int,
