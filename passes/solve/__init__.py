@@ -5,6 +5,8 @@
 - ``ilp``: the strategy-selection ILP on a ``StrategyGraph`` (OR-tools CP-SAT); knows nothing of torch.
 - ``planner``: the sharding planner (build the problem from a captured program, solve it, price it).
 - ``solution``: ``Solution``, the plan as plain data, priced by the cost model.
+- ``microbatch``: one microbatch of the global batch (pipeline stages, gradient accumulation): its
+  prices and the strategies still valid at its size.
 
 May import: ortools, torch, the ``passes`` vocabulary, ``passes.sharding`` and ``passes.cost``.
 """

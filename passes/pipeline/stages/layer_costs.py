@@ -32,7 +32,7 @@ core planner's problem (``solve.planner.build_problem``) priced per microbatch (
 compute, collectives and activations divided by m, gradient all-reduces by m since they run once
 per step) with activations counted ``held`` times (the microbatches a stage keeps in flight), under
 ``pp * memory_limit`` for the whole program (the stages' sum), and only with strategies that still
-divide the microbatch (``microbatch.microbatch_strategies``: 16 sequences split 8 ways are fine, a
+divide the microbatch (``solve.microbatch.microbatch_strategies``: 16 sequences split 8 ways are fine, a
 microbatch of one sequence is not). Tensor parallelism then appears where data parallelism's
 replicated weights would not fit, or where the batch is too small to split; when nothing fits, the
 least-memory plan, never replicated weights.
@@ -59,7 +59,8 @@ from autoshard.passes.sharding.pins import Pins, PinError
 from autoshard.passes.solve.planner import build_problem
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import Replicate
-from autoshard.passes.pipeline.stages.microbatch import MicrobatchFacts, batch_dependent, batch_granularity, microbatch_strategies
+from autoshard.passes.solve.microbatch import (MicrobatchCostModel, MicrobatchFacts, batch_dependent, batch_granularity,
+                                               microbatch_strategies)
 
 __all__ = ["LayerUnit", "UnitCost", "SubmeshProfile", "layer_units", "batch_dependent", "profile_submesh",
            "submesh_shapes", "plan_submesh"]
@@ -131,7 +132,7 @@ class SubmeshProfile:
     """Every unit's cost on one logical submesh (see module docstring); ``solution`` is the intra-op
     plan priced (of the traced program: after ``repeat_blocks`` the units outnumber the traced ones).
     ``batch_shard``: the smallest microbatch, in sequences, the plan stays valid for; microbatch
-    sizes must be multiples of it (``microbatch.batch_granularity``)."""
+    sizes must be multiples of it (``solve.microbatch.batch_granularity``)."""
     mesh: Mesh
     units: list[LayerUnit]
     costs: list[UnitCost]
@@ -245,20 +246,6 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
     return SubmeshProfile(mesh, list(units), costs, cut_fixed, cut_batch, solution, batch_granularity(captured, solution))
 
 
-class _StageCostModel(CostModel):
-    """Per-microbatch pricing: gradient syncs shared by the m microbatches, activations held k times."""
-
-    def __init__(self, mesh: Mesh, hardware: Hardware, optimizer, m: int, held: int):
-        super().__init__(mesh, hardware, optimizer)
-        self._m, self._held = m, held
-
-    def grad_sync(self, *args, **kwargs):
-        return tuple(replace(c, seconds=c.seconds / self._m) for c in super().grad_sync(*args, **kwargs))
-
-    def kept(self, nbytes: float) -> float:
-        return self._held * nbytes
-
-
 def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, optimizer, microbatches: int,
                  held: int, memory_limit: float, repeat: float = 1.0, time_limit_s: float = 30.0,
                  pins: Optional[Pins] = None) -> Solution:
@@ -288,7 +275,7 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, opt
     nodes = {n.name: n for n in captured.gm.graph.nodes}
     graph, result, status = None, None, None
     for k in dict.fromkeys((held, 1)):
-        cm = _StageCostModel(mesh, hardware, optimizer, microbatches, k)
+        cm = MicrobatchCostModel(mesh, hardware, optimizer, microbatches, k)
         graph = problem.strategy_graph(cm, memory_limit)
         if repeat != 1.0:
             _repeat(graph, nodes, captured, repeat)

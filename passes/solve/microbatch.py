@@ -1,10 +1,11 @@
-"""How a plan made on the global batch relates to one pipeline microbatch.
+"""How a plan made on the global batch relates to one microbatch.
 
-The program is captured once, at the global batch ``B``. A pipeline runs it on microbatches of
-``B / m`` sequences, so three things must follow the microbatch:
+The program is captured once, at the global batch ``B``. A pipeline (and gradient accumulation)
+runs it on microbatches of ``B / m`` sequences, so three things must follow the microbatch:
 
 - cost: compute and tensor bytes of everything computed from the inputs shrink by ``m``
-  (``MicrobatchFacts``);
+  (``MicrobatchFacts``); the step's gradient all-reduces are shared by the ``m`` microbatches and
+  the activations of ``held`` microbatches are alive at once (``MicrobatchCostModel``);
 - validity: a sharding that splits a batch-sized dimension must still divide it at the microbatch.
   Splitting 16 sequences 8 ways is fine for the global batch and impossible for a microbatch of
   one (``microbatch_strategies`` keeps the ILP to strategies valid at the planned microbatch);
@@ -17,10 +18,11 @@ A value whose dim 0 is not a multiple of the batch is taken not to carry it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Iterator
+from dataclasses import dataclass, replace
+from typing import Iterator, Union
 
 from autoshard.passes.cost.facts import GraphFacts
+from autoshard.passes.cost.model import CostModel
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.graph import CapturedGraph, operand_meta, operands, outputs
 from autoshard.passes.cost.hardware import Hardware
@@ -29,7 +31,8 @@ from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import Shard, TensorMeta
 from autoshard.passes.sharding.strategies import StrategyTable
 
-__all__ = ["global_batch", "batch_dependent", "MicrobatchFacts", "microbatch_strategies", "batch_granularity"]
+__all__ = ["global_batch", "batch_dependent", "MicrobatchFacts", "MicrobatchCostModel", "microbatch_strategies",
+           "batch_granularity", "batch_divisors"]
 
 
 def global_batch(captured: CapturedGraph) -> int:
@@ -38,7 +41,8 @@ def global_batch(captured: CapturedGraph) -> int:
         meta = captured.node(name).meta.get("autoshard.meta")
         if meta is not None and getattr(meta, "shape", None):
             return int(meta.shape[0])
-    raise AutoshardError("pipeline planning needs a batched tensor input (microbatches cut dim 0 of the inputs)")
+    raise AutoshardError("microbatches (pipeline stages, gradient accumulation) cut dim 0 of the inputs: the "
+                         "program needs a batched tensor input")
 
 
 def batch_dependent(captured: CapturedGraph) -> set[str]:
@@ -80,6 +84,30 @@ class MicrobatchFacts(GraphFacts):
         if name not in self._scaled:
             self._scaled[name] = [_ScaledMeta(m.shape, m.dtype, 1.0 / self._m) for m in metas]
         return self._scaled[name]
+
+    def internal_bytes(self, name: str) -> float:
+        b = super().internal_bytes(name)
+        return b / self._m if name in self._batch else b
+
+    def selective_bytes(self, name: str) -> float:
+        b = super().selective_bytes(name)
+        return b / self._m if name in self._batch else b
+
+
+class MicrobatchCostModel(CostModel):
+    """Prices one of ``m`` microbatches of a step: each gradient all-reduce runs once per step, so a
+    microbatch carries ``1/m`` of it; the activations of ``held`` microbatches are alive at once
+    (a pipeline stage's in-flight microbatches; 1 under gradient accumulation)."""
+
+    def __init__(self, mesh: Mesh, hardware: Hardware, optimizer: Union[str, float], m: int, held: int = 1):
+        super().__init__(mesh, hardware, optimizer)
+        self.microbatches, self.held = m, held
+
+    def grad_sync(self, *args, **kwargs):
+        return tuple(replace(c, seconds=c.seconds / self.microbatches) for c in super().grad_sync(*args, **kwargs))
+
+    def kept(self, nbytes: float) -> float:
+        return self.held * nbytes
 
 
 def _dim0_ways(pls, mesh: Mesh) -> int:
@@ -138,3 +166,9 @@ def batch_granularity(captured: CapturedGraph, solution: Solution) -> int:
                 need = ways // math.gcd(ways, meta.shape[0] // batch_size)
                 grain = grain * need // math.gcd(grain, need)
     return grain
+
+
+def batch_divisors(captured: CapturedGraph) -> list[int]:
+    """The microbatch counts the global batch allows: the divisors of dim 0 of the first input."""
+    b = global_batch(captured)
+    return [k for k in range(1, b + 1) if b % k == 0]
