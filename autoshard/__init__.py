@@ -18,11 +18,12 @@ __version__ = "0.1.0"
 _LAZY = {
     "plan": "autoshard.api", "compile": "autoshard.api",
     "Plan": "autoshard.plans", "load_plan": "autoshard.plans",
+    "MixedPrecision": "autoshard.passes.levers",
     "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
 }
 _SUBMODULES = ("presets",)
 
-__all__ = ["plan", "compile", "load_plan", "Plan", "Mesh", "Shard", "Replicate", "Partial", "presets",
+__all__ = ["plan", "compile", "load_plan", "Plan", "Mesh", "MixedPrecision", "Shard", "Replicate", "Partial", "presets",
            "AutoshardError", "TraceError", "MeshError", "InfeasiblePlanError", "BatchError", "PlanFormatError"]
 
 

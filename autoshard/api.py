@@ -21,11 +21,13 @@ from autoshard.compiled import CompiledModel, PipelinedModel
 from autoshard.passes.capture.export import capture
 from autoshard.passes.errors import BatchError, PlanFormatError
 from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.levers import MixedPrecision
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import generate
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
 from autoshard.passes.sharding.pins import Pins
+from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding, random_solution
 from autoshard.passes.solve.solution import Solution
 from autoshard.plans import Plan, graph_fingerprint
@@ -34,9 +36,16 @@ from autoshard.runtime.pipeline.executor import PipelineProgram
 from autoshard.runtime.pipeline.split import replan_at_microbatch, stage_nodes_from_prefixes
 
 __all__ = ["plan", "compile", "plan_captured", "resolve_hardware", "hardware_label", "planner_stage_starts",
-           "PIN_KEYWORDS"]
+           "PIN_KEYWORDS", "LEVER_KEYWORDS", "lever_pins"]
 
 PIN_KEYWORDS = ("params", "inputs", "ops", "strategies")
+LEVER_KEYWORDS = ("accumulation", "checkpoint", "reshard_after_forward", "mixed_precision")
+
+
+def lever_pins(accumulation=None, checkpoint=None, reshard_after_forward=None, mixed_precision=None) -> LeverPins:
+    """The memory-lever keywords of ``plan``/``compile`` as ``LeverPins`` (None: the planner chooses;
+    mixed precision is never chosen). Raises ``AutoshardError`` naming a bad value."""
+    return LeverPins(accumulation, checkpoint, reshard_after_forward, mixed_precision)
 
 
 def _pins(pins: dict) -> Optional[Pins]:
@@ -68,24 +77,31 @@ def hardware_label(hardware) -> str:
 
 def plan_captured(captured: CapturedGraph, mesh: Any, *, hardware: Any = "auto", memory_limit: Optional[int] = None,
                   optimizer: str = "adamw", random_seed: Optional[int] = None, time_limit_s: float = 30.0,
-                  pins: Optional[dict] = None) -> Plan:
+                  pins: Optional[dict] = None, accumulation: Optional[int] = None, checkpoint=None,
+                  reshard_after_forward=None, mixed_precision: Optional[MixedPrecision] = None) -> Plan:
     """``plan`` for a program already captured (``passes.capture.export.capture``): capture once, plan
     it for many meshes or pins. Same options as ``plan``, with the pins as one dict
-    (``pins={"params": {...}}``); the returned ``Plan`` carries ``captured``."""
+    (``pins={"params": {...}}``); the returned ``Plan`` carries ``captured``. With
+    ``mixed_precision``, ``captured`` must have been captured with ``param_dtype=`` its
+    ``param_dtype``."""
     mesh = Mesh.of(mesh)
     hw = resolve_hardware(hardware)
     pin_obj = _pins(pins or {})
+    levers = lever_pins(accumulation, checkpoint, reshard_after_forward, mixed_precision)
     if random_seed is not None:
-        solution: Solution = random_solution(captured, mesh, seed=random_seed, pins=pin_obj)
+        solution: Solution = random_solution(captured, mesh, seed=random_seed, pins=pin_obj, hardware=hw,
+                                             optimizer=optimizer, levers=levers)
     else:
         solution = plan_sharding(captured, mesh, hardware=hw, memory_limit=memory_limit, pins=pin_obj,
-                                 optimizer=optimizer, time_limit_s=time_limit_s)
+                                 optimizer=optimizer, time_limit_s=time_limit_s, levers=levers)
     return Plan(solution, mesh, hardware_label(hw), graph_fingerprint(captured), captured)
 
 
 def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, example_target=None,
          hardware: Optional[str] = "auto", memory_limit: Optional[int] = None, optimizer: str = "adamw",
-         random_seed: Optional[int] = None, time_limit_s: float = 30.0, **pins) -> Plan:
+         random_seed: Optional[int] = None, time_limit_s: float = 30.0, accumulation: Optional[int] = None,
+         checkpoint=None, reshard_after_forward=None, mixed_precision: Optional[MixedPrecision] = None,
+         **pins) -> Plan:
     """Trace ``model`` and choose how to shard it over ``mesh``; needs no process group.
 
     ``mesh``: an int, a tuple of ints, an ``autoshard.Mesh`` or a ``DeviceMesh``. ``example_inputs``:
@@ -95,12 +111,27 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
     "auto". ``memory_limit`` (bytes per device) overrides the preset's memory. Pins (each optional):
     ``params={"fc1.weight": ("S(0)", "R")}`` (fnmatch patterns), ``inputs={0: ("S(0)",)}``,
     ``ops={"linear_1": ("S(2)",)}``, ``strategies={node: Strategy}``. ``random_seed`` draws a random
-    valid plan instead of solving (for testing the runtime).
+    valid plan instead of solving (for testing the runtime), levers included, priced on ``hardware``
+    with ``optimizer``.
+
+    Memory levers, chosen by the planner unless pinned (``plan.solution.levers`` says what it chose):
+    ``accumulation=k`` runs the global batch as k sequential microsteps; ``checkpoint="none" |
+    "selective" | "full"`` (or ``{"model.layers.#": "full"}`` per repeated-block type) recomputes
+    activations before the backward; ``reshard_after_forward=True | False`` (or per block type)
+    frees sharded parameters' gathered copies after the forward. ``mixed_precision=
+    autoshard.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`` (given, never
+    chosen) computes with copies of the parameters in ``param_dtype`` (the program is traced that
+    way) and reduces gradients in ``reduce_dtype``; parameters, gradients and optimizer state keep
+    the model's own dtype.
     """
     mesh = Mesh.of(mesh)
-    captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
+    levers = lever_pins(accumulation, checkpoint, reshard_after_forward, mixed_precision)  # bad values fail first
+    param_dtype = None if levers.mixed_precision is None else levers.mixed_precision.param_dtype
+    captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target, param_dtype=param_dtype)
     return plan_captured(captured, mesh, hardware=hardware, memory_limit=memory_limit, optimizer=optimizer,
-                         random_seed=random_seed, time_limit_s=time_limit_s, pins=pins)
+                         random_seed=random_seed, time_limit_s=time_limit_s, pins=pins, accumulation=accumulation,
+                         checkpoint=checkpoint, reshard_after_forward=reshard_after_forward,
+                         mixed_precision=mixed_precision)
 
 
 def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, example_target=None,

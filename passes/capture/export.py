@@ -27,6 +27,7 @@
 """
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Union
@@ -186,7 +187,7 @@ def _reassigned_buffers_to_copy(model: nn.Module, before: list) -> None:
 
 
 def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = None,
-            target: Optional[torch.Tensor] = None) -> CapturedGraph:
+            target: Optional[torch.Tensor] = None, param_dtype: Optional[torch.dtype] = None) -> CapturedGraph:
     """Trace ``model`` on ``example_inputs`` into a ``CapturedGraph`` (see the module docstring).
 
     ``example_inputs``: a tuple of positional inputs or a dict of keyword inputs (HF style); tensors
@@ -196,6 +197,12 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
     placeholder. Without ``loss_fn`` the program returns the model's tensor, tuple of tensors, or
     ``.loss`` (else ``.logits``). The model is traced in its current train/eval mode and is not
     modified. Shapes are static: the program is specialized to these example shapes.
+
+    ``param_dtype`` (mixed precision): trace with every floating parameter cast to this dtype, so
+    the program's ops and dtypes are those of a run computing in it; the graph's parameter
+    placeholders carry ``param_dtype`` and ``CapturedGraph.master_dtypes`` records the model's own
+    dtypes. The tracer sees a copy of the module tree holding cast copies of the parameters (buffers
+    shared), so the user's model is never touched, not even for the duration of the trace.
     """
     if not isinstance(model, nn.Module):
         raise TraceError(f"capture needs an nn.Module, got {type(model).__name__}; wrap the function in a module")
@@ -211,9 +218,32 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
         _check_devices(state_device, call.tensors + ([target] if target is not None else []))
     flat = call.tensors + ([target] if target is not None else [])
     make_program = lambda m: _Program(m, call, loss_fn, target is not None)  # noqa: E731
-    ep, method = trace(model, make_program, flat, call.constants)
-    return normalize_export(ep, model, call.names, has_target=target is not None,
-                            loss_fn_given=loss_fn is not None, method=method)
+    traced, masters = (model, {}) if param_dtype is None else _with_cast_parameters(model, param_dtype)
+    ep, method = trace(traced, make_program, flat, call.constants)
+    captured = normalize_export(ep, traced, call.names, has_target=target is not None,
+                                loss_fn_given=loss_fn is not None, method=method)
+    captured.master_dtypes = {ph: masters[fqn] for ph, fqn in captured.params.items() if fqn in masters}
+    return captured
+
+
+def _with_cast_parameters(model: nn.Module, dtype) -> tuple[nn.Module, dict[str, torch.dtype]]:
+    """A copy of ``model``'s module tree whose floating parameters are cast copies in ``dtype``
+    (ties kept, buffers shared), and FQN -> original dtype of each cast parameter."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TraceError(f"param_dtype={dtype!r}: pass a floating torch dtype such as torch.bfloat16")
+    memo: dict[int, Any] = {}
+    masters: dict[str, torch.dtype] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in memo:
+            continue
+        if p.is_floating_point() and p.dtype != dtype:
+            memo[id(p)] = nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+            masters[name] = p.dtype
+        else:
+            memo[id(p)] = p
+    for b in model.buffers():
+        memo[id(b)] = b
+    return copy.deepcopy(model, memo), masters
 
 
 def _state_device(model: nn.Module) -> Optional[torch.device]:

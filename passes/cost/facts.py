@@ -81,6 +81,7 @@ class GraphFacts:
         self._launches: dict[str, int] = {}
         self._param_bytes: Optional[float] = None
         self.saved: Optional[dict[str, SavedInfo]] = saved_info(captured)
+        self.master_dtypes = dict(getattr(captured, "master_dtypes", {}) or {})
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 self.kind[node.name] = ("param" if node.name in captured.params else
@@ -151,6 +152,10 @@ class GraphFacts:
             self._param_bytes = float(sum(m.nbytes for n, k in self.kind.items() if k == "param"
                                           for m in self.tensor_outputs(n)))
         return self._param_bytes
+
+    def master_dtype(self, name: str):
+        """The dtype parameter ``name`` is kept in when the graph computes with a cast copy, else None."""
+        return self.master_dtypes.get(name)
 
     def saved_of(self, name: str) -> Optional[SavedInfo]:
         """What autograd keeps of node ``name`` (None without the saved-tensor analysis)."""

@@ -108,9 +108,10 @@ class CostModel:
     """Prices strategies and redistributions for one mesh and hardware (caches per instance)."""
 
     def __init__(self, mesh: Mesh, hardware: Hardware, optimizer: Union[str, float] = "adamw", *,
-                 grad_bucket_bytes: float = 25 * 2 ** 20, hierarchical: bool = True):
+                 grad_bucket_bytes: float = 25 * 2 ** 20, hierarchical: bool = True, reduce_dtype=None):
         self.mesh = mesh
         self.hardware = hardware
+        self.reduce_dtype = reduce_dtype
         self.grad_bucket_bytes = grad_bucket_bytes
         self.hierarchical = hierarchical
         self.opt_bytes = optimizer_state_bytes(optimizer)
@@ -165,6 +166,10 @@ class CostModel:
                 f *= self.mesh.shape[a]
         return f
 
+    def local_bytes(self, nbytes: float, codes: Sequence[int]) -> float:
+        """Bytes per rank of a tensor of ``nbytes`` at placement codes ``codes`` (see ``encode``)."""
+        return nbytes / self._factor(codes)
+
     def work_divisor(self, strategy: Strategy) -> int:
         """Product of the sizes of the axes where some operand or output is S or P."""
         split = set()
@@ -193,26 +198,31 @@ class CostModel:
         """Bytes of the redistributed local copy when the move communicates (a free chunk is a view)."""
         return self.moves(encode(src), encode(dst), meta.nbytes, False)[1]
 
-    def moves(self, src: tuple, dst: tuple, nbytes: int, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
-        """(collectives, copy bytes) between placement codes (see ``encode``), cached."""
-        if src == dst:
+    def moves(self, src: tuple, dst: tuple, nbytes: int, needs_grad: bool, *, grad_scale: float = 1.0,
+              cast: bool = False) -> tuple[tuple[Collective, ...], float]:
+        """(collectives, copy bytes) between placement codes (see ``encode``), cached. ``grad_scale``:
+        the gradient's bytes per forward byte (a parameter's gradient reduced in another dtype);
+        ``cast``: the value is cast on the way (a parameter's compute copy), so even a move
+        without communication makes a copy."""
+        if src == dst and not cast:
             return (), 0.0
-        key = (src, dst, nbytes, needs_grad)
+        key = (src, dst, nbytes, needs_grad, grad_scale, cast)
         hit = self._reshard_cache.get(key)
         if hit is None:
-            hit = self._reshard_cache[key] = self._moves(src, dst, nbytes, needs_grad)
+            hit = self._reshard_cache[key] = self._moves(src, dst, nbytes, needs_grad, grad_scale, cast)
         return hit
 
-    def _moves(self, src, dst, nbytes: int, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
+    def _moves(self, src, dst, nbytes: int, needs_grad: bool, grad_scale: float = 1.0,
+               cast: bool = False) -> tuple[tuple[Collective, ...], float]:
         cur = list(src)
         fwd: list[Collective] = []
         for kind, a in redistribution_steps(src, dst, self.mesh.shape):
             if kind in ADJOINT:
                 fwd.append(self.collective(kind, a, nbytes / self._factor(cur, skip=a)))
             cur[a] = R_CODE if kind == "all_gather" else dst[a]
-        copy = nbytes / self._factor(dst) if fwd else 0.0
+        copy = nbytes / self._factor(dst) if fwd or cast else 0.0
         if needs_grad:
-            fwd += [self.collective(ADJOINT[c.kind], c.axis, c.bytes, "bwd") for c in reversed(fwd)]
+            fwd += [self.collective(ADJOINT[c.kind], c.axis, c.bytes * grad_scale, "bwd") for c in reversed(fwd)]
         return tuple(fwd), copy
 
     def grad_sync(self, meta: TensorMeta, storage: Sequence[Placement],
@@ -223,7 +233,7 @@ class CostModel:
         pays the latency and launch cost of one all-reduce only in proportion to the bucket share it
         fills; the bandwidth term is paid in full. A bucket holds at most ``total_bytes`` (all the
         model's parameter bytes, when given): a small model still pays one whole all-reduce."""
-        local = meta.nbytes / self.shard_factor(storage)
+        local = meta.nbytes * self.reduce_scale(meta) / self.shard_factor(storage)
         bucket = self.grad_bucket_bytes if not total_bytes else max(1.0, min(self.grad_bucket_bytes, total_bytes))
         share = min(1.0, local / bucket)
         found = []
@@ -241,7 +251,7 @@ class CostModel:
         kind = facts.kind[name]
         metas = facts.tensor_outputs(name)
         if kind == "param" and metas:
-            p, g, o = self.param_memory(metas[0], strategy.outputs[0])
+            p, g, o = self.param_memory(metas[0], strategy.outputs[0], facts.master_dtype(name))
             syncs = self.grad_sync(metas[0], strategy.outputs[0], facts.param_bytes)
             return NodePrice(compute=facts.overhead(name), grad_sync=syncs, params=p, grads=g, optimizer=o)
         if kind == "buffer" and metas:
@@ -257,10 +267,20 @@ class CostModel:
         return self.moves(encode(src), encode(dst), meta.nbytes, needs_grad)
 
     # ---- memory --------------------------------------------------------------------------------
-    def param_memory(self, meta: TensorMeta, storage: Sequence[Placement]) -> tuple[float, float, float]:
-        """(parameter, gradient, optimizer-state) bytes per rank for one parameter."""
+    def param_memory(self, meta: TensorMeta, storage: Sequence[Placement],
+                     master_dtype=None) -> tuple[float, float, float]:
+        """(parameter, gradient, optimizer-state) bytes per rank for one parameter; ``master_dtype``:
+        the dtype the parameter and its gradient are kept in when the graph computes with a cast copy."""
         f = self.shard_factor(storage)
-        return meta.nbytes / f, meta.nbytes / f, meta.numel * self.opt_bytes / f
+        own = meta.nbytes if master_dtype is None else TensorMeta(meta.shape, master_dtype).nbytes
+        return own / f, own / f, meta.numel * self.opt_bytes / f
+
+    def reduce_scale(self, meta: TensorMeta) -> float:
+        """Bytes of a parameter's reduced gradient per byte of its compute copy: gradients are
+        reduced in ``reduce_dtype`` when one is given (mixed precision), else in the graph's dtype."""
+        if self.reduce_dtype is None or not meta.dtype.is_floating_point:
+            return 1.0
+        return TensorMeta((1,), self.reduce_dtype).nbytes / TensorMeta((1,), meta.dtype).nbytes
 
     def activation_bytes(self, metas: Sequence[TensorMeta], placements: Sequence[Sequence[Placement]]) -> float:
         """Local bytes of tensors ``metas`` kept for backward, each at its ``placements``."""

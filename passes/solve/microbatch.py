@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Iterator, Union
+from typing import TYPE_CHECKING, Iterator, Union
 
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel
@@ -27,12 +27,14 @@ from autoshard.passes.errors import AutoshardError
 from autoshard.passes.graph import CapturedGraph, operand_meta, operands, outputs
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import Shard, TensorMeta
 from autoshard.passes.sharding.strategies import StrategyTable
 
+if TYPE_CHECKING:  # batch_granularity reads a Solution's strategies; solution.py prices with this module
+    from autoshard.passes.solve.solution import Solution
+
 __all__ = ["global_batch", "batch_dependent", "MicrobatchFacts", "MicrobatchCostModel", "microbatch_strategies",
-           "batch_granularity", "batch_divisors"]
+           "batch_granularity", "strategies_granularity", "batch_divisors"]
 
 
 def global_batch(captured: CapturedGraph) -> int:
@@ -99,8 +101,9 @@ class MicrobatchCostModel(CostModel):
     microbatch carries ``1/m`` of it; the activations of ``held`` microbatches are alive at once
     (a pipeline stage's in-flight microbatches; 1 under gradient accumulation)."""
 
-    def __init__(self, mesh: Mesh, hardware: Hardware, optimizer: Union[str, float], m: int, held: int = 1):
-        super().__init__(mesh, hardware, optimizer)
+    def __init__(self, mesh: Mesh, hardware: Hardware, optimizer: Union[str, float], m: int, held: int = 1,
+                 **options):
+        super().__init__(mesh, hardware, optimizer, **options)
         self.microbatches, self.held = m, held
 
     def grad_sync(self, *args, **kwargs):
@@ -156,12 +159,17 @@ def batch_granularity(captured: CapturedGraph, solution: Solution) -> int:
     """The smallest microbatch (in sequences) that every batch-dim split of ``solution`` divides:
     microbatch sizes that are multiples of it keep the plan valid. A value of ``k * b`` rows split
     ``f`` ways needs ``b`` to be a multiple of ``f / gcd(f, k)``."""
+    return strategies_granularity(captured, solution.strategies, solution.mesh)
+
+
+def strategies_granularity(captured: CapturedGraph, strategies: dict, mesh: Mesh) -> int:
+    """``batch_granularity`` of an assignment (node -> Strategy) on ``mesh``."""
     batch, batch_size = batch_dependent(captured), global_batch(captured)
     nodes = {n.name: n for n in captured.gm.graph.nodes}
     grain = 1
-    for name, strategy in solution.strategies.items():
+    for name, strategy in strategies.items():
         for meta, pls in _batch_values(nodes[name], strategy, batch):
-            ways = _dim0_ways(pls, solution.mesh)
+            ways = _dim0_ways(pls, mesh)
             if ways > 1 and meta.shape[0] % batch_size == 0:
                 need = ways // math.gcd(ways, meta.shape[0] // batch_size)
                 grain = grain * need // math.gcd(grain, need)

@@ -56,7 +56,7 @@ from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.solve.ilp import solve
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins, PinError
-from autoshard.passes.solve.planner import build_problem
+from autoshard.passes.solve.problem import build_problem
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import Replicate
 from autoshard.passes.solve.microbatch import (MicrobatchCostModel, MicrobatchFacts, batch_dependent, batch_granularity,
