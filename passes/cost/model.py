@@ -234,7 +234,8 @@ class CostModel:
         fills; the bandwidth term is paid in full. A bucket holds at most ``total_bytes`` (all the
         model's parameter bytes, when given): a small model still pays one whole all-reduce."""
         local = meta.nbytes * self.reduce_scale(meta) / self.shard_factor(storage)
-        bucket = self.grad_bucket_bytes if not total_bytes else max(1.0, min(self.grad_bucket_bytes, total_bytes))
+        total = None if not total_bytes else total_bytes * self.reduce_scale(meta)  # in the reduce dtype too
+        bucket = self.grad_bucket_bytes if not total else max(1.0, min(self.grad_bucket_bytes, total))
         share = min(1.0, local / bucket)
         found = []
         copy_in = self.hardware.op_overhead_s  # the hook copying the gradient into its bucket: one launch

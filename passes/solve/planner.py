@@ -53,7 +53,7 @@ from autoshard.passes.solve.strategy_graph import fix_policies
 from autoshard.passes.solve.microbatch import (batch_divisors, global_batch, microbatch_strategies,
                                                strategies_granularity)
 from autoshard.passes.solve.problem import ShardingProblem, build_problem, strategy_choices
-from autoshard.passes.solve.solution import Solution, evaluate, pricing_for
+from autoshard.passes.solve.solution import Solution, evaluate, node_policy, pricing_for
 from autoshard.passes.spec import Partial, Replicate, Strategy, fmt_placements
 from autoshard.passes.units import human_bytes
 
@@ -240,11 +240,13 @@ def _infeasible(search: _LeverSearch, k: int, problem: ShardingProblem, graph: L
                       sorted(sol.memory_breakdown.items(), key=lambda kv: -kv[1]) if v)
     _, cm = pricing_for(search.captured, mesh, search.hw, search.optimizer, k, search.levers.mixed_precision,
                         search.traced_at_microbatch)
+    pricer = LeverPricer(search.captured, problem.facts, cm, search.blocks)
     big = []
     for name, s in sol.strategies.items():
-        price = cm.price_node(name, s, problem.facts)
+        base, price = pricer.node(name, s, node_policy(name, levers, search.blocks, problem.facts))
         label = search.captured.params.get(name) or name
-        big.append((price.memory, label, problem.facts.tensor_outputs(name), s))
+        big.append((base.params + base.grads + base.optimizer + price.memory, label,
+                    problem.facts.tensor_outputs(name), s))
     big.sort(key=lambda t: -t[0])
     tops = "; ".join(f"{label} {tuple(m[0].shape) if m else ''} {fmt_placements(s.outputs[0]) if s.outputs else ''}"
                      f" {human_bytes(b)}" for b, label, m, s in big[:5])

@@ -22,13 +22,13 @@ from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.strategies import unruled_ops
-from autoshard.passes.solve.blocks import block_map
+from autoshard.passes.solve.blocks import BlockMap, block_map
 from autoshard.passes.solve.clustering import OUTPUT, graph_edges
 from autoshard.passes.solve.lever_costs import LeverPricer, policy_index
 from autoshard.passes.solve.microbatch import MicrobatchCostModel, MicrobatchFacts
 from autoshard.passes.spec import Placement, Replicate, Strategy, fmt, parse_placement
 
-__all__ = ["Solution", "Redistribution", "evaluate", "pricing_for"]
+__all__ = ["Solution", "Redistribution", "evaluate", "pricing_for", "node_policy"]
 
 
 def _pls_to_json(pls) -> list[str]:
@@ -168,8 +168,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
     pricer = LeverPricer(captured, facts, cm, blocks)
 
     def policy(name: str) -> Optional[int]:
-        btype = blocks.type_of(name) if name != OUTPUT and facts.kind[name] == "op" else None
-        return None if btype is None else policy_index(levers.blocks.get(btype, BlockPolicy()))
+        return node_policy(name, levers, blocks, facts)
 
     mem = dict.fromkeys(("params", "grads", "optimizer", "activations", "gathered_weights", "recompute"), 0.0)
     times = dict.fromkeys(("compute", "communication", "grad_sync", "recompute"), 0.0)
@@ -220,6 +219,13 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         redistributions=moves, param_grad_syncs=syncs, solver_stats=dict(solver_stats or {}), levers=levers,
         estimated=estimated,
     )
+
+
+def node_policy(name: str, levers: Levers, blocks: BlockMap, facts: GraphFacts) -> Optional[int]:
+    """The policy (index into ``lever_costs.POLICIES``) that prices node ``name`` (or the program's
+    output) under ``levers``: its block type's for an op in a block, else None."""
+    btype = blocks.type_of(name) if name != OUTPUT and facts.kind[name] == "op" else None
+    return None if btype is None else policy_index(levers.blocks.get(btype, BlockPolicy()))
 
 
 def pricing_for(captured: CapturedGraph, mesh: Mesh, hardware: Hardware, optimizer: Union[str, float], k: int,
