@@ -108,7 +108,8 @@ class CostModel:
     """Prices strategies and redistributions for one mesh and hardware (caches per instance)."""
 
     def __init__(self, mesh: Mesh, hardware: Hardware, optimizer: Union[str, float] = "adamw", *,
-                 grad_bucket_bytes: float = 25 * 2 ** 20, hierarchical: bool = True, reduce_dtype=None):
+                 grad_bucket_bytes: float = 25 * 2 ** 20, hierarchical: bool = True, reduce_dtype=None,
+                 move_cache: Optional[dict] = None):
         self.mesh = mesh
         self.hardware = hardware
         self.reduce_dtype = reduce_dtype
@@ -117,7 +118,9 @@ class CostModel:
         self.opt_bytes = optimizer_state_bytes(optimizer)
         self.links = [hardware.axis_link(mesh, a) for a in range(mesh.ndim)]
         self._terms = [self._axis_terms(a) for a in range(mesh.ndim)]
-        self._reshard_cache: dict = {}
+        # (collectives, copy) per move; cost models of one mesh, hardware and collective settings may
+        # share it (``move_cache``): a move's price does not depend on anything else
+        self._reshard_cache: dict = {} if move_cache is None else move_cache
 
     def _axis_terms(self, axis: int) -> dict[str, list[tuple[float, float]]]:
         """kind -> candidate (fixed seconds incl. launch, seconds per byte); a call costs the cheapest."""
@@ -216,7 +219,10 @@ class CostModel:
                cast: bool = False) -> tuple[tuple[Collective, ...], float]:
         cur = list(src)
         fwd: list[Collective] = []
-        for kind, a in redistribution_steps(src, dst, self.mesh.shape):
+        steps = self._reshard_cache.get(("steps", src, dst))
+        if steps is None:
+            steps = self._reshard_cache[("steps", src, dst)] = redistribution_steps(src, dst, self.mesh.shape)
+        for kind, a in steps:
             if kind in ADJOINT:
                 fwd.append(self.collective(kind, a, nbytes / self._factor(cur, skip=a)))
             cur[a] = R_CODE if kind == "all_gather" else dst[a]

@@ -47,7 +47,7 @@ from ortools.sat.python import cp_model
 
 from autoshard.passes.solve.strategy_graph import SGEdge, StrategyGraph, greedy, merge_followers
 
-__all__ = ["ILPResult", "ShardingILP", "solve"]
+__all__ = ["ILPResult", "ShardingILP", "solve", "lp_bound"]
 
 _SCALE_TARGET = 1e9
 
@@ -79,6 +79,8 @@ class ShardingILP:
         self.edge_terms: list[tuple[SGEdge, dict]] = []  # edges kept as variables: (edge, {(p, q): var})
         self.rows: list[tuple[str, list[int], list[int], float, float]] = []  # (kind, vars, coefs, lo, hi)
         self.objective: tuple[list[int], list[int]] = ([], [])
+        self.memory_row: Optional[int] = None
+        self.memory_binding: Optional[bool] = None  # at the LP optimum (after ``lp_relaxation``)
         self.scale = 1.0
         self._fold_edges()
 
@@ -175,6 +177,7 @@ class ShardingILP:
             return
         unit = limit / _SCALE_TARGET if limit > 0 else 1.0
         ids, coefs = self._memory_terms(unit)
+        self.memory_row = len(self.rows)
         self.rows.append(("linear", ids, coefs, -math.inf, math.floor(limit / unit)))
 
     def add_pins(self) -> None:
@@ -241,6 +244,9 @@ class ShardingILP:
             return "UNKNOWN", None, None, False
         values = [var.solution_value() for var in v]
         integral = all(min(values[k], 1 - values[k]) < 1e-6 for xs in self.x for k in xs)
+        if self.memory_row is not None:
+            _, ids, coefs, _, hi = self.rows[self.memory_row]
+            self.memory_binding = sum(values[k] * c for k, c in zip(ids, coefs)) > hi * (1 - 1e-6)
         return "OPTIMAL", self.choice_from(lambda k: values[k]), obj.Value(), integral
 
     def solve_cpsat(self, time_limit_s: float, workers: int, hint: Optional[list[int]] = None,
@@ -288,6 +294,39 @@ class ShardingILP:
                          {"objective": solver.objective_value, "bound": solver.best_objective_bound})
 
 
+def _floors(graph: StrategyGraph) -> tuple[float, float]:
+    """Lower bounds on cost and memory that need no solver: every node and edge at its cheapest."""
+    cost = memory = 0.0
+    options = [[s for s in n.choices() if math.isfinite(n.cost[s])] for n in graph.nodes]
+    for n, ss in zip(graph.nodes, options):
+        if ss:
+            cost += n.multiplicity * min(n.cost[s] for s in ss)
+            memory += n.multiplicity * min(n.memory[s] for s in ss)
+    for e in graph.edges:
+        ps = {e.u_class[s] for s in options[e.u]}
+        qs = {e.v_class[s] for s in options[e.v]}
+        pairs = [(p, q) for p in ps for q in qs if math.isfinite(e.cost[p][q])]
+        if pairs:
+            cost += e.multiplicity * min(e.cost[p][q] for p, q in pairs)
+            if e.memory is not None:
+                memory += e.multiplicity * min(e.memory[p][q] for p, q in pairs)
+    return cost, memory
+
+
+def lp_bound(graph: StrategyGraph) -> Optional[float]:
+    """A lower bound on the cost of ``graph``'s best choice IGNORING its memory limit: the LP
+    relaxation's optimum (followers folded), or None when GLOP fails."""
+    reduced, _ = merge_followers(StrategyGraph(graph.nodes, graph.edges, None, graph.groups))
+    ilp = ShardingILP(reduced)
+    ilp.add_one_strategy_per_node()
+    ilp.add_edge_consistency()
+    ilp.add_policy_groups()
+    ilp.add_pins()
+    ilp.set_objective("cost")
+    status, _, bound, _ = ilp.lp_relaxation()
+    return bound / ilp.scale if status == "OPTIMAL" and bound is not None else None
+
+
 def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float = 30.0, workers: int = 2,
           merge: bool = True, cutoff: Optional[float] = None) -> ILPResult:
     """Minimize ``objective`` ("cost" under the memory limit, or "memory") over ``graph``.
@@ -298,9 +337,18 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
     (choice None) when nothing fits the limit; "GREEDY" when CP-SAT found nothing in time but the
     greedy assignment fits. ``cutoff``: a known solution's objective (seconds or bytes); when the LP
     bound shows nothing here beats it, status "CUTOFF" (choice None, ``cost`` the bound) without
-    running CP-SAT.
+    running CP-SAT; ``stats["memory_binding"]`` then says whether the memory limit shaped that bound
+    (when it did not, the bound holds for the problem without the limit too).
     """
     reduced, expand = merge_followers(graph) if merge else (graph, list)
+    t0 = time.perf_counter()
+    cost_floor, memory_floor = _floors(reduced)
+    if objective == "cost" and reduced.memory_limit is not None and memory_floor > reduced.memory_limit:
+        return ILPResult(None, math.inf, math.inf, "INFEASIBLE", time.perf_counter() - t0, 0, 0,
+                         {"memory_floor": memory_floor})
+    if objective == "cost" and cutoff is not None and cost_floor >= cutoff * (1 - 1e-6):
+        return ILPResult(None, cost_floor, math.inf, "CUTOFF", time.perf_counter() - t0, 0, 0,
+                         {"memory_binding": False})
     ilp = ShardingILP(reduced)
     ilp.add_one_strategy_per_node()
     ilp.add_edge_consistency()
@@ -323,6 +371,7 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
     if lp_status == "INFEASIBLE":  # the relaxation has no point under the limit: neither has the ILP
         return ILPResult(None, math.inf, math.inf, "INFEASIBLE", lp_s, ilp.num_vars, len(ilp.rows), stats)
     if cutoff is not None and bound is not None and bound / ilp.scale >= cutoff * (1 - 1e-6):
+        stats["memory_binding"] = ilp.memory_binding is not False
         return ILPResult(None, bound / ilp.scale, math.inf, "CUTOFF", lp_s, ilp.num_vars, len(ilp.rows), stats)
     hint = greedy(reduced, objective)
     if not fits(hint):

@@ -76,6 +76,7 @@ class LeverPricer:
 
     def __init__(self, captured: CapturedGraph, facts: GraphFacts, cm: CostModel, blocks: BlockMap):
         self.captured, self.facts, self.cm, self.blocks = captured, facts, cm, blocks
+        self._move_sums: dict = {}
         self._block_reads: dict[tuple[str, int], int] = {}  # outside value -> edges reading it in blocks
         for u, slot, v, _ in graph_edges(captured):
             if v != OUTPUT and u not in blocks.instance and v in blocks.instance and facts.kind[u] == "op":
@@ -119,35 +120,62 @@ class LeverPricer:
         """Operand ``index`` of ``v`` (or the program's output) read from output ``slot`` of ``u``,
         moved from placement codes ``src`` to ``dst``, with ``v``'s block type under ``policy``:
         the collectives (forward, then backward) and the price."""
-        facts, cm = self.facts, self.cm
+        reading = self._reading(u, slot, v, index)
+        colls, copy, forward, total = self._move(reading, src, dst)
+        return colls, LeverPrice(*self._price(reading, forward, total, copy, src, policy))
+
+    def edge_table(self, u: str, slot: int, v: str, index: int, srcs: list, dsts: list,
+                   policies: list) -> list[list[list[tuple[float, float]]]]:
+        """(seconds, bytes) of ``edge`` for every policy, consumer placement and producer placement:
+        ``[policy][dst][src]`` (the invariants of the edge worked out once)."""
+        reading = self._reading(u, slot, v, index)
+        table = [[[None] * len(srcs) for _ in dsts] for _ in policies]
+        for q, dst in enumerate(dsts):
+            for p, src in enumerate(srcs):
+                _, copy, forward, total = self._move(reading, src, dst)
+                for b, policy in enumerate(policies):
+                    seconds, *memory = self._price(reading, forward, total, copy, src, policy)
+                    table[b][q][p] = (seconds, sum(memory))
+        return table
+
+    def _reading(self, u: str, slot: int, v: str, index: int) -> tuple:
+        """What pricing one operand read needs beyond its placements, worked out once."""
+        facts = self.facts
         meta = facts.tensor_outputs(u)[slot]
         is_param = facts.kind[u] == "param"
         grad = v != OUTPUT and facts.value_needs_grad(u, slot)  # an output's gradient seed is free
         cast = is_param and facts.master_dtype(u) is not None
-        colls, copy = cm.moves(src, dst, meta.nbytes, grad, grad_scale=cm.reduce_scale(meta) if is_param else 1.0,
-                               cast=cast)
-        forward = sum(c.seconds for c in colls if c.phase == "fwd")
-        price = LeverPrice(seconds=sum(c.seconds for c in colls))
         saves = v == OUTPUT or facts.operand_saved(v, index)
+        n = self.blocks.num_instances(self.blocks.type_of(v)) if v != OUTPUT else 0
+        grad_scale = self.cm.reduce_scale(meta) if is_param else 1.0
+        return u, slot, meta.nbytes, is_param, grad, cast, saves, n, grad_scale
+
+    def _move(self, reading: tuple, src: tuple, dst: tuple) -> tuple[tuple[Collective, ...], float, float, float]:
+        """(collectives, copy bytes, forward seconds, all seconds) of one move."""
+        _, _, nbytes, _, grad, cast, _, _, grad_scale = reading
+        key = (src, dst, nbytes, grad, grad_scale, cast)
+        hit = self._move_sums.get(key)
+        if hit is None:
+            colls, copy = self.cm.moves(src, dst, nbytes, grad, grad_scale=grad_scale, cast=cast)
+            hit = self._move_sums[key] = (colls, copy, sum(c.seconds for c in colls if c.phase == "fwd"),
+                                          sum(c.seconds for c in colls))
+        return hit
+
+    def _price(self, reading: tuple, forward: float, total: float, copy: float, src: tuple,
+               policy: Optional[int]) -> tuple[float, float, float, float, float]:
+        """(seconds, kept, gathered, recompute, gathered_transient): ``LeverPrice``'s fields."""
+        u, slot, _, is_param, _, _, saves, n, _ = reading
         gathered = is_param and forward > 0.0
         if policy is None or policy == KEEP:
-            if saves:
-                if gathered:
-                    price.gathered = copy
-                else:
-                    price.kept = copy
-            return colls, price
-        n = self.blocks.num_instances(self.blocks.type_of(v))
-        if policy != RESHARD or is_param:
-            price.seconds += forward  # re-issued by the recomputation, or the parameter gathered again
+            if not saves:
+                return total, 0.0, 0.0, 0.0, 0.0
+            return (total, 0.0, copy, 0.0, 0.0) if gathered else (total, copy, 0.0, 0.0, 0.0)
+        seconds = total + (forward if policy != RESHARD or is_param else 0.0)  # re-issued, or gathered again
         if gathered:
-            price.gathered_transient = copy * min(2, n) / n
-        elif policy == RESHARD:
-            price.kept = copy if saves else 0.0
-        else:
-            price.recompute = (copy if saves else 0.0) / n
-            price.kept = self._held_by_checkpoint(u, slot, src)
-        return colls, price
+            return seconds, 0.0, 0.0, 0.0, copy * min(2, n) / n
+        if policy == RESHARD:
+            return seconds, copy if saves else 0.0, 0.0, 0.0, 0.0
+        return seconds, self._held_by_checkpoint(u, slot, src), 0.0, (copy if saves else 0.0) / n, 0.0
 
     def _held_by_checkpoint(self, u: str, slot: int, src: tuple) -> float:
         """A value made outside blocks that a checkpointed block reads is held by the checkpoint:

@@ -108,18 +108,19 @@ def build_lever_graph(problem, pricer: LeverPricer, allowed_policies: dict[str, 
         same_group = cv != OUTPUT and node_types[cu] is not None and node_types[cu] == node_types[cv]
         cost = [[0.0] * (len(dsts) * len(rv)) for _ in range(len(srcs) * len(ru))]
         mem = [[0.0] * (len(dsts) * len(rv)) for _ in range(len(srcs) * len(ru))]
-        for b, r_v in enumerate(rv):
-            for q, dst in enumerate(dsts):
+        prices = pricer.edge_table(u, slot, OUTPUT if cv == OUTPUT else v, i, srcs, dsts, rv)
+        for b in range(len(rv)):
+            for q in range(len(dsts)):
                 col = b * len(dsts) + q
-                for p, src in enumerate(srcs):
-                    _, price = pricer.edge(u, slot, OUTPUT if cv == OUTPUT else v, i, src, dst, r_v)
+                for p in range(len(srcs)):
+                    seconds, memory = prices[b][q][p]
                     for a in range(len(ru)):
                         row = a * len(srcs) + p
                         if same_group and a != b:
                             cost[row][col] = math.inf
                         else:
-                            cost[row][col] = price.seconds
-                            mem[row][col] = price.memory
+                            cost[row][col] = seconds
+                            mem[row][col] = memory
         u_class = [a * len(srcs) + c for a in range(len(ru)) for c in u_cls]
         v_class = [b * len(dsts) + c for b in range(len(rv)) for c in v_cls]
         same = {d: q for q, d in enumerate(dsts)}

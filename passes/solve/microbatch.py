@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # batch_granularity reads a Solution's strategies; solution.p
     from autoshard.passes.solve.solution import Solution
 
 __all__ = ["global_batch", "batch_dependent", "MicrobatchFacts", "MicrobatchCostModel", "microbatch_strategies",
+           "BatchSplits",
            "batch_granularity", "strategies_granularity", "batch_divisors"]
 
 
@@ -136,23 +137,35 @@ def microbatch_strategies(captured: CapturedGraph, table: StrategyTable, mesh: M
     """``node -> allowed strategy indices`` for every node with a strategy that splits dim 0 of a
     batch-dependent value more ways than that dim has at the microbatch (``dim0 / microbatches``).
     The all-replicated strategy always stays."""
-    batch = batch_dependent(captured)
-    nodes = {n.name: n for n in captured.gm.graph.nodes}
-    allowed: dict[str, set[int]] = {}
-    for name, strategies in table.items():
-        keep = set()
-        for k, s in enumerate(strategies):
-            ok = True
-            for meta, pls in _batch_values(nodes[name], s, batch):
-                ways = _dim0_ways(pls, mesh)
-                if ways > 1 and meta.shape[0] % microbatches == 0 and (meta.shape[0] // microbatches) % ways:
-                    ok = False
-                    break
-            if ok:
-                keep.add(k)
-        if len(keep) < len(strategies):
-            allowed[name] = keep
-    return allowed
+    return BatchSplits(captured, table, mesh).allowed(microbatches)
+
+
+class BatchSplits:
+    """Every strategy's splits of batch-dependent dims (``(dim 0, ways)`` with ``ways > 1``), worked
+    out once, so ``allowed(m)`` (``microbatch_strategies``) is cheap for many microbatch counts."""
+
+    def __init__(self, captured: CapturedGraph, table: StrategyTable, mesh: Mesh):
+        batch = batch_dependent(captured)
+        nodes = {n.name: n for n in captured.gm.graph.nodes}
+        self.splits: dict[str, list[list[tuple[int, int]]]] = {}
+        for name, strategies in table.items():
+            per = []
+            for s in strategies:
+                found = [(meta.shape[0], ways) for meta, pls in _batch_values(nodes[name], s, batch)
+                         if (ways := _dim0_ways(pls, mesh)) > 1]
+                per.append(found)
+            if any(per):
+                self.splits[name] = per
+
+    def allowed(self, microbatches: int) -> dict[str, set[int]]:
+        """``microbatch_strategies(..., microbatches)``."""
+        m = microbatches
+        allowed: dict[str, set[int]] = {}
+        for name, per in self.splits.items():
+            keep = {k for k, found in enumerate(per) if not any(d % m == 0 and (d // m) % ways for d, ways in found)}
+            if len(keep) < len(per):
+                allowed[name] = keep
+        return allowed
 
 
 def batch_granularity(captured: CapturedGraph, solution: Solution) -> int:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from autoshard.passes.cost.facts import GraphFacts
+from autoshard.passes.cost.model import CostModel
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.errors import AutoshardError, InfeasiblePlanError
@@ -45,13 +46,12 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import PinError, Pins
 from autoshard.passes.solve.blocks import block_map
 from autoshard.passes.solve.clustering import output_slot
-from autoshard.passes.solve.ilp import ILPResult, solve
+from autoshard.passes.solve.ilp import ILPResult, lp_bound, solve
 from autoshard.passes.solve.lever_costs import POLICIES, KEEP, LeverPricer
 from autoshard.passes.solve.lever_graph import LeverGraph, build_lever_graph
 from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.strategy_graph import fix_policies
-from autoshard.passes.solve.microbatch import (batch_divisors, global_batch, microbatch_strategies,
-                                               strategies_granularity)
+from autoshard.passes.solve.microbatch import BatchSplits, batch_divisors, global_batch, strategies_granularity
 from autoshard.passes.solve.problem import ShardingProblem, build_problem, strategy_choices
 from autoshard.passes.solve.solution import Solution, evaluate, node_policy, pricing_for
 from autoshard.passes.spec import Partial, Replicate, Strategy, fmt_placements
@@ -75,6 +75,8 @@ class _LeverSearch:
         self.blocks = block_map(captured, facts)
         op_types = sorted({self.blocks.type_of(n) for n in self.blocks.instance if facts.kind.get(n) == "op"})
         self.policies = levers.policies(op_types)
+        self._splits: Optional[BatchSplits] = None
+        self._moves: dict = {}  # priced moves, shared by every microstep count's cost model
 
     def accumulations(self) -> list[int]:
         if self.traced_at_microbatch:
@@ -87,12 +89,16 @@ class _LeverSearch:
             return [1]
         return self.levers.accumulations(batch_divisors(self.captured), batch)
 
-    def problem(self, k: int) -> ShardingProblem:
-        """The problem of one of ``k`` microsteps (strategies that still divide the microbatch)."""
-        facts, _ = pricing_for(self.captured, self.mesh, self.hw, self.optimizer, k, self.levers.mixed_precision,
-                               self.traced_at_microbatch)
+    def problem(self, k: int) -> tuple[ShardingProblem, CostModel]:
+        """The problem of one of ``k`` microsteps (strategies that still divide the microbatch) and
+        the cost model that prices it."""
+        facts, cm = pricing_for(self.captured, self.mesh, self.hw, self.optimizer, k, self.levers.mixed_precision,
+                                self.traced_at_microbatch, self._moves)
+
         def divisible_at_microbatch(table, mesh, allowed):
-            for name, keep in microbatch_strategies(self.captured, table, mesh, k).items():
+            if self._splits is None:
+                self._splits = BatchSplits(self.captured, table, mesh)
+            for name, keep in self._splits.allowed(k).items():
                 allowed[name] = set(allowed.get(name, keep)) & keep
                 if not allowed[name]:
                     raise PinError(f"the pins on {name!r} split its batch dimension more ways than a microbatch "
@@ -101,13 +107,20 @@ class _LeverSearch:
 
         cut = k > 1 and not self.traced_at_microbatch
         return build_problem(self.captured, self.mesh, hardware=self.hw, facts=facts,
-                             narrow=divisible_at_microbatch if cut else None, choices=self.choices)
+                             narrow=divisible_at_microbatch if cut else None, choices=self.choices), cm
 
-    def graph(self, problem: ShardingProblem, k: int, limit: Optional[float]) -> LeverGraph:
-        _, cm = pricing_for(self.captured, self.mesh, self.hw, self.optimizer, k, self.levers.mixed_precision,
-                            self.traced_at_microbatch)
+    def graph(self, problem: ShardingProblem, cm: CostModel, limit: Optional[float]) -> LeverGraph:
         return build_lever_graph(problem, LeverPricer(self.captured, problem.facts, cm, self.blocks),
                                  self.policies, limit)
+
+    def combinations(self) -> list[Optional[tuple]]:
+        """The block-type policy combinations to solve one by one, fastest policies first (each a
+        sorted tuple of (block type, index into ``POLICIES``)); ``[None]``: one joint solve."""
+        types = sorted(self.policies)
+        combos = list(itertools.product(*(self.policies[t] for t in types)))
+        if len(combos) > _MAX_POLICY_COMBINATIONS:
+            return [None]
+        return [tuple(zip(types, c)) for c in sorted(combos, key=lambda c: (sum(c), c))]
 
     def levers_of(self, k: int, policies: dict[str, int]) -> Levers:
         return Levers(k, {t: POLICIES[r] for t, r in sorted(policies.items()) if r != KEEP},
@@ -141,32 +154,50 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     search = _LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch)
     limit = float(hw.memory_bytes if memory_limit is None else memory_limit)
     ks = search.accumulations()
+    combos = search.combinations()
     best: Optional[_Found] = None
     tried: dict[int, str] = {}
+    pruned: dict[tuple, list[int]] = {}  # combination -> k's whose multiples cannot beat the best
+    floor = None  # no plan of any lever is faster (see _fastest_bound)
     last = None
     for k in ks:
+        todo = [c for c in combos if not any(k % k0 == 0 for k0 in pruned.get(c, ()))]
+        if best is not None and floor is not None and best.step_time <= floor * (1 + 1e-6):
+            todo = []  # the best found is provably the fastest plan
+        if not todo:
+            tried[k] = "PRUNED"
+            continue
         try:
-            problem = search.problem(k)
+            problem, cm = search.problem(k)
         except PinError:
             if len(ks) == 1:
                 raise
             tried[k] = "PINNED_OUT"
             continue
-        graph = search.graph(problem, k, limit)
+        graph = search.graph(problem, cm, limit)
         last = (k, problem, graph)
+        if floor is None and k == ks[0] and ks[0] == 1:
+            floor = _fastest_bound(graph, combos, search.policies)
         statuses = []
-        for result in _solve_policies(graph, deadline, workers, lambda: None if best is None else best.step_time / k):
+        for combo, result in _solve_policies(graph, todo, search.policies, deadline, workers,
+                                             lambda: None if best is None else best.step_time / k):
             statuses.append(result.status)
+            if result.status == "CUTOFF" and not result.stats.get("memory_binding", True):
+                # the bound ignores memory, and a plan of k' = multiple of k microsteps runs as a plan
+                # of k no slower: no multiple of k can beat the best with this combination either
+                pruned.setdefault(combo, []).append(k)
             if result.choice is not None and (best is None or result.cost * k < best.step_time):
                 best = _Found(k, problem, graph, result, result.cost * k)
+            if best is not None and floor is not None and best.step_time <= floor * (1 + 1e-6):
+                break  # provably the fastest plan
         tried[k] = "/".join(statuses)
     status = None if best is None else best.result.status
     if best is None:
         if last is None:
             raise InfeasiblePlanError("no microstep count allows a plan: " + repr(tried))
         k, problem, graph = last  # the most microsteps: the least activation memory
-        found = [r for r in _solve_policies(graph, deadline, workers, lambda: None, objective="memory")
-                 if r.choice is not None]
+        found = [r for _, r in _solve_policies(graph, combos, search.policies, deadline, workers, lambda: None,
+                                               objective="memory") if r.choice is not None]
         smallest = min(found, key=lambda r: r.memory) if found else None
         if smallest is None or smallest.memory > limit:
             raise _infeasible(search, k, problem, graph, smallest, limit)
@@ -191,22 +222,40 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
 _MAX_POLICY_COMBINATIONS = 16
 
 
-def _solve_policies(graph: LeverGraph, deadline: float, workers: int, cutoff, objective: str = "cost"):
-    """Solve ``graph`` once per combination of block-type policies (fastest policies first; each
-    answer mapped back to ``graph``'s strategy indices), or jointly when the combinations are many.
-    ``cutoff()``: the per-microstep objective to beat, read before each solve."""
+def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, list[int]], deadline: float,
+                    workers: int, cutoff, objective: str = "cost"):
+    """Solve ``graph`` once per combination of block-type policies in ``combos`` (each a sorted
+    tuple of (block type, policy index); answers mapped back to ``graph``'s strategy indices), or
+    jointly when ``combos`` is ``[None]``. Yields (combination, ILPResult). ``cutoff()``: the
+    per-microstep objective to beat, read before each solve."""
     groups = graph.graph.groups
-    combos = list(itertools.product(*(range(g.num_policies) for g in groups)))
-    if not groups or len(combos) > _MAX_POLICY_COMBINATIONS:
-        parts = [(graph.graph, list)]
-    else:
-        parts = [fix_policies(graph.graph, list(c)) for c in sorted(combos, key=lambda c: (sum(c), c))]
-    for part, expand in parts:
+    for combo in combos:
+        if combo is None or not groups:
+            part, expand = graph.graph, list
+        else:
+            chosen = dict(combo)
+            part, expand = fix_policies(graph.graph, [policies[g.name].index(chosen[g.name]) for g in groups])
         result = solve(part, objective=objective, time_limit_s=max(1.0, deadline - time.perf_counter()),
                        workers=workers, cutoff=cutoff() if objective == "cost" else None)
         if result.choice is not None:
             result.choice = expand(result.choice)
-        yield result
+        yield combo, result
+
+
+def _fastest_bound(graph: LeverGraph, combos: list, policies: dict[str, list[int]]) -> Optional[float]:
+    """A lower bound on the step time of every plan, whatever its levers: the LP bound, without the
+    memory limit, of the fastest policy combination at one microstep. For one assignment of
+    strategies, keeping everything is no slower than resharding, resharding than selective, selective
+    than full recomputation (each adds work), and a plan of k microsteps runs as a plan of one no
+    slower (its fixed costs repeat k times); without the memory limit the fastest combination's
+    optimum is therefore below every plan's step time."""
+    first = combos[0]
+    if first is None:
+        part = graph.graph
+    else:
+        chosen = dict(first)
+        part, _ = fix_policies(graph.graph, [policies[g.name].index(chosen[g.name]) for g in graph.graph.groups])
+    return lp_bound(part)
 
 
 def _check_mixed_precision(captured: CapturedGraph, mp: Optional[MixedPrecision]) -> None:
@@ -279,7 +328,7 @@ def random_solution(captured: CapturedGraph, mesh, *, seed: int, pins: Optional[
     search = _LeverSearch(captured, mesh, hw, optimizer, pins, levers, False)
     mesh, table, allowed = search.choices
     if levers.accumulation not in (None, 1):
-        allowed = search.problem(levers.accumulation).allowed
+        allowed = search.problem(levers.accumulation)[0].allowed
     rng = random.Random(seed)
     chosen: dict[str, Strategy] = {}
     replicated = tuple(Replicate() for _ in mesh.shape)  # what a get_attr constant holds

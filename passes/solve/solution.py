@@ -229,13 +229,14 @@ def node_policy(name: str, levers: Levers, blocks: BlockMap, facts: GraphFacts) 
 
 
 def pricing_for(captured: CapturedGraph, mesh: Mesh, hardware: Hardware, optimizer: Union[str, float], k: int,
-                mixed_precision: Optional[MixedPrecision] = None,
-                traced_at_microbatch: bool = False) -> tuple[GraphFacts, CostModel]:
+                mixed_precision: Optional[MixedPrecision] = None, traced_at_microbatch: bool = False,
+                move_cache: Optional[dict] = None) -> tuple[GraphFacts, CostModel]:
     """The graph facts and cost model that price one microstep of a step cut into ``k``: the
     program's batch-dependent work and bytes divided by k (unless it was traced at the microbatch),
-    gradient syncs shared by the k microsteps, gradients reduced in the mixed-precision reduce dtype."""
+    gradient syncs shared by the k microsteps, gradients reduced in the mixed-precision reduce dtype.
+    ``move_cache``: a dict shared by the cost models of one mesh and hardware (``CostModel``)."""
     reduce_dtype = None if mixed_precision is None else mixed_precision.reduce_dtype
     facts = MicrobatchFacts(captured, hardware, k) if k > 1 and not traced_at_microbatch else GraphFacts(captured, hardware)
     if k > 1:
-        return facts, MicrobatchCostModel(mesh, hardware, optimizer, k, reduce_dtype=reduce_dtype)
-    return facts, CostModel(mesh, hardware, optimizer, reduce_dtype=reduce_dtype)
+        return facts, MicrobatchCostModel(mesh, hardware, optimizer, k, reduce_dtype=reduce_dtype, move_cache=move_cache)
+    return facts, CostModel(mesh, hardware, optimizer, reduce_dtype=reduce_dtype, move_cache=move_cache)
