@@ -68,13 +68,15 @@ class _ScaledMeta(TensorMeta):
 
 
 class MicrobatchFacts(GraphFacts):
-    """GraphFacts of one microbatch: batch-dependent compute and tensor bytes divided by ``m``."""
+    """GraphFacts of one microbatch: batch-dependent compute and tensor bytes divided by ``m`` (a
+    tensor's bytes only when its dim 0 carries the batch: a mean loss stays one scalar)."""
 
     def __init__(self, captured: CapturedGraph, hardware: Hardware, m: int):
         super().__init__(captured, hardware)
         self._batch = batch_dependent(captured)
         self._m = m
         self._scaled: dict = {}
+        self._global_batch = global_batch(captured)
 
     def compute(self, name: str) -> tuple[float, float]:
         fwd, bwd = super().compute(name)
@@ -85,7 +87,8 @@ class MicrobatchFacts(GraphFacts):
         if name not in self._batch:
             return metas
         if name not in self._scaled:
-            self._scaled[name] = [_ScaledMeta(m.shape, m.dtype, 1.0 / self._m) for m in metas]
+            self._scaled[name] = [_ScaledMeta(m.shape, m.dtype, 1.0 / self._m)
+                                  if m.shape and m.shape[0] % self._global_batch == 0 else m for m in metas]
         return self._scaled[name]
 
     def internal_bytes(self, name: str) -> float:

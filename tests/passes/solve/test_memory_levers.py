@@ -157,3 +157,21 @@ def test_random_plans_draw_levers_and_are_priced_on_the_hardware_and_optimizer_a
     # the front door too (it used to price a random plan on h100 with AdamW whatever was asked)
     front = plan_captured(gpt, MESH, hardware="cpu", optimizer="sgd", random_seed=3)
     assert front.estimated_step_time == pytest.approx(on_cpu.estimated_step_time, rel=1e-12)
+
+
+def test_a_program_traced_at_the_microbatch_plans_like_the_global_one_cut_into_microsteps():
+    """What compile does for accumulation: trace one microstep and plan it with the levers pinned;
+    the plan and its price equal the global-batch plan's (the time within 0.1%: pricing the global
+    program per microstep divides a memory-bound op's whole traffic by k, parameter reads included)."""
+    with torch.device("meta"):
+        model = GPT(256, 128, 2, 4, 256, False)
+    ids = torch.empty(8, 256, dtype=torch.long, device="meta")
+    whole = capture(model, (ids,), loss_fn=_cross_entropy, target=ids)
+    micro = capture(model, (ids[:4],), loss_fn=_cross_entropy, target=ids[:4])
+    pins = LeverPins(accumulation=2, checkpoint="selective")
+    a = plan_sharding(whole, MESH, hardware="h100", levers=pins)
+    b = plan_sharding(micro, MESH, hardware="h100", levers=pins, traced_at_microbatch=True)
+    assert a.levers == b.levers
+    assert b.estimated_step_time == pytest.approx(a.estimated_step_time, rel=1e-3)
+    assert b.estimated_memory == pytest.approx(a.estimated_memory, rel=1e-6)
+    assert b.param_placements == a.param_placements
