@@ -4,7 +4,14 @@
 it (data parallel, FSDP/ZeRO, tensor parallel); ``autoshard.compile(...)`` does the same under
 torchrun and returns each rank's program; ``Plan.render`` draws the partition.
 
+The front door: ``api`` (plan, compile), ``compiled`` (what compile returns), ``plans`` (``Plan``),
+``presets``, ``summary``, ``cli``, and the subpackages ``drawing/`` and ``profiling/``. Below it sit
+the analysis (``autoshard.passes``, installed from ``passes/``) and the runtime (``autoshard.runtime``,
+from ``runtime/``). ``autoshard.testing`` is the tests' and benchmarks' support, not the front door's.
+
 Names that need torch load on first use, so torch-free commands (``autoshard solve``) start fast.
+
+May import: torch, graphviz, ``autoshard.passes`` and ``autoshard.runtime``. Never ``autoshard.testing``.
 """
 import importlib
 

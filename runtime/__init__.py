@@ -9,7 +9,8 @@
 - ``lower``: the per-rank fx program. ``materialize``: this rank's shards only.
 - ``gradsync``: bucketed, overlapped gradient all-reduce. ``executor``: ``RankProgram``.
 
-Imports ``autoshard.passes`` only, never the front door.
+May import: torch and ``autoshard.passes``. Never the front door (``autoshard``'s own modules) or
+``autoshard.testing``.
 """
 from .executor import RankProgram  # noqa: F401
 from .groups import MeshEnv, broadcast_json, setup_distributed  # noqa: F401
