@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Iterator, Union
+from typing import Iterator, Union
 
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel
@@ -29,9 +29,6 @@ from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Shard, TensorMeta
 from autoshard.passes.sharding.strategies import StrategyTable
-
-if TYPE_CHECKING:  # batch_granularity reads a Solution's strategies; solution.py prices with this module
-    from autoshard.passes.solve.solution import Solution
 
 __all__ = ["global_batch", "batch_dependent", "MicrobatchFacts", "MicrobatchCostModel", "microbatch_strategies",
            "BatchSplits",
@@ -171,8 +168,9 @@ class BatchSplits:
         return allowed
 
 
-def batch_granularity(captured: CapturedGraph, solution: Solution) -> int:
-    """The smallest microbatch (in sequences) that every batch-dim split of ``solution`` divides:
+def batch_granularity(captured: CapturedGraph, solution) -> int:
+    """The smallest microbatch (in sequences) that every batch-dim split of ``solution`` (a
+    ``solve.solution.Solution``: its strategies and mesh) divides:
     microbatch sizes that are multiples of it keep the plan valid. A value of ``k * b`` rows split
     ``f`` ways needs ``b`` to be a multiple of ``f / gcd(f, k)``."""
     return strategies_granularity(captured, solution.strategies, solution.mesh)

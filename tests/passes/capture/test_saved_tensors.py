@@ -7,7 +7,7 @@ from autoshard.passes.capture.export import capture
 from autoshard.passes.capture.saved import SAVED, saved_info, saved_status
 from autoshard.passes.graph import outputs
 
-import models
+from autoshard.testing import models
 
 
 def _captured(name):

@@ -15,7 +15,7 @@ from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.solution import Solution, evaluate
 
-import models
+from autoshard.testing import models
 
 BF16 = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
@@ -55,8 +55,8 @@ def test_masters_gradients_and_optimizer_state_keep_fp32_and_gradients_reduce_in
     """One data-parallel layout priced three ways: fp32, bf16 compute reducing in fp32, bf16 reducing in bf16."""
     model, ids = gpt_fp32_meta
     mesh = Mesh.of((4,))
-    plain = capture(model, (ids,), loss_fn=models._cross_entropy, target=ids)
-    cast = capture(model, (ids,), loss_fn=models._cross_entropy, target=ids, param_dtype=torch.bfloat16)
+    plain = capture(model, (ids,), loss_fn=models.lm_loss, target=ids)
+    cast = capture(model, (ids,), loss_fn=models.lm_loss, target=ids, param_dtype=torch.bfloat16)
     dp = Pins(params={"*": ("R",)}, inputs={0: ("S(0)",)}, ops={"linear*": ("S(0)",)})
     fp32 = plan_sharding(plain, mesh, pins=dp)
     mp32 = evaluate(cast, mesh, fp32.strategies, levers=Levers(mixed_precision=BF16))
@@ -79,7 +79,7 @@ def test_masters_gradients_and_optimizer_state_keep_fp32_and_gradients_reduce_in
 
 def test_plan_front_door_traces_in_param_dtype_and_the_plan_says_so(gpt_fp32_meta, tmp_path):
     model, ids = gpt_fp32_meta
-    plan = autoshard.plan(model, (2,), example_inputs=(ids,), loss_fn=models._cross_entropy, example_target=ids,
+    plan = autoshard.plan(model, (2,), example_inputs=(ids,), loss_fn=models.lm_loss, example_target=ids,
                           hardware="h100", mixed_precision=autoshard.MixedPrecision(param_dtype=torch.bfloat16,
                                                                                     reduce_dtype=torch.float32))
     assert plan.solution.levers.mixed_precision == BF16
@@ -88,7 +88,7 @@ def test_plan_front_door_traces_in_param_dtype_and_the_plan_says_so(gpt_fp32_met
     assert autoshard.load_plan(str(tmp_path / "p.json")).solution.levers.mixed_precision == BF16
     assert isinstance(Solution.from_json(plan.solution.to_json()), Solution)
     # a program captured in fp32 cannot be planned as computing in bf16
-    cg = capture(model, (ids,), loss_fn=models._cross_entropy, target=ids)
+    cg = capture(model, (ids,), loss_fn=models.lm_loss, target=ids)
     with pytest.raises(AutoshardError, match=r"capture\(\.\.\., param_dtype=torch.bfloat16\)"):
         plan_captured(cg, (2,), hardware="h100", mixed_precision=BF16)
     with pytest.raises(AutoshardError, match="not supported"):

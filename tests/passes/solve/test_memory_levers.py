@@ -16,7 +16,7 @@ from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding, random_solution
 from autoshard.passes.solve.solution import evaluate
 
-from models import GPT, _cross_entropy
+from autoshard.testing.models import GPT, lm_loss
 
 MESH = Mesh.of((4,))
 
@@ -27,7 +27,7 @@ def gpt():
     with torch.device("meta"):
         model = GPT(256, 128, 4, 4, 512, False)
     ids = torch.empty(8, 512, dtype=torch.long, device="meta")
-    return capture(model, (ids,), loss_fn=_cross_entropy, target=ids)
+    return capture(model, (ids,), loss_fn=lm_loss, target=ids)
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_reshard_after_forward_frees_gathered_weights_for_regathers():
     with torch.device("meta"):
         model = GPT(256, 512, 4, 4, 64, False)
     ids = torch.empty(8, 64, dtype=torch.long, device="meta")
-    cg = capture(model, (ids,), loss_fn=_cross_entropy, target=ids)
+    cg = capture(model, (ids,), loss_fn=lm_loss, target=ids)
     fsdp = {"params": {"*": ("S(0)",)}, "inputs": {0: ("S(0)",)}}
     from autoshard.passes.sharding.pins import Pins
     keep = plan_sharding(cg, MESH, hardware="h100", pins=Pins(**fsdp), levers=LeverPins(1, "none", False))
@@ -166,8 +166,8 @@ def test_a_program_traced_at_the_microbatch_plans_like_the_global_one_cut_into_m
     with torch.device("meta"):
         model = GPT(256, 128, 2, 4, 256, False)
     ids = torch.empty(8, 256, dtype=torch.long, device="meta")
-    whole = capture(model, (ids,), loss_fn=_cross_entropy, target=ids)
-    micro = capture(model, (ids[:4],), loss_fn=_cross_entropy, target=ids[:4])
+    whole = capture(model, (ids,), loss_fn=lm_loss, target=ids)
+    micro = capture(model, (ids[:4],), loss_fn=lm_loss, target=ids[:4])
     pins = LeverPins(accumulation=2, checkpoint="selective")
     a = plan_sharding(whole, MESH, hardware="h100", levers=pins)
     b = plan_sharding(micro, MESH, hardware="h100", levers=pins, traced_at_microbatch=True)
