@@ -26,8 +26,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "plan": "autoshard.api", "compile": "autoshard.api",
     "Plan": "autoshard.plans", "load_plan": "autoshard.plans", "PipelinedPlan": "autoshard.pipelined_plans",
-    "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
     "MixedPrecision": "autoshard.passes.levers",
+    "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
 }
 _SUBMODULES = ("presets", "checkpoint")
 

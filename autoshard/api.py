@@ -28,6 +28,7 @@ from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.clustering import block_instance, module_path
+from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding, random_solution
 from autoshard.passes.solve.solution import Solution
 from autoshard.pipelined_plans import PipelinedPlan
@@ -38,9 +39,17 @@ from autoshard.runtime.pipeline.executor import PipelineProgram
 from autoshard.runtime.pipeline.split import replan_at_microbatch, stage_nodes_from_prefixes
 
 __all__ = ["plan", "compile", "plan_captured", "resolve_hardware", "hardware_label", "planner_stage_starts",
-           "PIN_KEYWORDS", "pin_levers", "check_lever_values", "block_types", "microbatch"]
+           "PIN_KEYWORDS", "pin_levers", "check_lever_values", "block_types", "microbatch",
+           "LEVER_KEYWORDS", "lever_pins"]
 
 PIN_KEYWORDS = ("params", "inputs", "ops", "strategies")
+LEVER_KEYWORDS = ("accumulation", "checkpoint", "reshard_after_forward", "mixed_precision")
+
+
+def lever_pins(accumulation=None, checkpoint=None, reshard_after_forward=None, mixed_precision=None) -> LeverPins:
+    """The memory-lever keywords of ``plan``/``compile`` as ``LeverPins`` (None: the planner chooses;
+    mixed precision is never chosen). Raises ``AutoshardError`` naming a bad value."""
+    return LeverPins(accumulation, checkpoint, reshard_after_forward, mixed_precision)
 
 
 def _pins(pins: dict) -> Optional[Pins]:
@@ -72,18 +81,33 @@ def hardware_label(hardware) -> str:
 
 def plan_captured(captured: CapturedGraph, mesh: Any, *, hardware: Any = "auto", memory_limit: Optional[int] = None,
                   optimizer: str = "adamw", random_seed: Optional[int] = None, time_limit_s: float = 30.0,
-                  pins: Optional[dict] = None) -> Plan:
+                  pins: Optional[dict] = None, accumulation: Optional[int] = None, checkpoint=None,
+                  reshard_after_forward=None, mixed_precision: Optional[MixedPrecision] = None) -> Plan:
     """``plan`` for a program already captured (``passes.capture.export.capture``): capture once, plan
     it for many meshes or pins. Same options as ``plan``, with the pins as one dict
-    (``pins={"params": {...}}``); the returned ``Plan`` carries ``captured``."""
-    mesh = Mesh.of(mesh)
+    (``pins={"params": {...}}``); the returned ``Plan`` carries ``captured`` and runs it as is:
+    ``captured`` is one microstep, so the microstep count is not chosen here (``accumulation=k`` says
+    ``captured`` is one of k microsteps; ``plan`` and ``compile``, which can trace again, choose it).
+    With ``mixed_precision``, ``captured`` must have been captured with its ``param_dtype``."""
+    levers = lever_pins(accumulation or 1, checkpoint, reshard_after_forward, mixed_precision)
+    return _solve(captured, Mesh.of(mesh), levers, traced_at_microbatch=True, hardware=hardware,
+                  memory_limit=memory_limit, optimizer=optimizer, random_seed=random_seed, time_limit_s=time_limit_s,
+                  pins=pins)
+
+
+def _solve(captured: CapturedGraph, mesh: Mesh, levers: LeverPins, *, traced_at_microbatch: bool, hardware,
+           memory_limit, optimizer, random_seed, time_limit_s, pins) -> Plan:
+    """The solver's plan (or, with ``random_seed``, a random valid one) of ``captured`` under ``levers``."""
     hw = resolve_hardware(hardware)
     pin_obj = _pins(pins or {})
     if random_seed is not None:
-        solution: Solution = random_solution(captured, mesh, seed=random_seed, pins=pin_obj)
+        solution: Solution = random_solution(captured, mesh, seed=random_seed, pins=pin_obj, hardware=hw,
+                                             optimizer=optimizer, levers=levers,
+                                             traced_at_microbatch=traced_at_microbatch)
     else:
         solution = plan_sharding(captured, mesh, hardware=hw, memory_limit=memory_limit, pins=pin_obj,
-                                 optimizer=optimizer, time_limit_s=time_limit_s)
+                                 optimizer=optimizer, time_limit_s=time_limit_s, levers=levers,
+                                 traced_at_microbatch=traced_at_microbatch)
     return Plan.build(solution, mesh, hw, captured)
 
 
@@ -91,7 +115,8 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
          hardware: Optional[str] = "auto", memory_limit: Optional[int] = None, optimizer: str = "adamw",
          random_seed: Optional[int] = None, time_limit_s: float = 30.0, pp: Union[None, int, str] = None,
          schedule: Optional[str] = None, microbatches: Optional[int] = None, stages: Optional[list] = None,
-         **pins) -> Union[Plan, PipelinedPlan]:
+         accumulation: Optional[int] = None, checkpoint=None, reshard_after_forward=None,
+         mixed_precision: Optional[MixedPrecision] = None, **pins) -> Union[Plan, PipelinedPlan]:
     """Trace ``model`` and choose how to shard it over ``mesh``; needs no process group.
 
     ``mesh``: an int, a tuple of ints, an ``autoshard.Mesh`` or a ``DeviceMesh``. ``example_inputs``:
@@ -101,7 +126,18 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
     "auto". ``memory_limit`` (bytes per device) overrides the preset's memory. Pins (each optional):
     ``params={"fc1.weight": ("S(0)", "R")}`` (fnmatch patterns), ``inputs={0: ("S(0)",)}``,
     ``ops={"linear_1": ("S(2)",)}``, ``strategies={node: Strategy}``. ``random_seed`` draws a random
-    valid plan instead of solving (for testing the runtime).
+    valid plan instead of solving (for testing the runtime), levers included, priced on ``hardware``
+    with ``optimizer``.
+
+    Memory levers, chosen by the planner unless pinned (``plan.solution.levers`` says what it chose):
+    ``accumulation=k`` runs the global batch as k sequential microsteps; ``checkpoint="none" |
+    "selective" | "full"`` (or ``{"model.layers.#": "full"}`` per repeated-block type) recomputes
+    activations before the backward; ``reshard_after_forward=True | False`` (or per block type)
+    frees sharded parameters' gathered copies after the forward. ``mixed_precision=
+    autoshard.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)`` (given, never
+    chosen) computes with copies of the parameters in ``param_dtype`` (the program is traced that
+    way) and reduces gradients in ``reduce_dtype``; parameters, gradients and optimizer state keep
+    the model's own dtype.
 
     3D plans: ``pp="auto"`` | N (and ``schedule=``, ``microbatches=``, ``stages=``) run the stage
     planner as ``compile`` does, with no process group (``_plan_pipeline``): the result is a
@@ -113,10 +149,13 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
                               example_target=example_target, hardware=hardware, memory_limit=memory_limit,
                               optimizer=optimizer, random_seed=random_seed, time_limit_s=time_limit_s, pp=pp,
                               schedule=schedule, microbatches=microbatches, stages=stages, pins=pins)
-    mesh = Mesh.of(mesh)
-    captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
-    return plan_captured(captured, mesh, hardware=hardware, memory_limit=memory_limit, optimizer=optimizer,
-                         random_seed=random_seed, time_limit_s=time_limit_s, pins=pins)
+    lever_args = {"accumulation": accumulation, "checkpoint": checkpoint,
+                  "reshard_after_forward": reshard_after_forward, "mixed_precision": mixed_precision}
+    lever_pins(**lever_args)  # bad values fail before tracing
+    return _plan_for_runtime(model, Mesh.of(mesh), example_inputs=example_inputs, loss_fn=loss_fn,
+                             example_target=example_target, hardware=hardware, memory_limit=memory_limit,
+                             optimizer=optimizer, random_seed=random_seed, time_limit_s=time_limit_s, pins=pins,
+                             lever_args=lever_args, traced={})
 
 
 def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, example_target=None,
@@ -146,7 +185,8 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     (from ``plan(..., pp=...)`` or ``load_plan``): the pipeline is built from it, nothing is planned
     (``_compile_planned_pipeline``).
 
-    Memory levers (``passes.levers``; pinned here, on top of what the plan carries; see ``pin_levers``):
+    Memory levers (``passes.levers``), chosen by the planner unless given here (with ``plan=``: pinned on
+    top of the levers the plan carries, ``pin_levers``):
     ``accumulation=k`` runs the global batch as k sequential microsteps (the program is traced at
     ``batch / k``; ``step`` still takes the global batch and returns the mean loss);
     ``checkpoint="none" | "selective" | "full"`` for every repeated-block type, or a dict by block
@@ -156,20 +196,20 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     computes with ``param_dtype`` copies of the parameters (traced so), keeps and updates the
     parameters in their own dtype and reduces gradients in ``reduce_dtype``.
     """
-    lever_pins = {"accumulation": accumulation, "checkpoint": checkpoint,
+    lever_args = {"accumulation": accumulation, "checkpoint": checkpoint,
                   "reshard_after_forward": reshard_after_forward, "mixed_precision": mixed_precision}
-    check_lever_values(**lever_pins)
+    check_lever_values(**lever_args)
     if isinstance(plan, PipelinedPlan):
-        if any(v is not None for v in lever_pins.values()):
-            raise TypeError(f"{[k for k, v in lever_pins.items() if v is not None]} cannot be combined with a "
+        if any(v is not None for v in lever_args.values()):
+            raise TypeError(f"{[k for k, v in lever_args.items() if v is not None]} cannot be combined with a "
                             "pipelined plan yet: its stages recompute as the stage planner chose")
         return _compile_planned_pipeline(model, mesh, plan, example_inputs=example_inputs, loss_fn=loss_fn,
                                          example_target=example_target, state_dict=state_dict, pp=pp,
                                          schedule=schedule, microbatches=microbatches, stages=stages,
                                          random_seed=random_seed, pins=pins)
     pipelined = _pipeline_degree(pp)
-    if pipelined and any(v is not None for v in lever_pins.values()):
-        raise TypeError(f"{[k for k, v in lever_pins.items() if v is not None]} cannot be combined with pp={pp!r} "
+    if pipelined and any(v is not None for v in lever_args.values()):
+        raise TypeError(f"{[k for k, v in lever_args.items() if v is not None]} cannot be combined with pp={pp!r} "
                         "yet: a pipeline recomputes per stage (the stage planner decides) and accumulates over "
                         "its microbatches")
     if not pipelined and any(v is not None for v in (schedule, microbatches, stages)):
@@ -191,21 +231,71 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
                                  memory_limit=memory_limit, optimizer=optimizer, time_limit_s=time_limit_s,
                                  pins=pins)
     t0 = time.perf_counter()
-    carried = plan.solution.levers if plan is not None else Levers()
-    k = accumulation if accumulation is not None else carried.accumulation
-    mp = mixed_precision if mixed_precision is not None else carried.mixed_precision
-    inputs, target = microbatch(example_inputs, example_target, k)
-    captured = capture(model, inputs, loss_fn=loss_fn, target=target,
-                       param_dtype=None if mp is None else mp.param_dtype)
-    if plan is not None:
+    if plan is not None:  # its levers, with the lever arguments pinned on top
+        carried = plan.solution.levers
+        captured = _capture_microstep(model, example_inputs, loss_fn, example_target, Levers(
+            accumulation or carried.accumulation, mixed_precision=mixed_precision or carried.mixed_precision))
         chosen = plan.attach(captured, mesh)
+        chosen.solution.levers = pin_levers(captured, carried, **lever_args)
     else:
-        payload = run_and_broadcast(lambda: plan_captured(
-            captured, mesh, hardware=hardware, memory_limit=memory_limit, optimizer=optimizer,
-            random_seed=random_seed, time_limit_s=time_limit_s, pins=pins).to_json(), env=env)
-        chosen = Plan.from_json(payload).attach(captured, mesh)
-    chosen.solution.levers = pin_levers(captured, chosen.solution.levers, **lever_pins)
+        traced: dict = {}
+        payload = run_and_broadcast(lambda: _plan_for_runtime(
+            model, mesh, example_inputs=example_inputs, loss_fn=loss_fn, example_target=example_target,
+            hardware=hardware, memory_limit=memory_limit, optimizer=optimizer, random_seed=random_seed,
+            time_limit_s=time_limit_s, pins=pins, lever_args=lever_args, traced=traced).to_json(), env=env)
+        chosen = Plan.from_json(payload)
+        captured = traced.get("captured") or _capture_microstep(model, example_inputs, loss_fn, example_target,
+                                                                 chosen.solution.levers)
+        chosen = chosen.attach(captured, mesh)
     return CompiledModel(model, chosen, env, state_dict=state_dict, compile_seconds=time.perf_counter() - t0)
+
+
+def _capture_microstep(model, example_inputs, loss_fn, example_target, levers: Levers) -> CapturedGraph:
+    """The program the runtime runs under ``levers``: one of ``levers.accumulation`` microsteps, traced
+    with the compute dtype of its mixed precision."""
+    inputs, target = microbatch(example_inputs, example_target, levers.accumulation)
+    mp = levers.mixed_precision
+    return capture(model, inputs, loss_fn=loss_fn, target=target, param_dtype=None if mp is None else mp.param_dtype)
+
+
+def _plan_for_runtime(model, mesh: Mesh, *, example_inputs, loss_fn, example_target, hardware, memory_limit,
+                      optimizer, random_seed, time_limit_s, pins: dict, lever_args: dict, traced: dict) -> Plan:
+    """The plan ``plan`` returns and ``compile`` runs (on rank 0 there), made on the program the runtime
+    will run. With a pinned
+    ``accumulation`` the microstep program is traced and planned directly; otherwise the planner
+    chooses the levers on the global batch's program, and when it cuts the batch into k > 1
+    microsteps the microstep program is traced and planned again with every lever pinned to that
+    choice. ``traced["captured"]``: the program the plan is for (so rank 0 does not trace it again)."""
+    pinned = lever_pins(**lever_args)
+    mp = pinned.mixed_precision
+    param_dtype = None if mp is None else mp.param_dtype
+    options = dict(hardware=hardware, memory_limit=memory_limit, optimizer=optimizer, random_seed=random_seed,
+                   time_limit_s=time_limit_s, pins=pins)
+    if pinned.accumulation is None:
+        captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target, param_dtype=param_dtype)
+        _check_block_levers(captured, lever_args)
+        first = _solve(captured, mesh, pinned, traced_at_microbatch=False, **options)
+        if first.solution.levers.accumulation == 1:
+            traced["captured"] = captured
+            return first
+        chosen = first.solution.levers
+        policy = {t: chosen.blocks.get(t, BlockPolicy()) for t in block_types(captured)}
+        pinned = LeverPins(chosen.accumulation, {t: p.checkpoint for t, p in policy.items()} or None,
+                           {t: p.reshard_after_forward for t, p in policy.items() if p.checkpoint == "none"} or None,
+                           chosen.mixed_precision)
+    micro = _capture_microstep(model, example_inputs, loss_fn, example_target,
+                               Levers(pinned.accumulation, mixed_precision=mp))
+    _check_block_levers(micro, lever_args)
+    traced["captured"] = micro
+    return _solve(micro, mesh, pinned, traced_at_microbatch=True, **options)
+
+
+def _check_block_levers(captured: CapturedGraph, lever_args: dict) -> None:
+    """Block-type levers name this model's block types (``PlanFormatError`` otherwise)."""
+    known = block_types(captured)
+    for name in ("checkpoint", "reshard_after_forward"):
+        if lever_args.get(name) is not None:
+            _per_block(name, lever_args[name], known)
 
 
 # ---- memory levers -----------------------------------------------------------------------------
@@ -221,16 +311,17 @@ def block_types(captured: CapturedGraph) -> list[str]:
 
 
 def _per_block(name: str, value, known: list[str]) -> dict:
-    """A lever given for every block type (a plain value) or by block type (a dict), as a dict."""
+    """A lever given for every block type (a plain value) or by block type (a dict whose keys are block
+    types or fnmatch patterns over them), as block type -> value."""
     if not known:
         raise PlanFormatError(f"{name}= applies to repeated blocks (numbered modules such as layers.0), and this "
                               "model has none")
     if not isinstance(value, dict):
         return dict.fromkeys(known, value)
-    unknown = sorted(set(value) - set(known))
+    unknown = sorted(k for k in value if not any(t == k or fnmatch.fnmatchcase(t, str(k)) for t in known))
     if unknown:
         raise PlanFormatError(f"{name}= names block type(s) {unknown}; this model's block types are {known}")
-    return dict(value)
+    return {t: v for k, v in value.items() for t in known if t == k or fnmatch.fnmatchcase(t, str(k))}
 
 
 def pin_levers(captured: CapturedGraph, levers: Levers, *, accumulation: Optional[int] = None,

@@ -54,6 +54,15 @@ def plan_summary(plan) -> str:
     mb = getattr(sol, "memory_breakdown", {}) or {}
     out.append(f"  estimated memory, busiest device: {human_bytes(plan.estimated_memory)}  ("
                + ", ".join(f"{k} {human_bytes(v)}" for k, v in mb.items()) + ")")
+    levers = getattr(sol, "levers", None)
+    if levers is not None and levers.any_pulled:
+        blocks = "; ".join(f"{t}: checkpoint {p.checkpoint}, reshard after forward {p.reshard_after_forward}"
+                           for t, p in sorted(levers.blocks.items()))
+        mp = levers.mixed_precision
+        out.append(f"  memory levers: accumulation {levers.accumulation}"
+                   + (f"; {blocks}" if blocks else "")
+                   + (f"; compute in {mp.param_dtype_name}, reduce gradients in "
+                      f"{mp.reduce_dtype_name or mp.param_dtype_name}" if mp is not None else ""))
     out.append(throughput_line(plan))
     out.append("  parameters (storage placement per mesh axis; repeated blocks folded as #):")
     _placements(plan.param_placements, out)

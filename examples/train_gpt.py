@@ -39,6 +39,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import autoshard  # noqa: E402
 from autoshard import checkpoint  # noqa: E402
+from autoshard.runtime.groups import finish_distributed  # noqa: E402
 from nanogpt import GPT, CharData, generate_corpus, lm_loss  # noqa: E402
 
 
@@ -191,3 +192,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    finish_distributed()  # every rank waits for the others before leaving (see its docstring)

@@ -41,7 +41,9 @@ class CapturedGraph:
     weights appear once under their canonical name); ``aliases`` maps every other FQN that names the
     same tensor -> canonical FQN; ``buffers`` maps placeholder name -> buffer FQN; ``inputs`` lists
     user-input placeholder names in call order; ``target`` is the target placeholder or None.
-    ``loss_output`` is True when the single output is a scalar loss.
+    ``loss_output`` is True when the single output is a scalar loss. ``master_dtypes``: parameter
+    placeholder -> the model's own dtype, for parameters traced as compute copies in another dtype
+    (``capture(..., param_dtype=)``: the graph's placeholders carry the compute dtype).
     """
     gm: fx.GraphModule
     params: dict[str, str]
@@ -51,6 +53,7 @@ class CapturedGraph:
     aliases: dict[str, str] = field(default_factory=dict)
     loss_output: bool = False
     method: str = "export"
+    master_dtypes: dict[str, Any] = field(default_factory=dict)
 
     def node(self, name: str) -> fx.Node:
         for n in self.gm.graph.nodes:

@@ -35,13 +35,20 @@ def global_grad_norm(held: list[Holding], norm_type: float = 2.0, device=None) -
             if g.numel():
                 total = torch.maximum(total, g.detach().abs().max().double())
         if dist.is_initialized():
-            dist.all_reduce(total, op=dist.ReduceOp.MAX)
+            _all_reduce(total, dist.ReduceOp.MAX)
         return total
     for g in grads:
         total += torch.linalg.vector_norm(g.detach(), norm_type).double() ** norm_type
     if dist.is_initialized():
-        dist.all_reduce(total)
+        _all_reduce(total, dist.ReduceOp.SUM)
     return total ** (1.0 / norm_type)
+
+
+def _all_reduce(total: torch.Tensor, op) -> None:
+    # Issued async and waited: with gloo under torch 2.13, a rank whose LAST collective was a blocking
+    # one can abort at interpreter exit ("terminate called without an active exception") while its
+    # peer is still finishing that collective; clipping is often a training loop's last collective.
+    dist.all_reduce(total, op=op, async_op=True).wait()
 
 
 def clip_grad_norm_(held: list[Holding], max_norm: float, norm_type: float = 2.0,

@@ -30,7 +30,8 @@ from autoshard.passes.mesh import Mesh
 
 from .collectives import AxisComm
 
-__all__ = ["MeshEnv", "choose_device_backend", "setup_distributed", "broadcast_json", "run_and_broadcast"]
+__all__ = ["MeshEnv", "choose_device_backend", "setup_distributed", "broadcast_json", "run_and_broadcast",
+           "finish_distributed"]
 
 
 def choose_device_backend(local_rank: Optional[int] = None) -> tuple[torch.device, str]:
@@ -159,6 +160,18 @@ def setup_distributed(mesh: Any, *, device: Any = None) -> MeshEnv:
         for name, size, c in zip(mesh.axis_names, mesh.shape, coord)
     )
     return MeshEnv(mesh, rank, dev, str(backend), dm, comms)
+
+
+def finish_distributed() -> None:
+    """End of a training script, on every rank: wait until every rank got here, then destroy the process
+    groups. The wait is a non-blocking collective waited on: with gloo (torch 2.13), a rank whose last
+    collective was a blocking one can abort at interpreter exit ("terminate called without an active
+    exception") while a peer still finishes it. A no-op without an initialized process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    flag = torch.zeros(1, device=choose_device_backend()[0])
+    dist.all_reduce(flag, async_op=True).wait()
+    dist.destroy_process_group()
 
 
 def broadcast_json(obj: Any = None, src: int = 0, *, env: Optional[MeshEnv] = None, group: Any = None,

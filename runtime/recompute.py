@@ -5,7 +5,7 @@ keeping what autograd would save.
 block region, ``regions``), built on ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``:
 
 - "full": autograd keeps only ``args``; the first backward use of anything inside re-runs ``fn``;
-- "selective": the outputs of matmuls and attention (``SAVED_OPS``) are kept, everything else
+- "selective": the outputs of matmuls and attention (``passes.capture.saved.SELECTIVE_SAVE_OPS``, the list the cost model prices) are kept, everything else
   (cheap pointwise ops, norms, and the collectives, which are re-issued) is recomputed
   (``create_selective_checkpoint_contexts``). The c10d ops are never saved: they write into a
   buffer in place, so a cached result would hand back the buffer unreduced.
@@ -31,21 +31,14 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode, _push_mode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from autoshard.passes.capture.saved import is_selective_save_op
+
 __all__ = ["checkpointed", "Replay", "rerunning", "outside_selective_checkpoint", "rng_state", "restore_rng",
-           "SAVED_OPS", "POLICIES"]
+           "POLICIES"]
 
 POLICIES = ("full", "selective")
 _RERUN = contextvars.ContextVar("autoshard_rerun", default=False)
 _SELECTIVE_MODES: "weakref.WeakSet" = weakref.WeakSet()  # the dispatch modes our selective regions run under
-
-aten = torch.ops.aten
-_ATTENTION = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-              "_flash_attention_forward", "_efficient_attention_forward")
-#: Ops whose outputs selective checkpointing keeps (packets: every overload).
-SAVED_OPS = frozenset([aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.convolution]
-                      + [getattr(aten, n) for n in _ATTENTION if hasattr(aten, n)])
-
 
 def rerunning() -> bool:
     """Whether the code running now is a ``Replay`` re-run (a recomputation during backward)."""
@@ -94,7 +87,7 @@ class Replay:
 
 
 def _keep_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op.overloadpacket in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE if is_selective_save_op(op) else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _selective_contexts():

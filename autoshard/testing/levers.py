@@ -104,8 +104,8 @@ def layout_pins(model, mesh_shape, layers) -> dict:
     return presets.data_parallel(mesh_shape)
 
 
-def planned(captured, model, mesh_shape, layers, rank: int, env) -> dict:
-    """See the module docstring."""
+def planned(captured, model, mesh_shape, layers, rank: int, env, mixed_precision=None) -> dict:
+    """See the module docstring. ``mixed_precision``: the policy ``captured`` was traced for."""
     from autoshard.api import plan_captured
     from autoshard.passes.mesh import Mesh
     from autoshard.plans import Plan
@@ -113,7 +113,7 @@ def planned(captured, model, mesh_shape, layers, rank: int, env) -> dict:
     mesh = Mesh.of(mesh_shape)
     payload = None
     if rank == 0:
-        payload = plan_captured(captured, mesh, hardware="cpu", time_limit_s=20,
+        payload = plan_captured(captured, mesh, hardware="cpu", time_limit_s=20, mixed_precision=mixed_precision,
                                 pins=layout_pins(model, mesh_shape, layers)).to_json()
     plan = Plan.from_json(broadcast_json(payload, src=0, env=env)).attach(captured, mesh)
     return zero3(captured, plan.solution.strategies, mesh_shape)

@@ -200,8 +200,13 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
     ``.loss`` (else ``.logits``). The model is traced in its current train/eval mode and is not
     modified. Shapes are static: the program is specialized to these example shapes. ``loss_fn`` and
     ``target`` come together (``arguments.check_loss_arguments`` names the missing one).
-    ``param_dtype`` (mixed precision): trace as the compute copies run, floating parameters and
-    floating inputs cast to it (``_cast_twin``; buffers and the target keep their dtype).
+
+    ``param_dtype`` (mixed precision): trace with every floating parameter cast to this dtype, so
+    the program's ops and dtypes are those of a run computing in it; the graph's parameter
+    placeholders carry ``param_dtype`` and ``CapturedGraph.master_dtypes`` records the model's own
+    dtypes. The tracer sees a copy of the module tree holding cast copies of the parameters (buffers
+    shared), so the user's model is never touched, not even for the duration of the trace. Floating
+    inputs are cast to it too (as FSDP2's ``cast_forward_inputs``); the target keeps its dtype.
     """
     if not isinstance(model, nn.Module):
         raise TraceError(f"capture needs an nn.Module, got {type(model).__name__}; wrap the function in a module")
@@ -210,7 +215,6 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
     check_loss_arguments(loss_fn, target, lambda: _output_shapes(model, example_inputs))
     call = _make_call(model, example_inputs)
     if param_dtype is not None:
-        model = _cast_twin(model, param_dtype)
         call.tensors[:] = [t.to(param_dtype) if t.is_floating_point() else t for t in call.tensors]
     state_device = _state_device(model)
     if state_device is not None and state_device.type == "meta":
@@ -221,9 +225,32 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
         _check_devices(state_device, call.tensors + ([target] if target is not None else []))
     flat = call.tensors + ([target] if target is not None else [])
     make_program = lambda m: _Program(m, call, loss_fn, target is not None)  # noqa: E731
-    ep, method = trace(model, make_program, flat, call.constants)
-    return normalize_export(ep, model, call.names, has_target=target is not None,
-                            loss_fn_given=loss_fn is not None, method=method)
+    traced, masters = (model, {}) if param_dtype is None else _with_cast_parameters(model, param_dtype)
+    ep, method = trace(traced, make_program, flat, call.constants)
+    captured = normalize_export(ep, traced, call.names, has_target=target is not None,
+                                loss_fn_given=loss_fn is not None, method=method)
+    captured.master_dtypes = {ph: masters[fqn] for ph, fqn in captured.params.items() if fqn in masters}
+    return captured
+
+
+def _with_cast_parameters(model: nn.Module, dtype) -> tuple[nn.Module, dict[str, torch.dtype]]:
+    """A copy of ``model``'s module tree whose floating parameters are cast copies in ``dtype``
+    (ties kept, buffers shared), and FQN -> original dtype of each cast parameter."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TraceError(f"param_dtype={dtype!r}: pass a floating torch dtype such as torch.bfloat16")
+    memo: dict[int, Any] = {}
+    masters: dict[str, torch.dtype] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in memo:
+            continue
+        if p.is_floating_point() and p.dtype != dtype:
+            memo[id(p)] = nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+            masters[name] = p.dtype
+        else:
+            memo[id(p)] = p
+    for b in model.buffers():
+        memo[id(b)] = b
+    return copy.deepcopy(model, memo), masters
 
 
 def _output_shapes(model: nn.Module, example_inputs) -> Optional[list]:
@@ -235,33 +262,6 @@ def _output_shapes(model: nn.Module, example_inputs) -> Optional[list]:
     outs = out if isinstance(out, (tuple, list)) else [out]
     metas = [o.meta.get(META) for o in outs if isinstance(o, fx.Node)]
     return [m.shape for m in metas if isinstance(m, TensorMeta)] or None
-
-
-def _cast_twin(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """A copy of the module tree sharing everything with ``model`` but its floating parameters, which
-    are new parameters cast to ``dtype`` (tied parameters stay tied; nothing of ``model`` changes)."""
-    modules: dict[int, nn.Module] = {}
-    params: dict[int, nn.Parameter] = {}
-
-    def cast(p):
-        if p is None or not p.is_floating_point():
-            return p
-        if id(p) not in params:
-            params[id(p)] = nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
-        return params[id(p)]
-
-    def twin(m: Optional[nn.Module]) -> Optional[nn.Module]:
-        if m is None:
-            return None
-        if id(m) not in modules:
-            t = copy.copy(m)
-            modules[id(m)] = t
-            t._parameters = {n: cast(p) for n, p in m._parameters.items()}
-            t._buffers = dict(m._buffers)
-            t._modules = {n: twin(c) for n, c in m._modules.items()}
-        return modules[id(m)]
-
-    return twin(model)
 
 
 def _state_device(model: nn.Module) -> Optional[torch.device]:

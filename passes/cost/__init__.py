@@ -7,5 +7,5 @@
 - ``profile_format``: the measured-profile JSON (what ``autoshard profile`` writes) and its fits.
 - ``hardware_lookup``: ``get_hardware``, a ``hardware=`` argument (preset, JSON, profile) -> ``Hardware``.
 
-May import: torch, numpy, the ``passes`` vocabulary.
+May import: torch, numpy, the ``passes`` vocabulary, ``passes.capture`` (the saved-tensor analysis).
 """

@@ -28,6 +28,7 @@ from typing import Optional
 
 import torch.fx as fx
 
+from autoshard.passes.capture.saved import SavedInfo, saved_info
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.graph import operand_meta, operands, outputs
 from autoshard.passes.spec import TensorMeta
@@ -67,6 +68,8 @@ class GraphFacts:
     nothing carries a gradient. ``requires_grad``: when training, parameters and every floating output
     computed from one (except ops that cut the graph: detach, *_like constructors, ...). ``compute(name)``: (forward seconds, backward
     seconds) of the op on one device holding everything.
+    ``saved``: what autograd keeps per node (``passes.capture.saved``), None when the program could
+    not run on the meta device.
     """
 
     def __init__(self, captured, hardware: Hardware):
@@ -81,6 +84,8 @@ class GraphFacts:
         self._compute: dict[str, tuple[float, float]] = {}
         self._launches: dict[str, int] = {}
         self._param_bytes: Optional[float] = None
+        self.saved: Optional[dict[str, SavedInfo]] = saved_info(captured)
+        self.master_dtypes = dict(getattr(captured, "master_dtypes", {}) or {})
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 self.kind[node.name] = ("param" if node.name in captured.params else
@@ -151,6 +156,31 @@ class GraphFacts:
             self._param_bytes = float(sum(m.nbytes for n, k in self.kind.items() if k == "param"
                                           for m in self.tensor_outputs(n)))
         return self._param_bytes
+
+    def master_dtype(self, name: str):
+        """The dtype parameter ``name`` is kept in when the graph computes with a cast copy, else None."""
+        return self.master_dtypes.get(name)
+
+    def saved_of(self, name: str) -> Optional[SavedInfo]:
+        """What autograd keeps of node ``name`` (None without the saved-tensor analysis)."""
+        return None if self.saved is None else self.saved.get(name)
+
+    def operand_saved(self, consumer: str, index: int) -> bool:
+        """Does ``consumer`` keep its operand ``index`` for backward? (True without the analysis,
+        and for the program's outputs: every redistributed copy counts, as before it existed.)"""
+        info = self.saved_of(consumer)
+        return info is None or index in info.saved_operands
+
+    def internal_bytes(self, name: str) -> float:
+        """Bytes of the tensors node ``name`` creates inside itself and keeps for backward."""
+        info = self.saved_of(name)
+        return float(info.internal_bytes) if info is not None else 0.0
+
+    def selective_bytes(self, name: str) -> float:
+        """Bytes of the matmul / attention kernel outputs of node ``name`` (kept under selective
+        checkpointing)."""
+        info = self.saved_of(name)
+        return float(info.selective_bytes) if info is not None else 0.0
 
     def tensor_outputs(self, name: str) -> list[TensorMeta]:
         return [m for m in outputs(self.nodes[name]) if m is not None]

@@ -21,8 +21,11 @@ available in any placement for free).
 Memory per rank: parameters, gradients (same dtype) and optimizer state (``optimizer``: "adamw"
 keeps 2 fp32 states per element, "sgd" none) divided by the storage shard factor (a forward-only
 program, with no loss, has neither gradients nor optimizer state, and no backward pass); activations are
-the local bytes of every non-view op output (autograd may save them), plus the local bytes of each
-redistributed copy that feeds an op (e.g. an all-gathered FSDP weight saved for backward).
+what autograd keeps for the backward (``passes.capture.saved``): the local bytes of every op output
+some op saves, of the tensors an op creates inside itself and saves (split like its work), and of
+each redistributed copy whose consumer saves it (e.g. an all-gathered FSDP weight a matmul keeps).
+Without that analysis (a program the meta device cannot run): every non-view op output and every
+redistributed copy.
 
 Placements travel as integer codes (``encode``): ``S(d)`` -> d, ``R`` -> ``R_CODE``, ``P`` -> ``P_CODE``.
 
@@ -106,15 +109,19 @@ class CostModel:
     """Prices strategies and redistributions for one mesh and hardware (caches per instance)."""
 
     def __init__(self, mesh: Mesh, hardware: Hardware, optimizer: Union[str, float] = "adamw", *,
-                 grad_bucket_bytes: float = 25 * 2 ** 20, hierarchical: bool = True):
+                 grad_bucket_bytes: float = 25 * 2 ** 20, hierarchical: bool = True, reduce_dtype=None,
+                 move_cache: Optional[dict] = None):
         self.mesh = mesh
         self.hardware = hardware
+        self.reduce_dtype = reduce_dtype
         self.grad_bucket_bytes = grad_bucket_bytes
         self.hierarchical = hierarchical
         self.opt_bytes = optimizer_state_bytes(optimizer)
         self.links = [hardware.axis_link(mesh, a) for a in range(mesh.ndim)]
         self._terms = [self._axis_terms(a) for a in range(mesh.ndim)]
-        self._reshard_cache: dict = {}
+        # (collectives, copy) per move; cost models of one mesh, hardware and collective settings may
+        # share it (``move_cache``): a move's price does not depend on anything else
+        self._reshard_cache: dict = {} if move_cache is None else move_cache
 
     def _axis_terms(self, axis: int) -> dict[str, list[tuple[float, float]]]:
         """kind -> candidate (fixed seconds incl. launch, seconds per byte); a call costs the cheapest."""
@@ -163,6 +170,10 @@ class CostModel:
                 f *= self.mesh.shape[a]
         return f
 
+    def local_bytes(self, nbytes: float, codes: Sequence[int]) -> float:
+        """Bytes per rank of a tensor of ``nbytes`` at placement codes ``codes`` (see ``encode``)."""
+        return nbytes / self._factor(codes)
+
     def work_divisor(self, strategy: Strategy) -> int:
         """Product of the sizes of the axes where some operand or output is S or P."""
         split = set()
@@ -191,26 +202,34 @@ class CostModel:
         """Bytes of the redistributed local copy when the move communicates (a free chunk is a view)."""
         return self.moves(encode(src), encode(dst), meta.nbytes, False)[1]
 
-    def moves(self, src: tuple, dst: tuple, nbytes: int, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
-        """(collectives, copy bytes) between placement codes (see ``encode``), cached."""
-        if src == dst:
+    def moves(self, src: tuple, dst: tuple, nbytes: int, needs_grad: bool, *, grad_scale: float = 1.0,
+              cast: bool = False) -> tuple[tuple[Collective, ...], float]:
+        """(collectives, copy bytes) between placement codes (see ``encode``), cached. ``grad_scale``:
+        the gradient's bytes per forward byte (a parameter's gradient reduced in another dtype);
+        ``cast``: the value is cast on the way (a parameter's compute copy), so even a move
+        without communication makes a copy."""
+        if src == dst and not cast:
             return (), 0.0
-        key = (src, dst, nbytes, needs_grad)
+        key = (src, dst, nbytes, needs_grad, grad_scale, cast)
         hit = self._reshard_cache.get(key)
         if hit is None:
-            hit = self._reshard_cache[key] = self._moves(src, dst, nbytes, needs_grad)
+            hit = self._reshard_cache[key] = self._moves(src, dst, nbytes, needs_grad, grad_scale, cast)
         return hit
 
-    def _moves(self, src, dst, nbytes: int, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
+    def _moves(self, src, dst, nbytes: int, needs_grad: bool, grad_scale: float = 1.0,
+               cast: bool = False) -> tuple[tuple[Collective, ...], float]:
         cur = list(src)
         fwd: list[Collective] = []
-        for kind, a in redistribution_steps(src, dst, self.mesh.shape):
+        steps = self._reshard_cache.get(("steps", src, dst))
+        if steps is None:
+            steps = self._reshard_cache[("steps", src, dst)] = redistribution_steps(src, dst, self.mesh.shape)
+        for kind, a in steps:
             if kind in ADJOINT:
                 fwd.append(self.collective(kind, a, nbytes / self._factor(cur, skip=a)))
             cur[a] = R_CODE if kind == "all_gather" else dst[a]
-        copy = nbytes / self._factor(dst) if fwd else 0.0
+        copy = nbytes / self._factor(dst) if fwd or cast else 0.0
         if needs_grad:
-            fwd += [self.collective(ADJOINT[c.kind], c.axis, c.bytes, "bwd") for c in reversed(fwd)]
+            fwd += [self.collective(ADJOINT[c.kind], c.axis, c.bytes * grad_scale, "bwd") for c in reversed(fwd)]
         return tuple(fwd), copy
 
     def grad_sync(self, meta: TensorMeta, storage: Sequence[Placement],
@@ -221,8 +240,9 @@ class CostModel:
         pays the latency and launch cost of one all-reduce only in proportion to the bucket share it
         fills; the bandwidth term is paid in full. A bucket holds at most ``total_bytes`` (all the
         model's parameter bytes, when given): a small model still pays one whole all-reduce."""
-        local = meta.nbytes / self.shard_factor(storage)
-        bucket = self.grad_bucket_bytes if not total_bytes else max(1.0, min(self.grad_bucket_bytes, total_bytes))
+        local = meta.nbytes * self.reduce_scale(meta) / self.shard_factor(storage)
+        total = None if not total_bytes else total_bytes * self.reduce_scale(meta)  # in the reduce dtype too
+        bucket = self.grad_bucket_bytes if not total else max(1.0, min(self.grad_bucket_bytes, total))
         share = min(1.0, local / bucket)
         found = []
         copy_in = self.hardware.op_overhead_s  # the hook copying the gradient into its bucket: one launch
@@ -241,7 +261,7 @@ class CostModel:
         if kind == "param" and metas and not facts.training:  # inference: no gradient, no optimizer state
             return NodePrice(compute=facts.overhead(name), params=self.param_memory(metas[0], strategy.outputs[0])[0])
         if kind == "param" and metas:
-            p, g, o = self.param_memory(metas[0], strategy.outputs[0])
+            p, g, o = self.param_memory(metas[0], strategy.outputs[0], facts.master_dtype(name))
             syncs = self.grad_sync(metas[0], strategy.outputs[0], facts.param_bytes)
             return NodePrice(compute=facts.overhead(name), grad_sync=syncs, params=p, grads=g, optimizer=o)
         if kind == "buffer" and metas:
@@ -249,23 +269,52 @@ class CostModel:
         if kind != "op":
             return NodePrice()
         fwd, bwd = facts.compute(name)
-        acts = 0.0 if name in facts.views else self.activation_bytes(metas, strategy)
-        return NodePrice(compute=(fwd + bwd) / self.work_divisor(strategy) + facts.overhead(name), activations=acts)
+        return NodePrice(compute=(fwd + bwd) / self.work_divisor(strategy) + facts.overhead(name),
+                         activations=self.node_activation_bytes(name, strategy, facts))
 
     def price_edge(self, src, dst, meta: TensorMeta, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
         """(collectives, bytes of the redistributed copy) to move one operand from ``src`` to ``dst``."""
         return self.moves(encode(src), encode(dst), meta.nbytes, needs_grad)
 
     # ---- memory --------------------------------------------------------------------------------
-    def param_memory(self, meta: TensorMeta, storage: Sequence[Placement]) -> tuple[float, float, float]:
-        """(parameter, gradient, optimizer-state) bytes per rank for one parameter."""
+    def param_memory(self, meta: TensorMeta, storage: Sequence[Placement],
+                     master_dtype=None) -> tuple[float, float, float]:
+        """(parameter, gradient, optimizer-state) bytes per rank for one parameter; ``master_dtype``:
+        the dtype the parameter and its gradient are kept in when the graph computes with a cast copy."""
         f = self.shard_factor(storage)
-        return meta.nbytes / f, meta.nbytes / f, meta.numel * self.opt_bytes / f
+        own = meta.nbytes if master_dtype is None else TensorMeta(meta.shape, master_dtype).nbytes
+        return own / f, own / f, meta.numel * self.opt_bytes / f
 
-    def activation_bytes(self, metas: Sequence[Optional[TensorMeta]], strategy: Strategy) -> float:
-        """Local bytes of a node's outputs under ``strategy``."""
-        total = 0.0
-        tensors = [m for m in metas if m is not None]
-        for m, pls in zip(tensors, strategy.outputs):
-            total += m.nbytes / self.shard_factor(pls)
-        return total
+    def reduce_scale(self, meta: TensorMeta) -> float:
+        """Bytes of a parameter's reduced gradient per byte of its compute copy: gradients are
+        reduced in ``reduce_dtype`` when one is given (mixed precision), else in the graph's dtype."""
+        if self.reduce_dtype is None or not meta.dtype.is_floating_point:
+            return 1.0
+        return TensorMeta((1,), self.reduce_dtype).nbytes / TensorMeta((1,), meta.dtype).nbytes
+
+    def activation_bytes(self, metas: Sequence[TensorMeta], placements: Sequence[Sequence[Placement]]) -> float:
+        """Local bytes of tensors ``metas`` kept for backward, each at its ``placements``."""
+        return self.kept(sum(m.nbytes / self.shard_factor(pls) for m, pls in zip(metas, placements)))
+
+    def kept(self, nbytes: float) -> float:
+        """Bytes per device that ``nbytes`` of one step's activations amount to (a pipeline stage
+        holding several microbatches counts them that many times)."""
+        return nbytes
+
+    def node_activation_bytes(self, name: str, strategy: Strategy, facts: GraphFacts) -> float:
+        """Local bytes autograd keeps of op ``name``'s own outputs and of the tensors it creates
+        inside itself (``facts.saved_of``; the internal ones split like the op's work). Without the
+        saved-tensor analysis: every output of every op that is not a view."""
+        metas = facts.tensor_outputs(name)
+        info = facts.saved_of(name)
+        if info is None:
+            return 0.0 if name in facts.views else self.activation_bytes(metas, strategy.outputs)
+        kept = self.activation_bytes([metas[s] for s in info.saved_outputs],
+                                     [strategy.outputs[s] for s in info.saved_outputs])
+        internal = facts.internal_bytes(name)
+        return kept + self.kept(internal / self.work_divisor(strategy))
+
+    def edge_activation_bytes(self, copy_bytes: float, facts: GraphFacts, consumer: str, index: int) -> float:
+        """Bytes of a redistributed copy kept for backward: all of it when the consumer keeps that
+        operand (``facts.operand_saved``), else none (the copy is freed after its use)."""
+        return copy_bytes if facts.operand_saved(consumer, index) else 0.0

@@ -182,6 +182,9 @@ def from_strategy_graph(graph: StrategyGraph, *, cost_unit: float = 1e-9, memory
     bytes): multiplicities multiplied in, class-indexed edge tables expanded to full matrices, every
     node alive at time 0 (the graph's memory is one total). Edge memory has no place in the format
     and must be zero."""
+    if graph.groups:
+        raise IOPDDLFormatError("the graph ties decisions in policy groups (memory levers), which the IOPDDL "
+                                "format cannot express; plan without levers to export it")
     costs, usages = [], []
     for n in graph.nodes:
         costs.append([round(n.multiplicity * c / cost_unit) for c in n.cost])

@@ -13,7 +13,14 @@ layer instances a cluster node / edge stands for); a memory limit ``L`` (bytes p
         (transportation form)            sum_p e[p,q] = sum_{s: cls_v(s)=q} x[v,s]      for every q
     (3) memory                           sum_i m_i sum_s M[i,s] x[i,s] + sum_e m_e sum_pq w_e[p,q] e[p,q] <= L
     (4) pins                             x[i,s] = 0 for every s not allowed at node i
+    (5) policy groups                    sum_r y[g,r] = 1;  sum_{s: pol_i(s)=r} x[i,s] = y[g,r]
+                                         for every member i of group g and policy r
     objective   minimize  sum_i m_i sum_s C[i,s] x[i,s] + sum_e m_e sum_pq c_e[p,q] e[p,q]
+
+A pair (p, q) of infinite cost is forbidden: it gets no variable (its row and column sums still
+balance, since only allowed pairs carry the class indicators), and a strategy that folding leaves
+with an infinite cost is excluded like a pinned-out one. ``y[g,r]`` (one-hot) is the policy of
+group ``g`` (``passes.solve.strategy_graph.PolicyGroup``): every member takes a strategy of it.
 
 With exactly one x per node, (2) makes e the indicator of the single (p, q) pair in use, so the
 linearization is exact while using |P| x |Q| edge variables instead of |S_u| x |S_v|. An edge whose
@@ -40,7 +47,7 @@ from ortools.sat.python import cp_model
 
 from autoshard.passes.solve.strategy_graph import SGEdge, StrategyGraph, greedy, merge_followers
 
-__all__ = ["ILPResult", "ShardingILP", "solve"]
+__all__ = ["ILPResult", "ShardingILP", "solve", "lp_bound"]
 
 _SCALE_TARGET = 1e9
 
@@ -68,9 +75,12 @@ class ShardingILP:
         self.allowed = [n.choices() for n in graph.nodes]
         self.num_vars = 0
         self.x = [[self._new_var() for _ in n.cost] for n in graph.nodes]
+        self.y = [[self._new_var() for _ in range(g.num_policies)] for g in graph.groups]
         self.edge_terms: list[tuple[SGEdge, dict]] = []  # edges kept as variables: (edge, {(p, q): var})
         self.rows: list[tuple[str, list[int], list[int], float, float]] = []  # (kind, vars, coefs, lo, hi)
         self.objective: tuple[list[int], list[int]] = ([], [])
+        self.memory_row: Optional[int] = None
+        self.memory_binding: Optional[bool] = None  # at the LP optimum (after ``lp_relaxation``)
         self.scale = 1.0
         self._fold_edges()
 
@@ -100,7 +110,16 @@ class ShardingILP:
                     self.C[node][s] += m * e.cost[p][q]
                     self.M[node][s] += m * w[p][q]
             else:
-                self.edge_terms.append((e, {(p, q): self._new_var() for p in ps for q in qs}))
+                self.edge_terms.append((e, {(p, q): self._new_var() for p in ps for q in qs
+                                            if not math.isinf(e.cost[p][q])}))
+            self._drop_infinite(e.u)
+            self._drop_infinite(e.v)
+
+    def _drop_infinite(self, i: int) -> None:
+        """Exclude node ``i``'s strategies that folding left with an infinite (forbidden) cost."""
+        keep = [s for s in self.allowed[i] if math.isfinite(self.C[i][s])]
+        if len(keep) < len(self.allowed[i]):
+            self.allowed[i] = keep
 
     # ---- constraint families -------------------------------------------------------------------
     def add_one_strategy_per_node(self) -> None:
@@ -113,14 +132,27 @@ class ShardingILP:
         the consumer's class-q indicator."""
         for e, evars in self.edge_terms:
             ps, qs = self._classes(e)
+            for (p, q), var in evars.items():
+                if p not in ps or q not in qs:  # a class a later fold excluded
+                    self.rows.append(("linear", [var], [1], 0, 0))
             for p in ps:
                 ys = [self.x[e.u][s] for s in self.allowed[e.u] if e.u_class[s] == p]
-                es = [evars[p, q] for q in qs]
+                es = [evars[p, q] for q in qs if (p, q) in evars]
                 self.rows.append(("linear", es + ys, [1] * len(es) + [-1] * len(ys), 0, 0))
             for q in qs:
                 zs = [self.x[e.v][s] for s in self.allowed[e.v] if e.v_class[s] == q]
-                es = [evars[p, q] for p in ps]
+                es = [evars[p, q] for p in ps if (p, q) in evars]
                 self.rows.append(("linear", es + zs, [1] * len(es) + [-1] * len(zs), 0, 0))
+
+    def add_policy_groups(self) -> None:
+        """(5) one policy per group, and every member's strategy of that policy."""
+        for g, group in enumerate(self.g.groups):
+            ys = self.y[g]
+            self.rows.append(("exactly_one", ys, [1] * len(ys), 1, 1))
+            for i, pol in group.members.items():
+                for r in range(group.num_policies):
+                    xs = [self.x[i][s] for s in self.allowed[i] if pol[s] == r]
+                    self.rows.append(("linear", xs + [ys[r]], [1] * len(xs) + [-1], 0, 0))
 
     def _memory_terms(self, unit: float) -> tuple[list[int], list[int]]:
         ids, coefs = [], []
@@ -145,24 +177,27 @@ class ShardingILP:
             return
         unit = limit / _SCALE_TARGET if limit > 0 else 1.0
         ids, coefs = self._memory_terms(unit)
+        self.memory_row = len(self.rows)
         self.rows.append(("linear", ids, coefs, -math.inf, math.floor(limit / unit)))
 
     def add_pins(self) -> None:
-        """(4) x[i,s] = 0 for strategies a pin excludes."""
-        for i, n in enumerate(self.g.nodes):
-            if n.allowed is not None:
-                keep = set(n.allowed)
-                for s, var in enumerate(self.x[i]):
-                    if s not in keep:
-                        self.rows.append(("linear", [var], [1], 0, 0))
+        """(4) x[i,s] = 0 for strategies a pin (or a forbidden cost) excludes."""
+        for i, xs in enumerate(self.x):
+            keep = set(self.allowed[i])
+            for s, var in enumerate(xs):
+                if s not in keep:
+                    self.rows.append(("linear", [var], [1], 0, 0))
 
     def set_objective(self, what: str = "cost") -> None:
         """Minimize estimated step time ("cost") or bytes per device ("memory"), scaled to integers
         so the largest possible total is about 1e9."""
         table = self.M if what == "memory" else self.C
-        edge_values = (lambda e: e.memory or [[0.0]]) if what == "memory" else (lambda e: e.cost)
+        def edge_value(e, p, q):
+            return (e.memory[p][q] if e.memory else 0.0) if what == "memory" else e.cost[p][q]
+
         upper = sum(max(table[i][s] for s in self.allowed[i]) for i in range(len(self.x)))
-        upper += sum(e.multiplicity * max(map(max, edge_values(e))) for e, _ in self.edge_terms)
+        upper += sum(e.multiplicity * max(edge_value(e, p, q) for p, q in evars)
+                     for e, evars in self.edge_terms if evars)
         self.scale = _SCALE_TARGET / upper if upper > 0 else 1.0
         if what == "memory":
             self.objective = self._memory_terms(1.0 / self.scale)
@@ -209,6 +244,9 @@ class ShardingILP:
             return "UNKNOWN", None, None, False
         values = [var.solution_value() for var in v]
         integral = all(min(values[k], 1 - values[k]) < 1e-6 for xs in self.x for k in xs)
+        if self.memory_row is not None:
+            _, ids, coefs, _, hi = self.rows[self.memory_row]
+            self.memory_binding = sum(values[k] * c for k, c in zip(ids, coefs)) > hi * (1 - 1e-6)
         return "OPTIMAL", self.choice_from(lambda k: values[k]), obj.Value(), integral
 
     def solve_cpsat(self, time_limit_s: float, workers: int, hint: Optional[list[int]] = None,
@@ -230,6 +268,10 @@ class ShardingILP:
             on = {self.x[i][s] for i, s in enumerate(hint)}
             for e, evars in self.edge_terms:
                 on.add(evars.get((e.u_class[hint[e.u]], e.v_class[hint[e.v]]), -1))
+            for g, group in enumerate(self.g.groups):
+                r = group.policy_of(hint)
+                if r is not None:
+                    on.add(self.y[g][r])
             for k, var in enumerate(v):
                 model.add_hint(var, k in on)
         solver = cp_model.CpSolver()
@@ -252,28 +294,74 @@ class ShardingILP:
                          {"objective": solver.objective_value, "bound": solver.best_objective_bound})
 
 
+def _floors(graph: StrategyGraph) -> tuple[float, float]:
+    """Lower bounds on cost and memory that need no solver: every node and edge at its cheapest."""
+    cost = memory = 0.0
+    options = [[s for s in n.choices() if math.isfinite(n.cost[s])] for n in graph.nodes]
+    for n, ss in zip(graph.nodes, options):
+        if ss:
+            cost += n.multiplicity * min(n.cost[s] for s in ss)
+            memory += n.multiplicity * min(n.memory[s] for s in ss)
+    for e in graph.edges:
+        ps = {e.u_class[s] for s in options[e.u]}
+        qs = {e.v_class[s] for s in options[e.v]}
+        pairs = [(p, q) for p in ps for q in qs if math.isfinite(e.cost[p][q])]
+        if pairs:
+            cost += e.multiplicity * min(e.cost[p][q] for p, q in pairs)
+            if e.memory is not None:
+                memory += e.multiplicity * min(e.memory[p][q] for p, q in pairs)
+    return cost, memory
+
+
+def lp_bound(graph: StrategyGraph) -> Optional[float]:
+    """A lower bound on the cost of ``graph``'s best choice IGNORING its memory limit: the LP
+    relaxation's optimum (followers folded), or None when GLOP fails."""
+    reduced, _ = merge_followers(StrategyGraph(graph.nodes, graph.edges, None, graph.groups))
+    ilp = ShardingILP(reduced)
+    ilp.add_one_strategy_per_node()
+    ilp.add_edge_consistency()
+    ilp.add_policy_groups()
+    ilp.add_pins()
+    ilp.set_objective("cost")
+    status, _, bound, _ = ilp.lp_relaxation()
+    return bound / ilp.scale if status == "OPTIMAL" and bound is not None else None
+
+
 def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float = 30.0, workers: int = 2,
-          merge: bool = True) -> ILPResult:
+          merge: bool = True, cutoff: Optional[float] = None) -> ILPResult:
     """Minimize ``objective`` ("cost" under the memory limit, or "memory") over ``graph``.
 
     Steps: fold followers (``merge_followers``, unless ``merge=False``); solve the LP relaxation
     with GLOP; give CP-SAT the LP bound and a warm start (the rounded LP optimum, else a greedy
     assignment). When the LP optimum is integral CP-SAT only confirms it. Status "INFEASIBLE"
     (choice None) when nothing fits the limit; "GREEDY" when CP-SAT found nothing in time but the
-    greedy assignment fits.
+    greedy assignment fits. ``cutoff``: a known solution's objective (seconds or bytes); when the LP
+    bound shows nothing here beats it, status "CUTOFF" (choice None, ``cost`` the bound) without
+    running CP-SAT; ``stats["memory_binding"]`` then says whether the memory limit shaped that bound
+    (when it did not, the bound holds for the problem without the limit too).
     """
     reduced, expand = merge_followers(graph) if merge else (graph, list)
+    t0 = time.perf_counter()
+    cost_floor, memory_floor = _floors(reduced)
+    if objective == "cost" and reduced.memory_limit is not None and memory_floor > reduced.memory_limit:
+        return ILPResult(None, math.inf, math.inf, "INFEASIBLE", time.perf_counter() - t0, 0, 0,
+                         {"memory_floor": memory_floor})
+    if objective == "cost" and cutoff is not None and cost_floor >= cutoff * (1 - 1e-6):
+        return ILPResult(None, cost_floor, math.inf, "CUTOFF", time.perf_counter() - t0, 0, 0,
+                         {"memory_binding": False})
     ilp = ShardingILP(reduced)
     ilp.add_one_strategy_per_node()
     ilp.add_edge_consistency()
+    ilp.add_policy_groups()
     if objective == "cost":
         ilp.add_memory_constraint()
     ilp.add_pins()
     ilp.set_objective(objective)
     limit = reduced.memory_limit if objective == "cost" else None
 
-    def fits(choice):
-        return limit is None or reduced.evaluate(choice)[1] <= limit
+    def fits(choice):  # (an inconsistent choice evaluates to infinity)
+        cost, mem = reduced.evaluate(choice)
+        return math.isfinite(cost) and (limit is None or mem <= limit)
 
     t0 = time.perf_counter()
     lp_status, rounded, bound, integral = ilp.lp_relaxation()
@@ -282,6 +370,9 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
                  lp_s=round(lp_s, 4), lp_integral=integral)
     if lp_status == "INFEASIBLE":  # the relaxation has no point under the limit: neither has the ILP
         return ILPResult(None, math.inf, math.inf, "INFEASIBLE", lp_s, ilp.num_vars, len(ilp.rows), stats)
+    if cutoff is not None and bound is not None and bound / ilp.scale >= cutoff * (1 - 1e-6):
+        stats["memory_binding"] = ilp.memory_binding is not False
+        return ILPResult(None, bound / ilp.scale, math.inf, "CUTOFF", lp_s, ilp.num_vars, len(ilp.rows), stats)
     hint = greedy(reduced, objective)
     if not fits(hint):
         hint = greedy(reduced, "memory")

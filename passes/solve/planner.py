@@ -1,259 +1,342 @@
-"""The planner: strategies -> prices -> clusters -> ILP -> Solution.
+"""The planner: strategies -> prices -> clusters -> ILP -> Solution, memory levers included.
 
->>> sol = plan_sharding(captured, Mesh.of((2, 2)), hardware="h100")      # doctest: +SKIP
->>> sol.param_placements["fc1.weight"], sol.solver_stats["status"]      # doctest: +SKIP
-((R, S(0)), 'OPTIMAL')
+>>> sol = plan_sharding(captured, Mesh.of((2, 2)), hardware="h100", levers=LeverPins())   # doctest: +SKIP
+>>> sol.param_placements["fc1.weight"], sol.levers.accumulation, sol.solver_stats["status"]  # doctest: +SKIP
+((R, S(0)), 1, 'OPTIMAL')
 
 ``plan_sharding`` minimizes the estimated step time under a per-device memory limit (default: the
 hardware's memory) and raises ``InfeasiblePlanError`` when nothing fits, after solving again for
 the smallest memory any plan needs. The ILP has one node per cluster of identical layer nodes
-(``clustering``), views and other followers folded into their producers (``strategy_graph.merge_followers``),
-so a 32-layer model solves as fast as a 2-layer one. ``random_solution`` draws a random valid strategy per node
-(for randomized equivalence tests of the runtime). Both price the result with
-``solution.evaluate``, the same cost model the ILP sees.
+(``clustering``), views and other followers folded into their producers
+(``strategy_graph.merge_followers``), so a 32-layer model solves as fast as a 2-layer one.
 
-Other planners reuse the steps through a ``ShardingProblem`` (``build_problem``): the strategy
-table, the pinned choices, the clusters and the graph facts of one program on one mesh. It turns a
-cost model into the ILP's ``StrategyGraph`` (``strategy_graph``) and the ILP's answer into a priced
-``Solution`` (``solution``). The stage planner prices the same problem per microbatch this way
-(``passes.pipeline.stages.layer_costs.plan_submesh``):
+Memory levers (``levers=LeverPins(...)``; None: none pulled, as the pipeline planner's stages want):
 
->>> problem = build_problem(captured, (2, 2), hardware="h100")                       # doctest: +SKIP
->>> result = solve(problem.strategy_graph(CostModel(problem.mesh, problem.hardware, "adamw"), 80e9))
->>> problem.solution(result.choice, optimizer="adamw").estimated_step_time           # doctest: +SKIP
+- each repeated-block type's policy (keep / reshard after forward / selective / full
+  checkpointing) is chosen in the ILP itself (``lever_graph``, priced by ``lever_costs``);
+- gradient accumulation ``k`` is searched outside it: for every divisor of the global batch the
+  pins allow, the problem is priced per microstep (``microbatch``: batch-dependent work and bytes
+  divided by k, gradient syncs once per step, only strategies that still divide the microbatch) and
+  solved; a candidate whose LP bound cannot beat the best step so far is skipped (status CUTOFF);
+  the fastest plan that fits wins;
+- mixed precision is the user's: the program must have been captured computing in its
+  ``param_dtype`` (``capture(..., param_dtype=)``); the cost model keeps parameters, gradients and
+  optimizer state in the parameters' own dtype and reduces gradients in ``reduce_dtype``.
+
+``random_solution`` draws a random valid strategy per node, and random levers (for randomized
+equivalence tests of the runtime). Both price the result with ``solution.evaluate``, the same cost
+model the ILP sees, on the hardware and optimizer asked for.
 """
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Collection, Optional, Union
+from typing import Optional, Union
 
-from autoshard.passes.solve.clustering import OUTPUT, Clustering, cluster_edges, cluster_nodes, graph_edges, output_slot
-from autoshard.passes.cost.collectives import R_CODE
 from autoshard.passes.cost.facts import GraphFacts
-from autoshard.passes.cost.model import CostModel, encode
-from autoshard.passes.errors import InfeasiblePlanError
-from autoshard.passes.graph import CapturedGraph, operands
+from autoshard.passes.cost.model import CostModel
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.hardware_lookup import get_hardware
-from autoshard.passes.solve.ilp import solve
-from autoshard.passes.solve.strategy_graph import SGEdge, SGNode, StrategyGraph
+from autoshard.passes.errors import AutoshardError, InfeasiblePlanError
+from autoshard.passes.graph import CapturedGraph, operands
+from autoshard.passes.levers import Levers, MixedPrecision
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.sharding.pins import Pins
-from autoshard.passes.solve.solution import Solution, evaluate
+from autoshard.passes.sharding.pins import PinError, Pins
+from autoshard.passes.solve.blocks import block_map
+from autoshard.passes.solve.clustering import output_slot
+from autoshard.passes.solve.ilp import ILPResult, lp_bound, solve
+from autoshard.passes.solve.lever_costs import POLICIES, KEEP, LeverPricer
+from autoshard.passes.solve.lever_graph import LeverGraph, build_lever_graph
+from autoshard.passes.solve.lever_pins import LeverPins
+from autoshard.passes.solve.strategy_graph import fix_policies
+from autoshard.passes.solve.microbatch import BatchSplits, batch_divisors, global_batch, strategies_granularity
+from autoshard.passes.solve.problem import ShardingProblem, build_problem, strategy_choices
+from autoshard.passes.solve.solution import Solution, evaluate, node_policy, pricing_for
 from autoshard.passes.spec import Partial, Replicate, Strategy, fmt_placements
-from autoshard.passes.sharding.strategies import StrategyTable, enumerate_strategies
 from autoshard.passes.units import human_bytes
 
-__all__ = ["plan_sharding", "random_solution", "build_strategy_graph", "ShardingProblem", "build_problem"]
+__all__ = ["plan_sharding", "random_solution"]
 
 
-def _classes(items: list) -> tuple[list[int], list]:
-    index: dict = {}
-    cls = [index.setdefault(tuple(x), len(index)) for x in items]
-    return cls, list(index)
+class _LeverSearch:
+    """One program's planning context: the strategy table (shared by every microstep count), the
+    block structure, the policies each block type may take and the microstep counts to try."""
 
+    def __init__(self, captured: CapturedGraph, mesh, hw: Hardware, optimizer, pins, levers: LeverPins,
+                 traced_at_microbatch: bool):
+        self.captured, self.hw, self.optimizer, self.levers = captured, hw, optimizer, levers
+        self.traced_at_microbatch = traced_at_microbatch
+        self.choices = strategy_choices(captured, mesh, pins)
+        self.mesh: Mesh = self.choices[0]
+        _check_mixed_precision(captured, levers.mixed_precision)
+        facts = GraphFacts(captured, hw)
+        self.blocks = block_map(captured, facts)
+        op_types = sorted({self.blocks.type_of(n) for n in self.blocks.instance if facts.kind.get(n) == "op"})
+        self.policies = levers.policies(op_types)
+        self._splits: Optional[BatchSplits] = None
+        self._moves: dict = {}  # priced moves, shared by every microstep count's cost model
 
-def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed: dict[str, list[int]],
-                         clustering: Clustering, cm: CostModel, facts: GraphFacts,
-                         memory_limit: Optional[float]) -> StrategyGraph:
-    """One ILP node per cluster (priced by its representative, counted ``len(members)`` times), one
-    ILP edge per distinct cluster edge; the program's outputs are a fixed consumer wanting ``R``."""
-    nodes: list[SGNode] = []
-    for members in clustering.members:
-        rep = members[0]
-        prices = [cm.price_node(rep, s, facts) for s in table[rep]]
-        nodes.append(SGNode(rep, [p.seconds for p in prices], [p.memory for p in prices], len(members),
-                            allowed.get(rep)))
-    out_index = len(nodes)
-    nodes.append(SGNode(OUTPUT, [0.0], [0.0]))
-    replicated = (R_CODE,) * cm.mesh.ndim
-    codes: dict = {}
+    def accumulations(self) -> list[int]:
+        if self.traced_at_microbatch:
+            return [self.levers.accumulation or 1]
+        try:
+            batch = global_batch(self.captured)
+        except AutoshardError:
+            if self.levers.accumulation not in (None, 1):
+                raise
+            return [1]
+        return self.levers.accumulations(batch_divisors(self.captured), batch)
 
-    def placements_of(name: str, side: str, k: int) -> list[tuple]:
-        key = (name, side, k)
-        if key not in codes:
-            codes[key] = [encode(getattr(s, side)[k]) for s in table[name]]
-        return codes[key]
+    def problem(self, k: int) -> tuple[ShardingProblem, CostModel]:
+        """The problem of one of ``k`` microsteps (strategies that still divide the microbatch) and
+        the cost model that prices it."""
+        facts, cm = pricing_for(self.captured, self.mesh, self.hw, self.optimizer, k, self.levers.mixed_precision,
+                                self.traced_at_microbatch, self._moves)
 
-    edges: list[SGEdge] = []
-    for (cu, slot, cv, i), (mult, (u, _, v, _)) in cluster_edges(graph_edges(captured), clustering).items():
-        u_class, srcs = _classes(placements_of(u, "outputs", slot))
-        if cv == OUTPUT:
-            v_class, dsts, vi = [0], [replicated], out_index
-        else:
-            v_class, dsts = _classes(placements_of(v, "inputs", i))
-            vi = cv
-        nbytes = facts.tensor_outputs(u)[slot].nbytes
-        grad = cv != OUTPUT and facts.value_needs_grad(u, slot)  # an output's gradient seed is free
-        cost, mem = [], []
-        for p in srcs:
-            row_c, row_m = [], []
-            for q in dsts:
-                colls, copy = cm.moves(p, q, nbytes, grad)
-                row_c.append(sum(c.seconds for c in colls))
-                row_m.append(copy)
-            cost.append(row_c)
-            mem.append(row_m)
-        same = {q: k for k, q in enumerate(dsts)}
-        edges.append(SGEdge(cu, vi, u_class, v_class, cost, mem, mult, [same.get(p, -1) for p in srcs]))
-    return StrategyGraph(nodes, edges, memory_limit)
+        def divisible_at_microbatch(table, mesh, allowed):
+            if self._splits is None:
+                self._splits = BatchSplits(self.captured, table, mesh)
+            for name, keep in self._splits.allowed(k).items():
+                allowed[name] = set(allowed.get(name, keep)) & keep
+                if not allowed[name]:
+                    raise PinError(f"the pins on {name!r} split its batch dimension more ways than a microbatch "
+                                   f"of 1/{k} of the batch has rows: pin fewer ways or accumulate less")
+            return allowed
 
+        cut = k > 1 and not self.traced_at_microbatch
+        return build_problem(self.captured, self.mesh, hardware=self.hw, facts=facts,
+                             narrow=divisible_at_microbatch if cut else None, choices=self.choices), cm
 
-def _strategy_choices(captured: CapturedGraph, mesh, pins) -> tuple[Mesh, StrategyTable, dict]:
-    """The mesh, every node's strategies and the pinned nodes' allowed indices."""
-    mesh = Mesh.of(mesh)
-    table = enumerate_strategies(captured, mesh)
-    if pins is not None and not isinstance(pins, Pins):
-        pins = Pins(**pins)
-    allowed = pins.resolve(captured, table, mesh) if pins is not None else {}
-    return mesh, table, allowed
+    def graph(self, problem: ShardingProblem, cm: CostModel, limit: Optional[float]) -> LeverGraph:
+        return build_lever_graph(problem, LeverPricer(self.captured, problem.facts, cm, self.blocks),
+                                 self.policies, limit)
+
+    def combinations(self) -> list[Optional[tuple]]:
+        """The block-type policy combinations to solve one by one, fastest policies first (each a
+        sorted tuple of (block type, index into ``POLICIES``)); ``[None]``: one joint solve."""
+        types = sorted(self.policies)
+        combos = list(itertools.product(*(self.policies[t] for t in types)))
+        if len(combos) > _MAX_POLICY_COMBINATIONS:
+            return [None]
+        return [tuple(zip(types, c)) for c in sorted(combos, key=lambda c: (sum(c), c))]
+
+    def levers_of(self, k: int, policies: dict[str, int]) -> Levers:
+        return Levers(k, {t: POLICIES[r] for t, r in sorted(policies.items()) if r != KEEP},
+                      self.levers.mixed_precision)
 
 
 @dataclass
-class ShardingProblem:
-    """What the sharding ILP is built from, for one captured program on one mesh.
-
-    ``table``: every node's strategies; ``allowed``: node -> the strategy indices its pins (and any
-    narrowing) leave, absent for a free node; ``clustering``: nodes that share one decision;
-    ``facts``: the graph facts the cost model prices with (shapes, compute, which values need grad).
-    The cost model is not part of the problem: one problem may be priced several ways.
-    """
-    captured: CapturedGraph
-    mesh: Mesh
-    hardware: Hardware
-    table: StrategyTable
-    allowed: dict[str, Collection[int]]
-    facts: GraphFacts
-    clustering: Clustering
-
-    def strategy_graph(self, cost_model: CostModel, memory_limit: Optional[float]) -> StrategyGraph:
-        """The ILP's input, priced by ``cost_model`` under ``memory_limit`` bytes per device."""
-        return build_strategy_graph(self.captured, self.table, self.allowed, self.clustering, cost_model,
-                                    self.facts, memory_limit)
-
-    def strategies(self, choice: list[int]) -> dict[str, Strategy]:
-        """Node -> strategy for the ILP's ``choice`` (one strategy index per cluster), as chosen."""
-        chosen: dict[str, Strategy] = {}
-        for cid, members in enumerate(self.clustering.members):
-            for name in members:
-                chosen[name] = self.table[name][choice[cid]]
-        return chosen
-
-    def settle_inputs(self, chosen: dict[str, Strategy]) -> None:
-        """An input (or the target) placed R whose consumers all read it one way takes that placement:
-        the runtime chunks the global batch for free either way, and the plan then says what each rank
-        gets (e.g. the batch S(0) under data parallelism). Changes ``chosen`` in place."""
-        reads: dict[str, set] = {}
-        for u, _, v, i in graph_edges(self.captured):
-            if self.facts.kind[u] == "input":
-                reads.setdefault(u, set()).add(None if v == OUTPUT else tuple(chosen[v].inputs[i]))
-        for u, wanted in reads.items():
-            want = next(iter(wanted))
-            if len(wanted) != 1 or want is None or any(c != R_CODE for c in encode(chosen[u].outputs[0])):
-                continue
-            for k in self.allowed.get(u, range(len(self.table[u]))):
-                if tuple(self.table[u][k].outputs[0]) == want:
-                    chosen[u] = self.table[u][k]
-                    break
-
-    def solution(self, choice: list[int], *, optimizer: Union[str, float],
-                 solver_stats: Optional[dict] = None) -> Solution:
-        """The ILP's ``choice`` as a priced ``Solution``: strategies assigned, inputs settled, evaluated."""
-        chosen = self.strategies(choice)
-        self.settle_inputs(chosen)
-        return evaluate(self.captured, self.mesh, chosen, self.hardware, optimizer, unruled=self.table.unruled,
-                        solver_stats=solver_stats)
-
-
-def build_problem(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardware] = "h100",
-                  pins: Optional[Pins] = None, facts: Optional[GraphFacts] = None,
-                  narrow: Optional[Callable[[StrategyTable, Mesh, dict], dict]] = None) -> ShardingProblem:
-    """The sharding problem of ``captured`` on ``mesh``: strategies, pins resolved, clusters.
-
-    ``facts`` defaults to ``GraphFacts(captured, hardware)`` (a subclass prices, e.g., one
-    microbatch). ``narrow(table, mesh, allowed) -> allowed`` has the last say on the allowed
-    strategies before nodes are clustered (nodes cluster only with equally restricted ones)."""
-    mesh, table, allowed = _strategy_choices(captured, mesh, pins)
-    if narrow is not None:
-        allowed = narrow(table, mesh, allowed)
-    hw = get_hardware(hardware)
-    facts = GraphFacts(captured, hw) if facts is None else facts
-    clustering = cluster_nodes(captured, extra=lambda n: (
-        len(table[n]), tuple(sorted(allowed[n])) if n in allowed else None, n in facts.requires_grad))
-    return ShardingProblem(captured, mesh, hw, table, allowed, facts, clustering)
+class _Found:
+    k: int
+    problem: ShardingProblem
+    lever_graph: LeverGraph
+    result: ILPResult
+    step_time: float
 
 
 def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardware] = "h100",
                   memory_limit: Optional[float] = None, pins: Optional[Pins] = None,
                   optimizer: Union[str, float] = "adamw", time_limit_s: float = 30.0,
-                  workers: int = 2) -> Solution:
-    """The cheapest plan (estimated step time) that fits ``memory_limit`` bytes per device."""
+                  workers: int = 2, levers: Optional[LeverPins] = None,
+                  traced_at_microbatch: bool = False) -> Solution:
+    """The cheapest plan (estimated step time) that fits ``memory_limit`` bytes per device.
+
+    ``levers``: which memory levers the planner chooses (``LeverPins()``: all) and which are pinned;
+    None pulls none. ``traced_at_microbatch``: ``captured`` holds one microstep of
+    ``levers.accumulation`` (the runtime's program), not the global batch. ``time_limit_s`` bounds
+    the solves together."""
     t0 = time.perf_counter()
-    problem = build_problem(captured, mesh, hardware=hardware, pins=pins)
-    limit = float(problem.hardware.memory_bytes if memory_limit is None else memory_limit)
-    cm = CostModel(problem.mesh, problem.hardware, optimizer)
-    graph = problem.strategy_graph(cm, limit)
-    t_built = time.perf_counter()
-    result = solve(graph, time_limit_s=time_limit_s, workers=workers)
-    status = result.status
-    if result.choice is None:
-        smallest = solve(graph, objective="memory", time_limit_s=time_limit_s, workers=workers)
-        if smallest.choice is None or smallest.memory > limit:
-            raise _infeasible(problem, cm, smallest, limit, optimizer)
-        result, status = smallest, "MEMORY_FALLBACK"
-    clustering = problem.clustering
-    stats = {"status": status, "wall_s": round(time.perf_counter() - t0, 4), "solve_s": round(result.wall_s, 4),
-             "build_s": round(t_built - t0, 4), "variables": result.num_variables,
-             "constraints": result.num_constraints, "clusters": clustering.num_clusters,
-             "nodes": sum(len(members) for members in clustering.members), "ilp_nodes": result.stats.get("ilp_nodes"),
-             "ilp_edges": len(graph.edges), "objective_s": result.cost}
-    return problem.solution(result.choice, optimizer=optimizer, solver_stats=stats)
+    deadline = t0 + time_limit_s
+    levers = LeverPins.off() if levers is None else levers
+    hw = get_hardware(hardware)
+    search = _LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch)
+    limit = float(hw.memory_bytes if memory_limit is None else memory_limit)
+    ks = search.accumulations()
+    combos = search.combinations()
+    best: Optional[_Found] = None
+    tried: dict[int, str] = {}
+    pruned: dict[tuple, list[int]] = {}  # combination -> k's whose multiples cannot beat the best
+    floor = None  # no plan of any lever is faster (see _fastest_bound)
+    last = None
+    for k in ks:
+        todo = [c for c in combos if not any(k % k0 == 0 for k0 in pruned.get(c, ()))]
+        if best is not None and floor is not None and best.step_time <= floor * (1 + 1e-6):
+            todo = []  # the best found is provably the fastest plan
+        if not todo:
+            tried[k] = "PRUNED"
+            continue
+        try:
+            problem, cm = search.problem(k)
+        except PinError:
+            if len(ks) == 1:
+                raise
+            tried[k] = "PINNED_OUT"
+            continue
+        graph = search.graph(problem, cm, limit)
+        last = (k, problem, graph)
+        if floor is None and k == ks[0] and ks[0] == 1:
+            floor = _fastest_bound(graph, combos, search.policies)
+        statuses = []
+        for combo, result in _solve_policies(graph, todo, search.policies, deadline, workers,
+                                             lambda: None if best is None else best.step_time / k):
+            statuses.append(result.status)
+            if result.status == "CUTOFF" and not result.stats.get("memory_binding", True):
+                # the bound ignores memory, and a plan of k' = multiple of k microsteps runs as a plan
+                # of k no slower: no multiple of k can beat the best with this combination either
+                pruned.setdefault(combo, []).append(k)
+            if result.choice is not None and (best is None or result.cost * k < best.step_time):
+                best = _Found(k, problem, graph, result, result.cost * k)
+            if best is not None and floor is not None and best.step_time <= floor * (1 + 1e-6):
+                break  # provably the fastest plan
+        tried[k] = "/".join(statuses)
+    status = None if best is None else best.result.status
+    if best is None:
+        if last is None:
+            raise InfeasiblePlanError("no microstep count allows a plan: " + repr(tried))
+        k, problem, graph = last  # the most microsteps: the least activation memory
+        found = [r for _, r in _solve_policies(graph, combos, search.policies, deadline, workers, lambda: None,
+                                               objective="memory") if r.choice is not None]
+        smallest = min(found, key=lambda r: r.memory) if found else None
+        if smallest is None or smallest.memory > limit:
+            raise _infeasible(search, k, problem, graph, smallest, limit)
+        best, status = _Found(k, problem, graph, smallest, smallest.cost * k), "MEMORY_FALLBACK"
+    strategies, policies = best.lever_graph.decode(best.result.choice)
+    best.problem.settle_inputs(strategies)
+    clustering = best.problem.clustering
+    stats = {"status": status, "wall_s": round(time.perf_counter() - t0, 4), "solve_s": round(best.result.wall_s, 4),
+             "variables": best.result.num_variables, "constraints": best.result.num_constraints,
+             "clusters": clustering.num_clusters, "nodes": sum(len(m) for m in clustering.members),
+             "ilp_nodes": best.result.stats.get("ilp_nodes"), "ilp_edges": len(best.lever_graph.graph.edges),
+             "objective_s": best.step_time, "accumulation_tried": {str(k): v for k, v in tried.items()}}
+    return evaluate(captured, search.mesh, strategies, hw, optimizer, unruled=best.problem.table.unruled,
+                    solver_stats=stats, levers=search.levers_of(best.k, policies),
+                    traced_at_microbatch=traced_at_microbatch)
 
 
-def _infeasible(problem: ShardingProblem, cm: CostModel, smallest, limit: float, optimizer) -> InfeasiblePlanError:
-    mesh = problem.mesh
-    if smallest.choice is None:
+# Fixing each block type's policy and solving once per combination is exact, and on these graphs far
+# faster than the one-hot joint ILP (Llama-3 8B on (8,): 4 fixed solves of 0.1-0.25 s each against
+# 4-7 s for the joint solve, whose LP relaxation is fractional in the policy); the joint ILP stays
+# for programs with many block types, where the combinations multiply.
+_MAX_POLICY_COMBINATIONS = 16
+
+
+def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, list[int]], deadline: float,
+                    workers: int, cutoff, objective: str = "cost"):
+    """Solve ``graph`` once per combination of block-type policies in ``combos`` (each a sorted
+    tuple of (block type, policy index); answers mapped back to ``graph``'s strategy indices), or
+    jointly when ``combos`` is ``[None]``. Yields (combination, ILPResult). ``cutoff()``: the
+    per-microstep objective to beat, read before each solve."""
+    groups = graph.graph.groups
+    for combo in combos:
+        if combo is None or not groups:
+            part, expand = graph.graph, list
+        else:
+            chosen = dict(combo)
+            part, expand = fix_policies(graph.graph, [policies[g.name].index(chosen[g.name]) for g in groups])
+        result = solve(part, objective=objective, time_limit_s=max(1.0, deadline - time.perf_counter()),
+                       workers=workers, cutoff=cutoff() if objective == "cost" else None)
+        if result.choice is not None:
+            result.choice = expand(result.choice)
+        yield combo, result
+
+
+def _fastest_bound(graph: LeverGraph, combos: list, policies: dict[str, list[int]]) -> Optional[float]:
+    """A lower bound on the step time of every plan, whatever its levers: the LP bound, without the
+    memory limit, of the fastest policy combination at one microstep. For one assignment of
+    strategies, keeping everything is no slower than resharding, resharding than selective, selective
+    than full recomputation (each adds work), and a plan of k microsteps runs as a plan of one no
+    slower (its fixed costs repeat k times); without the memory limit the fastest combination's
+    optimum is therefore below every plan's step time."""
+    first = combos[0]
+    if first is None:
+        part = graph.graph
+    else:
+        chosen = dict(first)
+        part, _ = fix_policies(graph.graph, [policies[g.name].index(chosen[g.name]) for g in graph.graph.groups])
+    return lp_bound(part)
+
+
+def _check_mixed_precision(captured: CapturedGraph, mp: Optional[MixedPrecision]) -> None:
+    """The program must compute in ``mp.param_dtype``: captured with ``capture(..., param_dtype=)``."""
+    floating = {n.name: n.meta["autoshard.meta"].dtype for n in captured.gm.graph.nodes
+                if n.name in captured.params and n.meta["autoshard.meta"].dtype.is_floating_point}
+    want = None if mp is None else mp.param_dtype
+    if want is not None and any(d != want for d in floating.values()):
+        have = sorted({str(d) for d in floating.values()})
+        raise AutoshardError(f"mixed_precision asks for compute in {want}, but the program was captured computing "
+                             f"in {', '.join(have)}: capture it with capture(..., param_dtype={want}) (plan() does)")
+    if captured.master_dtypes and (mp is None or mp.param_dtype is None):
+        raise AutoshardError("the program was captured with cast parameters (capture(..., param_dtype=)): pass "
+                             "mixed_precision=MixedPrecision(param_dtype=...) with the same dtype")
+
+
+def _infeasible(search: _LeverSearch, k: int, problem: ShardingProblem, graph: LeverGraph,
+                smallest: Optional[ILPResult], limit: float) -> InfeasiblePlanError:
+    mesh = search.mesh
+    if smallest is None:
         return InfeasiblePlanError(
             f"no plan fits memory_limit={int(limit)} bytes ({human_bytes(limit)}) per device on mesh {mesh.shape}, "
-            f"and the solver could not find the smallest plan in time ({smallest.status}); raise time_limit_s, "
+            f"and the solver could not find the smallest plan in time; raise time_limit_s, "
             "use more devices or a larger memory_limit")
-    captured, facts = problem.captured, problem.facts
-    sol = evaluate(captured, mesh, problem.strategies(smallest.choice), problem.hardware, optimizer,
-                   unruled=problem.table.unruled)
+    strategies, policies = graph.decode(smallest.choice)
+    levers = search.levers_of(k, policies)
+    sol = evaluate(search.captured, mesh, strategies, search.hw, search.optimizer, unruled=problem.table.unruled,
+                   levers=levers, traced_at_microbatch=search.traced_at_microbatch)
     need = sol.estimated_memory
-    parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in sorted(sol.memory_breakdown.items(), key=lambda kv: -kv[1]))
+    parts = ", ".join(f"{key} {human_bytes(v)}" for key, v in
+                      sorted(sol.memory_breakdown.items(), key=lambda kv: -kv[1]) if v)
+    _, cm = pricing_for(search.captured, mesh, search.hw, search.optimizer, k, search.levers.mixed_precision,
+                        search.traced_at_microbatch)
+    pricer = LeverPricer(search.captured, problem.facts, cm, search.blocks)
     big = []
     for name, s in sol.strategies.items():
-        price = cm.price_node(name, s, facts)
-        label = captured.params.get(name) or name
-        big.append((price.memory, label, facts.tensor_outputs(name), s))
+        base, price = pricer.node(name, s, node_policy(name, levers, search.blocks, problem.facts))
+        label = search.captured.params.get(name) or name
+        big.append((base.params + base.grads + base.optimizer + price.memory, label,
+                    problem.facts.tensor_outputs(name), s))
     big.sort(key=lambda t: -t[0])
     tops = "; ".join(f"{label} {tuple(m[0].shape) if m else ''} {fmt_placements(s.outputs[0]) if s.outputs else ''}"
                      f" {human_bytes(b)}" for b, label, m, s in big[:5])
+    applied = [f"accumulation={k}"] + [f"{t}: checkpoint={p.checkpoint}, reshard_after_forward="
+                                       f"{p.reshard_after_forward}" for t, p in sorted(levers.blocks.items())]
     return InfeasiblePlanError(
         f"no plan fits memory_limit={int(limit)} bytes ({human_bytes(limit)}) per device on mesh {mesh.shape}: the "
-        f"smallest plan needs {int(need)} bytes ({human_bytes(need)}) per device ({parts}). Largest items per "
-        f"device in that plan: {tops}. To relax: use more devices (a larger mesh), a larger memory_limit, a "
-        f"lighter optimizer (optimizer='sgd' keeps no state), or a smaller batch.")
+        f"smallest plan needs {int(need)} bytes ({human_bytes(need)}) per device ({parts}), with every memory lever "
+        f"the pins allow applied ({'; '.join(applied)}). Largest items per device in that plan: {tops}. To relax: "
+        f"use more devices (a larger mesh), a larger memory_limit, a lighter optimizer (optimizer='sgd' keeps no "
+        f"state), a smaller batch, or unpin the memory levers (accumulation, checkpoint, reshard_after_forward).")
 
 
 def random_solution(captured: CapturedGraph, mesh, *, seed: int, pins: Optional[Pins] = None,
-                    hardware: Union[str, Hardware] = "h100", optimizer: Union[str, float] = "adamw") -> Solution:
-    """A random valid strategy per node (pins respected), priced like a solved plan.
+                    hardware: Union[str, Hardware] = "h100", optimizer: Union[str, float] = "adamw",
+                    levers: Optional[LeverPins] = None, traced_at_microbatch: bool = False) -> Solution:
+    """A random valid strategy per node (pins respected), and random memory levers, priced like a
+    solved plan on ``hardware`` with ``optimizer``. ``traced_at_microbatch``: as in ``plan_sharding``
+    (``captured`` holds one microstep of the pinned ``levers.accumulation``).
 
     Half the time an op takes a strategy whose operand placements match what its producers chose
     (so sharded chains form); strategies that turn a non-P operand into P are avoided when possible.
+    ``levers`` (None: none pulled): each free block policy is drawn among the allowed ones, and the
+    microstep count among the divisors of the batch that the drawn strategies still divide (a
+    pinned count narrows the strategies first); mixed precision is as given. The levers are drawn
+    after the strategies from a generator of their own, so a seed draws the same strategies with
+    or without them.
     """
-    mesh, table, allowed = _strategy_choices(captured, mesh, pins)
+    levers = LeverPins.off() if levers is None else levers
+    hw = get_hardware(hardware)
+    search = _LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch)
+    mesh, table, allowed = search.choices
+    if levers.accumulation not in (None, 1) and not traced_at_microbatch:
+        allowed = search.problem(levers.accumulation)[0].allowed
     rng = random.Random(seed)
     chosen: dict[str, Strategy] = {}
     replicated = tuple(Replicate() for _ in mesh.shape)  # what a get_attr constant holds
     for node in captured.gm.graph.nodes:
         if node.op not in ("placeholder", "call_function"):
             continue
-        options = [table[node.name][k] for k in allowed.get(node.name, range(len(table[node.name])))]
+        options = [table[node.name][k] for k in sorted(allowed.get(node.name, range(len(table[node.name]))))]
         if node.op == "call_function" and len(options) > 1:
             have = [chosen[o.node.name].outputs[output_slot(o.node, o.index)] if o.node.name in chosen
                     else replicated for o in operands(node)]
@@ -264,5 +347,13 @@ def random_solution(captured: CapturedGraph, mesh, *, seed: int, pins: Optional[
             if match and rng.random() < 0.5:
                 options = match
         chosen[node.name] = rng.choice(options)
-    return evaluate(captured, mesh, chosen, hardware, optimizer, unruled=table.unruled,
-                    solver_stats={"status": f"RANDOM(seed={seed})"})
+    draw = random.Random(f"levers-{seed}")
+    policies = {t: draw.choice(allowed_policies) for t, allowed_policies in sorted(search.policies.items())}
+    ks = search.accumulations()
+    if len(ks) > 1:
+        grain = strategies_granularity(captured, chosen, mesh)
+        batch = global_batch(captured)
+        ks = [k for k in ks if (batch // k) % grain == 0]
+    k = draw.choice(ks)
+    return evaluate(captured, mesh, chosen, hw, optimizer, unruled=table.unruled, levers=search.levers_of(k, policies),
+                    solver_stats={"status": f"RANDOM(seed={seed})"}, traced_at_microbatch=traced_at_microbatch)

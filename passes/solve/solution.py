@@ -9,23 +9,26 @@ Placements are written in short form ("S(0)", "R", "P"); nothing is ever pickled
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Union
 
 from autoshard.passes.cost.collectives import Collective
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.hardware_lookup import get_hardware
-from autoshard.passes.cost.model import CostModel
+from autoshard.passes.cost.model import CostModel, encode
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import CapturedGraph
-from autoshard.passes.levers import Levers
+from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.strategies import unruled_ops
+from autoshard.passes.solve.blocks import BlockMap, block_map
 from autoshard.passes.solve.clustering import OUTPUT, graph_edges
+from autoshard.passes.solve.lever_costs import LeverPricer, policy_index
+from autoshard.passes.solve.microbatch import MicrobatchCostModel, MicrobatchFacts
 from autoshard.passes.spec import Placement, Replicate, Strategy, fmt, parse_placement
 
-__all__ = ["Solution", "Redistribution", "evaluate"]
+__all__ = ["Solution", "Redistribution", "evaluate", "pricing_for", "node_policy"]
 
 
 def _pls_to_json(pls) -> list[str]:
@@ -76,7 +79,13 @@ class Solution:
     differs from what its consumer needs. ``param_grad_syncs``: parameter FQN -> its gradient
     all-reduces. ``solver_stats``: status, wall_s, variables, clusters, nodes, ...
     ``levers``: accumulation, per-block checkpoint/reshard policies, mixed precision
-    (``passes.levers``; default: none pulled).
+    (``passes.levers``; default: none pulled). With levers, ``memory_breakdown`` also has
+    ``gathered_weights`` (gathered parameter copies: kept to the backward, or alive at once when
+    resharded), and ``recompute`` (what a recomputing block re-creates for its backward);
+    ``activations`` are the activations kept at the end of the forward, and ``time_breakdown``'s
+    ``recompute`` is the forward work and collectives run again. ``estimated``: figures the runtime
+    can measure, per rank: ``saved_activation_bytes`` (kept activations and gathered copies at the
+    end of the forward) and ``gathered_peak_bytes`` (gathered parameter copies alive at once).
     """
     mesh: Mesh
     strategies: dict[str, Strategy]
@@ -90,6 +99,7 @@ class Solution:
     param_grad_syncs: dict[str, list[Collective]] = field(default_factory=dict)
     solver_stats: dict[str, Any] = field(default_factory=dict)
     levers: Levers = field(default_factory=Levers)
+    estimated: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
@@ -105,6 +115,7 @@ class Solution:
             "param_grad_syncs": {k: [c.to_json() for c in v] for k, v in self.param_grad_syncs.items()},
             "solver_stats": dict(self.solver_stats),
             "levers": self.levers.to_json(),
+            "estimated": dict(self.estimated),
         }
 
     @classmethod
@@ -127,6 +138,7 @@ class Solution:
                                   for k, v in data.get("param_grad_syncs", {}).items()},
                 solver_stats=dict(data.get("solver_stats", {})),
                 levers=Levers.from_json(data.get("levers")),
+                estimated={k: float(v) for k, v in data.get("estimated", {}).items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PlanFormatError(f"malformed solution JSON ({type(e).__name__}: {e}); was it written by "
@@ -135,40 +147,66 @@ class Solution:
 
 def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], hardware: Union[str, Hardware] = "h100",
              optimizer: Union[str, float] = "adamw", *, unruled: Optional[dict] = None,
-             solver_stats: Optional[dict] = None) -> Solution:
-    """Price a full assignment (one Strategy per placeholder and call_function node) with the same
-    cost model the ILP uses, and package it as a Solution."""
+             solver_stats: Optional[dict] = None, levers: Optional[Levers] = None,
+             traced_at_microbatch: bool = False) -> Solution:
+    """Price a full assignment (one Strategy per placeholder and call_function node) and its
+    ``levers`` with the same cost model the ILP uses, and package it as a Solution.
+
+    With ``levers.accumulation = k > 1`` the step is k microsteps of ``1/k`` of the batch each
+    (``captured`` holds the global batch; ``traced_at_microbatch``: it holds one microstep already),
+    the gradient syncs once per step; block policies as ``passes.solve.lever_costs`` prices them."""
     mesh = Mesh.of(mesh)
     hw = get_hardware(hardware)
-    facts = GraphFacts(captured, hw)
-    cm = CostModel(mesh, hw, optimizer)
+    levers = levers or Levers()
+    k = levers.accumulation
+    facts, cm = pricing_for(captured, mesh, hw, optimizer, k, levers.mixed_precision, traced_at_microbatch)
     missing = [n for n in facts.kind if n not in strategies]
     if missing:
         raise PlanFormatError(f"the assignment lacks a strategy for {len(missing)} node(s), e.g. {missing[:5]}: "
                               "plan again for this program")
-    mem = dict.fromkeys(("params", "grads", "optimizer", "activations"), 0.0)
-    times = dict.fromkeys(("compute", "communication", "grad_sync"), 0.0)
+    blocks = block_map(captured, facts)
+    pricer = LeverPricer(captured, facts, cm, blocks)
+
+    def policy(name: str) -> Optional[int]:
+        return node_policy(name, levers, blocks, facts)
+
+    mem = dict.fromkeys(("params", "grads", "optimizer", "activations", "gathered_weights", "recompute"), 0.0)
+    times = dict.fromkeys(("compute", "communication", "grad_sync", "recompute"), 0.0)
+    gathered_kept = 0.0
+    transient_by_type: dict[str, float] = {}
     syncs: dict[str, list[Collective]] = {}
     for name in facts.kind:
-        price = cm.price_node(name, strategies[name], facts)
-        times["compute"] += price.compute
-        for k in mem:
-            mem[k] += getattr(price, k)
+        base, price = pricer.node(name, strategies[name], policy(name))
+        times["compute"] += base.compute
+        times["recompute"] += price.seconds - base.seconds
+        for key in ("params", "grads", "optimizer"):
+            mem[key] += getattr(base, key)
+        mem["activations"] += price.kept
+        mem["recompute"] += price.recompute
         if facts.kind[name] == "param":
-            syncs[captured.params[name]] = list(price.grad_sync)
-            times["grad_sync"] += sum(c.seconds for c in price.grad_sync)
+            syncs[captured.params[name]] = [replace(c, seconds=c.seconds * k) for c in base.grad_sync]
+            times["grad_sync"] += sum(c.seconds for c in base.grad_sync)
     replicated = tuple(Replicate() for _ in mesh.shape)
     moves: list[Redistribution] = []
     for u, slot, v, i in graph_edges(captured):
         src = strategies[u].outputs[slot]
         dst = replicated if v == OUTPUT else strategies[v].inputs[i]
-        if tuple(src) == tuple(dst):
-            continue
-        grad = v != OUTPUT and facts.value_needs_grad(u, slot)  # an output's gradient seed is free
-        colls, copy_bytes = cm.price_edge(src, dst, facts.tensor_outputs(u)[slot], grad)
-        mem["activations"] += copy_bytes
-        times["communication"] += sum(c.seconds for c in colls)
-        moves.append(Redistribution(u, v, i, tuple(src), tuple(dst), colls))
+        colls, price = pricer.edge(u, slot, v, i, encode(src), encode(dst), policy(v))
+        comm = sum(c.seconds for c in colls)
+        times["communication"] += comm
+        times["recompute"] += price.seconds - comm
+        mem["activations"] += price.kept
+        mem["recompute"] += price.recompute
+        mem["gathered_weights"] += price.gathered + price.gathered_transient
+        gathered_kept += price.gathered
+        if price.gathered_transient:
+            btype = blocks.type_of(v)
+            transient_by_type[btype] = transient_by_type.get(btype, 0.0) + price.gathered_transient
+        if tuple(src) != tuple(dst):
+            moves.append(Redistribution(u, v, i, tuple(src), tuple(dst), colls))
+    times = {key: value * k for key, value in times.items()}  # grad syncs were priced 1/k per microstep
+    estimated = {"saved_activation_bytes": mem["activations"] + gathered_kept,
+                 "gathered_peak_bytes": gathered_kept + max(transient_by_type.values(), default=0.0)}
     placements = {fqn: tuple(strategies[node].outputs[0]) for node, fqn in captured.params.items()}
     for alias, canon in captured.aliases.items():
         if canon in placements:
@@ -178,5 +216,27 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         mesh=mesh, strategies=dict(strategies), param_placements=placements,
         estimated_step_time=sum(times.values()), estimated_memory=sum(mem.values()),
         memory_breakdown=mem, time_breakdown=times, unruled_ops=sorted(set(names.values())),
-        redistributions=moves, param_grad_syncs=syncs, solver_stats=dict(solver_stats or {}),
+        redistributions=moves, param_grad_syncs=syncs, solver_stats=dict(solver_stats or {}), levers=levers,
+        estimated=estimated,
     )
+
+
+def node_policy(name: str, levers: Levers, blocks: BlockMap, facts: GraphFacts) -> Optional[int]:
+    """The policy (index into ``lever_costs.POLICIES``) that prices node ``name`` (or the program's
+    output) under ``levers``: its block type's for an op in a block, else None."""
+    btype = blocks.type_of(name) if name != OUTPUT and facts.kind[name] == "op" else None
+    return None if btype is None else policy_index(levers.blocks.get(btype, BlockPolicy()))
+
+
+def pricing_for(captured: CapturedGraph, mesh: Mesh, hardware: Hardware, optimizer: Union[str, float], k: int,
+                mixed_precision: Optional[MixedPrecision] = None, traced_at_microbatch: bool = False,
+                move_cache: Optional[dict] = None) -> tuple[GraphFacts, CostModel]:
+    """The graph facts and cost model that price one microstep of a step cut into ``k``: the
+    program's batch-dependent work and bytes divided by k (unless it was traced at the microbatch),
+    gradient syncs shared by the k microsteps, gradients reduced in the mixed-precision reduce dtype.
+    ``move_cache``: a dict shared by the cost models of one mesh and hardware (``CostModel``)."""
+    reduce_dtype = None if mixed_precision is None else mixed_precision.reduce_dtype
+    facts = MicrobatchFacts(captured, hardware, k) if k > 1 and not traced_at_microbatch else GraphFacts(captured, hardware)
+    if k > 1:
+        return facts, MicrobatchCostModel(mesh, hardware, optimizer, k, reduce_dtype=reduce_dtype, move_cache=move_cache)
+    return facts, CostModel(mesh, hardware, optimizer, reduce_dtype=reduce_dtype, move_cache=move_cache)

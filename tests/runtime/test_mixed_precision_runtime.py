@@ -66,7 +66,7 @@ def bf16_worker(rank: int, world: int) -> dict:
     captured = capture(model, inputs, loss_fn=loss_fn, target=target, param_dtype=torch.bfloat16)
     mesh = Mesh.of((4,))
     env = setup_distributed(mesh)
-    zero = planned(captured, model, (4,), None, rank, env)
+    zero = planned(captured, model, (4,), None, rank, env, MixedPrecision(torch.bfloat16))
     dp = {k: zero[k] if k not in captured.params else _replicated(zero[k]) for k in zero}
     out = {}
     for layout, strategies in (("zero3", zero), ("dp", dp)):

@@ -1,8 +1,8 @@
 """The stage planner: where to cut a program into pipeline stages, on which submeshes, with how many
 microbatches, which schedule and which stages recompute.
 
-- ``layer_costs``: the program as a chain of layer units, priced per unit on a (dp, tp) submesh.
-- ``microbatch``: how a plan made at the global batch relates to one microbatch.
+- ``layer_costs``: the program as a chain of layer units, priced per unit on a (dp, tp) submesh (per
+  microbatch through ``passes.solve.microbatch``).
 - ``stage_ilp``: contiguous stage ranges and per-stage recompute as a CP-SAT ILP.
 - ``scoring`` / ``search``: score a configuration with the schedule simulator; search the candidates.
 - ``planner``: ``plan_pipeline``, the entry point. ``stage_plan``: ``PipelinePlan``, plain data.

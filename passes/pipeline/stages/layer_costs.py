@@ -32,7 +32,7 @@ core planner's problem (``solve.planner.build_problem``) priced per microbatch (
 compute, collectives and activations divided by m, gradient all-reduces by m since they run once
 per step) with activations counted ``held`` times (the microbatches a stage keeps in flight), under
 ``pp * memory_limit`` for the whole program (the stages' sum), and only with strategies that still
-divide the microbatch (``microbatch.microbatch_strategies``: 16 sequences split 8 ways are fine, a
+divide the microbatch (``solve.microbatch.microbatch_strategies``: 16 sequences split 8 ways are fine, a
 microbatch of one sequence is not). Tensor parallelism then appears where data parallelism's
 replicated weights would not fit, or where the batch is too small to split; when nothing fits, the
 least-memory plan, never replicated weights.
@@ -56,10 +56,11 @@ from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.solve.ilp import solve
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins, PinError
-from autoshard.passes.solve.planner import build_problem
+from autoshard.passes.solve.problem import build_problem
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import Replicate
-from autoshard.passes.pipeline.stages.microbatch import MicrobatchFacts, batch_dependent, batch_granularity, microbatch_strategies
+from autoshard.passes.solve.microbatch import (MicrobatchCostModel, MicrobatchFacts, batch_dependent, batch_granularity,
+                                               microbatch_strategies)
 
 __all__ = ["LayerUnit", "UnitCost", "SubmeshProfile", "layer_units", "batch_dependent", "profile_submesh",
            "submesh_shapes", "plan_submesh"]
@@ -131,7 +132,7 @@ class SubmeshProfile:
     """Every unit's cost on one logical submesh (see module docstring); ``solution`` is the intra-op
     plan priced (of the traced program: after ``repeat_blocks`` the units outnumber the traced ones).
     ``batch_shard``: the smallest microbatch, in sequences, the plan stays valid for; microbatch
-    sizes must be multiples of it (``microbatch.batch_granularity``)."""
+    sizes must be multiples of it (``solve.microbatch.batch_granularity``)."""
     mesh: Mesh
     units: list[LayerUnit]
     costs: list[UnitCost]
@@ -200,8 +201,7 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
             share = fwd / (fwd + bwd) if fwd + bwd > 0 else 0.5
             acc[i]["fwd_fixed"] += extra * share
             acc[i]["bwd_fixed"] += extra * (1 - share)
-            if name not in facts.views:
-                acc[i][f"act_{part}"] += cm.activation_bytes(facts.tensor_outputs(name), s)
+            acc[i][f"act_{part}"] += cm.node_activation_bytes(name, s, facts)
     readers: dict[str, list[int]] = {}
     last_reader: dict[tuple[str, int], int] = {}
     for u, slot, v, _ in graph_edges(captured):
@@ -232,7 +232,7 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
             fixed = cm.collective(c.kind, c.axis, 0).seconds
             acc[i][f"{c.phase}_fixed"] += fixed
             acc[i][f"{c.phase}_{part}"] += c.seconds - fixed
-        acc[i][f"act_{part}"] += copy
+        acc[i][f"act_{part}"] += copy if v == OUTPUT else cm.edge_activation_bytes(copy, facts, v, k)
     cut_fixed = [0.0] * max(0, len(units) - 1)
     cut_batch = [0.0] * max(0, len(units) - 1)
     for (u, slot), last in last_reader.items():
@@ -245,20 +245,6 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
             target[c] += local
     costs = [UnitCost(**a) for a in acc]
     return SubmeshProfile(mesh, list(units), costs, cut_fixed, cut_batch, solution, batch_granularity(captured, solution))
-
-
-class _StageCostModel(CostModel):
-    """Per-microbatch pricing: gradient syncs shared by the m microbatches, activations held k times."""
-
-    def __init__(self, mesh: Mesh, hardware: Hardware, optimizer, m: int, held: int):
-        super().__init__(mesh, hardware, optimizer)
-        self._m, self._held = m, held
-
-    def grad_sync(self, *args, **kwargs):
-        return tuple(replace(c, seconds=c.seconds / self._m) for c in super().grad_sync(*args, **kwargs))
-
-    def activation_bytes(self, *args, **kwargs) -> float:
-        return self._held * super().activation_bytes(*args, **kwargs)
 
 
 def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, optimizer, microbatches: int,
@@ -293,7 +279,7 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, opt
     nodes = {n.name: n for n in captured.gm.graph.nodes}
     graph, result, status = None, None, None
     for k in dict.fromkeys((held, 1)):
-        cm = _StageCostModel(mesh, hardware, optimizer, microbatches, k)
+        cm = MicrobatchCostModel(mesh, hardware, optimizer, microbatches, k)
         graph = problem.strategy_graph(cm, memory_limit)
         if repeat != 1.0:
             _repeat(graph, problem.clustering, nodes, captured, repeat,

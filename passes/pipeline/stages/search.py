@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.stages.microbatch import global_batch
+from autoshard.passes.solve.microbatch import global_batch
 from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, plan_submesh, profile_submesh, submesh_shapes
 from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, VIRTUAL, Choice, approx_held, held_microbatches, score_stages,
                       stage_problem, valid_schedule)

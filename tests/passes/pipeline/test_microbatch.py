@@ -9,7 +9,7 @@ from autoshard.passes.cost.hardware import PRESETS
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.pipeline.stages.layer_costs import plan_submesh
-from autoshard.passes.pipeline.stages.microbatch import (batch_dependent, batch_granularity, global_batch,
+from autoshard.passes.solve.microbatch import (batch_dependent, batch_granularity, global_batch,
                                                   microbatch_strategies)
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.spec import Shard

@@ -1,0 +1,192 @@
+"""What a block type's memory-lever policy does to the price of its nodes and edges.
+
+The policies a repeated-block type may take, in the planner's order (fastest first):
+
+    KEEP       no recomputation, gathered parameter copies kept to the backward
+    RESHARD    no recomputation, gathered parameter copies freed after the forward and gathered
+               again for the backward (ZeRO-3)
+    SELECTIVE  keep the outputs of matmul and attention kernels (and what leaves the block),
+               recompute everything else before the block's backward; recomputation gathers again
+    FULL       keep only what leaves the block, re-run the whole block before its backward
+
+Prices per node and edge of a block instance (``LeverPrice``), with the saved-tensor analysis
+(``passes.capture.saved``) and the block structure (``passes.solve.blocks``):
+
+- time: the op's own price, plus under SELECTIVE (ops that are not matmul / attention kernels) and
+  FULL its forward again (work and one launch); an edge into a recomputing block pays its forward
+  collectives again (re-issued by the recomputation), and under RESHARD an edge from a parameter
+  its gather again;
+- kept bytes (alive at the end of the forward): KEEP and RESHARD keep what autograd saves, except
+  that RESHARD keeps no gathered parameter; SELECTIVE keeps the kernel outputs and the values that
+  leave the instance; FULL the values that leave it. A value made outside blocks and read by a
+  checkpointed block is held by the checkpoint even if nothing saves it;
+- transient bytes, counted for one instance of a type (each instance carries ``1 / n`` of it):
+  what a recomputing instance re-creates for its backward (the bytes KEEP would keep beyond what
+  the policy keeps), and the gathered parameter copies of two instances (the prefetch of the next
+  block's gathers overlaps this block's use) when gathered copies are not kept.
+
+Nodes outside numbered blocks, parameters and inputs have no policy (``policy=None``): they are
+priced as KEEP. Gradient accumulation (``k`` microsteps) and mixed precision enter through the cost
+model and graph facts handed in (``passes.solve.microbatch``; ``CostModel.reduce_dtype``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from autoshard.passes.cost.collectives import Collective
+from autoshard.passes.cost.facts import GraphFacts
+from autoshard.passes.cost.model import CostModel, NodePrice
+from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.levers import BlockPolicy
+from autoshard.passes.solve.blocks import BlockMap, storage_owner
+from autoshard.passes.solve.clustering import OUTPUT, graph_edges
+from autoshard.passes.spec import Strategy, TensorMeta
+
+__all__ = ["POLICIES", "KEEP", "RESHARD", "SELECTIVE", "FULL", "LeverPrice", "LeverPricer", "policy_index"]
+
+POLICIES: tuple[BlockPolicy, ...] = (BlockPolicy("none", False), BlockPolicy("none", True),
+                                     BlockPolicy("selective", True), BlockPolicy("full", True))
+KEEP, RESHARD, SELECTIVE, FULL = range(4)
+
+
+def policy_index(policy: BlockPolicy) -> int:
+    """The index in ``POLICIES`` of a ``BlockPolicy`` (a recomputing one re-gathers either way)."""
+    if policy.checkpoint == "none":
+        return RESHARD if policy.reshard_after_forward else KEEP
+    return SELECTIVE if policy.checkpoint == "selective" else FULL
+
+
+@dataclass
+class LeverPrice:
+    """Seconds and bytes per device of one node or edge under one policy (bytes by category)."""
+    seconds: float = 0.0
+    kept: float = 0.0  # activations alive at the end of the forward
+    gathered: float = 0.0  # gathered parameter copies alive at the end of the forward
+    recompute: float = 0.0  # this item's share of one instance's recomputed activations
+    gathered_transient: float = 0.0  # its share of the gathered copies alive at once when not kept
+
+    @property
+    def memory(self) -> float:
+        return self.kept + self.gathered + self.recompute + self.gathered_transient
+
+
+class LeverPricer:
+    """Prices nodes and edges of one program under the memory-lever policies (module docstring)."""
+
+    def __init__(self, captured: CapturedGraph, facts: GraphFacts, cm: CostModel, blocks: BlockMap):
+        self.captured, self.facts, self.cm, self.blocks = captured, facts, cm, blocks
+        self._move_sums: dict = {}
+        self._block_reads: dict[tuple[str, int], int] = {}  # outside value -> edges reading it in blocks
+        for u, slot, v, _ in graph_edges(captured):
+            if v != OUTPUT and u not in blocks.instance and v in blocks.instance and facts.kind[u] == "op":
+                self._block_reads[(u, slot)] = self._block_reads.get((u, slot), 0) + 1
+
+    # ---- nodes ---------------------------------------------------------------------------------
+    def node(self, name: str, strategy: Strategy, policy: Optional[int]) -> tuple[NodePrice, LeverPrice]:
+        """The node's cost-model price (parameter state, gradient syncs, its KEEP activations) and
+        its price under ``policy`` (None: no policy applies)."""
+        base = self.cm.price_node(name, strategy, self.facts)
+        price = LeverPrice(seconds=base.seconds, kept=base.activations)
+        if policy is None or policy in (KEEP, RESHARD) or self.facts.kind[name] != "op":
+            return base, price
+        n = self.blocks.num_instances(self.blocks.type_of(name))
+        leave = self._leaving_bytes(name, strategy)
+        selective = self._selective_bytes(name, strategy) if policy == SELECTIVE else 0.0
+        price.kept = max(selective, leave)
+        price.recompute = max(0.0, base.activations - price.kept) / n
+        if policy == FULL or selective == 0.0:
+            fwd, _ = self.facts.compute(name)
+            launch = self.cm.hardware.op_overhead_s if self.facts.launches(name) else 0.0
+            price.seconds += fwd / self.cm.work_divisor(strategy) + launch
+        return base, price
+
+    def _leaving_bytes(self, name: str, strategy: Strategy) -> float:
+        slots = self.blocks.leaving.get(name, ())
+        metas = self.facts.tensor_outputs(name)
+        return self.cm.activation_bytes([metas[s] for s in slots], [strategy.outputs[s] for s in slots])
+
+    def _selective_bytes(self, name: str, strategy: Strategy) -> float:
+        """Local bytes of the node's matmul / attention kernel outputs (split like its output)."""
+        total = self.facts.selective_bytes(name)
+        if not total:
+            return 0.0
+        div = self.cm.shard_factor(strategy.outputs[0]) if strategy.outputs else self.cm.work_divisor(strategy)
+        return self.cm.kept(total / div)
+
+    # ---- edges ---------------------------------------------------------------------------------
+    def edge(self, u: str, slot: int, v: str, index: int, src: tuple, dst: tuple,
+             policy: Optional[int]) -> tuple[tuple[Collective, ...], LeverPrice]:
+        """Operand ``index`` of ``v`` (or the program's output) read from output ``slot`` of ``u``,
+        moved from placement codes ``src`` to ``dst``, with ``v``'s block type under ``policy``:
+        the collectives (forward, then backward) and the price."""
+        reading = self._reading(u, slot, v, index)
+        colls, copy, forward, total = self._move(reading, src, dst)
+        return colls, LeverPrice(*self._price(reading, forward, total, copy, src, policy))
+
+    def edge_table(self, u: str, slot: int, v: str, index: int, srcs: list, dsts: list,
+                   policies: list) -> list[list[list[tuple[float, float]]]]:
+        """(seconds, bytes) of ``edge`` for every policy, consumer placement and producer placement:
+        ``[policy][dst][src]`` (the invariants of the edge worked out once)."""
+        reading = self._reading(u, slot, v, index)
+        table = [[[None] * len(srcs) for _ in dsts] for _ in policies]
+        for q, dst in enumerate(dsts):
+            for p, src in enumerate(srcs):
+                _, copy, forward, total = self._move(reading, src, dst)
+                for b, policy in enumerate(policies):
+                    seconds, *memory = self._price(reading, forward, total, copy, src, policy)
+                    table[b][q][p] = (seconds, sum(memory))
+        return table
+
+    def _reading(self, u: str, slot: int, v: str, index: int) -> tuple:
+        """What pricing one operand read needs beyond its placements, worked out once."""
+        facts = self.facts
+        meta = facts.tensor_outputs(u)[slot]
+        is_param = facts.kind[u] == "param"
+        grad = v != OUTPUT and facts.value_needs_grad(u, slot)  # an output's gradient seed is free
+        cast = is_param and facts.master_dtype(u) is not None
+        saves = v == OUTPUT or facts.operand_saved(v, index)
+        n = self.blocks.num_instances(self.blocks.type_of(v)) if v != OUTPUT else 0
+        grad_scale = self.cm.reduce_scale(meta) if is_param else 1.0
+        return u, slot, meta.nbytes, is_param, grad, cast, saves, n, grad_scale
+
+    def _move(self, reading: tuple, src: tuple, dst: tuple) -> tuple[tuple[Collective, ...], float, float, float]:
+        """(collectives, copy bytes, forward seconds, all seconds) of one move."""
+        _, _, nbytes, _, grad, cast, _, _, grad_scale = reading
+        key = (src, dst, nbytes, grad, grad_scale, cast)
+        hit = self._move_sums.get(key)
+        if hit is None:
+            colls, copy = self.cm.moves(src, dst, nbytes, grad, grad_scale=grad_scale, cast=cast)
+            hit = self._move_sums[key] = (colls, copy, sum(c.seconds for c in colls if c.phase == "fwd"),
+                                          sum(c.seconds for c in colls))
+        return hit
+
+    def _price(self, reading: tuple, forward: float, total: float, copy: float, src: tuple,
+               policy: Optional[int]) -> tuple[float, float, float, float, float]:
+        """(seconds, kept, gathered, recompute, gathered_transient): ``LeverPrice``'s fields."""
+        u, slot, _, is_param, _, _, saves, n, _ = reading
+        gathered = is_param and forward > 0.0
+        if policy is None or policy == KEEP:
+            if not saves:
+                return total, 0.0, 0.0, 0.0, 0.0
+            return (total, 0.0, copy, 0.0, 0.0) if gathered else (total, copy, 0.0, 0.0, 0.0)
+        seconds = total + (forward if policy != RESHARD or is_param else 0.0)  # re-issued, or gathered again
+        if gathered:
+            return seconds, 0.0, 0.0, 0.0, copy * min(2, n) / n
+        if policy == RESHARD:
+            return seconds, copy if saves else 0.0, 0.0, 0.0, 0.0
+        return seconds, self._held_by_checkpoint(u, slot, src), 0.0, (copy if saves else 0.0) / n, 0.0
+
+    def _held_by_checkpoint(self, u: str, slot: int, src: tuple) -> float:
+        """A value made outside blocks that a checkpointed block reads is held by the checkpoint:
+        its bytes (shared among the edges reading it in blocks) unless autograd keeps it anyway."""
+        reads = self._block_reads.get((u, slot))
+        if not reads:
+            return 0.0
+        owner, owner_slot = storage_owner(self.facts, u, slot)
+        info = self.facts.saved_of(owner)
+        if self.facts.kind.get(owner) != "op" or info is None or owner_slot in info.saved_outputs:
+            return 0.0
+        meta: TensorMeta = self.facts.tensor_outputs(u)[slot]
+        return self.cm.kept(self.cm.local_bytes(meta.nbytes, src)) / reads
+

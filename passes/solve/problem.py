@@ -1,0 +1,171 @@
+"""The sharding problem of one program on one mesh, as the ILP sees it.
+
+A ``ShardingProblem`` (``build_problem``) holds the strategy table, the pinned choices, the
+clusters of identical layer nodes and the graph facts. It turns a cost model into the ILP's
+``StrategyGraph`` (``build_strategy_graph``) and the ILP's answer into a priced ``Solution``.
+The planner (``passes.solve.planner``) builds one per microstep count it tries; the stage planner
+prices the same problem per microbatch (``passes.pipeline.stages.layer_costs.plan_submesh``):
+
+>>> problem = build_problem(captured, (2, 2), hardware="h100")                       # doctest: +SKIP
+>>> result = solve(problem.strategy_graph(CostModel(problem.mesh, problem.hardware, "adamw"), 80e9))
+>>> problem.solution(result.choice, optimizer="adamw").estimated_step_time           # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Collection, Optional, Union
+
+from autoshard.passes.cost.collectives import R_CODE
+from autoshard.passes.cost.facts import GraphFacts
+from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.cost.model import CostModel, encode
+from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.sharding.pins import Pins
+from autoshard.passes.sharding.strategies import StrategyTable, enumerate_strategies
+from autoshard.passes.solve.clustering import OUTPUT, Clustering, cluster_edges, cluster_nodes, graph_edges
+from autoshard.passes.solve.solution import Solution, evaluate
+from autoshard.passes.solve.strategy_graph import SGEdge, SGNode, StrategyGraph
+from autoshard.passes.spec import Strategy
+
+__all__ = ["build_strategy_graph", "ShardingProblem", "build_problem", "strategy_choices"]
+
+
+def _classes(items: list) -> tuple[list[int], list]:
+    index: dict = {}
+    cls = [index.setdefault(tuple(x), len(index)) for x in items]
+    return cls, list(index)
+
+
+def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed: dict[str, list[int]],
+                         clustering: Clustering, cm: CostModel, facts: GraphFacts,
+                         memory_limit: Optional[float]) -> StrategyGraph:
+    """One ILP node per cluster (priced by its representative, counted ``len(members)`` times), one
+    ILP edge per distinct cluster edge; the program's outputs are a fixed consumer wanting ``R``."""
+    nodes: list[SGNode] = []
+    for members in clustering.members:
+        rep = members[0]
+        prices = [cm.price_node(rep, s, facts) for s in table[rep]]
+        nodes.append(SGNode(rep, [p.seconds for p in prices], [p.memory for p in prices], len(members),
+                            allowed.get(rep)))
+    out_index = len(nodes)
+    nodes.append(SGNode(OUTPUT, [0.0], [0.0]))
+    replicated = (R_CODE,) * cm.mesh.ndim
+    codes: dict = {}
+
+    def placements_of(name: str, side: str, k: int) -> list[tuple]:
+        key = (name, side, k)
+        if key not in codes:
+            codes[key] = [encode(getattr(s, side)[k]) for s in table[name]]
+        return codes[key]
+
+    edges: list[SGEdge] = []
+    for (cu, slot, cv, i), (mult, (u, _, v, _)) in cluster_edges(graph_edges(captured), clustering).items():
+        u_class, srcs = _classes(placements_of(u, "outputs", slot))
+        if cv == OUTPUT:
+            v_class, dsts, vi = [0], [replicated], out_index
+        else:
+            v_class, dsts = _classes(placements_of(v, "inputs", i))
+            vi = cv
+        nbytes = facts.tensor_outputs(u)[slot].nbytes
+        grad = cv != OUTPUT and facts.value_needs_grad(u, slot)  # an output's gradient seed is free
+        keeps = cv == OUTPUT or facts.operand_saved(v, i)  # the consumer keeps its copy for backward
+        cost, mem = [], []
+        for p in srcs:
+            row_c, row_m = [], []
+            for q in dsts:
+                colls, copy = cm.moves(p, q, nbytes, grad)
+                row_c.append(sum(c.seconds for c in colls))
+                row_m.append(copy if keeps else 0.0)
+            cost.append(row_c)
+            mem.append(row_m)
+        same = {q: k for k, q in enumerate(dsts)}
+        edges.append(SGEdge(cu, vi, u_class, v_class, cost, mem, mult, [same.get(p, -1) for p in srcs]))
+    return StrategyGraph(nodes, edges, memory_limit)
+
+
+def strategy_choices(captured: CapturedGraph, mesh, pins) -> tuple[Mesh, StrategyTable, dict]:
+    """The mesh, every node's strategies and the pinned nodes' allowed indices."""
+    mesh = Mesh.of(mesh)
+    table = enumerate_strategies(captured, mesh)
+    if pins is not None and not isinstance(pins, Pins):
+        pins = Pins(**pins)
+    allowed = pins.resolve(captured, table, mesh) if pins is not None else {}
+    return mesh, table, allowed
+
+
+@dataclass
+class ShardingProblem:
+    """What the sharding ILP is built from, for one captured program on one mesh.
+
+    ``table``: every node's strategies; ``allowed``: node -> the strategy indices its pins (and any
+    narrowing) leave, absent for a free node; ``clustering``: nodes that share one decision;
+    ``facts``: the graph facts the cost model prices with (shapes, compute, which values need grad).
+    The cost model is not part of the problem: one problem may be priced several ways.
+    """
+    captured: CapturedGraph
+    mesh: Mesh
+    hardware: Hardware
+    table: StrategyTable
+    allowed: dict[str, Collection[int]]
+    facts: GraphFacts
+    clustering: Clustering
+
+    def strategy_graph(self, cost_model: CostModel, memory_limit: Optional[float]) -> StrategyGraph:
+        """The ILP's input, priced by ``cost_model`` under ``memory_limit`` bytes per device."""
+        return build_strategy_graph(self.captured, self.table, self.allowed, self.clustering, cost_model,
+                                    self.facts, memory_limit)
+
+    def strategies(self, choice: list[int]) -> dict[str, Strategy]:
+        """Node -> strategy for the ILP's ``choice`` (one strategy index per cluster), as chosen."""
+        chosen: dict[str, Strategy] = {}
+        for cid, members in enumerate(self.clustering.members):
+            for name in members:
+                chosen[name] = self.table[name][choice[cid]]
+        return chosen
+
+    def settle_inputs(self, chosen: dict[str, Strategy]) -> None:
+        """An input (or the target) placed R whose consumers all read it one way takes that placement:
+        the runtime chunks the global batch for free either way, and the plan then says what each rank
+        gets (e.g. the batch S(0) under data parallelism). Changes ``chosen`` in place."""
+        reads: dict[str, set] = {}
+        for u, _, v, i in graph_edges(self.captured):
+            if self.facts.kind[u] == "input":
+                reads.setdefault(u, set()).add(None if v == OUTPUT else tuple(chosen[v].inputs[i]))
+        for u, wanted in reads.items():
+            want = next(iter(wanted))
+            if len(wanted) != 1 or want is None or any(c != R_CODE for c in encode(chosen[u].outputs[0])):
+                continue
+            for k in self.allowed.get(u, range(len(self.table[u]))):
+                if tuple(self.table[u][k].outputs[0]) == want:
+                    chosen[u] = self.table[u][k]
+                    break
+
+    def solution(self, choice: list[int], *, optimizer: Union[str, float],
+                 solver_stats: Optional[dict] = None) -> Solution:
+        """The ILP's ``choice`` as a priced ``Solution``: strategies assigned, inputs settled, evaluated."""
+        chosen = self.strategies(choice)
+        self.settle_inputs(chosen)
+        return evaluate(self.captured, self.mesh, chosen, self.hardware, optimizer, unruled=self.table.unruled,
+                        solver_stats=solver_stats)
+
+
+def build_problem(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardware] = "h100",
+                  pins: Optional[Pins] = None, facts: Optional[GraphFacts] = None,
+                  narrow: Optional[Callable[[StrategyTable, Mesh, dict], dict]] = None,
+                  choices: Optional[tuple] = None) -> ShardingProblem:
+    """The sharding problem of ``captured`` on ``mesh``: strategies, pins resolved, clusters.
+
+    ``facts`` defaults to ``GraphFacts(captured, hardware)`` (a subclass prices, e.g., one
+    microbatch). ``narrow(table, mesh, allowed) -> allowed`` has the last say on the allowed
+    strategies before nodes are clustered (nodes cluster only with equally restricted ones; it gets
+    a copy of ``allowed``). ``choices``: ``strategy_choices``' answer, when already computed."""
+    mesh, table, allowed = choices or strategy_choices(captured, mesh, pins)
+    if narrow is not None:
+        allowed = narrow(table, mesh, {k: set(v) for k, v in allowed.items()})
+    hw = get_hardware(hardware)
+    facts = GraphFacts(captured, hw) if facts is None else facts
+    clustering = cluster_nodes(captured, extra=lambda n: (
+        len(table[n]), tuple(sorted(allowed[n])) if n in allowed else None, n in facts.requires_grad))
+    return ShardingProblem(captured, mesh, hw, table, allowed, facts, clustering)
