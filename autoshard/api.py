@@ -19,7 +19,7 @@ import torch
 
 from autoshard.compiled import CompiledModel, PipelinedModel
 from autoshard.passes.capture.export import capture
-from autoshard.passes.errors import BatchError, PlanFormatError
+from autoshard.passes.errors import BatchError, InfeasiblePlanError, PlanFormatError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import generate
@@ -27,6 +27,7 @@ from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.planner import plan_sharding, random_solution
+from autoshard.passes.solve.replicated_ops import describe_replicated, replicated_op_costs
 from autoshard.passes.solve.solution import Solution
 from autoshard.plans import Plan, graph_fingerprint
 from autoshard.runtime.groups import MeshEnv, run_and_broadcast, setup_distributed
@@ -78,8 +79,14 @@ def plan_captured(captured: CapturedGraph, mesh: Any, *, hardware: Any = "auto",
     if random_seed is not None:
         solution: Solution = random_solution(captured, mesh, seed=random_seed, pins=pin_obj)
     else:
-        solution = plan_sharding(captured, mesh, hardware=hw, memory_limit=memory_limit, pins=pin_obj,
-                                 optimizer=optimizer, time_limit_s=time_limit_s)
+        try:
+            solution = plan_sharding(captured, mesh, hardware=hw, memory_limit=memory_limit, pins=pin_obj,
+                                     optimizer=optimizer, time_limit_s=time_limit_s)
+        except InfeasiblePlanError as e:
+            note = describe_replicated(replicated_op_costs(captured, mesh, hw), mesh)
+            if not note:
+                raise
+            raise InfeasiblePlanError(f"{e} {note}") from e
     return Plan(solution, mesh, hardware_label(hw), graph_fingerprint(captured), captured)
 
 
@@ -95,7 +102,9 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
     "auto". ``memory_limit`` (bytes per device) overrides the preset's memory. Pins (each optional):
     ``params={"fc1.weight": ("S(0)", "R")}`` (fnmatch patterns), ``inputs={0: ("S(0)",)}``,
     ``ops={"linear_1": ("S(2)",)}``, ``strategies={node: Strategy}``. ``random_seed`` draws a random
-    valid plan instead of solving (for testing the runtime).
+    valid plan instead of solving (for testing the runtime). ``InfeasiblePlanError`` (no plan fits
+    the memory limit) also names the ops that run replicated for lack of a sharding rule, with what
+    that costs.
     """
     mesh = Mesh.of(mesh)
     captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)

@@ -1,4 +1,5 @@
-"""One registry of sharding rules keyed by op (an ATen overload or packet, or ``operator.getitem``).
+"""One registry of sharding rules keyed by op (an ATen overload or packet, ``operator.getitem``, or an
+op's qualified name such as ``"transformers::grouped_mm_fallback"``).
 
 A rule receives an ``OpCall`` (the op's arguments with every tensor replaced by its
 ``TensorMeta``) and returns the ``Strategy1D`` options valid along ONE mesh axis of any size.
@@ -8,6 +9,9 @@ rule never has to list it.
 
     @register_rule(aten.mm.default)
     def mm(call: OpCall) -> list[Strategy1D]: ...
+
+A qualified name (``"ns::op"`` for every overload, ``"ns::op.overload"`` for one) keys a rule for an
+op whose library may not be imported yet (a framework's ``torch.library`` custom op).
 
 This module only holds the table; importing the package ``passes.sharding.rules`` imports every
 family module, whose decorators fill it. Ops with no rule run replicated (always correct);
@@ -25,7 +29,7 @@ from autoshard.passes.graph import META, operand_meta, operands, outputs
 from autoshard.passes.sharding.schema import bind_args, op_name
 from autoshard.passes.spec import Partial, Replicate, Strategy1D, TensorMeta
 
-__all__ = ["OpCall", "RuleFn", "RULES", "register_rule", "lookup", "op_call", "rule_strategies"]
+__all__ = ["OpCall", "RuleFn", "RULES", "register_rule", "lookup", "qualified_names", "op_call", "rule_strategies"]
 
 RuleFn = Callable[["OpCall"], list[Strategy1D]]
 RULES: dict[Any, RuleFn] = {}
@@ -85,7 +89,7 @@ def floating_partials(call: OpCall, strategy: Strategy1D) -> bool:
 
 
 def register_rule(*targets, float_partials_only: bool = False) -> Callable[[RuleFn], RuleFn]:
-    """Register a rule for each op given (an overload, or a packet: all its overloads).
+    """Register a rule for each op given (an overload, a packet: all its overloads, or a qualified name).
 
     ``float_partials_only``: drop the strategies that put ``P`` on a non-floating tensor, so the
     rule may list ``P`` options without checking dtypes. Returns the rule as registered.
@@ -107,12 +111,28 @@ def _without_non_float_partials(fn: RuleFn) -> RuleFn:
     return rule
 
 
+def qualified_names(target) -> list[str]:
+    """``"ns::op.overload"`` and ``"ns::op"`` for an op overload (``.default`` also as ``"ns::op"``
+    alone); [] for anything without a schema."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return []
+    overload = getattr(target, "_overloadname", None) or "default"
+    return [f"{schema.name}.{overload}", schema.name]
+
+
 def lookup(target) -> Optional[RuleFn]:
-    """The rule for ``target``: registered for the overload itself, else for its packet; or None."""
+    """The rule for ``target``: registered for the overload itself, else for its packet, else under its
+    qualified name (overload, then op); or None."""
     if target in RULES:
         return RULES[target]
     packet = getattr(target, "overloadpacket", None)
-    return RULES.get(packet) if packet is not None else None
+    if packet is not None and packet in RULES:
+        return RULES[packet]
+    for name in qualified_names(target):
+        if name in RULES:
+            return RULES[name]
+    return None
 
 
 def op_call(node: fx.Node) -> OpCall:

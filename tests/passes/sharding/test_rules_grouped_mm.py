@@ -1,0 +1,86 @@
+"""The ops of Hugging Face MoE experts: ``_grouped_mm`` in its four forms, transformers'
+``grouped_mm_fallback`` custom op, ``histc`` and ``repeat_interleave``. Every strategy a rule claims
+matches the unsharded op on 2 and 4 simulated ranks, gradients included; what is documented as not
+offered (splitting a dim the offsets cut, splitting a 2d x 3d product's groups) is absent.
+
+``_grouped_mm`` traces only in bfloat16 (its meta function says so) but runs on the CPU in float32
+too: each case is traced in bfloat16 and checked on float32 values of the same shapes (the rule
+reads shapes only), so the comparison keeps float32's tolerance. Every last dim is a multiple of 32
+so that the kernel's 16-byte stride alignment holds after a split by 4."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autoshard.testing.rule_numerics import RuleCheck, check_node, check_rule_numerics, trace_op
+
+aten = torch.ops.aten
+OFFS = torch.tensor([8, 16, 32], dtype=torch.int32)  # uneven groups: 8, 8 and 16
+
+
+def _bf16(*shape):
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+def _gmm(a, b, offs=None):
+    return torch._grouped_mm(a, b, offs=offs)
+
+
+def check_in_float32(fn, args, n: int) -> RuleCheck:
+    """Trace ``fn`` on ``args`` (bfloat16) and check its ``_grouped_mm`` on the same values in float32."""
+    node, real_args, kwargs = trace_op(fn, args, target=aten._grouped_mm.default)
+    wide = tuple(a.float() if a.is_floating_point() else a for a in real_args)
+    return check_node(node, wide, kwargs, n, gen=torch.Generator().manual_seed(0))
+
+
+FORMS = {
+    # name: (args, strategies that must be offered, strategies that must not)
+    "2d x 3d": ((_bf16(32, 32), _bf16(3, 32, 32), OFFS),
+                {"(R, S(2), R)->(S(1))", "(S(1), S(1), R)->(P)", "(P, R, R)->(P)", "(R, P, R)->(P)"},
+                {"(S(0), R, R)->(S(0))", "(R, S(0), R)->(S(0))"}),
+    "3d x 3d": ((_bf16(4, 8, 32), _bf16(4, 32, 32)),
+                {"(S(0), S(0))->(S(0))", "(S(1), R)->(S(1))", "(R, S(2))->(S(2))", "(S(2), S(1))->(P)"}, set()),
+    "3d x 2d": ((_bf16(3, 8, 32), _bf16(32, 32), OFFS),
+                {"(S(1), R, R)->(S(0))", "(S(2), S(0), R)->(P)"}, {"(R, S(1), R)->(S(1))"}),
+    "2d x 2d": ((_bf16(8, 32), _bf16(32, 32), OFFS),
+                {"(S(0), R, R)->(S(1))", "(R, S(1), R)->(S(2))"}, {"(S(1), S(0), R)->(P)"}),
+}
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+@pytest.mark.parametrize("n", [2, 4])
+def test_grouped_mm_forms_match_unsharded(form, n):
+    args, offered, absent = FORMS[form]
+    report = check_in_float32(_gmm, args, n)
+    assert offered <= report.all_str, report.all_str
+    assert not absent & report.all_str
+    assert report.checked_str == report.all_str, report.skipped
+
+
+def test_grouped_mm_weight_given_transposed():
+    """HF passes ``weight.transpose(-2, -1)`` of (G, N, K) expert weights: a column-major operand."""
+    w = _bf16(3, 32, 32)
+    report = check_in_float32(lambda a, w, offs: _gmm(a, w.transpose(-2, -1), offs), (_bf16(32, 32), w, OFFS), 2)
+    assert "(R, S(2), R)->(S(1))" in report.checked_str
+
+
+def test_transformers_grouped_mm_fallback_custom_op():
+    pytest.importorskip("transformers")
+    import transformers.integrations.moe  # noqa: F401  (registers torch.ops.transformers.grouped_mm_fallback)
+    op = torch.ops.transformers.grouped_mm_fallback.default
+    report = check_rule_numerics(lambda a, w, offs: op(a, w, offs), (torch.randn(32, 8), torch.randn(3, 8, 16), OFFS),
+                                 n=2, target=op)
+    assert {"(R, S(2), R)->(S(1))", "(S(1), S(1), R)->(P)"} <= report.checked_str
+
+
+def test_histc_with_a_fixed_range_gives_partial_counts():
+    ids = torch.randint(0, 4, (8, 2)).float()
+    report = check_rule_numerics(lambda x: torch.histc(x, bins=4, min=0, max=3), (ids,), n=4)
+    assert report.checked_str == {"(R)->(R)", "(S(0))->(P)"}
+    report = check_rule_numerics(lambda x: torch.histc(x, bins=4), (ids,), n=2)  # range from the data
+    assert report.all_str == {"(R)->(R)"}
+
+
+def test_repeat_interleave_splits_every_dim():
+    report = check_rule_numerics(lambda x: x.repeat_interleave(2, dim=0), (torch.randn(8, 4),), n=4)
+    assert report.checked_str == {"(R)->(R)", "(S(0))->(S(0))", "(S(1))->(S(1))", "(P)->(P)"}
