@@ -5,7 +5,7 @@ it (data parallel, FSDP/ZeRO, tensor parallel); ``autoshard.compile(...)`` does 
 torchrun and returns each rank's program; ``Plan.render`` draws the partition.
 
 The front door: ``api`` (plan, compile), ``compiled`` (what compile returns), ``plans`` (``Plan``),
-``presets``, ``summary``, ``cli``, and the subpackages ``drawing/`` and ``profiling/``. Below it sit
+``sharding_rules`` (``register_sharding``: a rule for your own op), ``presets``, ``summary``, ``cli``, and the subpackages ``drawing/`` and ``profiling/``. Below it sit
 the analysis (``autoshard.passes``, installed from ``passes/``) and the runtime (``autoshard.runtime``,
 from ``runtime/``). ``autoshard.testing`` is the tests' and benchmarks' support, not the front door's.
 
@@ -24,12 +24,12 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "plan": "autoshard.api", "compile": "autoshard.api",
-    "Plan": "autoshard.plans", "load_plan": "autoshard.plans",
+    "Plan": "autoshard.plans", "load_plan": "autoshard.plans", "register_sharding": "autoshard.sharding_rules",
     "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
 }
 _SUBMODULES = ("presets",)
 
-__all__ = ["plan", "compile", "load_plan", "Plan", "Mesh", "Shard", "Replicate", "Partial", "presets",
+__all__ = ["plan", "compile", "load_plan", "register_sharding", "Plan", "Mesh", "Shard", "Replicate", "Partial", "presets",
            "AutoshardError", "TraceError", "MeshError", "InfeasiblePlanError", "BatchError", "PlanFormatError"]
 
 

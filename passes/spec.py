@@ -90,6 +90,10 @@ class TensorMeta:
     dtype: "torch.dtype"  # noqa: F821
 
     @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
     def numel(self) -> int:
         n = 1
         for s in self.shape:
