@@ -10,8 +10,12 @@ Configs are tiny (2 layers, width 32, 4 heads, vocabulary 96, sequence 8), dropo
 caches are off, so a model builds in milliseconds and trains deterministically.
 
 ``KINDS`` says what each architecture is (encoder, decoder, encoder-decoder, vision, MoE). MoE
-models use the experts implementation ``transformers`` picks by default (``grouped_mm`` in 5.x:
-``torch._grouped_mm`` over expert weights), and ``mixtral_batched`` the ``batched_mm`` one.
+models use the experts implementation ``transformers`` picks by default (``grouped_mm`` in 5.x),
+``mixtral_batched`` the ``batched_mm`` one (each token gathers its experts' weights, then ``bmm``).
+In float32 under ``torch.export`` the ``grouped_mm`` path calls transformers' own custom op
+``transformers::grouped_mm_fallback`` (``aten._grouped_mm`` traces in bfloat16 only), so these
+float32 models exercise a framework's ``torch.library`` op; top-k routing, ``sort``, ``histc``
+and ``cumsum`` offsets and an inverse permutation written with ``index_put_`` come with it.
 """
 from __future__ import annotations
 
@@ -235,7 +239,7 @@ KINDS = {
     "bert": "encoder", "roberta": "encoder", "t5": "encoder-decoder", "bart": "encoder-decoder",
     "whisper": "encoder-decoder (audio)", "vit": "vision", "clip": "vision + text", "gpt2": "decoder",
     "gpt_neox": "decoder", "opt": "decoder", "llama": "decoder", "mistral": "decoder", "qwen2": "decoder",
-    "gemma": "decoder", "phi": "decoder", "mixtral": "MoE (grouped_mm experts)",
+    "gemma": "decoder", "phi": "decoder", "mixtral": "MoE (grouped-GEMM experts)",
     "mixtral_batched": "MoE (batched_mm experts)", "qwen2_moe": "MoE", "deepseek_v3": "MoE (MLA)",
 }
 

@@ -13,7 +13,7 @@ Classes (build them on any device: ``with torch.device("meta"): GPT(...)`` alloc
   ``qkv`` Linear split in three (nanoGPT's layout).
 - ``CNN``: Conv2d + BatchNorm2d (running-stat buffers, updated in place) + ReLU + pooling + flatten +
   Linear on 3x8x8 images.
-- ``ComplexRopeLlama(vocab, d, n_layer, n_head, n_kv_head, seq)``: Meta's reference Llama layout
+- ``ComplexRopeLlama(vocab, d, n_layer, n_head, n_kv_head, seq, hidden=2 d)``: Meta's reference Llama layout
   (RMSNorm, GQA by ``repeat_kv``, SwiGLU) whose rotary embedding multiplies queries and keys as
   complex numbers (``view_as_complex`` / ``view_as_real``) by a complex ``freqs_cis`` buffer
   (non-persistent, as torchtitan registers it).
@@ -244,7 +244,7 @@ class _RMSNorm(nn.Module):
 
 
 class _RopeBlock(nn.Module):
-    def __init__(self, d: int, n_head: int, n_kv_head: int):
+    def __init__(self, d: int, n_head: int, n_kv_head: int, hidden: int):
         super().__init__()
         self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, d // n_head
         self.attention_norm, self.ffn_norm = _RMSNorm(d), _RMSNorm(d)
@@ -252,8 +252,8 @@ class _RopeBlock(nn.Module):
         self.wk = nn.Linear(d, n_kv_head * self.head_dim, bias=False)
         self.wv = nn.Linear(d, n_kv_head * self.head_dim, bias=False)
         self.wo = nn.Linear(d, d, bias=False)
-        self.w1, self.w3 = nn.Linear(d, 2 * d, bias=False), nn.Linear(d, 2 * d, bias=False)
-        self.w2 = nn.Linear(2 * d, d, bias=False)
+        self.w1, self.w3 = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d, bias=False)
 
     def forward(self, x, freqs_cis):
         b, s, d = x.shape
@@ -272,10 +272,10 @@ class _RopeBlock(nn.Module):
 
 class ComplexRopeLlama(nn.Module):
     def __init__(self, vocab: int = 64, d: int = 32, n_layer: int = 2, n_head: int = 4, n_kv_head: int = 2,
-                 seq: int = 16):
+                 seq: int = 16, hidden: int | None = None):
         super().__init__()
         self.tok_embeddings = nn.Embedding(vocab, d)
-        self.layers = nn.ModuleList(_RopeBlock(d, n_head, n_kv_head) for _ in range(n_layer))
+        self.layers = nn.ModuleList(_RopeBlock(d, n_head, n_kv_head, hidden or 2 * d) for _ in range(n_layer))
         self.norm = _RMSNorm(d)
         self.output = nn.Linear(d, vocab, bias=False)
         self.register_buffer("freqs_cis", _freqs_cis(d // n_head, seq), persistent=False)

@@ -97,3 +97,16 @@ def test_complex_rope_llama_plans_without_replicated_rope(monkeypatch):
     unruled = plan_captured(cg, (8, 8), hardware="h100", memory_limit=80 * 2 ** 30)
     assert sorted(unruled.replicated_ops) == ["aten.view_as_complex.default", "aten.view_as_real.default"]
     assert unruled.estimated_memory > 1.5 * plan.estimated_memory
+
+
+def test_the_cost_model_knows_complex_values_carry_gradients():
+    """The RoPE products are differentiable: their redistributions are priced with a backward."""
+    from autoshard.passes.cost.facts import GraphFacts
+    from autoshard.passes.cost.hardware_lookup import get_hardware
+    from autoshard.testing.models import complex_rope_llama
+    model, inputs, target, loss_fn = complex_rope_llama()
+    cg = capture(model, inputs, loss_fn=loss_fn, target=target)
+    facts = GraphFacts(cg, get_hardware("h100"))
+    rope = _rope_nodes(cg)
+    assert rope and all(n in facts.requires_grad for n in rope)
+    assert all(facts.value_needs_grad(n, 0) for n in rope)

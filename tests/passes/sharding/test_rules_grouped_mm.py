@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.distributed.tensor import Partial, Replicate, Shard
 
 from autoshard.testing.rule_numerics import RuleCheck, check_node, check_rule_numerics, trace_op
 
@@ -84,3 +85,33 @@ def test_histc_with_a_fixed_range_gives_partial_counts():
 def test_repeat_interleave_splits_every_dim():
     report = check_rule_numerics(lambda x: x.repeat_interleave(2, dim=0), (torch.randn(8, 4),), n=4)
     assert report.checked_str == {"(R)->(R)", "(S(0))->(S(0))", "(S(1))->(S(1))", "(P)->(P)"}
+
+
+def test_bf16_mixtral_experts_trace_to_grouped_mm_and_shard_by_its_rule():
+    """transformers' grouped-GEMM experts in bfloat16 call ``aten._grouped_mm`` (float32 under export takes
+    the library's fallback op instead): no op lacks a rule, and experts pinned column-split on the
+    second mesh axis keep their products split there (no gather of the expert weights)."""
+    pytest.importorskip("transformers")
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from autoshard.api import plan_captured
+    from autoshard.passes.capture.export import capture
+    from autoshard.testing.models import lm_loss
+
+    config = MixtralConfig(num_hidden_layers=1, hidden_size=1024, intermediate_size=4096, num_attention_heads=8,
+                           num_key_value_heads=2, vocab_size=256, num_local_experts=8, num_experts_per_tok=2,
+                           use_cache=False)
+    with torch.device("meta"):
+        model = MixtralForCausalLM(config).to(torch.bfloat16)
+    ids = torch.empty(8, 64, dtype=torch.long, device="meta")
+    cg = capture(model, {"input_ids": ids}, loss_fn=lm_loss, target=ids)
+    gmm = [n.name for n in cg.gm.graph.nodes if n.target == aten._grouped_mm.default]
+    assert len(gmm) == 2  # gate_up and down projections
+    pins = {"params": {"*experts.gate_up_proj": ("R", "S(1)"), "*experts.down_proj": ("R", "S(2)")}}
+    plan = plan_captured(cg, (2, 2), hardware="h100", pins=pins)
+    assert plan.replicated_ops == []
+    gate_up, down = (plan.strategies[n] for n in gmm)
+    assert tuple(gate_up.inputs[1]) == (Replicate(), Shard(2))  # N of the (G, K, N) operand: the weight's rows
+    assert tuple(gate_up.outputs[0])[1] == Shard(1)
+    assert tuple(down.inputs[1])[1] == Shard(1)  # K of the down projection: partial sums
+    assert tuple(down.outputs[0])[1] == Partial()
