@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from autoshard.passes.sharding.rules import RULES, OpCall, register_rule
+from autoshard.passes.sharding.rules import LOCAL_CHECKS, RULES, OpCall, register_rule
 from autoshard.passes.spec import Partial, Placement, Replicate, Shard, Strategy1D, TensorMeta, parse_placement
 
 __all__ = ["register_sharding"]
@@ -141,6 +141,7 @@ def register_sharding(op, *, override: bool = False) -> Callable[[Callable], Cal
                     raise ValueError(f"{key} already has a sharding rule (from {owner}); pass override=True to "
                                      "replace it")
                 del RULES[key]
+                LOCAL_CHECKS.pop(key, None)
         register_rule(*keys, float_partials_only=True)(rule)
         return fn
 

@@ -29,7 +29,8 @@ Simulation of a ``Strategy1D`` (placements per operand and output along one mesh
 
 Strategies with the lowering "batch_norm_sync" are skipped here (its math needs collectives; the
 runtime tests it on real ranks); so are strategies whose sharded dims (of an operand or an output)
-do not divide by ``n``. Both land in ``RuleCheck.skipped`` with the reason.
+do not divide by ``n``, and those the rule's ``LocalCheck`` refuses for the pieces on ``n`` ranks.
+All land in ``RuleCheck.skipped`` with the reason.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from autoshard.passes.graph import META, is_getitem, tensor_meta_of
-from autoshard.passes.sharding.rules import rule_strategies
+from autoshard.passes.sharding.rules import local_check, op_call, rule_strategies
 from autoshard.passes.sharding.schema import bind_args, op_name, rebuild_args
 from autoshard.passes.spec import LOWERINGS, Partial, Placement, Replicate, Shard, Strategy1D, TensorMeta
 from autoshard.runtime.localize import local_size_args
@@ -273,6 +274,10 @@ def _check_divides(t: torch.Tensor, p: Placement, n: int) -> None:
         raise _Indivisible(f"dim {p.dim} of size {t.shape[p.dim]} does not divide by {n}")
 
 
+def _piece_shape(t: torch.Tensor, p: Placement, n: int) -> tuple[int, ...]:
+    return tuple(s // n if isinstance(p, Shard) and p.dim == d else s for d, s in enumerate(t.shape))
+
+
 def _split(x: torch.Tensor, p: Placement, n: int, gen: torch.Generator) -> list[torch.Tensor]:
     _check_divides(x, p, n)
     if isinstance(p, Shard):
@@ -322,6 +327,7 @@ def check_node(node: fx.Node, args, kwargs, n: int = 2, *, gen: Optional[torch.G
     strategies, has_rule = rule_strategies(node)
     if not has_rule:
         raise AssertionError(f"no sharding rule registered for {node.target}")
+    check, call = local_check(node.target), op_call(node)
     op = node.target
     gen = gen if gen is not None else torch.Generator().manual_seed(0)
     full = operand_values(node, args, kwargs)
@@ -365,6 +371,10 @@ def check_node(node: fx.Node, args, kwargs, n: int = 2, *, gen: Optional[torch.G
             pieces = [_split(t, p, n, gen) for t, p in zip(full, s.inputs)]
         except _Indivisible as e:
             report.skipped.append((s, str(e)))
+            continue
+        if check is not None and not check(call, [tuple(p[0].shape) for p in pieces],
+                                           [_piece_shape(o, p, n) for o, p in zip(ref_out, s.outputs)]):
+            report.skipped.append((s, f"the rule's local check refuses these pieces on {n} ranks"))
             continue
         tag = f"{node.format_node()} under {s} on {n} ranks"
         local_in = [[pieces[i][r].clone().requires_grad_(diff[i]) for i in range(len(full))] for r in range(n)]

@@ -23,7 +23,9 @@ A new family is a new module here, named in the import and in ``FAMILIES`` below
 
 May import: torch and the ``passes`` vocabulary (``spec``, ``graph``, ``passes.sharding.schema``).
 """
-from autoshard.passes.sharding.rules.registry import OpCall, RULES, lookup, op_call, register_rule, rule_strategies
+from autoshard.passes.sharding.rules.registry import (
+    LOCAL_CHECKS, RULES, OpCall, local_check, lookup, op_call, register_rule, rule_strategies,
+)
 from autoshard.passes.sharding.rules import (
     attention, complex_views, conv, elementwise, embedding, factory, getitem, grouped_mm, indexing, losses, matmul,
     norms, pooling, reductions, view_scatters, views,
@@ -33,4 +35,5 @@ FAMILIES = (attention, complex_views, conv, elementwise, embedding, factory, get
             matmul, norms, pooling, reductions, view_scatters, views)
 """Every family module; importing them registered their rules."""
 
-__all__ = ["FAMILIES", "OpCall", "RULES", "lookup", "op_call", "register_rule", "rule_strategies"]
+__all__ = ["FAMILIES", "LOCAL_CHECKS", "OpCall", "RULES", "local_check", "lookup", "op_call", "register_rule",
+           "rule_strategies"]

@@ -28,8 +28,11 @@ product (that is expert parallelism: tokens must travel to their expert's rank b
 different program). With a bias, K splits and ``P`` are not offered (the bias would be added once
 per rank). ``out_dtype`` does not change the placements.
 
-The kernels want 16-byte-aligned leading strides; a split that breaks that for a given mesh fails
-at run time with torch's message (realistic widths are multiples of 16 bytes many times over).
+The kernels want 16-byte-aligned leading strides. Which of an operand's last two dims sets its
+leading stride depends on its layout (HF passes expert weights transposed), which the rule does not
+see, so ``aligned_pieces`` (the rule's ``LocalCheck``) keeps a split of either of the last two dims
+of ``a`` or ``b`` only where the piece's size there is a multiple of 16 bytes. Realistic widths
+split many times over; a tiny model's may not, and then that split is simply not offered.
 
 ``transformers::grouped_mm_fallback(input, weight, offs)`` (the library's custom op for the 2d x 3d
 form, used when ``_grouped_mm`` cannot run, e.g. float32 under ``torch.export``) takes the 2d x 3d
@@ -45,7 +48,17 @@ from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 aten = torch.ops.aten
 R, P = Replicate(), Partial()
 
-__all__ = ["grouped_mm_rule"]
+__all__ = ["grouped_mm_rule", "aligned_pieces"]
+
+
+def aligned_pieces(call: OpCall, local_inputs: list, local_outputs: list) -> bool:
+    """Every split dim among the last two of ``a`` and ``b`` keeps a multiple of 16 bytes per piece."""
+    for meta, local in zip(call.inputs[:2], local_inputs[:2]):
+        align = max(1, 16 // meta.dtype.itemsize)
+        for d in (-2, -1):
+            if local[d] != meta.shape[d] and local[d] % align:
+                return False
+    return True
 
 
 def _bias_on(ndim_out: int, out_dim, bias_ndim: int):
@@ -55,7 +68,8 @@ def _bias_on(ndim_out: int, out_dim, bias_ndim: int):
     return R
 
 
-@register_rule(aten._grouped_mm.default, "transformers::grouped_mm_fallback", float_partials_only=True)
+@register_rule(aten._grouped_mm.default, "transformers::grouped_mm_fallback", float_partials_only=True,
+               local_check=aligned_pieces)
 def grouped_mm_rule(call: OpCall) -> list[Strategy1D]:
     args = call.bound_args
     a, b = call.inputs[0], call.inputs[1]

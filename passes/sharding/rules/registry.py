@@ -29,10 +29,15 @@ from autoshard.passes.graph import META, operand_meta, operands, outputs
 from autoshard.passes.sharding.schema import bind_args, op_name
 from autoshard.passes.spec import Partial, Replicate, Strategy1D, TensorMeta
 
-__all__ = ["OpCall", "RuleFn", "RULES", "register_rule", "lookup", "qualified_names", "op_call", "rule_strategies"]
+__all__ = ["OpCall", "RuleFn", "LocalCheck", "RULES", "LOCAL_CHECKS", "register_rule", "lookup", "local_check",
+           "qualified_names", "op_call", "rule_strategies"]
 
 RuleFn = Callable[["OpCall"], list[Strategy1D]]
 RULES: dict[Any, RuleFn] = {}
+#: ``check(call, local_input_shapes, local_output_shapes) -> bool``: whether the op runs on pieces of
+#: these shapes (a kernel's constraint the rule cannot state per axis, e.g. stride alignment).
+LocalCheck = Callable[["OpCall", list, list], bool]
+LOCAL_CHECKS: dict[Any, LocalCheck] = {}
 
 
 @dataclass(frozen=True)
@@ -88,11 +93,14 @@ def floating_partials(call: OpCall, strategy: Strategy1D) -> bool:
     return all(m.dtype.is_floating_point or m.dtype.is_complex for m, p in pairs if isinstance(p, Partial))
 
 
-def register_rule(*targets, float_partials_only: bool = False) -> Callable[[RuleFn], RuleFn]:
+def register_rule(*targets, float_partials_only: bool = False,
+                  local_check: Optional[LocalCheck] = None) -> Callable[[RuleFn], RuleFn]:
     """Register a rule for each op given (an overload, a packet: all its overloads, or a qualified name).
 
     ``float_partials_only``: drop the strategies that put ``P`` on a non-floating tensor, so the
-    rule may list ``P`` options without checking dtypes. Returns the rule as registered.
+    rule may list ``P`` options without checking dtypes. ``local_check``: a ``LocalCheck`` the
+    enumeration applies to each mesh strategy's local shapes (after divisibility). Returns the rule
+    as registered.
     """
     def deco(fn: RuleFn) -> RuleFn:
         rule = _without_non_float_partials(fn) if float_partials_only else fn
@@ -100,6 +108,8 @@ def register_rule(*targets, float_partials_only: bool = False) -> Callable[[Rule
             if t in RULES:
                 raise ValueError(f"two sharding rules registered for {t}")
             RULES[t] = rule
+            if local_check is not None:
+                LOCAL_CHECKS[t] = local_check
         return rule
     return deco
 
@@ -121,18 +131,27 @@ def qualified_names(target) -> list[str]:
     return [f"{schema.name}.{overload}", schema.name]
 
 
+def _find(table: dict, target):
+    if target in table:
+        return table[target]
+    packet = getattr(target, "overloadpacket", None)
+    if packet is not None and packet in table:
+        return table[packet]
+    for name in qualified_names(target):
+        if name in table:
+            return table[name]
+    return None
+
+
 def lookup(target) -> Optional[RuleFn]:
     """The rule for ``target``: registered for the overload itself, else for its packet, else under its
     qualified name (overload, then op); or None."""
-    if target in RULES:
-        return RULES[target]
-    packet = getattr(target, "overloadpacket", None)
-    if packet is not None and packet in RULES:
-        return RULES[packet]
-    for name in qualified_names(target):
-        if name in RULES:
-            return RULES[name]
-    return None
+    return _find(RULES, target)
+
+
+def local_check(target) -> Optional[LocalCheck]:
+    """The ``LocalCheck`` registered with ``target``'s rule (found as ``lookup`` finds it), or None."""
+    return _find(LOCAL_CHECKS, target) if LOCAL_CHECKS else None
 
 
 def op_call(node: fx.Node) -> OpCall:

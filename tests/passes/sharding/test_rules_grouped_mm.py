@@ -39,11 +39,11 @@ FORMS = {
     "2d x 3d": ((_bf16(32, 32), _bf16(3, 32, 32), OFFS),
                 {"(R, S(2), R)->(S(1))", "(S(1), S(1), R)->(P)", "(P, R, R)->(P)", "(R, P, R)->(P)"},
                 {"(S(0), R, R)->(S(0))", "(R, S(0), R)->(S(0))"}),
-    "3d x 3d": ((_bf16(4, 8, 32), _bf16(4, 32, 32)),
+    "3d x 3d": ((_bf16(4, 32, 32), _bf16(4, 32, 32)),
                 {"(S(0), S(0))->(S(0))", "(S(1), R)->(S(1))", "(R, S(2))->(S(2))", "(S(2), S(1))->(P)"}, set()),
-    "3d x 2d": ((_bf16(3, 8, 32), _bf16(32, 32), OFFS),
+    "3d x 2d": ((_bf16(3, 32, 32), _bf16(32, 32), OFFS),
                 {"(S(1), R, R)->(S(0))", "(S(2), S(0), R)->(P)"}, {"(R, S(1), R)->(S(1))"}),
-    "2d x 2d": ((_bf16(8, 32), _bf16(32, 32), OFFS),
+    "2d x 2d": ((_bf16(32, 32), _bf16(32, 32), OFFS),
                 {"(S(0), R, R)->(S(1))", "(R, S(1), R)->(S(2))"}, {"(S(1), S(0), R)->(P)"}),
 }
 
@@ -115,3 +115,33 @@ def test_bf16_mixtral_experts_trace_to_grouped_mm_and_shard_by_its_rule():
     assert tuple(gate_up.outputs[0])[1] == Shard(1)
     assert tuple(down.inputs[1])[1] == Shard(1)  # K of the down projection: partial sums
     assert tuple(down.outputs[0])[1] == Partial()
+
+
+def test_splits_that_break_the_kernels_stride_alignment_are_not_offered():
+    """A (G, K, N) float32 operand with N = 16: split in 2, pieces of 8 floats (32 bytes) are fine; split
+    in 8, pieces of 2 floats (8 bytes) would fail the kernel's 16-byte alignment, so the mesh strategy
+    is dropped (and the harness skips it for the same reason)."""
+    from autoshard.passes.mesh import Mesh
+    from autoshard.passes.sharding.strategies import enumerate_strategies
+    from autoshard.passes.capture.export import capture
+
+    pytest.importorskip("transformers")
+    import transformers.integrations.moe  # noqa: F401  (registers the op)
+    op = torch.ops.transformers.grouped_mm_fallback.default
+
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, 8, 16))
+
+        def forward(self, x):
+            return op(x, self.w, OFFS)
+
+    cg = capture(Experts(), (torch.randn(32, 8),))
+    node = next(n.name for n in cg.gm.graph.nodes if n.target == op)
+    n_split = lambda mesh: {str(s) for s in enumerate_strategies(cg, Mesh.of(mesh))[node]}  # noqa: E731
+    assert "[(R),(S(2)),(R)]->[(S(1))]" in n_split((2,))
+    assert "[(R),(S(2)),(R)]->[(S(1))]" not in n_split((8,))
+    report = check_rule_numerics(lambda x, w, offs: op(x, w, offs), (torch.randn(32, 8), torch.randn(3, 8, 16), OFFS),
+                                 n=8, target=op, rtol=1e-4, atol=1e-4)  # R gradients: sums of 8 summands
+    assert "(R, S(2), R)->(S(1))" in {str(s) for s, why in report.skipped if "local check" in why}
