@@ -9,6 +9,9 @@
 - ``equivalence``: the one harness that trains a distributed program next to a single-device copy
   and lists every difference (loss each step, gradients, the full state dict at the end).
 - ``rule_numerics``: checks every strategy a sharding rule claims against the unsharded op.
+- ``hf_zoo``: tiny configs of 19 Hugging Face architectures, each with a batch and a loss;
+  ``zoo_check``: runs them through autoshard on gloo ranks against one device, per architecture.
+- ``custom_ops``: ``torch.library`` custom ops and a model calling them (``register_sharding``'s tests).
 - ``svg_plot``: a dependency-free SVG line plot for benchmark figures.
 
 May import: anything (the front door, ``autoshard.passes``, ``autoshard.runtime``, torch). Nothing in
