@@ -6,7 +6,7 @@ torchrun and returns each rank's program; ``Plan.render`` draws the partition. W
 both plan pipeline stages too (``PipelinedPlan``: 3D plans).
 
 The front door: ``api`` (plan, compile), ``compiled`` (what compile returns), ``plans`` (``Plan``),
-``presets``, ``summary``, ``cli``, and the subpackages ``drawing/`` and ``profiling/``. Below it sit
+``sharding_rules`` (``register_sharding``: a rule for your own op), ``presets``, ``summary``, ``cli``, and the subpackages ``drawing/`` and ``profiling/``. Below it sit
 the analysis (``autoshard.passes``, installed from ``passes/``) and the runtime (``autoshard.runtime``,
 from ``runtime/``). ``autoshard.testing`` is the tests' and benchmarks' support, not the front door's.
 
@@ -26,14 +26,14 @@ __version__ = "0.1.0"
 _LAZY = {
     "plan": "autoshard.api", "compile": "autoshard.api",
     "Plan": "autoshard.plans", "load_plan": "autoshard.plans", "PipelinedPlan": "autoshard.pipelined_plans",
-    "MixedPrecision": "autoshard.passes.levers",
+    "MixedPrecision": "autoshard.passes.levers", "register_sharding": "autoshard.sharding_rules",
     "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
 }
 _SUBMODULES = ("presets", "checkpoint")
 
-__all__ = ["plan", "compile", "load_plan", "Plan", "PipelinedPlan", "Mesh", "Shard", "Replicate", "Partial", "MixedPrecision", "presets",
-           "checkpoint", "AutoshardError", "TraceError", "MeshError", "InfeasiblePlanError", "BatchError",
-           "PlanFormatError", "CheckpointError"]
+__all__ = ["plan", "compile", "load_plan", "register_sharding", "Plan", "PipelinedPlan", "Mesh", "Shard", "Replicate",
+           "Partial", "MixedPrecision", "presets", "checkpoint", "AutoshardError", "TraceError", "MeshError",
+           "InfeasiblePlanError", "BatchError", "PlanFormatError", "CheckpointError"]
 
 
 def __getattr__(name: str):

@@ -19,7 +19,7 @@ import torch
 
 from autoshard.compiled import CompiledModel, PipelinedModel
 from autoshard.passes.capture.export import capture
-from autoshard.passes.errors import BatchError, PlanFormatError
+from autoshard.passes.errors import BatchError, InfeasiblePlanError, PlanFormatError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision, block_type
 from autoshard.passes.mesh import Mesh
@@ -30,6 +30,7 @@ from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.clustering import block_instance, module_path
 from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding, random_solution
+from autoshard.passes.solve.replicated_ops import describe_replicated, replicated_op_costs
 from autoshard.passes.solve.solution import Solution
 from autoshard.pipelined_plans import PipelinedPlan
 from autoshard.pipelines import build_pipelined_model, check_plan_arguments, plan_pipelined
@@ -105,9 +106,15 @@ def _solve(captured: CapturedGraph, mesh: Mesh, levers: LeverPins, *, traced_at_
                                              optimizer=optimizer, levers=levers,
                                              traced_at_microbatch=traced_at_microbatch)
     else:
-        solution = plan_sharding(captured, mesh, hardware=hw, memory_limit=memory_limit, pins=pin_obj,
-                                 optimizer=optimizer, time_limit_s=time_limit_s, levers=levers,
-                                 traced_at_microbatch=traced_at_microbatch)
+        try:
+            solution = plan_sharding(captured, mesh, hardware=hw, memory_limit=memory_limit, pins=pin_obj,
+                                     optimizer=optimizer, time_limit_s=time_limit_s, levers=levers,
+                                     traced_at_microbatch=traced_at_microbatch)
+        except InfeasiblePlanError as e:
+            note = describe_replicated(replicated_op_costs(captured, mesh, hw), mesh)
+            if not note:
+                raise
+            raise InfeasiblePlanError(f"{e} {note}") from e
     return Plan.build(solution, mesh, hw, captured)
 
 
@@ -127,7 +134,8 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
     ``params={"fc1.weight": ("S(0)", "R")}`` (fnmatch patterns), ``inputs={0: ("S(0)",)}``,
     ``ops={"linear_1": ("S(2)",)}``, ``strategies={node: Strategy}``. ``random_seed`` draws a random
     valid plan instead of solving (for testing the runtime), levers included, priced on ``hardware``
-    with ``optimizer``.
+    with ``optimizer``. ``InfeasiblePlanError`` (no plan fits the memory limit) also names the ops
+    that run replicated for lack of a sharding rule, with what that costs.
 
     Memory levers, chosen by the planner unless pinned (``plan.solution.levers`` says what it chose):
     ``accumulation=k`` runs the global batch as k sequential microsteps; ``checkpoint="none" |

@@ -1,4 +1,5 @@
-"""Text summaries of plans: estimates, throughput and MFU, placements (repeated blocks folded), collectives.
+"""Text summaries of plans: estimates, throughput and MFU, placements (repeated blocks folded), collectives,
+and the ops that run replicated for lack of a sharding rule with what that costs.
 
 ``plan_summary`` for a ``Plan`` (one program on one mesh), ``pipelined_summary`` for a
 ``PipelinedPlan`` (stages on rank groups). Both print the estimated tokens (or samples) per second
@@ -10,6 +11,9 @@ import re
 from collections import Counter
 
 from autoshard.passes.solve.clustering import block_instance
+from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.errors import AutoshardError
+from autoshard.passes.solve.replicated_ops import REGISTER_HINT, replicated_op_costs
 from autoshard.passes.spec import fmt_placements
 from autoshard.passes.units import human_bytes, human_time
 
@@ -76,8 +80,7 @@ def plan_summary(plan) -> str:
     out.append(f"  inserted collectives: forward {sum(kinds['fwd'].values())} {dict(kinds['fwd'])}, "
                f"backward {sum(kinds['bwd'].values())} {dict(kinds['bwd'])}, {human_bytes(total_bytes)} in all")
     out.append(f"  gradient syncs: {sum(syncs.values())} {dict(syncs)}")
-    if sol.unruled_ops:
-        out.append(f"  ops run replicated for lack of a sharding rule: {', '.join(sol.unruled_ops)}")
+    out += _replicated_lines(plan)
     stats = getattr(sol, "solver_stats", {}) or {}
     if stats:
         out.append("  solver: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
@@ -168,3 +171,25 @@ def pipelined_summary(plan) -> str:
         keep = ("configs", "simulated", "ilp", "plan_wall_s", "shallow_copy", "timed_out")
         out.append("  planner: " + ", ".join(f"{k} {search[k]}" for k in keep if k in search))
     return "\n".join(out)
+def _replicated_lines(plan) -> list[str]:
+    """The ops without a rule: per op, its outputs on every device and its seconds per step (needs the
+    captured graph and a known hardware; a loaded plan lists the names only), and the remedy."""
+    names = list(plan.solution.unruled_ops)
+    if not names:
+        return []
+    costs = None
+    if plan.captured is not None:
+        try:
+            costs = replicated_op_costs(plan.captured, plan.mesh, get_hardware(plan.hardware))
+        except (AutoshardError, OSError, ValueError):  # a hardware label naming no preset or profile here
+            costs = None
+    out = ["  ops run replicated for lack of a sharding rule (whole outputs on every device):"]
+    if costs:
+        for c in costs:
+            out.append(f"    {c.op} x{c.nodes}: outputs {human_bytes(c.output_bytes)} per device "
+                       f"({human_bytes(c.split_bytes(plan.mesh))} if split over {plan.mesh.size}), "
+                       f"{human_time(c.seconds)} per step")
+    else:
+        out.append(f"    {', '.join(names)}")
+    out.append(f"    to let them shard, {REGISTER_HINT}")
+    return out

@@ -90,6 +90,10 @@ class TensorMeta:
     dtype: "torch.dtype"  # noqa: F821
 
     @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
     def numel(self) -> int:
         n = 1
         for s in self.shape:
@@ -98,9 +102,8 @@ class TensorMeta:
 
     @property
     def nbytes(self) -> int:
-        import torch
-        return self.numel * (torch.finfo(self.dtype).bits // 8 if self.dtype.is_floating_point
-                             else torch.iinfo(self.dtype).bits // 8 if self.dtype != torch.bool else 1)
+        """Bytes of the whole tensor (complex dtypes count both parts: complex64 is 8 bytes)."""
+        return self.numel * self.dtype.itemsize
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,11 @@
   prefetch, reshard after forward per the levers' block policies);
 - the op itself on local pieces, size arguments made local and devices made the rank's
   (``localize``), or its named lowering (``lowerings``);
-- for ops writing an operand in place (batch-norm running stats) through a redistributed copy, a
-  write-back to the stored piece;
+- for ops writing an operand in place: the op writes a private copy when the operand was
+  redistributed or is a collective's result (autograd forbids writing into those); afterwards a
+  parameter or buffer gets the update written back into its stored piece (batch-norm running
+  stats), and any other value is simply read from the updated copy by every later op (so the
+  update keeps its gradient: Mixtral's ``weights /= weights.sum()``);
 - the output: a scalar loss turned ``P`` on every axis (its local values sum to the loss, so
   backward from it with seed 1 follows the gradient convention), anything else gathered to ``R``.
 
@@ -91,6 +94,7 @@ class _Lowering:
         self.group_keys: list[list[tuple]] = []
         self.group_of: dict[tuple, int] = {}
         self.gatherer_node: Optional[fx.Node] = None
+        self.collective_results: set[fx.Node] = set()
 
     # ---- helpers the emitters use ----------------------------------------------------------
     def comm(self, axes) -> fx.Node:
@@ -105,6 +109,7 @@ class _Lowering:
     def collective(self, fn, args: tuple, axes) -> fx.Node:
         node = self.graph.call_function(fn, tuple(args) + (self.comm(axes),))
         node.meta[COLLECTIVE_META] = fn.__name__
+        self.collective_results.add(node)
         return node
 
     def move(self, value: fx.Node, src, dst, ndim: int) -> fx.Node:
@@ -285,8 +290,8 @@ class _Lowering:
             return self.getitem(node, st)
         local = [self.fetch(op.node, st.inputs[i], len(op.node.meta[META].shape)) for i, op in enumerate(ops)]
         written = written_operands(node)
-        for i in written:  # the op writes a private copy; write_back stores it after the op
-            if local[i] is not self.value[ops[i].node]:
+        for i in written:  # the op writes a private copy; write_backs publishes it after the op
+            if local[i] is not self.value[ops[i].node] or local[i] in self.collective_results:
                 local[i] = self.graph.call_function(torch.ops.aten.clone.default, (local[i],))
         args, kwargs = self.substitute(node, iter(local))
         args, kwargs = rewrite_devices(args, kwargs, self.env.device)
@@ -334,13 +339,17 @@ class _Lowering:
                 self.placement[(node, raw)] = outs[pos]
 
     def write_backs(self, written: list[int], ops, local: list, st: Strategy) -> None:
+        state = set(self.captured.params) | set(self.captured.buffers)
         for i in written:
             producer = ops[i].node
             if local[i] is not self.value[producer]:
                 stored = self.placement[(producer, None)]
                 back = self.move(local[i], normalize(st.inputs[i], self.mesh.shape), stored,
                                  len(producer.meta[META].shape))
-                self.graph.call_function(write_back, (self.value[producer], back))
+                if producer.name in state:  # the module's own storage must hold the update
+                    self.graph.call_function(write_back, (self.value[producer], back))
+                else:
+                    self.value[producer] = back
             for key in [k for k in self.cache if k[0] is producer]:
                 del self.cache[key]
 

@@ -11,6 +11,9 @@
 - ``levers``: for the memory-lever tests and benchmarks: batch makers, ZeRO-3 layouts, the one-device
   reference of gradient accumulation, wrappers that step twice or measure memory.
 - ``rule_numerics``: checks every strategy a sharding rule claims against the unsharded op.
+- ``hf_zoo``: tiny configs of 19 Hugging Face architectures, each with a batch and a loss;
+  ``zoo_check``: runs them through autoshard on gloo ranks against one device, per architecture.
+- ``custom_ops``: ``torch.library`` custom ops and a model calling them (``register_sharding``'s tests).
 - ``svg_plot``: a dependency-free SVG line plot for benchmark figures.
 
 May import: anything (the front door, ``autoshard.passes``, ``autoshard.runtime``, torch). Nothing in

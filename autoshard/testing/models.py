@@ -15,6 +15,10 @@ Classes (build them on any device: ``with torch.device("meta"): GPT(...)`` alloc
   Linear on 3x8x8 images.
 - ``BlockCNN(dropout)``: a stem conv, 2 numbered residual blocks (conv, BatchNorm, ReLU, dropout:
   repeated blocks that activation checkpointing can recompute), pooling, Linear, on 3x8x8 images.
+- ``ComplexRopeLlama(vocab, d, n_layer, n_head, n_kv_head, seq, hidden=2 d)``: Meta's reference Llama layout
+  (RMSNorm, GQA by ``repeat_kv``, SwiGLU) whose rotary embedding multiplies queries and keys as
+  complex numbers (``view_as_complex`` / ``view_as_real``) by a complex ``freqs_cis`` buffer
+  (non-persistent, as torchtitan registers it).
 - ``UNet(d, depth)``: a down path of Linear+GELU blocks and an up path; up block k reads the previous
   up output concatenated (even k) or added (odd k) with the output of down block depth-1-k, so with
   4 pipeline stages stage 0's ``down.0`` output travels straight to stage 3.
@@ -25,7 +29,7 @@ Builders return ``(model, example_inputs, target, loss_fn)`` for a global batch 
 ``loss_fn(output, target)`` returns a scalar; for the HF models ``output`` is the logits (``capture``
 passes ``.logits`` of an HF output object). ``BUILDERS`` names them: ``mlp``, ``gpt``, ``cnn``,
 ``hf_gpt2`` (tied embeddings, Conv1D), ``hf_llama`` (GQA, RMSNorm, rotary ``inv_freq``
-non-persistent buffers).
+non-persistent buffers), ``complex_rope_llama``.
 
 Pipeline builders (``PIPELINE_BUILDERS``: ``unet``, ``gpt``) return ``(model, example_inputs, target,
 loss_fn, stage_prefixes)``, where ``stage_prefixes[n]`` lists the module-name prefixes where stages
@@ -41,8 +45,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["BATCH", "lm_loss", "MLP", "ResidualMLP", "MaskedMLP", "Block", "GPT", "CNN", "BlockCNN", "UNet", "mlp",
-           "gpt", "cnn", "hf_gpt2", "hf_llama", "unet", "gpt_pipeline", "BUILDERS", "PIPELINE_BUILDERS"]
+__all__ = ["BATCH", "lm_loss", "MLP", "ResidualMLP", "MaskedMLP", "Block", "GPT", "CNN", "BlockCNN", "ComplexRopeLlama",
+           "UNet", "mlp", "gpt", "cnn", "hf_gpt2", "hf_llama", "complex_rope_llama", "unet", "gpt_pipeline", "BUILDERS",
+           "PIPELINE_BUILDERS"]
 
 BATCH = 8
 
@@ -241,7 +246,83 @@ def _hf(model: nn.Module, vocab: int, seq: int):
     return model, {"input_ids": ids}, torch.randint(0, vocab, (BATCH, seq)), lm_loss
 
 
-BUILDERS = {"mlp": mlp, "gpt": gpt, "cnn": cnn, "hf_gpt2": hf_gpt2, "hf_llama": hf_llama}
+def _freqs_cis(head_dim: int, seq: int, theta: float = 10000.0) -> torch.Tensor:
+    """(seq, head_dim / 2) unit complex numbers ``exp(i t f)``: Meta's ``precompute_freqs_cis``."""
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim))
+    angles = torch.outer(torch.arange(seq, dtype=torch.float32), freqs)
+    return torch.polar(torch.ones_like(angles), angles)
+
+
+def _rotate(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """Meta's ``apply_rotary_emb`` for one tensor (b, s, h, d): pairs as complex numbers times ``freqs_cis``."""
+    x_ = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    freqs = freqs_cis.view(1, x_.shape[1], 1, x_.shape[-1])
+    return torch.view_as_real(x_ * freqs).flatten(3).type_as(x)
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class _RopeBlock(nn.Module):
+    def __init__(self, d: int, n_head: int, n_kv_head: int, hidden: int):
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_dim = n_head, n_kv_head, d // n_head
+        self.attention_norm, self.ffn_norm = _RMSNorm(d), _RMSNorm(d)
+        self.wq = nn.Linear(d, d, bias=False)
+        self.wk = nn.Linear(d, n_kv_head * self.head_dim, bias=False)
+        self.wv = nn.Linear(d, n_kv_head * self.head_dim, bias=False)
+        self.wo = nn.Linear(d, d, bias=False)
+        self.w1, self.w3 = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x, freqs_cis):
+        b, s, d = x.shape
+        h = self.attention_norm(x)
+        q = _rotate(self.wq(h).view(b, s, self.n_head, self.head_dim), freqs_cis)
+        k = _rotate(self.wk(h).view(b, s, self.n_kv_head, self.head_dim), freqs_cis)
+        v = self.wv(h).view(b, s, self.n_kv_head, self.head_dim)
+        rep = self.n_head // self.n_kv_head  # Meta's repeat_kv
+        k, v = (t[:, :, :, None].expand(b, s, self.n_kv_head, rep, self.head_dim).reshape(b, s, self.n_head, -1)
+                for t in (k, v))
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        x = x + self.wo(y.transpose(1, 2).reshape(b, s, d))
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+class ComplexRopeLlama(nn.Module):
+    def __init__(self, vocab: int = 64, d: int = 32, n_layer: int = 2, n_head: int = 4, n_kv_head: int = 2,
+                 seq: int = 16, hidden: int | None = None):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(_RopeBlock(d, n_head, n_kv_head, hidden or 2 * d) for _ in range(n_layer))
+        self.norm = _RMSNorm(d)
+        self.output = nn.Linear(d, vocab, bias=False)
+        self.register_buffer("freqs_cis", _freqs_cis(d // n_head, seq), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(ids)
+        freqs_cis = self.freqs_cis[: ids.shape[1]]
+        for layer in self.layers:
+            h = layer(h, freqs_cis)
+        return self.output(self.norm(h))
+
+
+def complex_rope_llama(seq: int = 16):
+    """``ComplexRopeLlama`` (vocabulary 64, width 32, 4 heads / 2 KV heads): token ids in and as target."""
+    model = ComplexRopeLlama(seq=seq)
+    return model, (torch.randint(0, 64, (BATCH, seq)),), torch.randint(0, 64, (BATCH, seq)), lm_loss
+
+
+BUILDERS = {"mlp": mlp, "gpt": gpt, "cnn": cnn, "hf_gpt2": hf_gpt2, "hf_llama": hf_llama,
+            "complex_rope_llama": complex_rope_llama}
 
 
 class UNet(nn.Module):

@@ -13,7 +13,7 @@ simulates ``n`` ranks in one process for each of them::
 Simulation of a ``Strategy1D`` (placements per operand and output along one mesh axis of size n):
 
 - split each operand by its placement: ``S(d)`` -> ``torch.chunk`` along d, ``R`` -> the same
-  tensor on every rank, ``P`` -> random summands that add up to the tensor;
+  tensor on every rank, ``P`` -> random summands that add up to the tensor (floating or complex);
 - run the ATen op on each rank's pieces, its size argument (view, reshape, expand, new_*, ...)
   rewritten to the local output shape by the runtime's own ``local_size_args``; or run the
   strategy's lowering, written out inline below ("loss_mean_partial", "embedding_vocab",
@@ -29,7 +29,8 @@ Simulation of a ``Strategy1D`` (placements per operand and output along one mesh
 
 Strategies with the lowering "batch_norm_sync" are skipped here (its math needs collectives; the
 runtime tests it on real ranks); so are strategies whose sharded dims (of an operand or an output)
-do not divide by ``n``. Both land in ``RuleCheck.skipped`` with the reason.
+do not divide by ``n``, and those the rule's ``LocalCheck`` refuses for the pieces on ``n`` ranks.
+All land in ``RuleCheck.skipped`` with the reason.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from autoshard.passes.graph import META, is_getitem, tensor_meta_of
-from autoshard.passes.sharding.rules import rule_strategies
+from autoshard.passes.sharding.rules import local_check, op_call, rule_strategies
 from autoshard.passes.sharding.schema import bind_args, op_name, rebuild_args
 from autoshard.passes.spec import LOWERINGS, Partial, Placement, Replicate, Shard, Strategy1D, TensorMeta
 from autoshard.runtime.localize import local_size_args
@@ -263,9 +264,18 @@ class _Indivisible(Exception):
     pass
 
 
+def _inexact(t: torch.Tensor) -> bool:
+    """Floating or complex: compared with a tolerance, split into random summands, differentiated."""
+    return t.is_floating_point() or t.is_complex()
+
+
 def _check_divides(t: torch.Tensor, p: Placement, n: int) -> None:
     if isinstance(p, Shard) and t.shape[p.dim] % n:
         raise _Indivisible(f"dim {p.dim} of size {t.shape[p.dim]} does not divide by {n}")
+
+
+def _piece_shape(t: torch.Tensor, p: Placement, n: int) -> tuple[int, ...]:
+    return tuple(s // n if isinstance(p, Shard) and p.dim == d else s for d, s in enumerate(t.shape))
 
 
 def _split(x: torch.Tensor, p: Placement, n: int, gen: torch.Generator) -> list[torch.Tensor]:
@@ -273,7 +283,7 @@ def _split(x: torch.Tensor, p: Placement, n: int, gen: torch.Generator) -> list[
     if isinstance(p, Shard):
         return [c.contiguous() for c in torch.chunk(x, n, p.dim)]
     if isinstance(p, Partial):
-        if not x.is_floating_point():
+        if not _inexact(x):
             raise AssertionError(f"P placement on a {x.dtype} operand")
         parts = [torch.randn(x.shape, generator=gen, dtype=x.dtype) for _ in range(n - 1)]
         return parts + [x - sum(parts)] if parts else [x.clone()]
@@ -317,6 +327,7 @@ def check_node(node: fx.Node, args, kwargs, n: int = 2, *, gen: Optional[torch.G
     strategies, has_rule = rule_strategies(node)
     if not has_rule:
         raise AssertionError(f"no sharding rule registered for {node.target}")
+    check, call = local_check(node.target), op_call(node)
     op = node.target
     gen = gen if gen is not None else torch.Generator().manual_seed(0)
     full = operand_values(node, args, kwargs)
@@ -326,7 +337,7 @@ def check_node(node: fx.Node, args, kwargs, n: int = 2, *, gen: Optional[torch.G
     a, k = substitute_operands(node, args, kwargs, probe)
     op(*a, **k)
     mutated = [i for i, (before, after) in enumerate(zip(full, probe)) if not torch.equal(before, after)]
-    diff = [grads and t.is_floating_point() and i not in mutated and op not in SHAPE_ONLY
+    diff = [grads and _inexact(t) and i not in mutated and op not in SHAPE_ONLY
             and _accepts_grad(node, args, kwargs, full, i) for i, t in enumerate(full)]
     ref_in = [t.clone().requires_grad_(d) for t, d in zip(full, diff)]
     a, k = substitute_operands(node, args, kwargs, ref_in)
@@ -334,16 +345,16 @@ def check_node(node: fx.Node, args, kwargs, n: int = 2, *, gen: Optional[torch.G
     if len(ref_out) != len(strategies[0].outputs):
         raise AssertionError(f"{op}: ran to {len(ref_out)} tensor outputs, meta says {len(strategies[0].outputs)}")
     if rtol is None or atol is None:
-        rtol = atol = 1e-5 if any(t.dtype == torch.float32 for t in [*full, *ref_out]) else 1e-8
+        rtol = atol = 1e-5 if any(t.dtype in (torch.float32, torch.complex64) for t in [*full, *ref_out]) else 1e-8
     _check_well_formed(op, strategies, full, ref_out)
 
     def close(got, want, msg):
         got, want = got.detach(), want.detach()
         ok = got.shape == want.shape and (
             torch.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
-            if got.is_floating_point() else torch.equal(got, want))
+            if _inexact(got) else torch.equal(got, want))
         if not ok:
-            err = (got - want).abs().max().item() if got.shape == want.shape and got.is_floating_point() else ""
+            err = (got - want).abs().max().item() if got.shape == want.shape and _inexact(got) else ""
             raise AssertionError(f"{msg} (got shape {tuple(got.shape)}, want {tuple(want.shape)}) {err}")
 
     out_grads = [torch.randn(o.shape, generator=gen, dtype=o.dtype) if o.requires_grad else None for o in ref_out]
@@ -360,6 +371,10 @@ def check_node(node: fx.Node, args, kwargs, n: int = 2, *, gen: Optional[torch.G
             pieces = [_split(t, p, n, gen) for t, p in zip(full, s.inputs)]
         except _Indivisible as e:
             report.skipped.append((s, str(e)))
+            continue
+        if check is not None and not check(call, [tuple(p[0].shape) for p in pieces],
+                                           [_piece_shape(o, p, n) for o, p in zip(ref_out, s.outputs)]):
+            report.skipped.append((s, f"the rule's local check refuses these pieces on {n} ranks"))
             continue
         tag = f"{node.format_node()} under {s} on {n} ranks"
         local_in = [[pieces[i][r].clone().requires_grad_(diff[i]) for i in range(len(full))] for r in range(n)]

@@ -17,6 +17,8 @@ attribute holds the user's model; ``normalize_export`` turns that export into th
   ``torch.device`` carry ``DEVICE_KWARG = True`` (``set_graph_device`` retargets them).
 - ``aten._assert_tensor_metadata`` checks are dropped, and tensor constants become ``get_attr``
   nodes of buffers on the returned GraphModule.
+- in-place writes through views of intermediate values (``key[..., :d] = k_pass``) become
+  functional scatters (``passes.capture.functionalize``), so no plan can lose them.
 
 Export's parameter, buffer and constant FQNs carry the wrapper's prefix (``model.fc1.weight``);
 ``_strip`` removes it so every name is the user's (``fc1.weight``).
@@ -28,6 +30,7 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.export.graph_signature import InputKind, OutputKind
 
+from autoshard.passes.capture.functionalize import functionalize_view_writes
 from autoshard.passes.errors import TraceError
 from autoshard.passes.graph import META, MODULE, CapturedGraph, tensor_meta_of
 
@@ -104,6 +107,7 @@ def normalize_export(ep, model: nn.Module, input_names: list[str], *, has_target
         anchor.prepend(node)
         anchor = node
 
+    functionalize_view_writes(graph)
     out = _single_output(graph)
     _annotate(graph, {n for n, _ in model.named_modules()})
     graph.lint()

@@ -57,7 +57,8 @@ def op_name(target) -> str:
 
 
 def _floating(meta) -> bool:
-    return isinstance(meta, TensorMeta) and meta.dtype.is_floating_point
+    """Whether a value can carry a gradient: floating or complex (a complex RoPE product does)."""
+    return isinstance(meta, TensorMeta) and (meta.dtype.is_floating_point or meta.dtype.is_complex)
 
 
 class GraphFacts:

@@ -3,7 +3,8 @@
 For a call_function node the rule registry gives 1-D options (``Strategy1D``) valid along one axis
 of any size; a mesh strategy picks one per axis of size > 1 (axes of size 1 only take the
 all-replicated option) and is kept only if every operand and output divides: a tensor dim
-sharded on a set of axes must be divisible by the product of those axes' sizes. Placeholders
+sharded on a set of axes must be divisible by the product of those axes' sizes, and the rule's
+``LocalCheck``, if it registered one, accepts the local shapes (a kernel's alignment, say). Placeholders
 (parameters, buffers, inputs, target) get one output placement per axis, ``R`` or ``S(d)``: for a
 parameter that is its storage placement (S = FSDP/ZeRO-3 shard, R = replicated with the gradient
 all-reduced), for an input the chunk each rank takes of the global batch it receives.
@@ -26,10 +27,10 @@ import torch.fx as fx
 
 from autoshard.passes.graph import META, CapturedGraph
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.sharding.rules import op_call, rule_strategies
+from autoshard.passes.sharding.rules import local_check, op_call, rule_strategies
 from autoshard.passes.spec import Partial, Replicate, Shard, Strategy, Strategy1D, TensorMeta
 
-__all__ = ["StrategyTable", "enumerate_strategies", "unruled_ops", "divides", "why_not_divisible",
+__all__ = ["StrategyTable", "enumerate_strategies", "unruled_ops", "divides", "why_not_divisible", "local_shape",
            "placeholder_strategies", "DEFAULT_MAX_PER_NODE"]
 
 DEFAULT_MAX_PER_NODE = 256
@@ -91,7 +92,18 @@ def _strategy_ok(s: Strategy, in_metas, out_metas, mesh: Mesh) -> bool:
     return True
 
 
-def _combine(options: list[Strategy1D], mesh: Mesh, in_metas, out_metas, cap: int) -> list[Strategy]:
+def local_shape(shape: Sequence[int], pls: Sequence, mesh: Mesh) -> tuple[int, ...]:
+    """Each rank's piece of a tensor of ``shape`` placed ``pls`` (divisible: checked before)."""
+    out = list(shape)
+    for a, p in enumerate(pls):
+        if isinstance(p, Shard):
+            out[p.dim] //= mesh.shape[a]
+    return tuple(out)
+
+
+def _combine(options: list[Strategy1D], mesh: Mesh, in_metas, out_metas, cap: int, check=None) -> list[Strategy]:
+    """The mesh strategies of a node from its 1-D options; ``check(local_in_shapes, local_out_shapes)``:
+    the rule's ``LocalCheck`` (None: none)."""
     replicated = options[0]
     per_axis = [options if size > 1 else [replicated] for size in mesh.shape]
     found: list[Strategy] = []
@@ -102,7 +114,9 @@ def _combine(options: list[Strategy1D], mesh: Mesh, in_metas, out_metas, cap: in
         if (ins, outs) in seen:
             continue
         s = Strategy(ins, outs, tuple(c.lowering for c in combo))
-        if _strategy_ok(s, in_metas, out_metas, mesh):
+        if _strategy_ok(s, in_metas, out_metas, mesh) and (check is None or check(
+                [local_shape(m.shape, p, mesh) for m, p in zip(in_metas, ins)],
+                [local_shape(m.shape, p, mesh) for m, p in zip(out_metas, outs)])):
             seen.add((ins, outs))
             found.append(s)
     return _cap(found, mesh, cap)
@@ -161,7 +175,9 @@ def enumerate_strategies(captured: CapturedGraph, mesh: Mesh, *,
                 except Exception as e:  # a rule bug: say which node and op it hit
                     raise RuntimeError(f"the sharding rule for {node.target} failed on node {node.name!r} "
                                        f"(inputs {[m.shape for m in call.inputs]}): {e}") from e
-                cache[key] = (_combine(options, mesh, call.inputs, call.outputs, max_per_node), has_rule)
+                check = local_check(node.target)
+                bound = None if check is None else (lambda ins, outs, call=call, check=check: check(call, ins, outs))
+                cache[key] = (_combine(options, mesh, call.inputs, call.outputs, max_per_node, bound), has_rule)
             strategies, has_rule = cache[key]
             table[node.name] = list(strategies)
             if not has_rule:

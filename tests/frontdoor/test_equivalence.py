@@ -1,7 +1,7 @@
 """The oracle is one device: distributed training under autoshard equals single-device training.
 
 For each model (MLP, GPT with tied embeddings, a CNN with BatchNorm, Hugging Face GPT-2 and Llama
-built from configs), on 4 gloo ranks with meshes (4,) and (2, 2), and for each layout (the solver's
+built from configs, a Llama whose rotary embedding multiplies complex numbers), on 4 gloo ranks with meshes (4,) and (2, 2), and for each layout (the solver's
 plan, pinned DP, FSDP and Megatron TP, and several randomly drawn valid plans): the loss at every
 step and the full parameters after 3 AdamW steps match a single-device copy (float32, rtol 1e-4).
 One process spawn per model; every case runs inside it.
@@ -32,6 +32,8 @@ TP_LAYERS = {
     "hf_llama": ([f"model.layers.{i}.{n}" for i in range(2)
                   for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")],
                  [f"model.layers.{i}.{n}" for i in range(2) for n in ("self_attn.o_proj", "mlp.down_proj")]),
+    "complex_rope_llama": ([f"layers.{i}.{n}" for i in range(2) for n in ("wq", "wk", "wv", "w1", "w3")],
+                           [f"layers.{i}.{n}" for i in range(2) for n in ("wo", "w2")]),
 }
 
 
@@ -103,7 +105,7 @@ def equivalence_worker(rank: int, world: int, model_name: str, meshes, only=None
     return failures
 
 
-@pytest.mark.parametrize("model_name", ["mlp", "gpt", "cnn", "hf_gpt2", "hf_llama"])
+@pytest.mark.parametrize("model_name", ["mlp", "gpt", "cnn", "hf_gpt2", "hf_llama", "complex_rope_llama"])
 def test_matches_single_device(model_name):
     failures = failures_of(run_ranks(equivalence_worker, 4, model_name, MESHES, timeout=900))
     assert not failures, "\n".join(failures)

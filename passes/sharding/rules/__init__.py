@@ -7,7 +7,8 @@
   ``broadcast_placement``). A family imports only ``registry``, ``common`` and ``passes`` vocabulary,
   never another family.
 - the families: ``elementwise``, ``reductions``, ``views``, ``indexing``, ``factory``, ``matmul``,
-  ``embedding``, ``norms``, ``attention``, ``losses``, ``conv``, ``pooling``, ``getitem``.
+  ``embedding``, ``norms``, ``attention``, ``losses``, ``conv``, ``pooling``, ``getitem``,
+  ``view_scatters``, ``complex_views``, ``grouped_mm``.
 
 Importing this package imports every family, whose decorators fill ``RULES``. Adding a rule for an
 op touches one file, its family module::
@@ -22,14 +23,17 @@ A new family is a new module here, named in the import and in ``FAMILIES`` below
 
 May import: torch and the ``passes`` vocabulary (``spec``, ``graph``, ``passes.sharding.schema``).
 """
-from autoshard.passes.sharding.rules.registry import OpCall, RULES, lookup, op_call, register_rule, rule_strategies
+from autoshard.passes.sharding.rules.registry import (
+    LOCAL_CHECKS, RULES, OpCall, local_check, lookup, op_call, register_rule, rule_strategies,
+)
 from autoshard.passes.sharding.rules import (
-    attention, conv, elementwise, embedding, factory, getitem, indexing, losses, matmul, norms, pooling,
-    reductions, views,
+    attention, complex_views, conv, elementwise, embedding, factory, getitem, grouped_mm, indexing, losses, matmul,
+    norms, pooling, reductions, view_scatters, views,
 )
 
-FAMILIES = (attention, conv, elementwise, embedding, factory, getitem, indexing, losses, matmul, norms, pooling,
-            reductions, views)
+FAMILIES = (attention, complex_views, conv, elementwise, embedding, factory, getitem, grouped_mm, indexing, losses,
+            matmul, norms, pooling, reductions, view_scatters, views)
 """Every family module; importing them registered their rules."""
 
-__all__ = ["FAMILIES", "OpCall", "RULES", "lookup", "op_call", "register_rule", "rule_strategies"]
+__all__ = ["FAMILIES", "LOCAL_CHECKS", "OpCall", "RULES", "local_check", "lookup", "op_call", "register_rule",
+           "rule_strategies"]

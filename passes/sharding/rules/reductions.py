@@ -15,6 +15,9 @@ Reducing a sharded dim is allowed only where the local results combine by a sum:
 - ``max``/``min``/``amax``/``amin``/``var``/``std``/``prod``/``argmax``/``logsumexp``/``norm``/
   ``all``/``any``: never (there is no partial-max placement); kept dims shard.
 
+``histc`` with a fixed range (``min < max``) counts elements into bins: any split of its input
+gives partial histograms, ``S(d) -> P`` (a range taken from the data, ``min == max``, is not split).
+
 Scans work along one dim: ``softmax``/``log_softmax``/``cumsum``/``diff``/... shard every dim but
 that one; ``cumsum`` and ``diff`` are linear, so ``P -> P``.
 """
@@ -31,7 +34,7 @@ from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 aten = torch.ops.aten
 P = Partial()
 
-__all__ = ["reduction_strategies", "sum_rule", "mean_rule", "no_partial_reduction_rule", "scan_rule"]
+__all__ = ["reduction_strategies", "sum_rule", "mean_rule", "no_partial_reduction_rule", "histc_rule", "scan_rule"]
 
 
 def _reduced_dims(call: OpCall) -> tuple[list[int], bool]:
@@ -83,6 +86,14 @@ def mean_rule(call: OpCall) -> list[Strategy1D]:
 )
 def no_partial_reduction_rule(call: OpCall) -> list[Strategy1D]:
     return reduction_strategies(call, on_reduced=None)
+
+
+@register_rule(aten.histc.default, float_partials_only=True)
+def histc_rule(call: OpCall) -> list[Strategy1D]:
+    args = call.bound_args
+    if not float(args["min"]) < float(args["max"]):
+        return []
+    return [Strategy1D((Shard(d),), (P,)) for d in split_dims(call.inputs[0].shape)]
 
 
 _LINEAR_SCANS = {"cumsum", "cumsum_", "diff"}

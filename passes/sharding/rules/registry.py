@@ -1,4 +1,5 @@
-"""One registry of sharding rules keyed by op (an ATen overload or packet, or ``operator.getitem``).
+"""One registry of sharding rules keyed by op (an ATen overload or packet, ``operator.getitem``, or an
+op's qualified name such as ``"transformers::grouped_mm_fallback"``).
 
 A rule receives an ``OpCall`` (the op's arguments with every tensor replaced by its
 ``TensorMeta``) and returns the ``Strategy1D`` options valid along ONE mesh axis of any size.
@@ -8,6 +9,9 @@ rule never has to list it.
 
     @register_rule(aten.mm.default)
     def mm(call: OpCall) -> list[Strategy1D]: ...
+
+A qualified name (``"ns::op"`` for every overload, ``"ns::op.overload"`` for one) keys a rule for an
+op whose library may not be imported yet (a framework's ``torch.library`` custom op).
 
 This module only holds the table; importing the package ``passes.sharding.rules`` imports every
 family module, whose decorators fill it. Ops with no rule run replicated (always correct);
@@ -25,10 +29,15 @@ from autoshard.passes.graph import META, operand_meta, operands, outputs
 from autoshard.passes.sharding.schema import bind_args, op_name
 from autoshard.passes.spec import Partial, Replicate, Strategy1D, TensorMeta
 
-__all__ = ["OpCall", "RuleFn", "RULES", "register_rule", "lookup", "op_call", "rule_strategies"]
+__all__ = ["OpCall", "RuleFn", "LocalCheck", "RULES", "LOCAL_CHECKS", "register_rule", "lookup", "local_check",
+           "qualified_names", "op_call", "rule_strategies"]
 
 RuleFn = Callable[["OpCall"], list[Strategy1D]]
 RULES: dict[Any, RuleFn] = {}
+#: ``check(call, local_input_shapes, local_output_shapes) -> bool``: whether the op runs on pieces of
+#: these shapes (a kernel's constraint the rule cannot state per axis, e.g. stride alignment).
+LocalCheck = Callable[["OpCall", list, list], bool]
+LOCAL_CHECKS: dict[Any, LocalCheck] = {}
 
 
 @dataclass(frozen=True)
@@ -84,11 +93,14 @@ def floating_partials(call: OpCall, strategy: Strategy1D) -> bool:
     return all(m.dtype.is_floating_point or m.dtype.is_complex for m, p in pairs if isinstance(p, Partial))
 
 
-def register_rule(*targets, float_partials_only: bool = False) -> Callable[[RuleFn], RuleFn]:
-    """Register a rule for each op given (an overload, or a packet: all its overloads).
+def register_rule(*targets, float_partials_only: bool = False,
+                  local_check: Optional[LocalCheck] = None) -> Callable[[RuleFn], RuleFn]:
+    """Register a rule for each op given (an overload, a packet: all its overloads, or a qualified name).
 
     ``float_partials_only``: drop the strategies that put ``P`` on a non-floating tensor, so the
-    rule may list ``P`` options without checking dtypes. Returns the rule as registered.
+    rule may list ``P`` options without checking dtypes. ``local_check``: a ``LocalCheck`` the
+    enumeration applies to each mesh strategy's local shapes (after divisibility). Returns the rule
+    as registered.
     """
     def deco(fn: RuleFn) -> RuleFn:
         rule = _without_non_float_partials(fn) if float_partials_only else fn
@@ -96,6 +108,8 @@ def register_rule(*targets, float_partials_only: bool = False) -> Callable[[Rule
             if t in RULES:
                 raise ValueError(f"two sharding rules registered for {t}")
             RULES[t] = rule
+            if local_check is not None:
+                LOCAL_CHECKS[t] = local_check
         return rule
     return deco
 
@@ -107,12 +121,37 @@ def _without_non_float_partials(fn: RuleFn) -> RuleFn:
     return rule
 
 
-def lookup(target) -> Optional[RuleFn]:
-    """The rule for ``target``: registered for the overload itself, else for its packet; or None."""
-    if target in RULES:
-        return RULES[target]
+def qualified_names(target) -> list[str]:
+    """``"ns::op.overload"`` and ``"ns::op"`` for an op overload (``.default`` also as ``"ns::op"``
+    alone); [] for anything without a schema."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return []
+    overload = getattr(target, "_overloadname", None) or "default"
+    return [f"{schema.name}.{overload}", schema.name]
+
+
+def _find(table: dict, target):
+    if target in table:
+        return table[target]
     packet = getattr(target, "overloadpacket", None)
-    return RULES.get(packet) if packet is not None else None
+    if packet is not None and packet in table:
+        return table[packet]
+    for name in qualified_names(target):
+        if name in table:
+            return table[name]
+    return None
+
+
+def lookup(target) -> Optional[RuleFn]:
+    """The rule for ``target``: registered for the overload itself, else for its packet, else under its
+    qualified name (overload, then op); or None."""
+    return _find(RULES, target)
+
+
+def local_check(target) -> Optional[LocalCheck]:
+    """The ``LocalCheck`` registered with ``target``'s rule (found as ``lookup`` finds it), or None."""
+    return _find(LOCAL_CHECKS, target) if LOCAL_CHECKS else None
 
 
 def op_call(node: fx.Node) -> OpCall:

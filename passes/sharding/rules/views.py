@@ -36,7 +36,7 @@ R, P = Replicate(), Partial()
 __all__ = [
     "view_groups", "reshape_rule", "view_as_rule", "permute_rule", "unsqueeze_rule", "squeeze_rule",
     "expand_rule", "split_rule", "cat_rule", "stack_rule", "slice_rule", "index_select_rule",
-    "repeat_rule", "flip_roll_rule", "pad_rule",
+    "repeat_rule", "repeat_interleave_rule", "flip_roll_rule", "pad_rule",
 ]
 
 _PARTIAL = Strategy1D((P,), (P,))
@@ -248,6 +248,20 @@ def repeat_rule(call: OpCall) -> list[Strategy1D]:
     off = len(repeats) - len(x.shape)
     found = [Strategy1D((Shard(d),), (Shard(d + off),)) for d in split_dims(x.shape) if repeats[d + off] == 1]
     return found + [_PARTIAL]
+
+
+@register_rule(aten.repeat_interleave.self_int, float_partials_only=True)
+def repeat_interleave_rule(call: OpCall) -> list[Strategy1D]:
+    """``repeat_interleave(x, k, dim)`` with an int ``k``: every dim shards, ``dim`` included (rows
+    ``[a, b)`` become rows ``[k a, k b)``: contiguous blocks again) unless ``output_size`` is given
+    (a global size). Without ``dim`` it flattens: only ``P``."""
+    x = call.inputs[0]
+    args = call.bound_args
+    if args.get("dim") is None:
+        return [_PARTIAL]
+    dim = norm_dim(int(args["dim"]), len(x.shape))
+    dims = [d for d in split_dims(x.shape) if d != dim or args.get("output_size") is None]
+    return [Strategy1D((Shard(d),), (Shard(d),)) for d in dims] + [_PARTIAL]
 
 
 @register_rule(aten.flip.default, aten.roll.default, float_partials_only=True)

@@ -1,0 +1,127 @@
+"""Run the Hugging Face zoo through autoshard on gloo ranks and say, per architecture, what happened.
+
+    results = run_ranks(zoo_worker, 4, ["llama", "bert"], CASES)      # one spawn for many models
+    table = merge_results(results)                                   # {"llama": ZooResult(...), ...}
+    assert all(r.status == "ok" for r in table.values())
+
+For each model (built by ``autoshard.testing.hf_zoo``, seeded identically on every rank): capture the
+training step, then for each case ``(mesh, seed)`` rank 0 plans (``seed`` None: the solver, else a
+random valid plan drawn with that seed), every rank compiles the broadcast plan and trains it next
+to a single-device copy (``equivalence.train_against_one_device``: the loss every step, the first
+step's local gradients and the full state dict at the end). A failure at any stage (capture, plan,
+compile, train) is caught and recorded with its stage and message, so one model's bug never hides
+another's result. Timings are rank 0's.
+"""
+from __future__ import annotations
+
+import copy
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+
+from autoshard.testing.equivalence import Tolerance, compiled_gradient_mismatches, train_against_one_device
+from autoshard.testing.hf_zoo import build
+
+__all__ = ["ZooResult", "CASES", "zoo_worker", "merge_results"]
+
+#: (mesh, seed): the solver's plan on a 2-D mesh, random plans on both meshes.
+CASES: tuple = (((2, 2), None), ((4,), 1), ((2, 2), 2))
+STEPS = 2
+TOL = Tolerance(rtol=1e-4, atol=2e-5, grad_atol=1e-6)
+
+
+def sgd(params):
+    """Plain SGD: an update proportional to the gradient. Adam would turn the rounding noise of gradients
+    that are exactly zero in exact arithmetic (an attention key bias: softmax ignores a per-query shift)
+    into full-size updates; the first step's gradients are compared directly instead."""
+    return torch.optim.SGD(params, lr=0.1)
+
+
+@dataclass
+class ZooResult:
+    """One architecture's outcome: ``status`` "ok" or "<stage> failed" (capture, plan, compile, train);
+    ``failures``: what differed or raised; timings in seconds (rank 0); ``unruled``: ops with no rule."""
+    name: str
+    status: str = "ok"
+    failures: list = field(default_factory=list)
+    capture_s: float = 0.0
+    plan_s: dict = field(default_factory=dict)
+    unruled: list = field(default_factory=list)
+    replicated_cost: list = field(default_factory=list)
+
+
+def _case_label(name: str, mesh, seed) -> str:
+    return f"{name} mesh={mesh} " + ("solver" if seed is None else f"random(seed={seed})")
+
+
+def zoo_worker(rank: int, world: int, names: Sequence[str], cases: Sequence = CASES, steps: int = STEPS,
+               time_limit_s: float = 20.0) -> list[ZooResult]:
+    """Every model in ``names`` through every case on this rank; a ``ZooResult`` per model."""
+    from autoshard.api import plan_captured
+    from autoshard.compiled import CompiledModel
+    from autoshard.passes.capture.export import capture
+    from autoshard.passes.mesh import Mesh
+    from autoshard.plans import Plan
+    from autoshard.runtime.groups import run_and_broadcast, setup_distributed
+
+    torch.set_num_threads(1)
+    out = []
+    for name in names:
+        result = ZooResult(name)
+        out.append(result)
+        stage = "capture"
+        try:
+            torch.manual_seed(0)
+            model, inputs, target, loss_fn = build(name)
+            t0 = time.perf_counter()
+            captured = capture(model, inputs, loss_fn=loss_fn, target=target)
+            result.capture_s = time.perf_counter() - t0
+            for mesh_shape, seed in cases:
+                label = _case_label(name, mesh_shape, seed)
+                mesh = Mesh.of(mesh_shape)
+                env = setup_distributed(mesh)
+                stage = "plan"
+
+                def solve():
+                    t = time.perf_counter()
+                    p = plan_captured(captured, mesh, hardware="cpu", random_seed=seed, time_limit_s=time_limit_s)
+                    return {"plan": p.to_json(), "seconds": time.perf_counter() - t}
+
+                got = run_and_broadcast(solve, env=env)
+                result.plan_s[label] = got["seconds"]
+                plan = Plan.from_json(got["plan"]).attach(captured, mesh)
+                result.unruled = list(plan.replicated_ops)
+                stage = "compile"
+                cm = CompiledModel(model, plan, env)
+                stage = "train"
+                ref = copy.deepcopy(model)
+                result.failures += train_against_one_device(
+                    label, cm, ref, (inputs, target), loss_fn=loss_fn, steps=steps, tol=TOL, optimizer=sgd,
+                    check_gradients=lambda p, r, label=label: compiled_gradient_mismatches(label, p, r, TOL))
+                del cm, ref
+                if result.failures:
+                    result.status = "train failed"
+                    break
+        except Exception as e:  # noqa: BLE001 - one model's failure must not hide the others'
+            result.status = f"{stage} failed"
+            last = traceback.format_exc().strip().splitlines()[-3:]
+            result.failures.append(f"{name}: {stage} raised {type(e).__name__}: {str(e)[:500]} | {' / '.join(last)}")
+    return out
+
+
+def merge_results(per_rank: list[list[ZooResult]]) -> dict[str, ZooResult]:
+    """One result per model from every rank's: rank 0's timings, every rank's failures (each once);
+    a model failed if it failed on any rank."""
+    merged: dict[str, ZooResult] = {}
+    for rank_results in per_rank:
+        for r in rank_results:
+            m = merged.setdefault(r.name, r)
+            if m is r:
+                continue
+            m.failures += [f for f in r.failures if f not in m.failures]
+            if m.status == "ok" and r.status != "ok":
+                m.status = r.status
+    return merged
