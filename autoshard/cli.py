@@ -3,8 +3,9 @@
     autoshard summary PLAN.json                 print a saved plan's estimates and parameter placements
     autoshard solve PROBLEM.json[.gz] --timeout S
                                                 solve an IOPDDL strategy-graph problem: progress lines
-                                                ("<seconds> <best cost>"), then the answer as one JSON
-                                                list of strategy indices, last ([] if none was found)
+                                                ("<seconds> <best cost>"), a line with the final cost and
+                                                a lower bound on the optimum, then the answer as one
+                                                JSON list of strategy indices, last ([] if none was found)
 """
 from __future__ import annotations
 
@@ -40,8 +41,11 @@ def _solve(path: str, timeout: float, seed: int, start: float, verbose: bool = F
                            on_progress=progress, on_answer=answer)
     if result.choice and not verify(problem, result.choice).feasible:  # never print a bad answer
         result.choice = []
+    gap = ""
+    if result.cost and result.lower_bound is not None:
+        gap = f" (at most {100.0 * (result.cost - result.lower_bound) / result.cost:.2f}% above optimal)"
     guard.finish(result.choice, f"{time.perf_counter() - start:.2f}s done status {result.status} "
-                                f"cost {result.cost} {result.stats}")
+                                f"cost {result.cost} lower_bound {result.lower_bound}{gap} {result.stats}")
 
 
 class _Watchdog:

@@ -1,14 +1,19 @@
 """The IOPDDL solver. Presolve (``presolve``), then by the size of the reduced core:
 
-* small (``exact_max_vars``): one exact CP-SAT model of everything, so small instances end optimal;
-* otherwise memory priced per time point (``lagrangian``: belief propagation on the priced
-  problem, repair, ICM; the main source of good answers), or failing that a memory-safe local start
-  (greedy with lookahead at a few memory prices, then ICM), and from there exact forest moves
-  (``forest_moves``) alternating with CP-SAT neighbourhoods (``neighbourhood_search``, shaped by
-  ``regions``) aimed first at forbidden costs, then at costly edges and busy time points;
-  medium cores (``whole_max_vars``) end with CP-SAT on everything, hinted with the best state.
+* small (``exact_max_vars``): one exact CP-SAT model of everything, so small instances end optimal
+  (CP-SAT's bound is the lower bound);
+* otherwise, with toulbar2 installed (``wcsp``): the memory-free network solved once (its dual
+  bound is the lower bound, its answer repaired the first start), then on both cores (``parallel``:
+  the process forks after presolve, the two share their best) ``pool_search``: adaptive memory
+  penalties with toulbar2 (``penalties``) and chain moves (``chain_moves``) fill a pool of answers,
+  then recombination (``pool``), CP-SAT neighbourhoods (``neighbourhood_search``, shaped by
+  ``regions``), forest moves and chain moves improve it;
+* without toulbar2, the older path: memory priced per time point with belief propagation
+  (``lagrangian``), or a memory-safe greedy start, then forest moves alternating with CP-SAT
+  neighbourhoods; medium cores (``whole_max_vars``) end with CP-SAT on everything.
 
 Only answers that pass ``problem.verify`` (memory limit kept, nothing forbidden) are ever returned.
+``SolveResult.lower_bound`` says how far from optimal the answer can be (``None``: not computed).
 
 ``autoshard solve`` and ``benchmarks/iopddl.py`` run it on contest files. The sharding planner does
 not: it solves its own problems with the ILP of ``passes/solve/ilp.py``. A planner problem can
@@ -16,11 +21,13 @@ still be handed to this solver through ``problem.from_strategy_graph``.
 
 >>> from autoshard.passes.iopddl.problem import Problem
 >>> p = Problem([[1, 5], [2, 0]], [[3, 1], [2, 2]], [(0, 2), (1, 3)], [(0, 1)], [[0, 4, 4, 0]], 4)
->>> solve_problem(p, timeout_s=5).choice
-[1, 1]
+>>> r = solve_problem(p, timeout_s=5)
+>>> r.choice, r.cost, r.lower_bound
+([1, 1], 5, 5)
 """
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -31,10 +38,14 @@ import numpy as np
 from autoshard.passes.iopddl.problem import FORBIDDEN, Problem, verify
 from autoshard.passes.iopddl.forest_moves import forest_move, random_forest
 from autoshard.passes.iopddl.local_search import State, greedy_start, icm, min_memory_start
-from autoshard.passes.iopddl.lagrangian import lagrange_search
+from autoshard.passes.iopddl.lagrangian import MemoryIndex, lagrange_search, repair
 from autoshard.passes.iopddl.neighbourhood_search import region_size, solve_region
+from autoshard.passes.iopddl.parallel import SharedBest, fork_worker, wait_worker
+from autoshard.passes.iopddl.penalties import PenaltySearch
+from autoshard.passes.iopddl.pool_search import pool_search
 from autoshard.passes.iopddl.presolve import presolve
 from autoshard.passes.iopddl.regions import adjacency, bfs_region, time_region
+from autoshard.passes.iopddl.wcsp import WcspModel, available as wcsp_available
 
 __all__ = ["SolveResult", "SearchConfig", "solve_problem"]
 
@@ -55,6 +66,11 @@ class SearchConfig:
     lagrange_share: float = 0.7      # of the time left after presolve: priced belief propagation
     presolve_share: float = 0.4      # presolve stops (still exact) at this share of the timeout
     margin_s: float = 1.0            # kept back (plus 1% of the timeout) to verify and print the answer
+    use_wcsp: bool = True            # toulbar2 penalty search when pytoulbar2 is installed
+    processes: int = 2               # searches on large cores (forked after presolve)
+    penalty_share: float = 0.6       # of the search time: penalty solves, then improvement
+    solve_s: Optional[float] = None  # toulbar2 CPU seconds per penalty solve (None: timeout / 30, 3..8)
+    pool_size: int = 8
 
 
 @dataclass
@@ -63,6 +79,7 @@ class SolveResult:
     cost: Optional[int]
     status: str                      # OPTIMAL, FEASIBLE, INFEASIBLE or NONE
     stats: dict = field(default_factory=dict)
+    lower_bound: Optional[int] = None  # no answer costs less (None: no bound was computed)
 
 
 def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] = None,
@@ -79,6 +96,7 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
     core = presolve(problem, deadline=t0 + cfg.presolve_share * timeout_s)
     stats = {"core_nodes": core.n, "presolve_s": round(time.perf_counter() - t0, 2)}
     best: list = [None, None, None]  # (choice, cost, the state's core total)
+    offset: list = [None]  # real cost minus core total (a constant), known from the first answer
 
     def offer(state: State) -> None:
         total = state.total()
@@ -89,6 +107,8 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
         choice = core.expand(state.choice)
         v = verify(problem, choice)
         stats["offer_s"] = max(stats.get("offer_s", 0.0), time.perf_counter() - t)
+        if offset[0] is None:
+            offset[0] = v.cost - total
         if v.feasible and (best[1] is None or v.cost < best[1]):
             best[0], best[1] = choice, v.cost
             if on_answer:
@@ -107,7 +127,15 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
         status = res.status if best[0] is not None or res.status == "INFEASIBLE" else "NONE"
         if best[0] is None:
             return SolveResult([], None, "INFEASIBLE" if res.status == "INFEASIBLE" else "NONE", stats)
-        return SolveResult(best[0], best[1], status if status == "OPTIMAL" else "FEASIBLE", stats)
+        return SolveResult(best[0], best[1], status if status == "OPTIMAL" else "FEASIBLE", stats,
+                           _real_bound(res.bound, offset[0], best[1]))
+
+    if cfg.use_wcsp and wcsp_available():
+        bound = _penalty_path(core, deadline, timeout_s, cfg, offer, best, stats)
+        if bound is not None:
+            if best[0] is None:
+                return SolveResult([], None, "NONE", stats)
+            return SolveResult(best[0], best[1], "FEASIBLE", stats, _real_bound(bound, offset[0], best[1]))
 
     now = time.perf_counter()
     state = lagrange_search(core, now + cfg.lagrange_share * (deadline - now), offer, verbose=cfg.verbose)
@@ -135,6 +163,67 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
     if best[0] is None:
         return SolveResult([], None, "NONE", stats)
     return SolveResult(best[0], best[1], "FEASIBLE", stats)
+
+
+def _real_bound(core_bound: float, offset: Optional[float], cost: Optional[int]) -> Optional[int]:
+    """A core bound as a bound on the real cost (costs are integers: rounded up, less a hair for
+    floating point), never above the answer's cost."""
+    if offset is None or not np.isfinite(core_bound):
+        return None
+    b = core_bound + offset
+    lb = math.ceil(b - 1e-9 * abs(b) - 1e-6)
+    return lb if cost is None else min(lb, cost)
+
+
+def _penalty_path(core, deadline: float, timeout_s: float, cfg: SearchConfig, offer, best, stats) -> Optional[float]:
+    """The toulbar2 search on a large core (see the module docstring); the core lower bound, or
+    None when toulbar2 found no memory-free answer in time (the caller falls back)."""
+    t = time.perf_counter()
+    model = WcspModel(core)
+    free_s = min(15.0, max(3.0, 0.08 * timeout_s))
+    free = model.solve(np.zeros(model.size), free_s, seed=cfg.seed + 1)
+    stats["free_s"] = round(time.perf_counter() - t, 2)
+    if free.choice is None:
+        return None
+    state = State(core, free.choice)
+    if repair(state, MemoryIndex(core), deadline):
+        icm(state, deadline, nodes=state.improvable())
+        offer(state)
+    stats["mode"] = "wcsp"
+    solve_s = cfg.solve_s or min(8.0, max(3.0, timeout_s / 30))
+    shared = SharedBest(core.n)
+    if best[2] is not None:
+        shared.offer(best[2], state.choice)
+    seen = [shared.seq]
+
+    def bring_in() -> None:  # the worker's best, verified and offered (the watchdog keeps it)
+        if shared.seq != seen[0] and shared.total < (best[2] if best[2] is not None else np.inf):
+            seq, total, choice = shared.read(timeout=1.0)
+            seen[0] = seq
+            if choice:
+                offer(State(core, choice))
+
+    def run(seed: int, scale_factor: float, share, end: float, on_round=None, verbose=False) -> dict:
+        search = PenaltySearch(core, model, seed=seed)
+        search.w *= scale_factor
+        return pool_search(search, shared, share, end, seed=seed, penalty_share=cfg.penalty_share,
+                           solve_s=solve_s, pool_size=cfg.pool_size, on_round=on_round, verbose=verbose)
+
+    pid = None
+    if cfg.processes > 1:
+        pid = fork_worker(lambda: run(cfg.seed + 7, 0.1, lambda st: shared.offer(st.total(), st.choice),
+                                      deadline - 1.0))
+
+    def share_main(st: State) -> None:
+        shared.offer(st.total(), st.choice)
+        offer(st)
+
+    stats.update(run(cfg.seed, 1.0, share_main, deadline, on_round=bring_in, verbose=cfg.verbose))
+    if pid is not None:
+        wait_worker(pid, deadline)
+    bring_in()
+    stats["processes"] = cfg.processes
+    return free.bound
 
 
 def _start(core, deadline, penalties=(10.0, 3.0, 1.0, 30.0, 0.0)) -> State:
