@@ -54,7 +54,8 @@ def pool_search(search: PenaltySearch, shared: SharedBest, share: Callable[[Stat
             on_round()
         stats["penalty_steps"] += 1
         state = search.step(deadline, solve_s)
-        if state is None:
+        if state is None:  # perhaps toulbar2 had too little time to find anything: give it more
+            solve_s = min(2.0 * solve_s, max(1.0, (penalty_end - time.perf_counter()) / 3))
             continue
         stats["penalty_answers"] += 1
         kept, _ = ChainSearch(state).run(min(deadline, time.perf_counter() + chain_s), rng)

@@ -36,15 +36,14 @@ from typing import Callable, Optional
 import numpy as np
 
 from autoshard.passes.iopddl.problem import FORBIDDEN, Problem, verify
-from autoshard.passes.iopddl.forest_moves import forest_move, random_forest
-from autoshard.passes.iopddl.local_search import State, greedy_start, icm, min_memory_start
+from autoshard.passes.iopddl.local_search import State, icm
 from autoshard.passes.iopddl.lagrangian import MemoryIndex, lagrange_search, repair
+from autoshard.passes.iopddl.lns import lns, memory_safe_start
 from autoshard.passes.iopddl.neighbourhood_search import region_size, solve_region
 from autoshard.passes.iopddl.parallel import SharedBest, fork_worker, wait_worker
 from autoshard.passes.iopddl.penalties import PenaltySearch
 from autoshard.passes.iopddl.pool_search import pool_search
 from autoshard.passes.iopddl.presolve import presolve
-from autoshard.passes.iopddl.regions import adjacency, bfs_region, time_region
 from autoshard.passes.iopddl.wcsp import WcspModel, available as wcsp_available
 
 __all__ = ["SolveResult", "SearchConfig", "solve_problem"]
@@ -71,6 +70,7 @@ class SearchConfig:
     penalty_share: float = 0.6       # of the search time: penalty solves, then improvement
     solve_s: Optional[float] = None  # toulbar2 CPU seconds per penalty solve (None: timeout / 30, 3..8)
     pool_size: int = 8
+    whole_after_wcsp: float = 0.6    # medium cores: share of the search before CP-SAT on everything
 
 
 @dataclass
@@ -118,7 +118,7 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
 
     everything = list(range(core.n))
     if region_size(core, everything) <= cfg.exact_max_vars:
-        state = _start(core, deadline)
+        state = memory_safe_start(core, deadline)
         offer(state)
         res = solve_region(state, everything, max(0.05, deadline - time.perf_counter()),
                            workers=max(cfg.workers, 2), keep_current=False, seed=cfg.seed)
@@ -130,9 +130,10 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
         return SolveResult(best[0], best[1], status if status == "OPTIMAL" else "FEASIBLE", stats,
                            _real_bound(res.bound, offset[0], best[1]))
 
+    bound = -math.inf  # on the core total
     if cfg.use_wcsp and wcsp_available():
-        bound = _penalty_path(core, deadline, timeout_s, cfg, offer, best, stats)
-        if bound is not None:
+        searched, bound = _penalty_path(core, deadline, timeout_s, cfg, offer, best, stats)
+        if searched:
             if best[0] is None:
                 return SolveResult([], None, "NONE", stats)
             return SolveResult(best[0], best[1], "FEASIBLE", stats, _real_bound(bound, offset[0], best[1]))
@@ -141,7 +142,7 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
     state = lagrange_search(core, now + cfg.lagrange_share * (deadline - now), offer, verbose=cfg.verbose)
     stats["lagrange_s"] = round(time.perf_counter() - now, 2)
     if state is None:  # no priced answer could be repaired in time: the memory-safe local start
-        state = _start(core, deadline)
+        state = memory_safe_start(core, deadline)
         stats["start"] = "greedy"
     offer(state)
     stats["mode"] = "lns"
@@ -150,7 +151,7 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
     # medium cores: after a local-search phase, CP-SAT on everything from the best state found
     lns_end = now + cfg.whole_after * (deadline - now) if whole else deadline
     # room for the last offer, the caller's own check of the answer and a loaded machine
-    stats.update(_lns(state, lambda: min(lns_end, deadline - 4.0 * stats.get("offer_s", 0.0)), cfg, rng, offer))
+    stats.update(lns(state, lambda: min(lns_end, deadline - 4.0 * stats.get("offer_s", 0.0)), cfg, rng, offer))
     offer(state)
     if whole and state.feasible() and state.total() < FORBIDDEN:
         stats["mode"] = "lns+whole"
@@ -162,7 +163,7 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
         offer(state)
     if best[0] is None:
         return SolveResult([], None, "NONE", stats)
-    return SolveResult(best[0], best[1], "FEASIBLE", stats)
+    return SolveResult(best[0], best[1], "FEASIBLE", stats, _real_bound(bound, offset[0], best[1]))
 
 
 def _real_bound(core_bound: float, offset: Optional[float], cost: Optional[int]) -> Optional[int]:
@@ -175,22 +176,29 @@ def _real_bound(core_bound: float, offset: Optional[float], cost: Optional[int])
     return lb if cost is None else min(lb, cost)
 
 
-def _penalty_path(core, deadline: float, timeout_s: float, cfg: SearchConfig, offer, best, stats) -> Optional[float]:
-    """The toulbar2 search on a large core (see the module docstring); the core lower bound, or
-    None when toulbar2 found no memory-free answer in time (the caller falls back)."""
+def _penalty_path(core, deadline: float, timeout_s: float, cfg: SearchConfig, offer, best,
+                  stats) -> tuple[bool, float]:
+    """The toulbar2 search on a large core (see the module docstring): (whether it ran, a lower
+    bound on the core total). It does not run when toulbar2 found no memory-free answer in time
+    (tried twice, the second time with twice the CPU time); the caller then falls back."""
     t = time.perf_counter()
     model = WcspModel(core)
     free_s = min(15.0, max(3.0, 0.08 * timeout_s))
     free = model.solve(np.zeros(model.size), free_s, seed=cfg.seed + 1)
+    bound = free.bound
+    if free.choice is None and deadline - time.perf_counter() > 8 * free_s:
+        free_s *= 2
+        free = model.solve(np.zeros(model.size), free_s, seed=cfg.seed + 2)
+        bound = max(bound, free.bound)
     stats["free_s"] = round(time.perf_counter() - t, 2)
     if free.choice is None:
-        return None
+        return False, bound
     state = State(core, free.choice)
     if repair(state, MemoryIndex(core), deadline):
         icm(state, deadline, nodes=state.improvable())
         offer(state)
     stats["mode"] = "wcsp"
-    solve_s = cfg.solve_s or min(8.0, max(3.0, timeout_s / 30))
+    solve_s = cfg.solve_s or min(8.0, max(3.0, timeout_s / 30, free_s / 2))
     shared = SharedBest(core.n)
     if best[2] is not None:
         shared.offer(best[2], state.choice)
@@ -218,121 +226,23 @@ def _penalty_path(core, deadline: float, timeout_s: float, cfg: SearchConfig, of
         shared.offer(st.total(), st.choice)
         offer(st)
 
-    stats.update(run(cfg.seed, 1.0, share_main, deadline, on_round=bring_in, verbose=cfg.verbose))
+    # medium cores: the main process ends with CP-SAT on everything, from the best answer
+    whole = region_size(core, list(range(core.n))) <= cfg.whole_max_vars
+    now = time.perf_counter()
+    end = now + cfg.whole_after_wcsp * (deadline - now) if whole else deadline
+    stats.update(run(cfg.seed, 1.0, share_main, end, on_round=bring_in, verbose=cfg.verbose))
+    bring_in()
+    choice = shared.read(timeout=1.0)[2] if whole else []
+    if choice:  # the cheapest answer of either process
+        state = State(core, choice)
+        left = deadline - 4.0 * stats.get("offer_s", 0.0) - time.perf_counter()
+        res = solve_region(state, list(range(core.n)), max(0.05, 0.9 * left - 1.5), seed=cfg.seed,
+                           deadline=time.perf_counter() + 0.9 * left - 1.5)
+        stats["whole_status"] = res.status
+        share_main(state)
+        bound = max(bound, res.bound)
     if pid is not None:
         wait_worker(pid, deadline)
     bring_in()
     stats["processes"] = cfg.processes
-    return free.bound
-
-
-def _start(core, deadline, penalties=(10.0, 3.0, 1.0, 30.0, 0.0)) -> State:
-    """A memory-safe start: breadth-first greedy with lookahead inside the free memory, polished by
-    ICM, for several prices of memory (cost units per usage unit) until one meets no forbidden
-    cost and a third of the time left is used; the best (fewest forbidden, then cheapest) wins."""
-    budget_end = time.perf_counter() + (deadline - time.perf_counter()) / 3
-    best, best_key = None, None
-    for k, penalty in enumerate(penalties):
-        state = greedy_start(core, penalty=penalty, deadline=deadline)
-        if not state.feasible():
-            state = min_memory_start(core)
-        icm(state, deadline)
-        key = (len(_bad_nodes(state)), state.total())
-        if best_key is None or key < best_key:
-            best, best_key = state, key
-        if (best_key[0] == 0 and k >= 1) or time.perf_counter() > budget_end:
-            break
-    return best
-
-
-def _bad_nodes(state: State) -> list[int]:
-    """Nodes whose current strategy meets a forbidden cost (their own or on an edge)."""
-    return _scan(state)[0]
-
-
-def _scan(state: State, hot: int = 32) -> tuple[list[int], list[int]]:
-    """(nodes meeting a forbidden cost, endpoints of the ``hot`` most expensive edges now)."""
-    core, ch = state.core, state.choice
-    bad, edges = [], []
-    for i in range(core.n):
-        worst = core.cost[i][ch[i]]
-        for j, m in core.nbrs[i]:
-            c = m[ch[i], ch[j]]
-            worst = max(worst, c)
-            if i < j and c > 0:
-                edges.append((c, i, j))
-        if worst >= FORBIDDEN:
-            bad.append(i)
-    edges.sort(reverse=True)
-    return bad, [k for _, i, j in edges[:hot] for k in (i, j)]
-
-
-def _lns(state: State, deadline_fn, cfg: SearchConfig, rng: random.Random, offer) -> dict:
-    """Alternate exact forest moves (``forest_share`` of the time) and CP-SAT neighbourhoods: around
-    nodes that still meet a forbidden cost first, else around the currently most expensive edges,
-    a busy time point or a random node."""
-    core = state.core
-    n = core.n
-    mem_nodes = [i for i in range(n) if core.lo[i] < core.hi[i] and np.ptp(core.usage[i]) > 0]
-    mem_lo, mem_hi = core.lo[mem_nodes], core.hi[mem_nodes]
-    mem_arr = np.array(mem_nodes, dtype=np.int64)
-
-    def alive_at(t):
-        return mem_arr[(mem_lo <= t) & (t < mem_hi)].tolist()
-
-    adj = adjacency(core)
-    size = cfg.region_vars
-    tries = wins = forests = 0
-    lns_s = 0.0
-    bad: list[int] = []
-    hot: list[int] = []
-    last_offer = time.perf_counter()
-    forest_s, overhead_s = 0.0, 0.1
-    while True:
-        deadline = deadline_fn()
-        now = time.perf_counter()
-        if now + overhead_s + 0.1 > deadline:
-            break
-        share = cfg.forest_share_bad if bad else cfg.forest_share
-        if (tries == 0 or lns_s * share >= forest_s * (1 - share)) and now + 1.5 * forest_s < deadline:
-            lns_s = 0.0
-            forests += 1
-            forest_move(state, random_forest(core, rng, hubs_first=forests % 2 == 1))
-            icm(state, deadline)
-            bad, hot = _scan(state)
-            if cfg.verbose:
-                print(f"  forest {forests}: cost {state.total():.6g} peak {state.peak():.6g} bad {len(bad)} "
-                      f"tries {tries} wins {wins} size {size}", flush=True)
-            offer(state)
-            last_offer = time.perf_counter()
-            forest_s = last_offer - now
-            if last_offer + overhead_s + 0.1 > deadline:
-                break
-        tries += 1
-        if bad and rng.random() < 0.8:
-            region = bfs_region(core, bad[rng.randrange(len(bad))], size, rng, adj=adj)
-        elif hot and rng.random() < 0.4:  # around the edges that cost most now
-            region = bfs_region(core, hot[rng.randrange(len(hot))], size, rng, adj=adj)
-        elif mem_nodes and rng.random() < 0.5:
-            region = time_region(state, alive_at, size, rng, adj=adj)
-        else:
-            region = bfs_region(core, rng.randrange(n), size, rng, adj=adj)
-        begin = time.perf_counter()
-        budget = min(cfg.region_time_s, deadline - begin - overhead_s - 0.1)
-        if budget <= 0.05:
-            break
-        res = solve_region(state, region, budget, workers=cfg.workers, seed=rng.randrange(1 << 30),
-                           deadline=begin + budget)
-        if res.changed:
-            wins += 1
-            icm(state, deadline, nodes=region)
-        overhead_s = max(0.8 * overhead_s, time.perf_counter() - begin - budget)
-        lns_s += time.perf_counter() - begin
-        if res.status == "OPTIMAL":
-            size = min(int(size * 1.1) + 1, 20_000)
-        else:
-            size = max(200, int(size * 0.8))
-        if time.perf_counter() - last_offer > 2.0:
-            offer(state)
-            last_offer = time.perf_counter()
-    return {"lns_tries": tries, "lns_wins": wins, "forest_moves": forests, "region_vars": size}
+    return True, bound
