@@ -28,14 +28,15 @@ __all__ = ["SharedBest", "fork_worker", "wait_worker", "stop_worker"]
 
 
 class SharedBest:
-    """The cheapest (core total, choice) offered by any process, visible to all after a fork."""
+    """The cheapest (core total, choice) offered by any process, and the best lower bound,
+    visible to all after a fork."""
 
     def __init__(self, n: int):
         self.n = n
-        self._buf = mmap.mmap(-1, 16 + 8 * max(n, 1))  # anonymous and shared: survives fork
-        self._head = np.frombuffer(self._buf, dtype=np.float64, count=2)   # [sequence, total]
-        self._choice = np.frombuffer(self._buf, dtype=np.int64, count=n, offset=16)
-        self._head[:] = (0.0, np.inf)
+        self._buf = mmap.mmap(-1, 24 + 8 * max(n, 1))  # anonymous and shared: survives fork
+        self._head = np.frombuffer(self._buf, dtype=np.float64, count=3)   # [sequence, total, bound]
+        self._choice = np.frombuffer(self._buf, dtype=np.int64, count=n, offset=24)
+        self._head[:] = (0.0, np.inf, -np.inf)
         self._lock = multiprocessing.get_context("fork").Lock()
 
     @property
@@ -45,6 +46,15 @@ class SharedBest:
     @property
     def total(self) -> float:
         return float(self._head[1])
+
+    @property
+    def bound(self) -> float:
+        """The best lower bound any process offered (``-inf``: none)."""
+        return float(self._head[2])
+
+    def offer_bound(self, bound: float) -> None:
+        with self._lock:
+            self._head[2] = max(self._head[2], bound)
 
     def offer(self, total: float, choice) -> bool:
         """Keep ``choice`` when it is cheaper than the shared one; True when kept."""

@@ -121,26 +121,36 @@ class PenaltySearch:
 
 
 def lower_bound(core, model: WcspModel, free: State, deadline: float, *, time_limit_s: float = 2.0,
-                kappas=(0.0, 0.3, 1.0, 3.0)) -> float:
+                kappas=(1.0, 10.0, 100.0), refine: bool = True) -> float:
     """The best Lagrangian bound found before ``deadline`` (see the module docstring) on the core's
     total (``State.total``); ``-inf`` when none was computed. ``free`` is a memory-free answer: its
-    overflowing time points carry the prices, ``kappa`` times the problem's cost per memory-time."""
+    overflowing time points carry the prices, ``kappa`` times the problem's cost per memory-time,
+    for each of ``kappas`` and then (``refine``) a third and three times the best of them."""
     if core.limit is None:
-        res = model.solve(np.zeros(model.size), time_limit_s, floor=True)
-        return res.bound
+        return model.solve(np.zeros(model.size), time_limit_s, floor=True).bound
     hot = (free.load > core.limit).astype(np.float64)
     length = np.maximum(core.hi - core.lo, 0)
     memtime = float(sum(core.usage[i][free.choice[i]] * length[i] for i in range(core.n)))
     p0 = max(free.total(), 1.0) / max(memtime, 1.0)
-    best = -math.inf
+    usage = np.concatenate(core.usage)
+    tried: dict = {}
+
+    def bound_at(k: float) -> float:
+        lam = k * p0 * hot
+        extra = np.repeat(node_prices(core, lam), model.sizes) * usage
+        res = model.solve(extra, time_limit_s, floor=True)
+        # the constant of the relaxation: prices times (load of removed nodes - limit)
+        tried[k] = res.bound + float(np.dot(lam, core.base_load - core.limit))
+        return tried[k]
+
     for k in kappas:
         if time.perf_counter() + time_limit_s > deadline:
             break
-        lam = k * p0 * hot
-        price = node_prices(core, lam)
-        extra = np.repeat(price, model.sizes) * np.concatenate(core.usage)
-        res = model.solve(extra, time_limit_s, floor=True)
-        # the constant of the relaxation: prices times (load of removed nodes - limit)
-        bound = res.bound + float(np.dot(lam, core.base_load - core.limit))
-        best = max(best, bound)
-    return best
+        bound_at(k)
+    if refine and tried:
+        top = max(tried, key=tried.get)
+        for k in (top / 3.0, top * 3.0):
+            if time.perf_counter() + time_limit_s > deadline:
+                break
+            bound_at(k)
+    return max(tried.values(), default=-math.inf)

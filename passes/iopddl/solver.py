@@ -41,7 +41,7 @@ from autoshard.passes.iopddl.lagrangian import MemoryIndex, lagrange_search, rep
 from autoshard.passes.iopddl.lns import lns, memory_safe_start
 from autoshard.passes.iopddl.neighbourhood_search import region_size, solve_region
 from autoshard.passes.iopddl.parallel import SharedBest, fork_worker, wait_worker
-from autoshard.passes.iopddl.penalties import PenaltySearch
+from autoshard.passes.iopddl.penalties import PenaltySearch, lower_bound
 from autoshard.passes.iopddl.pool_search import pool_search
 from autoshard.passes.iopddl.presolve import presolve
 from autoshard.passes.iopddl.wcsp import WcspModel, available as wcsp_available
@@ -71,6 +71,7 @@ class SearchConfig:
     solve_s: Optional[float] = None  # toulbar2 CPU seconds per penalty solve (None: timeout / 30, 3..8)
     pool_size: int = 8
     whole_after_wcsp: float = 0.6    # medium cores: share of the search before CP-SAT on everything
+    bound_share: float = 0.12        # of the search time: Lagrangian bound (the worker, first)
 
 
 @dataclass
@@ -211,7 +212,13 @@ def _penalty_path(core, deadline: float, timeout_s: float, cfg: SearchConfig, of
             if choice:
                 offer(State(core, choice))
 
-    def run(seed: int, scale_factor: float, share, end: float, on_round=None, verbose=False) -> dict:
+    free_state = State(core, free.choice)
+    bound_end = time.perf_counter() + cfg.bound_share * (deadline - time.perf_counter())
+
+    def run(seed: int, scale_factor: float, share, end: float, on_round=None, verbose=False,
+            bound_first: bool = False) -> dict:
+        if bound_first:  # the Lagrangian bound, offered to both processes through ``shared``
+            shared.offer_bound(lower_bound(core, model, free_state, bound_end, time_limit_s=solve_s))
         search = PenaltySearch(core, model, seed=seed)
         search.w *= scale_factor
         return pool_search(search, shared, share, end, seed=seed, penalty_share=cfg.penalty_share,
@@ -220,7 +227,7 @@ def _penalty_path(core, deadline: float, timeout_s: float, cfg: SearchConfig, of
     pid = None
     if cfg.processes > 1:
         pid = fork_worker(lambda: run(cfg.seed + 7, 0.1, lambda st: shared.offer(st.total(), st.choice),
-                                      deadline - 1.0))
+                                      deadline - 1.0, bound_first=True))
 
     def share_main(st: State) -> None:
         shared.offer(st.total(), st.choice)
@@ -230,7 +237,8 @@ def _penalty_path(core, deadline: float, timeout_s: float, cfg: SearchConfig, of
     whole = region_size(core, list(range(core.n))) <= cfg.whole_max_vars
     now = time.perf_counter()
     end = now + cfg.whole_after_wcsp * (deadline - now) if whole else deadline
-    stats.update(run(cfg.seed, 1.0, share_main, end, on_round=bring_in, verbose=cfg.verbose))
+    stats.update(run(cfg.seed, 1.0, share_main, end, on_round=bring_in, verbose=cfg.verbose,
+                     bound_first=pid is None))
     bring_in()
     choice = shared.read(timeout=1.0)[2] if whole else []
     if choice:  # the cheapest answer of either process
@@ -245,4 +253,5 @@ def _penalty_path(core, deadline: float, timeout_s: float, cfg: SearchConfig, of
         wait_worker(pid, deadline)
     bring_in()
     stats["processes"] = cfg.processes
-    return True, bound
+    stats["lagrangian_bound"] = shared.bound
+    return True, max(bound, shared.bound)
