@@ -183,6 +183,8 @@ def _penalty_path(core, deadline: float, timeout_s: float, cfg: SearchConfig, of
     bound on the core total). It does not run when toulbar2 found no memory-free answer in time
     (tried twice, the second time with twice the CPU time); the caller then falls back."""
     t = time.perf_counter()
+    # a quick memory-safe answer first: on a loaded machine toulbar2's CPU seconds stretch far
+    offer(memory_safe_start(core, min(deadline, t + 0.03 * timeout_s)))
     model = WcspModel(core)
     free_s = min(15.0, max(3.0, 0.08 * timeout_s))
     free = model.solve(np.zeros(model.size), free_s, seed=cfg.seed + 1)
