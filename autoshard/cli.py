@@ -22,7 +22,8 @@ from autoshard.passes.errors import AutoshardError
 from autoshard.profiling import cli as profile_cli  # torch-free at import; `summary` and `profile` load torch when run
 
 
-def _solve(path: str, timeout: float, seed: int, start: float, verbose: bool = False) -> None:
+def _solve(path: str, timeout: float, seed: int, start: float, verbose: bool = False,
+           toulbar2: bool = True) -> None:
     from autoshard.passes.iopddl.problem import read_problem, verify
     from autoshard.passes.iopddl.solver import SearchConfig, solve_problem
 
@@ -37,7 +38,7 @@ def _solve(path: str, timeout: float, seed: int, start: float, verbose: bool = F
     def answer(choice: list, cost: int) -> None:
         guard.keep(choice)
 
-    result = solve_problem(problem, timeout, start=start, config=SearchConfig(seed=seed, verbose=verbose),
+    result = solve_problem(problem, timeout, start=start, config=SearchConfig(seed=seed, verbose=verbose, use_wcsp=toulbar2),
                            on_progress=progress, on_answer=answer)
     if result.choice and not verify(problem, result.choice).feasible:  # never print a bad answer
         result.choice = []
@@ -144,6 +145,8 @@ def main(argv=None) -> int:
     v.add_argument("--timeout", type=float, default=60.0, help="wall-clock seconds, reading included")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--verbose", action="store_true", help="print search statistics")
+    v.add_argument("--no-toulbar2", action="store_true",
+                   help="the search without toulbar2 (belief propagation), even where pytoulbar2 is installed")
     profile_cli.add_parser(sub)
     args = ap.parse_args(argv)
     try:
@@ -153,7 +156,7 @@ def main(argv=None) -> int:
         elif args.command == "profile":
             return profile_cli.run(args)
         elif args.command == "solve":
-            _solve(args.problem, args.timeout, args.seed, start, args.verbose)
+            _solve(args.problem, args.timeout, args.seed, start, args.verbose, not args.no_toulbar2)
     except (AutoshardError, OSError) as e:
         print(f"autoshard: {e}", file=sys.stderr)
         return 2

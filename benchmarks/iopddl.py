@@ -7,9 +7,12 @@ Runs the real command (a fresh process per instance, so imports and file reading
 limit, as in the contest), re-checks the printed answer with ``verify`` (``passes/iopddl/problem.py``)
 and prints one row per instance: cost, ratio to the best contest entry (ours / best: 1.000 is the
 best entry's cost), points (best / ours, the contest's score), the lower bound the solver printed and
-how far above it the answer is, wall time, whether the limit was respected. The load average is
-printed before each row: the limits are wall-clock and this machine is shared.
-``--scale`` multiplies the time limits (for quick looks; the table then says so).
+how far above it the answer is, wall time, the CPU seconds the command got (all its processes; two
+dedicated cores would give up to twice the limit), whether the limit was respected. The load
+average is printed before each row: the limits are wall-clock and this machine is shared.
+``--scale`` multiplies the time limits (for quick looks; the table then says so). ``--compare``
+runs each instance a second time right after with ``--no-toulbar2`` (rows ``A-bp``...: the search
+the solver used before toulbar2), so the two are measured under about the same load.
 
 ``--set unseen`` runs the instances of google/iopddl's ``benchmarks/`` that are not among the four
 tuned on (B C D K L N P Q R T U V: those whose files are not too large to be stored there), with
@@ -21,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -49,16 +53,19 @@ UNSEEN = {  # the same for the other public instances (contest final results, te
 }
 
 
-def run_one(path: str, limit: float) -> dict:
+def run_one(path: str, limit: float, extra=()) -> dict:
     t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "autoshard.cli", "solve", path, "--timeout", str(limit)],
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run([sys.executable, "-m", "autoshard.cli", "solve", path, "--timeout", str(limit), *extra],
                          capture_output=True, text=True, timeout=limit + 120)
     wall = time.perf_counter() - t
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
     lines = out.stdout.strip().splitlines()
     answer = json.loads(lines[-1]) if lines else []
     first = next((float(line.split("s ")[0]) for line in lines if " best " in line), None)
     bound = next((m.group(1) for line in lines for m in [re.search(r"lower_bound (\d+)", line)] if m), None)
-    row = {"wall_s": wall, "first_s": first, "answer": answer, "rc": out.returncode,
+    row = {"wall_s": wall, "cpu_s": cpu, "first_s": first, "answer": answer, "rc": out.returncode,
            "bound": int(bound) if bound else None}
     if answer:
         v = verify(read_problem(path), answer)
@@ -72,26 +79,35 @@ def main() -> None:
     ap.add_argument("--set", choices=["public", "unseen"], default="public")
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the contest time limits")
+    ap.add_argument("--compare", action="store_true",
+                    help="also run each instance with --no-toulbar2 (the older search), right after")
     args = ap.parse_args()
     table = INSTANCES if args.set == "public" else UNSEEN
     names = args.only or list(table)
     print(f"time limits x {args.scale}; {os.cpu_count()} CPUs")
-    print(f"{'inst':4} {'load':>5} {'limit s':>7} {'wall s':>7} {'first s':>7} {'cost':>16} {'best contest':>16} "
+    print(f"{'inst':5} {'load':>5} {'limit s':>7} {'wall s':>7} {'cpu s':>6} {'first s':>7} {'cost':>16} {'best contest':>16} "
           f"{'ratio':>7} {'points':>6} {'lower bound':>16} {'gap %':>6} {'ok':>3}")
-    points = []
-    for name in names:
+    points = []  # of the default search only
+    runs = [(name, ()) for name in names]
+    if args.compare:
+        runs = [run for name in names for run in ((name, ()), (name, ("--no-toulbar2",)))]
+    for name, extra in runs:
         limit, best = table[name]
         limit *= args.scale
         load = os.getloadavg()[0]
-        row = run_one(os.path.join(args.dir, f"asplos-2025-iopddl-{name}.json.gz"), limit)
+        row = run_one(os.path.join(args.dir, f"asplos-2025-iopddl-{name}.json.gz"), limit, extra)
+        if extra:
+            name = name + "-bp"
         cost, bound = row.get("cost"), row["bound"]
         ok = bool(row.get("feasible")) and row["wall_s"] <= limit
-        points.append(best / cost if cost and ok else 0.0)
+        score = best / cost if cost and ok else 0.0
+        if not extra:
+            points.append(score)
         ratio = f"{cost / best:7.3f}" if cost is not None else "    n/a"
         gap = f"{100 * (cost - bound) / cost:6.2f}" if cost and bound is not None else "   n/a"
         first = f"{row['first_s']:7.1f}" if row["first_s"] is not None else "    n/a"
-        print(f"{name:4} {load:5.1f} {limit:7.0f} {row['wall_s']:7.1f} {first} {str(cost):>16} {best:16,d} {ratio} "
-              f"{points[-1]:6.3f} {str(bound):>16} {gap} {'yes' if ok else 'no':>3}", flush=True)
+        print(f"{name:5} {load:5.1f} {limit:7.0f} {row['wall_s']:7.1f} {row['cpu_s']:6.0f} {first} {str(cost):>16} {best:16,d} {ratio} "
+              f"{score:6.3f} {str(bound):>16} {gap} {'yes' if ok else 'no':>3}", flush=True)
     print(f"mean points {sum(points) / len(points):.3f}, lowest {min(points):.3f}; "
           f"load average at the end {os.getloadavg()[0]:.1f}")
 

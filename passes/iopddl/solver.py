@@ -186,7 +186,7 @@ def _penalty_path(core, deadline: float, timeout_s: float, cfg: SearchConfig, of
     # a quick memory-safe answer first: on a loaded machine toulbar2's CPU seconds stretch far
     offer(memory_safe_start(core, min(deadline, t + 0.03 * timeout_s)))
     model = WcspModel(core)
-    free_s = min(15.0, max(3.0, 0.08 * timeout_s))
+    free_s = min(8.0, max(3.0, 0.03 * timeout_s))
     free = model.solve(np.zeros(model.size), free_s, seed=cfg.seed + 1)
     bound = free.bound
     if free.choice is None and deadline - time.perf_counter() > 8 * free_s:
