@@ -38,8 +38,11 @@ def _solve(path: str, timeout: float, seed: int, start: float, verbose: bool = F
     def answer(choice: list, cost: int) -> None:
         guard.keep(choice)
 
+    def bound(lower_bound: int) -> None:
+        guard.keep_bound(lower_bound)
+
     result = solve_problem(problem, timeout, start=start, config=SearchConfig(seed=seed, verbose=verbose, use_wcsp=toulbar2),
-                           on_progress=progress, on_answer=answer)
+                           on_progress=progress, on_answer=answer, on_bound=bound)
     if result.choice and not verify(problem, result.choice).feasible:  # never print a bad answer
         result.choice = []
     gap = ""
@@ -52,7 +55,8 @@ def _solve(path: str, timeout: float, seed: int, start: float, verbose: bool = F
 class _Watchdog:
     """Answers by a deadline even when the solver cannot. The process forks: the child solves and
     prints; the parent only waits, and if the child has not printed its answer by the deadline,
-    stops it and prints the last answer the child kept (``keep``: a JSON file replaced atomically).
+    stops it and prints the last answer the child kept (``keep``: a JSON file replaced atomically)
+    with the last lower bound it kept (``keep_bound``).
     A thread would not do: a long C call (the JSON parse, a numpy or CP-SAT step) holds the
     interpreter past any Python timer. ``flock`` on a lock file decides who prints the answer, so
     exactly one JSON list comes out, last; the exit status is the child's, or 0 on a timeout."""
@@ -92,13 +96,17 @@ class _Watchdog:
                 os.waitpid(self.child, 0)
                 with open(self.path) as f:
                     choice = f.read()
+                bound = None
+                if os.path.exists(self.path + ".bound"):
+                    with open(self.path + ".bound") as f:
+                        bound = f.read().strip() or None
                 print(f"{time.perf_counter() - deadline:+.2f}s past the watchdog: timeout, the best answer "
-                      f"so far", flush=True)
+                      f"so far; lower_bound {bound}", flush=True)
                 print(choice, flush=True)
                 code = 0
             else:
                 code = os.waitstatus_to_exitcode(os.waitpid(self.child, 0)[1])
-        for p in (self.path, self.path + ".lock", self.path + ".tmp"):
+        for p in (self.path, self.path + ".lock", self.path + ".tmp", self.path + ".bound", self.path + ".btmp"):
             if os.path.exists(p):
                 os.unlink(p)
         os._exit(max(code, 0))
@@ -108,6 +116,12 @@ class _Watchdog:
         with open(tmp, "w") as f:
             json.dump(choice, f)
         os.replace(tmp, self.path)
+
+    def keep_bound(self, bound: int) -> None:
+        tmp = self.path + ".btmp"
+        with open(tmp, "w") as f:
+            f.write(str(int(bound)))
+        os.replace(tmp, self.path + ".bound")
 
     def finish(self, choice: list, line: str) -> None:
         if not self._take():  # the watchdog is answering and will stop this process

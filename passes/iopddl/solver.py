@@ -2,12 +2,13 @@
 
 * small (``exact_max_vars``): one exact CP-SAT model of everything, so small instances end optimal
   (CP-SAT's bound is the lower bound);
-* otherwise, with toulbar2 installed (``wcsp``): the memory-free network solved once (its dual
-  bound is the lower bound, its answer repaired the first start), then on both cores (``parallel``:
-  the process forks after presolve, the two share their best) ``pool_search``: adaptive memory
-  penalties with toulbar2 (``penalties``) and chain moves (``chain_moves``) fill a pool of answers,
-  then recombination (``pool``), CP-SAT neighbourhoods (``neighbourhood_search``, shaped by
-  ``regions``), forest moves and chain moves improve it;
+* otherwise, with toulbar2 installed (``wcsp``), ``portfolio``: the memory-free network solved
+  once (its dual bound the first lower bound, its answer repaired the first toulbar2 start), the
+  Lagrangian bound, then on both cores (``parallel``: the process forks after presolve, the two
+  share their best) ``pool_search`` (adaptive memory penalties with toulbar2 (``penalties``) and
+  chain moves (``chain_moves``) fill a pool of answers; recombination (``pool``), CP-SAT
+  neighbourhoods (``neighbourhood_search``, shaped by ``regions``), forest moves and chain moves
+  improve it) beside the search without toulbar2 in the worker;
 * without toulbar2, the older path: memory priced per time point with belief propagation
   (``lagrangian``), or a memory-safe greedy start, then forest moves alternating with CP-SAT
   neighbourhoods; medium cores (``whole_max_vars``) end with CP-SAT on everything.
@@ -36,15 +37,13 @@ from typing import Callable, Optional
 import numpy as np
 
 from autoshard.passes.iopddl.problem import FORBIDDEN, Problem, verify
-from autoshard.passes.iopddl.local_search import State, icm
-from autoshard.passes.iopddl.lagrangian import MemoryIndex, lagrange_search, repair
+from autoshard.passes.iopddl.local_search import State
+from autoshard.passes.iopddl.lagrangian import lagrange_search
 from autoshard.passes.iopddl.lns import lns, memory_safe_start
 from autoshard.passes.iopddl.neighbourhood_search import region_size, solve_region
-from autoshard.passes.iopddl.parallel import SharedBest, fork_worker, wait_worker
-from autoshard.passes.iopddl.penalties import PenaltySearch, lower_bound
-from autoshard.passes.iopddl.pool_search import pool_search
+from autoshard.passes.iopddl.portfolio import toulbar2_portfolio
 from autoshard.passes.iopddl.presolve import presolve
-from autoshard.passes.iopddl.wcsp import WcspModel, available as wcsp_available
+from autoshard.passes.iopddl.wcsp import available as wcsp_available
 
 __all__ = ["SolveResult", "SearchConfig", "solve_problem"]
 
@@ -67,11 +66,12 @@ class SearchConfig:
     margin_s: float = 1.0            # kept back (plus 1% of the timeout) to verify and print the answer
     use_wcsp: bool = True            # toulbar2 penalty search when pytoulbar2 is installed
     processes: int = 2               # searches on large cores (forked after presolve)
-    penalty_share: float = 0.6       # of the search time: penalty solves, then improvement
+    penalty_share: float = 0.75      # of the search time: penalty solves, then improvement
     solve_s: Optional[float] = None  # toulbar2 CPU seconds per penalty solve (None: timeout / 30, 3..8)
     pool_size: int = 8
     whole_after_wcsp: float = 0.6    # medium cores: share of the search before CP-SAT on everything
-    bound_share: float = 0.12        # of the search time: Lagrangian bound (the worker, first)
+    bound_share: float = 0.1         # of the search time: Lagrangian bound (main process, first)
+    worker: str = "bp"               # the forked process's search: "bp" or "wcsp" (``portfolio``)
 
 
 @dataclass
@@ -86,10 +86,12 @@ class SolveResult:
 def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] = None,
                   config: Optional[SearchConfig] = None,
                   on_progress: Optional[Callable[[float, int], None]] = None,
-                  on_answer: Optional[Callable[[list, int], None]] = None) -> SolveResult:
+                  on_answer: Optional[Callable[[list, int], None]] = None,
+                  on_bound: Optional[Callable[[int], None]] = None) -> SolveResult:
     """Best answer found before ``start + timeout_s`` (``start`` defaults to now, as
     ``time.perf_counter``). ``on_progress(elapsed_s, cost)`` and ``on_answer(choice, cost)`` are
-    called on each verified improvement (a caller that must answer by a deadline keeps the latest)."""
+    called on each verified improvement (a caller that must answer by a deadline keeps the latest),
+    ``on_bound(lower_bound)`` on each better lower bound known during the search."""
     cfg = config or SearchConfig()
     t0 = time.perf_counter() if start is None else start
     deadline = t0 + timeout_s - cfg.margin_s - 0.01 * timeout_s
@@ -98,6 +100,13 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
     stats = {"core_nodes": core.n, "presolve_s": round(time.perf_counter() - t0, 2)}
     best: list = [None, None, None]  # (choice, cost, the state's core total)
     offset: list = [None]  # real cost minus core total (a constant), known from the first answer
+    bound: list = [-math.inf]  # the best lower bound on the core total
+
+    def note_bound(core_bound: float) -> None:
+        if core_bound > bound[0]:
+            bound[0] = core_bound
+            if on_bound and offset[0] is not None:
+                on_bound(_real_bound(bound[0], offset[0], best[1]))
 
     def offer(state: State) -> None:
         total = state.total()
@@ -110,6 +119,8 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
         stats["offer_s"] = max(stats.get("offer_s", 0.0), time.perf_counter() - t)
         if offset[0] is None:
             offset[0] = v.cost - total
+            if on_bound and np.isfinite(bound[0]):
+                on_bound(_real_bound(bound[0], offset[0], v.cost))
         if v.feasible and (best[1] is None or v.cost < best[1]):
             best[0], best[1] = choice, v.cost
             if on_answer:
@@ -128,16 +139,15 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
         status = res.status if best[0] is not None or res.status == "INFEASIBLE" else "NONE"
         if best[0] is None:
             return SolveResult([], None, "INFEASIBLE" if res.status == "INFEASIBLE" else "NONE", stats)
+        note_bound(res.bound)
         return SolveResult(best[0], best[1], status if status == "OPTIMAL" else "FEASIBLE", stats,
-                           _real_bound(res.bound, offset[0], best[1]))
+                           _real_bound(bound[0], offset[0], best[1]))
 
-    bound = -math.inf  # on the core total
     if cfg.use_wcsp and wcsp_available():
-        searched, bound = _penalty_path(core, deadline, timeout_s, cfg, offer, best, stats)
-        if searched:
+        if toulbar2_portfolio(core, deadline, timeout_s, cfg, offer, note_bound, stats):
             if best[0] is None:
                 return SolveResult([], None, "NONE", stats)
-            return SolveResult(best[0], best[1], "FEASIBLE", stats, _real_bound(bound, offset[0], best[1]))
+            return SolveResult(best[0], best[1], "FEASIBLE", stats, _real_bound(bound[0], offset[0], best[1]))
 
     now = time.perf_counter()
     state = lagrange_search(core, now + cfg.lagrange_share * (deadline - now), offer, verbose=cfg.verbose)
@@ -164,7 +174,7 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
         offer(state)
     if best[0] is None:
         return SolveResult([], None, "NONE", stats)
-    return SolveResult(best[0], best[1], "FEASIBLE", stats, _real_bound(bound, offset[0], best[1]))
+    return SolveResult(best[0], best[1], "FEASIBLE", stats, _real_bound(bound[0], offset[0], best[1]))
 
 
 def _real_bound(core_bound: float, offset: Optional[float], cost: Optional[int]) -> Optional[int]:
@@ -175,85 +185,3 @@ def _real_bound(core_bound: float, offset: Optional[float], cost: Optional[int])
     b = core_bound + offset
     lb = math.ceil(b - 1e-9 * abs(b) - 1e-6)
     return lb if cost is None else min(lb, cost)
-
-
-def _penalty_path(core, deadline: float, timeout_s: float, cfg: SearchConfig, offer, best,
-                  stats) -> tuple[bool, float]:
-    """The toulbar2 search on a large core (see the module docstring): (whether it ran, a lower
-    bound on the core total). It does not run when toulbar2 found no memory-free answer in time
-    (tried twice, the second time with twice the CPU time); the caller then falls back."""
-    t = time.perf_counter()
-    # a quick memory-safe answer first: on a loaded machine toulbar2's CPU seconds stretch far
-    offer(memory_safe_start(core, min(deadline, t + 0.03 * timeout_s)))
-    model = WcspModel(core)
-    free_s = min(8.0, max(3.0, 0.03 * timeout_s))
-    free = model.solve(np.zeros(model.size), free_s, seed=cfg.seed + 1)
-    bound = free.bound
-    if free.choice is None and deadline - time.perf_counter() > 8 * free_s:
-        free_s *= 2
-        free = model.solve(np.zeros(model.size), free_s, seed=cfg.seed + 2)
-        bound = max(bound, free.bound)
-    stats["free_s"] = round(time.perf_counter() - t, 2)
-    if free.choice is None:
-        return False, bound
-    state = State(core, free.choice)
-    if repair(state, MemoryIndex(core), deadline):
-        icm(state, deadline, nodes=state.improvable())
-        offer(state)
-    stats["mode"] = "wcsp"
-    solve_s = cfg.solve_s or min(8.0, max(3.0, timeout_s / 30, free_s / 2))
-    shared = SharedBest(core.n)
-    if best[2] is not None:
-        shared.offer(best[2], state.choice)
-    seen = [shared.seq]
-
-    def bring_in() -> None:  # the worker's best, verified and offered (the watchdog keeps it)
-        if shared.seq != seen[0] and shared.total < (best[2] if best[2] is not None else np.inf):
-            seq, total, choice = shared.read(timeout=1.0)
-            seen[0] = seq
-            if choice:
-                offer(State(core, choice))
-
-    free_state = State(core, free.choice)
-    bound_end = time.perf_counter() + cfg.bound_share * (deadline - time.perf_counter())
-
-    def run(seed: int, scale_factor: float, share, end: float, on_round=None, verbose=False,
-            bound_first: bool = False) -> dict:
-        if bound_first:  # the Lagrangian bound, offered to both processes through ``shared``
-            shared.offer_bound(lower_bound(core, model, free_state, bound_end, time_limit_s=solve_s))
-        search = PenaltySearch(core, model, seed=seed)
-        search.w *= scale_factor
-        return pool_search(search, shared, share, end, seed=seed, penalty_share=cfg.penalty_share,
-                           solve_s=solve_s, pool_size=cfg.pool_size, on_round=on_round, verbose=verbose)
-
-    pid = None
-    if cfg.processes > 1:
-        pid = fork_worker(lambda: run(cfg.seed + 7, 0.1, lambda st: shared.offer(st.total(), st.choice),
-                                      deadline - 1.0, bound_first=True))
-
-    def share_main(st: State) -> None:
-        shared.offer(st.total(), st.choice)
-        offer(st)
-
-    # medium cores: the main process ends with CP-SAT on everything, from the best answer
-    whole = region_size(core, list(range(core.n))) <= cfg.whole_max_vars
-    now = time.perf_counter()
-    end = now + cfg.whole_after_wcsp * (deadline - now) if whole else deadline
-    stats.update(run(cfg.seed, 1.0, share_main, end, on_round=bring_in, verbose=cfg.verbose,
-                     bound_first=pid is None))
-    bring_in()
-    choice = shared.read(timeout=1.0)[2] if whole else []
-    if choice:  # the cheapest answer of either process
-        state = State(core, choice)
-        left = deadline - 4.0 * stats.get("offer_s", 0.0) - time.perf_counter()
-        res = solve_region(state, list(range(core.n)), max(0.05, 0.9 * left - 1.5), seed=cfg.seed,
-                           deadline=time.perf_counter() + 0.9 * left - 1.5)
-        stats["whole_status"] = res.status
-        share_main(state)
-        bound = max(bound, res.bound)
-    if pid is not None:
-        wait_worker(pid, deadline)
-    bring_in()
-    stats["processes"] = cfg.processes
-    stats["lagrangian_bound"] = shared.bound
-    return True, max(bound, shared.bound)

@@ -165,7 +165,8 @@ def test_shared_best_crosses_a_fork():
     assert os.getpid() != pid
 
 
-def test_two_process_search_on_a_larger_instance():
+@pytest.mark.parametrize("worker", ["bp", "wcsp"])
+def test_two_process_search_on_a_larger_instance(worker):
     rng = random.Random(5)
     n = 300
     strats = [rng.randint(2, 4) for _ in range(n)]
@@ -177,9 +178,11 @@ def test_two_process_search_on_a_larger_instance():
     p.edge_costs = [[rng.choice([0, rng.randint(1, 40)]) for _ in range(strats[u] * strats[v])] for u, v in p.edges]
     p.usage_limit = int(verify(p, [int(np.argmin(u)) for u in p.usages]).peak * 1.3)
     seen = []
-    got = solve_problem(p, timeout_s=12, config=SearchConfig(exact_max_vars=0, solve_s=1, processes=2),
-                        on_progress=lambda t, c: seen.append(c))
-    assert got.stats["mode"] == "wcsp" and got.stats["processes"] == 2
+    bounds = []
+    got = solve_problem(p, timeout_s=10, config=SearchConfig(exact_max_vars=0, solve_s=1, processes=2, worker=worker),
+                        on_progress=lambda t, c: seen.append(c), on_bound=bounds.append)
+    assert got.stats["mode"] == "wcsp" and got.stats["processes"] == 2 and got.stats["worker"] == worker
+    assert bounds == sorted(bounds) and bounds[-1] == got.lower_bound  # reported as they improved
     assert got.choice and verify(p, got.choice).feasible and got.cost == seen[-1]
     assert seen == sorted(seen, reverse=True)
     assert got.lower_bound is not None and got.lower_bound <= got.cost
