@@ -121,11 +121,12 @@ class PenaltySearch:
 
 
 def lower_bound(core, model: WcspModel, free: State, deadline: float, *, time_limit_s: float = 2.0,
-                kappas=(1.0, 10.0, 100.0), refine: bool = True) -> float:
+                kappas=(1.0, 10.0, 100.0), refine: bool = True, on_step=None) -> float:
     """The best Lagrangian bound found before ``deadline`` (see the module docstring) on the core's
     total (``State.total``); ``-inf`` when none was computed. ``free`` is a memory-free answer: its
     overflowing time points carry the prices, ``kappa`` times the problem's cost per memory-time,
-    for each of ``kappas`` and then (``refine``) a third and three times the best of them."""
+    for each of ``kappas`` and then (``refine``) a third and three times the best of them.
+    ``on_step(best bound so far)`` is called after each priced solve."""
     if core.limit is None:
         return model.solve(np.zeros(model.size), time_limit_s, floor=True).bound
     hot = (free.load > core.limit).astype(np.float64)
@@ -141,6 +142,8 @@ def lower_bound(core, model: WcspModel, free: State, deadline: float, *, time_li
         res = model.solve(extra, time_limit_s, floor=True)
         # the constant of the relaxation: prices times (load of removed nodes - limit)
         tried[k] = res.bound + float(np.dot(lam, core.base_load - core.limit))
+        if on_step:
+            on_step(max(tried.values()))
         return tried[k]
 
     for k in kappas:

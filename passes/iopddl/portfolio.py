@@ -5,15 +5,17 @@ answer repaired the first toulbar2 start), then forks a worker (``parallel``) an
 ``pool_search``: adaptive penalties with toulbar2, chain moves, the pool and its recombination.
 The worker runs, by ``SearchConfig.worker``:
 
-* ``"bp"`` (default): the search without toulbar2 (belief propagation with per-time-point memory
-  prices, then forest moves and CP-SAT neighbourhoods, ``lagrangian`` / ``lns``). The two
-  searches fail differently (toulbar2 needs CPU seconds before its first answer on networks of
-  millions of table entries; belief propagation stalls where chains must flip together), and
-  whichever is ahead feeds the other through the shared incumbent;
+* ``"bp"`` (default): first (``bp_share`` of its time) the search without toulbar2 (belief
+  propagation with per-time-point memory prices, ``lagrangian``); then, if the shared best (from
+  toulbar2) beats it, a second ``pool_search``, else forest moves and CP-SAT neighbourhoods from
+  its own answer (``lns``). The two searches fail differently (toulbar2 needs CPU seconds before
+  its first answer on networks of millions of table entries; belief propagation stalls where
+  chains must flip together); the worker is forked before toulbar2's first solve, and if that
+  finds nothing the main process only improves the shared pool;
 * ``"wcsp"``: a second ``pool_search`` with another seed and penalty scale.
 
-The Lagrangian bound (``penalties.lower_bound``) takes ``bound_share`` of the main process's time
-first. Medium cores (``whole_max_vars``) end with CP-SAT on everything from the best answer.
+The Lagrangian bound (``penalties.lower_bound``) takes the last ``bound_share`` of the main
+process's time. Medium cores (``whole_max_vars``) end with CP-SAT on everything from the best answer.
 """
 from __future__ import annotations
 
@@ -37,34 +39,46 @@ __all__ = ["toulbar2_portfolio"]
 
 def toulbar2_portfolio(core, deadline: float, timeout_s: float, cfg, offer, note_bound, stats) -> bool:
     """Run the search (see the module docstring) until ``deadline``: ``offer(state)`` each answer,
-    ``note_bound(core_bound)`` each lower bound on the core total. False, having run nothing past
-    the memory-free solve, when toulbar2 found no memory-free answer in time (tried twice, the
-    second time with twice the CPU time): the caller then falls back."""
+    ``note_bound(core_bound)`` each lower bound on the core total. Without a worker
+    (``cfg.processes == 1``): False, having run nothing past the memory-free solve, when toulbar2
+    found no memory-free answer in time (tried twice, the second time with twice the CPU time);
+    the caller then falls back."""
     t = time.perf_counter()
     # a quick memory-safe answer first: on a loaded machine toulbar2's CPU seconds stretch far
-    offer(memory_safe_start(core, min(deadline, t + 0.03 * timeout_s)))
+    quick = memory_safe_start(core, min(deadline, t + 0.03 * timeout_s))
+    offer(quick)
+    shared = SharedBest(core.n)
+    seen = [shared.seq]
     model = WcspModel(core)
-    free_s = min(8.0, max(3.0, 0.03 * timeout_s))
+    free_s = min(10.0, max(4.0, 0.05 * timeout_s))
+    solve_s = cfg.solve_s or min(8.0, max(3.0, timeout_s / 30))
+
+    def share_worker(st: State) -> None:
+        if st.feasible() and st.total() < FORBIDDEN:
+            shared.offer(st.total(), st.choice)
+
+    share_worker(quick)
+    pid = None
+    if cfg.processes > 1:  # forked first: it searches while toulbar2 finds its first answer
+        end = deadline - 1.0
+        pid = fork_worker(lambda: _worker(core, model, cfg, shared, share_worker, end, solve_s))
     free = model.solve(np.zeros(model.size), free_s, seed=cfg.seed + 1)
     note_bound(free.bound)
-    if free.choice is None and deadline - time.perf_counter() > 8 * free_s:
+    if free.choice is None and deadline - time.perf_counter() > 4 * free_s:
         free_s *= 2
         free = model.solve(np.zeros(model.size), free_s, seed=cfg.seed + 2)
         note_bound(free.bound)
     stats["free_s"] = round(time.perf_counter() - t, 2)
-    if free.choice is None:
+    if free.choice is None and pid is None:
         return False
-    free_state = State(core, free.choice)
-    state = State(core, free.choice)
-    if repair(state, MemoryIndex(core), deadline):
-        icm(state, deadline, nodes=state.improvable())
-        offer(state)
     stats["mode"] = "wcsp"
-    solve_s = cfg.solve_s or min(8.0, max(3.0, timeout_s / 30, free_s / 2))
-    shared = SharedBest(core.n)
-    if state.feasible() and state.total() < FORBIDDEN:
-        shared.offer(state.total(), state.choice)
-    seen = [shared.seq]
+    if free.choice is not None:
+        free_state = State(core, free.choice)
+        state = State(core, free.choice)
+        if repair(state, MemoryIndex(core), deadline):
+            icm(state, deadline, nodes=state.improvable())
+            offer(state)
+            share_worker(state)
 
     def bring_in() -> None:  # the worker's best, verified and offered (the watchdog keeps it)
         if shared.seq != seen[0] and shared.total < np.inf:
@@ -73,38 +87,40 @@ def toulbar2_portfolio(core, deadline: float, timeout_s: float, cfg, offer, note
             if choice:
                 offer(State(core, choice))
 
-    def share_worker(st: State) -> None:
-        if st.feasible() and st.total() < FORBIDDEN:
-            shared.offer(st.total(), st.choice)
-
     def share_main(st: State) -> None:
         share_worker(st)
         offer(st)
 
-    pid = None
-    if cfg.processes > 1:
-        end = deadline - 1.0
-        pid = fork_worker(lambda: _worker(core, model, cfg, shared, share_worker, end, solve_s))
-    bound_end = time.perf_counter() + cfg.bound_share * (deadline - time.perf_counter())
-    note_bound(lower_bound(core, model, free_state, bound_end, time_limit_s=solve_s))
-    # medium cores: the main process ends with CP-SAT on everything, from the best answer
+    bring_in()
     whole = region_size(core, list(range(core.n))) <= cfg.whole_max_vars
     now = time.perf_counter()
-    end = deadline - max(1.0, 3.0 * stats.get("offer_s", 0.0))  # room for the last offers
-    end = now + cfg.whole_after_wcsp * (end - now) if whole else end
+    search_end = deadline - max(1.0, 3.0 * stats.get("offer_s", 0.0))  # room for the last offers
+    # the Lagrangian bound comes last: the answers matter more, and bounds are kept as found
+    bound_s = cfg.bound_share * (search_end - now) if free.choice is not None else 0.0
+    search_end -= bound_s
+    # medium cores: the main process ends with CP-SAT on everything, from the best answer
+    end = now + cfg.whole_after_wcsp * (search_end - now) if whole else search_end
     search = PenaltySearch(core, model, seed=cfg.seed)
-    stats.update(pool_search(search, shared, share_main, end, seed=cfg.seed, penalty_share=cfg.penalty_share,
+    # no memory-free answer: toulbar2 is too slow here, the main process only improves the pool
+    share = cfg.penalty_share if free.choice is not None else 0.0
+    stats.update(pool_search(search, shared, share_main, end, seed=cfg.seed, penalty_share=share,
                              solve_s=solve_s, pool_size=cfg.pool_size, on_round=bring_in, verbose=cfg.verbose))
     bring_in()
     choice = shared.read(timeout=1.0)[2] if whole else []
     if choice:  # the cheapest answer of either process
         state = State(core, choice)
-        left = deadline - 4.0 * stats.get("offer_s", 0.0) - time.perf_counter()
-        res = solve_region(state, list(range(core.n)), max(0.05, 0.9 * left - 1.5), seed=cfg.seed,
-                           deadline=time.perf_counter() + 0.9 * left - 1.5)
+        left = search_end - time.perf_counter()
+        res = solve_region(state, list(range(core.n)), max(0.05, 0.9 * left - 1.0), seed=cfg.seed,
+                           deadline=time.perf_counter() + 0.9 * left - 1.0)
         stats["whole_status"] = res.status
         share_main(state)
         note_bound(res.bound)
+    if free.choice is not None:
+        def step(b: float) -> None:
+            note_bound(b)
+            bring_in()
+
+        note_bound(lower_bound(core, model, free_state, search_end + bound_s, time_limit_s=solve_s, on_step=step))
     if pid is not None:
         wait_worker(pid, deadline)
     bring_in()
@@ -122,9 +138,15 @@ def _worker(core, model, cfg, shared: SharedBest, share, end: float, solve_s: fl
                     solve_s=solve_s, pool_size=cfg.pool_size)
         return
     now = time.perf_counter()
-    state = lagrange_search(core, now + cfg.lagrange_share * (end - now), share, seed=cfg.seed + 7)
+    state = lagrange_search(core, now + cfg.bp_share * (end - now), share, seed=cfg.seed + 7)
     if state is None:
         state = memory_safe_start(core, end)
     share(state)
+    if shared.total < (1.0 - 1e-3) * state.total():  # toulbar2 is ahead: help it instead
+        search = PenaltySearch(core, model, seed=cfg.seed + 7)
+        search.w *= 0.1
+        pool_search(search, shared, share, end, seed=cfg.seed + 7, penalty_share=cfg.penalty_share,
+                    solve_s=solve_s, pool_size=cfg.pool_size)
+        return
     lns(state, lambda: end, cfg, random.Random(cfg.seed + 7), share)
     share(state)

@@ -72,6 +72,7 @@ class SearchConfig:
     whole_after_wcsp: float = 0.6    # medium cores: share of the search before CP-SAT on everything
     bound_share: float = 0.1         # of the search time: Lagrangian bound (main process, first)
     worker: str = "bp"               # the forked process's search: "bp" or "wcsp" (``portfolio``)
+    bp_share: float = 0.3            # the "bp" worker's belief-propagation phase, of its time
 
 
 @dataclass
