@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import glob
 import json
 import os
 import signal
@@ -106,13 +107,16 @@ class _Watchdog:
                 code = 0
             else:
                 code = os.waitstatus_to_exitcode(os.waitpid(self.child, 0)[1])
-        for p in (self.path, self.path + ".lock", self.path + ".tmp", self.path + ".bound", self.path + ".btmp"):
+        for p in [self.path, self.path + ".lock", self.path + ".bound", self.path + ".btmp",
+                  *glob.glob(glob.escape(self.path) + ".*.tmp")]:
             if os.path.exists(p):
                 os.unlink(p)
         os._exit(max(code, 0))
 
     def keep(self, choice: list) -> None:
-        tmp = self.path + ".tmp"
+        """Any process of the solve (its forked worker too) may keep an answer: each writes its own
+        temporary file, then replaces the answer file atomically."""
+        tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(choice, f)
         os.replace(tmp, self.path)

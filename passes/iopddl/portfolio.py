@@ -54,8 +54,12 @@ def toulbar2_portfolio(core, deadline: float, timeout_s: float, cfg, offer, note
     solve_s = cfg.solve_s or min(8.0, max(3.0, timeout_s / 30))
 
     def share_worker(st: State) -> None:
-        if st.feasible() and st.total() < FORBIDDEN:
-            shared.offer(st.total(), st.choice)
+        """Either process: a new best of both goes to ``shared`` and, verified, to ``offer`` (so the
+        caller's watchdog keeps it even while the main process is inside a long toulbar2 call).
+        Two processes finding new bests within one verification of each other may leave the
+        slightly worse one kept; the main process's final answer is the shared best either way."""
+        if st.feasible() and st.total() < FORBIDDEN and shared.offer(st.total(), st.choice):
+            offer(st)
 
     share_worker(quick)
     pid = None
@@ -89,7 +93,7 @@ def toulbar2_portfolio(core, deadline: float, timeout_s: float, cfg, offer, note
 
     def share_main(st: State) -> None:
         share_worker(st)
-        offer(st)
+        offer(st)  # the main process's own record of its best (a no-op when not better)
 
     bring_in()
     whole = region_size(core, list(range(core.n))) <= cfg.whole_max_vars
