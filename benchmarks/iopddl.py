@@ -14,9 +14,10 @@ average is printed before each row: the limits are wall-clock and this machine i
 runs each instance a second time right after with ``--no-toulbar2`` (rows ``A-bp``...: the search
 the solver used before toulbar2), so the two are measured under about the same load.
 
-``--set unseen`` runs the instances of google/iopddl's ``benchmarks/`` that are not among the four
-tuned on (B C D K L N P Q R T U V: those whose files are not too large to be stored there), with
-the best cost any team reached in the contest's published final results.
+``--set unseen`` runs other instances of google/iopddl's ``benchmarks/`` (never tuned on): B C D K
+L N P Q R T U V, the ones whose files could be fetched here (E F H I J O W X Y are larger), with
+the best cost any team reached in the contest's published final results; ``--dir`` names the
+folder holding them.
 """
 from __future__ import annotations
 
