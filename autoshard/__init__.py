@@ -2,14 +2,22 @@
 
 ``autoshard.plan(model, mesh, example_inputs=...)`` traces a model and solves an ILP for how to shard
 it (data parallel, FSDP/ZeRO, tensor parallel); ``autoshard.compile(...)`` does the same under
-torchrun and returns each rank's program; ``Plan.render`` draws the partition.
+torchrun and returns each rank's program; ``Plan.render`` draws the partition. With ``pp="auto"``
+both plan pipeline stages too (``PipelinedPlan``: 3D plans).
+
+The front door: ``api`` (plan, compile), ``compiled`` (what compile returns), ``plans`` (``Plan``),
+``presets``, ``summary``, ``cli``, and the subpackages ``drawing/`` and ``profiling/``. Below it sit
+the analysis (``autoshard.passes``, installed from ``passes/``) and the runtime (``autoshard.runtime``,
+from ``runtime/``). ``autoshard.testing`` is the tests' and benchmarks' support, not the front door's.
 
 Names that need torch load on first use, so torch-free commands (``autoshard solve``) start fast.
+
+May import: torch, graphviz, ``autoshard.passes`` and ``autoshard.runtime``. Never ``autoshard.testing``.
 """
 import importlib
 
 from autoshard.passes.errors import (  # noqa: F401  (torch-free)
-    AutoshardError, BatchError, InfeasiblePlanError, MeshError, PlanFormatError, TraceError,
+    AutoshardError, BatchError, CheckpointError, InfeasiblePlanError, MeshError, PlanFormatError, TraceError,
 )
 from autoshard.passes.mesh import Mesh  # noqa: F401  (torch-free)
 
@@ -17,13 +25,15 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "plan": "autoshard.api", "compile": "autoshard.api",
-    "Plan": "autoshard.plans", "load_plan": "autoshard.plans",
+    "Plan": "autoshard.plans", "load_plan": "autoshard.plans", "PipelinedPlan": "autoshard.pipelined_plans",
     "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
+    "MixedPrecision": "autoshard.passes.levers",
 }
-_SUBMODULES = ("presets",)
+_SUBMODULES = ("presets", "checkpoint")
 
-__all__ = ["plan", "compile", "load_plan", "Plan", "Mesh", "Shard", "Replicate", "Partial", "presets",
-           "AutoshardError", "TraceError", "MeshError", "InfeasiblePlanError", "BatchError", "PlanFormatError"]
+__all__ = ["plan", "compile", "load_plan", "Plan", "PipelinedPlan", "Mesh", "Shard", "Replicate", "Partial", "MixedPrecision", "presets",
+           "checkpoint", "AutoshardError", "TraceError", "MeshError", "InfeasiblePlanError", "BatchError",
+           "PlanFormatError", "CheckpointError"]
 
 
 def __getattr__(name: str):

@@ -21,20 +21,24 @@ from autoshard.compiled import CompiledModel, PipelinedModel
 from autoshard.passes.capture.export import capture
 from autoshard.passes.errors import BatchError, PlanFormatError
 from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision, block_type
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import generate
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
 from autoshard.passes.sharding.pins import Pins
+from autoshard.passes.solve.clustering import block_instance, module_path
 from autoshard.passes.solve.planner import plan_sharding, random_solution
 from autoshard.passes.solve.solution import Solution
+from autoshard.pipelined_plans import PipelinedPlan
+from autoshard.pipelines import build_pipelined_model, check_plan_arguments, plan_pipelined
 from autoshard.plans import Plan, graph_fingerprint
 from autoshard.runtime.groups import MeshEnv, run_and_broadcast, setup_distributed
 from autoshard.runtime.pipeline.executor import PipelineProgram
 from autoshard.runtime.pipeline.split import replan_at_microbatch, stage_nodes_from_prefixes
 
 __all__ = ["plan", "compile", "plan_captured", "resolve_hardware", "hardware_label", "planner_stage_starts",
-           "PIN_KEYWORDS"]
+           "PIN_KEYWORDS", "pin_levers", "check_lever_values", "block_types", "microbatch"]
 
 PIN_KEYWORDS = ("params", "inputs", "ops", "strategies")
 
@@ -80,12 +84,14 @@ def plan_captured(captured: CapturedGraph, mesh: Any, *, hardware: Any = "auto",
     else:
         solution = plan_sharding(captured, mesh, hardware=hw, memory_limit=memory_limit, pins=pin_obj,
                                  optimizer=optimizer, time_limit_s=time_limit_s)
-    return Plan(solution, mesh, hardware_label(hw), graph_fingerprint(captured), captured)
+    return Plan.build(solution, mesh, hw, captured)
 
 
 def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, example_target=None,
          hardware: Optional[str] = "auto", memory_limit: Optional[int] = None, optimizer: str = "adamw",
-         random_seed: Optional[int] = None, time_limit_s: float = 30.0, **pins) -> Plan:
+         random_seed: Optional[int] = None, time_limit_s: float = 30.0, pp: Union[None, int, str] = None,
+         schedule: Optional[str] = None, microbatches: Optional[int] = None, stages: Optional[list] = None,
+         **pins) -> Union[Plan, PipelinedPlan]:
     """Trace ``model`` and choose how to shard it over ``mesh``; needs no process group.
 
     ``mesh``: an int, a tuple of ints, an ``autoshard.Mesh`` or a ``DeviceMesh``. ``example_inputs``:
@@ -96,7 +102,17 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
     ``params={"fc1.weight": ("S(0)", "R")}`` (fnmatch patterns), ``inputs={0: ("S(0)",)}``,
     ``ops={"linear_1": ("S(2)",)}``, ``strategies={node: Strategy}``. ``random_seed`` draws a random
     valid plan instead of solving (for testing the runtime).
+
+    3D plans: ``pp="auto"`` | N (and ``schedule=``, ``microbatches=``, ``stages=``) run the stage
+    planner as ``compile`` does, with no process group (``_plan_pipeline``): the result is a
+    ``PipelinedPlan`` (same surface; ``compile(..., plan=it)`` runs it under torchrun), or a ``Plan``
+    when no pipeline is faster. Pass the whole model: repeated blocks are priced once inside.
     """
+    if _pipeline_degree(pp) or any(v is not None for v in (schedule, microbatches, stages)):
+        return _plan_pipeline(model, mesh, example_inputs=example_inputs, loss_fn=loss_fn,
+                              example_target=example_target, hardware=hardware, memory_limit=memory_limit,
+                              optimizer=optimizer, random_seed=random_seed, time_limit_s=time_limit_s, pp=pp,
+                              schedule=schedule, microbatches=microbatches, stages=stages, pins=pins)
     mesh = Mesh.of(mesh)
     captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
     return plan_captured(captured, mesh, hardware=hardware, memory_limit=memory_limit, optimizer=optimizer,
@@ -107,7 +123,9 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
             plan: Optional[Plan] = None, state_dict: Optional[dict] = None, hardware: Any = "auto",
             memory_limit: Optional[int] = None, optimizer: str = "adamw", random_seed: Optional[int] = None,
             time_limit_s: float = 30.0, pp: Union[None, int, str] = None, schedule: Optional[str] = None,
-            microbatches: Optional[int] = None, stages: Optional[list] = None, **pins):
+            microbatches: Optional[int] = None, stages: Optional[list] = None, accumulation: Optional[int] = None,
+            checkpoint: Union[None, str, dict] = None, reshard_after_forward: Union[None, bool, dict] = None,
+            mixed_precision: Optional[MixedPrecision] = None, **pins):
     """Plan ``model`` for ``mesh`` and build this rank's program; call on every rank under torchrun.
 
     Rank 0 solves (unless ``plan`` is given) and broadcasts the plan as JSON, so every rank runs the
@@ -124,9 +142,36 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     "zbv", "dualpipev"), ``microbatches`` and ``stages`` (module-name prefixes, node names or layer-unit
     indices where stages 1.. start) pin those decisions (``_compile_pipeline``). The result is a
     ``PipelinedModel``, or a ``CompiledModel`` when the planner finds no pipeline faster (pp = 1).
-    ``pp=None`` (default) or ``pp=1``: no pipeline, the plan above.
+    ``pp=None`` (default) or ``pp=1``: no pipeline, the plan above. ``plan`` may be a ``PipelinedPlan``
+    (from ``plan(..., pp=...)`` or ``load_plan``): the pipeline is built from it, nothing is planned
+    (``_compile_planned_pipeline``).
+
+    Memory levers (``passes.levers``; pinned here, on top of what the plan carries; see ``pin_levers``):
+    ``accumulation=k`` runs the global batch as k sequential microsteps (the program is traced at
+    ``batch / k``; ``step`` still takes the global batch and returns the mean loss);
+    ``checkpoint="none" | "selective" | "full"`` for every repeated-block type, or a dict by block
+    type (``{"layers.#": "full"}``); ``reshard_after_forward=True`` (or a dict by block type) frees
+    sharded parameters' gathered copies after forward and gathers them again for backward;
+    ``mixed_precision=autoshard.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``
+    computes with ``param_dtype`` copies of the parameters (traced so), keeps and updates the
+    parameters in their own dtype and reduces gradients in ``reduce_dtype``.
     """
+    lever_pins = {"accumulation": accumulation, "checkpoint": checkpoint,
+                  "reshard_after_forward": reshard_after_forward, "mixed_precision": mixed_precision}
+    check_lever_values(**lever_pins)
+    if isinstance(plan, PipelinedPlan):
+        if any(v is not None for v in lever_pins.values()):
+            raise TypeError(f"{[k for k, v in lever_pins.items() if v is not None]} cannot be combined with a "
+                            "pipelined plan yet: its stages recompute as the stage planner chose")
+        return _compile_planned_pipeline(model, mesh, plan, example_inputs=example_inputs, loss_fn=loss_fn,
+                                         example_target=example_target, state_dict=state_dict, pp=pp,
+                                         schedule=schedule, microbatches=microbatches, stages=stages,
+                                         random_seed=random_seed, pins=pins)
     pipelined = _pipeline_degree(pp)
+    if pipelined and any(v is not None for v in lever_pins.values()):
+        raise TypeError(f"{[k for k, v in lever_pins.items() if v is not None]} cannot be combined with pp={pp!r} "
+                        "yet: a pipeline recomputes per stage (the stage planner decides) and accumulates over "
+                        "its microbatches")
     if not pipelined and any(v is not None for v in (schedule, microbatches, stages)):
         raise TypeError("schedule=, microbatches= and stages= configure pipeline parallelism: pass pp='auto' "
                         "(or pp= > 1) too")
@@ -146,7 +191,12 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
                                  memory_limit=memory_limit, optimizer=optimizer, time_limit_s=time_limit_s,
                                  pins=pins)
     t0 = time.perf_counter()
-    captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
+    carried = plan.solution.levers if plan is not None else Levers()
+    k = accumulation if accumulation is not None else carried.accumulation
+    mp = mixed_precision if mixed_precision is not None else carried.mixed_precision
+    inputs, target = microbatch(example_inputs, example_target, k)
+    captured = capture(model, inputs, loss_fn=loss_fn, target=target,
+                       param_dtype=None if mp is None else mp.param_dtype)
     if plan is not None:
         chosen = plan.attach(captured, mesh)
     else:
@@ -154,7 +204,93 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
             captured, mesh, hardware=hardware, memory_limit=memory_limit, optimizer=optimizer,
             random_seed=random_seed, time_limit_s=time_limit_s, pins=pins).to_json(), env=env)
         chosen = Plan.from_json(payload).attach(captured, mesh)
+    chosen.solution.levers = pin_levers(captured, chosen.solution.levers, **lever_pins)
     return CompiledModel(model, chosen, env, state_dict=state_dict, compile_seconds=time.perf_counter() - t0)
+
+
+# ---- memory levers -----------------------------------------------------------------------------
+
+def block_types(captured: CapturedGraph) -> list[str]:
+    """The repeated-block types of a captured program ("layers.#"), in order of first op."""
+    out: list[str] = []
+    for node in captured.gm.graph.nodes:
+        found = block_instance(module_path(node, captured)) if node.op == "call_function" else None
+        if found and block_type(found[1]) not in out:
+            out.append(block_type(found[1]))
+    return out
+
+
+def _per_block(name: str, value, known: list[str]) -> dict:
+    """A lever given for every block type (a plain value) or by block type (a dict), as a dict."""
+    if not known:
+        raise PlanFormatError(f"{name}= applies to repeated blocks (numbered modules such as layers.0), and this "
+                              "model has none")
+    if not isinstance(value, dict):
+        return dict.fromkeys(known, value)
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise PlanFormatError(f"{name}= names block type(s) {unknown}; this model's block types are {known}")
+    return dict(value)
+
+
+def pin_levers(captured: CapturedGraph, levers: Levers, *, accumulation: Optional[int] = None,
+               checkpoint: Union[None, str, dict] = None, reshard_after_forward: Union[None, bool, dict] = None,
+               mixed_precision: Optional[MixedPrecision] = None) -> Levers:
+    """``levers`` with the given pins applied (None leaves a lever as ``levers`` has it): the one place
+    ``compile``'s lever arguments enter a plan. ``checkpoint``/``reshard_after_forward``: one value
+    for every block type of ``captured`` or a dict by block type."""
+    check_lever_values(accumulation, checkpoint, reshard_after_forward, mixed_precision)
+    blocks = dict(levers.blocks)
+    known = block_types(captured)
+    if checkpoint is not None:
+        for b, policy in _per_block("checkpoint", checkpoint, known).items():
+            blocks[b] = BlockPolicy(policy, blocks.get(b, BlockPolicy()).reshard_after_forward)
+    if reshard_after_forward is not None:
+        for b, flag in _per_block("reshard_after_forward", reshard_after_forward, known).items():
+            blocks[b] = BlockPolicy(blocks.get(b, BlockPolicy()).checkpoint, flag)
+    return Levers(accumulation if accumulation is not None else levers.accumulation, blocks,
+                  mixed_precision if mixed_precision is not None else levers.mixed_precision)
+
+
+def check_lever_values(accumulation=None, checkpoint=None, reshard_after_forward=None, mixed_precision=None) -> None:
+    """Refuse lever arguments of the wrong kind (block types are checked against a model by ``pin_levers``)."""
+    if accumulation is not None and (isinstance(accumulation, bool) or not isinstance(accumulation, int)
+                                     or accumulation < 1):
+        raise TypeError(f"accumulation={accumulation!r}: pass an int >= 1 (the number of sequential microsteps)")
+    for policy in (checkpoint.values() if isinstance(checkpoint, dict) else [checkpoint]):
+        if policy is not None:
+            BlockPolicy(policy)
+    for flag in (reshard_after_forward.values() if isinstance(reshard_after_forward, dict) else [reshard_after_forward]):
+        if flag is not None and not isinstance(flag, bool):
+            raise TypeError(f"reshard_after_forward= takes True/False (or a dict of them by block type), got {flag!r}")
+    if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
+        raise TypeError(f"mixed_precision= takes autoshard.MixedPrecision(param_dtype=..., reduce_dtype=...), "
+                        f"got {type(mixed_precision).__name__}")
+
+
+def microbatch(example_inputs, example_target, k: int):
+    """The first ``1/k`` of every input tensor and of the target along dim 0 (what one of ``k``
+    accumulation microsteps sees); unchanged for k = 1."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise TypeError(f"accumulation={k!r}: pass an int >= 1")
+    if k == 1:
+        return example_inputs, example_target
+
+    def cut(name, x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        if x.dim() == 0 or x.shape[0] % k:
+            raise BatchError(f"{name} has shape {tuple(x.shape)}: accumulation={k} cuts dim 0 into {k} equal "
+                             f"microbatches; use a global batch divisible by {k}")
+        return x[: x.shape[0] // k]
+
+    if isinstance(example_inputs, dict):
+        inputs = {n: cut(f"input {n!r}", x) for n, x in example_inputs.items()}
+    elif isinstance(example_inputs, (tuple, list)):
+        inputs = type(example_inputs)(cut(f"input {i}", x) for i, x in enumerate(example_inputs))
+    else:
+        inputs = cut("the input", example_inputs)
+    return inputs, None if example_target is None else cut("example_target", example_target)
 
 
 def _pipeline_degree(pp) -> bool:
@@ -171,6 +307,46 @@ def _pipeline_degree(pp) -> bool:
 
 
 # ---- pipeline parallelism ----------------------------------------------------------------------
+
+def _plan_pipeline(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn, example_target, hardware,
+                   memory_limit, optimizer, random_seed, time_limit_s, pp, schedule, microbatches, stages,
+                   pins: dict) -> Union[Plan, PipelinedPlan]:
+    """``plan(..., pp=...)``: the stage planner on the whole program, no process group
+    (``pipelines.plan_pipelined``). Pins and random plans are refused (TypeError)."""
+    if not _pipeline_degree(pp):
+        raise TypeError("schedule=, microbatches= and stages= configure pipeline parallelism: pass pp='auto' "
+                        "(or pp= > 1) too")
+    _pins(pins)
+    bad = ["random_seed"] if random_seed is not None else []
+    bad += [f"{k} (pins)" for k in PIN_KEYWORDS if pins.get(k)]
+    if bad:
+        raise TypeError(f"{', '.join(bad)} cannot be combined with plan(..., pp={pp!r}): the stage planner chooses "
+                        "each stage's sharding (compile(..., pp=..., params=...) applies parameter pins when it "
+                        "re-solves the stages)")
+    if isinstance(example_inputs, dict) or not isinstance(example_inputs, (tuple, list)):
+        raise BatchError("pipeline parallelism takes example_inputs as a tuple of tensors (cut along dim 0)")
+    mesh = Mesh.of(mesh)
+    hw = resolve_hardware(hardware)
+    captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
+    return plan_pipelined(captured, mesh, hardware=hw, hardware_label=hardware_label(hw), memory_limit=memory_limit,
+                          optimizer=optimizer, pp=pp, schedule=schedule, microbatches=microbatches,
+                          stages=planner_stage_starts(captured, stages), time_limit_s=time_limit_s)
+
+
+def _compile_planned_pipeline(model: torch.nn.Module, mesh: Any, plan: PipelinedPlan, *, example_inputs, loss_fn,
+                              example_target, state_dict, pp, schedule, microbatches, stages, random_seed,
+                              pins: dict) -> PipelinedModel:
+    """``compile(..., plan=<PipelinedPlan>)``: join the world and build this rank's stages from the plan
+    (``pipelines.build_pipelined_model``); nothing is planned, on any rank."""
+    check_plan_arguments(plan, pp=pp, schedule=schedule, microbatches=microbatches, stages=stages,
+                         random_seed=random_seed, pins=pins)
+    mesh = Mesh.of(mesh)
+    if mesh.shape != plan.mesh.shape:
+        raise PlanFormatError(f"plan was made for mesh {plan.mesh.shape}, not {mesh.shape}: plan again")
+    setup_distributed(mesh)
+    return build_pipelined_model(plan, model, example_inputs=example_inputs, loss_fn=loss_fn,
+                                 example_target=example_target, state_dict=state_dict)
+
 
 def _compile_pipeline(model: torch.nn.Module, mesh: Mesh, env: MeshEnv, *, example_inputs, loss_fn, example_target,
                       pp, schedule, microbatches, stages, state_dict, hardware, memory_limit, optimizer,

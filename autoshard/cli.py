@@ -1,5 +1,10 @@
 """``autoshard`` command line: small on purpose.
 
+    autoshard plan SPEC --mesh 8x8 --batch 16 [--seq 8192] [--hardware h100] [--dtype bf16] [--pp auto]
+                   [--memory-limit 80GB] [--out plan.json] [--svg plan.svg]
+                                                trace and plan a model named on the command line
+    autoshard explain PLAN.json NAME            why a parameter or op got its placement
+    autoshard diff A.json B.json                what differs between two plans
     autoshard summary PLAN.json                 print a saved plan's estimates and parameter placements
     autoshard solve PROBLEM.json[.gz] --timeout S
                                                 solve an IOPDDL strategy-graph problem: progress lines
@@ -19,6 +24,7 @@ import sys
 import tempfile
 import time
 
+from autoshard import cli_plan  # torch-free at import, like profile_cli; their commands load torch when run
 from autoshard.passes.errors import AutoshardError
 from autoshard.profiling import cli as profile_cli  # torch-free at import; `summary` and `profile` load torch when run
 
@@ -166,6 +172,7 @@ def main(argv=None) -> int:
     v.add_argument("--no-toulbar2", action="store_true",
                    help="the search without toulbar2 (belief propagation), even where pytoulbar2 is installed")
     profile_cli.add_parser(sub)
+    cli_plan.add_parsers(sub)
     args = ap.parse_args(argv)
     try:
         if args.command == "summary":
@@ -173,9 +180,11 @@ def main(argv=None) -> int:
             print(load_plan(args.plan).summary())
         elif args.command == "profile":
             return profile_cli.run(args)
+        elif args.command in ("plan", "explain", "diff"):
+            return cli_plan.run(args)
         elif args.command == "solve":
             _solve(args.problem, args.timeout, args.seed, start, args.verbose, not args.no_toulbar2)
-    except (AutoshardError, OSError) as e:
+    except (AutoshardError, OSError, ValueError, TypeError) as e:
         print(f"autoshard: {e}", file=sys.stderr)
         return 2
     return 0

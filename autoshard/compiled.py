@@ -15,6 +15,10 @@ from autoshard.drawing import pipeline_to_dot, render_dot
 from autoshard.passes.errors import BatchError
 from autoshard.plans import Plan
 from autoshard.runtime.executor import RankProgram
+from autoshard.runtime.grad_clip import clip_grad_norm_
+from autoshard.runtime.holdings import holdings
+from autoshard.runtime.optim_state import load_optimizer_state_dict, optimizer_state_dict
+from autoshard.runtime.memory_probe import MemoryProbe
 from autoshard.runtime.pipeline.timelines import gather_timelines
 
 
@@ -29,8 +33,57 @@ class _TrainingState:
         return iter(self._program.named_parameters())
 
     def full_state_dict(self) -> dict:
-        """Full tensors under the original ``model.state_dict()`` names (collective: call on every rank)."""
+        """Full tensors under the original ``model.state_dict()`` names, the model's state-dict hooks
+        included (collective: call on every rank)."""
         return self._program.full_state_dict()
+
+    # ---- training-loop helpers -------------------------------------------------------------------
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> torch.Tensor:
+        """Clip the gradients by their GLOBAL norm over every rank's shards (each element counted once,
+        replicated copies not once per replica); returns the norm before clipping, the same on every rank.
+        Equals ``torch.nn.utils.clip_grad_norm_`` on one device; ``norm_type`` may be ``inf``. Call on every
+        rank after ``step`` (``runtime.grad_clip``)."""
+        if self._held is None:
+            self._held = holdings(self._program)
+        return clip_grad_norm_(self._held, max_norm, norm_type, error_if_nonfinite)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many distinct slices the global batch is cut into: the product of the sizes of the plan's
+        data-parallel axes (the mesh axes on which every batch input is sharded on dim 0)."""
+        return self._program.data_layout().size
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which slice this rank takes (what ``DistributedSampler(num_replicas=data_parallel_size,
+        rank=data_parallel_rank)`` needs): rows ``[r * B / size, (r + 1) * B / size)`` of a global batch of
+        ``B`` rows. Ranks along the other mesh axes share it (``runtime.local_batch``)."""
+        return self._program.data_layout().rank
+
+    # ---- checkpoints (``runtime.state_dict``, ``runtime.optim_state``) -------------------------------
+    def state_dict(self) -> dict:
+        """This rank's model state for ``torch.distributed.checkpoint``: DTensors with the plan's placements
+        on the program's DeviceMesh (views of the live parameters), under ``model.state_dict()``'s names,
+        hooks included. ``dcp.load`` into it, then ``load_state_dict`` it. Call on every rank."""
+        return self._program.model_state().state_dict()
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True) -> None:
+        """Copy ``state_dict`` into the local shards: DTensors on this program's mesh in any placements
+        (what ``dcp.load`` into ``state_dict()`` gives, from any plan or mesh) or full tensors. Call on
+        every rank."""
+        self._program.model_state().load_state_dict(state_dict, strict=strict)
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict:
+        """``optimizer``'s state keyed by parameter name (torch's flattened DCP layout:
+        ``state.<fqn>.<key>``, ``param_groups.<fqn>.<hyperparameter>``), state tensors as DTensors with
+        their parameter's placements. A fresh optimizer gets its state first (a zero step at lr 0)."""
+        return optimizer_state_dict(self._program.model_state(), optimizer)
+
+    def load_optimizer_state_dict(self, optimizer: torch.optim.Optimizer, state_dict: dict,
+                                  strict: bool = True) -> None:
+        """Load what ``optimizer_state_dict`` gave (after ``dcp.load``, from any plan or mesh) into
+        ``optimizer``."""
+        load_optimizer_state_dict(self._program.model_state(), optimizer, state_dict, strict=strict)
 
 
 class CompiledModel(_TrainingState):
@@ -42,19 +95,21 @@ class CompiledModel(_TrainingState):
         #: with ``pp="auto"``: the stage planner's ``PipelinePlan`` (here pp == 1: it chose no pipeline)
         self.planner_plan = planner_plan
         self._program = RankProgram(plan.captured, plan.solution.strategies, plan.mesh, env=env,
-                                    model=model, state_dict=state_dict)
+                                    model=model, state_dict=state_dict, levers=plan.solution.levers)
+        self._held = None
 
     # ---- running -------------------------------------------------------------------------------
-    def step(self, *inputs, target=None, **named_inputs) -> float:
+    def step(self, *inputs, target=None, local_batch: bool = False, **named_inputs) -> float:
         """Forward and backward over the GLOBAL batch (the same full tensors on every rank); returns the
         mean loss, identical on every rank. Gradients land on ``parameters()``. Inputs traced as keywords
-        (``example_inputs={"input_ids": ...}``) may be passed by name."""
-        return self._program.step(*self._ordered(inputs, named_inputs), target=target)
+        (``example_inputs={"input_ids": ...}``) may be passed by name. ``local_batch=True``: each rank
+        passes only its ``data_parallel_rank``'s slice of the global batch instead; the step is the same."""
+        return self._program.step(*self._ordered(inputs, named_inputs), target=target, local_batch=local_batch)
 
-    def __call__(self, *inputs, target=None, **named_inputs):
+    def __call__(self, *inputs, target=None, local_batch: bool = False, **named_inputs):
         """Forward only, no autograd: the full (gathered) output on every rank, or, for a program traced
-        with a loss function, the mean loss (pass ``target=``)."""
-        return self._program.forward(*self._ordered(inputs, named_inputs), target=target)
+        with a loss function, the mean loss (pass ``target=``). ``local_batch`` as in ``step``."""
+        return self._program.forward(*self._ordered(inputs, named_inputs), target=target, local_batch=local_batch)
 
     def _ordered(self, inputs: tuple, named: dict) -> tuple:
         if not named:
@@ -80,6 +135,12 @@ class CompiledModel(_TrainingState):
         """Collective calls in this rank's program by kind (gradient syncs included)."""
         return self._program.collective_counts()
 
+    def memory_probe(self) -> MemoryProbe:
+        """``with cm.memory_probe() as probe: cm.step(...)``: then ``probe.saved_bytes`` (what autograd
+        kept at the end of the forward) and ``probe.gathered_peak_bytes`` (parameter copies alive at
+        the peak), measured on this rank (``runtime.memory_probe``)."""
+        return MemoryProbe(self._program)
+
 
 # ---- pipeline parallelism ----------------------------------------------------------------------
 
@@ -92,10 +153,12 @@ class PipelinedModel(_TrainingState):
     def __init__(self, plan, program, *, compile_seconds: float = 0.0, planner_plan=None):
         self.plan, self._program, self.compile_seconds = plan, program, compile_seconds
         self.planner_plan = planner_plan
+        self._held = None
 
-    def step(self, *inputs, target=None) -> float:
-        """Forward and backward of the GLOBAL batch through the pipeline; the mean loss on every rank."""
-        return self._program.step(*inputs, target=target)
+    def step(self, *inputs, target=None, local_batch: bool = False) -> float:
+        """Forward and backward of the GLOBAL batch through the pipeline; the mean loss on every rank.
+        ``local_batch=True``: each rank passes only its ``data_parallel_rank``'s slice instead."""
+        return self._program.step(*inputs, target=target, local_batch=local_batch)
 
     @property
     def timeline(self) -> list:

@@ -1,35 +1,45 @@
 """``Plan``: the solver's decisions for one model on one mesh, with its estimates and pictures.
 
 A Plan is data: it saves to JSON (``Plan.save``) and loads back without executing code
-(``autoshard.load_plan``). It keeps the captured graph when it has one (for drawing and compiling);
-a loaded plan carries only the decisions and re-attaches to a graph when compiled, after checking
-that the graph's fingerprint matches.
+(``autoshard.load_plan``, which reads a ``PipelinedPlan`` too). It keeps the captured graph when it
+has one (for drawing and compiling); a loaded plan carries only the decisions and re-attaches to a
+graph when compiled, after checking that the graph's fingerprint matches. Its throughput and MFU
+follow ``autoshard.metrics``' conventions.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional, Union
 
-from autoshard.drawing import plan_to_dot, render_dot
-from autoshard.passes.errors import PlanFormatError
+from autoshard.drawing import block_plan_to_dot, plan_to_dot, render_dot
+from autoshard.metrics import ModelWork, model_work
+from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.errors import AutoshardError, PlanFormatError
+from autoshard.explain import explain
 from autoshard.passes.graph import META, CapturedGraph
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import fmt_placements
+from autoshard.pipelined_plans import PipelinedPlan
+from autoshard.plan_format import (PIPELINED_FORMAT, PLAN_FORMAT, PLAN_VERSION, check_envelope, graph_fingerprint,
+                                   read_plan_json)
 from autoshard.summary import plan_summary
 
-PLAN_FORMAT = "autoshard.plan"
-PLAN_VERSION = 1
+__all__ = ["Plan", "load_plan", "graph_fingerprint", "plan_work", "PLAN_FORMAT", "PLAN_VERSION"]
 
 
-def graph_fingerprint(captured: CapturedGraph) -> str:
-    """A hash of the graph's structure (node names, ops, shapes): a saved plan fits only this graph."""
-    h = hashlib.sha256()
-    for n in captured.gm.graph.nodes:
-        h.update(f"{n.op}|{n.name}|{n.target}|{n.meta.get(META)!r};".encode())
-    return h.hexdigest()[:16]
+def plan_work(captured: CapturedGraph, hardware: Any, devices: int, solution: Optional[Solution] = None
+              ) -> Optional[ModelWork]:
+    """``metrics.model_work`` for a plan of ``captured``; the matmuls run in the mixed-precision compute
+    dtype when ``solution``'s levers cast. None when ``hardware`` names no known hardware."""
+    try:
+        hw = get_hardware(hardware)
+    except AutoshardError:
+        return None
+    levers = getattr(solution, "levers", None)
+    mp = getattr(levers, "mixed_precision", None)
+    return model_work(captured, hw, devices, compute_dtype=getattr(mp, "param_dtype", None))
 
 
 @dataclass
@@ -40,6 +50,23 @@ class Plan:
     hardware: str
     fingerprint: str
     captured: Optional[CapturedGraph] = field(default=None, repr=False)
+    #: one step's model FLOPs, tokens and the hardware's peak (``metrics.ModelWork``); filled from
+    #: ``captured`` when not given
+    work: Optional[ModelWork] = None
+
+    def __post_init__(self):
+        if self.work is None and self.captured is not None:
+            self.work = plan_work(self.captured, self.hardware, self.mesh.size, self.solution)
+
+    @classmethod
+    def build(cls, solution: Solution, mesh: Mesh, hardware: Any, captured: CapturedGraph) -> "Plan":
+        """A plan of ``captured``: ``hardware`` a preset name, a profile path or a ``Hardware``."""
+        label = hardware if isinstance(hardware, str) else str(getattr(hardware, "name", "custom"))
+        return cls(solution, mesh, label, graph_fingerprint(captured), captured,
+                   plan_work(captured, hardware, mesh.size, solution))
+    #: how the model was built and planned when ``autoshard plan`` made it (spec, batch, seq, dtype,
+    #: memory limit, optimizer): ``autoshard explain`` builds the same model again from it. JSON data.
+    source: Optional[dict] = None
 
     # ---- the decisions -------------------------------------------------------------------------
     @property
@@ -64,6 +91,26 @@ class Plan:
         return int(self.solution.estimated_memory)
 
     @property
+    def model_flops(self) -> Optional[float]:
+        """Model FLOPs of one step over all devices (``autoshard.metrics``: matmul FLOPs x3 for training)."""
+        return self.work.flops if self.work else None
+
+    @property
+    def tokens_per_second_per_device(self) -> Optional[float]:
+        """Estimated tokens per second per device (None when the inputs carry no token ids)."""
+        return self.work.rate(self.estimated_step_time) if self.work and self.work.tokens else None
+
+    @property
+    def samples_per_second_per_device(self) -> Optional[float]:
+        """Estimated samples (rows of the global batch) per second per device."""
+        return self.work.samples_rate(self.estimated_step_time) if self.work else None
+
+    @property
+    def mfu(self) -> Optional[float]:
+        """Estimated model FLOPs utilization against the hardware's dense peak (0..1; ``autoshard.metrics``)."""
+        return self.work.mfu(self.estimated_step_time) if self.work else None
+
+    @property
     def replicated_ops(self) -> list:
         """Ops with no sharding rule, which therefore run replicated."""
         return list(self.solution.unruled_ops)
@@ -73,14 +120,26 @@ class Plan:
         """A human-readable account: mesh, estimates, parameter placements, inserted collectives."""
         return plan_summary(self)
 
-    def to_dot(self) -> str:
-        """The partition as graphviz dot text (needs the captured graph)."""
-        return plan_to_dot(self)
+    def explain(self, name: str, **kwargs):
+        """Why parameter or op ``name`` got its placement: the other strategies priced against the choice
+        and the binding constraint (``autoshard.explain``; needs the captured graph)."""
+        return explain(self, name, **kwargs)
 
-    def render(self, path: str) -> str:
-        """Draw the partition to ``path`` (.svg or .png). Without graphviz's ``dot`` program, writes
-        ``path`` with suffix .dot instead and raises RuntimeError saying how to render it."""
-        return render_dot(self.to_dot(), path)
+    def to_dot(self, detail: str = "blocks") -> str:
+        """The partition as graphviz dot text (needs the captured graph). ``detail="blocks"``: one box
+        per module segment, repeated blocks folded ("x32"), with placements per mesh axis and the
+        collectives at their edges; ``detail="ops"``: every op and every inserted collective."""
+        if detail == "blocks":
+            return block_plan_to_dot(self)
+        if detail == "ops":
+            return plan_to_dot(self)
+        raise ValueError(f"detail={detail!r}: choose 'blocks' (the default) or 'ops'")
+
+    def render(self, path: str, detail: str = "blocks") -> str:
+        """Draw the partition to ``path`` (.svg, .png or .pdf) at ``detail`` (see ``to_dot``). Without
+        graphviz's ``dot`` program, writes ``path`` with suffix .dot instead and raises RuntimeError
+        saying how to render it."""
+        return render_dot(self.to_dot(detail), path)
 
     # ---- persistence ---------------------------------------------------------------------------
     def to_json(self) -> dict:
@@ -90,7 +149,9 @@ class Plan:
             "mesh": self.mesh.to_json(),
             "hardware": self.hardware,
             "fingerprint": self.fingerprint,
+            "work": self.work.to_json() if self.work else None,
             "solution": self.solution.to_json(),
+            **({"source": self.source} if self.source is not None else {}),
         }
 
     def save(self, path: str) -> None:
@@ -100,17 +161,15 @@ class Plan:
 
     @classmethod
     def from_json(cls, data: dict) -> "Plan":
-        if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
-            raise PlanFormatError(f"not an autoshard plan: expected a JSON object with format={PLAN_FORMAT!r}")
-        if data.get("version") != PLAN_VERSION:
-            raise PlanFormatError(
-                f"plan version {data.get('version')!r} is not supported (this autoshard reads version {PLAN_VERSION})")
+        check_envelope(data, PLAN_FORMAT)
         try:
             return cls(
                 solution=Solution.from_json(data["solution"]),
                 mesh=Mesh.from_json(data["mesh"]),
                 hardware=str(data["hardware"]),
                 fingerprint=str(data["fingerprint"]),
+                work=ModelWork.from_json(data.get("work")),
+                source=data.get("source"),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise PlanFormatError(f"malformed plan: {e}") from e
@@ -124,16 +183,15 @@ class Plan:
             raise PlanFormatError(
                 "plan was made for a different model or input shapes (graph fingerprint "
                 f"{self.fingerprint} != {fp}): plan again for this model")
-        return Plan(self.solution, self.mesh, self.hardware, self.fingerprint, captured)
+        return Plan(self.solution, self.mesh, self.hardware, self.fingerprint, captured, self.work,
+                    source=self.source)
 
 
-def load_plan(path: str) -> Plan:
-    """Read a plan written by ``Plan.save`` (JSON only; nothing is executed)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PlanFormatError(f"{path} is not valid JSON ({e}); was it written by Plan.save?") from e
+def load_plan(path: str) -> Union[Plan, PipelinedPlan]:
+    """Read a plan written by ``Plan.save`` or ``PipelinedPlan.save`` (JSON only; nothing is executed)."""
+    data = read_plan_json(path)
+    if data["format"] == PIPELINED_FORMAT:
+        return PipelinedPlan.from_json(data)
     return Plan.from_json(data)
 
 

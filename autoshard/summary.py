@@ -1,15 +1,48 @@
-"""Text summary of a plan: estimates, parameter placements (repeated blocks folded), collectives."""
+"""Text summaries of plans: estimates, throughput and MFU, placements (repeated blocks folded), collectives.
+
+``plan_summary`` for a ``Plan`` (one program on one mesh), ``pipelined_summary`` for a
+``PipelinedPlan`` (stages on rank groups). Both print the estimated tokens (or samples) per second
+per device and the MFU against the hardware's dense peak, as ``autoshard.metrics`` defines them.
+"""
 from __future__ import annotations
 
 import re
 from collections import Counter
 
+from autoshard.passes.solve.clustering import block_instance
 from autoshard.passes.spec import fmt_placements
 from autoshard.passes.units import human_bytes, human_time
 
+__all__ = ["plan_summary", "pipelined_summary", "throughput_line", "fold_name"]
 
-def _fold(name: str) -> str:
+
+def fold_name(name: str) -> str:
+    """``transformer.h.3.attn.weight`` -> ``transformer.h.#.attn.weight`` (repeated blocks folded)."""
     return re.sub(r"\.\d+\.", ".#.", name)
+
+
+def throughput_line(plan) -> str:
+    """``estimated throughput: 1,234 tokens/s per device, MFU 41.2% (...)``, or why it is unknown."""
+    work = plan.work
+    if work is None:
+        return "  estimated throughput: unknown (the plan's hardware peak and model FLOPs were not recorded)"
+    rate = work.rate(plan.estimated_step_time)
+    mfu = work.mfu(plan.estimated_step_time)
+    if rate is None:
+        return "  estimated throughput: unknown (no step time)"
+    return (f"  estimated throughput: {rate:,.4g} {work.rate_unit}/s per device, MFU {100 * mfu:.1f}% "
+            f"(model FLOPs {work.flops:.3g} per step: matmul FLOPs x{3 if work.training else 1}; "
+            f"dense peak {work.peak_flops / 1e12:.4g} TFLOP/s per device)")
+
+
+def _placements(named: dict, out: list, indent: str = "    ") -> None:
+    folded: dict[tuple[str, str], int] = {}
+    for name, pls in named.items():
+        key = (fold_name(name), fmt_placements(pls))
+        folded[key] = folded.get(key, 0) + 1
+    width = max((len(k[0]) for k in folded), default=10)
+    for (name, pls), count in folded.items():
+        out.append(f"{indent}{name:<{width}}  {pls}" + (f"  x{count}" if count > 1 else ""))
 
 
 def plan_summary(plan) -> str:
@@ -21,14 +54,9 @@ def plan_summary(plan) -> str:
     mb = getattr(sol, "memory_breakdown", {}) or {}
     out.append(f"  estimated memory, busiest device: {human_bytes(plan.estimated_memory)}  ("
                + ", ".join(f"{k} {human_bytes(v)}" for k, v in mb.items()) + ")")
+    out.append(throughput_line(plan))
     out.append("  parameters (storage placement per mesh axis; repeated blocks folded as #):")
-    folded: dict[str, tuple[str, int]] = {}
-    for name, pls in plan.param_placements.items():
-        key = (_fold(name), fmt_placements(pls))
-        folded[key] = folded.get(key, 0) + 1
-    width = max((len(k[0]) for k in folded), default=10)
-    for (name, pls), count in folded.items():
-        out.append(f"    {name:<{width}}  {pls}" + (f"  x{count}" if count > 1 else ""))
+    _placements(plan.param_placements, out)
     kinds = {"fwd": Counter(), "bwd": Counter()}
     total_bytes = 0
     for r in sol.redistributions:
@@ -44,4 +72,90 @@ def plan_summary(plan) -> str:
     stats = getattr(sol, "solver_stats", {}) or {}
     if stats:
         out.append("  solver: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
+    return "\n".join(out)
+
+
+def stage_contents(*stages) -> str:
+    """What stages hold, from their parameters: ``transformer.wte + transformer.h.0-5 (6 blocks)``; for
+    several alike stages, ``transformer.h.6-89 (6 blocks each)``."""
+    names = [n for st in stages if st.solution is not None for n in st.solution.param_placements]
+    parts: list[str] = []
+    blocks: dict[str, set] = {}
+    for name in names:
+        inst = block_instance(name.rsplit(".", 1)[0])
+        owner = inst[0] if inst is not None else name.rsplit(".", 1)[0]
+        if inst is not None:
+            blocks.setdefault(inst[0], set()).add(int(inst[1].rsplit(".", 1)[1]))
+        if owner not in parts:
+            parts.append(owner)
+    text = []
+    for p in parts:
+        if p in blocks:
+            idx = sorted(blocks[p])
+            span = f"{idx[0]}-{idx[-1]}" if len(idx) > 1 else f"{idx[0]}"
+            each = len(idx) // len(stages)
+            plural, each_word = "s" if each > 1 else "", " each" if len(stages) > 1 else ""
+            text.append(f"{p.replace('#', span)} ({each} block{plural}{each_word})")
+        else:
+            text.append(p)
+    return " + ".join(text) if text else f"{sum(len(st.nodes) for st in stages)} ops"
+
+
+def _ranks(ranks) -> str:
+    return f"{ranks[0]}..{ranks[-1]}" if len(ranks) > 2 else ", ".join(map(str, ranks))
+
+
+def pipelined_summary(plan) -> str:
+    pipe, mesh = plan.pipeline, plan.mesh
+    out = [f"autoshard pipelined plan: mesh {mesh.shape} axes {mesh.axis_names}, hardware {plan.hardware}",
+           f"  pipeline: {pipe.pp} rank groups x {pipe.virtual} stage(s) each along axis {mesh.axis_names[0]!r}, "
+           f"schedule {pipe.schedule}, {pipe.microbatches} microbatches, bubble {100 * pipe.bubble_fraction:.1f}%",
+           f"  estimated step time: {human_time(plan.estimated_step_time)}  (schedule simulator: bubbles, "
+           f"point-to-point transfers and gradient syncs overlapped as they run)",
+           f"  estimated memory, busiest device: {human_bytes(plan.estimated_memory)}",
+           throughput_line(plan),
+           "  stages (rank group, ranks, submesh, contents, recompute, estimated memory per device):"]
+    rows: list[tuple[tuple, list]] = []  # consecutive stages alike but for their block numbers: one row
+    for stage in pipe.stages:
+        sol = stage.solution
+        mem = ""
+        if sol is not None:
+            mb = ", ".join(f"{k} {human_bytes(v)}" for k, v in (sol.memory_breakdown or {}).items())
+            mem = f"{human_bytes(sol.estimated_memory)} ({mb})"
+        contents = stage_contents(stage)
+        key = (tuple(stage.mesh.shape), tuple(stage.mesh.axis_names), stage.recompute, mem,
+               re.sub(r"\.\d+-\d+ \(", ".# (", re.sub(r"\.\d+ \(", ".# (", contents)))
+        if rows and rows[-1][0] == key and rows[-1][1][-1].group != stage.group:
+            rows[-1][1].append(stage)
+        else:
+            rows.append((key, [stage]))
+    for (shape, names, recompute, mem, _), stages in rows:
+        first = stages[0]
+        if len(stages) == 1:
+            head = f"stage {first.index:<3} group {first.group:<3} ranks {_ranks(first.ranks):<12}"
+        else:
+            ranks = sorted(r for st in stages for r in st.ranks)
+            head = (f"stages {first.index}-{stages[-1].index} (x{len(stages)}) groups {first.group}-{stages[-1].group} "
+                    f"ranks {_ranks(ranks)}")
+        contents = stage_contents(*stages)
+        out.append(f"    {head} submesh {shape} {names}  {contents}{'  recompute' if recompute else ''}  {mem}")
+    out.append("  parameters (storage placement per submesh axis; repeated blocks folded as #):")
+    _placements(plan.param_placements, out)
+    colls, syncs, total = Counter(), Counter(), 0.0
+    for stage in pipe.stages:
+        if stage.solution is None:
+            continue
+        for r in stage.solution.redistributions:
+            for c in r.collectives:
+                colls[f"{c.phase} {c.kind}"] += 1
+                total += c.bytes
+        syncs.update(c.kind for items in stage.solution.param_grad_syncs.values() for c in items)
+    out.append(f"  inserted collectives (all stages, each stage's plan priced at the global batch in one pass): "
+               f"{sum(colls.values())} {dict(colls)}, {human_bytes(total)} in all")
+    out.append(f"  gradient syncs: {sum(syncs.values())} {dict(syncs)}")
+    search = next((s.solution.solver_stats.get("pipeline_search") for s in pipe.stages
+                   if s.solution is not None and s.solution.solver_stats.get("pipeline_search")), None)
+    if search:
+        keep = ("configs", "simulated", "ilp", "plan_wall_s", "shallow_copy", "timed_out")
+        out.append("  planner: " + ", ".join(f"{k} {search[k]}" for k in keep if k in search))
     return "\n".join(out)

@@ -4,11 +4,12 @@
     torchrun --nproc_per_node 4 benchmarks/fidelity.py
 
 On 4 gloo ranks (CPU): first measures a profile of this machine with ``autoshard/profiling/measure.py`` (all 4
-ranks busy, as in the steps that follow) and writes it to a JSON file; then compiles the GPT example
-(examples/nanogpt.py) under pinned layouts -- data parallel, FSDP, Megatron TP, their mixes on (4,)
-and (2, 2), and the solver's own choice -- at several widths and batch sizes, each planned with
-``hardware=<that profile>``. A step is ``cm.step`` (forward + backward + gradient sync; the
-optimizer is not part of the estimate and is not run). Steps are timed in rounds that visit every
+ranks busy, as in the steps that follow) and writes it to a JSON file; then compiles the GPT example's
+model (``autoshard.testing.models.GPT`` with fused qkv: op for op examples/nanogpt.py's) under pinned
+layouts -- data parallel, FSDP, Megatron TP, their mixes on (4,) and (2, 2), and the solver's own
+choice -- at several widths and batch sizes, each planned with ``hardware=<that profile>``. A step
+is ``cm.step`` (forward + backward + gradient sync; the optimizer is not part of the estimate and is
+not run). Steps are timed in rounds that visit every
 layout once, in a fresh shuffled order each round (the same on every rank), so load that comes and
 goes on a shared machine spreads over all layouts instead of hitting the same ones; the figure is
 the median over rounds. The model is fitted only on the profile's micro-benchmarks, never on these
@@ -28,9 +29,6 @@ import subprocess
 import sys
 import tempfile
 import time
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "examples"))
 
 #: (label, mesh, layout, width d, global batch); layouts: dp, fsdp, tp (Megatron on the last axis,
 #: data parallel on the others), solver (no pins)
@@ -86,7 +84,7 @@ def _pins(layout, model, mesh, n_layer):
     if layout == "tp":
         return autoshard.presets.megatron_mlp(
             model, [f"blocks.{i}.{n}" for i in range(n_layer) for n in ("qkv", "fc")],
-            [f"blocks.{i}.{n}" for i in range(n_layer) for n in ("proj", "fc_out")], mesh)
+            [f"blocks.{i}.{n}" for i in range(n_layer) for n in ("o", "out")], mesh)
     return {}
 
 
@@ -114,7 +112,8 @@ def run(args) -> None:
     import autoshard
     from autoshard.passes.cost.profile_format import merge_profiles
     from autoshard.profiling.measure import ProfileConfig, measure_profile
-    from nanogpt import GPT, CharData, generate_corpus, lm_loss
+    from autoshard.testing.corpus import CharData, generate_corpus
+    from autoshard.testing.models import GPT, lm_loss
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -133,7 +132,7 @@ def run(args) -> None:
         if rank == 0:
             print(f"compiling {label} {mesh} d={d} batch={batch}", file=sys.stderr, flush=True)
         torch.manual_seed(0)
-        model = GPT(vocab=data.vocab, d=d, n_layer=2, n_head=4, seq=32)
+        model = GPT(vocab=data.vocab, d=d, n_layer=2, n_head=4, seq=32, fused_qkv=True)
         x, y = data.batch(batch, 32, step=0)
         cm = autoshard.compile(model, mesh, example_inputs=(x,), loss_fn=lm_loss, example_target=y,
                                hardware=args.profile, **_pins(layout, model, mesh, 2))

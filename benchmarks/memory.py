@@ -2,22 +2,20 @@
 
     torchrun --nproc_per_node 4 benchmarks/memory.py
 
-For the GPT example under three layouts (the solver's, pinned DP, pinned FSDP) on a (4,) mesh and the
-solver's on (2, 2): after one step and one AdamW step, each rank sums the bytes of its local
+For the GPT example's model (``autoshard.testing.models.GPT`` with fused qkv: op for op
+examples/nanogpt.py's) under three layouts (the solver's, pinned DP, pinned FSDP) on a (4,) mesh and
+the solver's on (2, 2): after one step and one AdamW step, each rank sums the bytes of its local
 parameters, their gradients and the optimizer's state tensors; rank 0 prints the largest rank's
 figures next to the plan's estimate.
 """
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
-import autoshard  # noqa: E402
-from nanogpt import GPT, CharData, generate_corpus, lm_loss  # noqa: E402
+import autoshard
+from autoshard.testing.corpus import CharData, generate_corpus
+from autoshard.testing.models import GPT, lm_loss
 
 
 def measured_bytes(cm, opt) -> dict:
@@ -42,7 +40,7 @@ def main() -> None:
         ("solver", (2, world // 2), {}),
     ):
         torch.manual_seed(0)
-        model = GPT(vocab=data.vocab, d=64, n_layer=2, n_head=4, seq=32)
+        model = GPT(vocab=data.vocab, d=64, n_layer=2, n_head=4, seq=32, fused_qkv=True)
         if pins == "dp":
             pins = autoshard.presets.data_parallel(mesh)
         elif pins == "fsdp":
@@ -50,7 +48,7 @@ def main() -> None:
         elif pins == "tp":
             pins = autoshard.presets.megatron_mlp(
                 model, [f"blocks.{i}.{n}" for i in range(2) for n in ("qkv", "fc")],
-                [f"blocks.{i}.{n}" for i in range(2) for n in ("proj", "fc_out")], mesh)
+                [f"blocks.{i}.{n}" for i in range(2) for n in ("o", "out")], mesh)
         cm = autoshard.compile(model, mesh, example_inputs=(x,), loss_fn=lm_loss, example_target=y, **pins)
         opt = torch.optim.AdamW(cm.parameters(), lr=1e-3)
         cm.step(x, target=y)

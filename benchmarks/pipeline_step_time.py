@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node 4 benchmarks/pipeline_step_time.py [--layers 8 --d 128 --seq 64 --batch 32 --micro 8]
 
-A GPT (tests/models.py's, untied embeddings so both sides hold the same stages) cut into 4 stages at
+A GPT (``autoshard.testing.models``, untied embeddings so both sides hold the same stages) cut into 4 stages at
 the same block boundaries, one stage per rank (pp=4), on gloo (CPU). autoshard: ``PipelineProgram``
 with the ``1f1b`` schedule from ``passes.pipeline.schedule.generators``. torch: ``PipelineStage`` +
 ``Schedule1F1B`` over hand-cut stage modules. A step is forward + backward of the global batch in
@@ -18,15 +18,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from models import GPT, _cross_entropy  # noqa: E402
+from autoshard.testing.models import GPT, lm_loss
 
 
 class _First(nn.Module):
@@ -112,7 +110,7 @@ def main() -> None:
 
     # autoshard
     mb = args.batch // m
-    captured = capture(model, (ids[:mb],), loss_fn=_cross_entropy, target=target[:mb])
+    captured = capture(model, (ids[:mb],), loss_fn=lm_loss, target=target[:mb])
     nodes = stage_nodes_from_prefixes(captured, [f"blocks.{c}" for c in cuts])
     plan = make_pipeline_plan(captured, nodes, (pp,), schedule="1f1b", microbatches=m,
                               solve=lambda g, sm: plan_sharding(g.captured, sm, hardware="cpu", time_limit_s=10))
@@ -133,7 +131,7 @@ def main() -> None:
     blocks = list(ref.blocks)[bounds[rank]:bounds[rank + 1]]
     sub = _First(ref, blocks) if rank == 0 else _Last(ref, blocks) if rank == pp - 1 else _Middle(blocks)
     stage = PipelineStage(sub, rank, pp, torch.device("cpu"))
-    sched = Schedule1F1B(stage, m, loss_fn=_cross_entropy)
+    sched = Schedule1F1B(stage, m, loss_fn=lm_loss)
     topt = torch.optim.AdamW(sub.parameters(), lr=1e-4)
 
     def theirs():

@@ -1,21 +1,20 @@
-"""Automatic 3D parallelism for GPT-3 175B on 128 nodes x 8 H100: plan time and the chosen layout,
-next to Megatron-LM's published configuration (Narayanan et al. 2021, Table 1: 175B-class models on
-1024-1536 GPUs with tensor parallel 8 and pipeline 8-16, global batch 1536).
+"""Automatic 3D parallelism for GPT-3 175B on 128 nodes x 8 H100, through ``autoshard.plan(..., pp="auto")``:
+plan time with the trace included, and the chosen layout next to Megatron-LM's published configuration
+(Narayanan et al. 2021, Table 1: 175B-class models on 1024-1536 GPUs with tensor parallel 8 and
+pipeline 8-16, global batch 1536).
 
-    python benchmarks/plan_3d.py [--trace-blocks 2] [--mesh 128,8] [--batch 1536]
-                                 [--ilp-limit 2] [--final-limit 10] [--finalists 3] [--search-limit 20]
+    python benchmarks/plan_3d.py [--blocks 96] [--mesh 128,8] [--batch 1536] [--time-limit 60]
+                                 [--png plan_3d.png]
 
 The model is Hugging Face's GPT2LMHeadModel with GPT-3 175B's shape (96 blocks, width 12288, 96
-heads, sequence 2048, vocabulary 51200) on the meta device. Tracing 96 blocks of that width takes
-minutes, so the benchmark traces ``--trace-blocks`` blocks: identical blocks share their costs, the
-intra-op ILP counts each traced block 96 / traced times, and the layer count enters only the stage
-ILP (``blocks=96``). pp = 1 (no pipeline) is not searched here: it would need the fully traced
-program. Intra-op plans: ``plan_candidates`` (every candidate with a short ILP cap, the best few
-re-solved with a longer one). Megatron's degrees (TP 8 within a node, PP 8 or 16, 1F1B or
-interleaved, even stages, embedding with the first stage and head with the last) are scored by the
-same cost model and simulator, their intra-op plan solved with the finalists' ILP limit. Times are
+heads, sequence 2048, vocabulary 51200) on the meta device, passed WHOLE to ``autoshard.plan``: the
+stage planner prices its identical blocks through a shallow copy (``passes/pipeline/stages/shallow.py``)
+and hands back stages of the 96-block program. The timed call is the user's: trace + pipeline search
+(pp = 1 included) + the plan object. Megatron's degrees (TP 8 within a node, PP 8 or 16, 1F1B or
+interleaved, even stages) are then scored by the same cost model and simulator on the same shallow
+copy, their intra-op plan solved with the finalists' ILP limit; that part is not timed. Times are
 wall seconds, with this process's CPU seconds (CP-SAT's threads included) in parentheses: the
-machine is shared, so the CPU figure is the one that does not depend on other people's load.
+machine is shared, so the CPU figure is the one that depends least on other people's load.
 """
 from __future__ import annotations
 
@@ -26,10 +25,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from autoshard.passes.capture.export import capture
+import autoshard
 from autoshard.passes.cost.hardware_lookup import get_hardware
-from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.stages.search import plan_candidates, profile_candidates, search_stages
+from autoshard.passes.pipeline.stages.search import profile_candidates, search_stages
+from autoshard.passes.pipeline.stages.shallow import shallow_program
 
 
 def gpt3(blocks: int, d: int, heads: int, seq: int, vocab: int):
@@ -46,76 +45,71 @@ def loss_fn(out, target):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--trace-blocks", type=int, default=2)
-    ap.add_argument("--blocks", type=int, default=96)
-    ap.add_argument("--mesh", default="128,8")
-    ap.add_argument("--batch", type=int, default=1536)
-    ap.add_argument("--seq", type=int, default=2048)
-    ap.add_argument("--ilp-limit", type=float, default=2.0, help="intra-op ILP seconds per candidate (first pass)")
-    ap.add_argument("--final-limit", type=float, default=10.0, help="intra-op ILP seconds per finalist")
-    ap.add_argument("--finalists", type=int, default=3)
-    ap.add_argument("--search-limit", type=float, default=20.0, help="stage search seconds")
-    args = ap.parse_args()
-    mesh = Mesh(tuple(int(s) for s in args.mesh.split(",")))
-    hw = get_hardware("h100")
-    t0, c0 = time.perf_counter(), time.process_time()
-    model = gpt3(args.trace_blocks, 12288, 96, args.seq, 51200)
-    ids = torch.empty(args.batch, args.seq, dtype=torch.long, device="meta")
-    captured = capture(model, (ids,), loss_fn=loss_fn, target=ids.clone())
-    t1, c1 = time.perf_counter(), time.process_time()
-    pps = [p for p in range(2, mesh.shape[0] + 1) if mesh.shape[0] % p == 0 and p <= args.blocks + 2]
-    cand: dict = {}
-    profiles = plan_candidates(captured, mesh, pps, hardware=hw, optimizer="adamw", memory_limit=hw.memory_bytes,
-                               blocks=args.blocks, quick_s=args.ilp_limit, thorough_s=args.final_limit,
-                               finalists=args.finalists, stats=cand)
-    t2, c2 = time.perf_counter(), time.process_time()
-    best, stats = search_stages(profiles, mesh, hardware=hw, memory_limit=hw.memory_bytes, batch=args.batch,
-                                time_limit_s=args.search_limit)
-    t3, c3 = time.perf_counter(), time.process_time()
-    print(f"GPT-3 175B shape: {args.blocks} blocks (traced {args.trace_blocks}), d 12288, seq {args.seq}, "
-          f"global batch {args.batch}, mesh {mesh.shape}, h100")
-    print(f"  wall s (CPU s of this process, CP-SAT threads included); load average now "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"  trace {t1 - t0:7.2f} s ({c1 - c0:.2f})  ({len(captured.gm.graph.nodes)} nodes)")
-    print(f"  intra-op plans for {len(profiles)} (pp, dp, tp) candidates {t2 - t1:7.2f} s ({c2 - c1:.2f}): "
-          f"first pass {cand['quick_s']:.2f} s (ILP <= {args.ilp_limit:g} s each), ranking {cand['rank_s']:.2f} s, "
-          f"finalists {cand['finalists']} re-solved {cand['thorough_s']:.2f} s (<= {args.final_limit:g} s each)")
-    for (p, shape), row in cand["candidates"].items():
-        quick = row.get("quick")
-        extra = (f"   first pass {quick['wall_s']:.2f} s {quick['status']}, closed-form step {row['quick_step']:.4g} -> "
-                 f"{row['step']:.4g} s") if quick else ""
-        print(f"    pp={p:<3} dp={shape[0]:<4} tp={shape[1]}  {row['wall_s']:6.2f} s  {row['status']}{extra}")
-    print(f"  stage search {t3 - t2:7.2f} s ({c3 - c2:.2f})  {stats}")
-    print(f"  plan time without tracing: {t3 - t1:7.2f} s ({c3 - c1:.2f})")
-    if best is None:
-        print("  no configuration fits")
-        return
-    sizes = [len(r) for r in best.stages.ranges(len(best.profile.units))]
-    print(f"  autoshard: {best.describe()}")
-    print(f"    units per stage {sizes}, peak memory per stage {max(best.stages.memory) / 1e9:.1f} GB, "
-          f"bubble {best.bubble_fraction:.3f}")
-    # Megatron-LM's published layouts, scored with the same cost model: TP 8 within a node, PP 16
-    # (Table 1) or 8, 1F1B, even stages (embedding with the first, head with the last)
+def megatron(plan, args, hw, finalist_limit: float) -> None:
+    """Megatron-LM's published layouts scored by the same cost model on the plan's own shallow copy."""
+    shallow = shallow_program(plan.captured)
+    mesh = plan.mesh
+    best = plan.estimated_step_time
     for pp in (8, 16):
-        key = (pp, (mesh.size // pp // 8, 8))
-        if key not in profiles:
-            continue
-        # the same intra-op ILP as a finalist gets, so Megatron's degrees are not judged by a rushed plan
-        mega = profiles[key] if key in cand["finalists"] else profile_candidates(
-            captured, mesh, [pp], hardware=hw, optimizer="adamw", memory_limit=hw.memory_bytes, blocks=args.blocks,
-            time_limit_s=args.final_limit, shapes=[key[1]])[key]
+        shape = (mesh.size // pp // 8, 8)
+        prof = profile_candidates(shallow.captured, mesh, [pp], hardware=hw, optimizer="adamw",
+                                  memory_limit=hw.memory_bytes, units=shallow.units, blocks=shallow.blocks,
+                                  time_limit_s=finalist_limit, shapes=[shape], deep_chain=True)[(pp, shape)]
         for schedule in ("1f1b", "interleaved-1f1b"):
             v = 2 if schedule == "interleaved-1f1b" else 1
             starts = [1 + args.blocks * k // (pp * v) for k in range(1, pp * v)]
-            ref, _ = search_stages({(pp, mega.mesh.shape): mega}, mesh, hardware=hw, memory_limit=hw.memory_bytes,
+            ref, _ = search_stages({(pp, shape): prof}, mesh, hardware=hw, memory_limit=hw.memory_bytes,
                                    batch=args.batch, schedules=(schedule,), starts=starts)
             label = f"Megatron TP 8 / PP {pp} / {schedule}, even stages"
             if ref is None:
                 print(f"  {label}: does not fit")
             else:
-                print(f"  {label}: {ref.describe()}; autoshard / Megatron = {best.step_time / ref.step_time:.3f}")
+                print(f"  {label}: {ref.describe()}; autoshard / Megatron = {best / ref.step_time:.3f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--blocks", type=int, default=96)
+    ap.add_argument("--mesh", default="128,8")
+    ap.add_argument("--batch", type=int, default=1536)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--time-limit", type=float, default=60.0, help="autoshard.plan's time_limit_s")
+    ap.add_argument("--png", default="", help="render the plan's default picture here")
+    args = ap.parse_args()
+    mesh = tuple(int(s) for s in args.mesh.split(","))
+    hw = get_hardware("h100")
+    load_before = os.getloadavg()
+    t0, c0 = time.perf_counter(), time.process_time()
+    model = gpt3(args.blocks, 12288, 96, args.seq, 51200)
+    ids = torch.empty(args.batch, args.seq, dtype=torch.long, device="meta")
+    t1, c1 = time.perf_counter(), time.process_time()
+    plan = autoshard.plan(model, mesh, example_inputs=(ids,), loss_fn=loss_fn, example_target=ids.clone(),
+                          hardware="h100", pp="auto", time_limit_s=args.time_limit)
+    t2, c2 = time.perf_counter(), time.process_time()
+    load_after = os.getloadavg()
+    search = plan.stages[0].solution.solver_stats["pipeline_search"]
+    cand = search["candidates"]
+    print(f"GPT-3 175B shape: {args.blocks} blocks, d 12288, seq {args.seq}, global batch {args.batch}, mesh {mesh}, "
+          f"h100, through autoshard.plan(..., pp='auto', time_limit_s={args.time_limit:g})")
+    print(f"  wall s (CPU s of this process, CP-SAT threads included); load average (1 min) {load_before[0]:.1f} "
+          f"before, {load_after[0]:.1f} after, on {os.cpu_count()} cores")
+    print(f"  build the model on meta {t1 - t0:7.2f} s ({c1 - c0:.2f})")
+    print(f"  autoshard.plan, trace included: {t2 - t1:7.2f} s ({c2 - c1:.2f})  (goal <= 60 s)")
+    print(f"    of which the stage planner {search['plan_wall_s']:.2f} s: intra-op plans for "
+          f"{len(cand['candidates'])} (pp, dp, tp) candidates, first pass {cand['quick_s']:.2f} s, finalists "
+          f"{cand['finalists']} re-solved {cand['thorough_s']:.2f} s; stage search {search['wall_s']:.2f} s; "
+          f"shallow copy {search.get('shallow_copy')}")
+    for key, row in cand["candidates"].items():
+        print(f"    {key:<22} {row['wall_s']:6.2f} s  {row['status']}")
+    print(plan.summary().split("\n  parameters")[0])
+    if isinstance(plan, autoshard.PipelinedPlan):
+        sizes = [len(s.nodes) for s in plan.stages]
+        print(f"  autoshard: pp {plan.pp} x {plan.virtual}, submesh {plan.stages[0].mesh.shape}, {plan.schedule}, "
+              f"m {plan.microbatches}, recompute {sum(s.recompute for s in plan.stages)}/{len(plan.stages)} stages, "
+              f"ops per stage {sizes}, simulated step {plan.estimated_step_time:.4g} s")
+        megatron(plan, args, hw, finalist_limit=min(30.0, args.time_limit / 2))
+    if args.png:
+        print(f"  picture: {plan.render(args.png)}")
 
 
 if __name__ == "__main__":

@@ -4,12 +4,13 @@
     python benchmarks/run_all.py --skip-fidelity --skip-existing --sweep-models 125M,1.3B
 
 Parts (each can be skipped):
-  * plan-time sweep: GPT-3-shaped models (125M ... 175B, examples/nanogpt.GPT) and Llama-3 shapes
+  * plan-time sweep: GPT-3-shaped models (125M ... 175B, ``autoshard.testing.models.GPT``
+    with fused qkv, op for op examples/nanogpt.py's) and Llama-3 shapes
     built on the meta device, planned for meshes of 8 ... 1024 devices shaped (n/8, 8), H100 preset.
     Each model is traced once (at most ``--max-layers`` blocks: identical blocks share one ILP
     decision, so solve time does not grow with depth, but tracing does -- the table says how many
     layers were traced) and planned for every mesh. A table, and a plot (plan_time.svg next to
-    the --out file, written by benchmarks/svg_plot.py, no matplotlib needed) linked from it.
+    the --out file, written by autoshard/testing/svg_plot.py, no matplotlib needed) linked from it.
   * fidelity: benchmarks/fidelity.py (predicted vs measured step time, 4 gloo ranks).
   * the existing benchmarks: plan_time.py, memory.py and step_time.py (torchrun, 4 ranks).
   * plan quality: grid_search.py (autoshard's 3D plan against an exhaustive grid, same cost model).
@@ -66,9 +67,9 @@ def build(name: str, layers: int, seq: int):
     family, _, d, heads, ffn, kv = MODELS[name]
     with torch.device("meta"):
         if family == "gpt":
-            sys.path.insert(0, os.path.join(ROOT, "examples"))
-            from nanogpt import GPT
-            return GPT(vocab=50304, d=d, n_layer=layers, n_head=heads, seq=seq).to(torch.bfloat16)
+            from autoshard.testing.models import GPT
+            model = GPT(vocab=50304, d=d, n_layer=layers, n_head=heads, seq=seq, fused_qkv=True)
+            return model.to(torch.bfloat16)
         from transformers import LlamaConfig, LlamaForCausalLM
         cfg = LlamaConfig(hidden_size=d, intermediate_size=ffn, num_hidden_layers=layers, num_attention_heads=heads,
                           num_key_value_heads=kv, vocab_size=128256, max_position_embeddings=seq,
@@ -144,8 +145,7 @@ def sweep_markdown(rows: list[dict], svg: str | None, seq: int) -> str:
 def plot(rows: list[dict], path: str) -> str:
     """Write the sweep as an SVG line plot (one line per model: solve seconds against devices, log x)
     with the dependency-free ``svg_plot`` writer; returns ``path``."""
-    sys.path.insert(0, HERE)
-    from svg_plot import write_svg
+    from autoshard.testing.svg_plot import write_svg
     series = {}
     for name in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == name]

@@ -21,18 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import autoshard
-
-
-class MLP(nn.Module):
-    def __init__(self, d: int, hidden: int, layers: int):
-        super().__init__()
-        self.ups = nn.ModuleList([nn.Linear(d, hidden) for _ in range(layers)])
-        self.downs = nn.ModuleList([nn.Linear(hidden, d) for _ in range(layers)])
-
-    def forward(self, x):
-        for up, down in zip(self.ups, self.downs):
-            x = x + down(F.gelu(up(x)))
-        return x
+from autoshard.testing.models import ResidualMLP
 
 
 def timed(step_fn, iters: int) -> float:
@@ -65,8 +54,8 @@ def main() -> None:
     results = []
 
     # ---- data parallel ------------------------------------------------------------------------
-    model = MLP(d, hidden, layers)
-    ref = MLP(d, hidden, layers)
+    model = ResidualMLP(d, hidden, layers)
+    ref = ResidualMLP(d, hidden, layers)
     ref.load_state_dict(model.state_dict())
     cm = autoshard.compile(model, (world,), example_inputs=(x,), loss_fn=F.mse_loss, example_target=y,
                            **autoshard.presets.data_parallel((world,)))
@@ -87,8 +76,8 @@ def main() -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    model = MLP(d, hidden, layers)
-    ref = MLP(d, hidden, layers)
+    model = ResidualMLP(d, hidden, layers)
+    ref = ResidualMLP(d, hidden, layers)
     ref.load_state_dict(model.state_dict())
     ups = [f"ups.{i}" for i in range(layers)]
     downs = [f"downs.{i}" for i in range(layers)]

@@ -1,5 +1,6 @@
 """A small GPT (pre-LN, causal attention, GELU MLP, learned positions, tied LM head) and a generated
-character corpus, shared by the examples and benchmarks."""
+character corpus, shared by the examples. Self-contained so the example reads on its own; tests and
+benchmarks use ``autoshard.testing`` (its ``GPT(..., fused_qkv=True)`` runs the same ops)."""
 from __future__ import annotations
 
 import random

@@ -23,3 +23,8 @@ class BatchError(AutoshardError):
 
 class PlanFormatError(AutoshardError):
     """A saved plan is malformed or belongs to a different model/mesh."""
+
+
+class CheckpointError(AutoshardError):
+    """A state dict or checkpoint does not match the compiled model (names the keys), or holds a value
+    a checkpoint cannot store without pickle."""

@@ -7,9 +7,14 @@
 - ``redistribute``: placements -> placements as a list of those collectives.
 - ``localize`` / ``lowerings``: local sizes and devices; the named special lowerings.
 - ``lower``: the per-rank fx program. ``materialize``: this rank's shards only.
-- ``gradsync``: bucketed, overlapped gradient all-reduce. ``executor``: ``RankProgram``.
+- ``param_gather``: parameter copies gathered (and cast) per block in flat collectives, prefetched,
+  optionally freed after forward and gathered again for backward (reshard after forward).
+- ``recompute`` / ``regions``: activation checkpointing (full, selective) of block regions.
+- ``gradsync``: bucketed, overlapped gradient all-reduce. ``executor``: ``RankProgram`` (the step,
+  with gradient accumulation and mixed precision). ``memory_probe``: measured saved and gathered bytes.
 
-Imports ``autoshard.passes`` only, never the front door.
+May import: torch and ``autoshard.passes``. Never the front door (``autoshard``'s own modules) or
+``autoshard.testing``.
 """
 from .executor import RankProgram  # noqa: F401
 from .groups import MeshEnv, broadcast_json, setup_distributed  # noqa: F401

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["AxisComm", "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "chunk", "to_partial",
-           "COLLECTIVES"]
+           "COLLECTIVES", "raw_step", "raw_adjoint", "start_flat_gather", "flat_reduce_scatter"]
 
 # torch 2.13 renamed the tensor forms; keep working on older releases too.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -236,3 +236,59 @@ def to_partial(x: torch.Tensor, comm: AxisComm) -> torch.Tensor:
 
 #: The redistribution calls a per-rank program may contain, by name.
 COLLECTIVES = {f.__name__: f for f in (all_gather, reduce_scatter, all_reduce, all_to_all, chunk, to_partial)}
+
+
+# ---- the same steps outside autograd (for fused parameter gathers, ``param_gather``) ----------
+
+def raw_step(x: torch.Tensor, kind: str, static: tuple, comm: AxisComm) -> torch.Tensor:
+    """The forward of one redistribution step (a name in ``COLLECTIVES`` with its static arguments,
+    as ``redistribute.step_call`` gives them), without autograd. Identity on an axis of size 1."""
+    if comm.size == 1:
+        return x
+    if kind == "all_gather":
+        return _gather(x, static[0], comm)
+    if kind == "reduce_scatter":
+        return _scatter_sum(x, static[0], comm)
+    if kind == "all_reduce":
+        return _sum(x, comm)
+    if kind == "all_to_all":
+        return _exchange(x, static[0], static[1], comm)
+    if kind == "chunk":
+        return _take(x, static[0], comm)
+    if kind == "to_partial":
+        return _first(x, comm)
+    raise ValueError(f"unknown collective {kind!r}; known: {sorted(COLLECTIVES)}")
+
+
+def raw_adjoint(g: torch.Tensor, kind: str, static: tuple, comm: AxisComm) -> torch.Tensor:
+    """The backward of ``raw_step`` (the table in the module docstring), without autograd."""
+    if comm.size == 1:
+        return g
+    if kind == "all_gather":
+        return _scatter_sum(g, static[0], comm)
+    if kind == "reduce_scatter":
+        return _gather(g, static[0], comm)
+    if kind == "all_reduce":
+        return _sum(g, comm)
+    if kind == "all_to_all":
+        return _exchange(g, static[1], static[0], comm)
+    if kind == "chunk":
+        return _pad(g, static[0], comm)
+    if kind == "to_partial":
+        return _first(g, comm)
+    raise ValueError(f"unknown collective {kind!r}; known: {sorted(COLLECTIVES)}")
+
+
+def start_flat_gather(flat: torch.Tensor, comm: AxisComm) -> tuple[torch.Tensor, Any]:
+    """Start gathering a 1-d tensor from every rank of ``comm``: (output of ``comm.size * len(flat)``
+    elements, rank order; the async work to ``wait()`` before reading it)."""
+    out = flat.new_empty((comm.size * flat.numel(),))
+    work = _all_gather_single(out, flat, group=comm.pg(), async_op=True)
+    return out, work
+
+
+def flat_reduce_scatter(flat: torch.Tensor, comm: AxisComm) -> torch.Tensor:
+    """Sum a 1-d tensor over ``comm`` and keep this rank's ``1 / comm.size`` chunk (rank order)."""
+    out = flat.new_empty((flat.numel() // comm.size,))
+    _reduce_scatter_single(out, flat.contiguous(), group=comm.pg())
+    return out

@@ -9,7 +9,13 @@ rest of backward. Buckets launch strictly in order, so every rank issues the sam
 the same order. ``finish`` waits and leaves each gradient as a view into its reduced bucket.
 
 Gradients already present when a step begins (accumulation across steps without ``zero_grad``)
-are set aside and added back after the reduction, so they are not summed twice.
+are set aside and added back after the reduction, so they are not summed twice. With gradient
+accumulation inside a step, ``set_aside`` runs before the first microstep and ``arm`` before the
+last one's backward: the earlier microsteps' gradients accumulate in ``.grad`` unreduced and are
+part of the sum the last microstep's hooks copy into the buckets.
+
+``reduce_dtype`` (mixed precision): buckets hold and reduce gradients in that dtype; each gradient
+is cast back to its parameter's dtype after the reduction.
 
 ``carry``: a bucket reduced over ``carry_comm`` may reserve one extra slot for a scalar (the step's
 loss), which then rides along with the gradients instead of costing a collective of its own.
@@ -31,6 +37,7 @@ __all__ = ["GradSync"]
 @dataclass(eq=False)
 class _Bucket:
     comm: AxisComm
+    dtype: torch.dtype
     params: list = field(default_factory=list)
     offsets: list = field(default_factory=list)
     numel: int = 0
@@ -46,7 +53,8 @@ class GradSync:
     communication starts early."""
 
     def __init__(self, params: list[tuple[nn.Parameter, AxisComm]], *, bucket_bytes: int = 25 * 2**20,
-                 first_bucket_bytes: int = 2**20, carry_comm: Optional[AxisComm] = None):
+                 first_bucket_bytes: int = 2**20, carry_comm: Optional[AxisComm] = None,
+                 reduce_dtype: Optional[torch.dtype] = None):
         self.buckets: list[_Bucket] = []
         self._where: dict[nn.Parameter, tuple[_Bucket, int]] = {}
         self._flat_view: dict[nn.Parameter, torch.Tensor] = {}
@@ -58,11 +66,12 @@ class GradSync:
         for p, comm in params:
             if not p.requires_grad or comm.size == 1:
                 continue
-            key = (id(comm), p.dtype, p.device)
+            dtype = reduce_dtype or p.dtype
+            key = (id(comm), dtype, p.device)
             b = open_.get(key)
             cap = first_bucket_bytes if len(self.buckets) == 0 or b is self.buckets[0] else bucket_bytes
-            if b is None or (b.numel and (b.numel + p.numel()) * p.element_size() > cap):
-                b = _Bucket(comm)
+            if b is None or (b.numel and (b.numel + p.numel()) * dtype.itemsize > cap):
+                b = _Bucket(comm, dtype)
                 self.buckets.append(b)
                 open_[key] = b
             self._where[p] = (b, len(b.params))
@@ -70,12 +79,12 @@ class GradSync:
             b.offsets.append(b.numel)
             b.numel += p.numel()
         self._carrier = next((b for b in self.buckets if b.comm is carry_comm
-                              and b.params[0].dtype in (torch.float32, torch.float64)), None)
+                              and b.dtype in (torch.float32, torch.float64)), None)
         if self._carrier is not None:
             self._carrier.slot = self._carrier.numel
         for b in self.buckets:
             p0 = b.params[0]
-            b.flat = torch.zeros(b.numel + (b.slot is not None), dtype=p0.dtype, device=p0.device)
+            b.flat = torch.zeros(b.numel + (b.slot is not None), dtype=b.dtype, device=p0.device)
             for p, off in zip(b.params, b.offsets):
                 self._flat_view[p] = b.flat[off:off + p.numel()]
                 self._grad_view[p] = self._flat_view[p].view_as(p)
@@ -99,12 +108,21 @@ class GradSync:
         return self._carrier.flat[self._carrier.slot].clone()
 
     def begin(self) -> None:
-        """Call before backward: arm the hooks, set aside gradients already present."""
+        """Call before backward: set aside gradients already present, arm the hooks."""
+        self.set_aside()
+        self.arm()
+
+    def set_aside(self) -> None:
+        """Set aside the gradients already present (they are added back after the reduction)."""
+        self.active = False
         self._stash.clear()
         for p in self._where:
             if p.grad is not None:
                 self._stash[p] = p.grad.clone()
                 p.grad = None
+
+    def arm(self) -> None:
+        """Call before the backward whose gradients are final: each one is then bucketed as it lands."""
         for b in self.buckets:
             b.pending = len(b.params)
             b.work = None
@@ -141,7 +159,8 @@ class GradSync:
             for p in b.params:
                 if p.grad is None:
                     continue
-                p.grad = self._grad_view[p]
+                view = self._grad_view[p]
+                p.grad = view if view.dtype == p.dtype else view.to(p.dtype)
                 if p in self._stash:
                     p.grad.add_(self._stash[p])
         self._stash.clear()

@@ -8,6 +8,10 @@
 - before each op, for each operand whose producer's placement differs from what the op's strategy
   needs, the redistribution steps (``redistribute.plan_redistribute``) as explicit calls such as
   ``all_gather(linear, 0, comm_tp)``; a redistributed value is reused by every consumer needing it;
+- for parameters, instead: one ``param_gather.gather_params`` call per group of parameter copies
+  (every parameter whose redistribution from its storage communicates, or that mixed precision
+  casts, grouped by the block segment of its first use), run by the program's ``param_gatherer`` (fused flat collectives,
+  prefetch, reshard after forward per the levers' block policies);
 - the op itself on local pieces, size arguments made local and devices made the rank's
   (``localize``), or its named lowering (``lowerings``);
 - for ops writing an operand in place (batch-norm running stats) through a redistributed copy, a
@@ -15,12 +19,15 @@
 - the output: a scalar loss turned ``P`` on every axis (its local values sum to the loss, so
   backward from it with seed 1 follows the gradient convention), anything else gathered to ``R``.
 
-Collective calls carry ``node.meta["autoshard.collective"]`` (their kind), so they can be counted.
+Collective calls carry ``node.meta["autoshard.collective"]`` (their kind), parameter gathers
+``node.meta["autoshard.param_steps"]`` (the kinds of their members' steps), so they can be counted.
+Every emitted node carries ``node.meta[regions.BLOCK]``: the block instance of the captured op it
+was emitted for (None outside numbered blocks), which ``regions`` cuts checkpoint regions by.
 """
 from __future__ import annotations
 
 import operator
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.fx as fx
@@ -28,17 +35,23 @@ import torch.nn as nn
 
 from autoshard.passes.errors import BatchError, PlanFormatError
 from autoshard.passes.graph import META, MODULE, CapturedGraph, is_getitem, operands
+from autoshard.passes.levers import Levers
+from autoshard.passes.solve.clustering import block_instance, module_path
 from autoshard.passes.spec import Partial, Replicate, Strategy, TensorMeta
 
 from .groups import MeshEnv
 from .layout import local_shape, normalize
 from .localize import local_size_args, rewrite_devices, written_operands
 from .lowerings import emit_lowering
+from .param_gather import CopyRecipe, GatherGroup, ParamGatherer, gather_params
 from .redistribute import plan_redistribute, step_call
+from .regions import BLOCK
 
-__all__ = ["lower", "write_back", "COLLECTIVE_META"]
+__all__ = ["lower", "write_back", "COLLECTIVE_META", "PARAM_STEPS_META", "block_of"]
 
 COLLECTIVE_META = "autoshard.collective"
+PARAM_STEPS_META = "autoshard.param_steps"
+_COMMUNICATING = ("all_gather", "all_to_all", "all_reduce", "reduce_scatter")
 # Checks export inserts (capture drops them too): shapes are global there, local here.
 _SKIP = {torch.ops.aten._assert_tensor_metadata.default}
 
@@ -53,11 +66,20 @@ def write_back(stored: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return stored
 
 
+def block_of(node: fx.Node, captured: CapturedGraph) -> Optional[str]:
+    """The block instance ("blocks.3") a captured node belongs to, or None outside numbered blocks."""
+    found = block_instance(module_path(node, captured)) if node.op == "call_function" else None
+    return found[1] if found else None
+
+
 class _Lowering:
     """State of one lowering pass (also the ``ctx`` the lowering emitters receive)."""
 
-    def __init__(self, captured: CapturedGraph, strategies: dict[str, Strategy], env: MeshEnv):
+    def __init__(self, captured: CapturedGraph, strategies: dict[str, Strategy], env: MeshEnv,
+                 levers: Optional[Levers], arrivals: Optional[dict] = None):
         self.captured, self.strategies, self.env = captured, strategies, env
+        self.levers = levers if levers is not None else Levers()
+        self.arrivals = arrivals or {}
         self.mesh = env.mesh
         self.graph = fx.Graph()
         self.root = nn.Module()
@@ -65,6 +87,10 @@ class _Lowering:
         self.placement: dict[tuple, tuple] = {}
         self.cache: dict[tuple, fx.Node] = {}
         self.comm_nodes: dict[tuple, fx.Node] = {}
+        self.groups: list[GatherGroup] = []
+        self.group_keys: list[list[tuple]] = []
+        self.group_of: dict[tuple, int] = {}
+        self.gatherer_node: Optional[fx.Node] = None
 
     # ---- helpers the emitters use ----------------------------------------------------------
     def comm(self, axes) -> fx.Node:
@@ -91,8 +117,67 @@ class _Lowering:
         dst = normalize(dst, self.mesh.shape)
         key = (producer, dst)
         if key not in self.cache:
-            self.cache[key] = self.move(self.value[producer], self.placement[(producer, None)], dst, ndim)
+            if key in self.group_of:
+                self.emit_group(self.group_of[key])
+            else:
+                self.cache[key] = self.move(self.value[producer], self.placement[(producer, None)], dst, ndim)
         return self.cache[key]
+
+    # ---- parameter copies ------------------------------------------------------------------
+    def plan_copies(self) -> None:
+        """Group every (parameter, placement an op needs) that needs a copy by the block segment of
+        its first use: a block instance, or the ops after the n-th distinct block instance."""
+        mp = self.levers.mixed_precision
+        cast = mp is not None and mp.param_dtype is not None
+        seen_blocks: list[str] = []
+        segments: dict[object, int] = {}
+        for node in self.captured.gm.graph.nodes:
+            if (node.op != "call_function" or is_getitem(node) or node.name not in self.strategies
+                    or node.target in _SKIP):
+                continue
+            block = block_of(node, self.captured)
+            if block is not None and block not in seen_blocks:
+                seen_blocks.append(block)
+            segment = block if block is not None else len(seen_blocks)
+            st = self.strategies[node.name]
+            for i, op in enumerate(operands(node)):
+                ph = op.node
+                if ph.name not in self.captured.params or i >= len(st.inputs):
+                    continue
+                meta = ph.meta[META]
+                dst = normalize(st.inputs[i], self.mesh.shape)
+                key = (ph, dst)
+                if key in self.group_of:
+                    continue
+                storage = normalize(self.strategies[ph.name].outputs[0], self.mesh.shape)
+                steps = tuple(plan_redistribute(storage, dst, self.mesh.shape, len(meta.shape)))
+                if not any(s.kind in _COMMUNICATING for s in steps) and not (cast and meta.dtype.is_floating_point):
+                    continue  # local steps only (a chunk, R -> P): plain calls, as for activations
+                if segment not in segments:
+                    segments[segment] = len(self.groups)
+                    policy = self.levers.policy(block)
+                    self.groups.append(GatherGroup(len(self.groups), block, [], policy.reshard_after_forward,
+                                                   policy.reshard_after_forward or policy.checkpoint != "none"))
+                    self.group_keys.append([])
+                g = segments[segment]
+                self.groups[g].members.append(CopyRecipe(ph.name, steps, meta.dtype))
+                self.group_keys[g].append(key)
+                self.group_of[key] = g
+        if self.groups:
+            mp_reduce = None if mp is None else (mp.reduce_dtype or mp.param_dtype)
+            self.root.param_gatherer = ParamGatherer(self.groups, self.env.comm_for, mp_reduce)
+            self.gatherer_node = self.graph.get_attr("param_gatherer")
+
+    def emit_group(self, index: int) -> None:
+        group = self.groups[index]
+        own = [self.value[self.captured.node(r.placeholder)] for r in group.members]
+        following = []
+        if index + 1 < len(self.groups):
+            following = [self.value[self.captured.node(r.placeholder)] for r in self.groups[index + 1].members]
+        call = self.graph.call_function(gather_params, (self.gatherer_node, index, tuple(following), *own))
+        call.meta[PARAM_STEPS_META] = [s.kind for r in group.members for s in r.steps]
+        for k, key in enumerate(self.group_keys[index]):
+            self.cache[key] = self.graph.call_function(operator.getitem, (call, k))
 
     # ---- the pass --------------------------------------------------------------------------
     def strategy(self, node: fx.Node) -> Strategy:
@@ -110,6 +195,8 @@ class _Lowering:
         for node in self.captured.gm.graph.nodes:
             if node.op == "placeholder":
                 self.placeholder(node)
+                if node.next.op != "placeholder":
+                    self.plan_copies()
             elif node.op == "call_function":
                 self.call(node)
             elif node.op == "get_attr":
@@ -119,8 +206,16 @@ class _Lowering:
             else:
                 raise PlanFormatError(f"cannot lower node {node.name!r} of kind {node.op}: capture emits only "
                                       "placeholders, call_function nodes and the output")
+            self.tag(block_of(node, self.captured))
         self.graph.lint()
         return fx.GraphModule(self.root, self.graph, class_name=f"Rank{self.env.rank}Program")
+
+    def tag(self, block: Optional[str]) -> None:
+        """Mark the nodes emitted since the last call as belonging to ``block``."""
+        for new in reversed(self.graph.nodes):
+            if BLOCK in new.meta:
+                break
+            new.meta[BLOCK] = block
 
     def placeholder(self, node: fx.Node) -> None:
         new = self.graph.placeholder(node.name)
@@ -136,6 +231,9 @@ class _Lowering:
             self.placement[(node, None)] = dst
             return
         local_shape(meta.shape, dst, self.mesh.shape, error=BatchError, what=f"input {node.name!r}")
+        if node.name in self.arrivals:  # a slice: every reader takes it from how it arrives
+            self.placement[(node, None)] = normalize(self.arrivals[node.name], self.mesh.shape)
+            return
         full = normalize((Replicate(),) * self.mesh.ndim, self.mesh.shape)
         self.value[node] = self.move(new, full, dst, len(meta.shape))
         self.placement[(node, None)] = dst
@@ -261,13 +359,20 @@ class _Lowering:
         self.graph.output(fx.node.map_arg(node.args[0], out))
 
 
-def lower(captured: CapturedGraph, strategies: dict[str, Strategy], env: MeshEnv) -> fx.GraphModule:
+def lower(captured: CapturedGraph, strategies: dict[str, Strategy], env: MeshEnv,
+          levers: Optional[Levers] = None, arrivals: Optional[dict] = None) -> fx.GraphModule:
     """This rank's program: ``program(*local_params, *local_buffers, *full_inputs[, full_target])``.
 
+    ``arrivals`` (input name -> placements) says how an input arrives when it is not full: a rank
+    passing only its slice of the batch (``local_batch``) hands in ``S(0)`` on the data-parallel axes,
+    and each reader of the input redistributes from there (a free chunk where it reads a finer slice).
+
     Returns the loss as ``P`` on every mesh axis when ``captured.loss_output`` (sum the local values
-    over all ranks for the loss), else the full outputs. Raises ``PlanFormatError`` when the plan
-    does not cover the graph and ``BatchError`` when an input does not divide over the axes
-    sharding it.
+    over all ranks for the loss), else the full outputs. ``levers`` (default: none pulled) decide
+    which parameter groups reshard after forward and the compute dtype of parameter copies (mixed
+    precision: the captured parameters' dtype; the program then receives the master weights).
+    Raises ``PlanFormatError`` when the plan does not cover the graph and ``BatchError`` when an
+    input does not divide over the axes sharding it.
     """
-    return _Lowering(captured, strategies, env).run()
+    return _Lowering(captured, strategies, env, levers, arrivals).run()
 

@@ -27,6 +27,7 @@
 """
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Union
@@ -35,10 +36,12 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
+from autoshard.passes.capture.arguments import check_loss_arguments
 from autoshard.passes.capture.normalize import DEVICE_KWARG, normalize_export
 from autoshard.passes.capture.tracers import trace
 from autoshard.passes.errors import TraceError
-from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.graph import META, CapturedGraph
+from autoshard.passes.spec import TensorMeta
 
 __all__ = ["capture", "set_graph_device"]
 
@@ -186,7 +189,7 @@ def _reassigned_buffers_to_copy(model: nn.Module, before: list) -> None:
 
 
 def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = None,
-            target: Optional[torch.Tensor] = None) -> CapturedGraph:
+            target: Optional[torch.Tensor] = None, param_dtype: Optional[torch.dtype] = None) -> CapturedGraph:
     """Trace ``model`` on ``example_inputs`` into a ``CapturedGraph`` (see the module docstring).
 
     ``example_inputs``: a tuple of positional inputs or a dict of keyword inputs (HF style); tensors
@@ -195,13 +198,20 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
     (for HF-style outputs ``output`` is ``.logits``); ``target`` (a tensor) becomes the last
     placeholder. Without ``loss_fn`` the program returns the model's tensor, tuple of tensors, or
     ``.loss`` (else ``.logits``). The model is traced in its current train/eval mode and is not
-    modified. Shapes are static: the program is specialized to these example shapes.
+    modified. Shapes are static: the program is specialized to these example shapes. ``loss_fn`` and
+    ``target`` come together (``arguments.check_loss_arguments`` names the missing one).
+    ``param_dtype`` (mixed precision): trace as the compute copies run, floating parameters and
+    floating inputs cast to it (``_cast_twin``; buffers and the target keep their dtype).
     """
     if not isinstance(model, nn.Module):
         raise TraceError(f"capture needs an nn.Module, got {type(model).__name__}; wrap the function in a module")
     if target is not None and not isinstance(target, torch.Tensor):
         raise TraceError(f"target must be a tensor or None, got {type(target).__name__}")
+    check_loss_arguments(loss_fn, target, lambda: _output_shapes(model, example_inputs))
     call = _make_call(model, example_inputs)
+    if param_dtype is not None:
+        model = _cast_twin(model, param_dtype)
+        call.tensors[:] = [t.to(param_dtype) if t.is_floating_point() else t for t in call.tensors]
     state_device = _state_device(model)
     if state_device is not None and state_device.type == "meta":
         # Planning a meta model on real data: trace on meta twins of the inputs (nothing allocated).
@@ -214,6 +224,44 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
     ep, method = trace(model, make_program, flat, call.constants)
     return normalize_export(ep, model, call.names, has_target=target is not None,
                             loss_fn_given=loss_fn is not None, method=method)
+
+
+def _output_shapes(model: nn.Module, example_inputs) -> Optional[list]:
+    """Shapes of the model's outputs, traced without a loss; None when that fails too."""
+    try:
+        out = capture(model, example_inputs).output_node.args[0]
+    except Exception:  # noqa: BLE001 - only a hint for another error's message
+        return None
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    metas = [o.meta.get(META) for o in outs if isinstance(o, fx.Node)]
+    return [m.shape for m in metas if isinstance(m, TensorMeta)] or None
+
+
+def _cast_twin(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A copy of the module tree sharing everything with ``model`` but its floating parameters, which
+    are new parameters cast to ``dtype`` (tied parameters stay tied; nothing of ``model`` changes)."""
+    modules: dict[int, nn.Module] = {}
+    params: dict[int, nn.Parameter] = {}
+
+    def cast(p):
+        if p is None or not p.is_floating_point():
+            return p
+        if id(p) not in params:
+            params[id(p)] = nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+        return params[id(p)]
+
+    def twin(m: Optional[nn.Module]) -> Optional[nn.Module]:
+        if m is None:
+            return None
+        if id(m) not in modules:
+            t = copy.copy(m)
+            modules[id(m)] = t
+            t._parameters = {n: cast(p) for n, p in m._parameters.items()}
+            t._buffers = dict(m._buffers)
+            t._modules = {n: twin(c) for n, c in m._modules.items()}
+        return modules[id(m)]
+
+    return twin(model)
 
 
 def _state_device(model: nn.Module) -> Optional[torch.device]:

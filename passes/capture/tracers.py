@@ -253,6 +253,11 @@ def _classify(export_error: BaseException, fallback_error: BaseException) -> tup
     if "fake" in text.lower() and ("impl" in text or "kernel" in text):
         return ("an operator with no meta/fake implementation",
                 "register one with torch.library.register_fake, or move the op out of forward")
+    if _first_line(export_error) == _first_line(fallback_error) and not isinstance(export_error, TraceError):
+        return (f"an error the model's forward raises on these example inputs ({_first_line(export_error)}), not a "
+                "tracing limit: both tracers stop at the same line",
+                "call the model on the example inputs directly to see it; check their shapes and dtypes, and the "
+                "model's configuration (e.g. a width that does not divide into its heads)")
     return ("a construct the tracers do not support",
             "rewrite it with plain tensor ops that depend only on shapes, not on tensor values")
 

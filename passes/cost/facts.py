@@ -32,7 +32,7 @@ from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.graph import operand_meta, operands, outputs
 from autoshard.passes.spec import TensorMeta
 
-__all__ = ["GraphFacts", "op_name"]
+__all__ = ["GraphFacts", "op_name", "matmul_flops"]
 
 _VIEWS = {"view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t", "permute", "expand",
           "expand_as", "squeeze", "unsqueeze", "slice", "select", "split", "split_with_sizes", "unbind",
@@ -63,8 +63,9 @@ class GraphFacts:
     """Per-node facts the cost model needs: kinds, which values need a gradient, global op cost.
 
     ``kind[name]``: "param", "buffer", "input" (user inputs, the target, other placeholders) or "op".
-    ``requires_grad``: parameters, and every floating output computed from one (except ops that
-    cut the graph: detach, *_like constructors, ...). ``compute(name)``: (forward seconds, backward
+    ``training``: the program returns a loss (a training step); otherwise it is forward-only and
+    nothing carries a gradient. ``requires_grad``: when training, parameters and every floating output
+    computed from one (except ops that cut the graph: detach, *_like constructors, ...). ``compute(name)``: (forward seconds, backward
     seconds) of the op on one device holding everything.
     """
 
@@ -73,7 +74,9 @@ class GraphFacts:
         self.hardware = hardware
         self.nodes: dict[str, fx.Node] = {n.name: n for n in gm.graph.nodes}
         self.kind: dict[str, str] = {}
-        self.requires_grad: set[str] = set(captured.params)
+        #: a training step (the program returns a loss) or forward-only inference (no gradients at all)
+        self.training = bool(captured.loss_output)
+        self.requires_grad: set[str] = set(captured.params) if self.training else set()
         self.views: set[str] = set()
         self._compute: dict[str, tuple[float, float]] = {}
         self._launches: dict[str, int] = {}
@@ -82,7 +85,7 @@ class GraphFacts:
             if node.op == "placeholder":
                 self.kind[node.name] = ("param" if node.name in captured.params else
                                         "buffer" if node.name in captured.buffers else "input")
-                if self.kind[node.name] == "param":
+                if self.kind[node.name] == "param" and self.training:
                     self._launches[node.name] = 1  # autograd's AccumulateGrad into .grad
                 continue
             if node.op != "call_function":
@@ -158,6 +161,15 @@ class GraphFacts:
             return False
         metas = self.tensor_outputs(producer)
         return slot < len(metas) and _floating(metas[slot])
+
+
+def matmul_flops(node: fx.Node) -> Optional[float]:
+    """Forward FLOPs (2 per multiply-add) of a matmul-like call_function node, as the cost model counts
+    them (``GraphFacts``); None for every other op."""
+    if node.op != "call_function":
+        return None
+    ins = [operand_meta(o) for o in operands(node)]
+    return _matmul_flops(node, op_name(node.target), ins, [m for m in outputs(node) if m is not None])
 
 
 def _matmul_flops(node: fx.Node, name: str, ins: list, outs: list) -> Optional[float]:

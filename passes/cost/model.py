@@ -19,7 +19,8 @@ are priced as gathered to ``R`` on every rank, forward only (the backward seed, 
 available in any placement for free).
 
 Memory per rank: parameters, gradients (same dtype) and optimizer state (``optimizer``: "adamw"
-keeps 2 fp32 states per element, "sgd" none) divided by the storage shard factor; activations are
+keeps 2 fp32 states per element, "sgd" none) divided by the storage shard factor (a forward-only
+program, with no loss, has neither gradients nor optimizer state, and no backward pass); activations are
 the local bytes of every non-view op output (autograd may save them), plus the local bytes of each
 redistributed copy that feeds an op (e.g. an all-gathered FSDP weight saved for backward).
 
@@ -237,6 +238,8 @@ class CostModel:
     def price_node(self, name: str, strategy: Strategy, facts: GraphFacts) -> NodePrice:
         kind = facts.kind[name]
         metas = facts.tensor_outputs(name)
+        if kind == "param" and metas and not facts.training:  # inference: no gradient, no optimizer state
+            return NodePrice(compute=facts.overhead(name), params=self.param_memory(metas[0], strategy.outputs[0])[0])
         if kind == "param" and metas:
             p, g, o = self.param_memory(metas[0], strategy.outputs[0])
             syncs = self.grad_sync(metas[0], strategy.outputs[0], facts.param_bytes)

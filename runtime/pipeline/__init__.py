@@ -8,6 +8,9 @@
 - ``stage``: one stage's lowered program on its submesh and per-microbatch F / B / W / BW.
 - ``interpreter``: runs a rank group's action list, recording a measured timeline.
 - ``executor``: ``PipelineProgram`` (step / parameters / full_state_dict) and ``write_chrome_trace``.
+- ``split_backward`` / ``timelines``: zero-bubble B and W passes; measured timelines gathered from ranks.
+
+May import: torch, ``autoshard.passes`` and the rest of ``autoshard.runtime``. Never the front door.
 """
 from .executor import PipelineProgram, write_chrome_trace  # noqa: F401
 from .split import make_pipeline_plan, split_stages, stage_nodes_from_prefixes, stage_nodes_from_starts  # noqa: F401

@@ -32,8 +32,9 @@ from autoshard.passes.spec import Replicate, Strategy, TensorMeta
 
 from ..groups import choose_device_backend
 from ..layout import shard_tensor
-from ..materialize import names_of
+from ..local_batch import DataLayout, InputCheck, arrivals_for, data_layout, local_shapes
 from ..redistribute import redistribute
+from ..state_dict import ModelState
 from .groups import TieGroups, build_pipeline_envs, group_layout
 from .interpreter import Interpreter, TimelineEvent, executed_schedule
 from .p2p import Wiring
@@ -141,9 +142,10 @@ class PipelineProgram:
         self._grad_sync = {s: StageGradSync(st.sync_list()) for s, st in self.stages.items()}
         self._holders = self._shared_params()
         self._ties = TieGroups(self.layout, sorted({k for _, k in self._holders.values()}), self.rank)
-        everything = list(captured.params) + list(captured.buffers)
-        self._state_keys = (list(model.state_dict().keys()) if model is not None else
-                            [n for ph in everything for n in names_of(captured, ph)])
+        self.model = model  # its state_dict hooks name the checkpoint's tensors (``state_dict.ModelState``)
+        self._model_state: Optional[ModelState] = None
+        self._data_layout: Optional[DataLayout] = None
+        self._input_check: Optional[InputCheck] = None
 
     # ---- construction helpers ------------------------------------------------------------------
     def _wiring(self) -> Wiring:
@@ -174,7 +176,27 @@ class PipelineProgram:
         return out
 
     # ---- running -------------------------------------------------------------------------------
-    def _microbatches(self, inputs: tuple, target) -> tuple[list[list], list]:
+    def data_layout(self) -> DataLayout:
+        """The data-parallel axes of the pipeline and this rank's place along them: the axes of the rank
+        groups' submesh on which every stage reading a batch input shards it on dim 0
+        (``local_batch.data_layout``). Rank groups with different submeshes have none."""
+        if self._data_layout is None:
+            readers = [(g.captured, stage_strategies(g, self.plan.stages[g.index].solution.strategies),
+                        g.captured.inputs[:len(g.user_inputs)] + ([g.captured.target] if g.reads_target else []))
+                       for g in self.graphs if g.user_inputs or g.reads_target]
+            if len({tuple(self.layout[g][0].shape) for g in self.layout}) > 1:
+                readers = []
+            self._data_layout = data_layout(readers, self.env.mesh, self.env.coordinate,
+                                            microbatches=self.plan.microbatches)
+        return self._data_layout
+
+    def _use_local_inputs(self, local_batch: bool) -> None:
+        if local_batch and self._input_check is None:
+            self._input_check = InputCheck(self.data_layout(), self.env)
+        for st in self.stages.values():
+            st.local_inputs(local_batch, arrivals_for(self.data_layout(), self.env.mesh.ndim))
+
+    def _microbatches(self, inputs: tuple, target, local_batch: bool = False) -> tuple[list[list], list]:
         user_names = self.captured.inputs
         if len(inputs) != len(user_names):
             raise BatchError(f"the program was traced with {len(user_names)} input(s) {user_names} but got "
@@ -187,6 +209,12 @@ class PipelineProgram:
             meta = self.captured.node(name).meta.get(META)
             if isinstance(meta, TensorMeta):
                 want = (meta.shape[0] * m,) + tuple(meta.shape[1:])
+                if local_batch:
+                    want = local_shapes(self.captured, self.data_layout(), m)[name]
+                    if tuple(x.shape) != want:
+                        raise BatchError(f"input {name!r} has shape {tuple(x.shape)}; with local_batch=True this rank "
+                                         f"passes its slice of the global batch: shape {want} (data_parallel_rank "
+                                         f"{self.data_layout().rank} of {self.data_layout().size})")
                 if tuple(x.shape) != want:
                     raise BatchError(f"input {name!r} has shape {tuple(x.shape)}; the pipeline was traced at "
                                      f"microbatch shape {meta.shape} x {m} microbatches, so it takes the global "
@@ -196,9 +224,16 @@ class PipelineProgram:
                 out.append([x] * m)
         return out[:-1], out[-1]
 
-    def step(self, *inputs, target=None) -> float:
-        """Forward + backward of the global batch through the pipeline; the mean loss, same on every rank."""
-        user, target_mbs = self._microbatches(inputs, target)
+    def step(self, *inputs, target=None, local_batch: bool = False) -> float:
+        """Forward + backward of the global batch through the pipeline; the mean loss, same on every rank.
+        ``local_batch``: each rank passes only its data-parallel slice (``local_batch.py``); microbatch k
+        then holds every slice's k-th 1/microbatches, the same rows as the full batch with each slice cut
+        the same way (the mean loss and gradients equal the full-batch step's up to summation order)."""
+        self._use_local_inputs(local_batch)
+        if local_batch:
+            names = list(self.captured.inputs) + [self.captured.target]
+            self._input_check([(n, x) for n, x in zip(names, list(inputs) + [target]) if isinstance(x, torch.Tensor)])
+        user, target_mbs = self._microbatches(inputs, target, local_batch)
         stashed = {}
         for st in self.stages.values():
             for p in st.params:
@@ -257,25 +292,14 @@ class PipelineProgram:
         """The last step's executed compute actions on this rank, in order, with measured times."""
         return list(self.interpreter.timeline)
 
+    def model_state(self) -> ModelState:
+        """The model's state over this rank's stages under ``model.state_dict()``'s names (built once; a
+        collective the first time)."""
+        if self._model_state is None:
+            self._model_state = ModelState(self, self.model, ties=self._ties)
+        return self._model_state
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full CPU tensors under the original names, on every rank (a collective: call on every rank).
-        Each tensor comes from the first stage holding it."""
-        out: dict[str, torch.Tensor] = {}
-        everything = (Replicate(),) * self.env.mesh.ndim
-        for ph in list(self.captured.params) + list(self.captured.buffers):
-            owner = next((g.index for g in self.graphs if ph in g.captured.params or ph in g.captured.buffers), None)
-            if owner is None:  # read by no op: no stage holds it
-                continue
-            meta = self.captured.node(ph).meta[META]
-            src_group = self.plan.stages[owner].group
-            if owner in self.stages:
-                st = self.stages[owner]
-                names = st.param_names + st.buffer_names
-                t = (st.params + st.buffers)[names.index(ph)]
-                full = redistribute(t.detach(), st.strategies[ph].outputs[0], everything, self.env).contiguous()
-            else:
-                full = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
-            dist.broadcast(full, src=self.layout[src_group][1][0])
-            for name in names_of(self.captured, ph):
-                out[name] = full.detach().cpu().clone()
-        return {k: out[k] for k in self._state_keys if k in out}
+        """Full CPU tensors under the original names (the model's state-dict hooks included), on every
+        rank (a collective: call on every rank). Each tensor comes from the first stage holding it."""
+        return self.model_state().full_state_dict()

@@ -6,9 +6,13 @@ require grad) and keeps what backward needs. ``backward_input(mb, grads)`` (B) r
 of the received values, keeping the graph for W; ``backward_weight(mb)`` (W) then accumulates the
 weight gradients into ``.grad``, restarting autograd where B stopped (``split_backward``: nothing
 runs twice); ``backward(mb, grads)`` (BW) does both in one pass. With ``recompute``, F runs without
-autograd and keeps only its inputs and the RNG state; the first B or BW of that microbatch runs the
-forward again with autograd (same random numbers, buffers such as BatchNorm's running statistics
-left as the first run set them), so a stage holds one microbatch's activations at a time. On the last
+autograd and keeps only its inputs; the first B or BW of that microbatch runs the forward again with
+autograd through ``recompute.Replay``, the same helper the plain path's checkpoint regions use (same
+random numbers; buffers such as BatchNorm's running statistics read as the first run read them and
+updated once), so a stage holds one microbatch's activations at a time. The stage does not use
+``recompute.checkpointed`` (``torch.utils.checkpoint``) itself: that recomputes once per backward
+graph task, and a zero-bubble B then W are two, so the forward (and its collectives) would run three
+times instead of two. On the last
 stage the output is the loss as ``P`` and its seed is ``1 / microbatches``, so gradients summed over
 microbatches equal the full-batch mean loss's.
 """
@@ -27,6 +31,7 @@ from autoshard.passes.spec import Replicate, Strategy
 from ..layout import normalize
 from ..lower import lower
 from ..materialize import materialize
+from ..recompute import Replay
 from .groups import SubmeshEnv
 from .split import StageGraph
 from .split_backward import SplitBackward
@@ -39,7 +44,7 @@ class _Saved:
     outputs: list
     leaves: list
     split: Optional[SplitBackward] = None
-    replay: Optional[tuple] = None  # (program arguments, RNG states) while the forward awaits its recompute
+    replay: Optional[tuple] = None  # (Replay, its arguments) while the forward awaits its recompute
 
 
 class StageProgram:
@@ -53,6 +58,7 @@ class StageProgram:
         self.index = graph.index
         captured = graph.captured
         self.program = lower(captured, strategies, env)
+        self._programs = {False: self.program}
         local = materialize(captured, strategies, env, model=model, state_dict=state_dict, seed=seed)
         trainable = trainable or {}
         self.param_names = list(captured.params)
@@ -64,6 +70,13 @@ class StageProgram:
         self.n_user = len(graph.user_inputs)
         self.seed_scale = 1.0 / microbatches
         self.saved: dict[int, _Saved] = {}
+
+    def local_inputs(self, on: bool, arrivals: Optional[dict] = None) -> None:
+        """Run the program that takes this rank's slice of the batch inputs (``on``; lowered on first use
+        with ``arrivals``, see ``local_batch.arrivals_for``) or the one taking full inputs."""
+        if on not in self._programs:
+            self._programs[on] = lower(self.graph.captured, self.strategies, self.env, arrivals=arrivals)
+        self.program = self._programs[on]
 
     def grad_layout(self, ph: str) -> tuple:
         """Placements of a parameter's gradient: its storage, with ``P`` read as ``R`` (a ``P``-stored
@@ -91,17 +104,18 @@ class StageProgram:
                 t = t.detach().requires_grad_(True)
             leaves.append(t)
         args = list(user) + leaves + ([target] if self.graph.reads_target else [])
+        full = [*self.params, *self.buffers, *args]
         if not self.recompute:
-            self.saved[mb] = _Saved(self._run(args), leaves)
+            self.saved[mb] = _Saved(self._outputs(self.program(*full)), leaves)
             return self.saved[mb].outputs
-        rng = _rng_states(self.params + leaves)
+        buffers = range(len(self.params), len(self.params) + len(self.buffers))
+        replay = Replay(self.program, writable=buffers)
         with torch.no_grad():
-            outs = self._run(args)
-        self.saved[mb] = _Saved(outs, leaves, replay=(args, rng))
+            outs = self._outputs(replay(*full))
+        self.saved[mb] = _Saved(outs, leaves, replay=(replay, full))
         return outs
 
-    def _run(self, args: list, buffers: Optional[list] = None) -> list:
-        out = self.program(*self.params, *(self.buffers if buffers is None else buffers), *args)
+    def _outputs(self, out) -> list:
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         return outs[:1] if self.graph.is_last else outs
 
@@ -109,11 +123,8 @@ class StageProgram:
         """The microbatch's saved state, its forward first re-run with autograd if it was recomputed."""
         saved = self.saved[mb]
         if saved.replay is not None:
-            args, rng = saved.replay
-            with torch.random.fork_rng(devices=rng[1]):
-                _set_rng_states(rng)
-                # buffer updates (running statistics) were made by the first run: the re-run updates copies
-                saved.outputs = self._run(args, [b.clone() for b in self.buffers])
+            replay, full = saved.replay
+            saved.outputs = self._outputs(replay(*full))
             saved.replay = None
         return saved
 
@@ -160,19 +171,6 @@ class StageProgram:
         if outs:
             torch.autograd.backward(outs, seeds)
         return self._input_grads(saved.leaves, [t.grad if t.requires_grad else None for t in saved.leaves])
-
-
-def _rng_states(tensors: list) -> tuple:
-    """(CPU RNG state, the CUDA devices the stage computes on, their RNG states)."""
-    devices = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
-    return torch.get_rng_state(), devices, [torch.cuda.get_rng_state(d) for d in devices]
-
-
-def _set_rng_states(states: tuple) -> None:
-    cpu, devices, cuda = states
-    torch.set_rng_state(cpu)
-    for d, state in zip(devices, cuda):
-        torch.cuda.set_rng_state(state, d)
 
 
 class StageGradSync:

@@ -38,7 +38,7 @@ The zbv, dualpipev and interleaved-1f1b compute orders equal those of torch.dist
 (``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``, ``ScheduleInterleaved1F1B``; the tests compare).
 
 What the zero-bubble generators achieve, F = B = W = 1 per stage (a V stage is half a layer stack,
-so each rank does 6m units for zbv/dualpipev and 3m for zb-h1); tests/test_schedules.py asserts each:
+so each rank does 6m units for zbv/dualpipev and 3m for zb-h1); tests/passes/pipeline/test_schedules.py asserts each:
 
 * zb-h1, m >= p: step 3m + p - 1, bubble (p-1)/(3m+p-1), a third of 1F1B's idle 3(p-1) per rank.
   Why: rank r starts after r forwards and, with r W's deferred, never waits for a gradient (the

@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Optional, Union
 
-from autoshard.passes.solve.clustering import OUTPUT, block_instance, graph_edges, module_path
+from autoshard.passes.solve.clustering import OUTPUT, block_instance, cluster_edges, graph_edges, module_path
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.errors import InfeasiblePlanError
@@ -145,7 +145,8 @@ class SubmeshProfile:
         return [f + b / m for f, b in zip(self.cut_fixed, self.cut_batch)]
 
     def repeat_blocks(self, n: int) -> "SubmeshProfile":
-        """The profile of the same model with ``n`` identical blocks (the middle traced block repeated)."""
+        """The profile of the same model with ``n`` identical blocks: the first traced block stays the
+        first (it alone reads what precedes the blocks), the middle traced block stands for the rest."""
         blocks = [i for i, u in enumerate(self.units) if u.block is not None]
         if not blocks:
             raise ValueError("the profile has no numbered blocks to repeat")
@@ -158,7 +159,7 @@ class SubmeshProfile:
         pre, post = self.units[:first], self.units[last + 1:]
         name = self.units[rep].block
         units = pre + [replace(self.units[rep], name=name.replace("#", str(k))) for k in range(n)] + post
-        costs = self.costs[:first] + [self.costs[rep]] * n + self.costs[last + 1:]
+        costs = self.costs[:first] + [self.costs[first]] + [self.costs[rep]] * (n - 1) + self.costs[last + 1:]
 
         def cuts(values):
             return values[:first] + [values[inner]] * (n - 1) + values[last:]
@@ -261,11 +262,14 @@ class _StageCostModel(CostModel):
 
 
 def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, optimizer, microbatches: int,
-                 held: int, memory_limit: float, repeat: float = 1.0, time_limit_s: float = 30.0,
+                 held: int, memory_limit: float, repeat: float = 1.0, chain_repeat: Optional[float] = None,
+                 time_limit_s: float = 30.0,
                  pins: Optional[Pins] = None) -> Solution:
     """The intra-op plan for the stages of a pipeline on ``mesh`` (see module docstring). ``repeat``:
-    the real model has ``repeat`` times the traced blocks (their ILP nodes and edges count that many
-    times more). ``time_limit_s`` caps the ILP solves together (at least half a second each).
+    the real model has ``repeat`` times the traced blocks (their ILP nodes and the edges inside one
+    block count that many times more); ``chain_repeat``: how many times more an edge from one traced
+    block to the next counts (default ``repeat``; traced b of n blocks: (n - 1) / (b - 1)).
+    ``time_limit_s`` caps the ILP solves together (at least half a second each).
     ``pins``: decisions fixed as in ``plan_sharding`` (e.g. to price a rejected layout).
 
     When no plan fits ``memory_limit`` with activations held ``held`` times, the plan for ONE held
@@ -292,7 +296,8 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, opt
         cm = _StageCostModel(mesh, hardware, optimizer, microbatches, k)
         graph = problem.strategy_graph(cm, memory_limit)
         if repeat != 1.0:
-            _repeat(graph, nodes, captured, repeat)
+            _repeat(graph, problem.clustering, nodes, captured, repeat,
+                    repeat if chain_repeat is None else chain_repeat)
         result = solve(graph, time_limit_s=max(0.5, deadline - time.perf_counter()))
         if result.choice is not None:
             status = result.status if k == held else f"{result.status}_HELD_1"
@@ -308,12 +313,23 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, opt
     return problem.solution(result.choice, optimizer=optimizer, solver_stats=stats)
 
 
-def _repeat(graph, nodes: dict, captured: CapturedGraph, repeat: float) -> None:
-    """Count every ILP node and edge inside a numbered block ``repeat`` times more."""
-    inside = {i for i, sg in enumerate(graph.nodes)
-              if sg.name in nodes and block_instance(module_path(nodes[sg.name], captured)) is not None}
+def _repeat(graph, clustering, nodes: dict, captured: CapturedGraph, repeat: float, chain: float) -> None:
+    """Count every ILP node inside a numbered block ``repeat`` times more, and every edge as the deep
+    model has it: inside one block instance ``repeat`` times, from one instance to another ``chain``
+    times, once elsewhere (an ILP edge sums the graph edges between its two clusters)."""
+    instance = {name: block_instance(module_path(node, captured)) for name, node in nodes.items()}
+    inside = {i for i, sg in enumerate(graph.nodes) if instance.get(sg.name) is not None}
     for i in inside:
         graph.nodes[i].multiplicity = max(1, round(graph.nodes[i].multiplicity * repeat))
-    for e in graph.edges:
-        if e.u in inside and e.v in inside:
-            e.multiplicity = max(1, round(e.multiplicity * repeat))
+    weight: dict = {}
+    for u, slot, v, k in graph_edges(captured):
+        key = (clustering.cluster_of[u], slot, OUTPUT if v == OUTPUT else clustering.cluster_of[v], k)
+        a, b = instance.get(u), None if v == OUTPUT else instance.get(v)
+        w = 1.0 if a is None or b is None else repeat if a == b else chain
+        weight[key] = weight.get(key, 0.0) + w
+    keys = list(cluster_edges(graph_edges(captured), clustering))
+    if len(keys) != len(graph.edges):
+        raise AssertionError(f"{len(graph.edges)} ILP edges but {len(keys)} cluster edges: the strategy graph and "
+                             "the clustering disagree")
+    for e, key in zip(graph.edges, keys):
+        e.multiplicity = max(1, round(weight[key]))

@@ -55,6 +55,7 @@ from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfi
 from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, VIRTUAL, Choice, held_microbatches, score_stages, single_stage_step,
                       stage_problem)
 from autoshard.passes.pipeline.stages.search import global_batch, microbatch_options, plan_candidates, profile_candidates, search_stages
+from autoshard.passes.pipeline.stages.shallow import ShallowProgram, shallow_program
 from autoshard.passes.pipeline.stages.stage_plan import SCHEDULES, PipelinePlan, StagePlan
 from autoshard.passes.units import human_bytes
 
@@ -66,9 +67,14 @@ __all__ = ["plan_pipeline", "profile_candidates", "search_stages", "score_stages
 def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardware] = "h100",
                   memory_limit: Optional[float] = None, optimizer: Union[str, float] = "adamw",
                   pp: Optional[int] = None, schedule: Optional[str] = None, microbatches: Optional[int] = None,
-                  stages: Optional[Sequence[Union[int, str]]] = None, time_limit_s: float = 60.0) -> PipelinePlan:
+                  stages: Optional[Sequence[Union[int, str]]] = None, time_limit_s: float = 60.0,
+                  fold_blocks: bool = True) -> PipelinePlan:
     """The fastest pipeline plan (simulated step time) that fits ``memory_limit`` bytes per device;
-    ``pp == 1`` means "no pipeline": the core plan on the whole mesh (``stages[0].solution``)."""
+    ``pp == 1`` means "no pipeline": the core plan on the whole mesh (``stages[0].solution``).
+
+    ``fold_blocks``: a program with many identical blocks is priced through its shallow copy
+    (``shallow.shallow_program``: each kept block counted for the cut ones); the stages, their
+    intra-op plans and the core plan are still the deep program's. False prices every block."""
     t0 = time.perf_counter()
     mesh = Mesh.of(mesh)
     hw = get_hardware(hardware)
@@ -91,17 +97,34 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     core_step = None
     if core is not None:
         core_step = single_stage_step(profile_submesh(captured, core, hardware=hw, optimizer=optimizer, units=units))
-    profiles = plan_candidates(captured, mesh, pps, hardware=hw, optimizer=optimizer, memory_limit=limit,
-                               units=units, quick_s=min(3.0, time_limit_s / 4), thorough_s=min(30.0, time_limit_s / 2))
+    shallow = shallow_program(captured, units) if fold_blocks else None
+    candidates: dict = {}
+    profiles = plan_candidates(shallow.captured if shallow else captured, mesh, pps, hardware=hw, optimizer=optimizer,
+                               memory_limit=limit, units=shallow.units if shallow else units,
+                               blocks=shallow.blocks if shallow else None, quick_s=min(2.0, time_limit_s / 4),
+                               thorough_s=min(30.0, time_limit_s / 2), stats=candidates, deep_chain=True)
     left = max(1.0, time_limit_s - (time.perf_counter() - t0))
     best, stats = search_stages(profiles, mesh, hardware=hw, memory_limit=limit, batch=batch, schedules=schedules,
                                 microbatches=microbatches, starts=starts, time_limit_s=left)
     stats["plan_wall_s"] = round(time.perf_counter() - t0, 3)
+    stats["candidates"] = _candidate_stats(candidates)
+    if shallow is not None:
+        stats["shallow_copy"] = {"blocks": shallow.blocks, "kept": len(shallow.units) - len(units) + shallow.blocks}
     if core is not None and (best is None or core_step <= best.step_time):
         return _core_plan(core, core_step, captured, mesh, stats)
     if best is None:
         raise _infeasible(mesh, limit, pps, schedules, microbatches, starts, stats, core_error)
-    return _build(best, captured, mesh, stats)
+    return _build(best, captured, mesh, stats, shallow)
+
+
+def _candidate_stats(stats: dict) -> dict:
+    """``plan_candidates``' statistics as JSON: "pp=16 dp=32 tp=2" -> its row; finalists as such keys."""
+    def key(k):
+        return f"pp={k[0]} dp={k[1][0]} tp={k[1][1]}"
+    out = {k: v for k, v in stats.items() if k not in ("candidates", "finalists")}
+    out["candidates"] = {key(k): v for k, v in stats.get("candidates", {}).items()}
+    out["finalists"] = [key(k) for k in stats.get("finalists", [])]
+    return out
 
 
 def _schedules(schedule) -> tuple[str, ...]:
@@ -175,15 +198,23 @@ def _core_plan(core: Solution, step: float, captured: CapturedGraph, mesh: Mesh,
     return PipelinePlan(1, 1, [stage], "1f1b", 1, step, 0.0, [core.memory_breakdown.get("activations", 0.0)])
 
 
-def _build(best: Choice, captured: CapturedGraph, mesh: Mesh, stats: dict) -> PipelinePlan:
+def _build(best: Choice, captured: CapturedGraph, mesh: Mesh, stats: dict,
+           shallow: Optional[ShallowProgram]) -> PipelinePlan:
     prof, sol = best.profile, best.stages
+    units, full = prof.units, prof.solution
+    if shallow is not None:  # the profile's units stand for the deep program's, one for one
+        if [u.name for u in shallow.deep_units] != [u.name for u in units]:
+            raise AssertionError(f"the folded profile's units {[u.name for u in units][:4]}... are not the deep "
+                                 f"program's {[u.name for u in shallow.deep_units][:4]}...")
+        units = shallow.deep_units
+        full = shallow.deep_solution(full) if full is not None else None
     group_size = mesh.size // best.pp
     groups = stage_rank(best.schedule, best.pp, best.virtual)
     plans = []
     for s, rng in enumerate(sol.ranges(len(prof.units))):
-        nodes = [n for i in rng for n in prof.units[i].nodes]
+        nodes = [n for i in rng for n in units[i].nodes]
         g = groups[s]
-        part = _stage_solution(prof, rng, nodes, captured, best, s, stats)
+        part = _stage_solution(prof, full, rng, nodes, captured, best, s, stats)
         plans.append(StagePlan(s, nodes, g, list(range(g * group_size, (g + 1) * group_size)), prof.mesh, part,
                                sol.recompute[s]))
     act = [sol.memory[s] - sum(prof.costs[i].state_bytes for i in rng)
@@ -191,10 +222,10 @@ def _build(best: Choice, captured: CapturedGraph, mesh: Mesh, stats: dict) -> Pi
     return PipelinePlan(best.pp, best.virtual, plans, best.schedule, best.m, best.step_time, best.bubble_fraction, act)
 
 
-def _stage_solution(prof: SubmeshProfile, rng: range, nodes: list[str], captured: CapturedGraph, best: Choice,
-                    s: int, stats: dict) -> Optional[Solution]:
-    """The core plan restricted to one stage: its ops, the placeholders they read, its costs."""
-    full = prof.solution
+def _stage_solution(prof: SubmeshProfile, full: Optional[Solution], rng: range, nodes: list[str],
+                    captured: CapturedGraph, best: Choice, s: int, stats: dict) -> Optional[Solution]:
+    """The candidate's intra-op plan ``full`` (of ``captured``) restricted to one stage: its ops, the
+    placeholders they read, its costs."""
     if full is None:
         return None
     mine = set(nodes)

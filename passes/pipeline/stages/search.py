@@ -34,8 +34,8 @@ _UNBOUNDED = 1e30
 def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, hardware: Hardware,
                        optimizer, memory_limit: float, units: Optional[list[LayerUnit]] = None,
                        blocks: Optional[int] = None, single: bool = False, time_limit_s: float = 30.0,
-                       stats: Optional[dict] = None,
-                       shapes: Optional[Sequence[tuple[int, int]]] = None) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
+                       stats: Optional[dict] = None, shapes: Optional[Sequence[tuple[int, int]]] = None,
+                       deep_chain: bool = False) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
     """``(pp, (dp, tp)) -> SubmeshProfile`` for every pp > 1 in ``pps`` and every submesh shape of
     its rank groups: the intra-op plan of ``layer_costs.plan_submesh`` for one sequence per data-
     parallel rank per microbatch and a 1F1B stage's average in-flight count, priced per unit.
@@ -45,10 +45,15 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
     intra-op ILP counts every traced block ``blocks / traced`` times. ``single``: also profile pp = 1
     (one stage on the whole mesh: plain gradient accumulation over m microbatches).
     ``time_limit_s``: the intra-op ILP's limit per candidate. ``stats``: filled with each
-    candidate's wall time and intra-op status. ``shapes``: only these (dp, tp) shapes."""
+    candidate's wall time and intra-op status. ``shapes``: only these (dp, tp) shapes.
+    ``deep_chain``: count the ILP edges from one traced block to the next as often as the deep model
+    has them, (blocks - 1) / (traced - 1) times; by default they count blocks / traced times, like the
+    edges inside a block (the approximation ``profile_candidates(blocks=...)`` has always made: with 2
+    traced blocks of 32, 16 block-to-block edges instead of 31). ``plan_pipeline``'s shallow copy sets it."""
     units = units if units is not None else layer_units(captured)
     traced = sum(1 for u in units if u.block is not None)
     repeat = blocks / traced if blocks and traced else 1.0
+    chain = (blocks - 1) / (traced - 1) if deep_chain and blocks and traced > 1 else repeat
     batch = global_batch(captured)
     stats = stats if stats is not None else {}
     out: dict = {}
@@ -62,6 +67,7 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
             m_ref = max(1, batch // shape[0]) if batch % shape[0] == 0 else 1
             sol = plan_submesh(captured, Mesh(shape), hardware=hardware, optimizer=optimizer, microbatches=m_ref,
                                held=math.ceil((p + 1) / 2), memory_limit=p * memory_limit, repeat=repeat,
+                               chain_repeat=chain,
                                time_limit_s=time_limit_s)
             prof = profile_submesh(captured, sol, hardware=hardware, optimizer=optimizer, units=units)
             out[(p, shape)] = prof.repeat_blocks(blocks) if blocks else prof
@@ -73,18 +79,20 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
 def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, hardware: Hardware, optimizer,
                     memory_limit: float, units: Optional[list[LayerUnit]] = None, blocks: Optional[int] = None,
                     single: bool = False, quick_s: float = 2.0, thorough_s: float = 10.0, finalists: int = 3,
-                    stats: Optional[dict] = None) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
+                    stats: Optional[dict] = None, deep_chain: bool = False
+                    ) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
     """``profile_candidates`` in two passes: every candidate's intra-op ILP capped at ``quick_s``,
     then the ``finalists`` whose quick plans rank best (``closed_form_best``: no simulation, a few ms
     each) solved again for up to ``thorough_s`` when the quick solve was not proven optimal; a
-    re-solve replaces the quick plan only if it ranks better. ``stats``: per-candidate
+    re-solve replaces the quick plan only if it ranks better (``deep_chain``: as in
+    ``profile_candidates``). ``stats``: per-candidate
     wall times and statuses, the finalists, and each pass's seconds."""
     stats = stats if stats is not None else {}
     t0 = time.perf_counter()
     per: dict = {}
     profiles = profile_candidates(captured, mesh, pps, hardware=hardware, optimizer=optimizer,
                                   memory_limit=memory_limit, units=units, blocks=blocks, single=single,
-                                  time_limit_s=quick_s, stats=per)
+                                  time_limit_s=quick_s, stats=per, deep_chain=deep_chain)
     batch = global_batch(captured)
     t1 = time.perf_counter()
 
@@ -100,7 +108,7 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
         again: dict = {}
         better = profile_candidates(captured, mesh, [key[0]], hardware=hardware, optimizer=optimizer,
                                     memory_limit=memory_limit, units=units, blocks=blocks, single=single,
-                                    time_limit_s=thorough_s, stats=again, shapes=[key[1]])
+                                    time_limit_s=thorough_s, stats=again, shapes=[key[1]], deep_chain=deep_chain)
         step = searched(key, better[key])
         per[key] = dict(again[key], quick=per[key], quick_step=score[key], step=step)
         if step < score[key]:

@@ -1,0 +1,117 @@
+"""Any rank's program of a 1,024-GPU plan, built in this one process: GPT-3 175B on (128, 8) H100s.
+
+The plan comes from ``autoshard.plan(..., pp=16)`` on the whole 96-block model (meta device; the
+schedule and microbatch count are pinned to what the unpinned planner picks, ``benchmarks/plan_3d.py``,
+so the test does not search them). Then, for the first rank, one in the middle and the last, a fake
+process group (``torch.testing``'s ``FakeStore`` / "fake" backend: collectives do nothing) of 1,024
+ranks stands in for the world and ``pipelines.build_pipelined_model`` (what ``compile(..., plan=)``
+runs on each rank) builds that rank's stages on the meta device. Each rank's program is checked
+against the plan: its rank group and the members of each of its submesh communicators, the peers
+it exchanges activations with and the shapes it exchanges, and the shape of every local parameter
+shard (the full shape divided by the submesh axes its placement shards).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+import autoshard
+from autoshard.passes.capture.export import capture
+from autoshard.passes.spec import Shard
+from autoshard.pipelines import build_pipelined_model
+
+transformers = pytest.importorskip("transformers")
+
+MESH = (128, 8)
+BATCH, SEQ, D = 1536, 2048, 12288
+PINS = dict(pp=16, schedule="zb-h1", microbatches=48)
+
+
+def gpt3_175b():
+    cfg = transformers.GPT2Config(n_layer=96, n_embd=D, n_head=96, n_positions=SEQ, vocab_size=51200, attn_pdrop=0,
+                                  resid_pdrop=0, embd_pdrop=0, use_cache=False, bos_token_id=0, eos_token_id=0)
+    cfg._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        return transformers.GPT2LMHeadModel(cfg).to(torch.bfloat16)
+
+
+def lm_loss(logits, target):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+
+@pytest.fixture(scope="module")
+def planned():
+    model = gpt3_175b()
+    ids = torch.empty(BATCH, SEQ, dtype=torch.long, device="meta")
+    target = ids.clone()
+    plan = autoshard.plan(model, MESH, example_inputs=(ids,), loss_fn=lm_loss, example_target=target,
+                          hardware="h100", time_limit_s=8, **PINS)
+    m = plan.microbatches
+    small = capture(model, (ids[:BATCH // m],), loss_fn=lm_loss, target=target[:BATCH // m])
+    return model, ids, target, plan, small
+
+
+def _expected_members(stage, rank: int, axes: tuple) -> list[int]:
+    """The global ranks sharing ``rank``'s coordinates off ``axes`` on its stage's submesh."""
+    mesh, ranks = stage.mesh, stage.ranks
+    mine = mesh.coordinate(ranks.index(rank))
+    return [r for i, r in enumerate(ranks)
+            if all(c == m for a, (c, m) in enumerate(zip(mesh.coordinate(i), mine)) if a not in axes)]
+
+
+@pytest.mark.parametrize("rank", [0, 512, 1023])
+def test_a_rank_of_the_175b_plan_builds_its_own_program(planned, rank):
+    model, ids, target, plan, small = planned
+    assert plan.pp == 16 and math.prod(plan.mesh.shape) == 1024
+    assert len(plan.stages) == 16 and sum(len(s.nodes) for s in plan.stages) == \
+        sum(1 for n in plan.captured.gm.graph.nodes if n.op == "call_function")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=1024)
+    try:
+        cm = build_pipelined_model(plan, model, example_inputs=(ids,), loss_fn=lm_loss, example_target=target,
+                                   state_dict=model.state_dict(), device="meta", full=plan.captured, small=small)
+        program = cm._program
+        mine = [s for s in plan.stages if rank in s.ranks]
+        assert [s.index for s in mine] == sorted(program.stages), "the rank builds exactly its group's stages"
+        stage = mine[0]
+        # its rank group, and the members of each of its submesh communicators
+        env = program.env
+        assert program.group == stage.group and env.ranks == stage.ranks
+        assert env.mesh.shape == stage.mesh.shape and env.rank == stage.ranks.index(rank)
+        for axis in range(stage.mesh.ndim):
+            comm = env.comm(axis)
+            want = _expected_members(stage, rank, (axis,))
+            assert comm.size == len(want)
+            if comm.size > 1:
+                assert dist.get_process_group_ranks(comm.group) == want, f"axis {axis} of rank {rank}"
+        # pipeline peers: the same position in the previous and the next stage's group, and what travels
+        wiring, k = program.wiring, stage.ranks.index(rank)
+        s = stage.index
+        if s > 0:
+            assert wiring.peer(k, s - 1) == plan.stages[s - 1].ranks[k]
+            received = [wiring.meta[v] for v in wiring.receives[s]]
+            assert ((BATCH // plan.microbatches, SEQ, D), torch.bfloat16) in received  # the residual stream
+        else:
+            assert wiring.receives[s] == []
+        if s < len(plan.stages) - 1:
+            assert wiring.peer(k, s + 1) == plan.stages[s + 1].ranks[k]
+            assert any(s + 1 in consumers for _, consumers in wiring.sends[s])
+        # every local shard: the full shape cut by the submesh axes the plan shards it on
+        local = dict(cm.named_parameters())
+        assert set(local) == set(stage.solution.param_placements) - set(plan.captured.aliases)
+        assert len(local) >= 4 * 6, "six blocks of four weights at least"
+        full = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
+        for fqn, tensor in local.items():
+            assert tensor.is_meta
+            want = list(full[fqn])
+            for axis, pl in enumerate(stage.solution.param_placements[fqn]):
+                if isinstance(pl, Shard):
+                    want[pl.dim] //= stage.mesh.shape[axis]
+            assert tuple(tensor.shape) == tuple(want), fqn
+        assert any(tuple(t.shape) != full[n] for n, t in local.items()), "the plan shards some weight here"
+    finally:
+        dist.destroy_process_group()

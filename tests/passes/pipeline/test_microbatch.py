@@ -1,0 +1,76 @@
+"""Plans made on the global batch but run on pipeline microbatches: strategies that would split a
+microbatch's batch dimension unevenly are kept out of the ILP, and a plan reports the smallest
+microbatch it stays valid for. One process, meta-device models."""
+import torch
+
+from autoshard.passes.capture.export import capture
+from autoshard.passes.graph import operand_meta, operands, outputs
+from autoshard.passes.cost.hardware import PRESETS
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.sharding.pins import Pins
+from autoshard.passes.pipeline.stages.layer_costs import plan_submesh
+from autoshard.passes.pipeline.stages.microbatch import (batch_dependent, batch_granularity, global_batch,
+                                                  microbatch_strategies)
+from autoshard.passes.solve.planner import plan_sharding
+from autoshard.passes.spec import Shard
+from autoshard.passes.sharding.strategies import enumerate_strategies
+from autoshard.testing.models import GPT, lm_loss
+
+BATCH, SEQ = 8, 16
+
+
+def _captured(vocab=64, d=32, seq=SEQ):
+    with torch.device("meta"):
+        model = GPT(vocab, d, 2, 4, seq, False)
+    ids = torch.empty(BATCH, seq, dtype=torch.long, device="meta")
+    return capture(model, (ids,), loss_fn=lm_loss, target=ids.clone())
+
+
+def _dim0_ways(pls, mesh):
+    n = 1
+    for a, p in enumerate(pls):
+        if isinstance(p, Shard) and p.dim == 0:
+            n *= mesh.shape[a]
+    return n
+
+
+def test_microbatch_of_one_sequence_keeps_sequence_splits_and_drops_batch_splits():
+    captured = _captured()
+    mesh = Mesh((4,))
+    table = enumerate_strategies(captured, mesh)
+    allowed = microbatch_strategies(captured, table, mesh, microbatches=BATCH)  # one sequence each
+    ids = captured.inputs[0]
+    assert any(_dim0_ways(s.outputs[0], mesh) == 4 for s in table[ids])  # the global batch splits 4 ways ...
+    assert all(_dim0_ways(table[ids][k].outputs[0], mesh) == 1 for k in allowed[ids])  # ... one sequence cannot
+    # the loss reads the logits flattened to [batch * seq, vocab]: 16 token rows per sequence still split
+    # 4 ways (the reshape producing them cannot split its one-sequence input, the loss can split its rows)
+    batch = batch_dependent(captured)
+    loss = [n for n in captured.gm.graph.nodes if n.op == "call_function" and n.name in batch
+            and all(operand_meta(op).shape[:1] == (BATCH * SEQ,) for op in operands(n))]
+    assert loss
+    for node in loss:
+        kept = allowed.get(node.name, set(range(len(table[node.name]))))
+        assert any(_dim0_ways(table[node.name][k].inputs[0], mesh) == 4 for k in kept), node.name
+    assert microbatch_strategies(captured, table, mesh, microbatches=2) == {}  # 4 sequences split 4 ways: all fine
+
+
+def test_plans_for_a_microbatch_are_valid_at_it_and_report_their_granularity():
+    # big enough that, priced per microbatch, splitting the GLOBAL batch 4 ways would be the cheapest plan
+    captured = _captured(vocab=512, d=512, seq=128)
+    assert global_batch(captured) == BATCH
+    batch = batch_dependent(captured)
+    nodes = {n.name: n for n in captured.gm.graph.nodes}
+    for m in (BATCH, 2):
+        sol = plan_submesh(captured, Mesh((4, 1)), hardware=PRESETS["h100"], optimizer="adamw", microbatches=m, held=1,
+                           memory_limit=1e12, time_limit_s=10)
+        rows = BATCH // m
+        for name, s in sol.strategies.items():
+            if name in batch:
+                for meta, pls in zip(outputs(nodes[name]), s.outputs):
+                    if meta is not None and meta.shape and meta.shape[0] % BATCH == 0:
+                        assert (meta.shape[0] // m) % _dim0_ways(pls, sol.mesh) == 0, (m, name, s)
+        grain = batch_granularity(captured, sol)
+        assert rows % grain == 0
+    # plain data parallel over 4 splits the sequences themselves: microbatches of a multiple of 4
+    dp = plan_sharding(captured, Mesh((4,)), pins=Pins(params={"*": ("R",)}, inputs={0: ("S(0)",)}))
+    assert batch_granularity(captured, dp) == 4

@@ -1,0 +1,82 @@
+"""autoshard/testing/equivalence.py, the one-device oracle the runtime tests share: it passes a program
+that trains exactly like the reference, and reports each kind of difference it exists to catch."""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+
+from autoshard.testing.equivalence import Tolerance, failures_of, tensor_mismatches, train_against_one_device
+from autoshard.testing.models import MLP
+
+
+class EagerProgram:
+    """A stand-in for a distributed program: trains its own copy of the model eagerly."""
+
+    def __init__(self, model: torch.nn.Module, loss_scale: float = 1.0, extra_state: bool = False):
+        self.model, self.loss_scale, self.extra_state = model, loss_scale, extra_state
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def step(self, *inputs, target=None) -> float:
+        loss = F.mse_loss(self.model(*inputs), target) * self.loss_scale
+        loss.backward()
+        return loss.item()
+
+    def full_state_dict(self) -> dict:
+        state = dict(self.model.state_dict())
+        if self.extra_state:
+            state["stray"] = torch.zeros(1)
+        return state
+
+
+def _model_and_batches():
+    torch.manual_seed(0)
+    model = MLP(8, 16)
+    gen = torch.Generator().manual_seed(1)
+    data = [(torch.randn(4, 8, generator=gen), torch.randn(4, 8, generator=gen)) for _ in range(3)]
+    return model, lambda step: data[step]
+
+
+def test_identical_training_passes():
+    model, batches = _model_and_batches()
+    program = EagerProgram(copy.deepcopy(model))
+    assert train_against_one_device("same", program, model, batches, loss_fn=F.mse_loss) == []
+
+
+def test_a_wrong_loss_stops_training_and_parameters_then_differ():
+    model, batches = _model_and_batches()
+    failures = train_against_one_device("scaled", EagerProgram(copy.deepcopy(model), loss_scale=2.0), model, batches,
+                                        loss_fn=F.mse_loss, optimizer=lambda params: torch.optim.SGD(params, lr=0.1))
+    assert failures[0].startswith("scaled: loss at step 0 is ")
+    assert len([f for f in failures if "loss at step" in f]) == 1
+    assert any("fc1.weight differs" in f for f in failures[1:])  # (Adam would hide a uniform loss scale)
+
+
+def test_gradients_are_checked_after_the_first_backward_only():
+    model, batches = _model_and_batches()
+    seen = []
+
+    def check(program, reference):
+        seen.append(all(p.grad is not None for p in reference.parameters()))
+        return ["grads differ"]
+
+    failures = train_against_one_device("g", EagerProgram(copy.deepcopy(model)), model, batches, loss_fn=F.mse_loss,
+                                        check_gradients=check)
+    assert seen == [True] and failures == ["grads differ"]
+
+
+def test_missing_extra_and_differing_tensors_are_named():
+    model, batches = _model_and_batches()
+    failures = train_against_one_device("x", EagerProgram(copy.deepcopy(model), extra_state=True), model, batches,
+                                        loss_fn=F.mse_loss)
+    assert failures == ["x, full_state_dict after 3 steps vs one device: stray is extra"]
+    tol = Tolerance(rtol=1e-4, atol=1e-5)
+    a, b = torch.ones(3), torch.ones(3)
+    assert tensor_mismatches("t", {"a": a, "b": b}, {"a": a + 1e-6, "b": b}, tol) == []
+    missing, differs = tensor_mismatches("t", {"a": a}, {"a": a + 1e-3, "c": b}, tol)
+    assert missing == "t: c is missing" and differs.startswith("t: a differs (max err 0.00")
+    assert tensor_mismatches("t", {"a": a}, {"a": torch.ones(4)}, tol) == ["t: a differs (max err shape (3,) vs (4,))"]
+    assert failures_of([["b", "a"], ["a"]]) == ["a", "b"]
