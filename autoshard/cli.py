@@ -8,13 +8,15 @@
     autoshard summary PLAN.json                 print a saved plan's estimates and parameter placements
     autoshard solve PROBLEM.json[.gz] --timeout S
                                                 solve an IOPDDL strategy-graph problem: progress lines
-                                                ("<seconds> <best cost>"), then the answer as one JSON
-                                                list of strategy indices, last ([] if none was found)
+                                                ("<seconds> <best cost>"), a line with the final cost and
+                                                a lower bound on the optimum, then the answer as one
+                                                JSON list of strategy indices, last ([] if none was found)
 """
 from __future__ import annotations
 
 import argparse
 import fcntl
+import glob
 import json
 import os
 import signal
@@ -27,7 +29,8 @@ from autoshard.passes.errors import AutoshardError
 from autoshard.profiling import cli as profile_cli  # torch-free at import; `summary` and `profile` load torch when run
 
 
-def _solve(path: str, timeout: float, seed: int, start: float, verbose: bool = False) -> None:
+def _solve(path: str, timeout: float, seed: int, start: float, verbose: bool = False,
+           toulbar2: bool = True) -> None:
     from autoshard.passes.iopddl.problem import read_problem, verify
     from autoshard.passes.iopddl.solver import SearchConfig, solve_problem
 
@@ -42,18 +45,25 @@ def _solve(path: str, timeout: float, seed: int, start: float, verbose: bool = F
     def answer(choice: list, cost: int) -> None:
         guard.keep(choice)
 
-    result = solve_problem(problem, timeout, start=start, config=SearchConfig(seed=seed, verbose=verbose),
-                           on_progress=progress, on_answer=answer)
+    def bound(lower_bound: int) -> None:
+        guard.keep_bound(lower_bound)
+
+    result = solve_problem(problem, timeout, start=start, config=SearchConfig(seed=seed, verbose=verbose, use_wcsp=toulbar2),
+                           on_progress=progress, on_answer=answer, on_bound=bound)
     if result.choice and not verify(problem, result.choice).feasible:  # never print a bad answer
         result.choice = []
+    gap = ""
+    if result.cost and result.lower_bound is not None:
+        gap = f" (at most {100.0 * (result.cost - result.lower_bound) / result.cost:.2f}% above optimal)"
     guard.finish(result.choice, f"{time.perf_counter() - start:.2f}s done status {result.status} "
-                                f"cost {result.cost} {result.stats}")
+                                f"cost {result.cost} lower_bound {result.lower_bound}{gap} {result.stats}")
 
 
 class _Watchdog:
     """Answers by a deadline even when the solver cannot. The process forks: the child solves and
     prints; the parent only waits, and if the child has not printed its answer by the deadline,
-    stops it and prints the last answer the child kept (``keep``: a JSON file replaced atomically).
+    stops it and prints the last answer the child kept (``keep``: a JSON file replaced atomically)
+    with the last lower bound it kept (``keep_bound``).
     A thread would not do: a long C call (the JSON parse, a numpy or CP-SAT step) holds the
     interpreter past any Python timer. ``flock`` on a lock file decides who prints the answer, so
     exactly one JSON list comes out, last; the exit status is the child's, or 0 on a timeout."""
@@ -93,22 +103,35 @@ class _Watchdog:
                 os.waitpid(self.child, 0)
                 with open(self.path) as f:
                     choice = f.read()
+                bound = None
+                if os.path.exists(self.path + ".bound"):
+                    with open(self.path + ".bound") as f:
+                        bound = f.read().strip() or None
                 print(f"{time.perf_counter() - deadline:+.2f}s past the watchdog: timeout, the best answer "
-                      f"so far", flush=True)
+                      f"so far; lower_bound {bound}", flush=True)
                 print(choice, flush=True)
                 code = 0
             else:
                 code = os.waitstatus_to_exitcode(os.waitpid(self.child, 0)[1])
-        for p in (self.path, self.path + ".lock", self.path + ".tmp"):
+        for p in [self.path, self.path + ".lock", self.path + ".bound", self.path + ".btmp",
+                  *glob.glob(glob.escape(self.path) + ".*.tmp")]:
             if os.path.exists(p):
                 os.unlink(p)
         os._exit(max(code, 0))
 
     def keep(self, choice: list) -> None:
-        tmp = self.path + ".tmp"
+        """Any process of the solve (its forked worker too) may keep an answer: each writes its own
+        temporary file, then replaces the answer file atomically."""
+        tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(choice, f)
         os.replace(tmp, self.path)
+
+    def keep_bound(self, bound: int) -> None:
+        tmp = self.path + ".btmp"
+        with open(tmp, "w") as f:
+            f.write(str(int(bound)))
+        os.replace(tmp, self.path + ".bound")
 
     def finish(self, choice: list, line: str) -> None:
         if not self._take():  # the watchdog is answering and will stop this process
@@ -146,6 +169,8 @@ def main(argv=None) -> int:
     v.add_argument("--timeout", type=float, default=60.0, help="wall-clock seconds, reading included")
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--verbose", action="store_true", help="print search statistics")
+    v.add_argument("--no-toulbar2", action="store_true",
+                   help="the search without toulbar2 (belief propagation), even where pytoulbar2 is installed")
     profile_cli.add_parser(sub)
     cli_plan.add_parsers(sub)
     args = ap.parse_args(argv)
@@ -158,7 +183,7 @@ def main(argv=None) -> int:
         elif args.command in ("plan", "explain", "diff"):
             return cli_plan.run(args)
         elif args.command == "solve":
-            _solve(args.problem, args.timeout, args.seed, start, args.verbose)
+            _solve(args.problem, args.timeout, args.seed, start, args.verbose, not args.no_toulbar2)
     except (AutoshardError, OSError, ValueError, TypeError) as e:
         print(f"autoshard: {e}", file=sys.stderr)
         return 2

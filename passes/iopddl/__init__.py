@@ -7,11 +7,17 @@ problems with ``passes.solve.ilp`` and shares only the problem format (``problem
 - ``problem``: reading, writing and verifying IOPDDL problems.
 - ``presolve``: exact reductions and the compact ``Core`` the search works on.
 - ``local_search``: a state with memory load per time point, greedy starts and ICM moves.
-- ``belief_propagation``: min-sum loopy belief propagation on the memory-free problem.
-- ``lagrangian``: memory as per-time-point prices, with repair.
+- ``wcsp``: the priced, memory-free problem as a cost-function network solved by toulbar2.
+- ``penalties``: memory as adaptive per-node penalties; the Lagrangian lower bound.
+- ``segment_tree`` / ``chain_moves``: range add / range max over time; chain (ejection) moves.
+- ``pool`` / ``pool_search``: a pool of answers, recombination, the search each process runs.
+- ``parallel``: forked workers and the incumbent they share.
+- ``belief_propagation`` / ``lagrangian`` / ``lns``: the search without toulbar2 (min-sum belief
+  propagation with per-time-point prices and repair; forest moves and CP-SAT neighbourhoods).
 - ``forest_moves``: exact block moves on random induced forests (dynamic programming).
 - ``regions`` / ``neighbourhood_search``: neighbourhoods re-solved exactly with CP-SAT.
 - ``solver``: ``solve_problem``, which runs the phases under a deadline.
 
-May import: numpy, ortools, ``passes.errors`` and ``passes.solve.strategy_graph`` (for the format conversion).
+May import: numpy, ortools, pytoulbar2 (optional), ``passes.errors`` and
+``passes.solve.strategy_graph`` (for the format conversion).
 """

@@ -29,8 +29,12 @@ _LOG = False
 
 
 class RegionResult:
-    def __init__(self, status: str, changed: bool, improvement: float = 0.0):
-        self.status, self.changed, self.improvement = status, changed, improvement
+    """CP-SAT's status, whether the state changed, by how much it got cheaper, and ``bound``: no
+    answer that agrees with the state outside the region has a lower core total (``-inf`` when
+    CP-SAT proved nothing)."""
+
+    def __init__(self, status: str, changed: bool, improvement: float = 0.0, bound: float = -np.inf):
+        self.status, self.changed, self.improvement, self.bound = status, changed, improvement, bound
 
 
 def region_size(core, region) -> int:
@@ -61,6 +65,7 @@ def solve_region(state: State, region: list[int], time_limit_s: float, *, worker
     model = cp_model.CpModel()
     x: list[dict] = []
     obj_vars, obj_coefs = [], []
+    const = 0.0  # what the objective leaves out: each node's lowest cost, constant edges
     for i in region:
         vec = core.cost[i].copy()
         for j, m in core.nbrs[i]:
@@ -72,6 +77,7 @@ def solve_region(state: State, region: list[int], time_limit_s: float, *, worker
         xs = {a: model.new_bool_var("") for a in sorted(allowed)}
         model.add_exactly_one(list(xs.values()))
         low = min(_clip(vec[a]) for a in xs)
+        const += low
         for a, var in xs.items():
             if _clip(vec[a]) != low:
                 obj_vars.append(var)
@@ -85,6 +91,7 @@ def solve_region(state: State, region: list[int], time_limit_s: float, *, worker
             xj = x[pos[j]]
             sub = m[np.ix_(list(xi), list(xj))]
             if (sub == sub.flat[0]).all() and sub.flat[0] < FORBIDDEN:
+                const += float(sub.flat[0])
                 continue  # a constant edge cannot change the choice
             rows: dict = {a: [] for a in xi}
             cols: dict = {b: [] for b in xj}
@@ -118,6 +125,8 @@ def solve_region(state: State, region: list[int], time_limit_s: float, *, worker
     name = solver.status_name(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return RegionResult(name, False)
+    # the region's share of the total plus everything outside it, which the model held fixed
+    bound = solver.best_objective_bound + const + state.total() - _region_cost(state, region, pos)
     new = [next(a for a, var in x[k].items() if solver.boolean_value(var)) for k in range(len(region))]
     before = _region_cost(state, region, pos)
     old = [int(ch[i]) for i in region]
@@ -126,10 +135,10 @@ def solve_region(state: State, region: list[int], time_limit_s: float, *, worker
     after = _region_cost(state, region, pos)
     fits = state.feasible() if core.limit is not None else True
     if (after < before and fits) or (not keep_current and fits):
-        return RegionResult(name, after != before, before - after)
+        return RegionResult(name, after != before, before - after, bound)
     for i, a in zip(region, old):
         state.move(i, a)
-    return RegionResult(name, False)
+    return RegionResult(name, False, bound=bound)
 
 
 def _region_cost(state: State, region, pos) -> float:

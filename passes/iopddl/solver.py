@@ -1,14 +1,20 @@
 """The IOPDDL solver. Presolve (``presolve``), then by the size of the reduced core:
 
-* small (``exact_max_vars``): one exact CP-SAT model of everything, so small instances end optimal;
-* otherwise memory priced per time point (``lagrangian``: belief propagation on the priced
-  problem, repair, ICM; the main source of good answers), or failing that a memory-safe local start
-  (greedy with lookahead at a few memory prices, then ICM), and from there exact forest moves
-  (``forest_moves``) alternating with CP-SAT neighbourhoods (``neighbourhood_search``, shaped by
-  ``regions``) aimed first at forbidden costs, then at costly edges and busy time points;
-  medium cores (``whole_max_vars``) end with CP-SAT on everything, hinted with the best state.
+* small (``exact_max_vars``): one exact CP-SAT model of everything, so small instances end optimal
+  (CP-SAT's bound is the lower bound);
+* otherwise, with toulbar2 installed (``wcsp``), ``portfolio``: the memory-free network solved
+  once (its dual bound the first lower bound, its answer repaired the first toulbar2 start), the
+  Lagrangian bound, then on both cores (``parallel``: the process forks after presolve, the two
+  share their best) ``pool_search`` (adaptive memory penalties with toulbar2 (``penalties``) and
+  chain moves (``chain_moves``) fill a pool of answers; recombination (``pool``), CP-SAT
+  neighbourhoods (``neighbourhood_search``, shaped by ``regions``), forest moves and chain moves
+  improve it) beside the search without toulbar2 in the worker;
+* without toulbar2, the older path: memory priced per time point with belief propagation
+  (``lagrangian``), or a memory-safe greedy start, then forest moves alternating with CP-SAT
+  neighbourhoods; medium cores (``whole_max_vars``) end with CP-SAT on everything.
 
 Only answers that pass ``problem.verify`` (memory limit kept, nothing forbidden) are ever returned.
+``SolveResult.lower_bound`` says how far from optimal the answer can be (``None``: not computed).
 
 ``autoshard solve`` and ``benchmarks/iopddl.py`` run it on contest files. The sharding planner does
 not: it solves its own problems with the ILP of ``passes/solve/ilp.py``. A planner problem can
@@ -16,11 +22,13 @@ still be handed to this solver through ``problem.from_strategy_graph``.
 
 >>> from autoshard.passes.iopddl.problem import Problem
 >>> p = Problem([[1, 5], [2, 0]], [[3, 1], [2, 2]], [(0, 2), (1, 3)], [(0, 1)], [[0, 4, 4, 0]], 4)
->>> solve_problem(p, timeout_s=5).choice
-[1, 1]
+>>> r = solve_problem(p, timeout_s=5)
+>>> r.choice, r.cost, r.lower_bound
+([1, 1], 5, 5)
 """
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -29,12 +37,13 @@ from typing import Callable, Optional
 import numpy as np
 
 from autoshard.passes.iopddl.problem import FORBIDDEN, Problem, verify
-from autoshard.passes.iopddl.forest_moves import forest_move, random_forest
-from autoshard.passes.iopddl.local_search import State, greedy_start, icm, min_memory_start
+from autoshard.passes.iopddl.local_search import State
 from autoshard.passes.iopddl.lagrangian import lagrange_search
+from autoshard.passes.iopddl.lns import lns, memory_safe_start
 from autoshard.passes.iopddl.neighbourhood_search import region_size, solve_region
+from autoshard.passes.iopddl.portfolio import toulbar2_portfolio
 from autoshard.passes.iopddl.presolve import presolve
-from autoshard.passes.iopddl.regions import adjacency, bfs_region, time_region
+from autoshard.passes.iopddl.wcsp import available as wcsp_available
 
 __all__ = ["SolveResult", "SearchConfig", "solve_problem"]
 
@@ -55,6 +64,15 @@ class SearchConfig:
     lagrange_share: float = 0.7      # of the time left after presolve: priced belief propagation
     presolve_share: float = 0.4      # presolve stops (still exact) at this share of the timeout
     margin_s: float = 1.0            # kept back (plus 1% of the timeout) to verify and print the answer
+    use_wcsp: bool = True            # toulbar2 penalty search when pytoulbar2 is installed
+    processes: int = 2               # searches on large cores (forked after presolve)
+    penalty_share: float = 0.75      # of the search time: penalty solves, then improvement
+    solve_s: Optional[float] = None  # toulbar2 CPU seconds per penalty solve (None: timeout / 30, 3..8)
+    pool_size: int = 8
+    whole_after_wcsp: float = 0.6    # medium cores: share of the search before CP-SAT on everything
+    bound_share: float = 0.1         # of the search time: Lagrangian bound (main process, first)
+    worker: str = "bp"               # the forked process's search: "bp" or "wcsp" (``portfolio``)
+    bp_share: float = 0.3            # the "bp" worker's belief-propagation phase, of its time
 
 
 @dataclass
@@ -63,15 +81,18 @@ class SolveResult:
     cost: Optional[int]
     status: str                      # OPTIMAL, FEASIBLE, INFEASIBLE or NONE
     stats: dict = field(default_factory=dict)
+    lower_bound: Optional[int] = None  # no answer costs less (None: no bound was computed)
 
 
 def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] = None,
                   config: Optional[SearchConfig] = None,
                   on_progress: Optional[Callable[[float, int], None]] = None,
-                  on_answer: Optional[Callable[[list, int], None]] = None) -> SolveResult:
+                  on_answer: Optional[Callable[[list, int], None]] = None,
+                  on_bound: Optional[Callable[[int], None]] = None) -> SolveResult:
     """Best answer found before ``start + timeout_s`` (``start`` defaults to now, as
     ``time.perf_counter``). ``on_progress(elapsed_s, cost)`` and ``on_answer(choice, cost)`` are
-    called on each verified improvement (a caller that must answer by a deadline keeps the latest)."""
+    called on each verified improvement (a caller that must answer by a deadline keeps the latest),
+    ``on_bound(lower_bound)`` on each better lower bound known during the search."""
     cfg = config or SearchConfig()
     t0 = time.perf_counter() if start is None else start
     deadline = t0 + timeout_s - cfg.margin_s - 0.01 * timeout_s
@@ -79,6 +100,14 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
     core = presolve(problem, deadline=t0 + cfg.presolve_share * timeout_s)
     stats = {"core_nodes": core.n, "presolve_s": round(time.perf_counter() - t0, 2)}
     best: list = [None, None, None]  # (choice, cost, the state's core total)
+    offset: list = [None]  # real cost minus core total (a constant), known from the first answer
+    bound: list = [-math.inf]  # the best lower bound on the core total
+
+    def note_bound(core_bound: float) -> None:
+        if core_bound > bound[0]:
+            bound[0] = core_bound
+            if on_bound and offset[0] is not None:
+                on_bound(_real_bound(bound[0], offset[0], best[1]))
 
     def offer(state: State) -> None:
         total = state.total()
@@ -89,6 +118,10 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
         choice = core.expand(state.choice)
         v = verify(problem, choice)
         stats["offer_s"] = max(stats.get("offer_s", 0.0), time.perf_counter() - t)
+        if offset[0] is None:
+            offset[0] = v.cost - total
+            if on_bound and np.isfinite(bound[0]):
+                on_bound(_real_bound(bound[0], offset[0], v.cost))
         if v.feasible and (best[1] is None or v.cost < best[1]):
             best[0], best[1] = choice, v.cost
             if on_answer:
@@ -98,7 +131,7 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
 
     everything = list(range(core.n))
     if region_size(core, everything) <= cfg.exact_max_vars:
-        state = _start(core, deadline)
+        state = memory_safe_start(core, deadline)
         offer(state)
         res = solve_region(state, everything, max(0.05, deadline - time.perf_counter()),
                            workers=max(cfg.workers, 2), keep_current=False, seed=cfg.seed)
@@ -107,13 +140,21 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
         status = res.status if best[0] is not None or res.status == "INFEASIBLE" else "NONE"
         if best[0] is None:
             return SolveResult([], None, "INFEASIBLE" if res.status == "INFEASIBLE" else "NONE", stats)
-        return SolveResult(best[0], best[1], status if status == "OPTIMAL" else "FEASIBLE", stats)
+        note_bound(res.bound)
+        return SolveResult(best[0], best[1], status if status == "OPTIMAL" else "FEASIBLE", stats,
+                           _real_bound(bound[0], offset[0], best[1]))
+
+    if cfg.use_wcsp and wcsp_available():
+        if toulbar2_portfolio(core, deadline, timeout_s, cfg, offer, note_bound, stats):
+            if best[0] is None:
+                return SolveResult([], None, "NONE", stats)
+            return SolveResult(best[0], best[1], "FEASIBLE", stats, _real_bound(bound[0], offset[0], best[1]))
 
     now = time.perf_counter()
     state = lagrange_search(core, now + cfg.lagrange_share * (deadline - now), offer, verbose=cfg.verbose)
     stats["lagrange_s"] = round(time.perf_counter() - now, 2)
     if state is None:  # no priced answer could be repaired in time: the memory-safe local start
-        state = _start(core, deadline)
+        state = memory_safe_start(core, deadline)
         stats["start"] = "greedy"
     offer(state)
     stats["mode"] = "lns"
@@ -122,7 +163,7 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
     # medium cores: after a local-search phase, CP-SAT on everything from the best state found
     lns_end = now + cfg.whole_after * (deadline - now) if whole else deadline
     # room for the last offer, the caller's own check of the answer and a loaded machine
-    stats.update(_lns(state, lambda: min(lns_end, deadline - 4.0 * stats.get("offer_s", 0.0)), cfg, rng, offer))
+    stats.update(lns(state, lambda: min(lns_end, deadline - 4.0 * stats.get("offer_s", 0.0)), cfg, rng, offer))
     offer(state)
     if whole and state.feasible() and state.total() < FORBIDDEN:
         stats["mode"] = "lns+whole"
@@ -134,116 +175,14 @@ def solve_problem(problem: Problem, timeout_s: float, *, start: Optional[float] 
         offer(state)
     if best[0] is None:
         return SolveResult([], None, "NONE", stats)
-    return SolveResult(best[0], best[1], "FEASIBLE", stats)
+    return SolveResult(best[0], best[1], "FEASIBLE", stats, _real_bound(bound[0], offset[0], best[1]))
 
 
-def _start(core, deadline, penalties=(10.0, 3.0, 1.0, 30.0, 0.0)) -> State:
-    """A memory-safe start: breadth-first greedy with lookahead inside the free memory, polished by
-    ICM, for several prices of memory (cost units per usage unit) until one meets no forbidden
-    cost and a third of the time left is used; the best (fewest forbidden, then cheapest) wins."""
-    budget_end = time.perf_counter() + (deadline - time.perf_counter()) / 3
-    best, best_key = None, None
-    for k, penalty in enumerate(penalties):
-        state = greedy_start(core, penalty=penalty, deadline=deadline)
-        if not state.feasible():
-            state = min_memory_start(core)
-        icm(state, deadline)
-        key = (len(_bad_nodes(state)), state.total())
-        if best_key is None or key < best_key:
-            best, best_key = state, key
-        if (best_key[0] == 0 and k >= 1) or time.perf_counter() > budget_end:
-            break
-    return best
-
-
-def _bad_nodes(state: State) -> list[int]:
-    """Nodes whose current strategy meets a forbidden cost (their own or on an edge)."""
-    return _scan(state)[0]
-
-
-def _scan(state: State, hot: int = 32) -> tuple[list[int], list[int]]:
-    """(nodes meeting a forbidden cost, endpoints of the ``hot`` most expensive edges now)."""
-    core, ch = state.core, state.choice
-    bad, edges = [], []
-    for i in range(core.n):
-        worst = core.cost[i][ch[i]]
-        for j, m in core.nbrs[i]:
-            c = m[ch[i], ch[j]]
-            worst = max(worst, c)
-            if i < j and c > 0:
-                edges.append((c, i, j))
-        if worst >= FORBIDDEN:
-            bad.append(i)
-    edges.sort(reverse=True)
-    return bad, [k for _, i, j in edges[:hot] for k in (i, j)]
-
-
-def _lns(state: State, deadline_fn, cfg: SearchConfig, rng: random.Random, offer) -> dict:
-    """Alternate exact forest moves (``forest_share`` of the time) and CP-SAT neighbourhoods: around
-    nodes that still meet a forbidden cost first, else around the currently most expensive edges,
-    a busy time point or a random node."""
-    core = state.core
-    n = core.n
-    mem_nodes = [i for i in range(n) if core.lo[i] < core.hi[i] and np.ptp(core.usage[i]) > 0]
-    mem_lo, mem_hi = core.lo[mem_nodes], core.hi[mem_nodes]
-    mem_arr = np.array(mem_nodes, dtype=np.int64)
-
-    def alive_at(t):
-        return mem_arr[(mem_lo <= t) & (t < mem_hi)].tolist()
-
-    adj = adjacency(core)
-    size = cfg.region_vars
-    tries = wins = forests = 0
-    lns_s = 0.0
-    bad: list[int] = []
-    hot: list[int] = []
-    last_offer = time.perf_counter()
-    forest_s, overhead_s = 0.0, 0.1
-    while True:
-        deadline = deadline_fn()
-        now = time.perf_counter()
-        if now + overhead_s + 0.1 > deadline:
-            break
-        share = cfg.forest_share_bad if bad else cfg.forest_share
-        if (tries == 0 or lns_s * share >= forest_s * (1 - share)) and now + 1.5 * forest_s < deadline:
-            lns_s = 0.0
-            forests += 1
-            forest_move(state, random_forest(core, rng, hubs_first=forests % 2 == 1))
-            icm(state, deadline)
-            bad, hot = _scan(state)
-            if cfg.verbose:
-                print(f"  forest {forests}: cost {state.total():.6g} peak {state.peak():.6g} bad {len(bad)} "
-                      f"tries {tries} wins {wins} size {size}", flush=True)
-            offer(state)
-            last_offer = time.perf_counter()
-            forest_s = last_offer - now
-            if last_offer + overhead_s + 0.1 > deadline:
-                break
-        tries += 1
-        if bad and rng.random() < 0.8:
-            region = bfs_region(core, bad[rng.randrange(len(bad))], size, rng, adj=adj)
-        elif hot and rng.random() < 0.4:  # around the edges that cost most now
-            region = bfs_region(core, hot[rng.randrange(len(hot))], size, rng, adj=adj)
-        elif mem_nodes and rng.random() < 0.5:
-            region = time_region(state, alive_at, size, rng, adj=adj)
-        else:
-            region = bfs_region(core, rng.randrange(n), size, rng, adj=adj)
-        begin = time.perf_counter()
-        budget = min(cfg.region_time_s, deadline - begin - overhead_s - 0.1)
-        if budget <= 0.05:
-            break
-        res = solve_region(state, region, budget, workers=cfg.workers, seed=rng.randrange(1 << 30),
-                           deadline=begin + budget)
-        if res.changed:
-            wins += 1
-            icm(state, deadline, nodes=region)
-        overhead_s = max(0.8 * overhead_s, time.perf_counter() - begin - budget)
-        lns_s += time.perf_counter() - begin
-        if res.status == "OPTIMAL":
-            size = min(int(size * 1.1) + 1, 20_000)
-        else:
-            size = max(200, int(size * 0.8))
-        if time.perf_counter() - last_offer > 2.0:
-            offer(state)
-            last_offer = time.perf_counter()
-    return {"lns_tries": tries, "lns_wins": wins, "forest_moves": forests, "region_vars": size}
+def _real_bound(core_bound: float, offset: Optional[float], cost: Optional[int]) -> Optional[int]:
+    """A core bound as a bound on the real cost (costs are integers: rounded up, less a hair for
+    floating point), never above the answer's cost."""
+    if offset is None or not np.isfinite(core_bound):
+        return None
+    b = core_bound + offset
+    lb = math.ceil(b - 1e-9 * abs(b) - 1e-6)
+    return lb if cost is None else min(lb, cost)

@@ -193,7 +193,8 @@ def test_search_path_on_a_larger_instance():
     p.edge_costs = [[rng.choice([0, rng.randint(1, 40)]) for _ in range(strats[u] * strats[v])] for u, v in p.edges]
     p.usage_limit = int(verify(p, [int(np.argmin(u)) for u in p.usages]).peak * 1.3)
     seen = []
-    got = solve_problem(p, timeout_s=6, config=SearchConfig(exact_max_vars=0, whole_max_vars=0, region_vars=300),
+    got = solve_problem(p, timeout_s=6, config=SearchConfig(exact_max_vars=0, whole_max_vars=0, region_vars=300,
+                                                            use_wcsp=False),
                         on_progress=lambda t, c: seen.append(c))
     assert got.choice and verify(p, got.choice).feasible and got.stats["mode"].startswith("lns")
     assert seen == sorted(seen, reverse=True) and got.cost == seen[-1]
