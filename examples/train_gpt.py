@@ -192,4 +192,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    finish_distributed()  # every rank waits for the others before leaving (see its docstring)
+    finish_distributed(exit_process=True)  # every rank waits for the others, then leaves (see its docstring)

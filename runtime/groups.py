@@ -19,6 +19,7 @@ from __future__ import annotations
 import builtins
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -162,16 +163,23 @@ def setup_distributed(mesh: Any, *, device: Any = None) -> MeshEnv:
     return MeshEnv(mesh, rank, dev, str(backend), dm, comms)
 
 
-def finish_distributed() -> None:
-    """End of a training script, on every rank: wait until every rank got here, then destroy the process
-    groups. The wait is a non-blocking collective waited on: with gloo (torch 2.13), a rank whose last
-    collective was a blocking one can abort at interpreter exit ("terminate called without an active
-    exception") while a peer still finishes it. A no-op without an initialized process group."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    flag = torch.zeros(1, device=choose_device_backend()[0])
-    dist.all_reduce(flag, async_op=True).wait()
-    dist.destroy_process_group()
+def finish_distributed(exit_process: bool = False) -> None:
+    """End of a training script, on every rank: wait until every rank got here (a non-blocking
+    collective waited on), then destroy the process groups, or with ``exit_process`` flush stdout and
+    stderr and end the process with status 0 without the interpreter's teardown. With gloo (torch
+    2.13) a rank can abort while tearing down ("terminate called without an active exception", exit
+    -6) after its work is done; once every rank has arrived no peer waits on this one, so skipping
+    the teardown loses nothing. A no-op without an initialized process group (``exit_process`` still
+    exits)."""
+    if dist.is_available() and dist.is_initialized():
+        flag = torch.zeros(1, device=choose_device_backend()[0])
+        dist.all_reduce(flag, async_op=True).wait()
+        if not exit_process:
+            dist.destroy_process_group()
+    if exit_process:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def broadcast_json(obj: Any = None, src: int = 0, *, env: Optional[MeshEnv] = None, group: Any = None,

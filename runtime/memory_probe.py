@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 from typing import Sequence
 
 import torch
@@ -101,6 +102,7 @@ class MemoryProbe:
         tracker = _NewStorages()
         with tracker:
             yield
+        gc.collect()  # storages only a collected reference cycle still held are not kept for backward
         gatherer = self.program.gatherer
         alive = 0
         for cdata, (ref, nbytes) in tracker.seen.items():

@@ -25,8 +25,10 @@ prefetch only; then the group's own shards).
   the re-gather of the previous group that backward will need (backward prefetch). A checkpointed
   block re-runs its group call during recomputation (``recompute.rerunning()``): it gathers again
   and prefetches backward too, and never prefetches forward;
-- memory: every copy is registered by a weak reference to its storage: ``alive_bytes()`` and
-  ``peak_bytes`` (the most copy bytes alive at once since ``reset_peak``).
+- memory: every copy is registered by a weak reference to its storage: ``alive_bytes()`` (the
+  copies alive, plus the flat buffers of prefetches in flight: the next block's gathered weights
+  exist before its copies do) and ``peak_bytes`` (the most such bytes at once since ``reset_peak``,
+  sampled after each group call has started its prefetch).
 
 Every rank runs the same groups in the same order, so the collectives match across ranks.
 """
@@ -182,11 +184,12 @@ class ParamGatherer:
 
     # ---- memory ------------------------------------------------------------------------------------
     def alive_bytes(self) -> int:
-        """Bytes of parameter copies alive now."""
+        """Bytes of parameter copies alive now, and of the prefetched flat gathers in flight."""
         dead = [c for c, e in self._copies.items() if e.ref.expired()]
         for c in dead:
             del self._copies[c]
-        return sum(e.nbytes for e in self._copies.values())
+        in_flight = sum(out.untyped_storage().nbytes() for p in self._pending.values() for out, _ in p.sets)
+        return sum(e.nbytes for e in self._copies.values()) + in_flight
 
     def reset_peak(self) -> None:
         self.peak_bytes = self.alive_bytes()
@@ -318,10 +321,10 @@ class ParamGatherer:
                                    "current: run backward before the next forward of this program")
             with torch.no_grad():
                 copies = self._finish(index, shards)
-            self._register(index, copies)
             self.regathered += 1
             self._regathered[index] = copies
             self._prefetch_backward(index)
+            self._register(index, copies)
         return copies
 
     def _prefetch_backward(self, index: int) -> None:

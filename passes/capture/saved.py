@@ -18,7 +18,9 @@ storage) to the node that created that storage: its *owner*. The answer per node
   and float mask);
 - ``selective_bytes``: bytes of the outputs of the matmul and attention kernels the node runs
   (``SELECTIVE_SAVE_OPS``): what selective checkpointing keeps of it;
-- ``alias_of``: ``(owner, slot)`` when the node's output shares another node's storage.
+- ``alias_of``: ``(owner, slot)`` when the node's output shares another node's storage;
+- ``self_saved_outputs``: the slots of ``saved_outputs`` the node's own backward saves (``relu``,
+  ``softmax``): kept whatever placement its readers need.
 
 Placeholders own their storages (parameters, buffers, inputs), so what they own is never an
 activation; the cost model counts only storages owned by call_function nodes.
@@ -73,6 +75,7 @@ class SavedInfo:
     internal_bytes: int = 0
     selective_bytes: int = 0
     alias_of: Optional[tuple[str, int]] = None
+    self_saved_outputs: tuple[int, ...] = ()
 
 
 def saved_status(captured: CapturedGraph) -> Optional[str]:
@@ -211,6 +214,7 @@ def _analyze(captured: CapturedGraph) -> dict[str, SavedInfo]:
     env = rec.env
     saved_storages: set[int] = set()
     saved_ops: dict[str, set[int]] = {}
+    self_saved: dict[str, set[int]] = {}
     internal: dict[str, int] = {}
     alias: dict[str, tuple[str, int]] = {}
     for n in nodes:
@@ -223,9 +227,13 @@ def _analyze(captured: CapturedGraph) -> dict[str, SavedInfo]:
                             _storage_key(env[op.node][op.index]) for op in operands(n)] if n.op == "call_function" else []
         mine: set[int] = set()
         seen_internal: set[int] = set()
+        own_slots = {_storage_key(t): slot for slot, t in enumerate(outs)
+                     if rec.owner[_storage_key(t)] == (n.name, slot)}
         for t in packed:
             key = _storage_key(t)
             saved_storages.add(key)
+            if key in own_slots:
+                self_saved.setdefault(n.name, set()).add(own_slots[key])
             hits = [i for i, k in enumerate(keys_of_operands) if k == key]
             mine.update(hits)
             if not hits and key not in own and rec.owner.get(key, (n.name,))[0] == n.name and key not in seen_internal:
@@ -254,5 +262,5 @@ def _analyze(captured: CapturedGraph) -> dict[str, SavedInfo]:
         _, kernels = rec.records[n.name]
         selective = sum(b for k, b in kernels.items() if rec.owner.get(k, (n.name,))[0] == n.name)
         found[n.name] = SavedInfo(bool(slots), tuple(sorted(saved_ops[n.name])), slots, internal.get(n.name, 0),
-                                  selective, alias.get(n.name))
+                                  selective, alias.get(n.name), tuple(sorted(self_saved.get(n.name, ()))))
     return found

@@ -65,6 +65,7 @@ class LeverPrice:
     gathered: float = 0.0  # gathered parameter copies alive at the end of the forward
     recompute: float = 0.0  # this item's share of one instance's recomputed activations
     gathered_transient: float = 0.0  # its share of the gathered copies alive at once when not kept
+    gather_copy: float = 0.0  # a parameter edge: the bytes of the gathered copy, kept or not
 
     @property
     def memory(self) -> float:
@@ -83,26 +84,64 @@ class LeverPricer:
                 self._block_reads[(u, slot)] = self._block_reads.get((u, slot), 0) + 1
 
     # ---- nodes ---------------------------------------------------------------------------------
-    def node(self, name: str, strategy: Strategy, policy: Optional[int]) -> tuple[NodePrice, LeverPrice]:
+    def node(self, name: str, strategy: Strategy, policy: Optional[int],
+             freed: tuple[int, ...] = ()) -> tuple[NodePrice, LeverPrice]:
         """The node's cost-model price (parameter state, gradient syncs, its KEEP activations) and
-        its price under ``policy`` (None: no policy applies)."""
+        its price under ``policy`` (None: no policy applies). ``freed``: output slots no one keeps
+        in the node's own placement (``freed_outputs``), left out of what it keeps."""
         base = self.cm.price_node(name, strategy, self.facts)
-        price = LeverPrice(seconds=base.seconds, kept=base.activations)
+        kept = base.activations - self._slot_bytes(name, strategy, freed, saved_only=True)
+        price = LeverPrice(seconds=base.seconds, kept=kept)
         if policy is None or policy in (KEEP, RESHARD) or self.facts.kind[name] != "op":
             return base, price
         n = self.blocks.num_instances(self.blocks.type_of(name))
-        leave = self._leaving_bytes(name, strategy)
+        slots = tuple(s for s in self.blocks.leaving.get(name, ()) if s not in freed)
+        leave = self._slot_bytes(name, strategy, slots)
         selective = self._selective_bytes(name, strategy) if policy == SELECTIVE else 0.0
         price.kept = max(selective, leave)
-        price.recompute = max(0.0, base.activations - price.kept) / n
+        price.recompute = max(0.0, kept - price.kept) / n
         if policy == FULL or selective == 0.0:
             fwd, _ = self.facts.compute(name)
             launch = self.cm.hardware.op_overhead_s if self.facts.launches(name) else 0.0
             price.seconds += fwd / self.cm.work_divisor(strategy) + launch
         return base, price
 
-    def _leaving_bytes(self, name: str, strategy: Strategy) -> float:
-        slots = self.blocks.leaving.get(name, ())
+    def freed_outputs(self, strategies: dict[str, Strategy], policy_of) -> dict[str, tuple[int, ...]]:
+        """Op outputs whose every holder for the backward reads a redistributed copy: the copy is
+        kept (priced on the edge) and the original freed after its forward uses, unless the op's
+        own backward saves it. A holder is a reader that saves the operand (no recomputing policy)
+        or a recomputing block instance other than the producer's (its checkpoint holds its
+        inputs). ``policy_of(name)``: a node's policy index or None. Used when pricing a whole
+        assignment (``solution.evaluate``); the ILP prices nodes and edges apart and so keeps both
+        (an over-estimate by these bytes)."""
+        holders: dict[tuple[str, int], set[bool]] = {}
+        facts, inst = self.facts, self.blocks.instance
+        for u, slot, v, i in graph_edges(self.captured):
+            if facts.kind.get(u) != "op":
+                continue
+            if v == OUTPUT:
+                holders.setdefault((u, slot), set()).add(True)
+                continue
+            policy = policy_of(v)
+            holds = (facts.operand_saved(v, i) if policy in (None, KEEP, RESHARD)
+                     else inst.get(v) != inst.get(u))
+            if holds:
+                same = tuple(strategies[u].outputs[slot]) == tuple(strategies[v].inputs[i])
+                holders.setdefault((u, slot), set()).add(same)
+        freed: dict[str, list[int]] = {}
+        for (u, slot), kinds in holders.items():
+            info = facts.saved_of(u)
+            if kinds == {False} and info is not None and slot not in info.self_saved_outputs:
+                freed.setdefault(u, []).append(slot)
+        return {u: tuple(sorted(s)) for u, s in freed.items()}
+
+    def _slot_bytes(self, name: str, strategy: Strategy, slots, saved_only: bool = False) -> float:
+        """Local activation bytes of the node's output ``slots`` (of its saved ones: ``saved_only``)."""
+        if not slots:
+            return 0.0
+        if saved_only:
+            info = self.facts.saved_of(name)
+            slots = [s for s in slots if info is not None and s in info.saved_outputs]
         metas = self.facts.tensor_outputs(name)
         return self.cm.activation_bytes([metas[s] for s in slots], [strategy.outputs[s] for s in slots])
 
@@ -122,7 +161,9 @@ class LeverPricer:
         the collectives (forward, then backward) and the price."""
         reading = self._reading(u, slot, v, index)
         colls, copy, forward, total = self._move(reading, src, dst)
-        return colls, LeverPrice(*self._price(reading, forward, total, copy, src, policy))
+        price = LeverPrice(*self._price(reading, forward, total, copy, src, policy))
+        price.gather_copy = copy if reading[3] and forward > 0.0 else 0.0
+        return colls, price
 
     def edge_table(self, u: str, slot: int, v: str, index: int, srcs: list, dsts: list,
                    policies: list) -> list[list[list[tuple[float, float]]]]:

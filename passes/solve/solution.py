@@ -24,6 +24,7 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.strategies import unruled_ops
 from autoshard.passes.solve.blocks import BlockMap, block_map
 from autoshard.passes.solve.clustering import OUTPUT, graph_edges
+from autoshard.passes.solve.gather_timeline import gathered_peak
 from autoshard.passes.solve.lever_costs import LeverPricer, policy_index
 from autoshard.passes.solve.microbatch import MicrobatchCostModel, MicrobatchFacts
 from autoshard.passes.spec import Placement, Replicate, Strategy, fmt, parse_placement
@@ -84,8 +85,9 @@ class Solution:
     resharded), and ``recompute`` (what a recomputing block re-creates for its backward);
     ``activations`` are the activations kept at the end of the forward, and ``time_breakdown``'s
     ``recompute`` is the forward work and collectives run again. ``estimated``: figures the runtime
-    can measure, per rank: ``saved_activation_bytes`` (kept activations and gathered copies at the
-    end of the forward) and ``gathered_peak_bytes`` (gathered parameter copies alive at once).
+    can measure, per rank (``runtime.memory_probe``): ``saved_activation_bytes`` (activations kept at
+    the end of the forward, gathered parameter copies not included) and ``gathered_peak_bytes``
+    (gathered parameter copies alive at once, the next block's prefetched gathers included).
     """
     mesh: Mesh
     strategies: dict[str, Strategy]
@@ -172,11 +174,12 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
 
     mem = dict.fromkeys(("params", "grads", "optimizer", "activations", "gathered_weights", "recompute"), 0.0)
     times = dict.fromkeys(("compute", "communication", "grad_sync", "recompute"), 0.0)
-    gathered_kept = 0.0
-    transient_by_type: dict[str, float] = {}
+    gathers: dict[tuple, list] = {}  # (parameter, placement) -> [first reader, its segment, bytes, kept, regathered]
+    position = {n.name: i for i, n in enumerate(captured.gm.graph.nodes)}
     syncs: dict[str, list[Collective]] = {}
+    freed = pricer.freed_outputs(strategies, policy)
     for name in facts.kind:
-        base, price = pricer.node(name, strategies[name], policy(name))
+        base, price = pricer.node(name, strategies[name], policy(name), freed.get(name, ()))
         times["compute"] += base.compute
         times["recompute"] += price.seconds - base.seconds
         for key in ("params", "grads", "optimizer"):
@@ -198,15 +201,18 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         mem["activations"] += price.kept
         mem["recompute"] += price.recompute
         mem["gathered_weights"] += price.gathered + price.gathered_transient
-        gathered_kept += price.gathered
-        if price.gathered_transient:
-            btype = blocks.type_of(v)
-            transient_by_type[btype] = transient_by_type.get(btype, 0.0) + price.gathered_transient
+        if price.gather_copy:
+            entry = gathers.setdefault((u, tuple(dst)), [position[v], blocks.instance.get(v), price.gather_copy,
+                                                         False, False])
+            if position[v] < entry[0]:  # the runtime makes one copy per placement, at its first reader
+                entry[:2] = position[v], blocks.instance.get(v)
+            entry[3] = entry[3] or bool(price.gathered)
+            entry[4] = entry[4] or bool(price.gathered_transient)
         if tuple(src) != tuple(dst):
             moves.append(Redistribution(u, v, i, tuple(src), tuple(dst), colls))
     times = {key: value * k for key, value in times.items()}  # grad syncs were priced 1/k per microstep
-    estimated = {"saved_activation_bytes": mem["activations"] + gathered_kept,
-                 "gathered_peak_bytes": gathered_kept + max(transient_by_type.values(), default=0.0)}
+    estimated = {"saved_activation_bytes": mem["activations"],
+                 "gathered_peak_bytes": gathered_peak(_segments(gathers.values()))}
     placements = {fqn: tuple(strategies[node].outputs[0]) for node, fqn in captured.params.items()}
     for alias, canon in captured.aliases.items():
         if canon in placements:
@@ -219,6 +225,20 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         redistributions=moves, param_grad_syncs=syncs, solver_stats=dict(solver_stats or {}), levers=levers,
         estimated=estimated,
     )
+
+
+def _segments(gathers) -> list[tuple[float, float, float]]:
+    """(kept, transient, regathered) bytes per gather segment in program order (``gather_timeline``):
+    consecutive first readers in the same block instance (or outside blocks) share one."""
+    segments: list[list[float]] = []
+    last = object()
+    for _, instance, size, kept, regathered in sorted(gathers, key=lambda e: e[0]):
+        if not segments or instance != last:
+            segments.append([0.0, 0.0, 0.0])
+        segments[-1][0 if kept else 1] += size
+        segments[-1][2] += size if regathered and not kept else 0.0
+        last = instance
+    return [tuple(s) for s in segments]
 
 
 def node_policy(name: str, levers: Levers, blocks: BlockMap, facts: GraphFacts) -> Optional[int]:

@@ -95,8 +95,9 @@ def test_policies_order_memory_as_they_should(gpt):
 
 
 def test_reshard_after_forward_frees_gathered_weights_for_regathers():
-    """FSDP on a weight-heavy model: kept gathered copies of all blocks vs two blocks' worth alive
-    at once (the next block's gather is prefetched), at the price of gathering again."""
+    """FSDP storage on a weight-heavy model: resharding after the forward holds fewer gathered
+    copies (the planner's per-copy accounting and the timeline peak, ``gather_timeline``, which
+    here is the embedding's transient gather in both), at the price of gathering again."""
     with torch.device("meta"):
         model = GPT(256, 512, 4, 4, 64, False)
     ids = torch.empty(8, 64, dtype=torch.long, device="meta")
@@ -106,9 +107,8 @@ def test_reshard_after_forward_frees_gathered_weights_for_regathers():
     keep = plan_sharding(cg, MESH, hardware="h100", pins=Pins(**fsdp), levers=LeverPins(1, "none", False))
     reshard = plan_sharding(cg, MESH, hardware="h100", pins=Pins(**fsdp), levers=LeverPins(1, "none", True))
     assert reshard.levers.blocks["blocks.#"] == BlockPolicy("none", True)
-    per_block = keep.estimated["gathered_peak_bytes"] / 4  # the head's gather is outside blocks, but small here
-    assert keep.estimated["gathered_peak_bytes"] > reshard.estimated["gathered_peak_bytes"]
-    assert reshard.estimated["gathered_peak_bytes"] < 0.75 * keep.estimated["gathered_peak_bytes"] + per_block
+    assert reshard.memory_breakdown["gathered_weights"] < keep.memory_breakdown["gathered_weights"]
+    assert reshard.estimated["gathered_peak_bytes"] <= keep.estimated["gathered_peak_bytes"]
     assert reshard.estimated_step_time > keep.estimated_step_time
 
 
