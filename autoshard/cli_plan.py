@@ -11,9 +11,10 @@ the meta device (nothing allocated), traced and solved; a progress line goes to 
 seconds while that runs. The plan file stores how the model was built (``Plan.source``), so ``explain``
 builds it again, re-traces it (the plan's fingerprint must match) and prices the node's other
 strategies with the plan's cost model; for a plan saved from Python, give ``--spec`` (and ``--batch``,
-``--seq``, ``--dtype``) to explain. With ``--pp`` the stage planner decides whether to pipeline; a
-pipeline plan is written as ``{"format": "autoshard.pipeline_plan", ...}`` (``explain``/``diff`` read
-plain plans only).
+``--seq``, ``--dtype``) to explain. ``plan`` is ``autoshard.plan`` on the built model (memory levers
+chosen the same way); with ``--pp`` it may return a pipelined plan, written as
+``PipelinedPlan.save`` writes it (``autoshard.load_plan`` and ``compile(..., plan=)`` read it;
+``explain``/``diff`` read plain plans only).
 
 This module imports nothing heavy at import time (``autoshard solve`` stays torch-free); each command
 loads the planner when it runs.
@@ -21,16 +22,14 @@ loads the planner when it runs.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import threading
 import time
 from typing import Optional
 
-__all__ = ["add_parsers", "run", "parse_mesh", "parse_bytes", "Progress", "PIPELINE_PLAN_FORMAT"]
+__all__ = ["add_parsers", "run", "parse_mesh", "parse_bytes", "Progress"]
 
-PIPELINE_PLAN_FORMAT = "autoshard.pipeline_plan"
 PROGRESS_AFTER_S = 3.0   # the first progress line, if the stage still runs
 PROGRESS_EVERY_S = 5.0   # then one per this many seconds
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -129,36 +128,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from autoshard.api import hardware_label, plan_captured, resolve_hardware
+    import autoshard.api
     from autoshard.model_specs import build_model
-    from autoshard.passes.capture.export import capture
     from autoshard.passes.mesh import Mesh
-    from autoshard.plans import Plan, graph_fingerprint
+    from autoshard.plans import Plan
 
     mesh = Mesh.of(parse_mesh(args.mesh))
     limit = parse_bytes(args.memory_limit)
-    hardware = resolve_hardware(args.hardware)
+    pp = None if args.pp is None else ("auto" if args.pp == "auto" else int(args.pp))
     start = time.perf_counter()
     with Progress("autoshard plan") as progress:
         progress.stage("building the model")
         built = build_model(args.spec, batch=args.batch, seq=args.seq, dtype=args.dtype)
-        progress.stage("tracing")
-        captured = capture(built.model, built.example_inputs, loss_fn=built.loss_fn, target=built.example_target)
-        progress.stage("solving")
-        source = {**built.source, "memory_limit": limit, "optimizer": args.optimizer}
-        if args.pp is not None:
-            from autoshard.passes.pipeline.stages.planner import plan_pipeline
-            pp = None if args.pp == "auto" else int(args.pp)
-            chosen = plan_pipeline(captured, mesh, hardware=hardware, memory_limit=limit, optimizer=args.optimizer,
-                                   pp=pp, time_limit_s=args.time_limit)
-            if chosen.pp > 1:
-                return _write_pipeline(args, built, chosen, mesh, hardware_label(hardware), source, start)
-            plan = Plan(chosen.stages[0].solution, mesh, hardware_label(hardware), graph_fingerprint(captured),
-                        captured)
-        else:
-            plan = plan_captured(captured, mesh, hardware=hardware, memory_limit=limit, optimizer=args.optimizer,
-                                 time_limit_s=args.time_limit)
-    plan.source = source
+        progress.stage("tracing and solving")
+        plan = autoshard.api.plan(built.model, mesh, example_inputs=built.example_inputs, loss_fn=built.loss_fn,
+                                  example_target=built.example_target, hardware=args.hardware, memory_limit=limit,
+                                  optimizer=args.optimizer, time_limit_s=args.time_limit, pp=pp)
+    if isinstance(plan, Plan):
+        plan.source = {**built.source, "memory_limit": limit, "optimizer": args.optimizer}
     n_params = sum(t.numel() for t in built.model.parameters())
     print(f"{built.description}: {_count(n_params)} parameters, global batch {args.batch}, seq {args.seq}, "
           f"{args.dtype}; planned in {time.perf_counter() - start:.1f} s")
@@ -180,35 +167,14 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def _write_pipeline(args, built, chosen, mesh, hardware: str, source: dict, start: float) -> int:
-    from autoshard.passes.units import human_bytes, human_time
-    print(f"{built.description}: global batch {args.batch}, seq {args.seq}, {args.dtype}; planned in "
-          f"{time.perf_counter() - start:.1f} s")
-    print(f"pipeline: pp {chosen.pp}, schedule {chosen.schedule}, {chosen.microbatches} microbatches, estimated "
-          f"step {human_time(chosen.estimated_step_time)}, bubble {chosen.bubble_fraction:.1%}")
-    for s, peak in zip(chosen.stages, list(chosen.peak_activation_memory) + [None] * len(chosen.stages)):
-        mem = f", estimated memory {human_bytes(s.solution.estimated_memory)}" if s.solution is not None else ""
-        print(f"  stage {s.index}: ranks {s.ranks[0]}..{s.ranks[-1]}, submesh {s.mesh.shape}, {len(s.nodes)} ops"
-              f"{mem}{', recompute' if s.recompute else ''}")
-    with open(args.out, "w") as f:
-        json.dump({"format": PIPELINE_PLAN_FORMAT, "version": 1, "mesh": mesh.to_json(), "hardware": hardware,
-                   "source": source, "pipeline": chosen.to_json()}, f, indent=1)
-    print(f"pipeline plan written to {args.out}")
-    return 0
-
-
 def _load_plain(path: str):
     from autoshard.passes.errors import PlanFormatError
-    from autoshard.plans import load_plan
-    try:
-        with open(path, encoding="utf-8") as f:
-            head = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise PlanFormatError(f"cannot read {path} as a plan ({e})") from e
-    if isinstance(head, dict) and head.get("format") == PIPELINE_PLAN_FORMAT:
-        raise PlanFormatError(f"{path} holds a pipeline plan; explain and diff read plain plans (plan without --pp, "
-                              "or explain one stage's plan from Python)")
-    return load_plan(path)
+    from autoshard.plans import Plan, load_plan
+    plan = load_plan(path)
+    if not isinstance(plan, Plan):
+        raise PlanFormatError(f"{path} holds a pipelined plan; explain and diff read plain plans (plan without "
+                              "--pp, or explain one stage's plan from Python: plan.pipeline.stages[i].solution)")
+    return plan
 
 
 def _explain(args: argparse.Namespace) -> int:

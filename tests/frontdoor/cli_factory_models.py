@@ -22,3 +22,12 @@ def mlp_factory(batch: int = 8):
         model = Wide()
     x = torch.empty(batch, 32, device="meta")
     return model, (x,), F.mse_loss, torch.empty(batch, 32, device="meta")
+
+
+def gpt_factory(batch: int = 8, seq: int = 16):
+    """A 4-block GPT (``autoshard.testing.models.GPT``) on token ids given as a tuple: pipelines cut it."""
+    from autoshard.testing.models import GPT, lm_loss
+    with torch.device("meta"):
+        model = GPT(64, 32, 4, 4, seq, True)
+    ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
+    return model, (ids,), lm_loss, ids

@@ -116,16 +116,36 @@ def test_a_long_solve_prints_progress(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cli_plan, "PROGRESS_AFTER_S", 0.05)
     monkeypatch.setattr(cli_plan, "PROGRESS_EVERY_S", 0.2)
     import autoshard.api
-    solve = autoshard.api.plan_captured
+    solve = autoshard.api.plan
 
     def slow_solve(*args, **kwargs):  # a solve that outlasts PROGRESS_AFTER_S whatever the machine's speed
         time.sleep(0.5)
         return solve(*args, **kwargs)
 
-    monkeypatch.setattr(autoshard.api, "plan_captured", slow_solve)
+    monkeypatch.setattr(autoshard.api, "plan", slow_solve)
     assert cli.main(["plan", "cli_factory_models:mlp_factory", "--mesh", "2x2", "--batch", "8",
                      "--out", str(tmp_path / "p.json")]) == 0
-    assert "autoshard plan: solving ... " in capsys.readouterr().err
+    assert "autoshard plan: tracing and solving ... " in capsys.readouterr().err
+
+
+def test_plan_with_pp_writes_the_pipelined_plan_the_library_makes(tmp_path, capsys):
+    """``--pp 2`` on a module factory: the PipelinedPlan ``autoshard.plan(pp=2)`` makes, which
+    ``load_plan`` reads back; explain and diff say they read plain plans."""
+    out = tmp_path / "pp.json"
+    assert cli.main(["plan", "cli_factory_models:gpt_factory", "--mesh", "4", "--batch", "8", "--seq", "16",
+                     "--hardware", "h100",
+                     "--pp", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    saved = load_plan(out)
+    assert isinstance(saved, autoshard.PipelinedPlan) and saved.pipeline.pp == 2
+    assert saved.summary().splitlines()[0] in printed
+    from cli_factory_models import gpt_factory
+    model, inputs, loss_fn, target = gpt_factory(batch=8, seq=16)
+    want = autoshard.plan(model, 4, example_inputs=inputs, loss_fn=loss_fn, example_target=target, hardware="h100",
+                          pp=2)
+    assert math.isclose(saved.estimated_step_time, want.estimated_step_time, rel_tol=1e-9)
+    assert cli.main(["diff", str(out), str(out)]) == 2
+    assert "holds a pipelined plan" in capsys.readouterr().err
 
 
 def test_bad_specs_and_flags_name_the_problem(capsys):
