@@ -11,7 +11,8 @@ appends plain calls to the program, its collectives explicit:
   all-reduce outside autograd; otherwise it is the static global element (or sample) count.
 - ``batch_norm_sync``: per-channel ``sum(x - K)`` and ``sum((x - K)^2)`` all-reduced together
   (differentiably; K = the running mean, a constant shift for accuracy), giving the global batch
-  mean and variance; running stats updated in place with them, identically on every rank.
+  mean and variance; running stats updated in place with them, identically on every rank
+  (``batch_norm_sync.py``: it keeps for the backward what ``aten.batch_norm`` keeps).
 - ``embedding_vocab``: look up the rows this rank owns (rows ``start .. start+local_rows``), zeros
   for indices owned elsewhere (output P).
 """
@@ -29,6 +30,7 @@ from autoshard.passes.sharding.schema import bind_args, rebuild_args
 from autoshard.passes.spec import LOWERINGS, Strategy
 
 from . import collectives as C
+from .batch_norm_sync import bn_apply, bn_local_stats
 from .layout import local_offsets, local_shape, normalize
 
 aten = torch.ops.aten
@@ -50,45 +52,6 @@ def loss_weight_total(target: torch.Tensor, weight: Optional[torch.Tensor], igno
             return keep.sum().to(dtype)
         w = weight.detach()[target.masked_fill(~keep, 0)]
         return (w * keep).sum().to(dtype)
-
-
-def bn_local_stats(x: torch.Tensor, running_mean: Optional[torch.Tensor]) -> torch.Tensor:
-    """``cat([sum(x - K), sum((x - K)^2)])`` per channel over every dim but 1."""
-    dims = [0] + list(range(2, x.dim()))
-    shift = _shift(x, running_mean)
-    xc = x - shift.view(_chan_shape(x)) if shift is not None else x
-    return torch.cat([xc.sum(dims), (xc * xc).sum(dims)])
-
-
-def bn_apply(x: torch.Tensor, stats: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-             running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor], momentum: float,
-             eps: float, count: int) -> torch.Tensor:
-    """Normalize with the global statistics and update the running stats in place."""
-    c = x.shape[1]
-    shift = _shift(x, running_mean)
-    m1 = stats[:c] / count
-    var = stats[c:] / count - m1 * m1
-    mean = m1 + shift if shift is not None else m1
-    shape = _chan_shape(x)
-    y = (x - mean.view(shape)) * torch.rsqrt(var + eps).view(shape)
-    if weight is not None:
-        y = y * weight.view(shape)
-    if bias is not None:
-        y = y + bias.view(shape)
-    if running_mean is not None:
-        with torch.no_grad():
-            running_mean.mul_(1 - momentum).add_(mean.detach().to(running_mean.dtype), alpha=momentum)
-            unbiased = var.detach() * (count / max(count - 1, 1))
-            running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
-    return y
-
-
-def _shift(x: torch.Tensor, running_mean: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    return None if running_mean is None else running_mean.detach().to(x.dtype).clone()
-
-
-def _chan_shape(x: torch.Tensor) -> list[int]:
-    return [1, x.shape[1]] + [1] * (x.dim() - 2)
 
 
 def vocab_embedding(weight: torch.Tensor, indices: torch.Tensor, start: int, padding_idx: int,

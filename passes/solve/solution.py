@@ -24,7 +24,7 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.strategies import unruled_ops
 from autoshard.passes.solve.blocks import BlockMap, block_map
 from autoshard.passes.solve.clustering import OUTPUT, graph_edges
-from autoshard.passes.solve.gather_timeline import gathered_peak
+from autoshard.passes.solve.gather_timeline import Segment, gathered_peak, one_dim_gather
 from autoshard.passes.solve.lever_costs import LeverPricer, policy_index
 from autoshard.passes.solve.microbatch import MicrobatchCostModel, MicrobatchFacts
 from autoshard.passes.spec import Placement, Replicate, Strategy, fmt, parse_placement
@@ -174,7 +174,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
 
     mem = dict.fromkeys(("params", "grads", "optimizer", "activations", "gathered_weights", "recompute"), 0.0)
     times = dict.fromkeys(("compute", "communication", "grad_sync", "recompute"), 0.0)
-    gathers: dict[tuple, list] = {}  # (parameter, placement) -> [first reader, its segment, bytes, kept, regathered]
+    gathers: dict[tuple, list] = {}  # (parameter, placement) -> [first reader, segment, bytes, kept, regathered, fused]
     position = {n.name: i for i, n in enumerate(captured.gm.graph.nodes)}
     syncs: dict[str, list[Collective]] = {}
     freed = pricer.freed_outputs(strategies, policy)
@@ -203,7 +203,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         mem["gathered_weights"] += price.gathered + price.gathered_transient
         if price.gather_copy:
             entry = gathers.setdefault((u, tuple(dst)), [position[v], blocks.instance.get(v), price.gather_copy,
-                                                         False, False])
+                                                         False, False, one_dim_gather(src, dst)])
             if position[v] < entry[0]:  # the runtime makes one copy per placement, at its first reader
                 entry[:2] = position[v], blocks.instance.get(v)
             entry[3] = entry[3] or bool(price.gathered)
@@ -227,18 +227,22 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
     )
 
 
-def _segments(gathers) -> list[tuple[float, float, float]]:
-    """(kept, transient, regathered) bytes per gather segment in program order (``gather_timeline``):
-    consecutive first readers in the same block instance (or outside blocks) share one."""
+def _segments(gathers) -> list[Segment]:
+    """The gather segments in program order (``gather_timeline``): consecutive first readers in the
+    same block instance (or outside blocks) share one."""
     segments: list[list[float]] = []
     last = object()
-    for _, instance, size, kept, regathered in sorted(gathers, key=lambda e: e[0]):
+    for _, instance, size, kept, regathered, fused in sorted(gathers, key=lambda e: e[0]):
         if not segments or instance != last:
-            segments.append([0.0, 0.0, 0.0])
-        segments[-1][0 if kept else 1] += size
-        segments[-1][2] += size if regathered and not kept else 0.0
+            segments.append([0.0] * 5)
+        seg = segments[-1]
+        seg[0 if kept else 1] += size
+        again = regathered and not kept
+        seg[2] += size if again else 0.0
+        seg[3] += size if fused else 0.0
+        seg[4] += size if fused and again else 0.0
         last = instance
-    return [tuple(s) for s in segments]
+    return [Segment(*s) for s in segments]
 
 
 def node_policy(name: str, levers: Levers, blocks: BlockMap, facts: GraphFacts) -> Optional[int]:
