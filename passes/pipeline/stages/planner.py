@@ -43,7 +43,7 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence, Union
 
-from autoshard.passes.errors import AutoshardError, InfeasiblePlanError
+from autoshard.passes.errors import AutoshardError, InfeasiblePlanError, StageCutError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.hardware_lookup import get_hardware
@@ -52,6 +52,7 @@ from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.pipeline.schedule.generators import stage_rank
 from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, profile_submesh
+from autoshard.passes.pipeline.stages.op_cuts import cut_points
 from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, VIRTUAL, Choice, held_microbatches, score_stages, single_stage_step,
                       stage_problem)
 from autoshard.passes.pipeline.stages.search import global_batch, microbatch_options, plan_candidates, profile_candidates, search_stages
@@ -83,6 +84,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     schedules = _schedules(schedule)
     starts = _resolve_stages(stages, units)
     pps = _pp_options(mesh, pp, len(units), starts, schedules)
+    _check_stage_counts(captured, units, pps, schedules)
     batch = global_batch(captured)
     if microbatches is not None and (microbatches < 1 or batch % microbatches):
         raise AutoshardError(f"microbatches={microbatches} does not divide the global batch {batch}; use a divisor "
@@ -174,6 +176,39 @@ def _pp_options(mesh: Mesh, pp, num_units: int, starts, schedules) -> list[int]:
             raise AutoshardError(f"{len(starts) + 1} pinned stages cannot be pp * virtual for any pp dividing the "
                                  f"mesh's first axis ({rows}) and schedules {list(schedules)}")
     return found
+
+
+def _check_stage_counts(captured: CapturedGraph, units: list[LayerUnit], pps: list[int], schedules) -> None:
+    """Raise ``StageCutError`` when no (pp, schedule) asked for can be cut: it needs ``pp * virtual``
+    units, and ``pp`` of them reading a parameter (a rank group without one has nothing to train).
+    The cut, not memory, is what fails."""
+    placeholders = set(captured.params)
+    with_params = sum(1 for u in units if any(a.name in placeholders for n in u.nodes
+                                              for a in captured.node(n).all_input_nodes))
+    need_params = with_params > 0
+
+    def cuttable(p, s):
+        return p == 1 or (p * VIRTUAL[s] <= len(units) and (not need_params or p <= with_params))
+
+    if not pps or any(cuttable(p, s) for p in pps for s in schedules):
+        return
+    need = min(p * VIRTUAL[s] for p in pps for s in schedules)
+    asked = ", ".join(f"pp={p} x {VIRTUAL[s]} ({s})" for p in pps for s in schedules)
+    if any(u.block is not None for u in units):
+        how = f"between numbered blocks, into {len(units)} units {[u.name for u in units]}"
+    else:
+        points = cut_points(captured)
+        refused = [c for c in points if c.refused]
+        why = f"; refused: {'; '.join(f'before {c.node}: {c.refused}' for c in refused[:3])}" if refused else ""
+        how = (f"at op boundaries (no numbered blocks): {len(points) - len(refused)} of {len(points)} boundaries "
+               f"between its {len(points) + 1} ops are valid, giving {len(units)} units {[u.name for u in units][:8]}"
+               + why)
+    groups = (f"; only {with_params} of the units read a parameter, and each of the {min(pps)} rank groups needs "
+              f"one" if need_params and min(pps) > with_params else "")
+    raise StageCutError(
+        f"no valid stage cut into {need} stages (asked: {asked}): the program can only be cut {how}{groups}. Ask "
+        f"for fewer stages (a smaller pp, or a schedule without virtual stages such as '1f1b'), or use a model "
+        f"with more ops between which tensors alone cross")
 
 
 def _infeasible(mesh, limit, pps, schedules, microbatches, starts, stats, core_error) -> InfeasiblePlanError:
