@@ -3,6 +3,7 @@ at each boundary, refused boundaries, and, when there are more valid boundaries 
 units cut where the live set is locally smallest with balanced compute. One process, meta device."""
 from __future__ import annotations
 
+import dataclasses
 import string
 
 import torch
@@ -67,3 +68,25 @@ def test_many_boundaries_become_balanced_units_at_local_minima():
     assert all(points[nodes[0]].live_bytes == one for _, nodes in four[1:])
     per = [sum(n.startswith("linear") for n in nodes) for _, nodes in four]
     assert sum(per) == 26 and max(per) - min(per) <= 1, per  # even compute: 26 layers in 4 units
+
+
+def test_every_rank_group_gets_a_parameter():
+    """The stage ILP and its heuristics give no rank group a cut without parameters (its optimizer
+    would get an empty list): the balanced cut of these units puts the parameterless last unit alone
+    on group 1, which constraint (6) forbids."""
+    from autoshard.passes.pipeline.stages.stage_ilp import (StageProblem, balanced_stages, every_group_holds_params,
+                                                            even_stages, solve_stages)
+
+    fwd = [1.0, 1.0, 4.0, 4.0]
+    free = StageProblem(fwd=fwd, bwd=[2 * f for f in fwd], grad_sync=[0.0] * 4, state=[1.0, 1.0, 1.0, 0.0],
+                        act=[1.0] * 4, cut_seconds=[0.0] * 3, cut_bytes=[0.0] * 3, stage_group=[0, 1], held=[2, 1],
+                        m=4, memory_limit=1e9)
+    held = dataclasses.replace(free, holds_params=[True, True, True, False])
+    best = solve_stages(free, time_limit_s=10)
+    assert best.starts == [0, 3] and not every_group_holds_params(held, best.starts)  # premise
+    got = solve_stages(held, time_limit_s=10)
+    assert got is not None and got.starts == [0, 2] and got.step_time > best.step_time
+    assert balanced_stages(free) is not None and balanced_stages(held) is None
+    assert even_stages(held, False) is not None and every_group_holds_params(held, even_stages(held, False).starts)
+    none = dataclasses.replace(free, holds_params=[False, False, False, True])
+    assert solve_stages(none, time_limit_s=10) is None  # one unit reads a parameter, two groups want one
