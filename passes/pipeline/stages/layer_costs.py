@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 from autoshard.passes.solve.clustering import OUTPUT, block_instance, cluster_edges, graph_edges, module_path
 from autoshard.passes.cost.facts import GraphFacts
@@ -79,13 +79,15 @@ class LayerUnit:
     nodes: tuple[str, ...]
 
 
-def layer_units(captured: CapturedGraph) -> list[LayerUnit]:
-    """Cut the program's call_function nodes into contiguous layer units (see module docstring)."""
+def layer_units(captured: CapturedGraph, keep: Sequence[str] = ()) -> list[LayerUnit]:
+    """Cut the program's call_function nodes into contiguous layer units (see module docstring).
+    ``keep``: op names that must start a unit when the cut comes from the op graph (pinned stage
+    boundaries; numbered blocks ignore it)."""
     ops = [n for n in captured.gm.graph.nodes if n.op == "call_function"]
     keys = [block_instance(module_path(n, captured)) for n in ops]
     last_block = max((i for i, k in enumerate(keys) if k is not None), default=-1)
     if last_block < 0:
-        return [LayerUnit(name, None, tuple(nodes)) for name, nodes in op_graph_units(captured)]
+        return [LayerUnit(name, None, tuple(nodes)) for name, nodes in op_graph_units(captured, keep=keep)]
     units: list[tuple[str, Optional[str], list[str]]] = []
     current: Optional[str] = None
     for i, (node, key) in enumerate(zip(ops, keys)):

@@ -24,7 +24,7 @@ when a non-tensor value (a tuple, a symbolic size) would cross it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch.fx as fx
 
@@ -112,16 +112,21 @@ def _by_quantile(pool: list[CutPoint], want: int, share: dict[int, float], taken
     return chosen
 
 
-def op_graph_units(captured: CapturedGraph, max_units: int = MAX_UNITS) -> list[tuple[str, list[str]]]:
+def op_graph_units(captured: CapturedGraph, max_units: int = MAX_UNITS,
+                   keep: Sequence[str] = ()) -> list[tuple[str, list[str]]]:
     """The program's ops cut into at most ``max_units`` contiguous units at valid boundaries
     (module docstring), as (name, node names); a unit is named after its first op's module and
-    node ("d2:conv1d_1"), or the node alone outside modules."""
+    node ("d2:conv1d_1"), or the node alone outside modules. ``keep``: ops that must start a unit
+    (pinned stage boundaries; they count towards ``max_units`` and need not be valid: splitting the
+    program there reports what crosses)."""
     ops = _ops(captured)
     if not ops:
         return []
-    valid = [c for c in cut_points(captured) if c.refused is None]
-    if len(valid) + 1 <= max_units:
-        starts = [c.index for c in valid]
+    index = {n.name: i for i, n in enumerate(ops)}
+    pinned = sorted({index[k] for k in keep if k in index and index[k] > 0})
+    valid = [c for c in cut_points(captured) if c.refused is None and c.index not in pinned]
+    if len(valid) + len(pinned) + 1 <= max_units:
+        starts = sorted([c.index for c in valid] + pinned)
     else:
         facts = GraphFacts(captured, get_hardware("h100"))
         work = [sum(facts.compute(n.name)) for n in ops]
@@ -130,10 +135,11 @@ def op_graph_units(captured: CapturedGraph, max_units: int = MAX_UNITS) -> list[
         for i, w in enumerate(work):
             before[i] = acc / total
             acc += w
+        budget = max(0, max_units - 1 - len(pinned))
         minima = _local_minima(valid)
-        starts = _by_quantile(minima, max_units - 1, before, set())
-        starts += _by_quantile(valid, max_units - 1 - len(starts), before, set(starts))
-        starts = sorted(starts)
+        starts = _by_quantile(minima, budget, before, set())
+        starts += _by_quantile(valid, budget - len(starts), before, set(starts))
+        starts = sorted(starts + pinned)
     bounds = [0] + starts + [len(ops)]
     units = []
     for a, b in zip(bounds, bounds[1:]):

@@ -7,7 +7,10 @@ chosen jointly with the intra-op (data / tensor / FSDP) plan of every stage.
 
 The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-op part):
 
-1. Layer units (``layer_costs.layer_units``): the program as a chain (embedding, blocks, head).
+1. Layer units (``layer_costs.layer_units``): the program as a chain (embedding, blocks, head), or,
+   with no numbered block, cut at op boundaries where few tensors are live (``op_cuts``). Asking for
+   more stages than units (or more rank groups than units reading a parameter) is a
+   ``StageCutError``, not a memory error.
 2. Candidate configurations: ``pp`` divides the physical mesh's first axis (rank group g owns the
    contiguous block of ranks g*G .. (g+1)*G-1, G = world / pp); each group runs a logical (dp, tp)
    submesh with tp inside one node (``layer_costs.submesh_shapes``); the pipeline hop between
@@ -80,7 +83,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     mesh = Mesh.of(mesh)
     hw = get_hardware(hardware)
     limit = float(memory_limit) if memory_limit is not None else hw.memory_bytes
-    units = layer_units(captured)
+    units = layer_units(captured, keep=[b for b in stages or () if isinstance(b, str)])
     schedules = _schedules(schedule)
     starts = _resolve_stages(stages, units)
     pps = _pp_options(mesh, pp, len(units), starts, schedules)

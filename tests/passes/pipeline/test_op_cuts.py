@@ -90,3 +90,14 @@ def test_every_rank_group_gets_a_parameter():
     assert even_stages(held, False) is not None and every_group_holds_params(held, even_stages(held, False).starts)
     none = dataclasses.replace(free, holds_params=[False, False, False, True])
     assert solve_stages(none, time_limit_s=10) is None  # one unit reads a parameter, two groups want one
+
+
+def test_a_pinned_boundary_starts_a_unit():
+    from autoshard.passes.pipeline.stages.planner import plan_pipeline
+
+    captured = _captured()
+    assert all(u.nodes[0] != "linear_5" for u in layer_units(captured))  # premise: not a chosen boundary
+    assert any(u.nodes[0] == "linear_5" for u in layer_units(captured, keep=["linear_5"]))
+    assert len(layer_units(captured, keep=["linear_5"])) == MAX_UNITS
+    plan = plan_pipeline(captured, (2,), hardware="cpu", pp=2, schedule="1f1b", stages=["linear_5"], time_limit_s=10)
+    assert plan.stages[1].nodes[0] == "linear_5"
