@@ -1,6 +1,7 @@
 """Pipelines over a program with no numbered blocks: the 1-D U-Net of named modules
 (``testing.models.UNet1d``, a long skip from ``d1`` to ``u1``, GroupNorm) is cut by the stage planner on
-its op graph and trains through pp=2 and pp=4 under every schedule, microbatches of one sample,
+its op graph and trains through pp=2 and pp=4 under every schedule on (4,) (and pp=2 on (2, 2)),
+microbatches of one sample,
 equal to one device (loss at every step, parameters after 3 AdamW steps). One spawn of 4 gloo ranks
 runs every case. Asking for more stages than the graph can be cut into is a ``StageCutError`` naming
 the cut, not a memory error."""
@@ -33,11 +34,11 @@ def any_graph_worker(rank: int, world: int, cases: list) -> list:
 
     torch.set_num_threads(1)
     failures = []
-    for pp, schedule in cases:
-        label = f"unet1d pp={pp} {schedule}"
+    for mesh, pp, schedule in cases:
+        label = f"unet1d on {mesh} pp={pp} {schedule}"
         model, inputs, target, loss_fn, _ = _build()
         try:
-            cm = autoshard.compile(model, (world,), example_inputs=inputs, loss_fn=loss_fn, example_target=target,
+            cm = autoshard.compile(model, mesh, example_inputs=inputs, loss_fn=loss_fn, example_target=target,
                                    hardware="cpu", pp=pp, schedule=schedule, microbatches=MICROBATCHES,
                                    time_limit_s=20)
         except autoshard.AutoshardError as e:
@@ -52,7 +53,7 @@ def any_graph_worker(rank: int, world: int, cases: list) -> list:
 
 
 def test_named_unet_trains_through_every_schedule_at_pp_2_and_4():
-    cases = [(pp, s) for pp in (2, 4) for s in SCHEDULES]
+    cases = [((4,), pp, s) for pp in (2, 4) for s in SCHEDULES] + [((2, 2), 2, "1f1b")]
     failures = failures_of(run_ranks(any_graph_worker, 4, cases, timeout=900))
     assert not failures, "\n".join(failures)
 
