@@ -108,3 +108,17 @@ def test_too_many_stages_is_a_cut_error_not_a_memory_error():
     for schedule in ("1f1b", "dualpipev"):  # what the graph can give is planned
         plan = plan_pipeline(captured, (4,), hardware="cpu", pp=2, schedule=schedule, time_limit_s=10)
         assert plan.pp == 2 and len(plan.stages) == 2 * (schedule == "dualpipev") + 2
+
+
+def test_too_few_microbatches_for_the_schedule_is_a_schedule_error():
+    from autoshard.passes.capture.export import capture
+    from autoshard.passes.errors import InfeasiblePlanError
+    from autoshard.passes.pipeline.schedule.simulate import ScheduleError
+    from autoshard.passes.pipeline.stages.planner import plan_pipeline
+
+    model, inputs, target, loss_fn, _ = _build()
+    captured = capture(model, inputs, loss_fn=loss_fn, target=target)
+    for schedule, m, rule in (("dualpipev", 4, "at least 2 \\* pp"), ("interleaved-1f1b", 2, "a multiple of pp")):
+        with pytest.raises(ScheduleError, match=rule) as err:
+            plan_pipeline(captured, (4,), hardware="cpu", pp=4, schedule=schedule, microbatches=m, time_limit_s=10)
+        assert not isinstance(err.value, InfeasiblePlanError)

@@ -56,8 +56,9 @@ from autoshard.passes.solve.solution import Solution
 from autoshard.passes.pipeline.schedule.generators import stage_rank
 from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, profile_submesh
 from autoshard.passes.pipeline.stages.op_cuts import cut_points
+from autoshard.passes.pipeline.schedule.simulate import ScheduleError
 from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, VIRTUAL, Choice, held_microbatches, score_stages, single_stage_step,
-                      stage_problem)
+                      stage_problem, valid_schedule)
 from autoshard.passes.pipeline.stages.search import global_batch, microbatch_options, plan_candidates, profile_candidates, search_stages
 from autoshard.passes.pipeline.stages.shallow import ShallowProgram, shallow_program
 from autoshard.passes.pipeline.stages.stage_plan import SCHEDULES, PipelinePlan, StagePlan
@@ -92,6 +93,10 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     if microbatches is not None and (microbatches < 1 or batch % microbatches):
         raise AutoshardError(f"microbatches={microbatches} does not divide the global batch {batch}; use a divisor "
                              f"of {batch}")
+    if microbatches is not None and not any(p == 1 or valid_schedule(s, p, microbatches) for p in pps for s in schedules):
+        raise ScheduleError(f"no schedule asked for runs {microbatches} microbatches on pp in {pps}: "
+                            "interleaved-1f1b needs a multiple of pp, dualpipev at least 2 * pp; pin more microbatches "
+                            f"(divisors of the batch {batch}) or another schedule")
     core, core_error = None, None
     if 1 in pps and starts is None and microbatches in (None, 1):
         try:
