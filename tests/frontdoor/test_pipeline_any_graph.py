@@ -2,8 +2,9 @@
 (``testing.models.UNet1d``, a long skip from ``d1`` to ``u1``, GroupNorm) is cut by the stage planner on
 its op graph and trains through pp=2 and pp=4 under every schedule on (4,) (and pp=2 on (2, 2)),
 microbatches of one sample,
-equal to one device (loss at every step, parameters after 3 AdamW steps). One spawn of 4 gloo ranks
-runs every case. Asking for more stages than the graph can be cut into is a ``StageCutError`` naming
+equal to one device (loss at every step, parameters after 3 AdamW steps); so does a 2-block GPT cut
+into 8 stages (pp=4 DualPipeV), more stages than it has blocks, on its op graph. One spawn of 4 gloo
+ranks runs every case. Asking for more stages than the graph can be cut into is a ``StageCutError`` naming
 the cut, not a memory error."""
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from autoshard.testing.equivalence import Tolerance, adamw, failures_of, train_against_one_device
-from autoshard.testing.models import unet1d
+from autoshard.testing.models import gpt, unet1d
 from autoshard.testing.ranks import run_ranks
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev")
@@ -28,15 +29,23 @@ def _build():
     return unet1d()
 
 
+def _model(name: str):
+    """(model, inputs, target, loss_fn) of the U-Net, or of the 2-block GPT (fewer blocks than stages)."""
+    if name == "unet1d":
+        return _build()[:4]
+    torch.manual_seed(0)
+    return gpt()
+
+
 def any_graph_worker(rank: int, world: int, cases: list) -> list:
     import autoshard
     from autoshard.compiled import PipelinedModel
 
     torch.set_num_threads(1)
     failures = []
-    for mesh, pp, schedule in cases:
-        label = f"unet1d on {mesh} pp={pp} {schedule}"
-        model, inputs, target, loss_fn, _ = _build()
+    for name, mesh, pp, schedule in cases:
+        label = f"{name} on {mesh} pp={pp} {schedule}"
+        model, inputs, target, loss_fn = _model(name)
         try:
             cm = autoshard.compile(model, mesh, example_inputs=inputs, loss_fn=loss_fn, example_target=target,
                                    hardware="cpu", pp=pp, schedule=schedule, microbatches=MICROBATCHES,
@@ -53,7 +62,8 @@ def any_graph_worker(rank: int, world: int, cases: list) -> list:
 
 
 def test_named_unet_trains_through_every_schedule_at_pp_2_and_4():
-    cases = [((4,), pp, s) for pp in (2, 4) for s in SCHEDULES] + [((2, 2), 2, "1f1b")]
+    cases = [("unet1d", (4,), pp, s) for pp in (2, 4) for s in SCHEDULES] + [("unet1d", (2, 2), 2, "1f1b"),
+                                                                            ("gpt", (4,), 4, "dualpipev")]
     failures = failures_of(run_ranks(any_graph_worker, 4, cases, timeout=900))
     assert not failures, "\n".join(failures)
 
@@ -122,3 +132,18 @@ def test_too_few_microbatches_for_the_schedule_is_a_schedule_error():
         with pytest.raises(ScheduleError, match=rule) as err:
             plan_pipeline(captured, (4,), hardware="cpu", pp=4, schedule=schedule, microbatches=m, time_limit_s=10)
         assert not isinstance(err.value, InfeasiblePlanError)
+
+
+def test_more_stages_than_blocks_cut_inside_the_blocks():
+    from autoshard.passes.capture.export import capture
+    from autoshard.passes.pipeline.stages.layer_costs import layer_units
+    from autoshard.passes.pipeline.stages.planner import plan_pipeline
+
+    model, inputs, target, loss_fn = _model("gpt")
+    captured = capture(model, inputs, loss_fn=loss_fn, target=target)
+    assert [u.name for u in layer_units(captured)] == ["embedding", "blocks.0", "blocks.1", "head"]
+    plan = plan_pipeline(captured, (4,), hardware="cpu", pp=4, schedule="dualpipev", microbatches=8, time_limit_s=20)
+    assert len(plan.stages) == 8
+    plan = plan_pipeline(captured, (4,), hardware="cpu", pp=2, schedule="1f1b", microbatches=8, time_limit_s=20)
+    starts = {u.nodes[0] for u in layer_units(captured)}
+    assert plan.stages[1].nodes[0] in starts  # enough blocks: the cut stays between them

@@ -8,7 +8,8 @@ chosen jointly with the intra-op (data / tensor / FSDP) plan of every stage.
 The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-op part):
 
 1. Layer units (``layer_costs.layer_units``): the program as a chain (embedding, blocks, head), or,
-   with no numbered block, cut at op boundaries where few tensors are live (``op_cuts``). Asking for
+   with no numbered block (or when a pinned pp needs more stages than the blocks give), cut at op
+   boundaries where few tensors are live (``op_cuts``). Asking for
    more stages than units (or more rank groups than units reading a parameter) is a
    ``StageCutError``, not a memory error.
 2. Candidate configurations: ``pp`` divides the physical mesh's first axis (rank group g owns the
@@ -55,7 +56,7 @@ from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.pipeline.schedule.generators import stage_rank
 from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, profile_submesh
-from autoshard.passes.pipeline.stages.op_cuts import cut_points
+from autoshard.passes.pipeline.stages.op_cuts import cut_points, op_graph_units
 from autoshard.passes.pipeline.schedule.simulate import ScheduleError
 from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, VIRTUAL, Choice, held_microbatches, score_stages, single_stage_step,
                       stage_problem, valid_schedule)
@@ -84,8 +85,13 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     mesh = Mesh.of(mesh)
     hw = get_hardware(hardware)
     limit = float(memory_limit) if memory_limit is not None else hw.memory_bytes
-    units = layer_units(captured, keep=[b for b in stages or () if isinstance(b, str)])
     schedules = _schedules(schedule)
+    keep = [b for b in stages or () if isinstance(b, str)]
+    units = layer_units(captured, keep=keep)
+    if (pp is not None and pp > 1 and any(u.block is not None for u in units)
+            and all(isinstance(b, str) for b in stages or ()) and not _cuttable(captured, units, [pp], schedules)):
+        # more stages than blocks: cut inside them, on the op graph
+        units = [LayerUnit(name, None, tuple(nodes)) for name, nodes in op_graph_units(captured, keep=keep)]
     starts = _resolve_stages(stages, units)
     pps = _pp_options(mesh, pp, len(units), starts, schedules)
     _check_stage_counts(captured, units, pps, schedules)
@@ -186,20 +192,25 @@ def _pp_options(mesh: Mesh, pp, num_units: int, starts, schedules) -> list[int]:
     return found
 
 
+def _params_read(captured: CapturedGraph, units: list[LayerUnit]) -> int:
+    """How many units read a parameter."""
+    params = set(captured.params)
+    return sum(1 for u in units if any(a.name in params for n in u.nodes for a in captured.node(n).all_input_nodes))
+
+
+def _cuttable(captured: CapturedGraph, units: list[LayerUnit], pps: list[int], schedules) -> bool:
+    """Whether some (pp, schedule) asked for can be cut from ``units``: ``pp * virtual`` units, ``pp``
+    of them reading a parameter (a rank group without one has nothing to train)."""
+    with_params = _params_read(captured, units)
+    return not pps or any(p == 1 or (p * VIRTUAL[s] <= len(units) and (not with_params or p <= with_params))
+                          for p in pps for s in schedules)
+
+
 def _check_stage_counts(captured: CapturedGraph, units: list[LayerUnit], pps: list[int], schedules) -> None:
-    """Raise ``StageCutError`` when no (pp, schedule) asked for can be cut: it needs ``pp * virtual``
-    units, and ``pp`` of them reading a parameter (a rank group without one has nothing to train).
-    The cut, not memory, is what fails."""
-    placeholders = set(captured.params)
-    with_params = sum(1 for u in units if any(a.name in placeholders for n in u.nodes
-                                              for a in captured.node(n).all_input_nodes))
-    need_params = with_params > 0
-
-    def cuttable(p, s):
-        return p == 1 or (p * VIRTUAL[s] <= len(units) and (not need_params or p <= with_params))
-
-    if not pps or any(cuttable(p, s) for p in pps for s in schedules):
+    """Raise ``StageCutError`` when ``_cuttable`` says no: the cut, not memory, is what fails."""
+    if _cuttable(captured, units, pps, schedules):
         return
+    with_params = _params_read(captured, units)
     need = min(p * VIRTUAL[s] for p in pps for s in schedules)
     asked = ", ".join(f"pp={p} x {VIRTUAL[s]} ({s})" for p in pps for s in schedules)
     if any(u.block is not None for u in units):
@@ -208,11 +219,11 @@ def _check_stage_counts(captured: CapturedGraph, units: list[LayerUnit], pps: li
         points = cut_points(captured)
         refused = [c for c in points if c.refused]
         why = f"; refused: {'; '.join(f'before {c.node}: {c.refused}' for c in refused[:3])}" if refused else ""
-        how = (f"at op boundaries (no numbered blocks): {len(points) - len(refused)} of {len(points)} boundaries "
+        how = (f"at op boundaries: {len(points) - len(refused)} of {len(points)} boundaries "
                f"between its {len(points) + 1} ops are valid, giving {len(units)} units {[u.name for u in units][:8]}"
                + why)
     groups = (f"; only {with_params} of the units read a parameter, and each of the {min(pps)} rank groups needs "
-              f"one" if need_params and min(pps) > with_params else "")
+              f"one" if with_params and min(pps) > with_params else "")
     raise StageCutError(
         f"no valid stage cut into {need} stages (asked: {asked}): the program can only be cut {how}{groups}. Ask "
         f"for fewer stages (a smaller pp, or a schedule without virtual stages such as '1f1b'), or use a model "
