@@ -17,7 +17,8 @@ May import: torch, graphviz, ``autoshard.passes`` and ``autoshard.runtime``. Nev
 import importlib
 
 from autoshard.passes.errors import (  # noqa: F401  (torch-free)
-    AutoshardError, BatchError, CheckpointError, InfeasiblePlanError, MeshError, PlanFormatError, TraceError,
+    AutoshardError, BatchError, CheckpointError, InfeasiblePlanError, MeshError, PlanFormatError, StageCutError,
+    TraceError,
 )
 from autoshard.passes.mesh import Mesh  # noqa: F401  (torch-free)
 
@@ -33,7 +34,7 @@ _SUBMODULES = ("presets", "checkpoint")
 
 __all__ = ["plan", "compile", "load_plan", "register_sharding", "Plan", "PipelinedPlan", "Mesh", "Shard", "Replicate",
            "Partial", "MixedPrecision", "presets", "checkpoint", "AutoshardError", "TraceError", "MeshError",
-           "InfeasiblePlanError", "BatchError", "PlanFormatError", "CheckpointError"]
+           "InfeasiblePlanError", "StageCutError", "BatchError", "PlanFormatError", "CheckpointError"]
 
 
 def __getattr__(name: str):

@@ -9,9 +9,10 @@ shallow copy inside the planner (``passes.pipeline.stages.shallow``): pass the w
 ``build_pipelined_model(plan, model, ...)`` is ``autoshard.compile(..., plan=pipelined_plan)``'s
 part, on every rank of a world the size of the plan's mesh: no planning. It traces the model at the
 global batch (the plan's fingerprint must match) and at the microbatch size (what stage programs
-run), moves the plan's decisions onto the microbatch program (``microbatch_plan``: the same ops by
-position, the same strategies; the planner only chose strategies that divide the microbatch) and
-builds this rank's stages (``runtime.pipeline.PipelineProgram``).
+run), moves the plan's decisions onto the microbatch program (``microbatch_plan``: the same ops,
+paired by position or, when the traces differ in a few ops as HF models' do at one sequence, by
+aligning them (``split.align_nodes``); the same strategies: the planner only chose strategies that
+divide the microbatch) and builds this rank's stages (``runtime.pipeline.PipelineProgram``).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from autoshard.pipelined_plans import PipelinedPlan
 from autoshard.plan_format import graph_fingerprint
 from autoshard.plans import Plan, plan_work
 from autoshard.runtime.pipeline.executor import PipelineProgram
-from autoshard.runtime.pipeline.split import match_nodes
+from autoshard.runtime.pipeline.split import align_nodes, retrace_stage_nodes
 
 __all__ = ["plan_pipelined", "build_pipelined_model", "microbatch_plan", "check_plan_arguments"]
 
@@ -75,27 +76,38 @@ def check_plan_arguments(plan: PipelinedPlan, *, pp, schedule, microbatches, sta
 
 
 def _renamed(solution: Optional[Solution], names: dict[str, str]) -> Optional[Solution]:
+    """``solution`` on the other trace: decisions about values it lacks are dropped."""
     if solution is None:
         return None
-    moves = [Redistribution(names.get(r.producer, r.producer), names.get(r.consumer, r.consumer), r.operand_index,
-                            r.src, r.dst, r.collectives) for r in solution.redistributions]
-    return replace(solution, strategies={names.get(k, k): v for k, v in solution.strategies.items()},
+    moves = [Redistribution(names[r.producer], names[r.consumer], r.operand_index, r.src, r.dst, r.collectives)
+             for r in solution.redistributions if r.producer in names and r.consumer in names]
+    return replace(solution, strategies={names[k]: v for k, v in solution.strategies.items() if k in names},
                    redistributions=moves)
 
 
 def microbatch_plan(pipeline: PipelinePlan, full: CapturedGraph, small: CapturedGraph) -> PipelinePlan:
     """``pipeline`` (made on ``full``, the program at the global batch) on ``small``, the same program
-    traced at the microbatch size: every node renamed to its counterpart (ops by position,
-    ``split.match_nodes``; placeholders by position), decisions and estimates unchanged."""
-    names = match_nodes(full, small)
+    traced at the microbatch size: every node renamed to its counterpart (ops by ``split.align_nodes``,
+    placeholders by position), the stage boundaries moved with them (``split.retrace_stage_nodes``),
+    decisions and estimates unchanged. An op only the microbatch trace has gets no decision from the
+    plan: ``PlanFormatError`` naming it (compile with ``pp=`` to plan at the microbatch instead)."""
+    names = align_nodes(full, small)
     a = [n.name for n in full.gm.graph.nodes if n.op == "placeholder"]
     b = [n.name for n in small.gm.graph.nodes if n.op == "placeholder"]
     if len(a) != len(b):
         raise PlanFormatError(f"the program traced at the microbatch size has {len(b)} placeholders, at the global "
                               f"batch {len(a)}: the model's parameters or inputs depend on the batch size")
     names.update(zip(a, b))
-    stages = [StagePlan(s.index, [names[n] for n in s.nodes], s.group, list(s.ranks), s.mesh,
-                        _renamed(s.solution, names), s.recompute) for s in pipeline.stages]
+    stage_nodes = retrace_stage_nodes(full, small, [s.nodes for s in pipeline.stages])
+    stages = []
+    for s, nodes in zip(pipeline.stages, stage_nodes):
+        solution = _renamed(s.solution, names)
+        new = [n for n in nodes if solution is not None and n not in solution.strategies]
+        if new:
+            raise PlanFormatError(f"the program traced at the microbatch size has ops the plan's trace lacks "
+                                  f"({new[:5]}, stage {s.index}); the saved plan has no decision for them: compile "
+                                  "with pp= (and the plan's schedule and microbatches) to plan at the microbatch")
+        stages.append(StagePlan(s.index, nodes, s.group, list(s.ranks), s.mesh, solution, s.recompute))
     return PipelinePlan(pipeline.pp, pipeline.virtual, stages, pipeline.schedule, pipeline.microbatches,
                         pipeline.estimated_step_time, pipeline.bubble_fraction, list(pipeline.peak_activation_memory))
 

@@ -17,6 +17,11 @@ class InfeasiblePlanError(AutoshardError):
     """No plan fits the memory limit (shows the smallest memory any plan needs and what dominates)."""
 
 
+class StageCutError(AutoshardError):
+    """The program cannot be cut into as many pipeline stages as asked (names the stage count, the cut
+    candidates tried and why the others were refused); not a memory problem."""
+
+
 class BatchError(AutoshardError):
     """A batch does not divide over the mesh, or differs from the batch the program was built for."""
 

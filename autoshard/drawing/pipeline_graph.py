@@ -1,7 +1,8 @@
 """Draw a pipeline plan's partition with graphviz: one cluster per stage.
 
 Each stage's cluster is labelled with its index, rank group, ranks, logical submesh (and whether it
-recomputes activations); inside it every op is a box with its output placement per submesh axis
+recomputes activations), and, for every stage after the first, the cut in front of it: the op (and
+its module) the stage starts at and the values it receives, from which stages; inside it every op is a box with its output placement per submesh axis
 from that stage's intra-op plan, parameters and inputs are ellipses. An edge between ops of two
 stages is a point-to-point transfer (red, labelled ``p2p``); a value that skips stages is drawn
 straight from its producer's stage to its consumer's, as the runtime sends it.
@@ -9,7 +10,7 @@ straight from its producer's stage to its consumer's, as the runtime sends it.
 from __future__ import annotations
 
 from autoshard.drawing.dot import axes_label, escape, is_view_op, op_name, placement_colour
-from autoshard.passes.graph import outputs
+from autoshard.passes.graph import MODULE, outputs
 from autoshard.passes.units import human_bytes, human_time
 
 __all__ = ["pipeline_to_dot"]
@@ -69,7 +70,8 @@ def pipeline_to_dot(plan, captured) -> str:
         if stage.solution is not None:
             mem = f", est. memory {human_bytes(stage.solution.estimated_memory)}"
         label = (f"stage {stage.index}: group {stage.group}, ranks {span}, submesh {tuple(stage.mesh.shape)} "
-                 f"{tuple(stage.mesh.axis_names)}{', recompute' if stage.recompute else ''}{mem}")
+                 f"{tuple(stage.mesh.axis_names)}{', recompute' if stage.recompute else ''}{mem}"
+                 + _cut_label(stage, stage_of, captured))
         lines.append(f'  subgraph cluster_stage_{stage.index} {{ label="{escape(label)}"; style="rounded"; '
                      'color="#3182bd";')
         lines.extend("    " + m for m in members[stage.index])
@@ -88,3 +90,19 @@ def pipeline_to_dot(plan, captured) -> str:
                              f'label="p2p {a}->{b}", fontcolor="#de2d26"];')
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _cut_label(stage, stage_of: dict, captured) -> str:
+    """The cut in front of ``stage``: where it starts and what it receives ("" for the first stage)."""
+    if stage.index == 0 or not stage.nodes:
+        return ""
+    mine = set(stage.nodes)
+    first = captured.node(stage.nodes[0])
+    module = first.meta.get(MODULE) or "-"
+    received: dict[str, int] = {}
+    for name in stage.nodes:
+        for src in captured.node(name).all_input_nodes:
+            if src.op == "call_function" and src.name not in mine and src.name in stage_of:
+                received.setdefault(src.name, stage_of[src.name])
+    what = ", ".join(f"{v} from stage {s}" for v, s in received.items())
+    return f"\ncut before {first.name} (module {module}); receives {what or 'nothing'}"

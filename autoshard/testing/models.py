@@ -23,6 +23,11 @@ Classes (build them on any device: ``with torch.device("meta"): GPT(...)`` alloc
   up output concatenated (even k) or added (odd k) with the output of down block depth-1-k, so with
   4 pipeline stages stage 0's ``down.0`` output travels straight to stage 3.
 
+- ``UNet1d(channels, width)``: a 1-D convolutional U-Net of named, unnumbered modules (``d1``, ``d2``
+  (stride 2), ``mid`` (residual), ``up`` (transposed conv), ``u1``, ``gn`` (GroupNorm), ``out``) with
+  a long skip from ``d1``'s output to ``u1``'s input: no numbered block anywhere, so the stage
+  planner must find its cuts on the op graph.
+
 Builders return ``(model, example_inputs, target, loss_fn)`` for a global batch of 8 (divisible by
 4), build on the current default device and draw from the global RNG, so the caller seeds it
 (``torch.manual_seed(0)``). Dropout is 0 everywhere, so the models are deterministic.
@@ -33,7 +38,8 @@ non-persistent buffers), ``complex_rope_llama``.
 
 Pipeline builders (``PIPELINE_BUILDERS``: ``unet``, ``gpt``) return ``(model, example_inputs, target,
 loss_fn, stage_prefixes)``, where ``stage_prefixes[n]`` lists the module-name prefixes where stages
-1..n-1 start for ``n`` stages (2, 4, 8; 8 cuts the GPT's blocks between attention and MLP), as
+1..n-1 start for ``n`` stages (2, 4, 8; 8 cuts the GPT's blocks between attention and MLP; ``unet1d``
+has 2 and 4 only), as
 ``runtime.pipeline.split.stage_nodes_from_prefixes`` reads them.
 """
 from __future__ import annotations
@@ -46,7 +52,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ["BATCH", "lm_loss", "MLP", "ResidualMLP", "MaskedMLP", "Block", "GPT", "CNN", "BlockCNN", "ComplexRopeLlama",
-           "UNet", "mlp", "gpt", "cnn", "hf_gpt2", "hf_llama", "complex_rope_llama", "unet", "gpt_pipeline", "BUILDERS",
+           "UNet", "UNet1d", "mlp", "gpt", "cnn", "hf_gpt2", "hf_llama", "complex_rope_llama", "unet", "gpt_pipeline", "unet1d", "BUILDERS",
            "PIPELINE_BUILDERS"]
 
 BATCH = 8
@@ -362,4 +368,31 @@ def gpt_pipeline(n_layer: int = 4):
     return model, inputs, target, loss_fn, prefixes
 
 
-PIPELINE_BUILDERS = {"unet": unet, "gpt": gpt_pipeline}
+class UNet1d(nn.Module):
+    def __init__(self, channels: int = 4, width: int = 8):
+        super().__init__()
+        self.d1 = nn.Conv1d(channels, width, 3, padding=1)
+        self.d2 = nn.Conv1d(width, 2 * width, 3, stride=2, padding=1)
+        self.mid = nn.Conv1d(2 * width, 2 * width, 3, padding=1)
+        self.up = nn.ConvTranspose1d(2 * width, width, 2, stride=2)
+        self.u1 = nn.Conv1d(2 * width, width, 3, padding=1)
+        self.gn = nn.GroupNorm(2, width)
+        self.out = nn.Conv1d(width, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = F.silu(self.d1(x))
+        b = F.silu(self.d2(a))
+        m = F.silu(self.mid(b)) + b
+        u = self.up(m)
+        h = F.silu(self.gn(self.u1(torch.cat([u, a], dim=1))))
+        return self.out(h)
+
+
+def unet1d(channels: int = 4, width: int = 8, length: int = 16):
+    model = UNet1d(channels, width)
+    x = torch.randn(BATCH, channels, length)
+    prefixes = {2: ["up"], 4: ["d2", "up", "gn"]}
+    return model, (x,), torch.randn(BATCH, channels, length), F.mse_loss, prefixes
+
+
+PIPELINE_BUILDERS = {"unet": unet, "gpt": gpt_pipeline, "unet1d": unet1d}

@@ -21,12 +21,16 @@ and ``make_pipeline_plan`` turns stage node lists into a ``PipelinePlan`` whose 
 the rank groups of the physical mesh's first axis. ``replan_at_microbatch`` turns the stage
 planner's plan (``passes.pipeline.stages.planner.plan_pipeline``, made at global-batch shapes) into one the
 runtime can run: the same cut, groups, submeshes, schedule and microbatches on the program traced at
-microbatch shapes, every stage's Solution re-solved there. This module imports only
+microbatch shapes, every stage's Solution re-solved there. The two traces need not match op for op
+(HF models build masks and position ids from the batch size: at one sequence an ``expand`` goes
+away): ``retrace_stage_nodes`` aligns them (longest matching runs of (op, module path)) and moves
+each stage boundary onto its counterpart. This module imports only
 ``autoshard.passes`` (it is pure graph surgery), so the stage planner can reuse it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from difflib import SequenceMatcher
 from typing import Callable, Optional, Sequence
 
 import torch.fx as fx
@@ -39,7 +43,7 @@ from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import TensorMeta
 
 __all__ = ["StageGraph", "split_stages", "stage_nodes_from_prefixes", "stage_nodes_from_starts",
-           "stage_group", "make_pipeline_plan", "match_nodes", "replan_at_microbatch"]
+           "stage_group", "make_pipeline_plan", "match_nodes", "align_nodes", "retrace_stage_nodes", "replan_at_microbatch"]
 
 
 @dataclass
@@ -250,15 +254,77 @@ def match_nodes(full: CapturedGraph, small: CapturedGraph) -> dict[str, str]:
     return {x.name: y.name for x, y in zip(a, b)}
 
 
+#: how many ops may differ between two traces of one program at two batch sizes (on either side)
+_RETRACE_SLACK = 0.1
+
+
+def _aligned(full: CapturedGraph, small: CapturedGraph) -> dict[int, int]:
+    """Op position in ``full`` -> its counterpart's in ``small`` (see ``align_nodes``)."""
+    a, b = _calls(full), _calls(small)
+
+    def key(n: fx.Node):
+        return str(n.target), n.meta.get(MODULE, "")
+
+    ka, kb = [key(n) for n in a], [key(n) for n in b]
+    if ka == kb:
+        return {i: i for i in range(len(a))}
+    matched: dict[int, int] = {}
+    for blk in SequenceMatcher(None, ka, kb, autojunk=False).get_matching_blocks():
+        matched.update((blk.a + k, blk.b + k) for k in range(blk.size))
+    slack = max(2, int(_RETRACE_SLACK * len(a)))
+    if len(a) - len(matched) > slack or len(b) - len(matched) > slack:
+        first = next((i for i in range(min(len(a), len(b))) if ka[i] != kb[i]), min(len(a), len(b)))
+        where = f"op {first}: {a[first].name} ({a[first].target})" if first < len(a) else f"{len(a)} ops vs {len(b)}"
+        raise PlanFormatError(f"the program traced at the global batch and at the microbatch size differ in "
+                              f"{len(a) - len(matched)} of {len(a)} ops (first at {where}); the model's structure "
+                              "depends on its batch size, so a pipeline plan made at one cannot run at the other: pin "
+                              "stages= by hand, or make the forward independent of the batch size")
+    return matched
+
+
+def align_nodes(full: CapturedGraph, small: CapturedGraph) -> dict[str, str]:
+    """call_function node name in ``full`` -> its counterpart's in ``small``, the same program traced at
+    another batch size: every op, position for position, when the traces match; otherwise the ops an
+    alignment of the two op sequences by (target, module path) pairs up (longest matching runs), ops
+    only one trace has left out. Raises ``PlanFormatError`` when the traces differ in more than a few
+    ops (another program, or one whose structure depends on the batch size)."""
+    a, b = _calls(full), _calls(small)
+    return {a[i].name: b[j].name for i, j in _aligned(full, small).items()}
+
+
+def retrace_stage_nodes(full: CapturedGraph, small: CapturedGraph,
+                        stage_nodes: Sequence[Sequence[str]]) -> list[list[str]]:
+    """``stage_nodes`` (a partition of ``full``'s ops, in graph order) moved onto ``small``, the same
+    program traced at another batch size (``align_nodes``): each boundary at its op's counterpart, or
+    right after the counterpart of the last op before it that has one; ops only ``small`` has stay
+    inside the stage around them."""
+    a, b = _calls(full), _calls(small)
+    matched = _aligned(full, small)
+    pos = {n.name: i for i, n in enumerate(a)}
+    starts = [0]
+    for nodes in stage_nodes[1:]:
+        i = min(pos[n] for n in nodes)
+        if i in matched:
+            starts.append(matched[i])
+        else:
+            before = [matched[k] for k in range(i) if k in matched]
+            starts.append(before[-1] + 1 if before else 0)
+    starts.append(len(b))
+    if any(y <= x for x, y in zip(starts, starts[1:])):
+        raise PlanFormatError(f"the stage boundaries land on ops {starts[1:-1]} of the program traced at the "
+                              "microbatch size, leaving a stage empty; pin stages= by hand")
+    return [[n.name for n in b[x:y]] for x, y in zip(starts, starts[1:])]
+
+
 def replan_at_microbatch(plan: PipelinePlan, full: CapturedGraph, small: CapturedGraph, *,
                          solve: Callable[[StageGraph, Mesh], Solution]) -> PipelinePlan:
     """The runtime's plan for ``plan``, a pipeline plan made on ``full`` (the program at global-batch
-    shapes): the same stage cut, rank groups, stage submeshes, schedule, microbatches and estimates, on
-    ``small`` (the program traced at microbatch shapes, which stage programs bake in), with every
-    stage's intra-op Solution from ``solve(stage_graph, stage_submesh)``. A Solution made at global
-    shapes cannot be reused: its sizes differ, and it has no strategies for the values a stage receives."""
-    names = match_nodes(full, small)
-    stage_nodes = [[names[n] for n in s.nodes] for s in plan.stages]
+    shapes): the same stage cut (``retrace_stage_nodes``), rank groups, stage submeshes, schedule,
+    microbatches and estimates, on ``small`` (the program traced at microbatch shapes, which stage
+    programs bake in), with every stage's intra-op Solution from ``solve(stage_graph, stage_submesh)``.
+    A Solution made at global shapes cannot be reused: its sizes differ, and it has no strategies for
+    the values a stage receives."""
+    stage_nodes = retrace_stage_nodes(full, small, [s.nodes for s in plan.stages])
     graphs = split_stages(small, stage_nodes)
     stages = [StagePlan(s.index, stage_nodes[i], s.group, list(s.ranks), s.mesh, solve(graphs[i], s.mesh), s.recompute)
               for i, s in enumerate(plan.stages)]

@@ -6,6 +6,9 @@ order, cut wherever a new numbered block instance begins (``blocks.3``, ``model.
 except that the nodes after the last block form their own unit (final norm, head, loss), and those
 before the first block form the embedding unit. Every unit is a contiguous slice of the graph, so
 any cut between units is a valid stage boundary (``PipelinePlan`` wants contiguous node slices).
+A program with no numbered block (a U-Net of named modules, an encoder-decoder written out) is cut
+where the op graph allows it instead: ``op_cuts.op_graph_units`` picks boundaries whose live values
+are few and single tensors, balancing compute.
 
 >>> [u.name for u in layer_units(captured)]          # doctest: +SKIP
 ['embedding', 'blocks.0', 'blocks.1', 'head']
@@ -44,7 +47,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 from autoshard.passes.solve.clustering import OUTPUT, block_instance, cluster_edges, graph_edges, module_path
 from autoshard.passes.cost.facts import GraphFacts
@@ -59,6 +62,7 @@ from autoshard.passes.sharding.pins import Pins, PinError
 from autoshard.passes.solve.problem import build_problem
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import Replicate
+from autoshard.passes.pipeline.stages.op_cuts import op_graph_units
 from autoshard.passes.solve.microbatch import (MicrobatchCostModel, MicrobatchFacts, batch_dependent, batch_granularity,
                                                microbatch_strategies)
 
@@ -75,11 +79,15 @@ class LayerUnit:
     nodes: tuple[str, ...]
 
 
-def layer_units(captured: CapturedGraph) -> list[LayerUnit]:
-    """Cut the program's call_function nodes into contiguous layer units (see module docstring)."""
+def layer_units(captured: CapturedGraph, keep: Sequence[str] = ()) -> list[LayerUnit]:
+    """Cut the program's call_function nodes into contiguous layer units (see module docstring).
+    ``keep``: op names that must start a unit when the cut comes from the op graph (pinned stage
+    boundaries; numbered blocks ignore it)."""
     ops = [n for n in captured.gm.graph.nodes if n.op == "call_function"]
     keys = [block_instance(module_path(n, captured)) for n in ops]
     last_block = max((i for i, k in enumerate(keys) if k is not None), default=-1)
+    if last_block < 0:
+        return [LayerUnit(name, None, tuple(nodes)) for name, nodes in op_graph_units(captured, keep=keep)]
     units: list[tuple[str, Optional[str], list[str]]] = []
     current: Optional[str] = None
     for i, (node, key) in enumerate(zip(ops, keys)):
@@ -101,7 +109,8 @@ class UnitCost:
     """One unit on one submesh: seconds per microbatch ``fixed + batch / m`` (forward, backward),
     gradient all-reduce seconds per step, parameter / gradient / optimizer-state bytes (buffers count
     as parameters), and activation bytes
-    per microbatch ``act_fixed + act_batch / m`` (what autograd keeps for the backward)."""
+    per microbatch ``act_fixed + act_batch / m`` (what autograd keeps for the backward); ``param_reads``:
+    how many parameters the unit's ops read (a tied one counts for every unit reading it)."""
     fwd_fixed: float = 0.0
     fwd_batch: float = 0.0
     bwd_fixed: float = 0.0
@@ -112,6 +121,7 @@ class UnitCost:
     optimizer: float = 0.0
     act_fixed: float = 0.0
     act_batch: float = 0.0
+    param_reads: float = 0.0
 
     @property
     def state_bytes(self) -> float:
@@ -213,6 +223,9 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
     for name, kind in facts.kind.items():
         if kind not in ("param", "buffer") or name not in readers:
             continue
+        if kind == "param":
+            for i in set(readers[name]):
+                acc[i]["param_reads"] += 1
         owner = min(readers[name])  # a tied weight lives with its first reader
         price = cm.price_node(name, strategies[name], facts)
         for key in ("params", "grads", "optimizer"):

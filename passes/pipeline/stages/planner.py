@@ -7,7 +7,11 @@ chosen jointly with the intra-op (data / tensor / FSDP) plan of every stage.
 
 The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-op part):
 
-1. Layer units (``layer_costs.layer_units``): the program as a chain (embedding, blocks, head).
+1. Layer units (``layer_costs.layer_units``): the program as a chain (embedding, blocks, head), or,
+   with no numbered block (or when a pinned pp needs more stages than the blocks give), cut at op
+   boundaries where few tensors are live (``op_cuts``). Asking for
+   more stages than units (or more rank groups than units reading a parameter) is a
+   ``StageCutError``, not a memory error.
 2. Candidate configurations: ``pp`` divides the physical mesh's first axis (rank group g owns the
    contiguous block of ranks g*G .. (g+1)*G-1, G = world / pp); each group runs a logical (dp, tp)
    submesh with tp inside one node (``layer_costs.submesh_shapes``); the pipeline hop between
@@ -43,7 +47,7 @@ from __future__ import annotations
 import time
 from typing import Optional, Sequence, Union
 
-from autoshard.passes.errors import AutoshardError, InfeasiblePlanError
+from autoshard.passes.errors import AutoshardError, InfeasiblePlanError, StageCutError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.hardware_lookup import get_hardware
@@ -52,8 +56,10 @@ from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.pipeline.schedule.generators import stage_rank
 from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, profile_submesh
+from autoshard.passes.pipeline.stages.op_cuts import cut_points, op_graph_units
+from autoshard.passes.pipeline.schedule.simulate import ScheduleError
 from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, VIRTUAL, Choice, held_microbatches, score_stages, single_stage_step,
-                      stage_problem)
+                      stage_problem, valid_schedule)
 from autoshard.passes.pipeline.stages.search import global_batch, microbatch_options, plan_candidates, profile_candidates, search_stages
 from autoshard.passes.pipeline.stages.shallow import ShallowProgram, shallow_program
 from autoshard.passes.pipeline.stages.stage_plan import SCHEDULES, PipelinePlan, StagePlan
@@ -79,14 +85,24 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     mesh = Mesh.of(mesh)
     hw = get_hardware(hardware)
     limit = float(memory_limit) if memory_limit is not None else hw.memory_bytes
-    units = layer_units(captured)
     schedules = _schedules(schedule)
+    keep = [b for b in stages or () if isinstance(b, str)]
+    units = layer_units(captured, keep=keep)
+    if (pp is not None and pp > 1 and any(u.block is not None for u in units)
+            and all(isinstance(b, str) for b in stages or ()) and not _cuttable(captured, units, [pp], schedules)):
+        # more stages than blocks: cut inside them, on the op graph
+        units = [LayerUnit(name, None, tuple(nodes)) for name, nodes in op_graph_units(captured, keep=keep)]
     starts = _resolve_stages(stages, units)
     pps = _pp_options(mesh, pp, len(units), starts, schedules)
+    _check_stage_counts(captured, units, pps, schedules)
     batch = global_batch(captured)
     if microbatches is not None and (microbatches < 1 or batch % microbatches):
         raise AutoshardError(f"microbatches={microbatches} does not divide the global batch {batch}; use a divisor "
                              f"of {batch}")
+    if microbatches is not None and not any(p == 1 or valid_schedule(s, p, microbatches) for p in pps for s in schedules):
+        raise ScheduleError(f"no schedule asked for runs {microbatches} microbatches on pp in {pps}: "
+                            "interleaved-1f1b needs a multiple of pp, dualpipev at least 2 * pp; pin more microbatches "
+                            f"(divisors of the batch {batch}) or another schedule")
     core, core_error = None, None
     if 1 in pps and starts is None and microbatches in (None, 1):
         try:
@@ -174,6 +190,44 @@ def _pp_options(mesh: Mesh, pp, num_units: int, starts, schedules) -> list[int]:
             raise AutoshardError(f"{len(starts) + 1} pinned stages cannot be pp * virtual for any pp dividing the "
                                  f"mesh's first axis ({rows}) and schedules {list(schedules)}")
     return found
+
+
+def _params_read(captured: CapturedGraph, units: list[LayerUnit]) -> int:
+    """How many units read a parameter."""
+    params = set(captured.params)
+    return sum(1 for u in units if any(a.name in params for n in u.nodes for a in captured.node(n).all_input_nodes))
+
+
+def _cuttable(captured: CapturedGraph, units: list[LayerUnit], pps: list[int], schedules) -> bool:
+    """Whether some (pp, schedule) asked for can be cut from ``units``: ``pp * virtual`` units, ``pp``
+    of them reading a parameter (a rank group without one has nothing to train)."""
+    with_params = _params_read(captured, units)
+    return not pps or any(p == 1 or (p * VIRTUAL[s] <= len(units) and (not with_params or p <= with_params))
+                          for p in pps for s in schedules)
+
+
+def _check_stage_counts(captured: CapturedGraph, units: list[LayerUnit], pps: list[int], schedules) -> None:
+    """Raise ``StageCutError`` when ``_cuttable`` says no: the cut, not memory, is what fails."""
+    if _cuttable(captured, units, pps, schedules):
+        return
+    with_params = _params_read(captured, units)
+    need = min(p * VIRTUAL[s] for p in pps for s in schedules)
+    asked = ", ".join(f"pp={p} x {VIRTUAL[s]} ({s})" for p in pps for s in schedules)
+    if any(u.block is not None for u in units):
+        how = f"between numbered blocks, into {len(units)} units {[u.name for u in units]}"
+    else:
+        points = cut_points(captured)
+        refused = [c for c in points if c.refused]
+        why = f"; refused: {'; '.join(f'before {c.node}: {c.refused}' for c in refused[:3])}" if refused else ""
+        how = (f"at op boundaries: {len(points) - len(refused)} of {len(points)} boundaries "
+               f"between its {len(points) + 1} ops are valid, giving {len(units)} units {[u.name for u in units][:8]}"
+               + why)
+    groups = (f"; only {with_params} of the units read a parameter, and each of the {min(pps)} rank groups needs "
+              f"one" if with_params and min(pps) > with_params else "")
+    raise StageCutError(
+        f"no valid stage cut into {need} stages (asked: {asked}): the program can only be cut {how}{groups}. Ask "
+        f"for fewer stages (a smaller pp, or a schedule without virtual stages such as '1f1b'), or use a model "
+        f"with more ops between which tensors alone cross")
 
 
 def _infeasible(mesh, limit, pps, schedules, microbatches, starts, stats, core_error) -> InfeasiblePlanError:

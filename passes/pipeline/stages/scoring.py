@@ -106,7 +106,7 @@ def stage_problem(profile: SubmeshProfile, p: int, m: int, schedule: str, mesh: 
         state=[c.state_bytes for c in costs], act=[c.act(m) for c in costs],
         cut_seconds=[x / bw + lat if x > 0 else 0.0 for x in cut_bytes], cut_bytes=cut_bytes,
         stage_group=stage_rank(schedule, p, VIRTUAL[schedule]), held=list(held), m=m, memory_limit=memory_limit,
-        recompute=recompute, starts=starts)
+        recompute=recompute, starts=starts, holds_params=[c.param_reads > 0 for c in costs])
 
 
 def overlapped_sync(buckets: Iterable[tuple[float, float]]) -> float:

@@ -18,6 +18,8 @@ microbatches in flight on stage s at its peak (the schedule simulator's count).
                      microbatch's activations while it recomputes)
     (4) bottleneck   T >= sum_{s on g} t_s,   G >= sum_{s on g} sum_{l in s} g_l      for every group g
     (5) pins         start_s = pinned boundary; r_s = pinned recompute
+    (6) parameters   every group's stages read at least one parameter (when any unit does): a rank
+                     group without one would hand its optimizer an empty parameter list
     objective  minimize  (m v - 1) T + sum_s t_s + v G      ( = v * ``pipeline_step_time`` )
 
 Range sums are prefix-sum differences read with element constraints at the integer boundaries,
@@ -36,7 +38,7 @@ from typing import Optional, Sequence
 
 from ortools.sat.python import cp_model
 
-__all__ = ["StageProblem", "StageSolution", "StageILP", "solve_stages", "balanced_stages", "even_stages", "stage_costs",
+__all__ = ["StageProblem", "StageSolution", "StageILP", "solve_stages", "balanced_stages", "even_stages", "every_group_holds_params", "stage_costs",
            "pipeline_step_time"]
 
 _UNITS = 1e6
@@ -62,7 +64,7 @@ class StageProblem:
 group running stage s (its length is the number of stages S); ``held[s]``: microbatches whose
 activations stage s holds at its peak under the schedule (k_s). ``recompute``: None lets the
     solver choose per stage; True / False pins every stage. ``starts``: pinned first units of stages
-    1..S-1 (None: free)."""
+    1..S-1 (None: free). ``holds_params[l]``: unit l reads a parameter (None: no constraint (6))."""
     fwd: list[float]
     bwd: list[float]
     grad_sync: list[float]
@@ -76,6 +78,7 @@ activations stage s holds at its peak under the schedule (k_s). ``recompute``: N
     memory_limit: float
     recompute: Optional[bool] = None
     starts: Optional[list[int]] = None
+    holds_params: Optional[list[bool]] = None
 
     @property
     def num_stages(self) -> int:
@@ -236,6 +239,19 @@ class StageILP:
         self.model.add(prob.p * G >= self.PG[-1])
         return T, G
 
+    def add_parameters_per_group(self) -> None:
+        """(6) every group's stages together read a parameter (if any unit does)."""
+        prob = self.prob
+        flags = prob.holds_params
+        if not flags or not any(flags):
+            return
+        count = [0]
+        for f in flags:
+            count.append(count[-1] + int(bool(f)))
+        pc = [self._at(count, s, "pc") for s in range(self.S + 1)]
+        for g in sorted(set(prob.stage_group)):
+            self.model.add(sum(pc[s + 1] - pc[s] for s in range(self.S) if prob.stage_group[s] == g) >= 1)
+
     def add_pins(self) -> None:
         """(5) pinned boundaries and recompute."""
         prob = self.prob
@@ -266,6 +282,18 @@ def _package(prob: StageProblem, starts: list[int], recompute: list[bool], statu
     times, syncs, mems = stage_costs(prob, starts, recompute)
     step = pipeline_step_time(times, prob.stage_group, prob.m, prob.v, syncs)
     return StageSolution(list(starts), list(recompute), times, syncs, mems, step, status, wall, stats or {})
+
+
+def every_group_holds_params(prob: StageProblem, starts: Sequence[int]) -> bool:
+    """Constraint (6) for a given cut (``starts[0] == 0``)."""
+    flags = prob.holds_params
+    if not flags or not any(flags):
+        return True
+    bounds = list(starts) + [len(prob.fwd)]
+    held = {g: False for g in prob.stage_group}
+    for s, g in enumerate(prob.stage_group):
+        held[g] = held[g] or any(flags[bounds[s]:bounds[s + 1]])
+    return all(held.values())
 
 
 def _fits(prob: StageProblem, mems: list[float]) -> bool:
@@ -302,7 +330,7 @@ def balanced_stages(prob: StageProblem) -> Optional[StageSolution]:
             per[g] = per.get(g, 0.0) + mems[s]
         recompute = [per[prob.stage_group[s]] > prob.memory_limit for s in range(S)]
     sol = _package(prob, starts, recompute, "HEURISTIC", time.perf_counter() - t0)
-    return sol if _fits(prob, sol.memory) else None
+    return sol if _fits(prob, sol.memory) and every_group_holds_params(prob, starts) else None
 
 
 def even_stages(prob: StageProblem, recompute: bool) -> Optional[StageSolution]:
@@ -313,7 +341,7 @@ def even_stages(prob: StageProblem, recompute: bool) -> Optional[StageSolution]:
         return None
     starts = [round(s * L / S) for s in range(S)]
     sol = _package(prob, starts, [recompute] * S, "EVEN", 0.0)
-    return sol if _fits(prob, sol.memory) else None
+    return sol if _fits(prob, sol.memory) and every_group_holds_params(prob, starts) else None
 
 
 def solve_stages(prob: StageProblem, *, time_limit_s: float = 10.0, workers: int = 1,
@@ -328,6 +356,7 @@ def solve_stages(prob: StageProblem, *, time_limit_s: float = 10.0, workers: int
     ilp.add_stage_time()
     ilp.add_memory()
     T, G = ilp.add_bottleneck()
+    ilp.add_parameters_per_group()
     ilp.add_pins()
     ilp.set_objective(T, G)
     if hint is not None:
