@@ -14,6 +14,8 @@ appends plain calls to the program, its collectives explicit:
   mean and variance; running stats updated in place with them, identically on every rank.
 - ``embedding_vocab``: look up the rows this rank owns (rows ``start .. start+local_rows``), zeros
   for indices owned elsewhere (output P).
+- ``expert_dispatch``: MoE experts sharded over the axes, tokens moved by all-to-all
+  (``runtime/moe_dispatch.py``).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from autoshard.passes.spec import LOWERINGS, Strategy
 
 from . import collectives as C
 from .layout import local_offsets, local_shape, normalize
+from .moe_dispatch import emit_expert_dispatch
 
 aten = torch.ops.aten
 
@@ -172,6 +175,7 @@ EMITTERS: dict[str, Callable] = {
     "loss_mean_partial": _loss_mean_partial,
     "batch_norm_sync": _batch_norm_sync,
     "embedding_vocab": _embedding_vocab,
+    "expert_dispatch": emit_expert_dispatch,
 }
 assert set(EMITTERS) == set(LOWERINGS), "every lowering named in passes/spec.LOWERINGS needs an emitter"
 

@@ -1,0 +1,42 @@
+"""Sharding rule for ``autoshard::moe_experts`` (``passes/capture/moe_experts.py``): MoE experts.
+
+Operands: ``hidden (T, H)``, ``top_k_index (T, k)``, ``top_k_weights (T, k)``, ``gate (E, I, H)``,
+``up (E, I, H)``, ``down (E, H, I)``; output ``(T, H)``. Per mesh axis:
+
+=====================  =====================================  ======  ==================
+strategy               hidden, index, weights | gate, up, down  out     lowering
+=====================  =====================================  ======  ==================
+data parallel          S(0), S(0), S(0) | R, R, R               S(0)    -
+tensor parallel (I)    R, R, R | S(1), S(1), S(2)               P       -
+expert parallel        S(0), S(0), S(0) | S(0), S(0), S(0)      S(0)    expert_dispatch
+expert parallel, local R, R, R | S(0), S(0), S(0)               P       expert_dispatch
+=====================  =====================================  ======  ==================
+
+Expert parallel moves each (token, expert) pair to the rank holding its expert and back by
+all-to-all (``runtime/moe_dispatch.py``); "local" keeps every token on every rank and lets each rank
+compute only its own experts' pairs (no all-to-all; the output is summed like a row-parallel
+matmul's). Over a 2-D mesh the per-axis choices combine: expert parallel on one axis with data or
+tensor parallel on the other, or experts over both axes. Which one wins is the cost model's call
+(``passes/cost/moe.py``: all-to-all time, compute under expert-load imbalance).
+"""
+from __future__ import annotations
+
+from autoshard.passes.spec import Partial, Replicate, Shard, Strategy1D
+from autoshard.passes.sharding.rules.registry import OpCall, register_rule
+
+R, P, S0 = Replicate(), Partial(), Shard(0)
+
+__all__ = ["moe_experts_rule", "EXPERT_DISPATCH"]
+
+EXPERT_DISPATCH = "expert_dispatch"
+
+
+@register_rule("autoshard::moe_experts")
+def moe_experts_rule(call: OpCall) -> list[Strategy1D]:
+    tokens = (S0, S0, S0)
+    return [
+        Strategy1D(tokens + (R, R, R), (S0,)),
+        Strategy1D((R, R, R, Shard(1), Shard(1), Shard(2)), (P,)),
+        Strategy1D(tokens + (S0, S0, S0), (S0,), EXPERT_DISPATCH),
+        Strategy1D((R, R, R, S0, S0, S0), (P,), EXPERT_DISPATCH),
+    ]
