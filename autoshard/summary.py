@@ -13,11 +13,12 @@ from collections import Counter
 from autoshard.passes.solve.clustering import block_instance
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.errors import AutoshardError
+from autoshard.passes.sharding.rules.moe import moe_role
 from autoshard.passes.solve.replicated_ops import REGISTER_HINT, replicated_op_costs
 from autoshard.passes.spec import fmt_placements
 from autoshard.passes.units import human_bytes, human_time
 
-__all__ = ["plan_summary", "pipelined_summary", "throughput_line", "fold_name"]
+__all__ = ["plan_summary", "pipelined_summary", "throughput_line", "fold_name", "moe_lines"]
 
 
 def fold_name(name: str) -> str:
@@ -81,10 +82,28 @@ def plan_summary(plan) -> str:
                f"backward {sum(kinds['bwd'].values())} {dict(kinds['bwd'])}, {human_bytes(total_bytes)} in all")
     out.append(f"  gradient syncs: {sum(syncs.values())} {dict(syncs)}")
     out += _replicated_lines(plan)
+    out += moe_lines(sol.strategies, mesh)
     stats = getattr(sol, "solver_stats", {}) or {}
     if stats:
         out.append("  solver: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
     return "\n".join(out)
+
+
+def moe_lines(strategies: dict, mesh) -> list[str]:
+    """How the plan runs its mixture-of-experts layers (``autoshard::moe_experts`` nodes), and whether
+    tokens can be dropped (never: every routed pair is computed)."""
+    layers = Counter()
+    for name, st in strategies.items():
+        if name.startswith("moe_experts"):
+            roles = ", ".join(f"{axis}: {moe_role(st, a)}" for a, axis in enumerate(mesh.axis_names)
+                              if mesh.shape[a] > 1)
+            layers[roles or "one device"] += 1
+    if not layers:
+        return []
+    out = [f"  mixture of experts: {sum(layers.values())} layer(s); tokens dropped: never (every routed "
+           "(token, expert) pair is computed; expert parallel exchanges exact split sizes, no capacity limit)"]
+    out += [f"    {roles}  x{n}" for roles, n in layers.items()]
+    return out
 
 
 def stage_contents(*stages) -> str:

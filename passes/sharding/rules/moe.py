@@ -26,7 +26,7 @@ from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
 R, P, S0 = Replicate(), Partial(), Shard(0)
 
-__all__ = ["moe_experts_rule", "EXPERT_DISPATCH"]
+__all__ = ["moe_experts_rule", "moe_role", "EXPERT_DISPATCH"]
 
 EXPERT_DISPATCH = "expert_dispatch"
 
@@ -40,3 +40,16 @@ def moe_experts_rule(call: OpCall) -> list[Strategy1D]:
         Strategy1D(tokens + (S0, S0, S0), (S0,), EXPERT_DISPATCH),
         Strategy1D((R, R, R, S0, S0, S0), (P,), EXPERT_DISPATCH),
     ]
+
+
+def moe_role(strategy, axis: int) -> str:
+    """What a ``moe_experts`` strategy does on mesh ``axis``: "expert parallel (all-to-all)", "expert
+    parallel (local)", "data parallel", "tensor parallel" or "replicated" (for plan summaries)."""
+    token, expert, out = strategy.inputs[0][axis], strategy.inputs[3][axis], strategy.outputs[0][axis]
+    if isinstance(expert, Shard) and expert.dim == 0:
+        return "expert parallel (all-to-all)" if isinstance(token, Shard) else "expert parallel (local)"
+    if isinstance(expert, Shard):
+        return "tensor parallel"
+    if isinstance(token, Shard):
+        return "data parallel"
+    return "partial" if isinstance(out, Partial) else "replicated"
