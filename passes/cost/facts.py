@@ -212,6 +212,8 @@ def _matmul_flops(node: fx.Node, name: str, ins: list, outs: list) -> Optional[f
     if not outs:
         return None
     out = outs[0]
+    if name == MOE_OP:  # the routed (token, expert) pairs' GEMMs
+        return moe_flops(ins)
     if "scaled_dot_product" in name and len(ins) >= 3:
         q, k, v = ins[:3]
         batch = math.prod(q.shape[:-2])
