@@ -28,12 +28,13 @@ _LAZY = {
     "Plan": "autoshard.plans", "load_plan": "autoshard.plans", "PipelinedPlan": "autoshard.pipelined_plans",
     "MixedPrecision": "autoshard.passes.levers", "register_sharding": "autoshard.sharding_rules",
     "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
+    "set_moe_capacity_factor": "autoshard.passes.capture.moe_experts",
 }
 _SUBMODULES = ("presets", "checkpoint")
 
 __all__ = ["plan", "compile", "load_plan", "register_sharding", "Plan", "PipelinedPlan", "Mesh", "Shard", "Replicate",
            "Partial", "MixedPrecision", "presets", "checkpoint", "AutoshardError", "TraceError", "MeshError",
-           "InfeasiblePlanError", "BatchError", "PlanFormatError", "CheckpointError"]
+           "InfeasiblePlanError", "BatchError", "PlanFormatError", "CheckpointError", "set_moe_capacity_factor"]
 
 
 def __getattr__(name: str):

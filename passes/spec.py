@@ -186,4 +186,9 @@ LOWERINGS: dict[str, str] = {
         "exchanged first; nothing dropped), output S(0); where the tokens are R, each rank computes only its own "
         "experts' pairs, output P (runtime/moe_dispatch.py)."
     ),
+    "expert_dispatch_capacity": (
+        "expert_dispatch for autoshard::moe_experts with a capacity factor: static shapes; each rank sends every "
+        "member of the group a block of (local experts x capacity) rows by an even all-to-all, pairs beyond an "
+        "expert's capacity dropped (runtime/moe_dispatch.py)."
+    ),
 }

@@ -176,6 +176,7 @@ EMITTERS: dict[str, Callable] = {
     "batch_norm_sync": _batch_norm_sync,
     "embedding_vocab": _embedding_vocab,
     "expert_dispatch": emit_expert_dispatch,
+    "expert_dispatch_capacity": emit_expert_dispatch,
 }
 assert set(EMITTERS) == set(LOWERINGS), "every lowering named in passes/spec.LOWERINGS needs an emitter"
 

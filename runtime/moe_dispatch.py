@@ -20,12 +20,17 @@ Emitted per MoE layer (dispatch axes flattened into one group, row-major as ``Me
 
 so a layer's forward has one ``exchange_routes`` and one pair of ``all_to_all_v``; the backward runs
 the adjoint pair (``all_to_all_v`` with the split sizes swapped). With filter axes only, the layer is
-``experts_forward`` on the local experts, no communication. The expert ``e`` lives on chunk
+``experts_forward`` on the local experts, no communication. With a capacity factor (lowering ``expert_dispatch_capacity``) shapes are static instead: each rank
+fills a send buffer of ``(group, E_local, C)`` rows, ``C = capacity_rows(T_local * k, E, factor)``
+(``capacity_slots``: a pair beyond its expert's ``C`` rows from this rank is dropped), and one pair
+of even ``all_to_all`` moves the buffers there and back; the experts run as batched GEMMs over
+their ``group * C`` received rows (``capacity_experts``); no route exchange. The expert ``e`` lives on chunk
 ``e // E_local`` of the experts; chunk ``c``'s coordinates over the lowering axes are ``c`` in the
 mixed radix of their sizes (DTensor's left-to-right nesting of ``S(0)``).
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Sequence
 
@@ -33,15 +38,18 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 
-from autoshard.passes.capture.moe_experts import experts_forward
+from autoshard.passes.capture.moe_experts import (capacity_rows, expert_gemms, experts_forward,
+                                                   experts_forward_capacity, gather_rows, pair_slots, scatter_rows)
 from autoshard.passes.graph import operand_meta, operands
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.spec import Replicate, Shard, Strategy
 
+from . import collectives as C
 from .collectives import AxisComm
 from .layout import local_offsets, local_shape, normalize
 
-__all__ = ["moe_route", "exchange_routes", "all_to_all_v", "moe_gather", "moe_combine", "emit_expert_dispatch"]
+__all__ = ["moe_route", "exchange_routes", "all_to_all_v", "moe_gather", "moe_combine", "capacity_slots", "pair_rows",
+           "capacity_experts", "combine_capacity", "emit_expert_dispatch"]
 
 
 def moe_route(top_k_index: torch.Tensor, experts_local: int, radix: Sequence[int], roles: str,
@@ -134,6 +142,49 @@ def moe_combine(rows: torch.Tensor, order: torch.Tensor, top_k_weights: torch.Te
     return out.index_add(0, order // k, weighted).to(dtype)
 
 
+def capacity_slots(top_k_index: torch.Tensor, experts_local: int, radix: Sequence[int], roles: str,
+                   coordinate: Sequence[int], capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(slot, kept) of every pair in this rank's send buffer under a capacity: bucket ``dest *
+    experts_local + local expert``; pairs owned on another filter coordinate, or beyond their
+    expert's ``capacity`` rows, are not kept (``pair_slots``)."""
+    with torch.no_grad():
+        flat = top_k_index.reshape(-1)
+        chunk = flat // experts_local
+        keep = torch.ones_like(chunk, dtype=torch.bool)
+        dest = torch.zeros_like(chunk)
+        group = 1
+        for coord, size, role, mine in zip(_coordinates(chunk, radix), radix, roles, coordinate):
+            if role == "f":
+                keep &= coord == mine
+            else:
+                dest = dest * size + coord
+                group *= size
+        buckets = group * experts_local
+        bucket = torch.where(keep, dest * experts_local + flat % experts_local, torch.full_like(flat, buckets))
+    return pair_slots(bucket, buckets, capacity)
+
+
+def pair_rows(hidden: torch.Tensor, k: int) -> torch.Tensor:
+    """Each pair's token row, pairs in order (pair ``p`` is token ``p // k``)."""
+    return hidden.repeat_interleave(k, 0)
+
+
+def combine_capacity(back: torch.Tensor, slot: torch.Tensor, kept: torch.Tensor, weights: torch.Tensor,
+                     tokens: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    """The returned expert rows, weighted and summed per token (``gather_rows``), in ``dtype``."""
+    return gather_rows(back, slot, kept, weights, tokens, k).to(dtype)
+
+
+def capacity_experts(rows: torch.Tensor, group: int, capacity: int, gate: torch.Tensor, up: torch.Tensor,
+                     down: torch.Tensor, activation: str) -> torch.Tensor:
+    """Received ``(group * E_local * capacity, H)`` rows (source-major) through the local experts,
+    batched per expert; the result in the same layout, ready to go back."""
+    experts_local, hidden = gate.shape[0], rows.shape[-1]
+    x = rows.view(group, experts_local, capacity, hidden).transpose(0, 1).reshape(experts_local, group * capacity, hidden)
+    y = expert_gemms(x, gate, up, down, activation)
+    return y.view(experts_local, group, capacity, -1).transpose(0, 1).reshape(group * experts_local * capacity, -1)
+
+
 def emit_expert_dispatch(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy,
                          axes: tuple) -> fx.Node:
     """Emit one ``moe_experts`` node under ``expert_dispatch`` on ``axes`` (see the module docstring)."""
@@ -157,12 +208,32 @@ def emit_expert_dispatch(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy
     if "?" in roles:
         raise PlanFormatError(f"node {node.name}: 'expert_dispatch' needs the tokens S(0) or R on each of its axes")
     g = ctx.graph
-    if "d" not in roles:
-        return g.call_function(experts_forward, (hidden, index, weights, gate, up, down, activation, first))
-    dispatch_axes = tuple(a for a, r in zip(axes, roles) if r == "d")
     tokens, k = local_shape(operand_meta(ops[1]).shape, normalize(strategy.inputs[1], mesh), mesh)
+    factor = args[7] if len(args) > 7 else kwargs.get("capacity_factor", 0.0)
+    capacity = None
+    if strategy.lowerings[axes[0]] == "expert_dispatch_capacity":
+        if not factor or factor <= 0:
+            raise PlanFormatError(f"node {node.name}: 'expert_dispatch_capacity' needs the op's capacity_factor > 0")
+        capacity = capacity_rows(tokens * k, gate_meta.shape[0], factor)
     radix = [mesh[a] for a in axes]
     coordinate = [ctx.env.coordinate[a] for a in axes]
+    dispatch_axes = tuple(a for a, r in zip(axes, roles) if r == "d")
+    if "d" not in roles:
+        if capacity is not None:
+            return g.call_function(experts_forward_capacity, (hidden, index, weights, gate, up, down, activation,
+                                                              first, capacity))
+        return g.call_function(experts_forward, (hidden, index, weights, gate, up, down, activation, first))
+    dtype = operand_meta(ops[0]).dtype
+    if capacity is not None:
+        slots = g.call_function(capacity_slots, (index, experts_local, radix, roles, coordinate, capacity))
+        slot, kept = (g.call_function(operator.getitem, (slots, i)) for i in (0, 1))
+        group = math.prod(mesh[a] for a in dispatch_axes)
+        rows = g.call_function(scatter_rows, (g.call_function(pair_rows, (hidden, k)), slot, kept,
+                                              group * experts_local * capacity))
+        rows = ctx.collective(C.all_to_all, (rows, 0, 0), dispatch_axes)
+        done = g.call_function(capacity_experts, (rows, group, capacity, gate, up, down, activation))
+        back = ctx.collective(C.all_to_all, (done, 0, 0), dispatch_axes)
+        return g.call_function(combine_capacity, (back, slot, kept, weights, tokens, k, dtype))
     route = g.call_function(moe_route, (index, experts_local, radix, roles, coordinate))
     order, send = (g.call_function(operator.getitem, (route, i)) for i in (0, 1))
     routes = ctx.collective(exchange_routes, (index, order, send), dispatch_axes)
@@ -170,6 +241,5 @@ def emit_expert_dispatch(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy
     rows = ctx.collective(all_to_all_v, (g.call_function(moe_gather, (hidden, order, k)), send, recv), dispatch_axes)
     done = g.call_function(experts_forward, (rows, expert_ids, None, gate, up, down, activation, first))
     back = ctx.collective(all_to_all_v, (done, recv, send), dispatch_axes)
-    dtype = operand_meta(ops[0]).dtype
     return g.call_function(moe_combine, (back, order, weights, tokens, k, dtype))
 

@@ -3,7 +3,8 @@
     results = run_ranks(moe_worker, 4, [("mixtral", (4,), ("ep",))])
     failures, counts, summary = results[0][0]
 
-``roles`` names one ``moe_experts`` strategy per mesh axis (``ROLES``): "ep" (expert parallel, tokens
+A case may add a fourth item, a capacity factor (``set_moe_capacity_factor`` before capturing: the
+static-shape formulation, ``expert_dispatch_capacity``). ``roles`` names one ``moe_experts`` strategy per mesh axis (``ROLES``): "ep" (expert parallel, tokens
 dispatched by all-to-all), "ep_local" (experts sharded, tokens replicated, no all-to-all), "dp"
 (data parallel) or "tp" (tensor parallel inside each expert). ``expert_pins`` pins every MoE layer
 of a capture to that combination; the solver places everything else. Rank 0 plans and broadcasts,
@@ -18,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from autoshard.passes.capture.moe_experts import set_moe_capacity_factor
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.spec import Partial, Replicate, Shard, Strategy
 from autoshard.testing.equivalence import compiled_gradient_mismatches, train_against_one_device
@@ -42,11 +44,13 @@ def moe_nodes(captured: CapturedGraph) -> list[str]:
             if n.op == "call_function" and str(n.target).startswith("autoshard.moe_experts")]
 
 
-def expert_pins(captured: CapturedGraph, roles: Sequence[str]) -> dict:
-    """``pins`` for ``plan_captured``: every MoE layer under ``roles`` (one per mesh axis)."""
+def expert_pins(captured: CapturedGraph, roles: Sequence[str], capacity: bool = False) -> dict:
+    """``pins`` for ``plan_captured``: every MoE layer under ``roles`` (one per mesh axis); ``capacity``:
+    the layers carry a capacity factor, so expert parallel lowers to ``expert_dispatch_capacity``."""
     per_axis = [ROLES[r] for r in roles]
     inputs = tuple(tuple(ax[0][i] for ax in per_axis) for i in range(6))
-    strategy = Strategy(inputs, (tuple(ax[1] for ax in per_axis),), tuple(ax[2] for ax in per_axis))
+    lowerings = tuple(None if ax[2] is None else ax[2] + ("_capacity" if capacity else "") for ax in per_axis)
+    strategy = Strategy(inputs, (tuple(ax[1] for ax in per_axis),), lowerings)
     return {"strategies": {name: strategy for name in moe_nodes(captured)}}
 
 
@@ -61,16 +65,18 @@ def moe_worker(rank: int, world: int, cases: Sequence, steps: int = 2, time_limi
 
     torch.set_num_threads(1)
     out = []
-    for name, mesh_shape, roles in cases:
-        label = f"{name} mesh={mesh_shape} roles={roles}"
+    for name, mesh_shape, roles, *options in cases:
+        factor = options[0] if options else None
+        label = f"{name} mesh={mesh_shape} roles={roles} capacity_factor={factor}"
         torch.manual_seed(0)
         model, inputs, target, loss_fn = build(name)
+        set_moe_capacity_factor(model, factor)
         captured = capture(model, inputs, loss_fn=loss_fn, target=target)
         mesh = Mesh.of(mesh_shape)
         env = setup_distributed(mesh)
 
         def solve():
-            p = plan_captured(captured, mesh, hardware="cpu", pins=expert_pins(captured, roles),
+            p = plan_captured(captured, mesh, hardware="cpu", pins=expert_pins(captured, roles, bool(factor)),
                               time_limit_s=time_limit_s)
             return {"plan": p.to_json(), "summary": [line for line in p.summary().splitlines() if "xpert" in line]}
 

@@ -17,8 +17,11 @@
   the capture (``attach_expert_load``) and read back here; the receiving side of the all-to-all is
   priced at the busiest chunk's share too.
 
-Tokens are never dropped: the runtime exchanges the split sizes and moves every pair
-(``runtime/moe_dispatch.py``), so no capacity factor applies.
+Without a capacity factor tokens are never dropped: the runtime exchanges the split sizes and moves
+every pair (``runtime/moe_dispatch.py``). With one (``capacity_factor_of`` > 0: the op's static-shape
+formulation, lowering ``expert_dispatch_capacity``) every expert computes its capacity rows
+(``ceil(factor * pairs / E)`` per dispatching group) and the all-to-all moves the padded buffers:
+work and bytes scale with the factor, not with the load, and pairs beyond capacity are dropped.
 """
 from __future__ import annotations
 
@@ -33,7 +36,11 @@ from autoshard.passes.graph import operand_meta, operands
 from autoshard.passes.spec import Replicate, Shard, Strategy, TensorMeta
 
 __all__ = ["MOE_OP", "EXPERT_LOAD_META", "is_moe_node", "moe_flops", "moe_nodes", "attach_expert_load",
-           "expert_load_of", "imbalance", "work_factor", "dispatch_collectives", "ExpertLoadError"]
+           "expert_load_of", "imbalance", "capacity_factor_of", "work_factor", "dispatch_collectives",
+           "ExpertLoadError", "DISPATCH_LOWERINGS"]
+
+#: the lowerings that move tokens to their experts (``passes/spec.LOWERINGS``)
+DISPATCH_LOWERINGS = ("expert_dispatch", "expert_dispatch_capacity")
 
 MOE_OP = "moe_experts"
 #: node.meta key holding a MoE layer's per-expert load shares (summing to 1)
@@ -101,23 +108,46 @@ def imbalance(load: Optional[Sequence[float]], chunks: int) -> float:
     return chunks * max(sum(load[c * per:(c + 1) * per]) for c in range(chunks))
 
 
+def capacity_factor_of(node: fx.Node) -> float:
+    """The ``capacity_factor`` argument of a ``moe_experts`` node (0: none, every pair computed)."""
+    value = node.args[7] if len(node.args) > 7 else node.kwargs.get("capacity_factor", 0.0)
+    return float(value or 0.0)
+
+
+def _capacity_rows(pairs: float, experts: int, factor: float) -> int:
+    return max(1, math.ceil(factor * pairs / experts))
+
+
 def work_factor(node: fx.Node, strategy: Strategy, mesh_shape: Sequence[int]) -> float:
-    """What the evenly divided work of a MoE node is multiplied by on its busiest rank."""
+    """What the evenly divided work of a MoE node is multiplied by on its busiest rank: the load
+    imbalance over expert chunks, or with a capacity factor the padding to capacity (every expert
+    computes its capacity whatever its load)."""
+    factor = capacity_factor_of(node)
+    if factor > 0:
+        index = operand_meta(operands(node)[1])
+        experts = operand_meta(operands(node)[3]).shape[0]
+        return _capacity_rows(index.numel, experts, factor) * experts / index.numel
     return imbalance(expert_load_of(node), _expert_chunks(strategy, mesh_shape))
 
 
 def dispatch_collectives(cm, node: fx.Node, strategy: Strategy, out: TensorMeta, training: bool) -> tuple:
     """The all-to-alls ``expert_dispatch`` runs for ``node`` (forward, then backward when training)."""
     mesh = cm.mesh.shape
-    axes = [a for a, low in enumerate(strategy.lowerings) if low == "expert_dispatch" and mesh[a] > 1]
+    axes = [a for a, low in enumerate(strategy.lowerings) if low in DISPATCH_LOWERINGS and mesh[a] > 1]
     dispatch = [a for a in axes if isinstance(strategy.inputs[0][a], Shard)]
     if not dispatch:
         return ()
     k = operand_meta(operands(node)[1]).shape[1]
     token_split = math.prod(mesh[a] for a, p in enumerate(strategy.inputs[0]) if isinstance(p, Shard))
     filters = math.prod(mesh[a] for a in axes if isinstance(strategy.inputs[0][a], Replicate))
-    busiest = imbalance(expert_load_of(node), _expert_chunks(strategy, mesh))
-    local = out.nbytes * k / token_split / filters * busiest
+    factor = capacity_factor_of(node)
+    if factor > 0:  # a padded buffer of (group, local experts, capacity) rows, whatever the load
+        tokens = out.shape[0] / token_split
+        experts = operand_meta(operands(node)[3]).shape[0]
+        local = out.nbytes / out.shape[0] * _capacity_rows(tokens * k, experts, factor) * experts / filters
+    else:
+        busiest = imbalance(expert_load_of(node), _expert_chunks(strategy, mesh))
+        local = out.nbytes * k / token_split / filters * busiest
     fwd = [cm.collective("all_to_all", a, local * mesh[a]) for a in dispatch for _ in range(2)]
     bwd = [cm.collective("all_to_all", c.axis, c.bytes, "bwd") for c in fwd] if training else []
     return tuple(fwd + bwd)

@@ -12,6 +12,10 @@ expert parallel        S(0), S(0), S(0) | S(0), S(0), S(0)      S(0)    expert_d
 expert parallel, local R, R, R | S(0), S(0), S(0)               P       expert_dispatch
 =====================  =====================================  ======  ==================
 
+With a capacity factor on the op (``capacity_factor`` > 0: static shapes), the two expert-parallel
+strategies lower to ``expert_dispatch_capacity`` instead: every (rank, expert) exchange is padded to
+the capacity and moved by an even all-to-all; pairs beyond it are dropped.
+
 Expert parallel moves each (token, expert) pair to the rank holding its expert and back by
 all-to-all (``runtime/moe_dispatch.py``); "local" keeps every token on every rank and lets each rank
 compute only its own experts' pairs (no all-to-all; the output is summed like a row-parallel
@@ -26,19 +30,22 @@ from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
 R, P, S0 = Replicate(), Partial(), Shard(0)
 
-__all__ = ["moe_experts_rule", "moe_role", "EXPERT_DISPATCH"]
+__all__ = ["moe_experts_rule", "moe_role", "EXPERT_DISPATCH", "EXPERT_DISPATCH_CAPACITY", "DISPATCH_LOWERINGS"]
 
 EXPERT_DISPATCH = "expert_dispatch"
+EXPERT_DISPATCH_CAPACITY = "expert_dispatch_capacity"
+DISPATCH_LOWERINGS = (EXPERT_DISPATCH, EXPERT_DISPATCH_CAPACITY)
 
 
 @register_rule("autoshard::moe_experts")
 def moe_experts_rule(call: OpCall) -> list[Strategy1D]:
     tokens = (S0, S0, S0)
+    dispatch = EXPERT_DISPATCH_CAPACITY if (call.bound_args.get("capacity_factor") or 0) > 0 else EXPERT_DISPATCH
     return [
         Strategy1D(tokens + (R, R, R), (S0,)),
         Strategy1D((R, R, R, Shard(1), Shard(1), Shard(2)), (P,)),
-        Strategy1D(tokens + (S0, S0, S0), (S0,), EXPERT_DISPATCH),
-        Strategy1D((R, R, R, S0, S0, S0), (P,), EXPERT_DISPATCH),
+        Strategy1D(tokens + (S0, S0, S0), (S0,), dispatch),
+        Strategy1D((R, R, R, S0, S0, S0), (P,), dispatch),
     ]
 
 

@@ -61,3 +61,51 @@ def test_capture_fuses_grouped_mm_experts_but_not_batched_mm():
         assert len(moe_nodes(capture(model, inputs, loss_fn=loss_fn, target=target))) == layers
     model, inputs, target, loss_fn = build("mixtral")
     assert moe_nodes(capture(model, inputs, loss_fn=loss_fn, target=target, fuse_experts=False)) == []
+
+
+def _dropping_reference(x, index, weights, gate, up, down, capacity):
+    """Brute force: pairs in token order; an expert keeps its first ``capacity`` pairs."""
+    out = torch.zeros_like(x)
+    taken = [0] * gate.shape[0]
+    for t in range(index.shape[0]):
+        for j in range(index.shape[1]):
+            e = int(index[t, j])
+            if taken[e] < capacity:
+                taken[e] += 1
+                h = torch.nn.functional.silu(gate[e] @ x[t]) * (up[e] @ x[t])
+                out[t] += weights[t, j] * (down[e] @ h)
+    return out
+
+
+def test_capacity_factor_drops_pairs_beyond_capacity_in_token_order():
+    from autoshard.passes.capture.moe_experts import capacity_rows
+    x, index, weights, gate, up, down = (t.double() if t.is_floating_point() else t for t in _args(tokens=12))
+    exact = moe_experts(x, index, weights, gate, up, down, "silu")
+    assert torch.allclose(moe_experts(x, index, weights, gate, up, down, "silu", 4.0), exact)  # C = T k: no drop
+    cap = capacity_rows(index.numel(), gate.shape[0], 0.5)
+    assert cap == 3
+    got = moe_experts(x, index, weights, gate, up, down, "silu", 0.5)
+    want = _dropping_reference(x, index, weights, gate, up, down, cap)
+    assert torch.allclose(got, want) and not torch.allclose(got, exact)
+    xg = x.clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda v: moe_experts(v, index, weights, gate, up, down, "silu", 0.5), (xg,))
+
+
+def test_a_capacity_factor_makes_expert_parallel_the_static_lowering():
+    args = _args()
+    for factor, lowering in ((0.0, "expert_dispatch"), (1.25, "expert_dispatch_capacity")):
+        report = check_rule_numerics(lambda *a: moe_experts(*a, "silu", factor), args, n=2)
+        assert {s.lowering for s in report.strategies} == {None, lowering}
+        assert len(report.checked) == 3  # replicated, data and tensor parallel: the op itself on local pieces
+
+
+def test_set_moe_capacity_factor_reaches_the_captured_op():
+    import autoshard
+    torch.manual_seed(0)
+    model, inputs, target, loss_fn = build("mixtral")
+    assert len(autoshard.set_moe_capacity_factor(model, 1.5)) == 2
+    cg = capture(model, inputs, loss_fn=loss_fn, target=target)
+    nodes = [n for n in cg.gm.graph.nodes if n.name in moe_nodes(cg)]
+    assert [n.args[7] for n in nodes] == [1.5, 1.5]
+    with pytest.raises(ValueError, match="finite number >= 0"):
+        autoshard.set_moe_capacity_factor(model, -1)
