@@ -4,7 +4,8 @@
     failures, counts, summary = results[0][0]
 
 A case may add a fourth item, a capacity factor (``set_moe_capacity_factor`` before capturing: the
-static-shape formulation, ``expert_dispatch_capacity``). ``roles`` names one ``moe_experts`` strategy per mesh axis (``ROLES``): "ep" (expert parallel, tokens
+static-shape formulation, ``expert_dispatch_capacity``; None: exact), and a fifth, the ``checkpoint``
+lever to pin (``"full"``: every block's forward, all-to-alls included, runs again in the backward). ``roles`` names one ``moe_experts`` strategy per mesh axis (``ROLES``): "ep" (expert parallel, tokens
 dispatched by all-to-all), "ep_local" (experts sharded, tokens replicated, no all-to-all), "dp"
 (data parallel) or "tp" (tensor parallel inside each expert). ``expert_pins`` pins every MoE layer
 of a capture to that combination; the solver places everything else. Rank 0 plans and broadcasts,
@@ -67,7 +68,8 @@ def moe_worker(rank: int, world: int, cases: Sequence, steps: int = 2, time_limi
     out = []
     for name, mesh_shape, roles, *options in cases:
         factor = options[0] if options else None
-        label = f"{name} mesh={mesh_shape} roles={roles} capacity_factor={factor}"
+        checkpoint = options[1] if len(options) > 1 else None
+        label = f"{name} mesh={mesh_shape} roles={roles} capacity_factor={factor} checkpoint={checkpoint}"
         torch.manual_seed(0)
         model, inputs, target, loss_fn = build(name)
         set_moe_capacity_factor(model, factor)
@@ -77,7 +79,7 @@ def moe_worker(rank: int, world: int, cases: Sequence, steps: int = 2, time_limi
 
         def solve():
             p = plan_captured(captured, mesh, hardware="cpu", pins=expert_pins(captured, roles, bool(factor)),
-                              time_limit_s=time_limit_s)
+                              time_limit_s=time_limit_s, checkpoint=checkpoint)
             return {"plan": p.to_json(), "summary": [line for line in p.summary().splitlines() if "xpert" in line]}
 
         got = run_and_broadcast(solve, env=env)

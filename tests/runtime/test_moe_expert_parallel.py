@@ -2,7 +2,7 @@
 their MoE layers pinned to expert-parallel strategies (``autoshard.testing.moe_check``), train on 4 gloo
 ranks equal to one device running the model's own code (loss, first-step gradients, state after 2 SGD
 steps), on (4,) and on (2, 2) combined with data and tensor parallel, exact and with a capacity factor
-large enough that nothing drops; the program has one pair of all-to-alls (dispatch, combine) per MoE
+large enough that nothing drops, and with every block recomputed; the program has one pair of all-to-alls (dispatch, combine) per MoE
 layer, plus one route exchange when exact, and the plan summary says whether tokens can be dropped.
 All cases run in one spawn of 4 ranks.
 """
@@ -29,6 +29,9 @@ CASES = [
     # capacity factor 8 with 4 experts: every expert may take all of a rank's pairs, so nothing drops
     ("mixtral", (4,), ("ep",), 8.0),
     ("qwen2_moe", (2, 2), ("ep", "ep_local"), 8.0),
+    # every block recomputed in the backward: the dispatch and combine run again there
+    ("mixtral", (4,), ("ep",), None, "full"),
+    ("qwen2_moe", (2, 2), ("ep", "dp"), 8.0, "full"),
 ]
 
 
@@ -44,7 +47,8 @@ def _layers(name: str) -> int:
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_expert_parallel_plan_matches_one_device(results, case):
-    name, mesh, roles, *capacity = CASES[case]
+    name, mesh, roles, *options = CASES[case]
+    capacity = options[0] if options else None
     layers = _layers(name)
     assert layers >= 1
     for rank, per_rank in enumerate(results):
