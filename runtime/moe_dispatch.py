@@ -14,7 +14,7 @@ Emitted per MoE layer (dispatch axes flattened into one group, row-major as ``Me
     order, send = moe_route(top_k_index, ...)                       # pairs for this group, by destination
     recv, expert_ids = exchange_routes(top_k_index, order, send, comm)    # split sizes and expert ids
     rows = all_to_all_v(moe_gather(hidden, order, k), send, recv, comm)  # dispatch
-    y = experts_forward(rows, expert_ids, None, gate, up, down, act, first_expert)
+    y = local_experts(rows, expert_ids, None, gate, up, down, act, first_expert)   # recomputed in backward
     back = all_to_all_v(y, recv, send, comm)                        # combine
     out = moe_combine(back, order, top_k_weights, tokens, k, dtype)
 
@@ -37,6 +37,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 import torch.fx as fx
+from torch.utils.checkpoint import checkpoint
 
 from autoshard.passes.capture.moe_experts import (capacity_rows, expert_gemms, experts_forward,
                                                    experts_forward_capacity, gather_rows, pair_slots, scatter_rows)
@@ -49,7 +50,7 @@ from .collectives import AxisComm
 from .layout import local_offsets, local_shape, normalize
 
 __all__ = ["moe_route", "exchange_routes", "all_to_all_v", "moe_gather", "moe_combine", "capacity_slots", "pair_rows",
-           "capacity_experts", "combine_capacity", "emit_expert_dispatch"]
+           "capacity_experts", "combine_capacity", "local_experts", "local_experts_capacity", "emit_expert_dispatch"]
 
 
 def moe_route(top_k_index: torch.Tensor, experts_local: int, radix: Sequence[int], roles: str,
@@ -181,8 +182,24 @@ def capacity_experts(rows: torch.Tensor, group: int, capacity: int, gate: torch.
     batched per expert; the result in the same layout, ready to go back."""
     experts_local, hidden = gate.shape[0], rows.shape[-1]
     x = rows.view(group, experts_local, capacity, hidden).transpose(0, 1).reshape(experts_local, group * capacity, hidden)
-    y = expert_gemms(x, gate, up, down, activation)
+    y = checkpoint(expert_gemms, x, gate, up, down, activation, use_reentrant=False)  # keeps only its inputs
     return y.view(experts_local, group, capacity, -1).transpose(0, 1).reshape(group * experts_local * capacity, -1)
+
+
+def local_experts(rows: torch.Tensor, expert_ids: torch.Tensor, weights, gate: torch.Tensor, up: torch.Tensor,
+                  down: torch.Tensor, activation: str, first_expert: int) -> torch.Tensor:
+    """``experts_forward`` on this rank's experts, recomputed in the backward (autograd keeps only
+    its inputs, as the ``moe_experts`` op itself does)."""
+    return checkpoint(experts_forward, rows, expert_ids, weights, gate, up, down, activation, first_expert,
+                      use_reentrant=False)
+
+
+def local_experts_capacity(hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, gate: torch.Tensor,
+                           up: torch.Tensor, down: torch.Tensor, activation: str, first_expert: int,
+                           capacity: int) -> torch.Tensor:
+    """``experts_forward_capacity`` on this rank's experts, recomputed in the backward."""
+    return checkpoint(experts_forward_capacity, hidden, index, weights, gate, up, down, activation, first_expert,
+                      capacity, use_reentrant=False)
 
 
 def emit_expert_dispatch(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy,
@@ -220,9 +237,9 @@ def emit_expert_dispatch(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy
     dispatch_axes = tuple(a for a, r in zip(axes, roles) if r == "d")
     if "d" not in roles:
         if capacity is not None:
-            return g.call_function(experts_forward_capacity, (hidden, index, weights, gate, up, down, activation,
-                                                              first, capacity))
-        return g.call_function(experts_forward, (hidden, index, weights, gate, up, down, activation, first))
+            return g.call_function(local_experts_capacity, (hidden, index, weights, gate, up, down, activation,
+                                                            first, capacity))
+        return g.call_function(local_experts, (hidden, index, weights, gate, up, down, activation, first))
     dtype = operand_meta(ops[0]).dtype
     if capacity is not None:
         slots = g.call_function(capacity_slots, (index, experts_local, radix, roles, coordinate, capacity))
@@ -239,7 +256,7 @@ def emit_expert_dispatch(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy
     routes = ctx.collective(exchange_routes, (index, order, send), dispatch_axes)
     recv, expert_ids = (g.call_function(operator.getitem, (routes, i)) for i in (0, 1))
     rows = ctx.collective(all_to_all_v, (g.call_function(moe_gather, (hidden, order, k)), send, recv), dispatch_axes)
-    done = g.call_function(experts_forward, (rows, expert_ids, None, gate, up, down, activation, first))
+    done = g.call_function(local_experts, (rows, expert_ids, None, gate, up, down, activation, first))
     back = ctx.collective(all_to_all_v, (done, recv, send), dispatch_axes)
     return g.call_function(moe_combine, (back, order, weights, tokens, k, dtype))
 

@@ -43,7 +43,7 @@ from autoshard.passes.cost.collectives import (P_CODE, R_CODE, Collective, colle
                                                p2p_seconds, redistribution_steps)
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.hardware import Hardware
-from autoshard.passes.cost.moe import dispatch_collectives, is_moe_node, work_factor
+from autoshard.passes.cost.moe import dispatch_collectives, dispatch_saved_bytes, is_moe_node, work_factor
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Partial, Placement, Replicate, Shard, Strategy, TensorMeta
 
@@ -271,13 +271,14 @@ class CostModel:
         if kind != "op":
             return NodePrice()
         fwd, bwd = facts.compute(name)
-        work, colls = (fwd + bwd) / self.work_divisor(strategy), ()
+        work, colls, moved = (fwd + bwd) / self.work_divisor(strategy), (), 0.0
         node = facts.nodes[name]
         if is_moe_node(node):  # busiest rank under expert-load imbalance; all-to-alls of expert parallel
             work *= work_factor(node, strategy, self.mesh.shape)
             colls = dispatch_collectives(self, node, strategy, metas[0], facts.training)
+            moved = self.kept(dispatch_saved_bytes(node, strategy, metas[0], self.mesh.shape)) if facts.training else 0.0
         return NodePrice(compute=work + facts.overhead(name), collectives=colls,
-                         activations=self.node_activation_bytes(name, strategy, facts))
+                         activations=self.node_activation_bytes(name, strategy, facts) + moved)
 
     def price_edge(self, src, dst, meta: TensorMeta, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
         """(collectives, bytes of the redistributed copy) to move one operand from ``src`` to ``dst``."""

@@ -13,7 +13,9 @@
   chunk. Its share of the pairs times ``c`` multiplies the evenly divided work (1 for uniform load).
   The loads come from ``ExpertLoad``, which the user passes as ``plan(..., expert_load=...)``: one
   sequence of per-expert token counts (or shares) for every MoE layer, or a dict from MoE layer
-  index (program order) to such a sequence; layers without one are uniform. They are attached to
+  index (program order) to such a sequence; layers without one are uniform.
+- Memory (``dispatch_saved_bytes``): autograd keeps the rows a rank received (its experts recompute
+  the rest in the backward) and the rows that came back, twice the bytes sent each way. They are attached to
   the capture (``attach_expert_load``) and read back here; the receiving side of the all-to-all is
   priced at the busiest chunk's share too.
 
@@ -37,6 +39,7 @@ from autoshard.passes.spec import Replicate, Shard, Strategy, TensorMeta
 
 __all__ = ["MOE_OP", "EXPERT_LOAD_META", "is_moe_node", "moe_flops", "moe_nodes", "attach_expert_load",
            "expert_load_of", "imbalance", "capacity_factor_of", "work_factor", "dispatch_collectives",
+           "dispatch_saved_bytes",
            "ExpertLoadError", "DISPATCH_LOWERINGS"]
 
 #: the lowerings that move tokens to their experts (``passes/spec.LOWERINGS``)
@@ -130,13 +133,33 @@ def work_factor(node: fx.Node, strategy: Strategy, mesh_shape: Sequence[int]) ->
     return imbalance(expert_load_of(node), _expert_chunks(strategy, mesh_shape))
 
 
+def _dispatch_axes(strategy: Strategy, mesh: Sequence[int]) -> tuple[list[int], list[int]]:
+    axes = [a for a, low in enumerate(strategy.lowerings) if low in DISPATCH_LOWERINGS and mesh[a] > 1]
+    return axes, [a for a in axes if isinstance(strategy.inputs[0][a], Shard)]
+
+
 def dispatch_collectives(cm, node: fx.Node, strategy: Strategy, out: TensorMeta, training: bool) -> tuple:
     """The all-to-alls ``expert_dispatch`` runs for ``node`` (forward, then backward when training)."""
     mesh = cm.mesh.shape
-    axes = [a for a, low in enumerate(strategy.lowerings) if low in DISPATCH_LOWERINGS and mesh[a] > 1]
-    dispatch = [a for a in axes if isinstance(strategy.inputs[0][a], Shard)]
+    axes, dispatch = _dispatch_axes(strategy, mesh)
     if not dispatch:
         return ()
+    local = _sent_bytes(node, strategy, out, mesh, axes)
+    fwd = [cm.collective("all_to_all", a, local * mesh[a]) for a in dispatch for _ in range(2)]
+    bwd = [cm.collective("all_to_all", c.axis, c.bytes, "bwd") for c in fwd] if training else []
+    return tuple(fwd + bwd)
+
+
+def dispatch_saved_bytes(node: fx.Node, strategy: Strategy, out: TensorMeta, mesh: Sequence[int]) -> float:
+    """Bytes autograd keeps of an expert-parallel layer's moved rows: the rows it received (the local
+    experts keep their input, recomputing the rest) and the rows that came back (the combine keeps
+    them); 0 when nothing is dispatched."""
+    axes, dispatch = _dispatch_axes(strategy, mesh)
+    return 2 * _sent_bytes(node, strategy, out, mesh, axes) if dispatch else 0.0
+
+
+def _sent_bytes(node: fx.Node, strategy: Strategy, out: TensorMeta, mesh: Sequence[int], axes: list[int]) -> float:
+    """Bytes of the rows one rank sends (and, on the busiest rank, receives) each way."""
     k = operand_meta(operands(node)[1]).shape[1]
     token_split = math.prod(mesh[a] for a, p in enumerate(strategy.inputs[0]) if isinstance(p, Shard))
     filters = math.prod(mesh[a] for a in axes if isinstance(strategy.inputs[0][a], Replicate))
@@ -148,6 +171,4 @@ def dispatch_collectives(cm, node: fx.Node, strategy: Strategy, out: TensorMeta,
     else:
         busiest = imbalance(expert_load_of(node), _expert_chunks(strategy, mesh))
         local = out.nbytes * k / token_split / filters * busiest
-    fwd = [cm.collective("all_to_all", a, local * mesh[a]) for a in dispatch for _ in range(2)]
-    bwd = [cm.collective("all_to_all", c.axis, c.bytes, "bwd") for c in fwd] if training else []
-    return tuple(fwd + bwd)
+    return local
