@@ -94,8 +94,8 @@ def exchange_routes(top_k_index: torch.Tensor, order: torch.Tensor, send: list[i
     """(rows each member sends here, their global expert ids), outside autograd."""
     n = comm.size
     with torch.no_grad():
-        sent = torch.tensor(send, dtype=torch.int64)
-        got = torch.empty(n, dtype=torch.int64)
+        sent = torch.tensor(send, dtype=torch.int64, device=top_k_index.device)  # NCCL needs device tensors
+        got = torch.empty(n, dtype=torch.int64, device=top_k_index.device)
         dist.all_to_all_single(got, sent, [1] * n, [1] * n, group=comm.pg())
         recv = got.tolist()
         ids = top_k_index.reshape(-1)[order].contiguous()
