@@ -20,13 +20,18 @@ Emitted per MoE layer (dispatch axes flattened into one group, row-major as ``Me
 
 so a layer's forward has one ``exchange_routes`` and one pair of ``all_to_all_v``; the backward runs
 the adjoint pair (``all_to_all_v`` with the split sizes swapped). With filter axes only, the layer is
-``experts_forward`` on the local experts, no communication. With a capacity factor (lowering ``expert_dispatch_capacity``) shapes are static instead: each rank
+``local_experts`` on this rank's experts, no communication.
+
+With a capacity factor (lowering ``expert_dispatch_capacity``) shapes are static instead: each rank
 fills a send buffer of ``(group, E_local, C)`` rows, ``C = capacity_rows(T_local * k, E, factor)``
 (``capacity_slots``: a pair beyond its expert's ``C`` rows from this rank is dropped), and one pair
 of even ``all_to_all`` moves the buffers there and back; the experts run as batched GEMMs over
-their ``group * C`` received rows (``capacity_experts``); no route exchange. The expert ``e`` lives on chunk
-``e // E_local`` of the experts; chunk ``c``'s coordinates over the lowering axes are ``c`` in the
-mixed radix of their sizes (DTensor's left-to-right nesting of ``S(0)``).
+their ``group * C`` received rows (``capacity_experts``); no route exchange.
+
+The expert ``e`` lives on chunk ``e // E_local`` of the experts; chunk ``c``'s coordinates over the
+lowering axes are ``c`` in the mixed radix of their sizes (DTensor's left-to-right nesting of
+``S(0)``). The local experts recompute their GEMMs in the backward (``torch.utils.checkpoint``), so
+autograd keeps the moved rows only, as the ``moe_experts`` op itself does.
 """
 from __future__ import annotations
 

@@ -32,7 +32,6 @@ from typing import Mapping, Optional, Sequence, Union
 
 import torch.fx as fx
 
-from autoshard.passes.cost.collectives import Collective
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.graph import operand_meta, operands
 from autoshard.passes.spec import Replicate, Shard, Strategy, TensorMeta
@@ -67,7 +66,7 @@ def moe_nodes(gm: fx.GraphModule) -> list[fx.Node]:
 
 def moe_flops(ins: Sequence[TensorMeta]) -> float:
     """Forward FLOPs of one ``moe_experts`` call from its operand metas."""
-    hidden, index, gate = ins[0], ins[1], ins[3]
+    index, gate = ins[1], ins[3]
     tokens, k = index.shape
     return 2.0 * tokens * k * 3 * gate.shape[1] * gate.shape[2]
 
