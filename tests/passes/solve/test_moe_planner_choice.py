@@ -87,3 +87,20 @@ def test_bad_expert_load_names_the_cause():
         _plan(256, 64, 8, expert_load=[1.0] * 7)
     with pytest.raises(ExpertLoadError, match="MoE layers 0..1"):
         _plan(256, 64, 8, expert_load={5: [1.0] * 8})
+
+
+def test_measured_expert_load_feeds_the_planner():
+    from autoshard.passes.cost.moe import EXPERT_LOAD_META, moe_nodes
+    from autoshard.testing.hf_zoo import build
+    torch.manual_seed(0)
+    model, inputs, target, loss_fn = build("mixtral")
+    load = autoshard.measure_expert_load(model, [inputs, inputs])
+    tokens, k = inputs["input_ids"].numel(), 2
+    assert sorted(load) == [0, 1] and all(len(v) == 4 and sum(v) == 2 * tokens * k for v in load.values())
+    plan = autoshard.plan(model, (2,), example_inputs=inputs, loss_fn=loss_fn, example_target=target,
+                          hardware="cpu", expert_load=load, time_limit_s=10)
+    nodes = moe_nodes(plan.captured.gm)
+    assert [sum(n.meta[EXPERT_LOAD_META]) for n in nodes] == pytest.approx([1.0, 1.0])
+    assert nodes[0].meta[EXPERT_LOAD_META] == pytest.approx([c / sum(load[0]) for c in load[0]])
+    with pytest.raises(ValueError, match="no MoE experts module"):
+        autoshard.measure_expert_load(build("llama")[0], [build("llama")[1]])
