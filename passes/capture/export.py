@@ -213,7 +213,8 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
 
     ``fuse_experts``: trace each recognised mixture-of-experts experts module as one
     ``autoshard::moe_experts`` op (``passes.capture.moe_experts``), which the planner may run expert
-    parallel; False traces them as written.
+    parallel; False traces them as written. (For the trace only, those modules' ``forward`` is
+    swapped on the traced module tree; it is restored before ``capture`` returns.)
     """
     if not isinstance(model, nn.Module):
         raise TraceError(f"capture needs an nn.Module, got {type(model).__name__}; wrap the function in a module")
