@@ -110,9 +110,10 @@ def moe_lines(strategies: dict, mesh, capacity_factors: Optional[dict] = None) -
     if not layers:
         return []
     if factors:
-        drop = (f"tokens dropped: YES when an expert gets more than its capacity (capacity factor "
-                f"{', '.join(str(f) for f in sorted(factors, key=str))}: ceil(factor x pairs / experts) rows per expert "
-                "per dispatching group; pairs beyond it, in token order, are dropped)")
+        shown = ", ".join(str(f) for f in sorted(factors, key=str))
+        drop = (f"tokens dropped: YES when an expert gets more than its capacity (capacity factor {shown}: "
+                "ceil(factor x pairs / experts) rows per expert per dispatching group; pairs beyond it, in "
+                "token order, are dropped)")
     else:
         drop = ("tokens dropped: never (every routed (token, expert) pair is computed; expert parallel exchanges "
                 "exact split sizes, no capacity limit)")

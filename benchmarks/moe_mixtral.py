@@ -15,10 +15,11 @@ The hand layout, pinned from the same captured program (``pins``): every MoE lay
 over the node axis (8 experts, one per GPU, tokens dispatched by all-to-all) and data parallel
 across nodes; expert weights stored ``(S(1), S(0))`` (FSDP across nodes on the expert's row dim,
 experts split inside the node), every other parameter FSDP-sharded over all 64 GPUs (dim 0; the
-router's (8, 4096) weight on dim 1), the batch split over both axes. Memory levers (recomputation, accumulation, reshard after forward) are
-chosen by the planner for both, so the comparison is of layouts. Printed: planning time, each
-plan's estimated step time, memory, tokens/s/GPU, the estimated all-to-all share of the step, and
-the ratio autoshard / hand layout (goal <= 1.00). These are cost-model estimates, not measurements.
+router's (8, 4096) weight on dim 1), the batch split over both axes. Memory levers (recomputation,
+accumulation, reshard after forward) are chosen by the planner for both, so the comparison is of
+layouts. Printed: planning time, each plan's estimated step time, memory, tokens/s/GPU, the
+estimated all-to-all share of the step, and the ratio autoshard / hand layout (goal <= 1.00). These
+are cost-model estimates, not measurements.
 """
 from __future__ import annotations
 

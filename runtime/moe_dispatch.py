@@ -186,7 +186,8 @@ def capacity_experts(rows: torch.Tensor, group: int, capacity: int, gate: torch.
     """Received ``(group * E_local * capacity, H)`` rows (source-major) through the local experts,
     batched per expert; the result in the same layout, ready to go back."""
     experts_local, hidden = gate.shape[0], rows.shape[-1]
-    x = rows.view(group, experts_local, capacity, hidden).transpose(0, 1).reshape(experts_local, group * capacity, hidden)
+    x = rows.view(group, experts_local, capacity, hidden).transpose(0, 1)
+    x = x.reshape(experts_local, group * capacity, hidden)
     y = checkpoint(expert_gemms, x, gate, up, down, activation, use_reentrant=False)  # keeps only its inputs
     return y.view(experts_local, group, capacity, -1).transpose(0, 1).reshape(group * experts_local * capacity, -1)
 

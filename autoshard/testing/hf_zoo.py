@@ -244,7 +244,8 @@ ZOO: dict[str, Callable] = {
     "vit": vit, "clip": clip,
     "gpt2": gpt2, "gpt_neox": gpt_neox, "opt": opt, "llama": llama, "mistral": mistral, "qwen2": qwen2,
     "gemma": gemma, "phi": phi,
-    "mixtral": mixtral, "mixtral_batched": mixtral_batched, "mixtral_grouped_mm": mixtral_grouped_mm, "qwen2_moe": qwen2_moe, "deepseek_v3": deepseek_v3,
+    "mixtral": mixtral, "mixtral_batched": mixtral_batched, "mixtral_grouped_mm": mixtral_grouped_mm,
+    "qwen2_moe": qwen2_moe, "deepseek_v3": deepseek_v3,
 }
 
 KINDS = {
@@ -252,7 +253,8 @@ KINDS = {
     "whisper": "encoder-decoder (audio)", "vit": "vision", "clip": "vision + text", "gpt2": "decoder",
     "gpt_neox": "decoder", "opt": "decoder", "llama": "decoder", "mistral": "decoder", "qwen2": "decoder",
     "gemma": "decoder", "phi": "decoder", "mixtral": "MoE (experts as one moe_experts op)",
-    "mixtral_batched": "MoE (batched_mm experts)", "mixtral_grouped_mm": "MoE (grouped-GEMM experts as written)", "qwen2_moe": "MoE", "deepseek_v3": "MoE (MLA)",
+    "mixtral_batched": "MoE (batched_mm experts)", "mixtral_grouped_mm": "MoE (grouped-GEMM experts as written)",
+    "qwen2_moe": "MoE", "deepseek_v3": "MoE (MLA)",
 }
 
 

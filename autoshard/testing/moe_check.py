@@ -3,15 +3,17 @@
     results = run_ranks(moe_worker, 4, [("mixtral", (4,), ("ep",))])
     failures, counts, summary = results[0][0]
 
-A case may add a fourth item, a capacity factor (``set_moe_capacity_factor`` before capturing: the
-static-shape formulation, ``expert_dispatch_capacity``; None: exact), and a fifth, the ``checkpoint``
-lever to pin (``"full"``: every block's forward, all-to-alls included, runs again in the backward). ``roles`` names one ``moe_experts`` strategy per mesh axis (``ROLES``): "ep" (expert parallel, tokens
+``roles`` names one ``moe_experts`` strategy per mesh axis (``ROLES``): "ep" (expert parallel, tokens
 dispatched by all-to-all), "ep_local" (experts sharded, tokens replicated, no all-to-all), "dp"
 (data parallel) or "tp" (tensor parallel inside each expert). ``expert_pins`` pins every MoE layer
 of a capture to that combination; the solver places everything else. Rank 0 plans and broadcasts,
 every rank compiles and trains next to a single-device copy running the model's own (unfused) code
 (``equivalence.train_against_one_device``). Each case returns ``(failures, collective counts of the
 rank's program, the plan's MoE summary lines)``.
+
+A case may add a fourth item, a capacity factor (``set_moe_capacity_factor`` before capturing: the
+static-shape formulation, ``expert_dispatch_capacity``; None: exact), and a fifth, the ``checkpoint``
+lever to pin (``"full"``: every block's forward, all-to-alls included, runs again in the backward).
 """
 from __future__ import annotations
 

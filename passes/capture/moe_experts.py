@@ -24,7 +24,8 @@ by all-to-all: the ``expert_dispatch`` lowering, ``runtime/moe_dispatch.py``).
 Recognised: ``transformers``' ``use_experts_implementation`` classes with concatenated gate/up, no
 bias, no post-expert norm, the default gate (``act(gate) * up``) with SiLU or GELU, under the
 "eager" or "grouped_mm" implementation. Anything else (``batched_mm``, biases, transposed weights),
-and a module with ``autoshard_fuse = False``, is traced as written. By default the op computes every routed pair exactly: no capacity, no dropped token.
+and a module with ``autoshard_fuse = False``, is traced as written. By default the op computes every
+routed pair exactly: no capacity, no dropped token.
 
 Capacity factor (static shapes, for compilers and CUDA graphs): ``set_moe_capacity_factor(model, 1.25)``
 before capturing gives each MoE layer ``capacity_factor`` = 1.25; then every expert computes exactly

@@ -276,7 +276,8 @@ class CostModel:
         if is_moe_node(node):  # busiest rank under expert-load imbalance; all-to-alls of expert parallel
             work *= work_factor(node, strategy, self.mesh.shape)
             colls = dispatch_collectives(self, node, strategy, metas[0], facts.training)
-            moved = self.kept(dispatch_saved_bytes(node, strategy, metas[0], self.mesh.shape)) if facts.training else 0.0
+            if facts.training:
+                moved = self.kept(dispatch_saved_bytes(node, strategy, metas[0], self.mesh.shape))
         return NodePrice(compute=work + facts.overhead(name), collectives=colls,
                          activations=self.node_activation_bytes(name, strategy, facts) + moved)
 

@@ -1,10 +1,10 @@
 """Expert parallelism (``runtime/moe_dispatch.py``): HF Mixtral, Qwen2-MoE and DeepSeek-V3 tiny configs,
-their MoE layers pinned to expert-parallel strategies (``autoshard.testing.moe_check``), train on 4 gloo
-ranks equal to one device running the model's own code (loss, first-step gradients, state after 2 SGD
-steps), on (4,) and on (2, 2) combined with data and tensor parallel, exact and with a capacity factor
-large enough that nothing drops, and with every block recomputed; the program has one pair of all-to-alls (dispatch, combine) per MoE
-layer, plus one route exchange when exact, and the plan summary says whether tokens can be dropped.
-All cases run in one spawn of 4 ranks.
+their MoE layers pinned to expert-parallel strategies (``autoshard.testing.moe_check``), train on 4
+gloo ranks equal to one device running the model's own code (loss, first-step gradients, state after
+2 SGD steps), on (4,) and on (2, 2) combined with data and tensor parallel, exact and with a
+capacity factor large enough that nothing drops, and with every block recomputed; the program has
+one pair of all-to-alls (dispatch, combine) per MoE layer, plus one route exchange when exact, and
+the plan summary says whether tokens can be dropped. All cases run in one spawn of 4 ranks.
 """
 from __future__ import annotations
 
