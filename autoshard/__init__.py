@@ -29,12 +29,15 @@ _LAZY = {
     "Plan": "autoshard.plans", "load_plan": "autoshard.plans", "PipelinedPlan": "autoshard.pipelined_plans",
     "MixedPrecision": "autoshard.passes.levers", "register_sharding": "autoshard.sharding_rules",
     "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
+    "set_moe_capacity_factor": "autoshard.passes.capture.moe_experts",
+    "measure_expert_load": "autoshard.expert_load",
 }
 _SUBMODULES = ("presets", "checkpoint")
 
 __all__ = ["plan", "compile", "load_plan", "register_sharding", "Plan", "PipelinedPlan", "Mesh", "Shard", "Replicate",
            "Partial", "MixedPrecision", "presets", "checkpoint", "AutoshardError", "TraceError", "MeshError",
-           "InfeasiblePlanError", "StageCutError", "BatchError", "PlanFormatError", "CheckpointError"]
+           "InfeasiblePlanError", "StageCutError", "BatchError", "PlanFormatError", "CheckpointError",
+           "set_moe_capacity_factor", "measure_expert_load"]
 
 
 def __getattr__(name: str):

@@ -19,6 +19,7 @@ import torch
 
 from autoshard.compiled import CompiledModel, PipelinedModel
 from autoshard.passes.capture.export import capture
+from autoshard.passes.cost.moe import attach_expert_load
 from autoshard.passes.errors import BatchError, InfeasiblePlanError, PlanFormatError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision, block_type
@@ -83,7 +84,8 @@ def hardware_label(hardware) -> str:
 def plan_captured(captured: CapturedGraph, mesh: Any, *, hardware: Any = "auto", memory_limit: Optional[int] = None,
                   optimizer: str = "adamw", random_seed: Optional[int] = None, time_limit_s: float = 30.0,
                   pins: Optional[dict] = None, accumulation: Optional[int] = None, checkpoint=None,
-                  reshard_after_forward=None, mixed_precision: Optional[MixedPrecision] = None) -> Plan:
+                  reshard_after_forward=None, mixed_precision: Optional[MixedPrecision] = None,
+                  expert_load=None) -> Plan:
     """``plan`` for a program already captured (``passes.capture.export.capture``): capture once, plan
     it for many meshes or pins. Same options as ``plan``, with the pins as one dict
     (``pins={"params": {...}}``); the returned ``Plan`` carries ``captured`` and runs it as is:
@@ -93,13 +95,14 @@ def plan_captured(captured: CapturedGraph, mesh: Any, *, hardware: Any = "auto",
     levers = lever_pins(accumulation or 1, checkpoint, reshard_after_forward, mixed_precision)
     return _solve(captured, Mesh.of(mesh), levers, traced_at_microbatch=True, hardware=hardware,
                   memory_limit=memory_limit, optimizer=optimizer, random_seed=random_seed, time_limit_s=time_limit_s,
-                  pins=pins)
+                  pins=pins, expert_load=expert_load)
 
 
 def _solve(captured: CapturedGraph, mesh: Mesh, levers: LeverPins, *, traced_at_microbatch: bool, hardware,
-           memory_limit, optimizer, random_seed, time_limit_s, pins) -> Plan:
+           memory_limit, optimizer, random_seed, time_limit_s, pins, expert_load=None) -> Plan:
     """The solver's plan (or, with ``random_seed``, a random valid one) of ``captured`` under ``levers``."""
     hw = resolve_hardware(hardware)
+    attach_expert_load(captured.gm, expert_load)
     pin_obj = _pins(pins or {})
     if random_seed is not None:
         solution: Solution = random_solution(captured, mesh, seed=random_seed, pins=pin_obj, hardware=hw,
@@ -123,7 +126,7 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
          random_seed: Optional[int] = None, time_limit_s: float = 30.0, pp: Union[None, int, str] = None,
          schedule: Optional[str] = None, microbatches: Optional[int] = None, stages: Optional[list] = None,
          accumulation: Optional[int] = None, checkpoint=None, reshard_after_forward=None,
-         mixed_precision: Optional[MixedPrecision] = None, **pins) -> Union[Plan, PipelinedPlan]:
+         mixed_precision: Optional[MixedPrecision] = None, expert_load=None, **pins) -> Union[Plan, PipelinedPlan]:
     """Trace ``model`` and choose how to shard it over ``mesh``; needs no process group.
 
     ``mesh``: an int, a tuple of ints, an ``autoshard.Mesh`` or a ``DeviceMesh``. ``example_inputs``:
@@ -136,6 +139,10 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
     valid plan instead of solving (for testing the runtime), levers included, priced on ``hardware``
     with ``optimizer``. ``InfeasiblePlanError`` (no plan fits the memory limit) also names the ops
     that run replicated for lack of a sharding rule, with what that costs.
+
+    Mixture-of-experts layers (``passes.capture.moe_experts``) may run expert parallel; ``expert_load``
+    prices its load imbalance: per-expert token counts (or shares) for every MoE layer, or a dict from
+    MoE layer index to them (``passes.cost.moe``); uniform when not given. Not used by ``pp=`` plans.
 
     Memory levers, chosen by the planner unless pinned (``plan.solution.levers`` says what it chose):
     ``accumulation=k`` runs the global batch as k sequential microsteps; ``checkpoint="none" |
@@ -163,7 +170,7 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
     return _plan_for_runtime(model, Mesh.of(mesh), example_inputs=example_inputs, loss_fn=loss_fn,
                              example_target=example_target, hardware=hardware, memory_limit=memory_limit,
                              optimizer=optimizer, random_seed=random_seed, time_limit_s=time_limit_s, pins=pins,
-                             lever_args=lever_args, traced={})
+                             lever_args=lever_args, traced={}, expert_load=expert_load)
 
 
 def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, example_target=None,
@@ -172,7 +179,7 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
             time_limit_s: float = 30.0, pp: Union[None, int, str] = None, schedule: Optional[str] = None,
             microbatches: Optional[int] = None, stages: Optional[list] = None, accumulation: Optional[int] = None,
             checkpoint: Union[None, str, dict] = None, reshard_after_forward: Union[None, bool, dict] = None,
-            mixed_precision: Optional[MixedPrecision] = None, **pins):
+            mixed_precision: Optional[MixedPrecision] = None, expert_load=None, **pins):
     """Plan ``model`` for ``mesh`` and build this rank's program; call on every rank under torchrun.
 
     Rank 0 solves (unless ``plan`` is given) and broadcasts the plan as JSON, so every rank runs the
@@ -250,7 +257,8 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
         payload = run_and_broadcast(lambda: _plan_for_runtime(
             model, mesh, example_inputs=example_inputs, loss_fn=loss_fn, example_target=example_target,
             hardware=hardware, memory_limit=memory_limit, optimizer=optimizer, random_seed=random_seed,
-            time_limit_s=time_limit_s, pins=pins, lever_args=lever_args, traced=traced).to_json(), env=env)
+            time_limit_s=time_limit_s, pins=pins, lever_args=lever_args, traced=traced,
+            expert_load=expert_load).to_json(), env=env)
         chosen = Plan.from_json(payload)
         captured = traced.get("captured") or _capture_microstep(model, example_inputs, loss_fn, example_target,
                                                                  chosen.solution.levers)
@@ -267,7 +275,8 @@ def _capture_microstep(model, example_inputs, loss_fn, example_target, levers: L
 
 
 def _plan_for_runtime(model, mesh: Mesh, *, example_inputs, loss_fn, example_target, hardware, memory_limit,
-                      optimizer, random_seed, time_limit_s, pins: dict, lever_args: dict, traced: dict) -> Plan:
+                      optimizer, random_seed, time_limit_s, pins: dict, lever_args: dict, traced: dict,
+                      expert_load=None) -> Plan:
     """The plan ``plan`` returns and ``compile`` runs (on rank 0 there), made on the program the runtime
     will run. With a pinned
     ``accumulation`` the microstep program is traced and planned directly; otherwise the planner
@@ -278,7 +287,7 @@ def _plan_for_runtime(model, mesh: Mesh, *, example_inputs, loss_fn, example_tar
     mp = pinned.mixed_precision
     param_dtype = None if mp is None else mp.param_dtype
     options = dict(hardware=hardware, memory_limit=memory_limit, optimizer=optimizer, random_seed=random_seed,
-                   time_limit_s=time_limit_s, pins=pins)
+                   time_limit_s=time_limit_s, pins=pins, expert_load=expert_load)
     if pinned.accumulation is None:
         captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target, param_dtype=param_dtype)
         _check_block_levers(captured, lever_args)

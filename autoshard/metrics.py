@@ -3,8 +3,9 @@
 Conventions (every plan summary and both plan kinds use these):
 
 - **Model FLOPs** per step: the captured program's matmul-like ops (mm, addmm, bmm, linear, einsum,
-  convolution, scaled-dot-product attention), 2 FLOPs per multiply-add, counted as the cost model
-  counts them (``passes.cost.facts.matmul_flops``: attention in full, no causal halving), times 3
+  convolution, scaled-dot-product attention, MoE experts' routed GEMMs), 2 FLOPs per multiply-add,
+  counted as the cost model counts them (``passes.cost.facts.matmul_flops``: attention in full, no
+  causal halving), times 3
   for a training step (forward, and the backward's input- and weight-gradient matmuls) or 1 for a
   forward-only program (no loss). Recomputation is NOT counted: this is MFU, not hardware FLOPs
   utilization. Element-wise ops, norms and the optimizer are not counted.

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from typing import Optional
 
 from autoshard.passes.solve.clustering import block_instance
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.errors import AutoshardError
+from autoshard.passes.cost.moe import capacity_factor_of, moe_nodes
+from autoshard.passes.sharding.rules.moe import moe_role
 from autoshard.passes.solve.replicated_ops import REGISTER_HINT, replicated_op_costs
 from autoshard.passes.spec import fmt_placements
 from autoshard.passes.units import human_bytes, human_time
 
-__all__ = ["plan_summary", "pipelined_summary", "throughput_line", "fold_name"]
+__all__ = ["plan_summary", "pipelined_summary", "throughput_line", "fold_name", "moe_lines"]
 
 
 def fold_name(name: str) -> str:
@@ -81,10 +84,42 @@ def plan_summary(plan) -> str:
                f"backward {sum(kinds['bwd'].values())} {dict(kinds['bwd'])}, {human_bytes(total_bytes)} in all")
     out.append(f"  gradient syncs: {sum(syncs.values())} {dict(syncs)}")
     out += _replicated_lines(plan)
+    captured = getattr(plan, "captured", None)
+    factors = {} if captured is None else {n.name: capacity_factor_of(n) for n in moe_nodes(captured.gm)}
+    out += moe_lines(sol.strategies, mesh, factors)
     stats = getattr(sol, "solver_stats", {}) or {}
     if stats:
         out.append("  solver: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
     return "\n".join(out)
+
+
+def moe_lines(strategies: dict, mesh, capacity_factors: Optional[dict] = None) -> list[str]:
+    """How the plan runs its mixture-of-experts layers (``autoshard::moe_experts`` nodes), and whether
+    tokens can be dropped: never without a capacity factor (every routed pair is computed); with one
+    (``capacity_factors``: node -> factor, or a capacity lowering in the plan), beyond capacity."""
+    layers = Counter()
+    factors = set()
+    for name, st in strategies.items():
+        if name.startswith("moe_experts"):
+            roles = ", ".join(f"{axis}: {moe_role(st, a)}" for a, axis in enumerate(mesh.axis_names)
+                              if mesh.shape[a] > 1)
+            layers[roles or "one device"] += 1
+            factor = (capacity_factors or {}).get(name, 0.0)
+            if factor or "expert_dispatch_capacity" in st.lowerings:
+                factors.add(factor or "set")
+    if not layers:
+        return []
+    if factors:
+        shown = ", ".join(str(f) for f in sorted(factors, key=str))
+        drop = (f"tokens dropped: YES when an expert gets more than its capacity (capacity factor {shown}: "
+                "ceil(factor x pairs / experts) rows per expert per dispatching group; pairs beyond it, in "
+                "token order, are dropped)")
+    else:
+        drop = ("tokens dropped: never (every routed (token, expert) pair is computed; expert parallel exchanges "
+                "exact split sizes, no capacity limit)")
+    out = [f"  mixture of experts: {sum(layers.values())} layer(s); {drop}"]
+    out += [f"    {roles}  x{n}" for roles, n in layers.items()]
+    return out
 
 
 def stage_contents(*stages) -> str:

@@ -180,4 +180,15 @@ LOWERINGS: dict[str, str] = {
         "aten.embedding with weight S(0) (vocabulary rows) on these axes and indices R: each rank looks up "
         "the rows it owns, zeros elsewhere; output P."
     ),
+    "expert_dispatch": (
+        "autoshard::moe_experts with the experts S(0) on these axes: on an axis where the tokens are S(0), each "
+        "(token, expert) pair travels to its expert's rank and back by an uneven all-to-all (split sizes "
+        "exchanged first; nothing dropped), output S(0); where the tokens are R, each rank computes only its own "
+        "experts' pairs, output P (runtime/moe_dispatch.py)."
+    ),
+    "expert_dispatch_capacity": (
+        "expert_dispatch for autoshard::moe_experts with a capacity factor: static shapes; each rank sends every "
+        "member of the group a block of (local experts x capacity) rows by an even all-to-all, pairs beyond an "
+        "expert's capacity dropped (runtime/moe_dispatch.py)."
+    ),
 }

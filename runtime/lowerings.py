@@ -15,6 +15,8 @@ appends plain calls to the program, its collectives explicit:
   (``batch_norm_sync.py``: it keeps for the backward what ``aten.batch_norm`` keeps).
 - ``embedding_vocab``: look up the rows this rank owns (rows ``start .. start+local_rows``), zeros
   for indices owned elsewhere (output P).
+- ``expert_dispatch``: MoE experts sharded over the axes, tokens moved by all-to-all
+  (``runtime/moe_dispatch.py``).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from autoshard.passes.spec import LOWERINGS, Strategy
 from . import collectives as C
 from .batch_norm_sync import bn_apply, bn_local_stats
 from .layout import local_offsets, local_shape, normalize
+from .moe_dispatch import emit_expert_dispatch
 
 aten = torch.ops.aten
 
@@ -135,6 +138,8 @@ EMITTERS: dict[str, Callable] = {
     "loss_mean_partial": _loss_mean_partial,
     "batch_norm_sync": _batch_norm_sync,
     "embedding_vocab": _embedding_vocab,
+    "expert_dispatch": emit_expert_dispatch,
+    "expert_dispatch_capacity": emit_expert_dispatch,
 }
 assert set(EMITTERS) == set(LOWERINGS), "every lowering named in passes/spec.LOWERINGS needs an emitter"
 

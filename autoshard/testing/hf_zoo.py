@@ -11,7 +11,9 @@ caches are off, so a model builds in milliseconds and trains deterministically.
 
 ``KINDS`` says what each architecture is (encoder, decoder, encoder-decoder, vision, MoE). MoE
 models use the experts implementation ``transformers`` picks by default (``grouped_mm`` in 5.x),
-``mixtral_batched`` the ``batched_mm`` one (each token gathers its experts' weights, then ``bmm``).
+which capture turns into one ``autoshard::moe_experts`` op (``passes.capture.moe_experts``);
+``mixtral_batched`` uses the ``batched_mm`` one (each token gathers its experts' weights, then
+``bmm``) and ``mixtral_grouped_mm`` keeps ``grouped_mm`` as written (``autoshard_fuse = False``).
 In float32 under ``torch.export`` the ``grouped_mm`` path calls transformers' own custom op
 ``transformers::grouped_mm_fallback`` (``aten._grouped_mm`` traces in bfloat16 only), so these
 float32 models exercise a framework's ``torch.library`` op; top-k routing, ``sort``, ``histc``
@@ -125,6 +127,16 @@ def mixtral_batched():
     return mixtral("batched_mm")
 
 
+def mixtral_grouped_mm():
+    """Mixtral with its experts traced as transformers writes them (``autoshard_fuse = False``): the
+    library's grouped-GEMM custom op, sort, histc and cumsum offsets, instead of one ``moe_experts`` op."""
+    model, *rest = mixtral()
+    for module in model.modules():
+        if hasattr(module, "gate_up_proj"):
+            module.autoshard_fuse = False
+    return (model, *rest)
+
+
 def qwen2_moe():
     from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
     return _causal(Qwen2MoeForCausalLM(Qwen2MoeConfig(
@@ -232,15 +244,17 @@ ZOO: dict[str, Callable] = {
     "vit": vit, "clip": clip,
     "gpt2": gpt2, "gpt_neox": gpt_neox, "opt": opt, "llama": llama, "mistral": mistral, "qwen2": qwen2,
     "gemma": gemma, "phi": phi,
-    "mixtral": mixtral, "mixtral_batched": mixtral_batched, "qwen2_moe": qwen2_moe, "deepseek_v3": deepseek_v3,
+    "mixtral": mixtral, "mixtral_batched": mixtral_batched, "mixtral_grouped_mm": mixtral_grouped_mm,
+    "qwen2_moe": qwen2_moe, "deepseek_v3": deepseek_v3,
 }
 
 KINDS = {
     "bert": "encoder", "roberta": "encoder", "t5": "encoder-decoder", "bart": "encoder-decoder",
     "whisper": "encoder-decoder (audio)", "vit": "vision", "clip": "vision + text", "gpt2": "decoder",
     "gpt_neox": "decoder", "opt": "decoder", "llama": "decoder", "mistral": "decoder", "qwen2": "decoder",
-    "gemma": "decoder", "phi": "decoder", "mixtral": "MoE (grouped-GEMM experts)",
-    "mixtral_batched": "MoE (batched_mm experts)", "qwen2_moe": "MoE", "deepseek_v3": "MoE (MLA)",
+    "gemma": "decoder", "phi": "decoder", "mixtral": "MoE (experts as one moe_experts op)",
+    "mixtral_batched": "MoE (batched_mm experts)", "mixtral_grouped_mm": "MoE (grouped-GEMM experts as written)",
+    "qwen2_moe": "MoE", "deepseek_v3": "MoE (MLA)",
 }
 
 

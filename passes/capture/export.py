@@ -27,6 +27,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from autoshard.passes.capture.arguments import check_loss_arguments
+from autoshard.passes.capture.moe_experts import fused_experts
 from autoshard.passes.capture.normalize import DEVICE_KWARG, normalize_export
 from autoshard.passes.capture.tracers import trace
 from autoshard.passes.errors import TraceError
@@ -189,7 +191,8 @@ def _reassigned_buffers_to_copy(model: nn.Module, before: list) -> None:
 
 
 def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = None,
-            target: Optional[torch.Tensor] = None, param_dtype: Optional[torch.dtype] = None) -> CapturedGraph:
+            target: Optional[torch.Tensor] = None, param_dtype: Optional[torch.dtype] = None,
+            fuse_experts: bool = True) -> CapturedGraph:
     """Trace ``model`` on ``example_inputs`` into a ``CapturedGraph`` (see the module docstring).
 
     ``example_inputs``: a tuple of positional inputs or a dict of keyword inputs (HF style); tensors
@@ -207,6 +210,11 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
     dtypes. The tracer sees a copy of the module tree holding cast copies of the parameters (buffers
     shared), so the user's model is never touched, not even for the duration of the trace. Floating
     inputs are cast to it too (as FSDP2's ``cast_forward_inputs``); the target keeps its dtype.
+
+    ``fuse_experts``: trace each recognised mixture-of-experts experts module as one
+    ``autoshard::moe_experts`` op (``passes.capture.moe_experts``), which the planner may run expert
+    parallel; False traces them as written. (For the trace only, those modules' ``forward`` is
+    swapped on the traced module tree; it is restored before ``capture`` returns.)
     """
     if not isinstance(model, nn.Module):
         raise TraceError(f"capture needs an nn.Module, got {type(model).__name__}; wrap the function in a module")
@@ -226,7 +234,8 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
     flat = call.tensors + ([target] if target is not None else [])
     make_program = lambda m: _Program(m, call, loss_fn, target is not None)  # noqa: E731
     traced, masters = (model, {}) if param_dtype is None else _with_cast_parameters(model, param_dtype)
-    ep, method = trace(traced, make_program, flat, call.constants)
+    with fused_experts(traced) if fuse_experts else contextlib.nullcontext():
+        ep, method = trace(traced, make_program, flat, call.constants)
     captured = normalize_export(ep, traced, call.names, has_target=target is not None,
                                 loss_fn_given=loss_fn is not None, method=method)
     captured.master_dtypes = {ph: masters[fqn] for ph, fqn in captured.params.items() if fqn in masters}

@@ -30,6 +30,7 @@ import torch.fx as fx
 
 from autoshard.passes.capture.saved import SavedInfo, saved_info
 from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.cost.moe import MOE_OP, moe_flops
 from autoshard.passes.graph import operand_meta, operands, outputs
 from autoshard.passes.spec import TensorMeta
 
@@ -120,6 +121,10 @@ class GraphFacts:
         in_metas = [operand_meta(o) for o in ops]
         out_metas = [m for m in outputs(node) if m is not None]
         grad_out = node.name in self.requires_grad
+        if name == MOE_OP and out_metas:  # routed pairs' GEMMs; backward: input and weight gradients
+            fwd = moe_flops(in_metas) / self.hardware.peak_flops(out_metas[0].dtype)
+            self._launches[node.name] = 1 + (2 if grad_out else 0)
+            return fwd, (2 * fwd if grad_out else 0.0)
         flops = _matmul_flops(node, name, in_metas, out_metas)
         if flops is not None and out_metas:
             fwd = flops / self.hardware.peak_flops(out_metas[0].dtype)
@@ -207,6 +212,8 @@ def _matmul_flops(node: fx.Node, name: str, ins: list, outs: list) -> Optional[f
     if not outs:
         return None
     out = outs[0]
+    if name == MOE_OP:  # the routed (token, expert) pairs' GEMMs
+        return moe_flops(ins)
     if "scaled_dot_product" in name and len(ins) >= 3:
         q, k, v = ins[:3]
         batch = math.prod(q.shape[:-2])

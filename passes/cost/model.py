@@ -43,6 +43,7 @@ from autoshard.passes.cost.collectives import (P_CODE, R_CODE, Collective, colle
                                                p2p_seconds, redistribution_steps)
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.cost.moe import dispatch_collectives, dispatch_saved_bytes, is_moe_node, work_factor
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Partial, Placement, Replicate, Shard, Strategy, TensorMeta
 
@@ -91,6 +92,7 @@ class NodePrice:
     parameter), and bytes per rank by category."""
     compute: float = 0.0
     grad_sync: tuple = ()
+    collectives: tuple = ()  # what the op's own lowering communicates (an MoE layer's all-to-alls)
     params: float = 0.0
     grads: float = 0.0
     optimizer: float = 0.0
@@ -98,7 +100,7 @@ class NodePrice:
 
     @property
     def seconds(self) -> float:
-        return self.compute + sum(c.seconds for c in self.grad_sync)
+        return self.compute + sum(c.seconds for c in self.grad_sync) + sum(c.seconds for c in self.collectives)
 
     @property
     def memory(self) -> float:
@@ -269,8 +271,15 @@ class CostModel:
         if kind != "op":
             return NodePrice()
         fwd, bwd = facts.compute(name)
-        return NodePrice(compute=(fwd + bwd) / self.work_divisor(strategy) + facts.overhead(name),
-                         activations=self.node_activation_bytes(name, strategy, facts))
+        work, colls, moved = (fwd + bwd) / self.work_divisor(strategy), (), 0.0
+        node = facts.nodes[name]
+        if is_moe_node(node):  # busiest rank under expert-load imbalance; all-to-alls of expert parallel
+            work *= work_factor(node, strategy, self.mesh.shape)
+            colls = dispatch_collectives(self, node, strategy, metas[0], facts.training)
+            if facts.training:
+                moved = self.kept(dispatch_saved_bytes(node, strategy, metas[0], self.mesh.shape))
+        return NodePrice(compute=work + facts.overhead(name), collectives=colls,
+                         activations=self.node_activation_bytes(name, strategy, facts) + moved)
 
     def price_edge(self, src, dst, meta: TensorMeta, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
         """(collectives, bytes of the redistributed copy) to move one operand from ``src`` to ``dst``."""

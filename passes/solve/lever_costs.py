@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from autoshard.passes.cost.collectives import Collective
+from autoshard.passes.cost.moe import is_moe_node, work_factor
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel, NodePrice
 from autoshard.passes.graph import CapturedGraph
@@ -103,7 +104,12 @@ class LeverPricer:
         if policy == FULL or selective == 0.0:
             fwd, _ = self.facts.compute(name)
             launch = self.cm.hardware.op_overhead_s if self.facts.launches(name) else 0.0
-            price.seconds += fwd / self.cm.work_divisor(strategy) + launch
+            again = fwd / self.cm.work_divisor(strategy)
+            node = self.facts.nodes[name]
+            if is_moe_node(node):  # its forward again: the busiest rank's share, the forward all-to-alls
+                again = again * work_factor(node, strategy, self.cm.mesh.shape) + sum(
+                    c.seconds for c in base.collectives if c.phase == "fwd")
+            price.seconds += again + launch
         return base, price
 
     def freed_outputs(self, strategies: dict[str, Strategy], policy_of) -> dict[str, tuple[int, ...]]:

@@ -181,6 +181,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
     for name in facts.kind:
         base, price = pricer.node(name, strategies[name], policy(name), freed.get(name, ()))
         times["compute"] += base.compute
+        times["communication"] += sum(c.seconds for c in base.collectives)
         times["recompute"] += price.seconds - base.seconds
         for key in ("params", "grads", "optimizer"):
             mem[key] += getattr(base, key)

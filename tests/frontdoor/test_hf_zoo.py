@@ -1,4 +1,4 @@
-"""The Hugging Face zoo: 19 architectures built from tiny configs (``autoshard.testing.hf_zoo``) trace,
+"""The Hugging Face zoo: 20 models built from tiny configs (``autoshard.testing.hf_zoo``) trace,
 plan with no op lacking a sharding rule, and train equal to one device on 4 gloo ranks, under the
 solver's plan on a (2, 2) mesh and random valid plans on (4,) and (2, 2) (``autoshard.testing.zoo_check``:
 the loss at both steps, the first step's local gradients, the full state dict after 2 SGD steps).

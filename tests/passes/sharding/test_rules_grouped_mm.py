@@ -15,6 +15,13 @@ from torch.distributed.tensor import Partial, Replicate, Shard
 
 from autoshard.testing.rule_numerics import RuleCheck, check_node, check_rule_numerics, trace_op
 
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """The tests draw their data from torch's global generator: seed it, so a test's data (and its
+    rounding against the tolerance) does not depend on which tests ran before it in the process."""
+    torch.manual_seed(0)
+
 aten = torch.ops.aten
 OFFS = torch.tensor([8, 16, 32], dtype=torch.int32)  # uneven groups: 8, 8 and 16
 
@@ -104,7 +111,7 @@ def test_bf16_mixtral_experts_trace_to_grouped_mm_and_shard_by_its_rule():
     with torch.device("meta"):
         model = MixtralForCausalLM(config).to(torch.bfloat16)
     ids = torch.empty(8, 64, dtype=torch.long, device="meta")
-    cg = capture(model, {"input_ids": ids}, loss_fn=lm_loss, target=ids)
+    cg = capture(model, {"input_ids": ids}, loss_fn=lm_loss, target=ids, fuse_experts=False)  # experts as written
     gmm = [n.name for n in cg.gm.graph.nodes if n.target == aten._grouped_mm.default]
     assert len(gmm) == 2  # gate_up and down projections
     pins = {"params": {"*experts.gate_up_proj": ("R", "S(1)"), "*experts.down_proj": ("R", "S(2)")}}

@@ -1,0 +1,95 @@
+"""Expert-parallel plans of the Hugging Face MoE models, trained on gloo ranks against one device.
+
+    results = run_ranks(moe_worker, 4, [("mixtral", (4,), ("ep",))])
+    failures, counts, summary = results[0][0]
+
+``roles`` names one ``moe_experts`` strategy per mesh axis (``ROLES``): "ep" (expert parallel, tokens
+dispatched by all-to-all), "ep_local" (experts sharded, tokens replicated, no all-to-all), "dp"
+(data parallel) or "tp" (tensor parallel inside each expert). ``expert_pins`` pins every MoE layer
+of a capture to that combination; the solver places everything else. Rank 0 plans and broadcasts,
+every rank compiles and trains next to a single-device copy running the model's own (unfused) code
+(``equivalence.train_against_one_device``). Each case returns ``(failures, collective counts of the
+rank's program, the plan's MoE summary lines)``.
+
+A case may add a fourth item, a capacity factor (``set_moe_capacity_factor`` before capturing: the
+static-shape formulation, ``expert_dispatch_capacity``; None: exact), and a fifth, the ``checkpoint``
+lever to pin (``"full"``: every block's forward, all-to-alls included, runs again in the backward).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import torch
+
+from autoshard.passes.capture.moe_experts import set_moe_capacity_factor
+from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.spec import Partial, Replicate, Shard, Strategy
+from autoshard.testing.equivalence import compiled_gradient_mismatches, train_against_one_device
+from autoshard.testing.hf_zoo import build
+from autoshard.testing.zoo_check import TOL, sgd
+
+__all__ = ["ROLES", "moe_nodes", "expert_pins", "moe_worker"]
+
+_S0, _R, _P = Shard(0), Replicate(), Partial()
+#: role -> (placements of hidden, index, weights, gate, up, down), output, lowering
+ROLES = {
+    "ep": ((_S0,) * 6, _S0, "expert_dispatch"),
+    "ep_local": ((_R, _R, _R, _S0, _S0, _S0), _P, "expert_dispatch"),
+    "dp": ((_S0, _S0, _S0, _R, _R, _R), _S0, None),
+    "tp": ((_R, _R, _R, Shard(1), Shard(1), Shard(2)), _P, None),
+}
+
+
+def moe_nodes(captured: CapturedGraph) -> list[str]:
+    """Names of the ``autoshard::moe_experts`` nodes of a capture, in program order."""
+    return [n.name for n in captured.gm.graph.nodes
+            if n.op == "call_function" and str(n.target).startswith("autoshard.moe_experts")]
+
+
+def expert_pins(captured: CapturedGraph, roles: Sequence[str], capacity: bool = False) -> dict:
+    """``pins`` for ``plan_captured``: every MoE layer under ``roles`` (one per mesh axis); ``capacity``:
+    the layers carry a capacity factor, so expert parallel lowers to ``expert_dispatch_capacity``."""
+    per_axis = [ROLES[r] for r in roles]
+    inputs = tuple(tuple(ax[0][i] for ax in per_axis) for i in range(6))
+    lowerings = tuple(None if ax[2] is None else ax[2] + ("_capacity" if capacity else "") for ax in per_axis)
+    strategy = Strategy(inputs, (tuple(ax[1] for ax in per_axis),), lowerings)
+    return {"strategies": {name: strategy for name in moe_nodes(captured)}}
+
+
+def moe_worker(rank: int, world: int, cases: Sequence, steps: int = 2, time_limit_s: float = 10.0) -> list:
+    """Each ``(model name, mesh shape, roles)`` case on this rank: see the module docstring."""
+    from autoshard.api import plan_captured
+    from autoshard.compiled import CompiledModel
+    from autoshard.passes.capture.export import capture
+    from autoshard.passes.mesh import Mesh
+    from autoshard.plans import Plan
+    from autoshard.runtime.groups import run_and_broadcast, setup_distributed
+
+    torch.set_num_threads(1)
+    out = []
+    for name, mesh_shape, roles, *options in cases:
+        factor = options[0] if options else None
+        checkpoint = options[1] if len(options) > 1 else None
+        label = f"{name} mesh={mesh_shape} roles={roles} capacity_factor={factor} checkpoint={checkpoint}"
+        torch.manual_seed(0)
+        model, inputs, target, loss_fn = build(name)
+        set_moe_capacity_factor(model, factor)
+        captured = capture(model, inputs, loss_fn=loss_fn, target=target)
+        mesh = Mesh.of(mesh_shape)
+        env = setup_distributed(mesh)
+
+        def solve():
+            p = plan_captured(captured, mesh, hardware="cpu", pins=expert_pins(captured, roles, bool(factor)),
+                              time_limit_s=time_limit_s, checkpoint=checkpoint)
+            return {"plan": p.to_json(), "summary": [line for line in p.summary().splitlines() if "xpert" in line]}
+
+        got = run_and_broadcast(solve, env=env)
+        plan = Plan.from_json(got["plan"]).attach(captured, mesh)
+        cm = CompiledModel(model, plan, env)
+        ref = copy.deepcopy(model)
+        failures = train_against_one_device(
+            label, cm, ref, (inputs, target), loss_fn=loss_fn, steps=steps, tol=TOL, optimizer=sgd,
+            check_gradients=lambda p, r: compiled_gradient_mismatches(label, p, r, TOL))
+        out.append((failures, cm.collective_counts(), got["summary"]))
+    return out
