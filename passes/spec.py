@@ -180,4 +180,9 @@ LOWERINGS: dict[str, str] = {
         "aten.embedding with weight S(0) (vocabulary rows) on these axes and indices R: each rank looks up "
         "the rows it owns, zeros elsewhere; output P."
     ),
+    "ring_attention": (
+        "aten.scaled_dot_product_attention (no dropout) with q S(L), k/v S(S), mask S on its query dim, output "
+        "S(L) on these axes: ring attention over the axes flattened (runtime/ring_attention.py), key/value "
+        "chunks passed around the ring, partial outputs merged by log-sum-exp; causal masks by global position."
+    ),
 }

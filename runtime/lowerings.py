@@ -14,10 +14,13 @@ appends plain calls to the program, its collectives explicit:
   mean and variance; running stats updated in place with them, identically on every rank.
 - ``embedding_vocab``: look up the rows this rank owns (rows ``start .. start+local_rows``), zeros
   for indices owned elsewhere (output P).
+- ``ring_attention``: ``ring_attention(q, k, v, mask, is_causal, scale, comm)`` over the axes
+  flattened (``runtime/ring_attention.py``); its first result is the attention output.
 """
 from __future__ import annotations
 
 import math
+import operator
 from typing import Callable, Optional
 
 import torch
@@ -30,6 +33,7 @@ from autoshard.passes.spec import LOWERINGS, Strategy
 
 from . import collectives as C
 from .layout import local_offsets, local_shape, normalize
+from .ring_attention import ring_attention
 
 aten = torch.ops.aten
 
@@ -167,11 +171,22 @@ def _embedding_vocab(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: St
                                                      b["scale_grad_by_freq"], b["sparse"]))
 
 
+def _ring_attention(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, axes: tuple) -> fx.Node:
+    b = bind_args(node.target, args, kwargs)
+    if node.target != aten.scaled_dot_product_attention.default or b["dropout_p"]:
+        raise PlanFormatError(f"node {node.name}: 'ring_attention' lowers aten.scaled_dot_product_attention "
+                              f"without dropout, not {node.target} with dropout_p={b.get('dropout_p')}")
+    both = ctx.graph.call_function(ring_attention, (b["query"], b["key"], b["value"], b["attn_mask"],
+                                                    b["is_causal"], b["scale"], ctx.comm(axes)))
+    return ctx.graph.call_function(operator.getitem, (both, 0))
+
+
 EMITTERS: dict[str, Callable] = {
     "mean_partial": _mean_partial,
     "loss_mean_partial": _loss_mean_partial,
     "batch_norm_sync": _batch_norm_sync,
     "embedding_vocab": _embedding_vocab,
+    "ring_attention": _ring_attention,
 }
 assert set(EMITTERS) == set(LOWERINGS), "every lowering named in passes/spec.LOWERINGS needs an emitter"
 

@@ -27,7 +27,7 @@ Simulation of a ``Strategy1D`` (placements per operand and output along one mesh
   summands; the local gradient of an ``S`` operand must cat to the true gradient, of an ``R``
   operand sum to it, of a ``P`` operand equal it on every rank.
 
-Strategies with the lowering "batch_norm_sync" are skipped here (its math needs collectives; the
+Strategies with the lowerings "batch_norm_sync" and "ring_attention" are skipped here (its math needs collectives; the
 runtime tests it on real ranks); so are strategies whose sharded dims (of an operand or an output)
 do not divide by ``n``, and those the rule's ``LocalCheck`` refuses for the pieces on ``n`` ranks.
 All land in ``RuleCheck.skipped`` with the reason.
@@ -362,8 +362,8 @@ def check_node(node: fx.Node, args, kwargs, n: int = 2, *, gen: Optional[torch.G
 
     report = RuleCheck(node, strategies)
     for s in strategies:
-        if s.lowering == "batch_norm_sync":
-            report.skipped.append((s, "batch_norm_sync needs collectives; tested by the runtime on real ranks"))
+        if s.lowering in ("batch_norm_sync", "ring_attention"):
+            report.skipped.append((s, f"{s.lowering} needs collectives; tested by the runtime on real ranks"))
             continue
         try:
             for o, p in zip(ref_out, s.outputs):

@@ -41,6 +41,7 @@ from typing import Optional, Sequence, Union
 
 from autoshard.passes.cost.collectives import (P_CODE, R_CODE, Collective, collective_terms, hierarchical_terms,
                                                p2p_seconds, redistribution_steps)
+from autoshard.passes.cost.attention import ring_attention_seconds
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.mesh import Mesh
@@ -269,7 +270,8 @@ class CostModel:
         if kind != "op":
             return NodePrice()
         fwd, bwd = facts.compute(name)
-        return NodePrice(compute=(fwd + bwd) / self.work_divisor(strategy) + facts.overhead(name),
+        ring = ring_attention_seconds(self, facts.nodes[name], strategy, fwd, bwd) if any(strategy.lowerings) else 0.0
+        return NodePrice(compute=(fwd + bwd) / self.work_divisor(strategy) + facts.overhead(name) + ring,
                          activations=self.node_activation_bytes(name, strategy, facts))
 
     def price_edge(self, src, dst, meta: TensorMeta, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:

@@ -1,0 +1,44 @@
+"""Communication of context-parallel attention, priced next to the op's compute.
+
+Ring attention (lowering ``"ring_attention"``, ``runtime/ring_attention.py``) over a ring of n ranks
+(the lowering's axes flattened):
+
+- forward: n blocks of work, n - 1 key/value chunk passes; each pass is posted before the block it
+  overlaps, so only the part of a pass longer than one block's compute is exposed:
+  ``(n - 1) * max(0, p2p(kv) - block_fwd)``;
+- backward (training): the chunk travels with its dk/dv accumulators and the runtime waits for each
+  pass before the next block: ``(n - 1) * p2p(2 kv) + p2p(kv)`` (the last pass carries only dk, dv).
+
+``kv`` is the local bytes of k plus v. Causal attention is priced like full attention: the runtime
+computes every block and masks it (no block skipping), so the op's full compute over the work
+divisor is what each rank does.
+
+Ulysses has nothing here: it is the all-to-all redistribution ``S(seq) -> S(head)`` on the edges
+into and out of a head-split attention, priced by the cost model's ``moves``.
+"""
+from __future__ import annotations
+
+import math
+
+from autoshard.passes.graph import operand_meta, operands
+from autoshard.passes.spec import Strategy
+
+__all__ = ["ring_attention_seconds"]
+
+
+def ring_attention_seconds(cm, node, strategy: Strategy, fwd: float, bwd: float) -> float:
+    """Exposed communication seconds of ``node`` run under ``strategy`` (0 without the ring lowering).
+
+    ``cm``: the ``CostModel``; ``fwd``/``bwd``: the op's one-device compute seconds."""
+    axes = [a for a, low in enumerate(strategy.lowerings) if low == "ring_attention" and cm.mesh.shape[a] > 1]
+    if not axes:
+        return 0.0
+    n = math.prod(cm.mesh.shape[a] for a in axes)
+    ops = operands(node)
+    kv = sum(operand_meta(ops[i]).nbytes / cm.shard_factor(strategy.inputs[i]) for i in (1, 2))
+    same_node = all(cm.hardware.axis_locality(cm.mesh, a)[1] == 1 for a in axes)
+    block_fwd = fwd / cm.work_divisor(strategy) / n
+    seconds = (n - 1) * max(0.0, cm.p2p(kv, same_node) - block_fwd)
+    if bwd > 0:
+        seconds += (n - 1) * cm.p2p(2 * kv, same_node) + cm.p2p(kv, same_node)
+    return seconds
