@@ -14,8 +14,10 @@ appends plain calls to the program, its collectives explicit:
   mean and variance; running stats updated in place with them, identically on every rank.
 - ``embedding_vocab``: look up the rows this rank owns (rows ``start .. start+local_rows``), zeros
   for indices owned elsewhere (output P).
-- ``ring_attention``: ``ring_attention(q, k, v, mask, is_causal, scale, comm)`` over the axes
-  flattened (``runtime/ring_attention.py``); its first result is the attention output.
+- ``ring_attention``: ``ring_attention(q, k, v, mask, is_causal, scale, comm, layout)`` over the axes
+  flattened (``runtime/ring_attention.py``); its first result is the attention output. ``layout`` is
+  "zigzag" (causal load balance, permuted inside the call) for causal self-attention without a mask
+  whose local chunks halve, else "contiguous".
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from autoshard.passes.spec import LOWERINGS, Strategy
 
 from . import collectives as C
 from .layout import local_offsets, local_shape, normalize
-from .ring_attention import ring_attention
+from .ring_attention import pick_layout, ring_attention
 
 aten = torch.ops.aten
 
@@ -176,8 +178,11 @@ def _ring_attention(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Str
     if node.target != aten.scaled_dot_product_attention.default or b["dropout_p"]:
         raise PlanFormatError(f"node {node.name}: 'ring_attention' lowers aten.scaled_dot_product_attention "
                               f"without dropout, not {node.target} with dropout_p={b.get('dropout_p')}")
+    q_len, kv_len = (operand_meta(o).shape[-2] for o in operands(node)[:2])
+    ring_size = math.prod(ctx.mesh.shape[a] for a in axes)
+    layout = pick_layout(bool(b["is_causal"]), b["attn_mask"] is not None, q_len, kv_len, ring_size)
     both = ctx.graph.call_function(ring_attention, (b["query"], b["key"], b["value"], b["attn_mask"],
-                                                    b["is_causal"], b["scale"], ctx.comm(axes)))
+                                                    b["is_causal"], b["scale"], ctx.comm(axes), layout))
     return ctx.graph.call_function(operator.getitem, (both, 0))
 
 

@@ -11,10 +11,15 @@ The backward re-runs the ring: with the final log-sum-exp it recomputes each blo
 adds to the local dq, and adds the block's dk/dv to accumulators that travel with the chunk; after n
 steps each accumulator is back at the chunk's owner.
 
-Causal masks use global positions (query ``L0 + r`` may see key ``S0 + c`` when ``S0 + c <= L0 + r``,
-sdpa's top-left alignment). With contiguous chunks the causal work is unbalanced (the last rank
-computes n blocks, the first one); the cost model prices the critical path (see
-``passes/cost/attention.py``).
+Causal attention masks by global position (query ``p`` may see key ``c`` when ``c <= p``, sdpa's
+top-left alignment) and skips the pieces of a block no query sees. With contiguous chunks that
+leaves the work unbalanced (ring index n-1 computes n blocks, index 0 one), so causal
+self-attention without an explicit mask runs *zig-zag* (``layout="zigzag"``): each chunk is cut in
+two halves, 2n halves in all, and ring index r works on halves r and 2n-1-r, so every rank computes
+the same amount at every step. The permutation happens inside the call (``to_zigzag``: one p2p
+exchange of q, k and v halves before the ring, the inverse for the output after, and their adjoints
+in the backward), so everything outside attention keeps the contiguous ``S(seq)`` layout. Its cost is
+about one ring step's traffic for q, k and v, and one for the output.
 
 Grouped-query attention (``Hq = g * Hkv``, ``enable_gqa``) maps q head h to kv head ``h // g``.
 ``attn_mask`` (bool: True attends; float: added to the scores) is given for the local queries and
@@ -31,23 +36,101 @@ import torch.distributed as dist
 
 from .collectives import AxisComm
 
-__all__ = ["ring_attention", "RingAttention"]
+__all__ = ["ring_attention", "RingAttention", "to_zigzag", "from_zigzag", "pick_layout"]
+
+
+def pick_layout(is_causal: bool, has_mask: bool, q_len: int, kv_len: int, n: int) -> str:
+    """"zigzag" for causal self-attention without an explicit mask whose chunks halve evenly, else
+    "contiguous"."""
+    if is_causal and not has_mask and q_len == kv_len and n > 1 and q_len % (2 * n) == 0:
+        return "zigzag"
+    return "contiguous"
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],
-                   is_causal: bool, scale: Optional[float], comm: AxisComm) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(output, logsumexp)`` of this rank's query chunk; output ``(..., Hq, L/n, Ev)``, logsumexp
-    ``(..., Hq, L/n)`` in float32 (not differentiable)."""
+                   is_causal: bool, scale: Optional[float], comm: AxisComm,
+                   layout: str = "contiguous") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(output, logsumexp)`` of this rank's contiguous query chunk; output ``(..., Hq, L/n, Ev)``,
+    logsumexp ``(..., Hq, L/n)`` in float32 (not differentiable). ``layout="zigzag"`` needs causal
+    self-attention without ``attn_mask`` (see ``pick_layout``)."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    return RingAttention.apply(q, k, v, attn_mask, bool(is_causal), float(scale), comm)
+    if layout == "contiguous":
+        return RingAttention.apply(q, k, v, attn_mask, bool(is_causal), float(scale), comm, False)
+    if layout != "zigzag" or attn_mask is not None or not is_causal:
+        raise ValueError(f"ring attention layout {layout!r} needs causal attention without attn_mask")
+    q, k, v = (to_zigzag(t, comm) for t in (q, k, v))
+    out, lse = RingAttention.apply(q, k, v, None, True, float(scale), comm, True)
+    with torch.no_grad():
+        lse = _permute(lse.unsqueeze(-1), comm, False).squeeze(-1)
+    return from_zigzag(out, comm), lse
 
+
+# ---- the zig-zag permutation of sequence halves ---------------------------------------------------
+
+def _owner(h: int, n: int, zigzag: bool) -> tuple[int, int]:
+    """(ring index, slot 0/1) holding sequence half ``h`` of 2n."""
+    if not zigzag:
+        return h // 2, h % 2
+    return (h, 0) if h < n else (2 * n - 1 - h, 1)
+
+
+def _halves(i: int, n: int, zigzag: bool) -> tuple[int, int]:
+    return (i, 2 * n - 1 - i) if zigzag else (2 * i, 2 * i + 1)
+
+
+def _permute(x: torch.Tensor, comm: AxisComm, to_zz: bool) -> torch.Tensor:
+    """Move the two halves (along dim -2) of this rank's chunk from one layout to the other."""
+    n, i = comm.size, comm.rank
+    if n == 1:
+        return x
+    group = comm.pg()
+    mine = list(x.chunk(2, dim=-2))
+    out = [mine[0].new_empty(mine[0].shape) for _ in range(2)]  # contiguous, whatever x's strides
+    ops = []
+    for slot, h in enumerate(_halves(i, n, not to_zz)):
+        dst, dslot = _owner(h, n, to_zz)
+        if dst == i:
+            out[dslot].copy_(mine[slot])
+        else:
+            ops.append(dist.P2POp(dist.isend, mine[slot].contiguous(), dist.get_global_rank(group, dst), group,
+                                  tag=h))
+    for slot, h in enumerate(_halves(i, n, to_zz)):
+        src, _ = _owner(h, n, not to_zz)
+        if src != i:
+            ops.append(dist.P2POp(dist.irecv, out[slot], dist.get_global_rank(group, src), group, tag=h))
+    if ops:
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+    return torch.cat(out, dim=-2)
+
+
+class _ZigZag(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, comm, to_zz):
+        ctx.comm, ctx.to_zz = comm, to_zz
+        return _permute(x, comm, to_zz)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _permute(grad.contiguous(), ctx.comm, not ctx.to_zz), None, None
+
+
+def to_zigzag(x: torch.Tensor, comm: AxisComm) -> torch.Tensor:
+    """Contiguous chunk i (halves 2i, 2i+1 along dim -2) -> zig-zag chunk (halves i, 2n-1-i)."""
+    return _ZigZag.apply(x, comm, True)
+
+
+def from_zigzag(x: torch.Tensor, comm: AxisComm) -> torch.Tensor:
+    return _ZigZag.apply(x, comm, False)
+
+
+# ---- the ring -----------------------------------------------------------------------------------
 
 class _Ring:
     """Send to ring index i+1, receive from i-1 (global ranks resolved once)."""
 
     def __init__(self, comm: AxisComm):
-        self.comm = comm
         self.n, self.i = comm.size, comm.rank
         if self.n > 1:
             group = comm.pg()
@@ -84,31 +167,63 @@ def _grouped(q: torch.Tensor, hkv: int) -> torch.Tensor:
     return q.unflatten(-3, (hkv, q.shape[-3] // hkv))
 
 
-def _block_scores(qg, kb, mask_blk, causal, q0, k0, scale) -> torch.Tensor:
-    """Scores (..., Hkv, g, Lc, Sc) of the grouped queries against one key block, masked."""
+def _ranges(j: int, n: int, length: int, zigzag: bool) -> list[tuple[int, int, int]]:
+    """(local offset, global start, length) of the sequence pieces ring index j holds."""
+    if not zigzag:
+        return [(0, j * length, length)]
+    h = length // 2
+    return [(0, j * h, h), (h, (2 * n - 1 - j) * h, h)]
+
+
+class _Blocks:
+    """The pieces of one (query chunk, key chunk) pair that some query sees: per query piece, the
+    key columns (local indices) to attend to and whether a causal mask is still needed."""
+
+    def __init__(self, q_ranges, k_ranges, causal: bool, device):
+        self.pieces = []
+        for r0, qs, ql in q_ranges:
+            cols = [(c0, ks, kl) for c0, ks, kl in k_ranges if not (causal and ks > qs + ql - 1)]
+            if not cols:
+                continue
+            partial = causal and any(ks + kl - 1 > qs for _, ks, kl in cols)
+            idx = torch.cat([torch.arange(c0, c0 + kl, device=device) for c0, _, kl in cols])
+            kpos = torch.cat([torch.arange(ks, ks + kl, device=device) for _, ks, kl in cols])
+            keep = None
+            if partial:
+                keep = kpos.unsqueeze(0) <= torch.arange(qs, qs + ql, device=device).unsqueeze(-1)
+            whole = len(cols) == len(k_ranges)
+            self.pieces.append((slice(r0, r0 + ql), None if whole else idx, keep))
+
+
+def _scores(qg, kb, mask_rows, keep, scale) -> torch.Tensor:
+    """Scores (..., Hkv, g, rows, cols) of grouped queries against (selected) keys, masked."""
     s = torch.matmul(qg, kb.unsqueeze(-3).transpose(-1, -2)) * scale
-    if mask_blk is not None:
-        m = mask_blk.broadcast_to(s.shape[:-4] + (s.shape[-4] * s.shape[-3],) + s.shape[-2:]).reshape(s.shape)
+    if mask_rows is not None:
+        m = mask_rows.broadcast_to(s.shape[:-4] + (s.shape[-4] * s.shape[-3],) + s.shape[-2:]).reshape(s.shape)
         s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.to(s.dtype)
-    if causal:
-        rows = torch.arange(q0, q0 + s.shape[-2], device=s.device).unsqueeze(-1)
-        cols = torch.arange(k0, k0 + s.shape[-1], device=s.device).unsqueeze(0)
-        s = s.masked_fill(cols > rows, float("-inf"))
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
     return s
 
 
-def _mask_cols(mask: Optional[torch.Tensor], k0: int, sc: int) -> Optional[torch.Tensor]:
-    if mask is None or mask.shape[-1] == 1:
-        return mask
-    return mask[..., k0:k0 + sc]
+def _mask_block(mask: Optional[torch.Tensor], rows: slice, k0: int, sc: int) -> Optional[torch.Tensor]:
+    if mask is None:
+        return None
+    m = mask if mask.shape[-2] == 1 else mask[..., rows, :]
+    return m if m.shape[-1] == 1 else m[..., k0:k0 + sc]
+
+
+def _cols(x: torch.Tensor, idx) -> torch.Tensor:
+    return x if idx is None else x.index_select(-2, idx)
 
 
 class RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, causal, scale, comm):
+    def forward(ctx, q, k, v, mask, causal, scale, comm, zigzag):
         ring = _Ring(comm)
         n, i = ring.n, ring.i
         lc, sc, hkv = q.shape[-2], k.shape[-2], k.shape[-3]
+        q_ranges = _ranges(i, n, lc, zigzag)
         qg = _grouped(q.float(), hkv)
         lse = torch.full(qg.shape[:-1], float("-inf"), device=q.device)
         out = torch.zeros(qg.shape[:-1] + (v.shape[-1],), device=q.device)
@@ -117,30 +232,33 @@ class RingAttention(torch.autograd.Function):
             j = (i - t) % n
             pending = ring.start(kv) if t < n - 1 else None
             kb, vb = (x.float() for x in _unpack(kv, (k, v)))
-            s = _block_scores(qg, kb, _mask_cols(mask, j * sc, sc), causal, i * lc, j * sc, scale)
-            blk = torch.logsumexp(s, -1)
-            new = torch.logaddexp(lse, blk)
-            safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
-            p = torch.exp(s - safe.unsqueeze(-1))
-            out = out * torch.exp(lse - safe).unsqueeze(-1) + torch.matmul(p, vb.unsqueeze(-3))
-            lse = new
+            for rows, idx, keep in _Blocks(q_ranges, _ranges(j, n, sc, zigzag), causal, q.device).pieces:
+                s = _scores(qg[..., rows, :], _cols(kb, idx), _mask_block(mask, rows, j * sc, sc), keep, scale)
+                old = lse[..., rows]
+                new = torch.logaddexp(old, torch.logsumexp(s, -1))
+                safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+                p = torch.exp(s - safe.unsqueeze(-1))
+                out[..., rows, :] = (out[..., rows, :] * torch.exp(old - safe).unsqueeze(-1)
+                                     + torch.matmul(p, _cols(vb, idx).unsqueeze(-3)))
+                lse[..., rows] = new
             if pending is not None:
                 kv, reqs = pending
                 ring.finish(reqs)
         out_q = out.flatten(-4, -3).to(q.dtype)
         lse_q = lse.flatten(-3, -2)
         ctx.save_for_backward(q, k, v, mask, out_q, lse_q)
-        ctx.causal, ctx.scale, ctx.comm = causal, scale, comm
+        ctx.causal, ctx.scale, ctx.comm, ctx.zigzag = causal, scale, comm, zigzag
         ctx.mark_non_differentiable(lse_q)
         return out_q, lse_q
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, mask, out, lse = ctx.saved_tensors
-        causal, scale = ctx.causal, ctx.scale
+        causal, scale, zigzag = ctx.causal, ctx.scale, ctx.zigzag
         ring = _Ring(ctx.comm)
         n, i = ring.n, ring.i
         lc, sc, hkv = q.shape[-2], k.shape[-2], k.shape[-3]
+        q_ranges = _ranges(i, n, lc, zigzag)
         qg = _grouped(q.float(), hkv)
         dog = _grouped(dout.float(), hkv)
         lse_g = _grouped(lse.unsqueeze(-1), hkv).squeeze(-1)
@@ -151,13 +269,19 @@ class RingAttention(torch.autograd.Function):
         dk, dv = torch.zeros_like(kf), torch.zeros_like(vf)
         for t in range(n):
             j = (i - t) % n
-            s = _block_scores(qg, kf, _mask_cols(mask, j * sc, sc), causal, i * lc, j * sc, scale)
-            p = torch.exp(s - safe.unsqueeze(-1))
-            dv = dv + torch.matmul(p.transpose(-1, -2), dog).sum(-3)
-            dp = torch.matmul(dog, vf.unsqueeze(-3).transpose(-1, -2))
-            ds = p * (dp - delta) * scale
-            dq = dq + torch.matmul(ds, kf.unsqueeze(-3))
-            dk = dk + torch.matmul(ds.transpose(-1, -2), qg).sum(-3)
+            for rows, idx, keep in _Blocks(q_ranges, _ranges(j, n, sc, zigzag), causal, q.device).pieces:
+                kb, vb = _cols(kf, idx), _cols(vf, idx)
+                s = _scores(qg[..., rows, :], kb, _mask_block(mask, rows, j * sc, sc), keep, scale)
+                p = torch.exp(s - safe[..., rows].unsqueeze(-1))
+                do = dog[..., rows, :]
+                dvb = torch.matmul(p.transpose(-1, -2), do).sum(-3)
+                ds = p * (torch.matmul(do, vb.unsqueeze(-3).transpose(-1, -2)) - delta[..., rows, :]) * scale
+                dq[..., rows, :] += torch.matmul(ds, kb.unsqueeze(-3))
+                dkb = torch.matmul(ds.transpose(-1, -2), qg[..., rows, :]).sum(-3)
+                if idx is None:
+                    dk, dv = dk + dkb, dv + dvb
+                else:
+                    dk, dv = dk.index_add(-2, idx, dkb), dv.index_add(-2, idx, dvb)
             if n == 1:
                 break
             if t < n - 1:  # the chunk moves on with its gradient accumulators
@@ -168,4 +292,4 @@ class RingAttention(torch.autograd.Function):
                 buf, reqs = ring.start(_pack(dk, dv))
                 ring.finish(reqs)
                 dk, dv = _unpack(buf, (dk, dv))
-        return (dq.flatten(-4, -3).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None)
+        return (dq.flatten(-4, -3).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None)

@@ -9,9 +9,11 @@ Ring attention (lowering ``"ring_attention"``, ``runtime/ring_attention.py``) ov
 - backward (training): the chunk travels with its dk/dv accumulators and the runtime waits for each
   pass before the next block: ``(n - 1) * p2p(2 kv) + p2p(kv)`` (the last pass carries only dk, dv).
 
-``kv`` is the local bytes of k plus v. Causal attention is priced like full attention: the runtime
-computes every block and masks it (no block skipping), so the op's full compute over the work
-divisor is what each rank does.
+``kv`` is the local bytes of k plus v. Causal self-attention runs zig-zag (balanced, about
+half a full block per step) plus one p2p exchange of q, k, v before and of the output after, which is
+not priced here (about one step's traffic); the op's compute stays priced as full attention over the
+work divisor, as every sdpa strategy is (``facts`` counts L x S products, causal or not), so ring and
+head-split attention compare on the same footing.
 
 Ulysses has nothing here: it is the all-to-all redistribution ``S(seq) -> S(head)`` on the edges
 into and out of a head-split attention, priced by the cost model's ``moves``.

@@ -1,5 +1,6 @@
 """Ring attention on 4 gloo ranks equals the unsharded ``scaled_dot_product_attention``: forward and the
-gradients of q, k and v, causal and not, with grouped-query heads and with a boolean mask."""
+gradients of q, k and v, causal and not, with grouped-query heads and with a boolean mask, in the
+contiguous layout and (causal) the zig-zag one; the zig-zag permutation round-trips."""
 from __future__ import annotations
 
 import torch
@@ -13,6 +14,7 @@ CASES = {  # name: (Hq, Hkv, causal, mask)
     "gqa": (4, 2, False, False),
     "gqa causal": (4, 2, True, False),
     "mask": (2, 2, False, True),
+    "causal mask": (2, 2, True, True),
 }
 
 
@@ -30,10 +32,13 @@ def _inputs(hq, hkv, use_mask, seq=16):
 def ring_worker(rank: int, world: int) -> list:
     import torch.distributed as dist
     from autoshard.runtime.collectives import AxisComm
-    from autoshard.runtime.ring_attention import ring_attention
+    from autoshard.runtime.ring_attention import from_zigzag, ring_attention, to_zigzag
     comm = AxisComm("cp", world, rank, dist.group.WORLD)
     failures = []
-    for name, (hq, hkv, causal, use_mask) in CASES.items():
+    cases = [(name, c, "contiguous") for name, c in CASES.items()]
+    cases += [(name, c, "zigzag") for name, c in CASES.items() if c[2] and not c[3]]
+    for name, (hq, hkv, causal, use_mask), layout in cases:
+        name = f"{name} {layout}"
         q, k, v, mask, dout = _inputs(hq, hkv, use_mask)
         full = [t.clone().requires_grad_() for t in (q, k, v)]
         want = F.scaled_dot_product_attention(*full, attn_mask=mask, is_causal=causal, enable_gqa=hkv != hq)
@@ -41,13 +46,19 @@ def ring_worker(rank: int, world: int) -> list:
         mine = lambda t: t.chunk(world, dim=-2)[rank]  # noqa: E731
         local = [mine(t).clone().requires_grad_() for t in (q, k, v)]
         local_mask = None if mask is None else mask.chunk(world, dim=-2)[rank]
-        got, _ = ring_attention(*local, local_mask, causal, None, comm)
+        got, _ = ring_attention(*local, local_mask, causal, None, comm, layout)
         got.backward(mine(dout))
         checks = [("output", got, mine(want))] + [(f"grad {n}", t.grad, mine(f.grad))
                                                   for n, t, f in zip("qkv", local, full)]
         for what, a, b in checks:
             if not torch.allclose(a, b, atol=1e-5, rtol=1e-4):
                 failures.append(f"{name} rank {rank}: {what} differs by {(a - b).abs().max().item():.3g}")
+    x = torch.arange(2 * 16.).view(2, 16, 1)
+    zz = to_zigzag(x.chunk(world, dim=-2)[rank], comm)
+    h = 16 // (2 * world)
+    want = torch.cat([x[:, rank * h:(rank + 1) * h], x[:, (2 * world - 1 - rank) * h:(2 * world - rank) * h]], dim=-2)
+    if not torch.equal(zz, want) or not torch.equal(from_zigzag(zz, comm), x.chunk(world, dim=-2)[rank]):
+        failures.append(f"rank {rank}: zig-zag permutation holds {zz.flatten().tolist()}, want {want.flatten().tolist()}")
     return failures
 
 
