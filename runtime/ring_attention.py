@@ -23,7 +23,7 @@ about one ring step's traffic for q, k and v, and one for the output.
 
 Grouped-query attention (``Hq = g * Hkv``, ``enable_gqa``) maps q head h to kv head ``h // g``.
 ``attn_mask`` (bool: True attends; float: added to the scores) is given for the local queries and
-ALL keys (``(..., L/n, S)``); it gets no gradient. Dropout is not supported (the rule never offers
+ALL keys (``(..., L/n, S)``); it gets no gradient (a mask that needs one is refused with a ValueError). Dropout is not supported (the rule never offers
 this lowering with ``dropout_p > 0``).
 """
 from __future__ import annotations
@@ -220,6 +220,10 @@ def _cols(x: torch.Tensor, idx) -> torch.Tensor:
 class RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, causal, scale, comm, zigzag):
+        if ctx.needs_input_grad[3]:
+            raise ValueError("ring attention gives attn_mask no gradient, and this mask needs one (a learned "
+                             "bias?): pin this attention's output to a placement other than the sequence dim "
+                             "(ops={'<sdpa node>': ...}) so it runs unsplit along the sequence")
         ring = _Ring(comm)
         n, i = ring.n, ring.i
         lc, sc, hkv = q.shape[-2], k.shape[-2], k.shape[-3]

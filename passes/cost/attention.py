@@ -15,6 +15,11 @@ not priced here (about one step's traffic); the op's compute stays priced as ful
 work divisor, as every sdpa strategy is (``facts`` counts L x S products, causal or not), so ring and
 head-split attention compare on the same footing.
 
+Memory: the ring keeps q, k, v (its operands, counted on the edges like any saved operand), the
+output and a float32 log-sum-exp per query row; it never holds a whole score matrix, whatever the
+saved-tensor analysis found inside the unsplit op (on the CPU, grouped-query sdpa runs the math
+kernel, which keeps its L x S probabilities). ``ring_internal_bytes`` is what replaces that.
+
 Ulysses has nothing here: it is the all-to-all redistribution ``S(seq) -> S(head)`` on the edges
 into and out of a head-split attention, priced by the cost model's ``moves``.
 """
@@ -25,7 +30,7 @@ import math
 from autoshard.passes.graph import operand_meta, operands
 from autoshard.passes.spec import Strategy
 
-__all__ = ["ring_attention_seconds"]
+__all__ = ["ring_attention_seconds", "ring_internal_bytes"]
 
 
 def ring_attention_seconds(cm, node, strategy: Strategy, fwd: float, bwd: float) -> float:
@@ -44,3 +49,10 @@ def ring_attention_seconds(cm, node, strategy: Strategy, fwd: float, bwd: float)
     if bwd > 0:
         seconds += (n - 1) * cm.p2p(2 * kv, same_node) + cm.p2p(kv, same_node)
     return seconds
+
+
+def ring_internal_bytes(node) -> float:
+    """Bytes (whole op, before splitting) ring attention keeps inside itself: the float32
+    log-sum-exp, one per query row and head."""
+    q = operand_meta(operands(node)[0])
+    return 4.0 * q.numel / q.shape[-1]

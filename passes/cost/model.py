@@ -41,7 +41,7 @@ from typing import Optional, Sequence, Union
 
 from autoshard.passes.cost.collectives import (P_CODE, R_CODE, Collective, collective_terms, hierarchical_terms,
                                                p2p_seconds, redistribution_steps)
-from autoshard.passes.cost.attention import ring_attention_seconds
+from autoshard.passes.cost.attention import ring_attention_seconds, ring_internal_bytes
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.mesh import Mesh
@@ -314,6 +314,8 @@ class CostModel:
         kept = self.activation_bytes([metas[s] for s in info.saved_outputs],
                                      [strategy.outputs[s] for s in info.saved_outputs])
         internal = facts.internal_bytes(name)
+        if "ring_attention" in strategy.lowerings:
+            internal = ring_internal_bytes(facts.nodes[name])
         return kept + self.kept(internal / self.work_divisor(strategy))
 
     def edge_activation_bytes(self, copy_bytes: float, facts: GraphFacts, consumer: str, index: int) -> float:

@@ -46,6 +46,18 @@ def test_long_sequence_small_batch_splits_the_sequence(batch, seq, split):
         assert not any("ring_attention" in s.lowerings for s in attention), [str(s) for s in attention]
 
 
+def test_kv_heads_that_do_not_divide_leave_the_ring():
+    """8 query heads over 2 kv heads on 4 devices: head-split attention (Ulysses) cannot split the kv
+    heads, so the long sequence goes to ring attention."""
+    with torch.device("meta"):
+        model, _, _, loss_fn = seq_attention(8, 2, True, seq=8, batch=1, d=256)
+    x = torch.empty(1, 16384, 256, device="meta")
+    plan = autoshard.plan(model, (4,), example_inputs=(x,), loss_fn=loss_fn, example_target=x, hardware="h100",
+                          time_limit_s=30, memory_limit=2 ** 30)
+    attention = [s for n, s in plan.solution.strategies.items() if n.startswith("scaled_dot_product_attention")]
+    assert [s.lowerings for s in attention] == [("ring_attention",)], [str(s) for s in attention]
+
+
 def test_ring_passes_are_priced():
     def price(seq):
         model, inputs, target, loss_fn = seq_attention(8, 4, True, seq=seq)
