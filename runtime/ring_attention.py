@@ -23,7 +23,8 @@ about one ring step's traffic for q, k and v, and one for the output.
 
 Grouped-query attention (``Hq = g * Hkv``, ``enable_gqa``) maps q head h to kv head ``h // g``.
 ``attn_mask`` (bool: True attends; float: added to the scores) is given for the local queries and
-ALL keys (``(..., L/n, S)``); it gets no gradient (a mask that needs one is refused with a ValueError). Dropout is not supported (the rule never offers
+ALL keys (``(..., L/n, S)``); a float mask that needs a gradient (a learned position bias, as T5's)
+gets it: the score gradient of each block, summed over the dims the mask broadcasts. Dropout is not supported (the rule never offers
 this lowering with ``dropout_p > 0``).
 """
 from __future__ import annotations
@@ -220,10 +221,6 @@ def _cols(x: torch.Tensor, idx) -> torch.Tensor:
 class RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, causal, scale, comm, zigzag):
-        if ctx.needs_input_grad[3]:
-            raise ValueError("ring attention gives attn_mask no gradient, and this mask needs one (a learned "
-                             "bias?): pin this attention's output to a placement other than the sequence dim "
-                             "(ops={'<sdpa node>': ...}) so it runs unsplit along the sequence")
         ring = _Ring(comm)
         n, i = ring.n, ring.i
         lc, sc, hkv = q.shape[-2], k.shape[-2], k.shape[-3]
@@ -271,6 +268,7 @@ class RingAttention(torch.autograd.Function):
         dq = torch.zeros_like(qg)
         kf, vf = k.float(), v.float()
         dk, dv = torch.zeros_like(kf), torch.zeros_like(vf)
+        dmask = torch.zeros(mask.shape, device=q.device) if ctx.needs_input_grad[3] else None
         for t in range(n):
             j = (i - t) % n
             for rows, idx, keep in _Blocks(q_ranges, _ranges(j, n, sc, zigzag), causal, q.device).pieces:
@@ -281,6 +279,8 @@ class RingAttention(torch.autograd.Function):
                 dvb = torch.matmul(p.transpose(-1, -2), do).sum(-3)
                 ds = p * (torch.matmul(do, vb.unsqueeze(-3).transpose(-1, -2)) - delta[..., rows, :]) * scale
                 dq[..., rows, :] += torch.matmul(ds, kb.unsqueeze(-3))
+                if dmask is not None:  # d(scores) before scaling; contiguous layout: idx is None
+                    _add_mask_grad(dmask, (ds / scale).flatten(-4, -3), rows, j * sc, sc)
                 dkb = torch.matmul(ds.transpose(-1, -2), qg[..., rows, :]).sum(-3)
                 if idx is None:
                     dk, dv = dk + dkb, dv + dvb
@@ -296,4 +296,20 @@ class RingAttention(torch.autograd.Function):
                 buf, reqs = ring.start(_pack(dk, dv))
                 ring.finish(reqs)
                 dk, dv = _unpack(buf, (dk, dv))
-        return (dq.flatten(-4, -3).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None)
+        dmask = None if dmask is None else dmask.to(mask.dtype)
+        return (dq.flatten(-4, -3).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask, None, None, None, None)
+
+
+def _add_mask_grad(dmask: torch.Tensor, dscores: torch.Tensor, rows: slice, k0: int, sc: int) -> None:
+    """Add one block's score gradient (..., Hq, rows, cols) into the (broadcast) float mask's gradient."""
+    lead = dscores.dim() - dmask.dim()
+    g = dscores.sum(dim=tuple(range(lead))) if lead > 0 else dscores
+    dims = tuple(d for d in range(g.dim() - 2) if dmask.shape[d] == 1 and g.shape[d] != 1)
+    g = g.sum(dim=dims, keepdim=True) if dims else g
+    r = rows if dmask.shape[-2] != 1 else slice(None)
+    if dmask.shape[-2] == 1:
+        g = g.sum(-2, keepdim=True)
+    if dmask.shape[-1] == 1:
+        dmask[..., r, :] += g.sum(-1, keepdim=True)
+    else:
+        dmask[..., r, k0:k0 + sc] += g

@@ -5,7 +5,8 @@ sequence, attention run as ring attention (output pinned ``S(seq)``) or Ulysses 
 ``S(heads)``: all-to-all in and out), causal and not, with and without grouped-query heads, on (4,),
 on (2, 2) with the sequence on both axes (ring) and on (2, 2) with the batch on axis 0, the sequence on axis 1: losses, gradients and parameters after two AdamW steps equal one device, and the program
 holds the ring (zig-zag when causal) or the all-to-alls the layout promises. Then Hugging Face Llama trained with ring
-attention on its sequence-split activations, also mixed with head-split attention on (2, 2).
+attention on its sequence-split activations, also mixed with head-split attention on (2, 2), and with
+Ulysses on (4,).
 """
 from __future__ import annotations
 
@@ -83,16 +84,20 @@ def llama_worker(rank: int, world: int) -> list:
     from autoshard.testing.models import hf_llama
     torch.set_num_threads(1)
     failures = []
-    for mesh_shape, attention in (((4,), ("S(2)",)), ((2, 2), ("S(2)", "S(2)")), ((2, 2), ("S(2)", "S(1)"))):
+    for mesh_shape, attention in (((4,), ("S(2)",)), ((2, 2), ("S(2)", "S(2)")), ((2, 2), ("S(2)", "S(1)")),
+                                  ((4,), ("S(1)",))):
         env = setup_distributed(Mesh.of(mesh_shape))
         seq = tuple("S(1)" for _ in mesh_shape)
         pins = {"inputs": {"input_ids": seq, "target": seq}, "ops": {SDPA_NODES: attention}}
         case = f"hf_llama mesh={mesh_shape} attention={attention}"
         torch.manual_seed(0)
         model, inputs, target, loss_fn = hf_llama()
-        found, rings, _ = _train(case, model, inputs, target, loss_fn, mesh_shape, pins, env)
+        found, rings, counts = _train(case, model, inputs, target, loss_fn, mesh_shape, pins, env)
         failures += found
-        if rings != ["contiguous"] * model.config.num_hidden_layers:  # HF passes an explicit causal mask
+        if "S(2)" not in attention:  # Ulysses: sequence-split ids, head-split attention
+            if rings or not counts.get("all_to_all"):
+                failures.append(f"{case}: want all-to-all and no ring, got rings {rings}, collectives {counts}")
+        elif rings != ["contiguous"] * model.config.num_hidden_layers:  # HF passes an explicit causal mask
             failures.append(f"{case}: ring attention calls {rings}, want one contiguous ring per layer")
     return failures
 

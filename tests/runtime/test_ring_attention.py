@@ -1,5 +1,6 @@
 """Ring attention on 4 gloo ranks equals the unsharded ``scaled_dot_product_attention``: forward and the
-gradients of q, k and v, causal and not, with grouped-query heads and with a boolean mask, in the
+gradients of q, k and v, causal and not, with grouped-query heads, with a boolean mask and with a
+learned float bias (its gradient too), in the
 contiguous layout and (causal) the zig-zag one; the zig-zag permutation round-trips."""
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ CASES = {  # name: (Hq, Hkv, causal, mask)
     "gqa causal": (4, 2, True, False),
     "mask": (2, 2, False, True),
     "causal mask": (2, 2, True, True),
+    "learned bias": (4, 2, False, "bias"),
 }
 
 
@@ -22,9 +24,13 @@ def _inputs(hq, hkv, use_mask, seq=16):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, hq, seq, 8, generator=g)
     k, v = torch.randn(2, hkv, seq, 8, generator=g), torch.randn(2, hkv, seq, 8, generator=g)
-    mask = torch.rand(2, 1, seq, seq, generator=g) > 0.3 if use_mask else None
-    if mask is not None:
+    if use_mask == "bias":  # a float mask with a gradient, broadcast over the batch
+        mask = torch.randn(1, hq, seq, seq, generator=g)
+    elif use_mask:
+        mask = torch.rand(2, 1, seq, seq, generator=g) > 0.3
         mask[..., 0] = True  # no query row masked out entirely
+    else:
+        mask = None
     dout = torch.randn(2, hq, seq, 8, generator=g)
     return q, k, v, mask, dout
 
@@ -40,16 +46,20 @@ def ring_worker(rank: int, world: int) -> list:
     for name, (hq, hkv, causal, use_mask), layout in cases:
         name = f"{name} {layout}"
         q, k, v, mask, dout = _inputs(hq, hkv, use_mask)
+        learned = mask is not None and mask.is_floating_point()
         full = [t.clone().requires_grad_() for t in (q, k, v)]
-        want = F.scaled_dot_product_attention(*full, attn_mask=mask, is_causal=causal, enable_gqa=hkv != hq)
+        full_mask = mask.clone().requires_grad_() if learned else mask
+        want = F.scaled_dot_product_attention(*full, attn_mask=full_mask, is_causal=causal, enable_gqa=hkv != hq)
         want.backward(dout)
         mine = lambda t: t.chunk(world, dim=-2)[rank]  # noqa: E731
         local = [mine(t).clone().requires_grad_() for t in (q, k, v)]
-        local_mask = None if mask is None else mask.chunk(world, dim=-2)[rank]
+        local_mask = None if mask is None else mask.chunk(world, dim=-2)[rank].clone().requires_grad_(learned)
         got, _ = ring_attention(*local, local_mask, causal, None, comm, layout)
         got.backward(mine(dout))
         checks = [("output", got, mine(want))] + [(f"grad {n}", t.grad, mine(f.grad))
                                                   for n, t, f in zip("qkv", local, full)]
+        if learned:
+            checks.append(("grad mask", local_mask.grad, mine(full_mask.grad)))
         for what, a, b in checks:
             if not torch.allclose(a, b, atol=1e-5, rtol=1e-4):
                 failures.append(f"{name} rank {rank}: {what} differs by {(a - b).abs().max().item():.3g}")

@@ -58,7 +58,8 @@ def sdpa_rule(call: OpCall) -> list[Strategy1D]:
         outs = tuple(Shard(d) if len(o.shape) >= len(q) - 1 and o.shape[d] == q[d] else Replicate()
                      for o in call.outputs)
         found.append(Strategy1D(tuple(ins), outs))
-    if call.target == aten.scaled_dot_product_attention.default and not call.bound_args.get("dropout_p"):
+    ring_ok = len(q) >= 3 and not call.bound_args.get("dropout_p")  # the ring needs a heads dim
+    if call.target == aten.scaled_dot_product_attention.default and ring_ok:
         found.append(_ring_strategy(call, names, len(q)))
     return found
 
