@@ -21,6 +21,9 @@ exchange of q, k and v halves before the ring, the inverse for the output after,
 in the backward), so everything outside attention keeps the contiguous ``S(seq)`` layout. Its cost is
 about one ring step's traffic for q, k and v, and one for the output.
 
+Each block is computed in float32 with plain matmuls, its query rows tiled so that the transient
+score matrix of a piece stays under ``TILE_BYTES`` (no fused attention kernel per block yet).
+
 Grouped-query attention (``Hq = g * Hkv``, ``enable_gqa``) maps q head h to kv head ``h // g``.
 ``attn_mask`` (bool: True attends; float: added to the scores) is given for the local queries and
 ALL keys (``(..., L/n, S)``); a float mask that needs a gradient (a learned position bias, as T5's)
@@ -176,6 +179,18 @@ def _ranges(j: int, n: int, length: int, zigzag: bool) -> list[tuple[int, int, i
     return [(0, j * h, h), (h, (2 * n - 1 - j) * h, h)]
 
 
+#: Most bytes of float32 scores one piece may hold: query rows are tiled so that a block's
+#: transient (rows x key chunk) score matrix stays under it, whatever the sequence length.
+TILE_BYTES = 2 ** 30
+
+
+def _tiles(q_ranges, q: torch.Tensor, kv_len: int) -> list[tuple[int, int, int]]:
+    """``q_ranges`` cut into tiles of at most ``TILE_BYTES`` of scores against a ``kv_len`` key chunk."""
+    per_row = 4 * math.prod(q.shape[:-2]) * kv_len
+    step = max(1, TILE_BYTES // max(1, per_row))
+    return [(r0 + a, qs + a, min(step, ql - a)) for r0, qs, ql in q_ranges for a in range(0, ql, step)]
+
+
 class _Blocks:
     """The pieces of one (query chunk, key chunk) pair that some query sees: per query piece, the
     key columns (local indices) to attend to and whether a causal mask is still needed."""
@@ -224,7 +239,7 @@ class RingAttention(torch.autograd.Function):
         ring = _Ring(comm)
         n, i = ring.n, ring.i
         lc, sc, hkv = q.shape[-2], k.shape[-2], k.shape[-3]
-        q_ranges = _ranges(i, n, lc, zigzag)
+        q_ranges = _tiles(_ranges(i, n, lc, zigzag), q, sc)
         qg = _grouped(q.float(), hkv)
         lse = torch.full(qg.shape[:-1], float("-inf"), device=q.device)
         out = torch.zeros(qg.shape[:-1] + (v.shape[-1],), device=q.device)
@@ -259,7 +274,7 @@ class RingAttention(torch.autograd.Function):
         ring = _Ring(ctx.comm)
         n, i = ring.n, ring.i
         lc, sc, hkv = q.shape[-2], k.shape[-2], k.shape[-3]
-        q_ranges = _ranges(i, n, lc, zigzag)
+        q_ranges = _tiles(_ranges(i, n, lc, zigzag), q, sc)
         qg = _grouped(q.float(), hkv)
         dog = _grouped(dout.float(), hkv)
         lse_g = _grouped(lse.unsqueeze(-1), hkv).squeeze(-1)

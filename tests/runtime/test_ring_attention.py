@@ -1,6 +1,6 @@
 """Ring attention on 4 gloo ranks equals the unsharded ``scaled_dot_product_attention``: forward and the
 gradients of q, k and v, causal and not, with grouped-query heads, with a boolean mask and with a
-learned float bias (its gradient too), in the
+learned float bias (its gradient too), with whole blocks and with query rows tiled, in the
 contiguous layout and (causal) the zig-zag one; the zig-zag permutation round-trips."""
 from __future__ import annotations
 
@@ -38,13 +38,16 @@ def _inputs(hq, hkv, use_mask, seq=16):
 def ring_worker(rank: int, world: int) -> list:
     import torch.distributed as dist
     from autoshard.runtime.collectives import AxisComm
+    from autoshard.runtime import ring_attention as ring_module
     from autoshard.runtime.ring_attention import from_zigzag, ring_attention, to_zigzag
     comm = AxisComm("cp", world, rank, dist.group.WORLD)
     failures = []
     cases = [(name, c, "contiguous") for name, c in CASES.items()]
     cases += [(name, c, "zigzag") for name, c in CASES.items() if c[2] and not c[3]]
+    cases += [(f"{name} 3-row tiles", c, layout) for name, c, layout in cases]
     for name, (hq, hkv, causal, use_mask), layout in cases:
         name = f"{name} {layout}"
+        ring_module.TILE_BYTES = 3 * 4 * 2 * hq * 4 if "tiles" in name else 2 ** 30  # 3 rows x 4-key chunks
         q, k, v, mask, dout = _inputs(hq, hkv, use_mask)
         learned = mask is not None and mask.is_floating_point()
         full = [t.clone().requires_grad_() for t in (q, k, v)]
