@@ -30,12 +30,13 @@ import torch.fx as fx
 
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import operand_meta, operands
+from autoshard.passes.sharding.rules.attention import ring_layout
 from autoshard.passes.sharding.schema import bind_args, rebuild_args
 from autoshard.passes.spec import LOWERINGS, Strategy
 
 from . import collectives as C
 from .layout import local_offsets, local_shape, normalize
-from .ring_attention import pick_layout, ring_attention
+from .ring_attention import ring_attention
 
 aten = torch.ops.aten
 
@@ -180,7 +181,7 @@ def _ring_attention(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Str
                               f"without dropout, not {node.target} with dropout_p={b.get('dropout_p')}")
     q_len, kv_len = (operand_meta(o).shape[-2] for o in operands(node)[:2])
     ring_size = math.prod(ctx.mesh.shape[a] for a in axes)
-    layout = pick_layout(bool(b["is_causal"]), b["attn_mask"] is not None, q_len, kv_len, ring_size)
+    layout = ring_layout(bool(b["is_causal"]), b["attn_mask"] is not None, q_len, kv_len, ring_size)
     both = ctx.graph.call_function(ring_attention, (b["query"], b["key"], b["value"], b["attn_mask"],
                                                     b["is_causal"], b["scale"], ctx.comm(axes), layout))
     return ctx.graph.call_function(operator.getitem, (both, 0))

@@ -40,15 +40,7 @@ import torch.distributed as dist
 
 from .collectives import AxisComm
 
-__all__ = ["ring_attention", "RingAttention", "to_zigzag", "from_zigzag", "pick_layout"]
-
-
-def pick_layout(is_causal: bool, has_mask: bool, q_len: int, kv_len: int, n: int) -> str:
-    """"zigzag" for causal self-attention without an explicit mask whose chunks halve evenly, else
-    "contiguous"."""
-    if is_causal and not has_mask and q_len == kv_len and n > 1 and q_len % (2 * n) == 0:
-        return "zigzag"
-    return "contiguous"
+__all__ = ["ring_attention", "RingAttention", "to_zigzag", "from_zigzag"]
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],
@@ -56,7 +48,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask:
                    layout: str = "contiguous") -> tuple[torch.Tensor, torch.Tensor]:
     """``(output, logsumexp)`` of this rank's contiguous query chunk; output ``(..., Hq, L/n, Ev)``,
     logsumexp ``(..., Hq, L/n)`` in float32 (not differentiable). ``layout="zigzag"`` needs causal
-    self-attention without ``attn_mask`` (see ``pick_layout``)."""
+    self-attention without ``attn_mask`` (see ``passes.sharding.rules.attention.ring_layout``)."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if layout == "contiguous":

@@ -9,9 +9,10 @@ Ring attention (lowering ``"ring_attention"``, ``runtime/ring_attention.py``) ov
 - backward (training): the chunk travels with its dk/dv accumulators and the runtime waits for each
   pass before the next block: ``(n - 1) * p2p(2 kv) + p2p(kv)`` (the last pass carries only dk, dv).
 
-``kv`` is the local bytes of k plus v. Causal self-attention runs zig-zag (balanced, about
-half a full block per step) plus one p2p exchange of q, k, v before and of the output after, which is
-not priced here (about one step's traffic); the op's compute stays priced as full attention over the
+``kv`` is the local bytes of k plus v. Causal self-attention without a mask runs zig-zag
+(``ring_layout``: balanced, about half a full block per step) after a p2p exchange of the q, k and v
+halves and before one of the output, priced as one message of q + k + v + output bytes, again in the
+backward for the adjoint; the op's compute stays priced as full attention over the
 work divisor, as every sdpa strategy is (``facts`` counts L x S products, causal or not), so ring and
 head-split attention compare on the same footing.
 
@@ -28,6 +29,8 @@ from __future__ import annotations
 import math
 
 from autoshard.passes.graph import operand_meta, operands
+from autoshard.passes.sharding.rules.attention import ring_layout
+from autoshard.passes.sharding.schema import bind_args
 from autoshard.passes.spec import Strategy
 
 __all__ = ["ring_attention_seconds", "ring_internal_bytes"]
@@ -48,6 +51,12 @@ def ring_attention_seconds(cm, node, strategy: Strategy, fwd: float, bwd: float)
     seconds = (n - 1) * max(0.0, cm.p2p(kv, same_node) - block_fwd)
     if bwd > 0:
         seconds += (n - 1) * cm.p2p(2 * kv, same_node) + cm.p2p(kv, same_node)
+    b = bind_args(node.target, node.args, node.kwargs)
+    metas = [operand_meta(o) for o in ops[:3]]
+    if ring_layout(bool(b["is_causal"]), b["attn_mask"] is not None, metas[0].shape[-2], metas[1].shape[-2], n) == "zigzag":
+        q = metas[0].nbytes / cm.shard_factor(strategy.inputs[0])
+        permuted = cm.p2p(2 * q + kv, same_node)  # q and the output (same size with Ev = E), k and v
+        seconds += permuted * (2 if bwd > 0 else 1)
     return seconds
 
 

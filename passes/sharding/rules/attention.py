@@ -19,7 +19,8 @@ debug mask) are split with q; the rest (RNG seeds, empty placeholders) stay ``R`
 Context parallelism. ``aten.scaled_dot_product_attention`` without dropout may also split the
 sequences: q ``S(L)``, k and v ``S(S)``, the mask ``S`` on its query dim (whole along the keys), the
 output ``S(L)``, under the lowering ``"ring_attention"`` (key/value chunks passed around the axis,
-``runtime/ring_attention.py``). Ulysses needs no rule of its own: sequence-split activations reach a
+``runtime/ring_attention.py``); ``ring_layout`` says whether that ring runs zig-zag (causal load
+balance) or on contiguous chunks. Ulysses needs no rule of its own: sequence-split activations reach a
 head-split sdpa (the strategies above) through the all-to-all redistribution ``S(seq) -> S(head)``.
 """
 from __future__ import annotations
@@ -76,3 +77,12 @@ def _ring_strategy(call: OpCall, names: list[str], q_ndim: int) -> Strategy1D:
         else:
             ins.append(Replicate())
     return Strategy1D(tuple(ins), (Shard(seq),), lowering="ring_attention")
+
+
+def ring_layout(is_causal: bool, has_mask: bool, q_len: int, kv_len: int, n: int) -> str:
+    """How ring attention over ``n`` ranks lays out the sequence: "zigzag" for causal self-attention
+    without an explicit mask whose chunks halve evenly (every rank computes the same causal work),
+    else "contiguous"."""
+    if is_causal and not has_mask and q_len == kv_len and n > 1 and q_len % (2 * n) == 0:
+        return "zigzag"
+    return "contiguous"
