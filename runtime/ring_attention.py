@@ -8,7 +8,8 @@ the chunk it holds travels on to ``i + 1``. Partial results are merged by their 
 (online softmax), so no rank ever holds more than two key/value chunks.
 
 The backward re-runs the ring: with the final log-sum-exp it recomputes each block's probabilities,
-adds to the local dq, and adds the block's dk/dv to accumulators that travel with the chunk; after n
+adds to the local dq, and adds the block's dk/dv to accumulators that travel with the chunk (the
+chunk's own pass overlaps the block's compute; the accumulators' pass waits for it); after n
 steps each accumulator is back at the chunk's owner.
 
 Causal attention masks by global position (query ``p`` may see key ``c`` when ``c <= p``, sdpa's
@@ -278,6 +279,7 @@ class RingAttention(torch.autograd.Function):
         dmask = torch.zeros(mask.shape, device=q.device) if ctx.needs_input_grad[3] else None
         for t in range(n):
             j = (i - t) % n
+            kv_pending = ring.start(_pack(kf, vf)) if t < n - 1 else None  # the chunk moves on during the block
             for rows, idx, keep in _Blocks(q_ranges, _ranges(j, n, sc, zigzag), causal, q.device).pieces:
                 kb, vb = _cols(kf, idx), _cols(vf, idx)
                 s = _scores(qg[..., rows, :], kb, _mask_block(mask, rows, j * sc, sc), keep, scale)
@@ -295,14 +297,15 @@ class RingAttention(torch.autograd.Function):
                     dk, dv = dk.index_add(-2, idx, dkb), dv.index_add(-2, idx, dvb)
             if n == 1:
                 break
-            if t < n - 1:  # the chunk moves on with its gradient accumulators
-                buf, reqs = ring.start(_pack(kf, vf, dk, dv))
-                ring.finish(reqs)
-                kf, vf, dk, dv = _unpack(buf, (kf, vf, dk, dv))
-            else:  # the accumulators go home: chunk (i - n + 1) belongs to ring index i + 1
-                buf, reqs = ring.start(_pack(dk, dv))
-                ring.finish(reqs)
-                dk, dv = _unpack(buf, (dk, dv))
+            # the accumulators follow the chunk; after the last step they go home (chunk i - n + 1
+            # belongs to ring index i + 1)
+            buf, reqs = ring.start(_pack(dk, dv))
+            ring.finish(reqs)
+            dk, dv = _unpack(buf, (dk, dv))
+            if kv_pending is not None:
+                kv_buf, kv_reqs = kv_pending
+                ring.finish(kv_reqs)
+                kf, vf = _unpack(kv_buf, (kf, vf))
         dmask = None if dmask is None else dmask.to(mask.dtype)
         return (dq.flatten(-4, -3).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask, None, None, None, None)
 

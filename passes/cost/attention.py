@@ -6,8 +6,9 @@ Ring attention (lowering ``"ring_attention"``, ``runtime/ring_attention.py``) ov
 - forward: n blocks of work, n - 1 key/value chunk passes; each pass is posted before the block it
   overlaps, so only the part of a pass longer than one block's compute is exposed:
   ``(n - 1) * max(0, p2p(kv) - block_fwd)``;
-- backward (training): the chunk travels with its dk/dv accumulators and the runtime waits for each
-  pass before the next block: ``(n - 1) * p2p(2 kv) + p2p(kv)`` (the last pass carries only dk, dv).
+- backward (training): the chunk's pass overlaps the block as in the forward, then its dk/dv
+  accumulators (float32: ``g = 2 kv`` for bf16 k, v) pass after the block, n times (the last brings
+  them home): ``(n - 1) * max(0, p2p(kv) - block_bwd) + n * p2p(g)``.
 
 ``kv`` is the local bytes of k plus v. Causal self-attention without a mask runs zig-zag
 (``ring_layout``: balanced, about half a full block per step) after a p2p exchange of the q, k and v
@@ -50,7 +51,10 @@ def ring_attention_seconds(cm, node, strategy: Strategy, fwd: float, bwd: float)
     block_fwd = fwd / cm.work_divisor(strategy) / n
     seconds = (n - 1) * max(0.0, cm.p2p(kv, same_node) - block_fwd)
     if bwd > 0:
-        seconds += (n - 1) * cm.p2p(2 * kv, same_node) + cm.p2p(kv, same_node)
+        itemsize = operand_meta(ops[1]).dtype.itemsize
+        grads = kv * 4 / itemsize  # the accumulators are float32
+        seconds += (n - 1) * max(0.0, cm.p2p(kv, same_node) - bwd / cm.work_divisor(strategy) / n)
+        seconds += n * cm.p2p(grads, same_node)
     b = bind_args(node.target, node.args, node.kwargs)
     metas = [operand_meta(o) for o in ops[:3]]
     if ring_layout(bool(b["is_causal"]), b["attn_mask"] is not None, metas[0].shape[-2], metas[1].shape[-2], n) == "zigzag":
