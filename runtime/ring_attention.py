@@ -28,8 +28,8 @@ score matrix of a piece stays under ``TILE_BYTES`` (no fused attention kernel pe
 Grouped-query attention (``Hq = g * Hkv``, ``enable_gqa``) maps q head h to kv head ``h // g``.
 ``attn_mask`` (bool: True attends; float: added to the scores) is given for the local queries and
 ALL keys (``(..., L/n, S)``); a float mask that needs a gradient (a learned position bias, as T5's)
-gets it: the score gradient of each block, summed over the dims the mask broadcasts. Dropout is not supported (the rule never offers
-this lowering with ``dropout_p > 0``).
+gets it: the score gradient of each block, summed over the dims the mask broadcasts. Dropout is not
+supported (the rule never offers this lowering with ``dropout_p > 0``).
 """
 from __future__ import annotations
 
