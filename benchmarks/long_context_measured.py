@@ -59,7 +59,8 @@ def main() -> None:
         base = statistics.median(times["gathered"])
         print(f"causal attention layer, batch 1 x {args.seq}, width 256, 8 heads, {world} gloo ranks, "
               f"{args.rounds} interleaved rounds")
-        print("| layout | kept for backward (measured, largest rank) | estimated activations | step | vs gathered | loss |")
+        print("| layout | kept for backward (measured, largest rank) | estimated activations | step | vs gathered "
+              "| loss |")
         print("|---|---|---|---|---|---|")
         for label, (_cm, _i, _t, saved, est, loss) in built.items():
             step = statistics.median(times[label])

@@ -57,7 +57,8 @@ def ring_attention_seconds(cm, node, strategy: Strategy, fwd: float, bwd: float)
         seconds += n * cm.p2p(grads, same_node)
     b = bind_args(node.target, node.args, node.kwargs)
     metas = [operand_meta(o) for o in ops[:3]]
-    if ring_layout(bool(b["is_causal"]), b["attn_mask"] is not None, metas[0].shape[-2], metas[1].shape[-2], n) == "zigzag":
+    layout = ring_layout(bool(b["is_causal"]), b["attn_mask"] is not None, metas[0].shape[-2], metas[1].shape[-2], n)
+    if layout == "zigzag":
         q = metas[0].nbytes / cm.shard_factor(strategy.inputs[0])
         permuted = cm.p2p(2 * q + kv, same_node)  # q and the output (same size with Ev = E), k and v
         seconds += permuted * (2 if bwd > 0 else 1)

@@ -3,10 +3,11 @@
 One attention layer (``autoshard.testing.long_context``) with its activations split along the
 sequence, attention run as ring attention (output pinned ``S(seq)``) or Ulysses (output pinned
 ``S(heads)``: all-to-all in and out), causal and not, with and without grouped-query heads, on (4,),
-on (2, 2) with the sequence on both axes (ring) and on (2, 2) with the batch on axis 0, the sequence on axis 1: losses, gradients and parameters after two AdamW steps equal one device, and the program
-holds the ring (zig-zag when causal) or the all-to-alls the layout promises. Then Hugging Face Llama trained with ring
-attention on its sequence-split activations, also mixed with head-split attention on (2, 2), and with
-Ulysses on (4,).
+on (2, 2) with the sequence on both axes (ring) and on (2, 2) with the batch on axis 0, the sequence on
+axis 1: losses, gradients and parameters after two AdamW steps equal one device, and the program
+holds the ring (zig-zag when causal) or the all-to-alls the layout promises. Then Hugging Face Llama
+trained with ring attention on its sequence-split activations, also mixed with head-split attention on
+(2, 2), and with Ulysses on (4,).
 """
 from __future__ import annotations
 

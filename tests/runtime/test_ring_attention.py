@@ -71,7 +71,8 @@ def ring_worker(rank: int, world: int) -> list:
     h = 16 // (2 * world)
     want = torch.cat([x[:, rank * h:(rank + 1) * h], x[:, (2 * world - 1 - rank) * h:(2 * world - rank) * h]], dim=-2)
     if not torch.equal(zz, want) or not torch.equal(from_zigzag(zz, comm), x.chunk(world, dim=-2)[rank]):
-        failures.append(f"rank {rank}: zig-zag permutation holds {zz.flatten().tolist()}, want {want.flatten().tolist()}")
+        failures.append(f"rank {rank}: zig-zag permutation holds {zz.flatten().tolist()}, "
+                        f"want {want.flatten().tolist()}")
     return failures
 
 
