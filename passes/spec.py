@@ -191,4 +191,10 @@ LOWERINGS: dict[str, str] = {
         "member of the group a block of (local experts x capacity) rows by an even all-to-all, pairs beyond an "
         "expert's capacity dropped (runtime/moe_dispatch.py)."
     ),
+    "ring_attention": (
+        "aten.scaled_dot_product_attention (no dropout) with q S(L), k/v S(S), mask S on its query dim, output "
+        "S(L) on these axes: ring attention over the axes flattened (runtime/ring_attention.py), key/value "
+        "chunks passed around the ring, partial outputs merged by log-sum-exp; causal masks by global position, "
+        "causal self-attention without a mask balanced by zig-zag halves (permuted inside the lowering)."
+    ),
 }

@@ -17,10 +17,15 @@ appends plain calls to the program, its collectives explicit:
   for indices owned elsewhere (output P).
 - ``expert_dispatch``: MoE experts sharded over the axes, tokens moved by all-to-all
   (``runtime/moe_dispatch.py``).
+- ``ring_attention``: ``ring_attention(q, k, v, mask, is_causal, scale, comm, layout)`` over the axes
+  flattened (``runtime/ring_attention.py``); its first result is the attention output. ``layout`` is
+  "zigzag" (causal load balance, permuted inside the call) for causal self-attention without a mask
+  whose local chunks halve, else "contiguous".
 """
 from __future__ import annotations
 
 import math
+import operator
 from typing import Callable, Optional
 
 import torch
@@ -28,6 +33,7 @@ import torch.fx as fx
 
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import operand_meta, operands
+from autoshard.passes.sharding.rules.attention import ring_layout
 from autoshard.passes.sharding.schema import bind_args, rebuild_args
 from autoshard.passes.spec import LOWERINGS, Strategy
 
@@ -35,6 +41,7 @@ from . import collectives as C
 from .batch_norm_sync import bn_apply, bn_local_stats
 from .layout import local_offsets, local_shape, normalize
 from .moe_dispatch import emit_expert_dispatch
+from .ring_attention import ring_attention
 
 aten = torch.ops.aten
 
@@ -133,6 +140,19 @@ def _embedding_vocab(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: St
                                                      b["scale_grad_by_freq"], b["sparse"]))
 
 
+def _ring_attention(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy, axes: tuple) -> fx.Node:
+    b = bind_args(node.target, args, kwargs)
+    if node.target != aten.scaled_dot_product_attention.default or b["dropout_p"]:
+        raise PlanFormatError(f"node {node.name}: 'ring_attention' lowers aten.scaled_dot_product_attention "
+                              f"without dropout, not {node.target} with dropout_p={b.get('dropout_p')}")
+    q_len, kv_len = (operand_meta(o).shape[-2] for o in operands(node)[:2])
+    ring_size = math.prod(ctx.mesh.shape[a] for a in axes)
+    layout = ring_layout(bool(b["is_causal"]), b["attn_mask"] is not None, q_len, kv_len, ring_size)
+    both = ctx.graph.call_function(ring_attention, (b["query"], b["key"], b["value"], b["attn_mask"],
+                                                    b["is_causal"], b["scale"], ctx.comm(axes), layout))
+    return ctx.graph.call_function(operator.getitem, (both, 0))
+
+
 EMITTERS: dict[str, Callable] = {
     "mean_partial": _mean_partial,
     "loss_mean_partial": _loss_mean_partial,
@@ -140,6 +160,7 @@ EMITTERS: dict[str, Callable] = {
     "embedding_vocab": _embedding_vocab,
     "expert_dispatch": emit_expert_dispatch,
     "expert_dispatch_capacity": emit_expert_dispatch,
+    "ring_attention": _ring_attention,
 }
 assert set(EMITTERS) == set(LOWERINGS), "every lowering named in passes/spec.LOWERINGS needs an emitter"
 

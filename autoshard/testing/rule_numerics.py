@@ -27,9 +27,9 @@ Simulation of a ``Strategy1D`` (placements per operand and output along one mesh
   summands; the local gradient of an ``S`` operand must cat to the true gradient, of an ``R``
   operand sum to it, of a ``P`` operand equal it on every rank.
 
-Strategies with the lowering "batch_norm_sync" or "expert_dispatch[_capacity]" are skipped here
-(their math needs collectives; the runtime tests them on real ranks); so are strategies whose
-sharded dims (of an operand or an output) do not divide by ``n``, and those the rule's
+Strategies with the lowering "batch_norm_sync", "expert_dispatch[_capacity]" or "ring_attention" are
+skipped here (their math needs collectives; the runtime tests them on real ranks); so are strategies
+whose sharded dims (of an operand or an output) do not divide by ``n``, and those the rule's
 ``LocalCheck`` refuses for the pieces on ``n`` ranks. All land in ``RuleCheck.skipped`` with the
 reason.
 """
@@ -363,7 +363,7 @@ def check_node(node: fx.Node, args, kwargs, n: int = 2, *, gen: Optional[torch.G
 
     report = RuleCheck(node, strategies)
     for s in strategies:
-        if s.lowering in ("batch_norm_sync", "expert_dispatch", "expert_dispatch_capacity"):
+        if s.lowering in ("batch_norm_sync", "expert_dispatch", "expert_dispatch_capacity", "ring_attention"):
             report.skipped.append((s, f"{s.lowering} needs collectives; tested by the runtime on real ranks"))
             continue
         try:

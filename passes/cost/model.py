@@ -41,6 +41,7 @@ from typing import Optional, Sequence, Union
 
 from autoshard.passes.cost.collectives import (P_CODE, R_CODE, Collective, collective_terms, hierarchical_terms,
                                                p2p_seconds, redistribution_steps)
+from autoshard.passes.cost.attention import ring_attention_seconds, ring_internal_bytes
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.moe import dispatch_collectives, dispatch_saved_bytes, is_moe_node, work_factor
@@ -278,7 +279,8 @@ class CostModel:
             colls = dispatch_collectives(self, node, strategy, metas[0], facts.training)
             if facts.training:
                 moved = self.kept(dispatch_saved_bytes(node, strategy, metas[0], self.mesh.shape))
-        return NodePrice(compute=work + facts.overhead(name), collectives=colls,
+        ring = ring_attention_seconds(self, node, strategy, fwd, bwd) if any(strategy.lowerings) else 0.0
+        return NodePrice(compute=work + facts.overhead(name) + ring, collectives=colls,
                          activations=self.node_activation_bytes(name, strategy, facts) + moved)
 
     def price_edge(self, src, dst, meta: TensorMeta, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
@@ -321,6 +323,8 @@ class CostModel:
         kept = self.activation_bytes([metas[s] for s in info.saved_outputs],
                                      [strategy.outputs[s] for s in info.saved_outputs])
         internal = facts.internal_bytes(name)
+        if "ring_attention" in strategy.lowerings:
+            internal = ring_internal_bytes(facts.nodes[name])
         return kept + self.kept(internal / self.work_divisor(strategy))
 
     def edge_activation_bytes(self, copy_bytes: float, facts: GraphFacts, consumer: str, index: int) -> float:

@@ -15,6 +15,13 @@ Example, ``sdpa(q, k, v, mask)`` with q/k/v ``(2, 4, 6, 8)`` and mask ``(2, 1, 6
 The fused ops (``_scaled_dot_product_{flash,efficient,cudnn}_attention``, ``..._for_cpu``) have
 the same inputs and several outputs: those shaped like ``(N, H, L, ...)`` (output, logsumexp,
 debug mask) are split with q; the rest (RNG seeds, empty placeholders) stay ``R``.
+
+Context parallelism. ``aten.scaled_dot_product_attention`` without dropout may also split the
+sequences: q ``S(L)``, k and v ``S(S)``, the mask ``S`` on its query dim (whole along the keys), the
+output ``S(L)``, under the lowering ``"ring_attention"`` (key/value chunks passed around the axis,
+``runtime/ring_attention.py``); ``ring_layout`` says whether that ring runs zig-zag (causal load
+balance) or on contiguous chunks. Ulysses needs no rule of its own: sequence-split activations reach a
+head-split sdpa (the strategies above) through the all-to-all redistribution ``S(seq) -> S(head)``.
 """
 from __future__ import annotations
 
@@ -52,4 +59,30 @@ def sdpa_rule(call: OpCall) -> list[Strategy1D]:
         outs = tuple(Shard(d) if len(o.shape) >= len(q) - 1 and o.shape[d] == q[d] else Replicate()
                      for o in call.outputs)
         found.append(Strategy1D(tuple(ins), outs))
+    ring_ok = len(q) >= 3 and not call.bound_args.get("dropout_p")  # the ring needs a heads dim
+    if call.target == aten.scaled_dot_product_attention.default and ring_ok:
+        found.append(_ring_strategy(call, names, len(q)))
     return found
+
+
+def _ring_strategy(call: OpCall, names: list[str], q_ndim: int) -> Strategy1D:
+    """Sequence-split attention: the query sequence dim of q, mask and output, the key sequence of k, v."""
+    seq = q_ndim - 2
+    ins = []
+    for name, meta in zip(names, call.inputs):
+        if name in ("query", "key", "value"):
+            ins.append(Shard(len(meta.shape) - 2))
+        elif name in _MASK_NAMES:
+            ins.append(broadcast_placement(meta, seq, q_ndim))
+        else:
+            ins.append(Replicate())
+    return Strategy1D(tuple(ins), (Shard(seq),), lowering="ring_attention")
+
+
+def ring_layout(is_causal: bool, has_mask: bool, q_len: int, kv_len: int, n: int) -> str:
+    """How ring attention over ``n`` ranks lays out the sequence: "zigzag" for causal self-attention
+    without an explicit mask whose chunks halve evenly (every rank computes the same causal work),
+    else "contiguous"."""
+    if is_causal and not has_mask and q_len == kv_len and n > 1 and q_len % (2 * n) == 0:
+        return "zigzag"
+    return "contiguous"
