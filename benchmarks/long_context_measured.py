@@ -8,8 +8,8 @@ batch 1) with its activations sequence-split on 4 ranks, compiled four ways: rin
 (``ring_blocks.USE_FUSED = False`` while it runs), Ulysses (all-to-all to head-split attention),
 and the attention gathered (sdpa pinned ``R``: every rank attends the whole sequence). Per layout:
 what autograd keeps at the end of the forward on the largest rank (``CompiledModel.memory_probe``,
-measured) next to the planner's activation estimate, and the median step time over interleaved rounds (measured side by side in one
-run; the box is shared, so only the ratios mean something).
+measured) next to the planner's activation estimate, and the median step time over interleaved
+rounds (measured side by side in one run; the box is shared, so only the ratios mean something).
 """
 from __future__ import annotations
 
