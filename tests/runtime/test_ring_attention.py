@@ -2,8 +2,8 @@
 gradients of q, k and v, causal and not, with grouped-query heads, with a boolean mask and with a
 learned float bias (its gradient too), with whole blocks and with query rows tiled, in the
 contiguous layout and (causal) the zig-zag one; the zig-zag permutation round-trips. Both block
-paths: the fused kernel (taken by every case but the learned bias, which must stay on matmuls) and
-the matmul path forced for all cases."""
+paths: the fused kernel (masks allowed on it; taken by every case but the learned bias, which must
+stay on matmuls) and the matmul path forced for all cases."""
 from __future__ import annotations
 
 import torch
@@ -42,7 +42,7 @@ def ring_worker(rank: int, world: int, fused: bool = True) -> list:
     from autoshard.runtime.collectives import AxisComm
     from autoshard.runtime import ring_attention as ring_module
     from autoshard.runtime import ring_blocks
-    ring_blocks.USE_FUSED = fused
+    ring_blocks.USE_FUSED = ring_blocks.FUSED_MASKS = fused
     kernel_calls = [0]
     block_forward = ring_module.block_forward
 

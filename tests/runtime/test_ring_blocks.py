@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from autoshard.runtime import ring_blocks
 from autoshard.runtime.ring_blocks import block_path, fused_calls
 
 
@@ -61,9 +62,11 @@ def test_contiguous_calls_cover_causal_and_unequal_lengths():
     assert [c.is_causal for c in with_mask] == [False] and with_mask[0].keep is not None  # merged with the mask
 
 
-def test_block_path():
+def test_block_path(monkeypatch):
     q, kv = torch.randn(1, 4, 8, 8), torch.randn(1, 2, 8, 8)
     assert block_path(q, kv, kv, None) == "fused"
+    assert block_path(q, kv, kv, torch.ones(8, 8, dtype=torch.bool)) == "matmul"  # masks: FUSED_MASKS off
+    monkeypatch.setattr(ring_blocks, "FUSED_MASKS", True)
     assert block_path(q, kv, kv, torch.ones(8, 8, dtype=torch.bool)) == "fused"
     assert block_path(q, kv, kv, torch.zeros(1, 4, 8, 8)) == "fused"
     assert block_path(q, kv, kv, torch.zeros(1, 4, 8, 8, requires_grad=True)) == "matmul"  # learned bias
