@@ -24,11 +24,11 @@ about one ring step's traffic for q, k and v, and one for the output.
 
 Which kernel computes the blocks (``ring_blocks.block_path``): on CPU, 4-d float32/bfloat16/float16
 q, k, v without a mask (with a boolean mask or a float mask without gradient too when
-``ring_blocks.FUSED_MASKS``; off by default, see there) run torch's fused attention kernel per block (``ring_blocks``; it returns the block's log-sum-exp, and its backward takes the
-merged output and log-sum-exp), with one call per visible piece: whole pieces, the causal diagonal
-as a causal call, any other causal cut as an explicit mask. Everything else (a float mask that
-needs a gradient, as T5's learned bias; by default any mask; CUDA; other ranks or dtypes) runs the
-matmul path: each
+``ring_blocks.FUSED_MASKS``; off by default, see there) run torch's fused attention kernel per
+block (``ring_blocks``: it returns the block's log-sum-exp, and its backward takes the merged output
+and log-sum-exp), one call per visible piece: whole pieces, the causal diagonal as a causal call,
+any other causal cut as an explicit mask. Everything else (a float mask that needs a gradient, as
+T5's learned bias; by default any mask; CUDA; other ranks or dtypes) runs the matmul path: each
 block in float32 with plain matmuls, its query rows tiled so that the transient score matrix of a
 piece stays under ``TILE_BYTES``. Either way the backward keeps only q, k, v, the mask, the output
 and the log-sum-exp.
