@@ -3,12 +3,13 @@
     torchrun --nproc_per_node 4 benchmarks/long_context_measured.py [--seq 4096] [--rounds 3]
 
 One causal attention layer (``autoshard.testing.long_context.SeqAttention``: width 256, 8 heads,
-batch 1) with its activations sequence-split on 4 ranks, compiled three ways: ring attention
-(zig-zag), Ulysses (all-to-all to head-split attention), and the attention gathered (sdpa pinned
-``R``: every rank attends the whole sequence). Per layout: what autograd keeps at the end of the
-forward on the largest rank (``CompiledModel.memory_probe``, measured) next to the planner's
-activation estimate, and the median step time over interleaved rounds (measured side by side in one
-run; the box is shared, so only the ratios mean something).
+batch 1) with its activations sequence-split on 4 ranks, compiled four ways: ring attention
+(zig-zag) with its blocks through the fused kernel, the same ring with its blocks on the matmul path
+(``ring_blocks.USE_FUSED = False`` while it runs), Ulysses (all-to-all to head-split attention),
+and the attention gathered (sdpa pinned ``R``: every rank attends the whole sequence). Per layout:
+what autograd keeps at the end of the forward on the largest rank (``CompiledModel.memory_probe``,
+measured) next to the planner's activation estimate, and the median step time over interleaved
+rounds (measured side by side in one run; the box is shared, so only the ratios mean something).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 import autoshard
+from autoshard.runtime import ring_blocks
 from autoshard.passes.units import human_bytes
 from autoshard.testing.long_context import SDPA_NODES, cp_pins, seq_attention
 
@@ -35,9 +37,12 @@ def main() -> None:
     mesh = (world,)
     gathered = cp_pins(mesh, "ring")
     gathered["ops"] = {**gathered["ops"], SDPA_NODES: ("R",)}
-    layouts = {"ring (zig-zag)": cp_pins(mesh, "ring"), "ulysses": cp_pins(mesh, "ulysses"), "gathered": gathered}
+    matmul = "ring (zig-zag), matmul blocks"
+    layouts = {"ring (zig-zag), fused blocks": cp_pins(mesh, "ring"), matmul: cp_pins(mesh, "ring"),
+               "ulysses": cp_pins(mesh, "ulysses"), "gathered": gathered}
     built = {}
     for label, pins in layouts.items():
+        ring_blocks.USE_FUSED = label != matmul
         torch.manual_seed(0)
         model, inputs, target, loss_fn = seq_attention(8, 8, True, seq=args.seq, batch=1, d=256)
         cm = autoshard.compile(model, mesh, example_inputs=inputs, loss_fn=loss_fn, example_target=target,
@@ -50,6 +55,7 @@ def main() -> None:
     times = {label: [] for label in built}
     for _ in range(args.rounds):
         for label, (cm, inputs, target, *_rest) in built.items():
+            ring_blocks.USE_FUSED = label != matmul
             dist.barrier()
             t = time.perf_counter()
             cm.step(*inputs, target=target)

@@ -22,8 +22,16 @@ exchange of q, k and v halves before the ring, the inverse for the output after,
 in the backward), so everything outside attention keeps the contiguous ``S(seq)`` layout. Its cost is
 about one ring step's traffic for q, k and v, and one for the output.
 
-Each block is computed in float32 with plain matmuls, its query rows tiled so that the transient
-score matrix of a piece stays under ``TILE_BYTES`` (no fused attention kernel per block yet).
+Which kernel computes the blocks (``ring_blocks.block_path``): on CPU, 4-d float32/bfloat16/float16
+q, k, v without a mask (with a boolean mask or a float mask without gradient too when
+``ring_blocks.FUSED_MASKS``; off by default, see there) run torch's fused attention kernel per
+block (``ring_blocks``: it returns the block's log-sum-exp, and its backward takes the merged output
+and log-sum-exp), one call per visible piece: whole pieces, the causal diagonal as a causal call,
+any other causal cut as an explicit mask. Everything else (a float mask that needs a gradient, as
+T5's learned bias; by default any mask; CUDA; other ranks or dtypes) runs the matmul path: each
+block in float32 with plain matmuls, its query rows tiled so that the transient score matrix of a
+piece stays under ``TILE_BYTES``. Either way the backward keeps only q, k, v, the mask, the output
+and the log-sum-exp.
 
 Grouped-query attention (``Hq = g * Hkv``, ``enable_gqa``) maps q head h to kv head ``h // g``.
 ``attn_mask`` (bool: True attends; float: added to the scores) is given for the local queries and
@@ -40,6 +48,7 @@ import torch
 import torch.distributed as dist
 
 from .collectives import AxisComm
+from .ring_blocks import block_backward, block_forward, block_path, call_mask, fused_calls
 
 __all__ = ["ring_attention", "RingAttention", "to_zigzag", "from_zigzag"]
 
@@ -52,12 +61,13 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask:
     self-attention without ``attn_mask`` (see ``passes.sharding.rules.attention.ring_layout``)."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
+    fused = block_path(q, k, v, attn_mask) == "fused"
     if layout == "contiguous":
-        return RingAttention.apply(q, k, v, attn_mask, bool(is_causal), float(scale), comm, False)
+        return RingAttention.apply(q, k, v, attn_mask, bool(is_causal), float(scale), comm, False, fused)
     if layout != "zigzag" or attn_mask is not None or not is_causal:
         raise ValueError(f"ring attention layout {layout!r} needs causal attention without attn_mask")
     q, k, v = (to_zigzag(t, comm) for t in (q, k, v))
-    out, lse = RingAttention.apply(q, k, v, None, True, float(scale), comm, True)
+    out, lse = RingAttention.apply(q, k, v, None, True, float(scale), comm, True, fused)
     with torch.no_grad():
         lse = _permute(lse.unsqueeze(-1), comm, False).squeeze(-1)
     return from_zigzag(out, comm), lse
@@ -226,9 +236,77 @@ def _cols(x: torch.Tensor, idx) -> torch.Tensor:
     return x if idx is None else x.index_select(-2, idx)
 
 
+def _fused_forward(q, k, v, mask, causal, scale, ring, zigzag):
+    """The ring's forward with each block through the fused kernel: (output, float32 lse)."""
+    n, i = ring.n, ring.i
+    lc, sc = q.shape[-2], k.shape[-2]
+    q_ranges = _ranges(i, n, lc, zigzag)
+    lse = torch.full(q.shape[:-1], float("-inf"), device=q.device)
+    out = torch.zeros(q.shape[:-1] + (v.shape[-1],), device=q.device)
+    kv = _pack(k, v)
+    for t in range(n):
+        j = (i - t) % n
+        pending = ring.start(kv) if t < n - 1 else None
+        kb, vb = _unpack(kv, (k, v))
+        for call in fused_calls(q_ranges, _ranges(j, n, sc, zigzag), causal, mask is not None, q.device):
+            rows = call.rows
+            block_out, block_lse = block_forward(q[..., rows, :], kb[..., call.cols, :], vb[..., call.cols, :],
+                                                 call_mask(mask, call, q.dtype), call.is_causal, scale)
+            old = lse[..., rows]
+            new = torch.logaddexp(old, block_lse)
+            safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+            out[..., rows, :] = (out[..., rows, :] * torch.exp(old - safe).unsqueeze(-1)
+                                 + block_out.float() * torch.exp(block_lse - safe).unsqueeze(-1))
+            lse[..., rows] = new
+        if pending is not None:
+            kv, reqs = pending
+            ring.finish(reqs)
+    return out.to(q.dtype), lse
+
+
+def _fused_backward(dout, q, k, v, mask, out, lse, causal, scale, ring, zigzag):
+    """The ring's backward with each block's gradients from the fused kernel: (dq, dk, dv)."""
+    n, i = ring.n, ring.i
+    lc, sc = q.shape[-2], k.shape[-2]
+    q_ranges = _ranges(i, n, lc, zigzag)
+    dout = dout.to(q.dtype)
+    safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    dq = torch.zeros(q.shape, device=q.device)
+    dk, dv = torch.zeros(k.shape, device=q.device), torch.zeros(v.shape, device=q.device)
+    kb, vb = k, v
+    for t in range(n):
+        j = (i - t) % n
+        kv_pending = ring.start(_pack(kb, vb)) if t < n - 1 else None
+        for call in fused_calls(q_ranges, _ranges(j, n, sc, zigzag), causal, mask is not None, q.device):
+            rows, cols = call.rows, call.cols
+            gq, gk, gv = block_backward(dout[..., rows, :], q[..., rows, :], kb[..., cols, :], vb[..., cols, :],
+                                        out[..., rows, :], safe[..., rows], call_mask(mask, call, q.dtype),
+                                        call.is_causal, scale)
+            dq[..., rows, :] += gq
+            dk[..., cols, :] += gk
+            dv[..., cols, :] += gv
+        if n == 1:
+            break
+        buf, reqs = ring.start(_pack(dk, dv))  # the accumulators follow the chunk, as in the matmul path
+        ring.finish(reqs)
+        dk, dv = _unpack(buf, (dk, dv))
+        if kv_pending is not None:
+            kv_buf, kv_reqs = kv_pending
+            ring.finish(kv_reqs)
+            kb, vb = _unpack(kv_buf, (kb, vb))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
 class RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, causal, scale, comm, zigzag):
+    def forward(ctx, q, k, v, mask, causal, scale, comm, zigzag, fused=False):
+        ctx.fused = fused
+        if fused:
+            out_q, lse_q = _fused_forward(q, k, v, mask, causal, scale, _Ring(comm), zigzag)
+            ctx.save_for_backward(q, k, v, mask, out_q, lse_q)
+            ctx.causal, ctx.scale, ctx.comm, ctx.zigzag = causal, scale, comm, zigzag
+            ctx.mark_non_differentiable(lse_q)
+            return out_q, lse_q
         ring = _Ring(comm)
         n, i = ring.n, ring.i
         lc, sc, hkv = q.shape[-2], k.shape[-2], k.shape[-3]
@@ -265,6 +343,9 @@ class RingAttention(torch.autograd.Function):
         q, k, v, mask, out, lse = ctx.saved_tensors
         causal, scale, zigzag = ctx.causal, ctx.scale, ctx.zigzag
         ring = _Ring(ctx.comm)
+        if ctx.fused:
+            dq, dk, dv = _fused_backward(dout, q, k, v, mask, out, lse, causal, scale, ring, zigzag)
+            return dq, dk, dv, None, None, None, None, None, None
         n, i = ring.n, ring.i
         lc, sc, hkv = q.shape[-2], k.shape[-2], k.shape[-3]
         q_ranges = _tiles(_ranges(i, n, lc, zigzag), q, sc)
@@ -307,7 +388,8 @@ class RingAttention(torch.autograd.Function):
                 ring.finish(kv_reqs)
                 kf, vf = _unpack(kv_buf, (kf, vf))
         dmask = None if dmask is None else dmask.to(mask.dtype)
-        return (dq.flatten(-4, -3).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask, None, None, None, None)
+        return (dq.flatten(-4, -3).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask, None, None, None, None,
+                None)
 
 
 def _add_mask_grad(dmask: torch.Tensor, dscores: torch.Tensor, rows: slice, k0: int, sc: int) -> None:

@@ -1,7 +1,9 @@
 """Ring attention on 4 gloo ranks equals the unsharded ``scaled_dot_product_attention``: forward and the
 gradients of q, k and v, causal and not, with grouped-query heads, with a boolean mask and with a
 learned float bias (its gradient too), with whole blocks and with query rows tiled, in the
-contiguous layout and (causal) the zig-zag one; the zig-zag permutation round-trips."""
+contiguous layout and (causal) the zig-zag one; the zig-zag permutation round-trips. Both block
+paths: the fused kernel (masks allowed on it; taken by every case but the learned bias, which must
+stay on matmuls) and the matmul path forced for all cases."""
 from __future__ import annotations
 
 import torch
@@ -35,10 +37,19 @@ def _inputs(hq, hkv, use_mask, seq=16):
     return q, k, v, mask, dout
 
 
-def ring_worker(rank: int, world: int) -> list:
+def ring_worker(rank: int, world: int, fused: bool = True) -> list:
     import torch.distributed as dist
     from autoshard.runtime.collectives import AxisComm
     from autoshard.runtime import ring_attention as ring_module
+    from autoshard.runtime import ring_blocks
+    ring_blocks.USE_FUSED = ring_blocks.FUSED_MASKS = fused
+    kernel_calls = [0]
+    block_forward = ring_module.block_forward
+
+    def counted(*args, **kwargs):
+        kernel_calls[0] += 1
+        return block_forward(*args, **kwargs)
+    ring_module.block_forward = counted
     from autoshard.runtime.ring_attention import from_zigzag, ring_attention, to_zigzag
     comm = AxisComm("cp", world, rank, dist.group.WORLD)
     failures = []
@@ -57,7 +68,10 @@ def ring_worker(rank: int, world: int) -> list:
         mine = lambda t: t.chunk(world, dim=-2)[rank]  # noqa: E731
         local = [mine(t).clone().requires_grad_() for t in (q, k, v)]
         local_mask = None if mask is None else mask.chunk(world, dim=-2)[rank].clone().requires_grad_(learned)
+        kernel_calls[0] = 0
         got, _ = ring_attention(*local, local_mask, causal, None, comm, layout)
+        if (kernel_calls[0] > 0) != (fused and not learned):
+            failures.append(f"{name} rank {rank}: {kernel_calls[0]} fused kernel calls with fused={fused}")
         got.backward(mine(dout))
         checks = [("output", got, mine(want))] + [(f"grad {n}", t.grad, mine(f.grad))
                                                   for n, t, f in zip("qkv", local, full)]
@@ -78,4 +92,42 @@ def ring_worker(rank: int, world: int) -> list:
 
 def test_ring_attention_equals_unsharded_attention():
     failures = [f for per_rank in run_ranks(ring_worker, 4) for f in per_rank]
+    assert not failures, "\n".join(failures)
+
+
+def test_ring_attention_matmul_path_equals_unsharded_attention():
+    failures = [f for per_rank in run_ranks(ring_worker, 4, False) for f in per_rank]
+    assert not failures, "\n".join(failures)
+
+
+def bf16_worker(rank: int, world: int) -> list:
+    """bfloat16 q, k, v through the fused path (contiguous and zig-zag, causal, grouped-query heads)
+    stay within bfloat16 rounding of float32 one-device attention."""
+    import torch.distributed as dist
+    from autoshard.runtime.collectives import AxisComm
+    from autoshard.runtime.ring_attention import ring_attention
+    from autoshard.runtime.ring_blocks import block_path
+    comm = AxisComm("cp", world, rank, dist.group.WORLD)
+    q, k, v, _, dout = _inputs(4, 2, False, seq=32)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = F.scaled_dot_product_attention(*full, is_causal=True, enable_gqa=True)
+    want.backward(dout)
+    mine = lambda t: t.chunk(world, dim=-2)[rank]  # noqa: E731
+    failures = []
+    for layout in ("contiguous", "zigzag"):
+        local = [mine(t).bfloat16().requires_grad_() for t in (q, k, v)]
+        if block_path(*local, None) != "fused":
+            failures.append(f"bf16 {layout} rank {rank}: not on the fused path")
+        got, _ = ring_attention(*local, None, True, None, comm, layout)
+        got.backward(mine(dout).bfloat16())
+        for what, a, b in [("output", got, mine(want))] + [(f"grad {n}", t.grad, mine(f.grad))
+                                                          for n, t, f in zip("qkv", local, full)]:
+            err = (a.float() - b).abs().max().item()
+            if not torch.allclose(a.float(), b, atol=5e-2, rtol=2e-2):
+                failures.append(f"bf16 {layout} rank {rank}: {what} differs by {err:.3g}")
+    return failures
+
+
+def test_ring_attention_bfloat16_fused_path():
+    failures = [f for per_rank in run_ranks(bf16_worker, 4) for f in per_rank]
     assert not failures, "\n".join(failures)
