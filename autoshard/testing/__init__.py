@@ -9,7 +9,8 @@
 - ``equivalence``: the one harness that trains a distributed program next to a single-device copy
   and lists every difference (loss each step, gradients, the full state dict at the end).
 - ``levers``: for the memory-lever tests and benchmarks: batch makers, ZeRO-3 layouts, the one-device
-  reference of gradient accumulation, wrappers that step twice or measure memory.
+  reference of gradient accumulation, wrappers that step twice or measure memory;
+  ``memory_estimates``: one step per lever case measured next to the plan's estimate.
 - ``rule_numerics``: checks every strategy a sharding rule claims against the unsharded op.
 - ``hf_zoo``: tiny configs of 19 Hugging Face architectures, each with a batch and a loss;
   ``zoo_check``: runs them through autoshard on gloo ranks against one device, per architecture.

@@ -29,9 +29,11 @@ from autoshard.runtime.memory_probe import MemoryProbe
 
 from .models import BlockCNN, gpt, hf_llama, lm_loss
 
-__all__ = ["MICRO", "build", "zero3", "zero3_plan", "layout_pins", "planned", "accumulated_loss", "Twice", "Probed"]
+__all__ = ["MICRO", "BLOCK_TYPES", "build", "zero3", "zero3_plan", "layout_pins", "planned", "accumulated_loss", "Twice", "Probed"]
 
 MICRO = 8  # the (micro)batch programs are traced at; a global batch is MICRO * accumulation
+#: each model's repeated-block type, the key of its per-block lever policy
+BLOCK_TYPES = {"gpt": "blocks.#", "hf_llama": "model.layers.#", "cnn": "blocks.#"}
 
 _TP = {
     "gpt": ([f"blocks.{i}.{n}" for i in range(2) for n in ("q", "k", "v", "fc")],

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from autoshard.testing.equivalence import Tolerance, adamw, failures_of, train_against_one_device
-from autoshard.testing.levers import MICRO, Probed, Twice, accumulated_loss, build, planned
+from autoshard.testing.levers import BLOCK_TYPES, MICRO, Probed, Twice, accumulated_loss, build, planned
 from autoshard.testing.ranks import run_ranks
 
 TOL = Tolerance(rtol=1e-4, atol=2e-5)
@@ -58,13 +58,12 @@ def levers_worker(rank: int, world: int, model_name: str, meshes, baseline: bool
     model, batch, loss_fn, layers = build(model_name)
     inputs, target = batch(MICRO, 0)
     captured = capture(model, inputs, loss_fn=loss_fn, target=target)
-    block_type = "model.layers.#" if model_name == "hf_llama" else "blocks.#"
     for mesh_shape in meshes:
         env = setup_distributed(Mesh.of(mesh_shape))
         strategies = planned(captured, model, mesh_shape, layers, rank, env)
         for name, k, ckpt, reshard, twice in CASES[0 if baseline else 1:]:
             case = f"{model_name} mesh={mesh_shape} {name}"
-            levers = Levers(k, {block_type: BlockPolicy(ckpt, reshard)})
+            levers = Levers(k, {BLOCK_TYPES[model_name]: BlockPolicy(ckpt, reshard)})
             rp = RankProgram(captured, strategies, mesh_shape, env=env, model=model, levers=levers)
             probed = Probed(rp)
             failures += train_against_one_device(
