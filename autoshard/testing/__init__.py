@@ -12,7 +12,7 @@
   reference of gradient accumulation, wrappers that step twice or measure memory;
   ``memory_estimates``: one step per lever case measured next to the plan's estimate.
 - ``rule_numerics``: checks every strategy a sharding rule claims against the unsharded op.
-- ``hf_zoo``: tiny configs of 19 Hugging Face architectures, each with a batch and a loss;
+- ``hf_zoo``: tiny configs of Hugging Face models (``ZOO``: 21 of them), each with a batch and a loss;
   ``zoo_check``: runs them through autoshard on gloo ranks against one device, per architecture.
 - ``custom_ops``: ``torch.library`` custom ops and a model calling them (``register_sharding``'s tests).
 - ``svg_plot``: a dependency-free SVG line plot for benchmark figures.

@@ -97,6 +97,13 @@ def qwen2():
         num_key_value_heads=2, vocab_size=VOCAB, **_COMMON)))
 
 
+def falcon():
+    from transformers import FalconConfig, FalconForCausalLM
+    return _causal(FalconForCausalLM(FalconConfig(
+        num_hidden_layers=LAYERS, hidden_size=WIDTH, num_attention_heads=HEADS, vocab_size=VOCAB,
+        hidden_dropout=0, attention_dropout=0, bos_token_id=0, eos_token_id=0, **_COMMON)))
+
+
 def gemma():
     from transformers import GemmaConfig, GemmaForCausalLM
     return _causal(GemmaForCausalLM(GemmaConfig(
@@ -243,7 +250,7 @@ ZOO: dict[str, Callable] = {
     "t5": t5, "bart": bart, "whisper": whisper,
     "vit": vit, "clip": clip,
     "gpt2": gpt2, "gpt_neox": gpt_neox, "opt": opt, "llama": llama, "mistral": mistral, "qwen2": qwen2,
-    "gemma": gemma, "phi": phi,
+    "falcon": falcon, "gemma": gemma, "phi": phi,
     "mixtral": mixtral, "mixtral_batched": mixtral_batched, "mixtral_grouped_mm": mixtral_grouped_mm,
     "qwen2_moe": qwen2_moe, "deepseek_v3": deepseek_v3,
 }
@@ -252,7 +259,8 @@ KINDS = {
     "bert": "encoder", "roberta": "encoder", "t5": "encoder-decoder", "bart": "encoder-decoder",
     "whisper": "encoder-decoder (audio)", "vit": "vision", "clip": "vision + text", "gpt2": "decoder",
     "gpt_neox": "decoder", "opt": "decoder", "llama": "decoder", "mistral": "decoder", "qwen2": "decoder",
-    "gemma": "decoder", "phi": "decoder", "mixtral": "MoE (experts as one moe_experts op)",
+    "falcon": "decoder (multi-query, parallel attention)", "gemma": "decoder", "phi": "decoder",
+    "mixtral": "MoE (experts as one moe_experts op)",
     "mixtral_batched": "MoE (batched_mm experts)", "mixtral_grouped_mm": "MoE (grouped-GEMM experts as written)",
     "qwen2_moe": "MoE", "deepseek_v3": "MoE (MLA)",
 }

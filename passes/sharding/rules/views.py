@@ -114,6 +114,8 @@ def _permutation(call: OpCall) -> list[int]:
         perm = [1, 0]
     elif name == "mT":
         perm[-2], perm[-1] = perm[-1], perm[-2]
+    elif name == "numpy_T":  # ``x.T``: every dim reversed (Falcon's attention writes it)
+        perm = perm[::-1]
     elif name == "permute":
         perm = [norm_dim(int(d), n) for d in args["dims"]]
     elif name == "movedim":
@@ -130,7 +132,7 @@ def _permutation(call: OpCall) -> list[int]:
 
 
 @register_rule(aten.transpose.int, aten.t.default, aten.permute.default, aten.movedim, aten.mT.default,
-               aten.swapaxes.default, aten.swapdims.default, float_partials_only=True)
+               aten.numpy_T.default, aten.swapaxes.default, aten.swapdims.default, float_partials_only=True)
 def permute_rule(call: OpCall) -> list[Strategy1D]:
     x = call.inputs[0]
     perm = _permutation(call)

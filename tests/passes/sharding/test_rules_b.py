@@ -148,7 +148,8 @@ CASES = {
     "view_mixed": (lambda x, u: (x.view(2, 12, 8), u.view(4, 6), u.view(4, 6, 1), u.view(24)),
                    lambda: (f64(4, 6, 8), f64(4, 1, 6))),
     "permute": (lambda x, m: (x.transpose(0, 1), m.t(), x.permute(2, 0, 1), x.movedim(0, 2), x.mT,
-                              x.swapaxes(0, 2), x.swapdims(1, 2)), lambda: (f64(4, 6, 8), f64(4, 6))),
+                              x.swapaxes(0, 2), x.swapdims(1, 2), aten.numpy_T(x), m.T),
+                lambda: (f64(4, 6, 8), f64(4, 6))),
     "squeeze": (lambda x, u: (u.squeeze(1), u.squeeze(), u.squeeze((1,)), x.unsqueeze(0), x.unsqueeze(-1),
                               x.squeeze(0)), lambda: (f64(4, 6, 8), f64(4, 1, 8))),
     "expand": (lambda u, z, x: (u.expand(4, 6, 8), z.expand(4, 6, 8), u.expand(-1, 6, -1), u.expand_as(x)),
@@ -311,3 +312,9 @@ def test_harness_catches_wrong_strategies(monkeypatch, fn, inputs, target, bogus
     monkeypatch.setitem(RULES, target, lambda call: [wrong])
     with pytest.raises(AssertionError, match="under"):
         check(fn, *inputs, ns=(2,), only=target)
+
+
+def test_numpy_T_reverses_every_dim():
+    """``x.T`` (Falcon's attention) keeps each split dim split, at its reversed position."""
+    report = check(lambda x: (aten.numpy_T(x),), f64(4, 6, 8), only=aten.numpy_T.default)
+    assert {"(S(0))->(S(2))", "(S(1))->(S(1))", "(S(2))->(S(0))"} <= strategies_of(report, aten.numpy_T.default)
