@@ -57,7 +57,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask:
                    is_causal: bool, scale: Optional[float], comm: AxisComm,
                    layout: str = "contiguous") -> tuple[torch.Tensor, torch.Tensor]:
     """``(output, logsumexp)`` of this rank's contiguous query chunk; output ``(..., Hq, L/n, Ev)``,
-    logsumexp ``(..., Hq, L/n)`` in float32 (not differentiable). ``layout="zigzag"`` needs causal
+    logsumexp ``(..., Hq, L/n)`` in float32, or float64 for float64 inputs (not differentiable). ``layout="zigzag"`` needs causal
     self-attention without ``attn_mask`` (see ``passes.sharding.rules.attention.ring_layout``)."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -155,6 +155,12 @@ class _Ring:
     def finish(reqs) -> None:
         for r in reqs:
             r.wait()
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the matmul path computes scores and accumulates in: float32 for half types, the input's
+    own dtype when it is wider (a float64 model stays float64 rather than losing precision here)."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def _pack(*ts: torch.Tensor) -> torch.Tensor:
@@ -311,14 +317,15 @@ class RingAttention(torch.autograd.Function):
         n, i = ring.n, ring.i
         lc, sc, hkv = q.shape[-2], k.shape[-2], k.shape[-3]
         q_ranges = _tiles(_ranges(i, n, lc, zigzag), q, sc)
-        qg = _grouped(q.float(), hkv)
-        lse = torch.full(qg.shape[:-1], float("-inf"), device=q.device)
-        out = torch.zeros(qg.shape[:-1] + (v.shape[-1],), device=q.device)
+        acc = accumulation_dtype(q.dtype)
+        qg = _grouped(q.to(acc), hkv)
+        lse = torch.full(qg.shape[:-1], float("-inf"), dtype=acc, device=q.device)
+        out = torch.zeros(qg.shape[:-1] + (v.shape[-1],), dtype=acc, device=q.device)
         kv = _pack(k, v)
         for t in range(n):
             j = (i - t) % n
             pending = ring.start(kv) if t < n - 1 else None
-            kb, vb = (x.float() for x in _unpack(kv, (k, v)))
+            kb, vb = (x.to(acc) for x in _unpack(kv, (k, v)))
             for rows, idx, keep in _Blocks(q_ranges, _ranges(j, n, sc, zigzag), causal, q.device).pieces:
                 s = _scores(qg[..., rows, :], _cols(kb, idx), _mask_block(mask, rows, j * sc, sc), keep, scale)
                 old = lse[..., rows]
@@ -349,15 +356,16 @@ class RingAttention(torch.autograd.Function):
         n, i = ring.n, ring.i
         lc, sc, hkv = q.shape[-2], k.shape[-2], k.shape[-3]
         q_ranges = _tiles(_ranges(i, n, lc, zigzag), q, sc)
-        qg = _grouped(q.float(), hkv)
-        dog = _grouped(dout.float(), hkv)
-        lse_g = _grouped(lse.unsqueeze(-1), hkv).squeeze(-1)
+        acc = accumulation_dtype(q.dtype)
+        qg = _grouped(q.to(acc), hkv)
+        dog = _grouped(dout.to(acc), hkv)
+        lse_g = _grouped(lse.to(acc).unsqueeze(-1), hkv).squeeze(-1)
         safe = torch.where(torch.isinf(lse_g), torch.zeros_like(lse_g), lse_g)
-        delta = (dog * _grouped(out.float(), hkv)).sum(-1, keepdim=True)
+        delta = (dog * _grouped(out.to(acc), hkv)).sum(-1, keepdim=True)
         dq = torch.zeros_like(qg)
-        kf, vf = k.float(), v.float()
+        kf, vf = k.to(acc), v.to(acc)
         dk, dv = torch.zeros_like(kf), torch.zeros_like(vf)
-        dmask = torch.zeros(mask.shape, device=q.device) if ctx.needs_input_grad[3] else None
+        dmask = torch.zeros(mask.shape, dtype=acc, device=q.device) if ctx.needs_input_grad[3] else None
         for t in range(n):
             j = (i - t) % n
             kv_pending = ring.start(_pack(kf, vf)) if t < n - 1 else None  # the chunk moves on during the block

@@ -15,6 +15,11 @@ test gathers them with ``run_ranks`` and asserts there are none::
     failures = failures_of(run_ranks(worker, 4))
     assert not failures, "\\n".join(failures)
 
+``tol`` is a fixed ``Tolerance`` or a ``NoiseFloor``: then a float64 twin of the reference trains
+alongside, and each quantity may be ``factor`` times as far from the float64 result as the float32
+reference is (``autoshard/testing/noise_floor.py``); gradients are then checked by ``gradients=``
+(``compiled_gradient_mismatches`` or ``pipeline_gradient_mismatches``) with the measured tolerances.
+
 Every step: the program's loss (``program.step(*inputs, target=target)``, ``**inputs`` for a dict)
 must equal the reference's (``|got - want| <= atol + rtol |want|``); the first step that differs is
 reported and ends the training. After the first backward and before any optimizer step,
@@ -24,23 +29,39 @@ reference's state-dict names, each with the same shape and values within toleran
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 import torch
 
 from autoshard.runtime.layout import shard_tensor
+from autoshard.testing.noise_floor import NoiseFloor, UNIT_ROUNDOFF, allowed_distances, measured_distance
 
-__all__ = ["Tolerance", "adamw", "train_against_one_device", "tensor_mismatches", "compiled_gradient_mismatches",
+__all__ = ["Tolerance", "NoiseFloor", "adamw", "train_against_one_device", "tensor_mismatches", "compiled_gradient_mismatches",
            "pipeline_gradient_mismatches", "failures_of"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Tolerance:
-    """``close`` means ``|got - want| <= atol + rtol |want|`` elementwise; gradients use ``grad_atol``."""
+    """``close`` means ``|got - want| <= atol + rtol |want|`` elementwise; gradients use ``grad_atol``.
+    ``per_name`` (measured by ``NoiseFloor``) replaces both for the tensors it names: there ``close``
+    means ``max |got - want| <= per_name[name]``."""
     rtol: float = 1e-4
     atol: float = 2e-5
     grad_atol: float = 1e-6
+    per_name: Optional[Mapping[str, float]] = dataclasses.field(default=None, compare=False, hash=False)
+    factor: float = 1.0  # per_name bounds are this factor times a measured floor (for ``ratios``)
+    ratios: Optional[list] = dataclasses.field(default=None, compare=False, hash=False)
+
+    def named_close(self, name: str, got: torch.Tensor, want: torch.Tensor, atol: Optional[float] = None) -> bool:
+        """``tensor_close``, or the measured bound where ``per_name`` has ``name``."""
+        if self.per_name is not None and name in self.per_name:
+            distance, bound = measured_distance(got, want), self.per_name[name]
+            if self.ratios is not None and bound > 0:
+                self.ratios.append((name, distance * self.factor / bound))
+            return distance <= bound
+        return self.tensor_close(got, want, atol=atol)
 
     def loss_close(self, got: float, want: float) -> bool:
         return abs(got - want) <= self.atol + self.rtol * abs(want)  # False on NaN
@@ -66,8 +87,11 @@ def _as_inputs(inputs):
 
 def train_against_one_device(label: str, program, reference: torch.nn.Module, batches, *,
                              loss_fn: Optional[Callable] = None, reference_loss: Optional[Callable] = None,
-                             steps: int = 3, optimizer: Callable = adamw(), tol: Tolerance = Tolerance(),
-                             check_gradients: Optional[Callable[[Any, torch.nn.Module], list]] = None) -> list[str]:
+                             steps: int = 3, optimizer: Callable = adamw(),
+                             tol: Union[Tolerance, NoiseFloor] = Tolerance(),
+                             check_gradients: Optional[Callable[[Any, torch.nn.Module], list]] = None,
+                             gradients: Optional[Callable[[str, Any, torch.nn.Module, Tolerance], list]] = None
+                             ) -> list[str]:
     """Train ``program`` and ``reference`` (a single-device copy of the same model) side by side for
     ``steps`` steps; return what differed, each string starting with ``label``.
 
@@ -84,7 +108,10 @@ def train_against_one_device(label: str, program, reference: torch.nn.Module, ba
             return loss_fn(out.logits if hasattr(out, "logits") else out, target)
 
     batch_at = batches if callable(batches) else (lambda step: batches)
+    noise = tol if isinstance(tol, NoiseFloor) else None
+    twin = copy.deepcopy(reference).double() if noise else None
     opt, ref_opt = optimizer(program.parameters()), optimizer(reference.parameters())
+    twin_opt = optimizer(twin.parameters()) if noise else None
     failures = []
     for step in range(steps):
         inputs, target = batch_at(step)
@@ -95,17 +122,57 @@ def train_against_one_device(label: str, program, reference: torch.nn.Module, ba
             got = program.step(*inputs, target=target)
         want = reference_loss(reference, inputs, target)
         want.backward()
-        if step == 0 and check_gradients is not None:
-            failures += check_gradients(program, reference)
-        ref_opt.step()
-        ref_opt.zero_grad()
-        opt.step()
-        opt.zero_grad()
-        if not tol.loss_close(got, want.item()):
-            failures.append(f"{label}: loss at step {step} is {got:.7f}, one device gives {want.item():.7f}")
+        want64 = None
+        if noise:
+            want64 = reference_loss(twin, _to_float64(inputs), _to_float64(target))
+            want64.backward()
+        if step == 0:
+            if check_gradients is not None:
+                failures += check_gradients(program, reference)
+            if gradients is not None:
+                if noise:
+                    measured = Tolerance(per_name=allowed_distances(_grads(reference), _grads(twin), noise.factor),
+                                         factor=noise.factor, ratios=noise.ratios)
+                    failures += gradients(label, program, twin, measured)
+                else:
+                    failures += gradients(label, program, reference, tol)
+        for o in (ref_opt, opt) + ((twin_opt,) if noise else ()):
+            o.step()
+            o.zero_grad()
+        if noise:
+            exact = want64.item()
+            allowed = noise.factor * max(abs(want.item() - exact), UNIT_ROUNDOFF * abs(exact))
+            close, shown = abs(got - exact) <= allowed, f"{exact:.7f} (float64; allowed distance {allowed:.3g})"
+            if noise.ratios is not None and allowed > 0:
+                noise.ratios.append((f"loss at step {step}", abs(got - exact) * noise.factor / allowed))
+        else:
+            close, shown = tol.loss_close(got, want.item()), f"{want.item():.7f}"
+        if not close:
+            failures.append(f"{label}: loss at step {step} is {got:.7f}, one device gives {shown}")
             break
+    if noise:
+        final = twin.state_dict()
+        tol = Tolerance(per_name=allowed_distances(reference.state_dict(), final, noise.factor),
+                        factor=noise.factor, ratios=noise.ratios)
+    else:
+        final = reference.state_dict()
     return failures + tensor_mismatches(f"{label}, full_state_dict after {steps} steps vs one device",
-                                        program.full_state_dict(), reference.state_dict(), tol)
+                                        program.full_state_dict(), final, tol)
+
+
+def _to_float64(value):
+    """``value`` (a tensor, or a tuple/list/dict of them) with its floating-point tensors in float64."""
+    if isinstance(value, torch.Tensor):
+        return value.double() if value.is_floating_point() else value
+    if isinstance(value, dict):
+        return {k: _to_float64(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_float64(v) for v in value)
+    return value
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad for n, p in model.named_parameters(remove_duplicate=False) if p.grad is not None}
 
 
 def tensor_mismatches(label: str, got: dict, want: dict, tol: Tolerance = Tolerance()) -> list[str]:
@@ -114,7 +181,7 @@ def tensor_mismatches(label: str, got: dict, want: dict, tol: Tolerance = Tolera
     out = [f"{label}: {key} is missing" for key in want if key not in got]
     out += [f"{label}: {key} is extra" for key in got if key not in want]
     for key, value in want.items():
-        if key in got and not tol.tensor_close(got[key], value):
+        if key in got and not tol.named_close(key, got[key], value):
             g = got[key]
             err = (g.float() - value.float()).abs().max().item() if g.shape == value.shape else \
                 f"shape {tuple(g.shape)} vs {tuple(value.shape)}"
@@ -134,8 +201,8 @@ def compiled_gradient_mismatches(label: str, cm, reference: torch.nn.Module, tol
                 out.append(f"{label}: {name} has a gradient on one side only")
             continue
         want = shard_tensor(want, cm.plan.param_placements[name], env.mesh.shape, env.coordinate)
-        if not tol.tensor_close(local.grad, want, atol=tol.grad_atol):
-            out.append(f"{label}: gradient of {name} differs (max err {(local.grad - want).abs().max().item():.3g})")
+        if not tol.named_close(name, local.grad, want, atol=tol.grad_atol):
+            out.append(f"{label}: gradient of {name} differs (max err {measured_distance(local.grad, want):.3g})")
     return out
 
 
@@ -149,8 +216,8 @@ def pipeline_gradient_mismatches(label: str, prog, reference: torch.nn.Module,
         for ph, p in zip(stage.param_names, stage.params):
             name = stage.graph.captured.params[ph]
             want = shard_tensor(full[name], stage.grad_layout(ph), stage.env.mesh.shape, stage.env.coordinate)
-            if p.grad is None or not tol.tensor_close(p.grad, want, atol=tol.grad_atol):
-                err = "none" if p.grad is None else f"{(p.grad - want).abs().max().item():.3g}"
+            if p.grad is None or not tol.named_close(name, p.grad, want, atol=tol.grad_atol):
+                err = "none" if p.grad is None else f"{measured_distance(p.grad, want):.3g}"
                 out.append(f"{label}: stage {s} gradient of {name} differs from one device (max err {err})")
     return out
 

@@ -15,22 +15,26 @@ another's result. Timings are rank 0's.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 
-from autoshard.testing.equivalence import Tolerance, compiled_gradient_mismatches, train_against_one_device
+from autoshard.testing.equivalence import NoiseFloor, Tolerance, compiled_gradient_mismatches, train_against_one_device
 from autoshard.testing.hf_zoo import build
 
-__all__ = ["ZooResult", "CASES", "zoo_worker", "merge_results"]
+__all__ = ["ZooResult", "CASES", "TOL", "FLOAT64_TOL", "zoo_worker", "merge_results"]
 
 #: (mesh, seed): the solver's plan on a 2-D mesh, random plans on both meshes.
 CASES: tuple = (((2, 2), None), ((4,), 1), ((2, 2), 2))
 STEPS = 2
-TOL = Tolerance(rtol=1e-4, atol=2e-5, grad_atol=1e-6)
+#: float32 runs: within 16x the one-device float32 run's own distance from float64 (``noise_floor.py``).
+TOL = NoiseFloor()
+#: float64 runs: rounding is ~1e-16 relative, so anything past 1e-9 is a real difference.
+FLOAT64_TOL = Tolerance(rtol=1e-9, atol=1e-10, grad_atol=1e-10)
 
 
 def sgd(params):
@@ -51,15 +55,32 @@ class ZooResult:
     plan_s: dict = field(default_factory=dict)
     unruled: list = field(default_factory=list)
     replicated_cost: list = field(default_factory=list)
+    noise_ratios: list = field(default_factory=list)  # (quantity, distance / float32 floor) with a ratios list
 
 
 def _case_label(name: str, mesh, seed) -> str:
     return f"{name} mesh={mesh} " + ("solver" if seed is None else f"random(seed={seed})")
 
 
+def _to_dtype(value, dtype: torch.dtype):
+    """``value`` (a tensor, or a tuple/list/dict of them) with its floating-point tensors cast to ``dtype``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, dict):
+        return {k: _to_dtype(v, dtype) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_dtype(v, dtype) for v in value)
+    return value
+
+
 def zoo_worker(rank: int, world: int, names: Sequence[str], cases: Sequence = CASES, steps: int = STEPS,
-               time_limit_s: float = 20.0) -> list[ZooResult]:
-    """Every model in ``names`` through every case on this rank; a ``ZooResult`` per model."""
+               time_limit_s: float = 20.0, dtype: torch.dtype = torch.float32,
+               tol: Union[Tolerance, NoiseFloor] = TOL) -> list[ZooResult]:
+    """Every model in ``names`` through every case on this rank; a ``ZooResult`` per model.
+
+    ``dtype=torch.float64`` builds every model, input and target in double precision (with a matching
+    ``tol``, e.g. ``FLOAT64_TOL``): there a correct plan agrees with one device to ~1e-12, so a
+    difference is a bug, not rounding."""
     from autoshard.api import plan_captured
     from autoshard.compiled import CompiledModel
     from autoshard.passes.capture.export import capture
@@ -72,10 +93,13 @@ def zoo_worker(rank: int, world: int, names: Sequence[str], cases: Sequence = CA
     for name in names:
         result = ZooResult(name)
         out.append(result)
+        if isinstance(tol, NoiseFloor) and tol.ratios is not None:
+            tol = dataclasses.replace(tol, ratios=result.noise_ratios)
         stage = "capture"
         try:
             torch.manual_seed(0)
             model, inputs, target, loss_fn = build(name)
+            model, inputs, target = model.to(dtype), _to_dtype(inputs, dtype), _to_dtype(target, dtype)
             t0 = time.perf_counter()
             captured = capture(model, inputs, loss_fn=loss_fn, target=target)
             result.capture_s = time.perf_counter() - t0
@@ -99,8 +123,8 @@ def zoo_worker(rank: int, world: int, names: Sequence[str], cases: Sequence = CA
                 stage = "train"
                 ref = copy.deepcopy(model)
                 result.failures += train_against_one_device(
-                    label, cm, ref, (inputs, target), loss_fn=loss_fn, steps=steps, tol=TOL, optimizer=sgd,
-                    check_gradients=lambda p, r, label=label: compiled_gradient_mismatches(label, p, r, TOL))
+                    label, cm, ref, (inputs, target), loss_fn=loss_fn, steps=steps, tol=tol, optimizer=sgd,
+                    gradients=compiled_gradient_mismatches)
                 del cm, ref
                 if result.failures:
                     result.status = "train failed"
@@ -122,6 +146,7 @@ def merge_results(per_rank: list[list[ZooResult]]) -> dict[str, ZooResult]:
             if m is r:
                 continue
             m.failures += [f for f in r.failures if f not in m.failures]
+            m.noise_ratios += r.noise_ratios
             if m.status == "ok" and r.status != "ok":
                 m.status = r.status
     return merged

@@ -37,7 +37,7 @@ def _inputs(hq, hkv, use_mask, seq=16):
     return q, k, v, mask, dout
 
 
-def ring_worker(rank: int, world: int, fused: bool = True) -> list:
+def ring_worker(rank: int, world: int, fused: bool = True, dtype: torch.dtype = torch.float32) -> list:
     import torch.distributed as dist
     from autoshard.runtime.collectives import AxisComm
     from autoshard.runtime import ring_attention as ring_module
@@ -52,6 +52,8 @@ def ring_worker(rank: int, world: int, fused: bool = True) -> list:
     ring_module.block_forward = counted
     from autoshard.runtime.ring_attention import from_zigzag, ring_attention, to_zigzag
     comm = AxisComm("cp", world, rank, dist.group.WORLD)
+    # float64 computes in float64 (exact up to ~1e-15); float32 within its rounding
+    atol, rtol = (1e-12, 1e-10) if dtype == torch.float64 else (1e-5, 1e-4)
     failures = []
     cases = [(name, c, "contiguous") for name, c in CASES.items()]
     cases += [(name, c, "zigzag") for name, c in CASES.items() if c[2] and not c[3]]
@@ -59,7 +61,8 @@ def ring_worker(rank: int, world: int, fused: bool = True) -> list:
     for name, (hq, hkv, causal, use_mask), layout in cases:
         name = f"{name} {layout}"
         ring_module.TILE_BYTES = 3 * 4 * 2 * hq * 4 if "tiles" in name else 2 ** 30  # 3 rows x 4-key chunks
-        q, k, v, mask, dout = _inputs(hq, hkv, use_mask)
+        q, k, v, mask, dout = (t if t is None or not t.is_floating_point() else t.to(dtype)
+                               for t in _inputs(hq, hkv, use_mask))
         learned = mask is not None and mask.is_floating_point()
         full = [t.clone().requires_grad_() for t in (q, k, v)]
         full_mask = mask.clone().requires_grad_() if learned else mask
@@ -78,7 +81,7 @@ def ring_worker(rank: int, world: int, fused: bool = True) -> list:
         if learned:
             checks.append(("grad mask", local_mask.grad, mine(full_mask.grad)))
         for what, a, b in checks:
-            if not torch.allclose(a, b, atol=1e-5, rtol=1e-4):
+            if not torch.allclose(a, b, atol=atol, rtol=rtol):
                 failures.append(f"{name} rank {rank}: {what} differs by {(a - b).abs().max().item():.3g}")
     x = torch.arange(2 * 16.).view(2, 16, 1)
     zz = to_zigzag(x.chunk(world, dim=-2)[rank], comm)
@@ -97,6 +100,13 @@ def test_ring_attention_equals_unsharded_attention():
 
 def test_ring_attention_matmul_path_equals_unsharded_attention():
     failures = [f for per_rank in run_ranks(ring_worker, 4, False) for f in per_rank]
+    assert not failures, "\n".join(failures)
+
+
+def test_ring_attention_float64_stays_float64():
+    """The matmul path accumulates in the inputs' own dtype when it is wider than float32: a float64
+    model through ring attention agrees with float64 attention to rounding, not to float32's."""
+    failures = [f for per_rank in run_ranks(ring_worker, 4, False, torch.float64) for f in per_rank]
     assert not failures, "\n".join(failures)
 
 

@@ -80,3 +80,62 @@ def test_missing_extra_and_differing_tensors_are_named():
     assert missing == "t: c is missing" and differs.startswith("t: a differs (max err 0.00")
     assert tensor_mismatches("t", {"a": a}, {"a": torch.ones(4)}, tol) == ["t: a differs (max err shape (3,) vs (4,))"]
     assert failures_of([["b", "a"], ["a"]]) == ["a", "b"]
+
+
+class SplitSumProgram(EagerProgram):
+    """A correct program that rounds differently: ``fc2``'s contraction is split in halves and added, as a
+    row-parallel matmul on two ranks would; with ``error`` it also adds a bias that one device does not."""
+
+    def __init__(self, model: torch.nn.Module, error: float = 0.0):
+        super().__init__(model)
+        self.error = error
+
+    def step(self, *inputs, target=None) -> float:
+        fc1, fc2 = self.model.fc1, self.model.fc2
+        h = F.gelu(fc1(inputs[0]))
+        k = h.shape[-1] // 2
+        out = h[:, :k] @ fc2.weight[:, :k].T + h[:, k:] @ fc2.weight[:, k:].T + fc2.bias + self.error
+        loss = F.mse_loss(out, target)
+        loss.backward()
+        return loss.item()
+
+
+def _wide_model_and_batches():
+    torch.manual_seed(0)
+    model = MLP(64, 512)
+    gen = torch.Generator().manual_seed(1)
+    data = [(torch.randn(32, 64, generator=gen), torch.randn(32, 64, generator=gen)) for _ in range(3)]
+    return model, lambda step: data[step]
+
+
+def _grads_match(label, program, reference, tol):
+    return [f"{label}: {n}" for n, p in program.model.named_parameters()
+            if not tol.named_close(n, p.grad, dict(reference.named_parameters())[n].grad)]
+
+
+def test_the_noise_floor_passes_another_rounding_of_the_same_sums():
+    from autoshard.testing.noise_floor import NoiseFloor
+    model, batches = _wide_model_and_batches()
+    floor = NoiseFloor(ratios=[])
+    failures = train_against_one_device("split", SplitSumProgram(copy.deepcopy(model)), model, batches,
+                                        loss_fn=F.mse_loss, tol=floor, gradients=_grads_match,
+                                        optimizer=lambda params: torch.optim.SGD(params, lr=0.1))
+    assert failures == []
+    names = {name for name, _ in floor.ratios}
+    assert {"loss at step 0", "fc1.weight", "fc2.bias"} <= names  # losses, gradients and the final state
+    assert max(r for _, r in floor.ratios) > 0  # the sums really were rounded differently
+
+
+def test_the_noise_floor_catches_an_error_far_smaller_than_the_fixed_tolerance():
+    """A bias of 1e-6 on every output passes ``Tolerance()`` (atol 2e-5) but is ~100x the float32
+    noise of this loss: the measured bound sees it."""
+    from autoshard.testing.noise_floor import NoiseFloor
+    model, batches = _wide_model_and_batches()
+    sgd = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    fixed = train_against_one_device("biased", SplitSumProgram(copy.deepcopy(model), error=1e-6), model, batches,
+                                     loss_fn=F.mse_loss, optimizer=sgd)
+    assert fixed == []
+    measured = train_against_one_device("biased", SplitSumProgram(copy.deepcopy(model), error=1e-6), model,
+                                        batches, loss_fn=F.mse_loss, tol=NoiseFloor(), gradients=_grads_match,
+                                        optimizer=sgd)
+    assert any("fc2.bias" in f for f in measured), measured

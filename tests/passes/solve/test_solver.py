@@ -206,7 +206,7 @@ def test_repeated_blocks_share_decisions_so_depth_does_not_grow_the_ilp():
     assert stats[2]["clusters"] == stats[16]["clusters"]
     assert stats[2]["variables"] == stats[16]["variables"]
     assert stats[16]["nodes"] > 6 * stats[2]["nodes"]
-    assert stats[16]["solve_s"] < 3 * stats[2]["solve_s"] + 1.0
+    assert stats[16]["ilp_nodes"] == stats[2]["ilp_nodes"]  # the ILP itself does not grow (not timed: load varies)
     blocks = {}
     for fqn, pls in sols[16].param_placements.items():
         if fqn.startswith("blocks."):
