@@ -4,7 +4,10 @@ Trains the Hugging Face zoo (``autoshard.testing.hf_zoo``) on 4 gloo ranks under
 twice:
 
 - in float64 (model, inputs and one-device reference): a correct plan agrees to ~1e-12, so any
-  failure at ``FLOAT64_TOL`` (1e-9 relative) is a bug, not rounding;
+  failure at ``FLOAT64_TOL`` (1e-9 relative) is a bug, not rounding -- unless the model itself computes
+  parts in float32 whatever its dtype (Hugging Face's RMSNorm and rotary embeddings cast to float32),
+  where the largest difference shown is that float32 island's rounding (~1e-9), not a plan's error
+  (which is the size of the value itself);
 - in float32 with ``NoiseFloor``: for every compared quantity (loss per step, each first-step gradient,
   each final tensor) the program's distance from a float64 twin divided by the float32 one-device
   run's own distance (its noise floor). The test suite allows ``NoiseFloor.factor`` (16) times the floor;
@@ -15,6 +18,7 @@ twice:
 from __future__ import annotations
 
 import argparse
+import re
 import time
 
 import torch
@@ -40,7 +44,10 @@ def main() -> None:
         res = merge_results(run_ranks(zoo_worker, 4, names, CASES, 2, 20.0, torch.float64, FLOAT64_TOL, timeout=3600))
         print(f"float64 (tolerance {FLOAT64_TOL.rtol:g} relative), {time.perf_counter() - t:.0f} s:")
         for name, r in res.items():
-            print(f"  {name:20s} {r.status}" + ("" if r.status == "ok" else f": {r.failures[:2]}"))
+            errors = [float(m) for f in r.failures for m in re.findall(r"max err ([0-9.e+-]+)", f)]
+            shown = f"largest difference {max(errors):.3g} ({len(errors)} tensors past the tolerance)" if errors \
+                else (r.failures[0][:160] if r.failures else "")
+            print(f"  {name:20s} {r.status:14s} {shown}")
     t = time.perf_counter()
     floor = NoiseFloor(ratios=[])
     res = merge_results(run_ranks(zoo_worker, 4, names, CASES, 2, 20.0, torch.float32, floor, timeout=3600))
