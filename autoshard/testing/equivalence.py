@@ -17,7 +17,8 @@ test gathers them with ``run_ranks`` and asserts there are none::
 
 ``tol`` is a fixed ``Tolerance`` or a ``NoiseFloor``: then a float64 twin of the reference trains
 alongside, and each quantity may be ``factor`` times as far from the float64 result as the float32
-reference is (``autoshard/testing/noise_floor.py``); gradients are then checked by ``gradients=``
+reference is (``autoshard/testing/noise_floor.py``; a model with an op that has no float64 kernel
+falls back, with a warning, to ``NoiseFloor.fallback``); gradients are then checked by ``gradients=``
 (``compiled_gradient_mismatches`` or ``pipeline_gradient_mismatches``) with the measured tolerances.
 
 Every step: the program's loss (``program.step(*inputs, target=target)``, ``**inputs`` for a dict)
@@ -25,12 +26,13 @@ must equal the reference's (``|got - want| <= atol + rtol |want|``); the first s
 reported and ends the training. After the first backward and before any optimizer step,
 ``check_gradients(program, reference)`` may compare gradients (an optimizer like Adam would hide a
 uniform scale error). After the last step, the program's ``full_state_dict()`` must hold exactly the
-reference's state-dict names, each with the same shape and values within tolerance (compared in float32).
+reference's state-dict names, each with the same shape and values within tolerance (compared in float32, or in float64 where either side is float64).
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 import torch
@@ -67,8 +69,11 @@ class Tolerance:
         return abs(got - want) <= self.atol + self.rtol * abs(want)  # False on NaN
 
     def tensor_close(self, got: torch.Tensor, want: torch.Tensor, atol: Optional[float] = None) -> bool:
-        return got.shape == want.shape and torch.allclose(got.float(), want.detach().float(), rtol=self.rtol,
-                                                          atol=self.atol if atol is None else atol)
+        if got.shape != want.shape:
+            return False
+        wide = torch.promote_types(torch.promote_types(got.dtype, want.dtype), torch.float32)  # float64 stays
+        return torch.allclose(got.detach().to(wide), want.detach().to(wide), rtol=self.rtol,
+                              atol=self.atol if atol is None else atol)
 
 
 def adamw(lr: float = 1e-3, eps: float = 1e-6) -> Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]:
@@ -124,8 +129,15 @@ def train_against_one_device(label: str, program, reference: torch.nn.Module, ba
         want.backward()
         want64 = None
         if noise:
-            want64 = reference_loss(twin, _to_float64(inputs), _to_float64(target))
-            want64.backward()
+            try:
+                want64 = reference_loss(twin, _to_float64(inputs), _to_float64(target))
+                want64.backward()
+            except RuntimeError as e:  # an op with no float64 kernel (torch._grouped_mm): nothing to measure
+                if step:
+                    raise
+                warnings.warn(f"{label}: the float64 twin cannot run ({str(e).splitlines()[0][:200]}); "
+                              f"comparing with the fixed tolerance {noise.fallback or Tolerance()} instead of a measured one")
+                noise, twin, twin_opt, tol = None, None, None, noise.fallback or Tolerance()
         if step == 0:
             if check_gradients is not None:
                 failures += check_gradients(program, reference)

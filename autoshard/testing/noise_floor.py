@@ -15,10 +15,11 @@ The second term keeps the floor above zero where float32 happens to be exact (a 
 steps leave unchanged). A wrong program (a missing all-reduce, a gradient off by a factor of the mesh
 size) is off by the size of the quantity itself, orders of magnitude above either term.
 
-Why ``factor`` is 16: the program's rounding is another draw of the same error, not a smaller one; on
-the Hugging Face zoo's float32 runs (``benchmarks/noise_floor.py`` prints the distribution) the
-largest ratio of the program's distance to the reference's was below 8, so 16 leaves a factor of two
-over everything seen while staying far below any real error.
+Why ``factor`` is 16: the program's rounding is another draw of the same error, not a smaller one. On
+the Hugging Face zoo's float32 runs (``benchmarks/noise_floor.py`` prints the distribution: 16,872
+comparisons over 17 models and 3 plans each) the program's distance was a median 0.96 and at most
+3.11 times the reference's, so 16 leaves a factor of five over everything seen while staying orders of
+magnitude below a real error.
 
 Where float64 gives the verdict on its own, run the program in float64 too (``zoo_check``'s
 ``dtype=torch.float64``): a correct plan agrees there to ~1e-12.
@@ -26,7 +27,7 @@ Where float64 gives the verdict on its own, run the program in float64 too (``zo
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import torch
 
@@ -43,6 +44,9 @@ class NoiseFloor:
     distance / floor)`` for every comparison, to see how close to the bound real programs come."""
     factor: float = 16.0
     ratios: Optional[list] = dataclasses.field(default=None, compare=False, hash=False)
+    #: used, with a warning, when the float64 twin cannot run (an op with no float64 kernel, such as
+    #: ``torch._grouped_mm``): a fixed ``Tolerance`` (None: the harness's default ``Tolerance()``)
+    fallback: Any = None
 
 
 def measured_distance(got: torch.Tensor, exact: torch.Tensor) -> float:

@@ -31,8 +31,9 @@ __all__ = ["ZooResult", "CASES", "TOL", "FLOAT64_TOL", "zoo_worker", "merge_resu
 #: (mesh, seed): the solver's plan on a 2-D mesh, random plans on both meshes.
 CASES: tuple = (((2, 2), None), ((4,), 1), ((2, 2), 2))
 STEPS = 2
-#: float32 runs: within 16x the one-device float32 run's own distance from float64 (``noise_floor.py``).
-TOL = NoiseFloor()
+#: float32 runs: within 16x the one-device float32 run's own distance from float64 (``noise_floor.py``);
+#: models with an op that has no float64 kernel (grouped-GEMM MoE) keep the fixed tolerance used before.
+TOL = NoiseFloor(fallback=Tolerance(rtol=1e-4, atol=2e-5, grad_atol=1e-6))
 #: float64 runs: rounding is ~1e-16 relative, so anything past 1e-9 is a real difference.
 FLOAT64_TOL = Tolerance(rtol=1e-9, atol=1e-10, grad_atol=1e-10)
 
