@@ -26,7 +26,8 @@ must equal the reference's (``|got - want| <= atol + rtol |want|``); the first s
 reported and ends the training. After the first backward and before any optimizer step,
 ``check_gradients(program, reference)`` may compare gradients (an optimizer like Adam would hide a
 uniform scale error). After the last step, the program's ``full_state_dict()`` must hold exactly the
-reference's state-dict names, each with the same shape and values within tolerance (compared in float32, or in float64 where either side is float64).
+reference's state-dict names, each with the same shape and values within tolerance (compared in float32,
+or in float64 where either side is float64).
 """
 from __future__ import annotations
 
