@@ -28,7 +28,7 @@ from autoshard.passes.errors import CheckpointError
 from autoshard.runtime.checkpoint_files import METADATA_FILE, save
 from autoshard.runtime.groups import broadcast_json
 
-__all__ = ["save_checkpoint", "latest_checkpoint", "POINTER_FILE"]
+__all__ = ["save_checkpoint", "latest_checkpoint", "checkpoint_info", "POINTER_FILE"]
 
 POINTER_FILE = "LATEST"
 _DIRECTORY = re.compile(r"step_(\d+)-[0-9a-f]+")
@@ -38,17 +38,20 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
-def save_checkpoint(state: dict, root: str, step: int, *, keep_previous: bool = True) -> str:
+def save_checkpoint(state: dict, root: str, step: int, *, keep_previous: bool = True,
+                    info: Optional[dict] = None) -> str:
     """Save ``state`` (``checkpoint_files.save``) as the checkpoint of ``step`` under ``root`` and point
     ``LATEST`` at it; every rank calls it. Returns the new directory. ``keep_previous``: keep the
-    checkpoint ``LATEST`` named before (else only the new one stays)."""
+    checkpoint ``LATEST`` named before (else only the new one stays). ``info``: JSON-able facts about
+    the run that saved it (model fingerprint, world, plan), stored in ``LATEST`` itself so they switch
+    with it (``checkpoint_info`` reads them back)."""
     name = f"step_{step:08d}-{uuid.uuid4().hex[:8]}" if _rank() == 0 else None
     name = broadcast_json(name)
     path = os.path.join(root, name)
     save(state, path)  # returns on every rank once rank 0 has written the metadata (the last file)
     if _rank() == 0:
         previous = _pointed(root) if keep_previous else None
-        _write_pointer(root, {"directory": name, "step": int(step)})
+        _write_pointer(root, {**(info or {}), "directory": name, "step": int(step)})
         _remove_stale(root, {name, previous})
     return path
 
@@ -56,6 +59,13 @@ def save_checkpoint(state: dict, root: str, step: int, *, keep_previous: bool = 
 def latest_checkpoint(root: str) -> Optional[tuple[str, int]]:
     """(directory, step) of the checkpoint ``LATEST`` names under ``root``; None when there is none yet.
     CheckpointError when the pointer names a checkpoint that is not there (someone deleted it)."""
+    info = checkpoint_info(root)
+    return None if info is None else (info["path"], info["step"])
+
+
+def checkpoint_info(root: str) -> Optional[dict]:
+    """What ``LATEST`` under ``root`` says: ``save_checkpoint``'s ``info``, plus ``step`` and ``path`` (the
+    checkpoint's directory); None when no save finished yet. CheckpointError as ``latest_checkpoint``."""
     where = os.path.join(root, POINTER_FILE)
     if not os.path.exists(where):
         return None
@@ -69,7 +79,7 @@ def latest_checkpoint(root: str) -> Optional[tuple[str, int]]:
     path = os.path.join(root, name)
     if os.path.basename(name) != name or not os.path.exists(os.path.join(path, METADATA_FILE)):
         raise CheckpointError(f"{where} names {name!r}, which holds no complete checkpoint: was it deleted?")
-    return path, step
+    return {**doc, "step": step, "path": path}
 
 
 def _write_pointer(root: str, doc: dict) -> None:
