@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--stop-after", type=int, default=None, help="end with a checkpoint after this many steps")
     ap.add_argument("--batch", type=int, default=16, help="global batch size (any world)")
     ap.add_argument("--seq", type=int, default=32)
-    ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--devices-per-node", type=int, default=None, help="default: torchrun's --nproc-per-node")
@@ -56,6 +56,8 @@ def main() -> None:
     ap.add_argument("--loss-log", default=None, help="rank 0 appends JSON lines {step, loss, world} here")
     ap.add_argument("--step-sleep", type=float, default=0.0,
                     help="sleep this long after each step (tests keep a tiny run alive long enough to kill it)")
+    ap.add_argument("--collective-timeout", type=float, default=300.0,
+                    help="seconds a collective may wait for a peer before the rank fails (and torchrun restarts it)")
     args = ap.parse_args()
     data = CharData(generate_corpus())
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -63,7 +65,7 @@ def main() -> None:
 
     def build_model():
         torch.manual_seed(0)
-        return GPT(vocab=data.vocab, d=args.d, n_layer=args.layers, n_head=4, seq=args.seq)
+        return GPT(vocab=data.vocab, d=args.width, n_layer=args.layers, n_head=4, seq=args.seq)
 
     def on_step(step: int, loss: float) -> None:
         if rank == 0 and args.loss_log:
@@ -84,7 +86,7 @@ def main() -> None:
         make_optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr),
         make_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(5, args.steps)),
         stop_after=args.stop_after, on_step=on_step, memory_limit=args.memory_limit,
-        log=lambda line: print(line, flush=True))
+        collective_timeout_s=args.collective_timeout, log=lambda line: print(line, flush=True))
     if rank == 0:
         print(f"done: steps {result.first_step}..{result.next_step - 1} on world {world}", flush=True)
 
