@@ -30,6 +30,10 @@ When an agent dies, torchrun ends the survivors' workers and starts them again o
    checkpoint loadable). Saves are synchronous: DCP's ``async_save`` runs its collectives from a
    background thread, which on one gloo process group would interleave with the training step's.
 
+Scale-up with torch 2.13's c10d rendezvous needs ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in every
+agent's environment: with the store shared across rounds, an agent that stays rank 0 into the next
+round does not publish that round's ``MASTER_ADDR``, and the agent joining waits for it until it fails.
+
 RNG state is not carried across starts (a restart on another world has other ranks); models whose
 step draws random numbers (dropout) are therefore not step-equal across a restart.
 """

@@ -1,6 +1,7 @@
 """Train a small GPT that survives losing nodes: ``autoshard.elastic.run`` under an elastic torchrun.
 
     # on each of two "nodes" (here: two agents on one machine), 2 ranks each; a node may die and come back
+    export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1   # lets a node rejoin (see autoshard/elastic.py)
     torchrun --nnodes=1:2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29500 \\
              --rdzv-id=gpt --max-restarts=3 examples/train_elastic.py --checkpoint-dir ckpt
 

@@ -33,6 +33,10 @@ from autoshard.testing.ranks import free_port
 
 EXAMPLE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_elastic.py"))
 STEPS, EVERY = 40, 4
+#: torch 2.13's c10d rendezvous shares one TCPStore across rounds; an agent that stays rank 0 into a
+#: later round (here A when B joins) then never publishes that round's MASTER_ADDR, and the joining
+#: agent times out waiting for it. Each round building its own store info avoids that.
+RDZV_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 ARGS = ["--steps", str(STEPS), "--every", str(EVERY), "--width", "32", "--seq", "16", "--batch", "8"]
 
 
@@ -51,7 +55,7 @@ def _agent(cwd, port: int, is_host: bool, out_path) -> subprocess.Popen:
            "--max-restarts", "3", "--monitor-interval", "0.2", EXAMPLE, "--checkpoint-dir", "ck",
            "--loss-log", "broken.jsonl", "--step-sleep", "0.25", "--collective-timeout", "60", *ARGS]
     return subprocess.Popen(cmd, cwd=cwd, stdout=open(out_path, "w"), stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "GLOO_SOCKET_IFNAME": "lo"}, start_new_session=True)
+                            env={**os.environ, "GLOO_SOCKET_IFNAME": "lo", **RDZV_ENV}, start_new_session=True)
 
 
 def _descendants(pid: int) -> list[int]:
