@@ -85,11 +85,13 @@ def run(build_model: Callable[[], torch.nn.Module], make_batches: Callable[[int]
     ``(inputs, target)`` of global step ``step``, ``inputs`` a tuple of tensors, the global batch.
     ``make_optimizer(params)`` (default AdamW, lr 1e-3) and ``make_scheduler(optimizer)`` (optional; its
     ``state_dict`` must be JSON-able, as ``LambdaLR``'s is). ``devices_per_node``: default torchrun's
-    ``LOCAL_WORLD_SIZE``. ``stop_after``: end (with a checkpoint) once this many steps are done, short of
-    ``steps`` (the LR schedule still spans ``steps``). ``on_step(step, loss)`` runs on every rank after each
-    step. ``plan_kwargs`` go to ``autoshard.plan`` (``hardware``, ``memory_limit``, ...). Raises
-    ``CheckpointError`` for a checkpoint of another model, ``InfeasiblePlanError`` when the world cannot
-    hold the model."""
+    ``LOCAL_WORLD_SIZE`` (a world that is not a whole number of such nodes gets a 1-D mesh).
+    ``checkpoint_dir`` must be one directory every node sees (a shared filesystem, as DCP needs).
+    ``stop_after``: end (with a checkpoint) once this many steps are done, short of ``steps`` (the LR
+    schedule still spans ``steps``). ``on_step(step, loss)`` runs on every rank after each step.
+    ``plan_kwargs`` go to ``autoshard.plan`` (``hardware``, ``memory_limit``, ...). Raises
+    ``CheckpointError`` for a checkpoint of another model, ``InfeasiblePlanError`` when the world
+    cannot hold the model."""
     if every < 1 or steps < 1:
         raise ValueError(f"every={every}, steps={steps}: both must be at least 1")
     world, rank = _join_world(collective_timeout_s)

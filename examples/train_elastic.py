@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--adam-eps", type=float, default=1e-8,
+                    help="AdamW's eps (the tests use 1e-6: see tests/runtime/test_elastic.py)")
     ap.add_argument("--devices-per-node", type=int, default=None, help="default: torchrun's --nproc-per-node")
     ap.add_argument("--memory-limit", type=int, default=None, help="bytes per device the plan must fit")
     ap.add_argument("--loss-log", default=None, help="rank 0 appends JSON lines {step, loss, world} here")
@@ -83,8 +85,9 @@ def main() -> None:
         return (x,), y
 
     result = autoshard.elastic.run(
-        build_model, make_batches, args.steps, args.checkpoint_dir, every=args.every, loss_fn=lm_loss, devices_per_node=args.devices_per_node,
-        make_optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr),
+        build_model, make_batches, args.steps, args.checkpoint_dir, every=args.every, loss_fn=lm_loss,
+        devices_per_node=args.devices_per_node,
+        make_optimizer=lambda params: torch.optim.AdamW(params, lr=args.lr, eps=args.adam_eps),
         make_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(5, args.steps)),
         stop_after=args.stop_after, on_step=on_step, memory_limit=args.memory_limit,
         collective_timeout_s=args.collective_timeout, log=lambda line: print(line, flush=True))

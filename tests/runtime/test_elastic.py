@@ -37,7 +37,12 @@ STEPS, EVERY = 40, 4
 #: later round (here A when B joins) then never publishes that round's MASTER_ADDR, and the joining
 #: agent times out waiting for it. Each round building its own store info avoids that.
 RDZV_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-ARGS = ["--steps", str(STEPS), "--every", str(EVERY), "--width", "32", "--seq", "16", "--batch", "8"]
+#: AdamW eps 1e-6, not 1e-8: attention's key bias has an analytically zero gradient (softmax ignores a
+#: constant added to every score), so what reaches it is rounding noise, which differs with the world
+#: size's summation order; with eps 1e-8 Adam normalizes that noise into steps of the learning rate's
+#: size (seen: 4e-5 apart after 40 steps, every other parameter within 1.2e-7).
+ARGS = ["--steps", str(STEPS), "--every", str(EVERY), "--width", "32", "--seq", "16", "--batch", "8",
+        "--adam-eps", "1e-6"]
 
 
 def _example(cwd, ckpt: str, log: str, *extra: str, timeout: float = 300) -> str:
@@ -185,6 +190,5 @@ def test_a_world_too_small_names_the_memory_it_needs(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert "InfeasiblePlanError" in done.stderr, done.stderr[-2000:]
-    err = done.stderr[done.stderr.index("InfeasiblePlanError"):]
-    assert "100000" in err or "MiB" in err or "KiB" in err or "bytes" in err, err[:2000]
+    assert "no plan fits memory_limit=100000 bytes" in done.stderr and "the smallest plan needs" in done.stderr
     assert not os.path.exists(tmp_path / "ck" / "LATEST")
