@@ -13,10 +13,12 @@ world 4 shows the cached plan's re-plan time.
 ``--llama70b`` builds Hugging Face's ``LlamaForCausalLM`` (Llama-3 70B config, as in
 ``benchmarks/torchtitan_recipes.py``) on the meta device with torchtitan's 70B global batch (64 x
 8192), bf16 compute / fp32 masters, AdamW, on the ``h100`` preset (80 GB), and does what
-``autoshard.elastic.run`` does on rank 0 when a node of 8 is lost: fingerprint the program, solve the
-plan for mesh ``Mesh.for_world(56, 8)`` = (7, 8), after (8, 8) for 64. Printed: the seconds of each
-(capture and solve), the seconds of loading the cached plan, and the estimated step time before and
-after. Nothing is measured on GPUs: the step times are the cost model's estimates.
+``autoshard.elastic.run`` does on rank 0 when a node of 8 is lost: capture and fingerprint the
+program, solve the plan for ``Mesh.for_world(56, 8)`` = (7, 8), after (8, 8) for 64. A batch of 64
+does not divide over 7 (nor does any dimension but the MLP's 28672), so also (``--cases``): 48 GPUs
+(6, 8) and 32 GPUs (4, 8) with the same batch, and 56 GPUs with a batch of 56. Printed: capture and solve seconds, the
+seconds of loading the cached plan, and the estimated step time against world 64's. Nothing is
+measured on GPUs: the step times are the cost model's estimates.
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def example() -> None:
         base = [EXAMPLE, "--checkpoint-dir", "ck", "--steps", "40", "--every", "10", "--devices-per-node", "2"]
         runs = [([], "10"), (["4"], "20"), (["2"], "30"), (["4"], "40")]
         for procs, stop in runs:
-            launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", procs[0],
+            launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", procs[0],
                          "--max-restarts", "0"] if procs else [sys.executable])
             t0 = time.perf_counter()
             done = subprocess.run(launcher + base + ["--stop-after", stop], cwd=tmp, capture_output=True, text=True)
@@ -54,7 +56,7 @@ def example() -> None:
               f"({'cached' if r['plan_cached'] else 'solved'}) | {r['reshard_seconds']:.2f} |")
 
 
-def llama70b(time_limit: float) -> None:
+def llama70b(time_limit: float, cases: list) -> None:
     import torch
 
     sys.path.insert(0, HERE)
@@ -67,29 +69,34 @@ def llama70b(time_limit: float) -> None:
 
     r = RECIPES["70b"]
     model = build(r)
-    ids = torch.empty(r.batch, r.seq, dtype=torch.long, device="meta")
-    plans = {}
+    captured_by_batch, before = {}, None
     with tempfile.TemporaryDirectory() as cache:
-        for world in (64, 56):
+        for world, batch in cases:
             mesh = autoshard.Mesh.for_world(world, 8)
-            t0 = time.perf_counter()
-            captured = capture(model, (ids,), loss_fn=lm_loss, target=ids, param_dtype=torch.bfloat16)
-            fp = graph_fingerprint(captured)
+            if batch not in captured_by_batch:
+                ids = torch.empty(batch, r.seq, dtype=torch.long, device="meta")
+                t0 = time.perf_counter()
+                captured = capture(model, (ids,), loss_fn=lm_loss, target=ids, param_dtype=torch.bfloat16)
+                captured_by_batch[batch] = (captured, graph_fingerprint(captured), time.perf_counter() - t0)
+            captured, fp, capture_s = captured_by_batch[batch]
             t1 = time.perf_counter()
-            plan, _, _ = cached_or_planned(lambda: plan_captured(
-                captured, mesh, hardware="h100", memory_limit=80 * GB, optimizer="adamw", time_limit_s=time_limit,
-                mixed_precision=BF16), cache, mesh, fp)
+            head = f"world {world}, mesh {mesh.shape}, batch {batch} x {r.seq}: capture {capture_s:.1f} s"
+            try:
+                plan, _, _ = cached_or_planned(lambda: plan_captured(
+                    captured, mesh, hardware="h100", memory_limit=80 * GB, optimizer="adamw",
+                    time_limit_s=time_limit, mixed_precision=BF16), cache, mesh, fp)
+            except autoshard.InfeasiblePlanError as e:
+                print(f"{head}, solve {time.perf_counter() - t1:.1f} s: InfeasiblePlanError: {str(e)[:420]}")
+                continue
             t2 = time.perf_counter()
             _, cached, load_s = cached_or_planned(lambda: None, cache, mesh, fp)
             assert cached
-            plans[world] = plan
-            tokens = r.batch * r.seq / world / plan.estimated_step_time
-            print(f"world {world}, mesh {mesh.shape}: capture {t1 - t0:.1f} s, solve {t2 - t1:.1f} s, re-plan total "
-                  f"{t2 - t0:.1f} s; from the cache {load_s:.3f} s; estimated step {plan.estimated_step_time:.3f} s "
-                  f"({tokens:.0f} tok/s/GPU), memory {plan.estimated_memory / 2**30:.1f} GiB; {plan_line(plan)}")
-    before, after = plans[64].estimated_step_time, plans[56].estimated_step_time
-    print(f"estimated step time 64 -> 56 H100: {before:.3f} s -> {after:.3f} s (x{after / before:.3f}; "
-          f"ideal x{64 / 56:.3f})")
+            tokens = batch * r.seq / world / plan.estimated_step_time
+            before = before or plan.estimated_step_time
+            print(f"{head}, solve {t2 - t1:.1f} s, re-plan (capture + solve) {capture_s + t2 - t1:.1f} s; from the "
+                  f"cache {capture_s + load_s:.1f} s (load {load_s:.1f} s); estimated step {plan.estimated_step_time:.3f} s"
+                  f" (x{plan.estimated_step_time / before:.3f} of world 64), {tokens:.0f} tok/s/GPU, memory "
+                  f"{plan.estimated_memory / 2**30:.1f} GiB; {plan_line(plan)}", flush=True)
 
 
 def main() -> None:
@@ -97,12 +104,14 @@ def main() -> None:
     ap.add_argument("--example", action="store_true")
     ap.add_argument("--llama70b", action="store_true")
     ap.add_argument("--time-limit", type=float, default=60.0, help="solver seconds per plan")
+    ap.add_argument("--cases", default="64:64,56:64,48:64,32:64,56:56",
+                    help="world:global batch pairs for --llama70b (step times are compared with the first)")
     args = ap.parse_args()
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     if args.example or not args.llama70b:
         example()
     if args.llama70b or not args.example:
-        llama70b(args.time_limit)
+        llama70b(args.time_limit, [tuple(int(v) for v in c.split(":")) for c in args.cases.split(",")])
 
 
 if __name__ == "__main__":
