@@ -1,9 +1,11 @@
-"""A save killed at any moment leaves the previous checkpoint loadable (``runtime.checkpoint_pointer``).
+"""A save or a reshard killed at any moment leaves the previous checkpoint loadable
+(``runtime.checkpoint_pointer``).
 
 A child process saves step 10, then starts saving step 20 and SIGKILLs itself at one of two moments:
 after writing its shards but before the metadata (the directory is half written), or after the whole
 checkpoint is on disk but before ``LATEST`` is switched. Either way ``LATEST`` still names step 10, whose
-values load back exactly; the next save succeeds and removes the half-written directory.
+values load back exactly; the next save succeeds and removes the half-written directory. A load killed
+midway (a rank dying in the reshard) changes no file and the checkpoint loads again.
 """
 from __future__ import annotations
 
@@ -62,3 +64,33 @@ def test_no_pointer_means_no_checkpoint_and_a_dangling_pointer_is_an_error(tmp_p
     (tmp_path / POINTER_FILE).write_text('{"directory": "step_00000005-deadbeef", "step": 5}')
     with pytest.raises(CheckpointError, match="holds no complete checkpoint"):
         latest_checkpoint(str(tmp_path))
+
+
+RESHARD_CHILD = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    from autoshard.runtime import checkpoint_files
+    from autoshard.runtime.checkpoint_pointer import latest_checkpoint
+    path, _ = latest_checkpoint(sys.argv[1])
+    real = checkpoint_files.JsonFileReader.read_data
+    def read_then_die(self, plan, planner):
+        real(self, plan, planner)
+        os.kill(os.getpid(), signal.SIGKILL)
+    checkpoint_files.JsonFileReader.read_data = read_then_die
+    checkpoint_files.load({"w": torch.zeros(64, 8), "progress": {"next_step": 0}}, path)
+    print("the load was not killed")
+""")
+
+
+def test_a_rank_killed_while_resharding_leaves_the_checkpoint_as_it_was(tmp_path):
+    root = str(tmp_path / "ck")
+    path = save_checkpoint({"w": torch.arange(512.0).reshape(64, 8), "progress": {"next_step": 10}}, root, 10)
+    before = {f: open(os.path.join(path, f), "rb").read() for f in os.listdir(path)}
+    pointer = open(os.path.join(root, POINTER_FILE)).read()
+    child = subprocess.run([sys.executable, "-c", RESHARD_CHILD, root], capture_output=True, text=True, timeout=120)
+    assert child.returncode == -signal.SIGKILL, child.stdout + child.stderr
+    assert {f: open(os.path.join(path, f), "rb").read() for f in os.listdir(path)} == before
+    assert open(os.path.join(root, POINTER_FILE)).read() == pointer
+    state = {"w": torch.zeros(64, 8), "progress": {"next_step": 0}}
+    load(state, latest_checkpoint(root)[0])
+    assert torch.equal(state["w"], torch.arange(512.0).reshape(64, 8)) and state["progress"]["next_step"] == 10
