@@ -89,6 +89,8 @@ def run(build_model: Callable[[], torch.nn.Module], make_batches: Callable[[int]
     ``checkpoint_dir`` must be one directory every node sees (a shared filesystem, as DCP needs).
     ``stop_after``: end (with a checkpoint) once this many steps are done, short of ``steps`` (the LR
     schedule still spans ``steps``). ``on_step(step, loss)`` runs on every rank after each step.
+    ``collective_timeout_s``: how long a collective waits for a peer before this rank fails (and torchrun
+    restarts it); it must exceed rank 0's re-plan, which the other ranks wait for in a broadcast.
     ``plan_kwargs`` go to ``autoshard.plan`` (``hardware``, ``memory_limit``, ...). Raises
     ``CheckpointError`` for a checkpoint of another model, ``InfeasiblePlanError`` when the world
     cannot hold the model."""
