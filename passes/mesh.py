@@ -60,6 +60,28 @@ class Mesh:
             f"mesh must be an int, a tuple of ints, an autoshard.Mesh or a DeviceMesh; got {type(mesh).__name__}"
         )
 
+    @classmethod
+    def for_world(cls, world: int, devices_per_node: int | None = None) -> "Mesh":
+        """The mesh for ``world`` devices: ``(nodes, devices_per_node)`` (axes "dp", "tp": the slow axis
+        across nodes, the fast one inside a node) when the world spans more than one whole node, else
+        ``(world,)``. ``devices_per_node`` None means one node holds the whole world. The same world
+        always gives the same mesh, so an elastic run that shrinks and grows back plans the same shapes.
+
+        >>> Mesh.for_world(4, 2).shape, Mesh.for_world(2, 2).shape, Mesh.for_world(8).shape
+        ((2, 2), (2,), (8,))
+        """
+        if not isinstance(world, int) or world < 1:
+            raise ValueError(f"world must be a positive int, got {world!r}")
+        per_node = world if devices_per_node is None else devices_per_node
+        if not isinstance(per_node, int) or per_node < 1:
+            raise ValueError(f"devices_per_node must be a positive int, got {devices_per_node!r}")
+        if world % per_node:
+            raise ValueError(f"a world of {world} devices is not a whole number of nodes of {per_node} devices "
+                             f"({world} % {per_node} = {world % per_node}): pass the devices per node the "
+                             "launcher runs (torchrun's --nproc-per-node)")
+        nodes = world // per_node
+        return cls((nodes, per_node)) if nodes > 1 and per_node > 1 else cls((world,))
+
     def coordinate(self, rank: int) -> tuple[int, ...]:
         """Row-major coordinate of ``rank`` (the layout torch's init_device_mesh uses)."""
         coord = []
