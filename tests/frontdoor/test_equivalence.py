@@ -105,7 +105,8 @@ def equivalence_worker(rank: int, world: int, model_name: str, meshes, only=None
     return failures
 
 
-@pytest.mark.parametrize("model_name", ["mlp", "gpt", "cnn", "hf_gpt2", "hf_llama", "complex_rope_llama"])
+@pytest.mark.parametrize("model_name", ["mlp", "gpt", "cnn", pytest.param("hf_gpt2", marks=pytest.mark.slow), "hf_llama",
+                                        pytest.param("complex_rope_llama", marks=pytest.mark.slow)])
 def test_matches_single_device(model_name):
     failures = failures_of(run_ranks(equivalence_worker, 4, model_name, MESHES, timeout=900))
     assert not failures, "\n".join(failures)

@@ -28,6 +28,7 @@ def test_the_zoo_covers_every_kind():
         assert kind in kinds
 
 
+@pytest.mark.slow  # 21 models x 3 plans; HF models stay in the fast tier through test_equivalence
 @pytest.mark.parametrize("name", list(ZOO))
 def test_zoo_model_matches_one_device(zoo_results, name):
     result = zoo_results[name]

@@ -64,6 +64,7 @@ def _expected_members(stage, rank: int, axes: tuple) -> list[int]:
             if all(c == m for a, (c, m) in enumerate(zip(mesh.coordinate(i), mine)) if a not in axes)]
 
 
+@pytest.mark.slow  # plans GPT-3 175B
 @pytest.mark.parametrize("rank", [0, 512, 1023])
 def test_a_rank_of_the_175b_plan_builds_its_own_program(planned, rank):
     model, ids, target, plan, small = planned

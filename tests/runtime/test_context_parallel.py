@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from autoshard.testing.equivalence import (Tolerance, adamw, compiled_gradient_mismatches, failures_of,
@@ -103,6 +104,7 @@ def llama_worker(rank: int, world: int) -> list:
     return failures
 
 
+@pytest.mark.slow  # an HF model end to end; the layer test covers ring and Ulysses in the fast tier
 def test_hf_llama_with_ring_attention_equals_one_device():
     failures = failures_of(run_ranks(llama_worker, 4, timeout=900))
     assert not failures, "\n".join(failures)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import math
 
+import pytest
 import torch
 
 from autoshard.testing.ranks import run_ranks
@@ -62,6 +63,7 @@ def clip_worker(rank: int, world: int, model_name: str) -> list:
     return failures
 
 
+@pytest.mark.slow  # a sweep of layouts and random plans; the pipeline clip test stays fast
 def test_clip_grad_norm_equals_one_device_for_dp_fsdp_tp_and_random_2d_plans():
     failures = run_ranks(clip_worker, 4, "mlp", timeout=300)
     assert failures == [[]] * 4, failures

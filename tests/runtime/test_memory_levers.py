@@ -82,7 +82,7 @@ def _run(model_name: str, baseline: bool = False) -> list:
     return results
 
 
-@pytest.mark.parametrize("model_name", ["hf_llama", "cnn"])
+@pytest.mark.parametrize("model_name", [pytest.param("hf_llama", marks=pytest.mark.slow), "cnn"])
 def test_levers_match_one_device(model_name):
     _run(model_name)
 
@@ -127,6 +127,7 @@ def random_levers_worker(rank: int, world: int, runs) -> list:
     return failures
 
 
+@pytest.mark.slow  # a sweep of random plans and levers
 def test_random_plans_with_random_levers_match_one_device():
     # seeds whose levers mix: (4, full, reshard), (2, selective, reshard), (4, none, reshard), (4, full, keep)
     runs = [("gpt", (2, 2), 37), ("hf_llama", (4,), 16), ("cnn", (2, 2), 10), ("gpt", (4,), 20)]

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -17,6 +18,7 @@ from autoshard.testing.ranks import run_ranks
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(autoshard.__file__)))
 
 
+@pytest.mark.slow  # a real measurement run
 def test_autoshard_profile_quick_end_to_end_on_two_ranks(tmp_path):
     out = tmp_path / "p.json"
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}

@@ -78,6 +78,7 @@ def test_decisions_written_back_are_a_consistent_deep_plan(deep):
     assert set(full.param_grad_syncs) == set(fresh.param_grad_syncs)
 
 
+@pytest.mark.slow  # plans the full-depth model too
 def test_folded_planner_answers_as_the_full_depth_one(deep):
     hw = PRESETS["h100"]
     mesh = Mesh((8, 8))

@@ -265,6 +265,7 @@ def test_gpt3_6p7b_on_slow_linked_nodes_pipelines_across_them_with_tensor_parall
     assert best.step_time < 13.4
 
 
+@pytest.mark.slow  # a batch sweep of a 6.7B plan
 def test_gpt3_6p7b_on_slow_linked_nodes_with_a_large_batch_is_data_parallel_inside_each_node():
     """At a global batch of 512 the same two nodes still pipeline across the slow link, but inside a
     node data parallel wins: a stage's replicated state (16 blocks x 2.4 GB of bf16 weights, grads
@@ -341,6 +342,7 @@ def test_closed_form_in_flight_counts_equal_the_simulators(schedule):
                 assert approx_held(schedule, p, m) == list(held_microbatches(schedule, p, m)), (p, m)
 
 
+@pytest.mark.slow  # a sweep over every even configuration
 def test_search_is_never_worse_than_any_evenly_cut_configuration(big_head):
     """Every (pp, submesh, m, schedule, recompute on all / none) cut evenly by units and simulated,
     as the grid benchmark scores them: the search's answer is at least as fast as the best of them."""

@@ -159,6 +159,7 @@ def test_pipeline_matches_single_device_4_ranks():
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.slow  # 8 ranks; the 4-rank test covers every schedule in the fast tier
 def test_pipeline_matches_single_device_8_ranks():
     failures = failures_of(run_ranks(pipeline_worker, 8, ["gpt", "unet"], CONFIGS_8, timeout=600))
     assert not failures, "\n".join(failures)
