@@ -66,6 +66,15 @@ class CapturedGraph:
         return next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
 
 
+def exact_placeholder(graph: fx.Graph, name: str) -> fx.Node:
+    """A placeholder whose node name and target are exactly ``name``.
+
+    ``fx.Graph.placeholder(name)`` derives the node's name from its target in snake case
+    (``p_A_log`` -> ``p_a_log``), while plans, captured params and stage boundaries are keyed by
+    the captured node names, which keep the model's capitals (Mamba's ``A_log``, ``D``)."""
+    return graph.create_node("placeholder", name, name=name)
+
+
 def tensor_meta_of(value: Any):
     """Convert a ``meta["val"]``-like value (tensor, FakeTensor, tuple) to TensorMeta form."""
     if isinstance(value, torch.Tensor):
