@@ -54,6 +54,10 @@ class CapturedGraph:
     loss_output: bool = False
     method: str = "export"
     master_dtypes: dict[str, Any] = field(default_factory=dict)
+    #: forward-only programs of a model returning more than a tensor or a tuple of tensors (a
+    #: ModelOutput, a dataclass, a dict): ``rebuild(tensors)`` gives the model's own output object
+    #: back from the program's tensors (``passes.capture.outputs.OutputStructure``); else None
+    output_structure: Any = None
 
     def node(self, name: str) -> fx.Node:
         for n in self.gm.graph.nodes:

@@ -122,8 +122,7 @@ def planned(captured, model, mesh_shape, layers, rank: int, env, mixed_precision
 
 
 def _call(model, inputs):
-    out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
-    return out.logits if hasattr(out, "logits") else out
+    return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
 
 
 def _slice(inputs, k: int, j: int):
