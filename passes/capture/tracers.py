@@ -13,8 +13,11 @@ coarser on that path: symbolic_trace inlines non-leaf submodules, so only leaf m
 ``nn.Linear`` keep their own path.
 
 If both fail, ``trace_error`` builds the ``TraceError``: the construct, the innermost frame of the
-user's code (file:line and source), and what to change. Neither path leaves anything on the
-user's modules (tracers assign attributes such as ``self.last = y`` while running forward).
+user's code (file:line and source), and what to change. An exception raised inside the user's
+``loss_fn`` (marked ``LossFnError`` by the program wrapper) skips the fallback, which would run the
+same loss: ``loss_fn_trace_error`` names it as the loss's, with its type and the loss's file:line.
+Neither path leaves anything on the user's modules (tracers assign attributes such as
+``self.last = y`` while running forward).
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from torch.export.graph_signature import InputKind
 from autoshard.passes.errors import TraceError
 
 __all__ = ["LossFnError", "trace", "export_via_symbolic_trace", "trace_error", "user_frame"]
+
 
 class LossFnError(Exception):
     """An exception the user's ``loss_fn`` raised while traced (``error``): no tracer can get past it,
