@@ -51,7 +51,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["BATCH", "lm_loss", "MLP", "ResidualMLP", "MaskedMLP", "Block", "GPT", "CNN", "BlockCNN", "ComplexRopeLlama",
+__all__ = ["BATCH", "lm_loss", "hf_lm_loss", "MLP", "ResidualMLP", "MaskedMLP", "Block", "GPT", "CNN", "BlockCNN", "ComplexRopeLlama",
            "UNet", "UNet1d", "mlp", "gpt", "cnn", "hf_gpt2", "hf_llama", "complex_rope_llama", "unet", "gpt_pipeline", "unet1d", "BUILDERS",
            "PIPELINE_BUILDERS"]
 
