@@ -22,7 +22,7 @@ from autoshard.lever_args import (LEVER_KEYWORDS, block_types, check_block_lever
                                   microbatch, pin_levers)
 from autoshard.passes.capture.export import capture
 from autoshard.passes.cost.moe import attach_expert_load
-from autoshard.passes.errors import BatchError, InfeasiblePlanError, PlanFormatError
+from autoshard.passes.errors import InfeasiblePlanError, PlanFormatError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision
 from autoshard.passes.mesh import Mesh
@@ -34,9 +34,10 @@ from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding, random_solution
 from autoshard.passes.solve.replicated_ops import describe_replicated, replicated_op_costs
 from autoshard.passes.solve.solution import Solution
-from autoshard.pipelined_plans import PipelinedPlan
-from autoshard.pipelines import build_pipelined_model, check_plan_arguments, plan_pipelined
-from autoshard.plans import Plan, graph_fingerprint
+from autoshard.pipelined_plans import CompiledPipelinePlan, PipelinedPlan
+from autoshard.pipelines import (build_pipelined_model, check_pipeline_inputs, check_plan_arguments,
+                                 microbatch_inputs, plan_pipelined)
+from autoshard.plans import Plan, graph_fingerprint, plan_work
 from autoshard.runtime.groups import MeshEnv, run_and_broadcast, setup_distributed
 from autoshard.runtime.pipeline.executor import PipelineProgram
 from autoshard.runtime.pipeline.split import replan_at_microbatch, stage_nodes_from_prefixes
@@ -331,8 +332,7 @@ def _plan_pipeline(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn
         raise TypeError(f"{', '.join(bad)} cannot be combined with plan(..., pp={pp!r}): the stage planner chooses "
                         "each stage's sharding (compile(..., pp=..., params=...) applies parameter pins when it "
                         "re-solves the stages)")
-    if isinstance(example_inputs, dict) or not isinstance(example_inputs, (tuple, list)):
-        raise BatchError("pipeline parallelism takes example_inputs as a tuple of tensors (cut along dim 0)")
+    check_pipeline_inputs(example_inputs)
     mesh = Mesh.of(mesh)
     hw = resolve_hardware(hardware)
     captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
@@ -371,8 +371,7 @@ def _compile_pipeline(model: torch.nn.Module, mesh: Mesh, env: MeshEnv, *, examp
     travels as JSON. Stages the planner recomputes run their forward without autograd and again before
     their backward (``runtime.pipeline.stage``). Returns a ``PipelinedModel`` or a ``CompiledModel``."""
     t0 = time.perf_counter()
-    if isinstance(example_inputs, dict) or not isinstance(example_inputs, (tuple, list)):
-        raise BatchError("pipeline parallelism takes example_inputs as a tuple of tensors (cut along dim 0)")
+    check_pipeline_inputs(example_inputs)
     full = None
 
     def trace_full():
@@ -403,10 +402,8 @@ def _compile_pipeline(model: torch.nn.Module, mesh: Mesh, env: MeshEnv, *, examp
         plan = Plan.from_json(chosen["plan"]).attach(trace_full(), mesh)
         return CompiledModel(model, plan, env, state_dict=state_dict, compile_seconds=time.perf_counter() - t0,
                              planner_plan=planner_plan)
-    m = planner_plan.microbatches
-    batch = int(example_inputs[0].shape[0])
-    small = capture(model, tuple(x[:batch // m] for x in example_inputs), loss_fn=loss_fn,
-                    target=None if example_target is None else example_target[:batch // m])
+    small_inputs, small_target = microbatch_inputs(example_inputs, example_target, planner_plan.microbatches)
+    small = capture(model, small_inputs, loss_fn=loss_fn, target=small_target)
 
     def solve(graph, submesh):
         p = _stage_pins(pins, graph.captured)
@@ -415,8 +412,9 @@ def _compile_pipeline(model: torch.nn.Module, mesh: Mesh, env: MeshEnv, *, examp
 
     plan = PipelinePlan.from_json(run_and_broadcast(
         lambda: replan_at_microbatch(planner_plan, trace_full(), small, solve=solve).to_json(), env=env))
-    program = PipelineProgram(small, plan, generate(plan.schedule, plan.pp, m, plan.virtual), model=model,
-                              state_dict=state_dict)
+    program = PipelineProgram(small, plan, generate(plan.schedule, plan.pp, plan.microbatches, plan.virtual),
+                              model=model, state_dict=state_dict)
+    plan = CompiledPipelinePlan.of(plan, mesh, hardware_label(hardware), plan_work(trace_full(), hardware, mesh.size))
     return PipelinedModel(plan, program, compile_seconds=time.perf_counter() - t0, planner_plan=planner_plan)
 
 

@@ -86,6 +86,22 @@ class _TrainingState:
         load_optimizer_state_dict(self._program.model_state(), optimizer, state_dict, strict=strict)
 
 
+def ordered_inputs(captured, inputs: tuple, named: dict) -> tuple:
+    """``inputs`` then ``named`` keyword inputs, in the order the program was traced with."""
+    if not named:
+        return inputs
+    order = [n for n in captured.inputs if n != captured.target]
+    unknown = sorted(set(named) - set(order))
+    if unknown:
+        raise BatchError(f"unknown input name(s) {unknown}; the program was traced with inputs {order}")
+    positional = list(inputs)
+    for name in order[len(positional):]:
+        if name not in named:
+            raise BatchError(f"input {name!r} is missing; the program was traced with inputs {order}")
+        positional.append(named[name])
+    return tuple(positional)
+
+
 class CompiledModel(_TrainingState):
     def __init__(self, model: torch.nn.Module, plan: Plan, env, *, state_dict: Optional[dict] = None,
                  compile_seconds: float = 0.0, planner_plan=None):
@@ -112,18 +128,7 @@ class CompiledModel(_TrainingState):
         return self._program.forward(*self._ordered(inputs, named_inputs), target=target, local_batch=local_batch)
 
     def _ordered(self, inputs: tuple, named: dict) -> tuple:
-        if not named:
-            return inputs
-        order = [n for n in self.plan.captured.inputs if n != self.plan.captured.target]
-        unknown = sorted(set(named) - set(order))
-        if unknown:
-            raise BatchError(f"unknown input name(s) {unknown}; the program was traced with inputs {order}")
-        positional = list(inputs)
-        for name in order[len(positional):]:
-            if name not in named:
-                raise BatchError(f"input {name!r} is missing; the program was traced with inputs {order}")
-            positional.append(named[name])
-        return tuple(positional)
+        return ordered_inputs(self.plan.captured, inputs, named)
 
     # ---- inspecting ------------------------------------------------------------------------------
     @property
@@ -155,10 +160,12 @@ class PipelinedModel(_TrainingState):
         self.planner_plan = planner_plan
         self._held = None
 
-    def step(self, *inputs, target=None, local_batch: bool = False) -> float:
+    def step(self, *inputs, target=None, local_batch: bool = False, **named_inputs) -> float:
         """Forward and backward of the GLOBAL batch through the pipeline; the mean loss on every rank.
+        Inputs traced as keywords (``example_inputs={"input_ids": ...}``) may be passed by name.
         ``local_batch=True``: each rank passes only its ``data_parallel_rank``'s slice instead."""
-        return self._program.step(*inputs, target=target, local_batch=local_batch)
+        return self._program.step(*ordered_inputs(self._program.captured, inputs, named_inputs), target=target,
+                                  local_batch=local_batch)
 
     @property
     def timeline(self) -> list:

@@ -100,11 +100,13 @@ def check_lever_values(accumulation=None, checkpoint=None, reshard_after_forward
                         f"got {type(mixed_precision).__name__}")
 
 
-def microbatch(example_inputs, example_target, k: int):
+def microbatch(example_inputs, example_target, k: int, keyword: str = "accumulation"):
     """The first ``1/k`` of every input tensor and of the target along dim 0 (what one of ``k``
-    accumulation microsteps sees); unchanged for k = 1."""
+    accumulation microsteps, or pipeline microbatches, sees); unchanged for k = 1. ``example_inputs``:
+    a tuple/list or a dict of keyword inputs (non-tensors pass unchanged); ``keyword`` names the
+    argument that asked for ``k`` in errors."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise TypeError(f"accumulation={k!r}: pass an int >= 1")
+        raise TypeError(f"{keyword}={k!r}: pass an int >= 1")
     if k == 1:
         return example_inputs, example_target
 
@@ -112,7 +114,7 @@ def microbatch(example_inputs, example_target, k: int):
         if not isinstance(x, torch.Tensor):
             return x
         if x.dim() == 0 or x.shape[0] % k:
-            raise BatchError(f"{name} has shape {tuple(x.shape)}: accumulation={k} cuts dim 0 into {k} equal "
+            raise BatchError(f"{name} has shape {tuple(x.shape)}: {keyword}={k} cuts dim 0 into {k} equal "
                              f"microbatches; use a global batch divisible by {k}")
         return x[: x.shape[0] // k]
 

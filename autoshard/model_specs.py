@@ -35,8 +35,10 @@ DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat1
           "fp16": torch.float16, "float16": torch.float16}
 
 
-def causal_lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean cross entropy of ``logits`` (batch, seq, vocab) against token ids ``target`` (batch, seq)."""
+def causal_lm_loss(output, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross entropy of a Hugging Face causal-LM output's ``.logits`` (batch, seq, vocab) against
+    token ids ``target`` (batch, seq); the loss receives the model's output object, as in PyTorch."""
+    logits = output.logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 

@@ -14,7 +14,7 @@ schedule and the microbatch count. Its estimates are the schedule simulator's.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from autoshard.drawing import block_pipeline_to_dot, pipeline_to_dot, render_dot
@@ -26,7 +26,7 @@ from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
 from autoshard.plan_format import PIPELINED_FORMAT, PLAN_VERSION, check_envelope, graph_fingerprint
 from autoshard.summary import pipelined_summary
 
-__all__ = ["PipelinedPlan"]
+__all__ = ["PipelinedPlan", "CompiledPipelinePlan"]
 
 
 @dataclass
@@ -169,3 +169,24 @@ class PipelinedPlan:
                 "plan was made for a different model or input shapes (graph fingerprint "
                 f"{self.fingerprint} != {fp}): plan again for this model")
         return PipelinedPlan(self.pipeline, self.mesh, self.hardware, self.fingerprint, captured, self.work)
+
+
+@dataclass
+class CompiledPipelinePlan(PipelinePlan):
+    """``PipelinedModel.plan``: the ``PipelinePlan`` a compiled pipeline runs (stages traced and sharded
+    at microbatch shapes), with the physical ``mesh``, the ``hardware`` label and the model's ``work``,
+    so ``summary()`` prints it as ``PipelinedPlan.summary`` does."""
+    mesh: Optional[Mesh] = None
+    hardware: str = ""
+    work: Optional[ModelWork] = None
+
+    @classmethod
+    def of(cls, plan: PipelinePlan, mesh: Mesh, hardware: str, work: Optional[ModelWork] = None
+           ) -> "CompiledPipelinePlan":
+        return cls(**{f.name: getattr(plan, f.name) for f in fields(PipelinePlan)}, mesh=mesh, hardware=hardware,
+                   work=work)
+
+    def summary(self) -> str:
+        """Mesh, pipeline, estimates, stages and placements (``PipelinedPlan.summary``)."""
+        plain = PipelinePlan(**{f.name: getattr(self, f.name) for f in fields(PipelinePlan)})
+        return PipelinedPlan(plain, self.mesh, self.hardware, "", work=self.work).summary()

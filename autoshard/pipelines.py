@@ -23,6 +23,7 @@ from typing import Any, Optional, Union
 import torch
 
 from autoshard.compiled import PipelinedModel
+from autoshard.lever_args import microbatch
 from autoshard.passes.capture.export import capture
 from autoshard.passes.errors import BatchError, PlanFormatError
 from autoshard.passes.graph import CapturedGraph
@@ -31,7 +32,7 @@ from autoshard.passes.pipeline.schedule.generators import generate
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
 from autoshard.passes.solve.solution import Redistribution, Solution
-from autoshard.pipelined_plans import PipelinedPlan
+from autoshard.pipelined_plans import CompiledPipelinePlan, PipelinedPlan
 from autoshard.plan_format import graph_fingerprint
 from autoshard.plans import Plan, plan_work
 from autoshard.runtime.pipeline.executor import PipelineProgram
@@ -53,6 +54,21 @@ def plan_pipelined(captured: CapturedGraph, mesh: Mesh, *, hardware: Any, hardwa
         return Plan.build(chosen.stages[0].solution, mesh, hardware, captured)
     return PipelinedPlan(chosen, mesh, hardware_label, graph_fingerprint(captured), captured,
                          plan_work(captured, hardware, mesh.size))
+
+
+def check_pipeline_inputs(example_inputs) -> None:
+    """Pipelines cut every input tensor along dim 0: a tuple of positional inputs or a dict of keyword
+    inputs (Hugging Face), as ``compile`` takes them; anything else is a BatchError."""
+    if isinstance(example_inputs, torch.Tensor) or isinstance(example_inputs, (tuple, list, dict)):
+        return
+    raise BatchError(f"pipeline parallelism takes example_inputs as a tuple of tensors or a dict of keyword tensors "
+                     f"(cut along dim 0), got {type(example_inputs).__name__}")
+
+
+def microbatch_inputs(example_inputs, example_target, m: int):
+    """``(inputs, target)`` of one of ``m`` pipeline microbatches: the first rows of every tensor."""
+    check_pipeline_inputs(example_inputs)
+    return microbatch(example_inputs, example_target, m, keyword="microbatches")
 
 
 def check_plan_arguments(plan: PipelinedPlan, *, pp, schedule, microbatches, stages, random_seed, pins: dict) -> None:
@@ -122,19 +138,15 @@ def build_pipelined_model(plan: PipelinedPlan, model: torch.nn.Module, *, exampl
     ``small``: the model already traced at the global batch / at the microbatch size (a caller
     building several ranks' programs in one process traces once)."""
     t0 = time.perf_counter()
-    if isinstance(example_inputs, dict) or not isinstance(example_inputs, (tuple, list)):
-        raise BatchError("pipeline parallelism takes example_inputs as a tuple of tensors (cut along dim 0)")
+    check_pipeline_inputs(example_inputs)
     full = full if full is not None else capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
     plan.attach(full)
     m = plan.microbatches
-    batch = int(example_inputs[0].shape[0])
-    if batch % m:
-        raise BatchError(f"the plan cuts the batch into {m} microbatches but example_inputs carry {batch} rows; "
-                         "pass the global batch the plan was made for")
     if small is None:
-        small = capture(model, tuple(x[:batch // m] for x in example_inputs), loss_fn=loss_fn,
-                        target=None if example_target is None else example_target[:batch // m])
+        small_inputs, small_target = microbatch_inputs(example_inputs, example_target, m)
+        small = capture(model, small_inputs, loss_fn=loss_fn, target=small_target)
     runtime = microbatch_plan(plan.pipeline, full, small)
     program = PipelineProgram(small, runtime, generate(runtime.schedule, runtime.pp, m, runtime.virtual), model=model,
                               state_dict=state_dict, device=device)
-    return PipelinedModel(runtime, program, compile_seconds=time.perf_counter() - t0, planner_plan=plan.pipeline)
+    return PipelinedModel(CompiledPipelinePlan.of(runtime, plan.mesh, plan.hardware, plan.work), program,
+                          compile_seconds=time.perf_counter() - t0, planner_plan=plan.pipeline)

@@ -31,7 +31,8 @@ def build():
     return MixtralForCausalLM(cfg)
 
 
-def lm_loss(logits, target):
+def lm_loss(out, target):  # an HF model: the loss gets its output object
+    logits = out.logits
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 

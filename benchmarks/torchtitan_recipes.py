@@ -84,7 +84,8 @@ def build(r: Recipe):
         return LlamaForCausalLM(cfg)
 
 
-def lm_loss(logits, target):
+def lm_loss(out, target):  # an HF model: the loss gets its output object
+    logits = out.logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 

@@ -54,6 +54,10 @@ class CapturedGraph:
     loss_output: bool = False
     method: str = "export"
     master_dtypes: dict[str, Any] = field(default_factory=dict)
+    #: forward-only programs of a model returning more than a tensor or a tuple of tensors (a
+    #: ModelOutput, a dataclass, a dict): ``rebuild(tensors)`` gives the model's own output object
+    #: back from the program's tensors (``passes.capture.outputs.OutputStructure``); else None
+    output_structure: Any = None
 
     def node(self, name: str) -> fx.Node:
         for n in self.gm.graph.nodes:
@@ -64,6 +68,15 @@ class CapturedGraph:
     @property
     def output_node(self) -> fx.Node:
         return next(n for n in reversed(self.gm.graph.nodes) if n.op == "output")
+
+
+def exact_placeholder(graph: fx.Graph, name: str) -> fx.Node:
+    """A placeholder whose node name and target are exactly ``name``.
+
+    ``fx.Graph.placeholder(name)`` derives the node's name from its target in snake case
+    (``p_A_log`` -> ``p_a_log``), while plans, captured params and stage boundaries are keyed by
+    the captured node names, which keep the model's capitals (Mamba's ``A_log``, ``D``)."""
+    return graph.create_node("placeholder", name, name=name)
 
 
 def tensor_meta_of(value: Any):

@@ -269,7 +269,8 @@ class RankProgram:
 
     def forward(self, *inputs, target=None, local_batch: bool = False):
         """Forward only, without autograd: the full outputs (the loss, all-reduced, for a loss program;
-        with accumulation, the mean loss over the microbatches or the outputs concatenated on dim 0).
+        with accumulation, the mean loss over the microbatches or the outputs concatenated on dim 0),
+        in the model's own output object when capture recorded one (``captured.output_structure``).
         ``local_batch``: as in ``step``; the outputs are still the full batch's."""
         micro = self._prepared(inputs, target, local_batch)
         outs = []
@@ -278,6 +279,10 @@ class RankProgram:
                 outs.append(self.program(*self._params, *self._buffers, *args))
             if self.gatherer is not None:
                 self.gatherer.end()
+            structure = self.captured.output_structure
+            if not self.captured.loss_output and structure is not None:  # the model's own output object
+                parts = [list(o) if isinstance(o, (tuple, list)) else [o] for o in outs]
+                return structure.rebuild(p[0] if len(parts) == 1 else torch.cat(p) for p in zip(*parts))
             if not self.captured.loss_output:
                 outs = [o[0] if isinstance(o, (tuple, list)) and len(o) == 1 else o for o in outs]
                 if len(outs) == 1:

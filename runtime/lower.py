@@ -37,7 +37,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from autoshard.passes.errors import BatchError, PlanFormatError
-from autoshard.passes.graph import META, MODULE, CapturedGraph, is_getitem, operands
+from autoshard.passes.graph import META, MODULE, CapturedGraph, exact_placeholder, is_getitem, operands
 from autoshard.passes.levers import Levers
 from autoshard.passes.solve.clustering import block_instance, module_path
 from autoshard.passes.spec import Partial, Replicate, Strategy, TensorMeta
@@ -223,7 +223,7 @@ class _Lowering:
             new.meta[BLOCK] = block
 
     def placeholder(self, node: fx.Node) -> None:
-        new = self.graph.placeholder(node.name)
+        new = exact_placeholder(self.graph, node.name)
         self.value[node] = new
         meta = node.meta.get(META)
         if not isinstance(meta, TensorMeta):

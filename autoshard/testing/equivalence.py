@@ -103,15 +103,14 @@ def train_against_one_device(label: str, program, reference: torch.nn.Module, ba
 
     ``batches``: ``(inputs, target)`` used at every step, or a function ``step -> (inputs, target)``;
     ``inputs`` is a tuple, a dict of keyword inputs or one tensor. The reference's loss is
-    ``reference_loss(reference, inputs, target)``, by default ``loss_fn(output, target)`` (``output.logits``
-    for an HF output). ``optimizer(params)`` builds each side's optimizer."""
+    ``reference_loss(reference, inputs, target)``, by default ``loss_fn(output, target)`` (``output`` exactly
+    what the model returns, as autoshard's loss receives it). ``optimizer(params)`` builds each side's optimizer."""
     if reference_loss is None:
         if loss_fn is None:
             raise TypeError("train_against_one_device needs loss_fn or reference_loss")
 
         def reference_loss(model, inputs, target):
-            out = _call(model, inputs)
-            return loss_fn(out.logits if hasattr(out, "logits") else out, target)
+            return loss_fn(_call(model, inputs), target)
 
     batch_at = batches if callable(batches) else (lambda step: batches)
     noise = tol if isinstance(tol, NoiseFloor) else None

@@ -1,11 +1,11 @@
 """The Hugging Face zoo: tiny configs of many transformers architectures, each with a batch and a loss.
 
     model, inputs, target, loss_fn = ZOO["llama"]()      # build on the current device, seeded by the caller
-    loss = loss_fn(model(**inputs).logits, target)       # what autoshard's program computes
+    loss = loss_fn(model(**inputs), target)              # what autoshard's program computes
 
 Every builder returns ``(model, example_inputs, target, loss_fn)``: ``example_inputs`` is a dict of
 keyword tensors for one GLOBAL batch of ``BATCH`` (8, divisible by 4 ranks), ``loss_fn(output,
-target)`` a scalar (``output`` is ``.logits`` for HF outputs that have it, else the output object).
+target)`` a scalar from exactly what the model returns (its HF output object, as ``capture`` passes it).
 Configs are tiny (2 layers, width 32, 4 heads, vocabulary 96, sequence 8), dropout is 0 and
 caches are off, so a model builds in milliseconds and trains deterministically.
 
@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from autoshard.testing.models import BATCH, lm_loss
+from autoshard.testing.models import BATCH, hf_lm_loss
 
 __all__ = ["ZOO", "KINDS", "VOCAB", "SEQ", "build"]
 
@@ -44,11 +44,11 @@ def _ids(vocab: int = VOCAB, seq: int = SEQ) -> torch.Tensor:
 
 
 def _causal(model) -> tuple:
-    return model, {"input_ids": _ids()}, _ids(), lm_loss
+    return model, {"input_ids": _ids()}, _ids(), hf_lm_loss
 
 
-def _classes(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits, target)
+def _classes(output, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(output.logits, target)
 
 
 # ---- decoders --------------------------------------------------------------------------------
@@ -169,7 +169,7 @@ def bert():
     model = BertForMaskedLM(BertConfig(
         num_hidden_layers=LAYERS, hidden_size=WIDTH, num_attention_heads=HEADS, intermediate_size=64,
         vocab_size=VOCAB, max_position_embeddings=32, hidden_dropout_prob=0, attention_probs_dropout_prob=0))
-    return model, {"input_ids": _ids(), "attention_mask": torch.ones(BATCH, SEQ, dtype=torch.long)}, _ids(), lm_loss
+    return model, {"input_ids": _ids(), "attention_mask": torch.ones(BATCH, SEQ, dtype=torch.long)}, _ids(), hf_lm_loss
 
 
 def roberta():
@@ -179,7 +179,7 @@ def roberta():
         vocab_size=VOCAB, max_position_embeddings=32, hidden_dropout_prob=0, attention_probs_dropout_prob=0,
         pad_token_id=1))
     ids = torch.randint(3, VOCAB, (BATCH, SEQ))  # no padding tokens: positions count from padding_idx + 1
-    return model, {"input_ids": ids}, _ids(), lm_loss
+    return model, {"input_ids": ids}, _ids(), hf_lm_loss
 
 
 # ---- encoder-decoders --------------------------------------------------------------------------
@@ -189,7 +189,7 @@ def t5():
     model = T5ForConditionalGeneration(T5Config(
         num_layers=LAYERS, num_decoder_layers=LAYERS, d_model=WIDTH, d_kv=8, d_ff=64, num_heads=HEADS,
         vocab_size=VOCAB, dropout_rate=0, decoder_start_token_id=0, pad_token_id=0, **_COMMON))
-    return model, {"input_ids": _ids(), "decoder_input_ids": _ids()}, _ids(), lm_loss
+    return model, {"input_ids": _ids(), "decoder_input_ids": _ids()}, _ids(), hf_lm_loss
 
 
 def bart():
@@ -198,7 +198,7 @@ def bart():
         encoder_layers=LAYERS, decoder_layers=LAYERS, d_model=WIDTH, encoder_attention_heads=HEADS,
         decoder_attention_heads=HEADS, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=VOCAB,
         max_position_embeddings=32, dropout=0, attention_dropout=0, activation_dropout=0, **_COMMON))
-    return model, {"input_ids": _ids(), "decoder_input_ids": _ids()}, _ids(), lm_loss
+    return model, {"input_ids": _ids(), "decoder_input_ids": _ids()}, _ids(), hf_lm_loss
 
 
 def whisper():
@@ -210,7 +210,7 @@ def whisper():
                            eos_token_id=0, decoder_start_token_id=0, **_COMMON)
     model = WhisperForConditionalGeneration(config)
     features = torch.randn(BATCH, config.num_mel_bins, 2 * config.max_source_positions)
-    return model, {"input_features": features, "decoder_input_ids": _ids()}, _ids(), lm_loss
+    return model, {"input_features": features, "decoder_input_ids": _ids()}, _ids(), hf_lm_loss
 
 
 # ---- vision ------------------------------------------------------------------------------------

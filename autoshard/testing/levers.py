@@ -27,7 +27,7 @@ from autoshard.passes.graph import META
 from autoshard.passes.spec import Replicate, Shard, Strategy
 from autoshard.runtime.memory_probe import MemoryProbe
 
-from .models import BlockCNN, gpt, hf_llama, lm_loss
+from .models import BlockCNN, gpt, hf_llama, hf_lm_loss, lm_loss
 
 __all__ = ["MICRO", "BLOCK_TYPES", "build", "zero3", "zero3_plan", "layout_pins", "planned", "accumulated_loss", "Twice", "Probed"]
 
@@ -62,7 +62,7 @@ def build(name: str, dropout: float = 0.0):
         ids, target = torch.randint(0, 64, (n, 16), generator=g), torch.randint(0, 64, (n, 16), generator=g)
         return ({"input_ids": ids} if name == "hf_llama" else (ids,)), target
 
-    return model, batch, lm_loss, _TP.get(name)
+    return model, batch, hf_lm_loss if name == "hf_llama" else lm_loss, _TP.get(name)
 
 
 def zero3(captured, strategies: dict, mesh_shape, axes: Optional[tuple] = None) -> dict:
@@ -122,8 +122,7 @@ def planned(captured, model, mesh_shape, layers, rank: int, env, mixed_precision
 
 
 def _call(model, inputs):
-    out = model(**inputs) if isinstance(inputs, dict) else model(*inputs)
-    return out.logits if hasattr(out, "logits") else out
+    return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
 
 
 def _slice(inputs, k: int, j: int):

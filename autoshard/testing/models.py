@@ -31,8 +31,8 @@ Classes (build them on any device: ``with torch.device("meta"): GPT(...)`` alloc
 Builders return ``(model, example_inputs, target, loss_fn)`` for a global batch of 8 (divisible by
 4), build on the current default device and draw from the global RNG, so the caller seeds it
 (``torch.manual_seed(0)``). Dropout is 0 everywhere, so the models are deterministic.
-``loss_fn(output, target)`` returns a scalar; for the HF models ``output`` is the logits (``capture``
-passes ``.logits`` of an HF output object). ``BUILDERS`` names them: ``mlp``, ``gpt``, ``cnn``,
+``loss_fn(output, target)`` returns a scalar from exactly what the model returns (as ``capture``
+passes it): for the HF models an HF output object, whose ``.logits`` ``hf_lm_loss`` takes. ``BUILDERS`` names them: ``mlp``, ``gpt``, ``cnn``,
 ``hf_gpt2`` (tied embeddings, Conv1D), ``hf_llama`` (GQA, RMSNorm, rotary ``inv_freq``
 non-persistent buffers), ``complex_rope_llama``.
 
@@ -51,7 +51,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["BATCH", "lm_loss", "MLP", "ResidualMLP", "MaskedMLP", "Block", "GPT", "CNN", "BlockCNN", "ComplexRopeLlama",
+__all__ = ["BATCH", "lm_loss", "hf_lm_loss", "MLP", "ResidualMLP", "MaskedMLP", "Block", "GPT", "CNN", "BlockCNN", "ComplexRopeLlama",
            "UNet", "UNet1d", "mlp", "gpt", "cnn", "hf_gpt2", "hf_llama", "complex_rope_llama", "unet", "gpt_pipeline", "unet1d", "BUILDERS",
            "PIPELINE_BUILDERS"]
 
@@ -65,6 +65,11 @@ def _mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Cross entropy over every position: ``logits`` (..., vocab), ``target`` (...) of token ids."""
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+
+def hf_lm_loss(output, target: torch.Tensor) -> torch.Tensor:
+    """``lm_loss`` of a Hugging Face output's ``.logits`` (what a loss for an HF model is given)."""
+    return lm_loss(output.logits, target)
 
 
 class MLP(nn.Module):
@@ -249,7 +254,7 @@ def hf_llama(seq: int = 16):
 
 def _hf(model: nn.Module, vocab: int, seq: int):
     ids = torch.randint(0, vocab, (BATCH, seq))
-    return model, {"input_ids": ids}, torch.randint(0, vocab, (BATCH, seq)), lm_loss
+    return model, {"input_ids": ids}, torch.randint(0, vocab, (BATCH, seq)), hf_lm_loss
 
 
 def _freqs_cis(head_dim: int, seq: int, theta: float = 10000.0) -> torch.Tensor:

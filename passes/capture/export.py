@@ -4,8 +4,10 @@
 
 1. The user's call becomes a program wrapper (``_Program``): each example tensor a placeholder
    named after the forward's parameters or the dict keys, other inputs baked in as constants, and
-   the output reduced by ``loss_fn`` or picked (a tensor, a tuple of tensors, ``.loss`` or
-   ``.logits``). A buffer reassigned in forward (``self.buf = f(self.buf)``) becomes an in-place
+   the output reduced by ``loss_fn`` (which receives exactly what the model returns: a tensor, a
+   tuple, a dict, a dataclass or a Hugging Face ``ModelOutput``) or, without one, returned: a tensor
+   or a tuple of tensors as is, an HF output's scalar ``.loss`` when labels were given, else all
+   the output's tensors with its structure kept (``passes.capture.outputs``). A buffer reassigned in forward (``self.buf = f(self.buf)``) becomes an in-place
    ``copy_``, which every tracer records.
 2. ``passes.capture.tracers`` traces the wrapper with ``torch.export.export(strict=False)``
    (training IR: high-level ATen ops such as ``aten.linear`` survive, in-place buffer updates stay in
@@ -40,7 +42,8 @@ import torch.nn as nn
 from autoshard.passes.capture.arguments import check_loss_arguments
 from autoshard.passes.capture.moe_experts import fused_experts
 from autoshard.passes.capture.normalize import DEVICE_KWARG, normalize_export
-from autoshard.passes.capture.tracers import trace
+from autoshard.passes.capture.outputs import OutputStructure, flatten_output
+from autoshard.passes.capture.tracers import LossFnError, trace
 from autoshard.passes.errors import TraceError
 from autoshard.passes.graph import META, CapturedGraph
 from autoshard.passes.spec import TensorMeta
@@ -69,6 +72,7 @@ class _Call:
     names: list[str]
     tensors: list[torch.Tensor]
     constants: dict[str, Any]
+    output_structure: Optional[OutputStructure] = None
 
     def bind(self, flat) -> tuple[tuple, dict]:
         put = lambda v: flat[v.index] if isinstance(v, _Slot) else v  # noqa: E731
@@ -124,28 +128,23 @@ def _make_call(model: nn.Module, example_inputs) -> _Call:
 # the traced program: model call, then loss_fn or output selection
 
 
-def _pick_output(out):
-    """What the program returns when no loss_fn is given."""
+def _pick_output(out, call: "_Call"):
+    """What the program returns when no loss_fn is given: a tensor or a tuple of tensors as they are;
+    a Hugging Face output holding a scalar ``.loss`` (labels given): that loss, so the program trains
+    on it; any other output (ModelOutput, dataclass, dict, nested containers): its tensors, with the
+    structure kept in ``call.output_structure`` for the runtime to rebuild."""
     if isinstance(out, torch.Tensor):
         return out
-    if isinstance(out, (tuple, list)) and out and all(isinstance(o, torch.Tensor) for o in out):
-        return tuple(out)
-    for key in ("loss", "logits"):
-        value = out.get(key) if isinstance(out, Mapping) else getattr(out, key, None)
-        if isinstance(value, torch.Tensor):
-            return value
-    raise TraceError(
-        f"the model returned {type(out).__name__}; autoshard captures models that return a tensor, a "
-        f"tuple of tensors, or an object with a .loss / .logits tensor: pass loss_fn=... to reduce "
-        f"the output to a scalar loss")
-
-
-def _loss_input(out):
-    """What loss_fn receives: the model output, or its ``.logits`` for HF-style output objects."""
-    if isinstance(out, (torch.Tensor, tuple, list)):
+    if type(out) is tuple and out and all(isinstance(o, torch.Tensor) for o in out):
         return out
-    logits = getattr(out, "logits", None)
-    return logits if isinstance(logits, torch.Tensor) else out
+    loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.dim() == 0:
+        return loss
+    tensors, call.output_structure = flatten_output(out)
+    if not tensors:
+        raise TraceError(f"the model returned {type(out).__name__} with no tensor in it; autoshard captures "
+                         f"models whose output holds tensors")
+    return tuple(tensors)
 
 
 class _Program(nn.Module):
@@ -167,8 +166,12 @@ class _Program(nn.Module):
         out = self.model(*args, **kwargs)
         _reassigned_buffers_to_copy(self.model, before)
         if self._loss_fn is not None:
-            return self._loss_fn(_loss_input(out), flat[n] if self._has_target else None)
-        return _pick_output(out)
+            target = flat[n] if self._has_target else None
+            try:  # loss_fn gets exactly what the model returned, as in eager PyTorch
+                return self._loss_fn(out, target)
+            except Exception as e:  # noqa: BLE001 - re-raised, marked as the loss's own error
+                raise LossFnError(e) from e
+        return _pick_output(out, self._call)
 
 
 def _reassigned_buffers_to_copy(model: nn.Module, before: list) -> None:
@@ -197,10 +200,13 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
 
     ``example_inputs``: a tuple of positional inputs or a dict of keyword inputs (HF style); tensors
     become placeholders named after the forward's parameters / the dict keys, other values are
-    baked in as constants. ``loss_fn(output, target)``: when given, the program returns this scalar
-    (for HF-style outputs ``output`` is ``.logits``); ``target`` (a tensor) becomes the last
-    placeholder. Without ``loss_fn`` the program returns the model's tensor, tuple of tensors, or
-    ``.loss`` (else ``.logits``). The model is traced in its current train/eval mode and is not
+    baked in as constants. ``loss_fn(output, target)``: when given, the program returns this scalar;
+    ``output`` is exactly what the model returns (an HF ``ModelOutput`` whole: ``out.logits`` is the
+    loss's to pick), and an exception the loss raises is reported as the loss's (``TraceError``
+    naming its type and the loss's file:line); ``target`` (a tensor) becomes the last placeholder.
+    Without ``loss_fn`` the program returns the model's tensor, tuple of tensors, an HF output's
+    scalar ``.loss``, or every tensor of any other output, whose structure
+    ``CapturedGraph.output_structure`` rebuilds. The model is traced in its current train/eval mode and is not
     modified. Shapes are static: the program is specialized to these example shapes. ``loss_fn`` and
     ``target`` come together (``arguments.check_loss_arguments`` names the missing one).
 
@@ -239,6 +245,9 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
     captured = normalize_export(ep, traced, call.names, has_target=target is not None,
                                 loss_fn_given=loss_fn is not None, method=method)
     captured.master_dtypes = {ph: masters[fqn] for ph, fqn in captured.params.items() if fqn in masters}
+    if loss_fn is None and call.output_structure is not None:
+        captured.output_structure = call.output_structure
+        captured.loss_output = False  # a scalar field of the output is an output, not a loss
     return captured
 
 

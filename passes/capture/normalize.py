@@ -32,7 +32,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from autoshard.passes.capture.functionalize import functionalize_view_writes
 from autoshard.passes.errors import TraceError
-from autoshard.passes.graph import META, MODULE, CapturedGraph, tensor_meta_of
+from autoshard.passes.graph import META, MODULE, CapturedGraph, exact_placeholder, tensor_meta_of
 
 __all__ = ["normalize_export", "DEVICE_KWARG", "PROGRAM_MODEL_ATTR"]
 
@@ -149,7 +149,7 @@ def _order_state(graph: fx.Graph, state: dict, named: dict, prefix: str) -> dict
         node = state.get(fqn)
         if node is None:  # never read by the program (e.g. dropped by the fx fallback): keep it
             with graph.inserting_before(next(iter(graph.nodes))):
-                node = graph.placeholder(prefix + fqn.replace(".", "_"))
+                node = exact_placeholder(graph, prefix + fqn.replace(".", "_"))
             node.meta["val"] = torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
         node._rename(prefix + fqn.replace(".", "_"))
         node.target = node.name

@@ -13,8 +13,11 @@ coarser on that path: symbolic_trace inlines non-leaf submodules, so only leaf m
 ``nn.Linear`` keep their own path.
 
 If both fail, ``trace_error`` builds the ``TraceError``: the construct, the innermost frame of the
-user's code (file:line and source), and what to change. Neither path leaves anything on the
-user's modules (tracers assign attributes such as ``self.last = y`` while running forward).
+user's code (file:line and source), and what to change. An exception raised inside the user's
+``loss_fn`` (marked ``LossFnError`` by the program wrapper) skips the fallback, which would run the
+same loss: ``loss_fn_trace_error`` names it as the loss's, with its type and the loss's file:line.
+Neither path leaves anything on the user's modules (tracers assign attributes such as
+``self.last = y`` while running forward).
 """
 from __future__ import annotations
 
@@ -35,7 +38,17 @@ from torch.export.graph_signature import InputKind
 
 from autoshard.passes.errors import TraceError
 
-__all__ = ["trace", "export_via_symbolic_trace", "trace_error", "user_frame"]
+__all__ = ["LossFnError", "trace", "export_via_symbolic_trace", "trace_error", "user_frame"]
+
+
+class LossFnError(Exception):
+    """An exception the user's ``loss_fn`` raised while traced (``error``): no tracer can get past it,
+    and the cause is the loss, not the model nor a tracing limit."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+
 
 METHOD_EXPORT = "export"
 METHOD_FX = "symbolic_trace"
@@ -58,9 +71,13 @@ def trace(model: nn.Module, make_program: Callable[[nn.Module], nn.Module], flat
         except TraceError:
             raise
         except Exception as export_error:  # noqa: BLE001 - any tracer failure goes to the fallback
+            if _loss_fn_error(export_error) is not None:
+                raise loss_fn_trace_error(_loss_fn_error(export_error)) from export_error
             try:
                 ep, method = export_via_symbolic_trace(model, make_program, flat, constants), METHOD_FX
             except Exception as fallback_error:  # noqa: BLE001
+                if _loss_fn_error(fallback_error) is not None:
+                    raise loss_fn_trace_error(_loss_fn_error(fallback_error)) from fallback_error
                 raise trace_error(model, export_error, fallback_error) from export_error
     params = {s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.PARAMETER}
     _inline_regions(ep.graph_module, {n for n in ep.graph.nodes if n.op == "placeholder" and n.name in params})
@@ -260,6 +277,31 @@ def _classify(export_error: BaseException, fallback_error: BaseException) -> tup
                 "model's configuration (e.g. a width that does not divide into its heads)")
     return ("a construct the tracers do not support",
             "rewrite it with plain tensor ops that depend only on shapes, not on tensor values")
+
+
+def _loss_fn_error(error: Optional[BaseException]) -> Optional[LossFnError]:
+    """The ``LossFnError`` that ``error`` is or was raised from (a tracer may wrap it), else None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, LossFnError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def loss_fn_trace_error(marked: LossFnError) -> TraceError:
+    """The TraceError for an exception raised inside the user's loss_fn: its type, message and the
+    loss's own file:line (the innermost frame outside torch and autoshard)."""
+    error = marked.error
+    frame = user_frame(error)
+    where = (f" at {frame.filename}:{frame.lineno} in {frame.name}: `{(frame.line or '').strip()}`"
+             if frame else "")
+    return TraceError(
+        f"loss_fn raised {_first_line(error)}{where}.\n"
+        f"  loss_fn(output, target) receives exactly what the model returns (a Hugging Face ModelOutput whole: "
+        f"take .logits inside the loss) and example_target.\n"
+        f"  fix: call loss_fn(model(*example_inputs), example_target) directly to see it.")
 
 
 def trace_error(model: nn.Module, export_error: BaseException, fallback_error: BaseException) -> TraceError:

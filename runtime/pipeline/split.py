@@ -36,7 +36,7 @@ from typing import Callable, Optional, Sequence
 import torch.fx as fx
 
 from autoshard.passes.errors import PlanFormatError
-from autoshard.passes.graph import META, MODULE, CapturedGraph, is_getitem
+from autoshard.passes.graph import META, MODULE, CapturedGraph, exact_placeholder, is_getitem
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
 from autoshard.passes.solve.solution import Solution
@@ -173,7 +173,7 @@ def _build_stage(captured, s, mine, where, consumers, placeholders, user_pos, la
 
 
 def _placeholder(graph: fx.Graph, like: fx.Node) -> fx.Node:
-    new = graph.placeholder(like.name)
+    new = exact_placeholder(graph, like.name)
     new.meta.update({k: v for k, v in like.meta.items() if k in (META, MODULE, "val", "tensor_meta")})
     return new
 

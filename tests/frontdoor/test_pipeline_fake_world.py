@@ -40,7 +40,8 @@ def gpt3_175b():
         return transformers.GPT2LMHeadModel(cfg).to(torch.bfloat16)
 
 
-def lm_loss(logits, target):
+def lm_loss(out, target):  # an HF model: the loss gets its output object
+    logits = out.logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 

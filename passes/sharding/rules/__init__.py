@@ -8,7 +8,7 @@
   never another family.
 - the families: ``elementwise``, ``reductions``, ``views``, ``indexing``, ``factory``, ``matmul``,
   ``embedding``, ``norms``, ``attention``, ``losses``, ``conv``, ``pooling``, ``getitem``,
-  ``view_scatters``, ``complex_views``, ``grouped_mm``, ``moe``.
+  ``view_scatters``, ``complex_views``, ``grouped_mm``, ``moe``, ``upsampling``.
 
 Importing this package imports every family, whose decorators fill ``RULES``. Adding a rule for an
 op touches one file, its family module::
@@ -28,11 +28,11 @@ from autoshard.passes.sharding.rules.registry import (
 )
 from autoshard.passes.sharding.rules import (
     attention, complex_views, conv, elementwise, embedding, factory, getitem, grouped_mm, indexing, losses, matmul,
-    moe, norms, pooling, reductions, view_scatters, views,
+    moe, norms, pooling, reductions, upsampling, view_scatters, views,
 )
 
 FAMILIES = (attention, complex_views, conv, elementwise, embedding, factory, getitem, grouped_mm, indexing, losses,
-            matmul, moe, norms, pooling, reductions, view_scatters, views)
+            matmul, moe, norms, pooling, reductions, upsampling, view_scatters, views)
 """Every family module; importing them registered their rules."""
 
 __all__ = ["FAMILIES", "LOCAL_CHECKS", "OpCall", "RULES", "local_check", "lookup", "op_call", "register_rule",

@@ -103,7 +103,7 @@ def test_bf16_mixtral_experts_trace_to_grouped_mm_and_shard_by_its_rule():
 
     from autoshard.api import plan_captured
     from autoshard.passes.capture.export import capture
-    from autoshard.testing.models import lm_loss
+    from autoshard.testing.models import hf_lm_loss as lm_loss
 
     config = MixtralConfig(num_hidden_layers=1, hidden_size=1024, intermediate_size=4096, num_attention_heads=8,
                            num_key_value_heads=2, vocab_size=256, num_local_experts=8, num_experts_per_tok=2,

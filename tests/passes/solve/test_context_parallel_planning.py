@@ -16,7 +16,8 @@ from autoshard.passes.spec import Shard, Strategy
 from autoshard.testing.long_context import seq_attention
 
 
-def _lm_loss(logits, target):
+def _lm_loss(out, target):  # an HF model: the loss gets its output object
+    logits = out.logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 

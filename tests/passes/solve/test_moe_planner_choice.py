@@ -21,7 +21,8 @@ from autoshard.testing.moe_check import ROLES
 pytest.importorskip("transformers")
 
 
-def _lm_loss(logits, target):
+def _lm_loss(out, target):  # an HF model: the loss gets its output object
+    logits = out.logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
