@@ -21,7 +21,8 @@ from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve.microbatch import global_batch
 from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, plan_submesh, profile_submesh, submesh_shapes
-from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, VIRTUAL, Choice, approx_held, held_microbatches, score_stages,
+from autoshard.passes.pipeline.schedule.registry import get_schedule
+from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice, approx_held, held_microbatches, score_stages,
                       stage_problem, valid_schedule)
 from autoshard.passes.pipeline.stages.stage_ilp import StageProblem, StageSolution, balanced_stages, even_stages, solve_stages
 
@@ -125,7 +126,7 @@ def closed_form_best(prof: SubmeshProfile, p: int, mesh: Mesh, *, hardware: Hard
     A ranking, not a simulation: it prices every configuration in microseconds."""
     best = math.inf
     for schedule in schedules:
-        if p * VIRTUAL[schedule] > len(prof.units):
+        if p * get_schedule(schedule).virtual_stages > len(prof.units):
             continue
         for m in microbatch_options(batch, prof.batch_shard, p):
             if not valid_schedule(schedule, p, m):
@@ -169,7 +170,7 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
     configs = []
     for (p, shape), prof in profiles.items():
         for schedule in schedules:
-            v = VIRTUAL[schedule]
+            v = get_schedule(schedule).virtual_stages
             if p * v > len(prof.units) or (starts is not None and len(starts) + 1 != p * v):
                 continue
             for m in microbatch_options(batch, prof.batch_shard, p, microbatches):
