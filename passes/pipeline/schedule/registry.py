@@ -5,8 +5,8 @@ rank owns (``virtual_stages``), where they sit (round robin, or a V: rank r owns
 2p-1-r), whether it runs backward as separate input-grad (B) and weight-grad (W) passes, which
 (p, m) it accepts (``problem``: None, or the reason and what to do instead), its compute order
 (``order``, from ``orders.py``), the in-flight microbatches per stage in closed form (``held``, the
-stage planner's quick estimate; the simulator's count is exact) and whether ``pp="auto"`` tries it
-(``searched``). The generator (``generators.generate``), the stage planner (its pins, stage counts,
+stage planner's quick estimate; the simulator's count is exact), whether ``pp="auto"`` tries it
+(``searched``) and the ``family`` it is ranked with in the stage search (one shortlist per family). The generator (``generators.generate``), the stage planner (its pins, stage counts,
 scoring) and ``PipelinePlan``'s check all read this table; none keeps its own list of names.
 
 Adding a schedule: write its order in ``orders.py`` and its descriptor in ``_register`` below
@@ -48,6 +48,13 @@ class Schedule:
     valid: Callable[[int, int], Optional[str]] = lambda p, m: None
     held: Optional[Callable[[int, int], list[int]]] = None
     searched: bool = False
+    family: Optional[str] = None
+
+    @property
+    def ranking_family(self) -> str:
+        """Schedules of one family (interleaved 1F1B's v's) share one closed form, so the stage search
+        ranks them together and simulates one shortlist for all of them (bounding plan time)."""
+        return self.family or self.name
 
     def problem(self, p: int, m: int) -> Optional[str]:
         """None when this schedule runs m microbatches on p rank groups, else why not and what to do."""
@@ -97,7 +104,7 @@ def interleaved(v: int) -> Schedule:
                             f"for one stage per rank use '1f1b'")
     name = "interleaved-1f1b" if v == 2 else f"interleaved-1f1b-v{v}"
     return Schedule(name, v, v_shape=False, split_backward=False, order=interleaved_order, held=_interleaved_held(v),
-                    searched=v <= 4)
+                    searched=v <= 4, family="interleaved-1f1b")
 
 
 def _register(*schedules: Schedule) -> dict[str, Schedule]:

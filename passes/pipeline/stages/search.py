@@ -160,8 +160,9 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
 
     Phase 1 prices every configuration's balanced cut (``stage_ilp.balanced_stages``) in closed form
     (activations in flight from the 1F1B / GPipe / interleaved formulas); the ``shortlist`` best of
-    every schedule are then re-cut with the simulator's in-flight counts and simulated, skipping
-    those whose bound m * work / pp (no bubble, no communication) cannot beat the best so far.
+    every schedule family (``Schedule.ranking_family``: interleaved 1F1B's v's share one) are then
+    re-cut with the simulator's in-flight counts and simulated, skipping those whose bound
+    m * work / pp (no bubble, no communication) cannot beat the best so far.
     Phase 2 runs the stage ILP on the ``refine`` best simulated ones, and on configurations the
     balanced cut could not fit (the ``refine`` with the smallest bounds, while they can still win).
     Phase 3 (unpinned cuts) simulates the even cut of every configuration whose bound can still
@@ -193,10 +194,11 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
         if sol is None:
             unfit.append((bound, prob, (p, prof, m, schedule)))
         else:
-            ranked.setdefault(schedule, []).append((sol.step_time, bound, p, prof, m, schedule))
+            ranked.setdefault(get_schedule(schedule).ranking_family, []).append(
+                (sol.step_time, bound, p, prof, m, schedule))
     scored: list[tuple[float, int, Choice, StageProblem]] = []
     best: Optional[Choice] = None
-    for rows in ranked.values():  # the closed form ranks configurations of one schedule alike
+    for rows in ranked.values():  # the closed form ranks configurations of one schedule family alike
         for _, bound, p, prof, m, schedule in sorted(rows, key=lambda r: r[0])[:shortlist]:
             if best is not None and bound >= best.step_time:
                 continue
