@@ -187,9 +187,10 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     Pipeline parallelism: ``pp="auto"`` lets the stage planner (``passes.pipeline.stages.planner.plan_pipeline``)
     choose the number of pipeline groups along the mesh's first axis, the stage cut, each group's
     (dp, tp) submesh, the microbatch count and the schedule; ``pp=N`` (N > 1) pins the number of
-    groups and leaves the rest to it; ``schedule`` ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1",
-    "zbv", "dualpipev"), ``microbatches`` and ``stages`` (module-name prefixes, node names or layer-unit
-    indices where stages 1.. start) pin those decisions (``_compile_pipeline``). The result is a
+    groups and leaves the rest to it; ``schedule`` (a name of ``passes/pipeline/schedule/registry.py``:
+    "gpipe", "1f1b", "interleaved-1f1b", "interleaved-1f1b-v<N>", "zb-h1", "zbv", "dualpipev"),
+    ``microbatches`` and ``stages`` (module-name prefixes, node names or layer-unit indices where
+    stages 1.. start) pin those decisions (``_compile_pipeline``). The result is a
     ``PipelinedModel``, or a ``CompiledModel`` when the planner finds no pipeline faster (pp = 1).
     ``pp=None`` (default) or ``pp=1``: no pipeline, the plan above. ``plan`` may be a ``PipelinedPlan``
     (from ``plan(..., pp=...)`` or ``load_plan``): the pipeline is built from it, nothing is planned

@@ -28,7 +28,8 @@ import torch
 from autoshard.passes.capture.export import capture
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.stages.planner import (VIRTUAL, global_batch, held_microbatches, profile_candidates,
+from autoshard.passes.pipeline.schedule.registry import get_schedule
+from autoshard.passes.pipeline.stages.planner import (global_batch, held_microbatches, profile_candidates,
                                                score_stages, search_stages, stage_problem)
 from autoshard.passes.pipeline.stages.stage_ilp import stage_costs
 
@@ -74,12 +75,12 @@ def grid_best(profiles, mesh, hw, batch):
         L = len(prof.units)
         ms = [m for m in range(1, batch + 1) if batch % m == 0 and (batch // m) % prof.batch_shard == 0]
         for schedule in GRID_SCHEDULES:
-            v = VIRTUAL[schedule]
+            v = get_schedule(schedule).virtual_stages
             S = p * v
             if S > L:
                 continue
             for m in ms:
-                if (schedule == "interleaved-1f1b" and m % p) or (schedule == "dualpipev" and m < 2 * p):
+                if not get_schedule(schedule).accepts(p, m):
                     continue
                 work = sum(c.fwd(m) + c.bwd(m) for c in prof.costs)
                 bound = (m * work + sum(c.grad_sync for c in prof.costs)) / p

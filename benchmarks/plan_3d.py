@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 import autoshard
 from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.search import profile_candidates, search_stages
 from autoshard.passes.pipeline.stages.shallow import shallow_program
 
@@ -56,7 +57,7 @@ def megatron(plan, args, hw, finalist_limit: float) -> None:
                                   memory_limit=hw.memory_bytes, units=shallow.units, blocks=shallow.blocks,
                                   time_limit_s=finalist_limit, shapes=[shape], deep_chain=True)[(pp, shape)]
         for schedule in ("1f1b", "interleaved-1f1b"):
-            v = 2 if schedule == "interleaved-1f1b" else 1
+            v = get_schedule(schedule).virtual_stages
             starts = [1 + args.blocks * k // (pp * v) for k in range(1, pp * v)]
             ref, _ = search_stages({(pp, shape): prof}, mesh, hardware=hw, memory_limit=hw.memory_bytes,
                                    batch=args.batch, schedules=(schedule,), starts=starts)

@@ -55,18 +55,19 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.pipeline.schedule.generators import stage_rank
+from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, profile_submesh
 from autoshard.passes.pipeline.stages.op_cuts import cut_points, op_graph_units
 from autoshard.passes.pipeline.schedule.simulate import ScheduleError
-from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, VIRTUAL, Choice, held_microbatches, score_stages, single_stage_step,
+from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice, held_microbatches, score_stages, single_stage_step,
                       stage_problem, valid_schedule)
 from autoshard.passes.pipeline.stages.search import global_batch, microbatch_options, plan_candidates, profile_candidates, search_stages
 from autoshard.passes.pipeline.stages.shallow import ShallowProgram, shallow_program
-from autoshard.passes.pipeline.stages.stage_plan import SCHEDULES, PipelinePlan, StagePlan
+from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
 from autoshard.passes.units import human_bytes
 
 __all__ = ["plan_pipeline", "profile_candidates", "search_stages", "score_stages", "stage_problem",
-           "held_microbatches", "microbatch_options", "Choice", "global_batch", "DEFAULT_SCHEDULES", "VIRTUAL"]
+           "held_microbatches", "microbatch_options", "Choice", "global_batch", "DEFAULT_SCHEDULES", "virtual_stages"]
 
 
 # ---- the front door --------------------------------------------------------------------------
@@ -100,9 +101,9 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
         raise AutoshardError(f"microbatches={microbatches} does not divide the global batch {batch}; use a divisor "
                              f"of {batch}")
     if microbatches is not None and not any(p == 1 or valid_schedule(s, p, microbatches) for p in pps for s in schedules):
-        raise ScheduleError(f"no schedule asked for runs {microbatches} microbatches on pp in {pps}: "
-                            "interleaved-1f1b needs a multiple of pp, dualpipev at least 2 * pp; pin more microbatches "
-                            f"(divisors of the batch {batch}) or another schedule")
+        why = "; ".join(sorted({get_schedule(s).problem(p, microbatches) for p in pps for s in schedules}))
+        raise ScheduleError(f"no schedule asked for runs {microbatches} microbatches on pp in {pps}: {why}. Pin more "
+                            f"microbatches (divisors of the batch {batch}) or another schedule")
     core, core_error = None, None
     if 1 in pps and starts is None and microbatches in (None, 1):
         try:
@@ -143,14 +144,19 @@ def _candidate_stats(stats: dict) -> dict:
     return out
 
 
+def virtual_stages(schedule: str) -> int:
+    """Stages per rank group of ``schedule`` (the registry's descriptor)."""
+    return get_schedule(schedule).virtual_stages
+
+
 def _schedules(schedule) -> tuple[str, ...]:
     if schedule is None:
         return DEFAULT_SCHEDULES
     names = (schedule,) if isinstance(schedule, str) else tuple(schedule)
-    bad = [s for s in names if s not in SCHEDULES]
-    if bad:
-        raise AutoshardError(f"unknown schedule(s) {bad}; schedules are {SCHEDULES}")
-    return names
+    try:
+        return tuple(get_schedule(s).name for s in names)
+    except ScheduleError as err:
+        raise AutoshardError(str(err)) from None
 
 
 def _resolve_stages(stages, units: list[LayerUnit]) -> Optional[list[int]]:
@@ -185,7 +191,7 @@ def _pp_options(mesh: Mesh, pp, num_units: int, starts, schedules) -> list[int]:
         return [pp]
     found = [d for d in range(1, rows + 1) if rows % d == 0 and d <= num_units]
     if starts is not None:
-        found = [d for d in found if any(d * VIRTUAL[s] == len(starts) + 1 for s in schedules)]
+        found = [d for d in found if any(d * virtual_stages(s) == len(starts) + 1 for s in schedules)]
         if not found:
             raise AutoshardError(f"{len(starts) + 1} pinned stages cannot be pp * virtual for any pp dividing the "
                                  f"mesh's first axis ({rows}) and schedules {list(schedules)}")
@@ -202,7 +208,7 @@ def _cuttable(captured: CapturedGraph, units: list[LayerUnit], pps: list[int], s
     """Whether some (pp, schedule) asked for can be cut from ``units``: ``pp * virtual`` units, ``pp``
     of them reading a parameter (a rank group without one has nothing to train)."""
     with_params = _params_read(captured, units)
-    return not pps or any(p == 1 or (p * VIRTUAL[s] <= len(units) and (not with_params or p <= with_params))
+    return not pps or any(p == 1 or (p * virtual_stages(s) <= len(units) and (not with_params or p <= with_params))
                           for p in pps for s in schedules)
 
 
@@ -211,8 +217,8 @@ def _check_stage_counts(captured: CapturedGraph, units: list[LayerUnit], pps: li
     if _cuttable(captured, units, pps, schedules):
         return
     with_params = _params_read(captured, units)
-    need = min(p * VIRTUAL[s] for p in pps for s in schedules)
-    asked = ", ".join(f"pp={p} x {VIRTUAL[s]} ({s})" for p in pps for s in schedules)
+    need = min(p * virtual_stages(s) for p in pps for s in schedules)
+    asked = ", ".join(f"pp={p} x {virtual_stages(s)} ({s})" for p in pps for s in schedules)
     if any(u.block is not None for u in units):
         how = f"between numbered blocks, into {len(units)} units {[u.name for u in units]}"
     else:

@@ -16,25 +16,22 @@ pipeline (one stage, one microbatch), so "pipeline or not" compares like with li
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.schedule.generators import prepared, stage_rank
+from autoshard.passes.pipeline.schedule.generators import prepared
+from autoshard.passes.pipeline.schedule.registry import get_schedule, searched_schedules
 from autoshard.passes.pipeline.stages.layer_costs import SubmeshProfile
 from autoshard.passes.pipeline.schedule.simulate import StageCosts, simulate
 from autoshard.passes.pipeline.stages.stage_ilp import StageProblem, StageSolution
 
-__all__ = ["DEFAULT_SCHEDULES", "VIRTUAL", "SPLIT_BACKWARD", "Choice", "held_microbatches", "approx_held",
-           "valid_schedule", "stage_problem", "score_stages", "overlapped_sync", "single_stage_step"]
+__all__ = ["DEFAULT_SCHEDULES", "Choice", "held_microbatches", "approx_held", "valid_schedule", "stage_problem",
+           "score_stages", "overlapped_sync", "single_stage_step"]
 
-#: schedules searched unless pinned (GPipe is 1F1B's time with more memory; DualPipeV's overlap is
-#: not modelled by the simulator)
-DEFAULT_SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "zbv")
-VIRTUAL = {"gpipe": 1, "1f1b": 1, "zb-h1": 1, "interleaved-1f1b": 2, "zbv": 2, "dualpipev": 2}
-SPLIT_BACKWARD = ("zb-h1", "zbv", "dualpipev")  # schedules that run B and W apart
+#: schedules searched unless pinned: the registry's ``searched`` ones (``schedule/registry.py``)
+DEFAULT_SCHEDULES = searched_schedules()
 _BACKWARD = ("B", "W", "BW")
 
 
@@ -53,7 +50,7 @@ class Choice:
 
     @property
     def virtual(self) -> int:
-        return VIRTUAL[self.schedule]
+        return get_schedule(self.schedule).virtual_stages
 
     def describe(self) -> str:
         sizes = [len(r) for r in self.stages.ranges(len(self.profile.units))]
@@ -66,32 +63,19 @@ class Choice:
 def held_microbatches(schedule: str, p: int, m: int) -> tuple[int, ...]:
     """Per stage, the most microbatches whose activations it holds at once under ``schedule``
     (the simulator's ``peak_stage``; a pure function of the schedule, so memoized)."""
-    return tuple(prepared(schedule, p, m, VIRTUAL[schedule]).peak_stage)
+    return tuple(prepared(schedule, p, m).peak_stage)
 
 
 def approx_held(schedule: str, p: int, m: int) -> list[int]:
-    """In-flight microbatches per stage from closed forms (the simulator's count is exact; these
-    equal it for every schedule but interleaved-1f1b, whose per-group total they approximate)."""
-    groups = stage_rank(schedule, p, VIRTUAL[schedule])
-    if schedule == "gpipe":
-        return [m] * len(groups)
-    if schedule == "interleaved-1f1b":  # Megatron's warm-up 2 (p - g - 1) + (v - 1) p, plus one, over v
-        v = VIRTUAL[schedule]
-        return [math.ceil(min(m * v, 2 * (p - g - 1) + (v - 1) * p + 1) / v) for g in groups]
-    if schedule in ("zbv", "dualpipev"):  # stage s of the V (2p stages) holds 2p - s
-        return [min(m, 2 * p - s) for s in range(len(groups))]
-    if schedule == "zb-h1":  # W is deferred, so every stage holds p
-        return [min(m, p)] * p
-    return [min(m, p - g) for g in groups]
+    """In-flight microbatches per stage from the schedule's closed form (the simulator's count is
+    exact; the closed forms equal it for every schedule but interleaved 1F1B, whose per-group total
+    they approximate)."""
+    return get_schedule(schedule).approx_held(p, m)
 
 
 def valid_schedule(schedule: str, p: int, m: int) -> bool:
-    """Can ``generate`` build ``schedule`` for p groups and m microbatches?"""
-    if schedule == "interleaved-1f1b":
-        return m % p == 0
-    if schedule == "dualpipev":
-        return m >= 2 * p
-    return True
+    """Can ``generate`` build ``schedule`` for p groups and m microbatches? (the registry's rule)"""
+    return get_schedule(schedule).accepts(p, m)
 
 
 def stage_problem(profile: SubmeshProfile, p: int, m: int, schedule: str, mesh: Mesh, hw: Hardware,
@@ -105,7 +89,7 @@ def stage_problem(profile: SubmeshProfile, p: int, m: int, schedule: str, mesh: 
         fwd=[c.fwd(m) for c in costs], bwd=[c.bwd(m) for c in costs], grad_sync=[c.grad_sync for c in costs],
         state=[c.state_bytes for c in costs], act=[c.act(m) for c in costs],
         cut_seconds=[x / bw + lat if x > 0 else 0.0 for x in cut_bytes], cut_bytes=cut_bytes,
-        stage_group=stage_rank(schedule, p, VIRTUAL[schedule]), held=list(held), m=m, memory_limit=memory_limit,
+        stage_group=get_schedule(schedule).stage_rank(p), held=list(held), m=m, memory_limit=memory_limit,
         recompute=recompute, starts=starts, holds_params=[c.param_reads > 0 for c in costs])
 
 
@@ -145,12 +129,12 @@ def score_stages(prob: StageProblem, schedule: str, starts: Sequence[int], recom
         fwd = sum(prob.fwd[a:e])
         f.append(fwd + (prob.cut_seconds[a - 1] if a > 0 else 0.0))
         b.append(sum(prob.bwd[a:e]) + (fwd if recompute[s] else 0.0) + (prob.cut_seconds[e - 1] if e < L else 0.0))
-    split = schedule in SPLIT_BACKWARD
+    split = get_schedule(schedule).split_backward
     if split:
         costs = StageCosts(f=f, b=[x / 2 for x in b], w=[x / 2 for x in b])
     else:
         costs = StageCosts(f=f, b=b, w=[0.0] * len(b))
-    result = simulate(prepared(schedule, prob.p, prob.m, VIRTUAL[schedule]), costs)
+    result = simulate(prepared(schedule, prob.p, prob.m), costs)
     last = [0.0] * len(starts)
     for _, action, _, finish in result.events:
         if action.kind in _BACKWARD and finish > last[action.stage]:

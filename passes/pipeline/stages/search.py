@@ -21,7 +21,8 @@ from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve.microbatch import global_batch
 from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, plan_submesh, profile_submesh, submesh_shapes
-from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, VIRTUAL, Choice, approx_held, held_microbatches, score_stages,
+from autoshard.passes.pipeline.schedule.registry import get_schedule
+from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice, approx_held, held_microbatches, score_stages,
                       stage_problem, valid_schedule)
 from autoshard.passes.pipeline.stages.stage_ilp import StageProblem, StageSolution, balanced_stages, even_stages, solve_stages
 
@@ -125,7 +126,7 @@ def closed_form_best(prof: SubmeshProfile, p: int, mesh: Mesh, *, hardware: Hard
     A ranking, not a simulation: it prices every configuration in microseconds."""
     best = math.inf
     for schedule in schedules:
-        if p * VIRTUAL[schedule] > len(prof.units):
+        if p * get_schedule(schedule).virtual_stages > len(prof.units):
             continue
         for m in microbatch_options(batch, prof.batch_shard, p):
             if not valid_schedule(schedule, p, m):
@@ -159,8 +160,9 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
 
     Phase 1 prices every configuration's balanced cut (``stage_ilp.balanced_stages``) in closed form
     (activations in flight from the 1F1B / GPipe / interleaved formulas); the ``shortlist`` best of
-    every schedule are then re-cut with the simulator's in-flight counts and simulated, skipping
-    those whose bound m * work / pp (no bubble, no communication) cannot beat the best so far.
+    every schedule family (``Schedule.ranking_family``: interleaved 1F1B's v's share one) are then
+    re-cut with the simulator's in-flight counts and simulated, skipping those whose bound
+    m * work / pp (no bubble, no communication) cannot beat the best so far.
     Phase 2 runs the stage ILP on the ``refine`` best simulated ones, and on configurations the
     balanced cut could not fit (the ``refine`` with the smallest bounds, while they can still win).
     Phase 3 (unpinned cuts) simulates the even cut of every configuration whose bound can still
@@ -169,7 +171,7 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
     configs = []
     for (p, shape), prof in profiles.items():
         for schedule in schedules:
-            v = VIRTUAL[schedule]
+            v = get_schedule(schedule).virtual_stages
             if p * v > len(prof.units) or (starts is not None and len(starts) + 1 != p * v):
                 continue
             for m in microbatch_options(batch, prof.batch_shard, p, microbatches):
@@ -192,10 +194,11 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
         if sol is None:
             unfit.append((bound, prob, (p, prof, m, schedule)))
         else:
-            ranked.setdefault(schedule, []).append((sol.step_time, bound, p, prof, m, schedule))
+            ranked.setdefault(get_schedule(schedule).ranking_family, []).append(
+                (sol.step_time, bound, p, prof, m, schedule))
     scored: list[tuple[float, int, Choice, StageProblem]] = []
     best: Optional[Choice] = None
-    for rows in ranked.values():  # the closed form ranks configurations of one schedule alike
+    for rows in ranked.values():  # the closed form ranks configurations of one schedule family alike
         for _, bound, p, prof, m, schedule in sorted(rows, key=lambda r: r[0])[:shortlist]:
             if best is not None and bound >= best.step_time:
                 continue

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from autoshard.passes.mesh import Mesh
+from autoshard.passes.pipeline.schedule.registry import get_schedule
+from autoshard.passes.pipeline.schedule.simulate import ScheduleError
 from autoshard.passes.solve.solution import Solution
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev")
 
 
 @dataclass
@@ -54,7 +54,8 @@ class PipelinePlan:
     """Stages, schedule and microbatching for a pipeline-parallel program.
 
     ``pp``: number of rank groups; ``virtual``: stages per group (1 unless interleaved/V schedules);
-    ``stages``: ``pp * virtual`` StagePlans in pipeline order; ``schedule``: one of SCHEDULES;
+    ``stages``: ``pp * virtual`` StagePlans in pipeline order; ``schedule``: a name the schedule
+    registry knows (``schedule/registry.py``), whose stages per rank must be ``virtual``;
     ``microbatches``: how many microbatches the global batch is cut into (along dim 0 of every input
     and the target). Estimates come from the schedule simulator.
     """
@@ -68,8 +69,13 @@ class PipelinePlan:
     peak_activation_memory: list[float] = field(default_factory=list)
 
     def __post_init__(self):
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; schedules are {SCHEDULES}")
+        try:
+            desc = get_schedule(self.schedule)
+        except ScheduleError as err:
+            raise ValueError(str(err)) from None
+        if desc.virtual_stages != self.virtual:
+            raise ValueError(f"schedule {self.schedule!r} runs {desc.virtual_stages} stage(s) per rank group, but the "
+                             f"plan says virtual={self.virtual}")
         if len(self.stages) != self.pp * self.virtual:
             raise ValueError(f"{len(self.stages)} stages but pp * virtual = {self.pp} * {self.virtual} = "
                              f"{self.pp * self.virtual}")

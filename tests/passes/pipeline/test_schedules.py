@@ -1,7 +1,8 @@
 """Pipeline schedules: generators, simulator, deadlock check, timelines (single process, no torch.distributed).
 
-Known answers on uniform costs: GPipe/1F1B bubble (p-1)/(m+p-1), interleaved (p-1)/(vm+p-1), ZB-H1
-a third of 1F1B's idle time, ZBV and DualPipeV the step times derived in generators.py.
+Known answers on uniform costs: GPipe/1F1B bubble (p-1)/(m+p-1), interleaved (p-1)/(vm+p-1) for any
+v >= 2 and any m >= p (a multiple of p or not), ZB-H1 a third of 1F1B's idle time, ZBV and DualPipeV
+the step times derived in orders.py.
 """
 from __future__ import annotations
 
@@ -13,18 +14,20 @@ import pytest
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.pipeline.schedule.actions import COMPUTE_KINDS, Action
 from autoshard.passes.pipeline.schedule.generators import SCHEDULE_NAMES, generate, prepared, stage_rank
+from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.schedule.simulate import (DeadlockError, ScheduleError, StageCosts, check_deadlock, prepare,
                                                 simulate)
 from autoshard.passes.pipeline.schedule.timeline import chrome_trace, draw_timeline
 
 PS = range(2, 9)
-KINDS = {"gpipe": {"F", "BW"}, "1f1b": {"F", "BW"}, "interleaved-1f1b": {"F", "BW"}, "zb-h1": {"F", "B", "W"},
+KINDS = {"gpipe": {"F", "BW"}, "1f1b": {"F", "BW"}, "interleaved-1f1b": {"F", "BW"}, "interleaved-1f1b-v3": {"F", "BW"},
+         "interleaved-1f1b-v4": {"F", "BW"}, "zb-h1": {"F", "B", "W"},
          "zbv": {"F", "B", "W"}, "dualpipev": {"F", "B", "W", "BW"}}  # dualpipev splits only its last backwards
 
 
 def _microbatches(name: str, p: int) -> list[int]:
-    if name == "interleaved-1f1b":
-        return [p, 2 * p, 3 * p]
+    if name.startswith("interleaved-1f1b"):  # multiples of p or not, fewer than p too
+        return [1, p - 1, p, p + 1, 2 * p - 1, 2 * p, 3 * p + 2]
     if name == "dualpipev":
         return [2 * p, 2 * p + 1, 3 * p + 2]
     return [1, p - 1, p, 2 * p + 1, 3 * p]
@@ -36,13 +39,19 @@ def _first_last(result, rank: int) -> tuple[float, float]:
 
 
 def test_every_generator_is_deadlock_free_and_complete():
+    assert set(SCHEDULE_NAMES) == set(KINDS)
     for name in SCHEDULE_NAMES:
         for p in PS:
-            v = 2 if name in ("interleaved-1f1b", "zbv", "dualpipev") else 1
+            v = get_schedule(name).virtual_stages
             owner = stage_rank(name, p, v)
             assert len(owner) == p * v and sorted(set(owner)) == list(range(p))
             for m in _microbatches(name, p):
                 sched = generate(name, p, m, v)
+                compute = [(a.stage, a.kind, a.microbatch) for acts in sched.values() for a in acts
+                           if a.kind in COMPUTE_KINDS]
+                assert len(compute) == len(set(compute))  # every action exactly once ...
+                assert {(st, i) for st, k, i in compute if k == "F"} == {(st, i) for st in range(p * v)
+                                                                         for i in range(m)}  # ... and all there
                 check_deadlock(sched)                       # posted (isend-like) sends
                 check_deadlock(sched, blocking_sends=True)  # and the strict rendezvous reading
                 for r, acts in sched.items():
@@ -68,12 +77,19 @@ def test_gpipe_and_1f1b_textbook_bubble_and_memory():
 
 
 def test_interleaved_textbook_bubble():
+    """Megatron's (p-1)/(vm+p-1) for every v in 2..4 and every m >= p, multiple of p or not; below p
+    the pipe never fills: 3(p-m)(v-1)/v more (orders.py)."""
     for p in PS:
         for v in (2, 3, 4):
-            for m in (p, 2 * p, 3 * p):
-                r = simulate(generate("interleaved-1f1b", p, m, v), StageCosts(f=1 / v, b=1 / v, w=1 / v))
-                assert r.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1)), (p, v, m)
-                assert r.step_time == pytest.approx(3 * m + 3 * (p - 1) / v)
+            name = "interleaved-1f1b" if v == 2 else f"interleaved-1f1b-v{v}"
+            for m in range(1, 3 * p + 2):
+                r = simulate(generate(name, p, m), StageCosts(f=1 / v, b=1 / v, w=1 / v))
+                if m >= p:
+                    assert r.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1)), (p, v, m)
+                    assert r.step_time == pytest.approx(3 * m + 3 * (p - 1) / v)
+                else:
+                    assert r.step_time == pytest.approx(3 * m + 3 * (p - 1) / v + 3 * (p - m) * (v - 1) / v), (p, v, m)
+                assert r.busy == [pytest.approx(3 * m)] * p
 
 
 def test_zb_h1_bubble_is_a_third_of_1f1b_at_same_peak_memory():
@@ -121,11 +137,12 @@ def test_v_and_interleaved_orders_match_torch_pipelining():
     kind = {ts._ComputationType.FORWARD: "F", ts._ComputationType.BACKWARD_INPUT: "B",
             ts._ComputationType.BACKWARD_WEIGHT: "W", ts._ComputationType.FULL_BACKWARD: "BW"}
 
-    def torch_orders(cls, p, m):
+    def torch_orders(cls, p, m, v=2):
         sched = object.__new__(cls)  # only the per-rank order calculation is used: no process group
-        sched.pp_group_size, sched._n_microbatches, sched.n_local_stages = p, m, 2
-        sched._num_stages = sched.num_stages = 2 * p
-        sched.microbatches_per_round, sched.number_of_rounds = p, max(1, m // p)
+        sched.pp_group_size, sched._n_microbatches, sched.n_local_stages = p, m, v
+        sched._num_stages = sched.num_stages = v * p
+        sched.number_of_rounds = max(1, m // p)  # torch's rounds (it needs m % rounds == 0)
+        sched.microbatches_per_round = m // sched.number_of_rounds
         out = {}
         for rank in range(p):
             acts = []
@@ -137,15 +154,18 @@ def test_v_and_interleaved_orders_match_torch_pipelining():
 
     def ours(name, p, m):
         return {r: [(a.stage, a.kind, a.microbatch) for a in acts if a.kind in COMPUTE_KINDS]
-                for r, acts in generate(name, p, m, 2).items()}
+                for r, acts in generate(name, p, m).items()}
 
     for p in (2, 3, 4, 8):
         for m in (2 * p, 2 * p + 3):
             assert ours("dualpipev", p, m) == torch_orders(ts.ScheduleDualPipeV, p, m), (p, m)
         for m in (p, 2 * p + 3):
             assert ours("zbv", p, m) == torch_orders(ts.ScheduleZBVZeroBubble, p, m), (p, m)
-        for m in (p, 2 * p):
-            assert ours("interleaved-1f1b", p, m) == torch_orders(ts.ScheduleInterleaved1F1B, p, m), (p, m)
+        for v in (2, 3, 4):  # torch's flexible rounds: m = 3 < p = 4 and m = 10 on p = 4 are not multiples of p
+            name = "interleaved-1f1b" if v == 2 else f"interleaved-1f1b-v{v}"
+            for m in {p, 2 * p, p + 1, p - 1, 2 * p + 2} - {1}:
+                if m % max(1, m // p) == 0:
+                    assert ours(name, p, m) == torch_orders(ts.ScheduleInterleaved1F1B, p, m, v), (p, m, v)
 
 
 def test_simulator_known_answers_latency_and_per_stage_costs():
@@ -217,8 +237,11 @@ def test_malformed_schedules_and_bad_arguments():
     assert simulate(compute_only).step_time == simulate(sched).step_time
     with pytest.raises(ScheduleError, match="sends without a matching RECV: stage 0->1 F mb 1"):
         check_deadlock({0: sched[0], 1: [a for a in sched[1] if a != Action(1, "RECV_F", 1, 0)]}, require_comms=False)
-    with pytest.raises(ScheduleError, match="multiple of the pipeline size.*m=5 % p=4"):
-        generate("interleaved-1f1b", 4, 5, 2)
+    with pytest.raises(ScheduleError, match="exactly 2 stages per rank; got virtual=3; for 3 stages per rank use "
+                                            "'interleaved-1f1b-v3'"):
+        generate("interleaved-1f1b", 4, 5, 3)
+    with pytest.raises(ScheduleError, match="unknown schedule 'interleaved-1f1b-v1'"):
+        generate("interleaved-1f1b-v1", 4, 5)
     with pytest.raises(ScheduleError, match="m=6 < 2\\*p=8"):
         generate("dualpipev", 4, 6)
     with pytest.raises(ScheduleError, match="unknown schedule"):

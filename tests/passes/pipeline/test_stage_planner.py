@@ -16,7 +16,8 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import generate
 from autoshard.passes.pipeline.stages.layer_costs import layer_units, plan_submesh, profile_submesh
 from autoshard.passes.pipeline.stages.planner import plan_pipeline, profile_candidates, search_stages
-from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, VIRTUAL, approx_held, held_microbatches, score_stages,
+from autoshard.passes.pipeline.schedule.registry import get_schedule
+from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, approx_held, held_microbatches, score_stages,
                                                stage_problem, valid_schedule)
 from autoshard.passes.pipeline.stages.search import closed_form_best, microbatch_options, plan_candidates
 from autoshard.passes.pipeline.schedule.simulate import StageCosts, simulate
@@ -355,7 +356,7 @@ def test_search_is_never_worse_than_any_evenly_cut_configuration(big_head):
     grid = math.inf
     for (p, _), prof in profiles.items():
         for schedule in DEFAULT_SCHEDULES:
-            if p * VIRTUAL[schedule] > len(prof.units):
+            if p * get_schedule(schedule).virtual_stages > len(prof.units):
                 continue
             for m in microbatch_options(batch, prof.batch_shard, p):
                 if not valid_schedule(schedule, p, m):

@@ -29,10 +29,11 @@ import torch
 
 from autoshard.passes.pipeline.schedule.actions import Action
 from autoshard.passes.pipeline.schedule.generators import SCHEDULE_NAMES, generate, stage_rank
+from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.runtime.pipeline.interpreter import Interpreter, executed_schedule
 from autoshard.runtime.pipeline.p2p import Message, Wiring, action_messages, plan_transfers
 
-CASES = [(2, 4), (3, 6), (4, 4), (4, 8), (4, 12), (2, 2), (3, 9)]
+CASES = [(2, 4), (3, 6), (4, 4), (4, 8), (4, 12), (2, 2), (3, 9), (3, 4), (4, 6)]  # the last two: m not a multiple of p
 META = ((2, 3), torch.float32)
 
 
@@ -66,8 +67,8 @@ def _wiring(group_of: list[int], m: int, *, skips: bool) -> Wiring:
 def _schedules():
     for name in SCHEDULE_NAMES:
         for p, m in CASES:
-            v = 2 if name in ("zbv", "dualpipev", "interleaved-1f1b") else 1
-            if name == "interleaved-1f1b" and m % p or name == "dualpipev" and m < 2 * p:
+            v = get_schedule(name).virtual_stages
+            if not get_schedule(name).accepts(p, m):
                 continue
             yield name, p, m, v
 
