@@ -1,13 +1,13 @@
-"""A small GPT (pre-LN, causal attention, GELU MLP, learned positions, tied LM head) and a generated
-character corpus, shared by the examples. Self-contained so the example reads on its own; tests and
+"""A small GPT (pre-LN, causal attention, GELU MLP, learned positions, tied LM head), shared by the
+examples, and the generated character corpus it trains on (``autoshard.testing.corpus``). Tests and
 benchmarks use ``autoshard.testing`` (its ``GPT(..., fused_qkv=True)`` runs the same ops)."""
 from __future__ import annotations
-
-import random
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from autoshard.testing.corpus import CharData, generate_corpus  # noqa: F401  (the example's data)
 
 
 class Block(nn.Module):
@@ -55,36 +55,3 @@ class GPT(nn.Module):
 
 def lm_loss(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-_WORDS = ("the cat dog bird sat ran flew on under over a mat tree roof and then quickly slowly "
-          "big small red green sees eats finds").split()
-
-
-def generate_corpus(n_sentences: int = 2000, seed: int = 0) -> str:
-    """A deterministic toy language: sentences from a tiny grammar, so a GPT can learn its regularities."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n_sentences):
-        subj = rng.choice(["the cat", "the dog", "a bird", "the big cat", "a small dog"])
-        verb = rng.choice(["sat", "ran", "flew", "sees", "eats", "finds"])
-        place = rng.choice(["on the mat", "under the tree", "over the roof", "and then ran", "quickly"])
-        out.append(f"{subj} {verb} {place}.")
-    return " ".join(out)
-
-
-class CharData:
-    """Character-level batches from a corpus: ``batch(n, seq, step)`` -> (ids, next-ids), deterministic."""
-
-    def __init__(self, text: str):
-        chars = sorted(set(text))
-        self.vocab = len(chars)
-        self.stoi = {c: i for i, c in enumerate(chars)}
-        self.data = torch.tensor([self.stoi[c] for c in text], dtype=torch.long)
-
-    def batch(self, n: int, seq: int, step: int):
-        g = torch.Generator().manual_seed(step)
-        starts = torch.randint(0, len(self.data) - seq - 1, (n,), generator=g)
-        x = torch.stack([self.data[s:s + seq] for s in starts])
-        y = torch.stack([self.data[s + 1:s + seq + 1] for s in starts])
-        return x, y

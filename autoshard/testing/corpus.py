@@ -4,7 +4,7 @@
     x, y = data.batch(16, 32, step=0)      # (16, 32) token ids and the next-token targets
     data.vocab                             # number of distinct characters
 
-The same toy language as ``examples/nanogpt.py``, whose copy stays there so the example reads on its own.
+The toy language ``examples/nanogpt.py`` trains on (the examples import it from here).
 """
 from __future__ import annotations
 
