@@ -38,13 +38,10 @@ from typing import Optional
 import torch
 import torch.fx as fx
 
+from autoshard.passes.errors import BatchCouplingWarning
 from autoshard.passes.graph import META, MODULE, CapturedGraph
 
 __all__ = ["BatchCouplingWarning", "CoupledOp", "batch_coupled_ops", "describe_coupled"]
-
-
-class BatchCouplingWarning(UserWarning):
-    """A plan runs batch-coupled ops on parts of the batch (accumulation or pipeline microbatches)."""
 
 
 @dataclass(frozen=True)

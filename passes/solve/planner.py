@@ -198,6 +198,7 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     if unlevered is not None:
         best = unlevered
         tried[ks[0]] = "UNCONSTRAINED/" + unlevered.result.status
+        tried.update({k: "NOT_NEEDED" for k in ks[1:]})  # more microsteps only add work
     for k in ([] if unlevered is not None else ks):
         todo = [c for c in combos if not any(k % k0 == 0 for k0 in pruned.get(c, ()))]
         if best is not None and floor is not None and best.step_time <= floor * (1 + 1e-6):
