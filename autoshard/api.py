@@ -35,7 +35,7 @@ from autoshard.passes.solve.planner import plan_sharding, random_solution
 from autoshard.passes.solve.replicated_ops import describe_replicated, replicated_op_costs
 from autoshard.passes.solve.solution import Solution
 from autoshard.pipelined_plans import PipelinedPlan
-from autoshard.pipelines import build_pipelined_model, check_plan_arguments, plan_pipelined
+from autoshard.pipelines import build_pipelined_model, check_plan_arguments, plan_pipelined, warn_per_microbatch
 from autoshard.plans import Plan, graph_fingerprint
 from autoshard.runtime.groups import MeshEnv, run_and_broadcast, setup_distributed
 from autoshard.runtime.pipeline.executor import PipelineProgram
@@ -387,6 +387,7 @@ def _compile_pipeline(model: torch.nn.Module, mesh: Mesh, env: MeshEnv, *, examp
                                pp=None if pp == "auto" else pp, schedule=schedule, microbatches=microbatches,
                                stages=planner_stage_starts(captured, stages), time_limit_s=time_limit_s)
         out = {"planner": chosen.to_json()}
+        warn_per_microbatch(captured, chosen.microbatches if chosen.pp > 1 else 1)
         if chosen.pp == 1:
             solution = chosen.stages[0].solution
             if pins.get("params"):

@@ -17,14 +17,16 @@ divide the microbatch) and builds this rank's stages (``runtime.pipeline.Pipelin
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import replace
 from typing import Any, Optional, Union
 
 import torch
 
 from autoshard.compiled import PipelinedModel
+from autoshard.passes.batch_coupling import batch_coupled_ops, describe_coupled
 from autoshard.passes.capture.export import capture
-from autoshard.passes.errors import BatchError, PlanFormatError
+from autoshard.passes.errors import BatchCouplingWarning, BatchError, PlanFormatError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import generate
@@ -37,7 +39,8 @@ from autoshard.plans import Plan, plan_work
 from autoshard.runtime.pipeline.executor import PipelineProgram
 from autoshard.runtime.pipeline.split import align_nodes, retrace_stage_nodes
 
-__all__ = ["plan_pipelined", "build_pipelined_model", "microbatch_plan", "check_plan_arguments"]
+__all__ = ["plan_pipelined", "build_pipelined_model", "microbatch_plan", "check_plan_arguments",
+           "warn_per_microbatch"]
 
 
 def plan_pipelined(captured: CapturedGraph, mesh: Mesh, *, hardware: Any, hardware_label: str,
@@ -52,7 +55,20 @@ def plan_pipelined(captured: CapturedGraph, mesh: Mesh, *, hardware: Any, hardwa
     if chosen.pp == 1:
         return Plan.build(chosen.stages[0].solution, mesh, hardware, captured)
     return PipelinedPlan(chosen, mesh, hardware_label, graph_fingerprint(captured), captured,
-                         plan_work(captured, hardware, mesh.size))
+                         plan_work(captured, hardware, mesh.size),
+                         warn_per_microbatch(captured, chosen.microbatches))
+
+
+def warn_per_microbatch(captured: CapturedGraph, microbatches: int) -> list[str]:
+    """A pipeline of ``microbatches > 1`` runs batch-coupled ops (``passes.batch_coupling``) on each
+    microbatch alone: warn (``BatchCouplingWarning``, naming them) and return their descriptions."""
+    coupled = batch_coupled_ops(captured)
+    if coupled and microbatches > 1:
+        warnings.warn(f"this pipeline runs {microbatches} microbatches, and batch-coupled ops see one microbatch "
+                      f"at a time ({describe_coupled(coupled)}): the step differs from one device on the whole "
+                      "batch. Plan without pp= to keep the maths of the full batch", BatchCouplingWarning,
+                      stacklevel=3)
+    return [c.describe() for c in coupled]
 
 
 def check_plan_arguments(plan: PipelinedPlan, *, pp, schedule, microbatches, stages, random_seed, pins: dict) -> None:

@@ -160,8 +160,13 @@ def pipelined_summary(plan) -> str:
            f"  estimated step time: {human_time(plan.estimated_step_time)}  (schedule simulator: bubbles, "
            f"point-to-point transfers and gradient syncs overlapped as they run)",
            f"  estimated memory, busiest device: {human_bytes(plan.estimated_memory)}",
-           throughput_line(plan),
-           "  stages (rank group, ranks, submesh, contents, recompute, estimated memory per device):"]
+           throughput_line(plan)]
+    coupled = getattr(plan, "batch_coupled", None)
+    if coupled and pipe.microbatches > 1:
+        shown = "; ".join(coupled[:3]) + (f"; and {len(coupled) - 3} more" if len(coupled) > 3 else "")
+        out.append(f"  batch-coupled ops run per microbatch of 1/{pipe.microbatches} of the batch (BatchNorm "
+                   f"normalises each microbatch on its own, unlike one device on the whole batch): {shown}")
+    out.append("  stages (rank group, ranks, submesh, contents, recompute, estimated memory per device):")
     rows: list[tuple[tuple, list]] = []  # consecutive stages alike but for their block numbers: one row
     for stage in pipe.stages:
         sol = stage.solution
