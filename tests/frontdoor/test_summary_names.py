@@ -1,4 +1,5 @@
-"""The summary folds repeated blocks only where they are alike, and never lists one folded name twice.
+"""Names in the summary: repeated blocks fold only where alike, no folded name appears twice, and a
+1-D mesh's axis is not called ``dp``.
 
 A ResNet stage's first block carries a downsample (a ``Sequential(conv, BatchNorm)``) the next block
 lacks: folding them, or the conv and BatchNorm weights under ``downsample.#.weight``, mixed
@@ -33,3 +34,10 @@ def test_a_folded_name_never_appears_twice():
     assert len(first) == len(set(first))
     assert "blocks.0.fc.weight" in first and "blocks.1.fc.weight" in first  # placements differ: listed apart
     assert any(line.split()[0] == "blocks.#.fc.bias" and line.endswith("x2") for line in out)
+
+
+def test_a_one_axis_mesh_is_not_called_data_parallel():
+    """On (4,) the one axis may be tensor parallel: its default name must not say ``dp``."""
+    from autoshard.passes.mesh import Mesh
+    assert Mesh.of(4).axis_names == ("axis0",) and Mesh.of((4,)).axis_names == ("axis0",)
+    assert Mesh.of((2, 2)).axis_names == ("dp", "tp")
