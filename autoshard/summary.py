@@ -20,7 +20,8 @@ from autoshard.passes.solve.replicated_ops import REGISTER_HINT, replicated_op_c
 from autoshard.passes.spec import fmt_placements
 from autoshard.passes.units import human_bytes, human_time
 
-__all__ = ["plan_summary", "pipelined_summary", "throughput_line", "fold_name", "fold_names", "placement_lines", "moe_lines"]
+__all__ = ["plan_summary", "pipelined_summary", "throughput_line", "fold_name", "fold_names", "placement_lines",
+           "moe_lines"]
 
 
 def fold_name(name: str) -> str:

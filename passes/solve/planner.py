@@ -398,8 +398,9 @@ def _infeasible(search: _LeverSearch, k: int, problem: ShardingProblem, graph: L
         f"no plan fits memory_limit={int(limit)} bytes ({human_bytes(limit)}) per device on mesh {mesh.shape}: the "
         f"smallest plan needs {int(need)} bytes ({human_bytes(need)}) per device ({parts}), with every memory lever "
         f"the pins allow applied ({'; '.join(applied)}). Largest items per device in that plan: {tops}. To relax: "
-        f"use more devices (a larger mesh), a larger memory_limit, a lighter optimizer (optimizer='sgd', SGD without momentum, keeps no "
-        f"state; 'sgd_momentum' one), a smaller batch, or unpin the memory levers (accumulation, checkpoint, reshard_after_forward)."
+        f"use more devices (a larger mesh), a larger memory_limit, a lighter optimizer (optimizer='sgd', SGD "
+        f"without momentum, keeps no state; 'sgd_momentum' one), a smaller batch, or unpin the memory levers "
+        f"(accumulation, checkpoint, reshard_after_forward)."
         + coupled)
 
 
