@@ -13,7 +13,9 @@ from autoshard.testing.equivalence import Tolerance, adamw, failures_of, train_a
 from autoshard.testing.models import BlockCNN
 from autoshard.testing.ranks import run_ranks
 
-SEEDS = (None, 3, 11, 29)  # None: the solver's plan
+# None: the solver's plan. Without the batch-coupling check, seeds 3 and 29 drew accumulation 2 and
+# seed 14 accumulation 4 for this model (the strategies are drawn first, the levers after them).
+SEEDS = (None, 3, 14, 29)
 TOL = Tolerance(rtol=1e-4, atol=2e-5, grad_atol=1e-6)
 
 
