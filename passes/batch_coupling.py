@@ -1,8 +1,8 @@
 """Batch-coupled ops: where a step's result depends on which rows share a (micro)batch.
 
->>> from autoshard.testing.models import cnn                                    # doctest: +SKIP
->>> [c.describe() for c in batch_coupled_ops(capture(*cnn()[:1], ...))]          # doctest: +SKIP
-["batch_norm (aten.batch_norm, module 'bn'): BatchNorm in training mode normalises with batch statistics"]
+>>> model, inputs, target, loss_fn = cnn()                                       # doctest: +SKIP
+>>> [c.describe() for c in batch_coupled_ops(capture(model, inputs, loss_fn=loss_fn, target=target))]  # doctest: +SKIP
+["batch_norm in module 'bn': BatchNorm in training mode (batch statistics)"]
 
 Gradient accumulation and pipeline microbatches run a step as several smaller batches and average
 the losses. That is exact only when each row's contribution to the loss does not depend on the other
