@@ -17,8 +17,8 @@ May import: torch, graphviz, ``autoshard.passes`` and ``autoshard.runtime``. Nev
 import importlib
 
 from autoshard.passes.errors import (  # noqa: F401  (torch-free)
-    AutoshardError, BatchError, CheckpointError, InfeasiblePlanError, MeshError, PlanFormatError, StageCutError,
-    TraceError,
+    AutoshardError, BatchCouplingWarning, BatchError, CheckpointError, InfeasiblePlanError, MeshError,
+    PlanFormatError, StageCutError, TraceError,
 )
 from autoshard.passes.mesh import Mesh  # noqa: F401  (torch-free)
 
@@ -37,7 +37,7 @@ _SUBMODULES = ("presets", "checkpoint", "elastic")
 __all__ = ["plan", "compile", "load_plan", "register_sharding", "Plan", "PipelinedPlan", "Mesh", "Shard", "Replicate",
            "Partial", "MixedPrecision", "presets", "checkpoint", "elastic", "AutoshardError", "TraceError", "MeshError",
            "InfeasiblePlanError", "StageCutError", "BatchError", "PlanFormatError", "CheckpointError",
-           "set_moe_capacity_factor", "measure_expert_load"]
+           "BatchCouplingWarning", "set_moe_capacity_factor", "measure_expert_load"]
 
 
 def __getattr__(name: str):

@@ -31,12 +31,13 @@ from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
+from autoshard.passes.batch_coupling import batch_coupled_ops
 from autoshard.passes.solve.planner import plan_sharding, random_solution
 from autoshard.passes.solve.replicated_ops import describe_replicated, replicated_op_costs
 from autoshard.passes.solve.solution import Solution
 from autoshard.pipelined_plans import CompiledPipelinePlan, PipelinedPlan
 from autoshard.pipelines import (build_pipelined_model, check_pipeline_inputs, check_plan_arguments,
-                                 microbatch_inputs, plan_pipelined)
+                                 microbatch_inputs, plan_pipelined, warn_per_microbatch)
 from autoshard.plans import Plan, graph_fingerprint, plan_work
 from autoshard.runtime.groups import MeshEnv, run_and_broadcast, setup_distributed
 from autoshard.runtime.pipeline.executor import PipelineProgram
@@ -387,6 +388,7 @@ def _compile_pipeline(model: torch.nn.Module, mesh: Mesh, env: MeshEnv, *, examp
                                pp=None if pp == "auto" else pp, schedule=schedule, microbatches=microbatches,
                                stages=planner_stage_starts(captured, stages), time_limit_s=time_limit_s)
         out = {"planner": chosen.to_json()}
+        warn_per_microbatch(captured, chosen.microbatches if chosen.pp > 1 else 1)
         if chosen.pp == 1:
             solution = chosen.stages[0].solution
             if pins.get("params"):
@@ -415,7 +417,9 @@ def _compile_pipeline(model: torch.nn.Module, mesh: Mesh, env: MeshEnv, *, examp
         lambda: replan_at_microbatch(planner_plan, trace_full(), small, solve=solve).to_json(), env=env))
     program = PipelineProgram(small, plan, generate(plan.schedule, plan.pp, plan.microbatches, plan.virtual),
                               model=model, state_dict=state_dict)
-    plan = CompiledPipelinePlan.of(plan, mesh, hardware_label(hardware), plan_work(trace_full(), hardware, mesh.size))
+    coupled = [c.describe() for c in batch_coupled_ops(trace_full())]
+    plan = CompiledPipelinePlan.of(plan, mesh, hardware_label(hardware), plan_work(trace_full(), hardware, mesh.size),
+                                   coupled)
     return PipelinedModel(plan, program, compile_seconds=time.perf_counter() - t0, planner_plan=planner_plan)
 
 

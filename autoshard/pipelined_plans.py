@@ -10,6 +10,8 @@ The decisions are ``pipeline``, a ``passes.pipeline.stages.stage_plan.PipelinePl
 program traced at the GLOBAL batch: the stage cut (node names of that program), each stage's rank
 group, ranks and logical submesh, its intra-op ``Solution``, whether it recomputes activations, the
 schedule and the microbatch count. Its estimates are the schedule simulator's.
+``batch_coupled``: the program's batch-coupled ops (``passes.batch_coupling``), which a pipeline runs
+per microbatch (BatchNorm normalises each microbatch on its own); ``summary()`` says so.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ class PipelinedPlan:
     fingerprint: str
     captured: Optional[CapturedGraph] = field(default=None, repr=False)
     work: Optional[ModelWork] = None
+    batch_coupled: list[str] = field(default_factory=list)
 
     # ---- the decisions -------------------------------------------------------------------------
     @property
@@ -141,7 +144,8 @@ class PipelinedPlan:
     def to_json(self) -> dict:
         return {"format": PIPELINED_FORMAT, "version": PLAN_VERSION, "mesh": self.mesh.to_json(),
                 "hardware": self.hardware, "fingerprint": self.fingerprint,
-                "work": self.work.to_json() if self.work else None, "pipeline": self.pipeline.to_json()}
+                "work": self.work.to_json() if self.work else None, "pipeline": self.pipeline.to_json(),
+                "batch_coupled": list(self.batch_coupled)}
 
     def save(self, path: str) -> None:
         """Write the plan as JSON (never pickle)."""
@@ -153,7 +157,8 @@ class PipelinedPlan:
         check_envelope(data, PIPELINED_FORMAT)
         try:
             return cls(PipelinePlan.from_json(data["pipeline"]), Mesh.from_json(data["mesh"]), str(data["hardware"]),
-                       str(data["fingerprint"]), work=ModelWork.from_json(data.get("work")))
+                       str(data["fingerprint"]), work=ModelWork.from_json(data.get("work")),
+                       batch_coupled=[str(c) for c in data.get("batch_coupled", [])])
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PlanFormatError(f"malformed pipelined plan ({type(e).__name__}: {e}); was it written by "
                                   "PipelinedPlan.save?") from e
@@ -168,7 +173,8 @@ class PipelinedPlan:
             raise PlanFormatError(
                 "plan was made for a different model or input shapes (graph fingerprint "
                 f"{self.fingerprint} != {fp}): plan again for this model")
-        return PipelinedPlan(self.pipeline, self.mesh, self.hardware, self.fingerprint, captured, self.work)
+        return PipelinedPlan(self.pipeline, self.mesh, self.hardware, self.fingerprint, captured, self.work,
+                             list(self.batch_coupled))
 
 
 @dataclass
@@ -179,14 +185,17 @@ class CompiledPipelinePlan(PipelinePlan):
     mesh: Optional[Mesh] = None
     hardware: str = ""
     work: Optional[ModelWork] = None
+    batch_coupled: list[str] = field(default_factory=list)
 
     @classmethod
-    def of(cls, plan: PipelinePlan, mesh: Mesh, hardware: str, work: Optional[ModelWork] = None
-           ) -> "CompiledPipelinePlan":
+    def of(cls, plan: PipelinePlan, mesh: Mesh, hardware: str, work: Optional[ModelWork] = None,
+           batch_coupled: Optional[list[str]] = None) -> "CompiledPipelinePlan":
         return cls(**{f.name: getattr(plan, f.name) for f in fields(PipelinePlan)}, mesh=mesh, hardware=hardware,
-                   work=work)
+                   work=work, batch_coupled=list(batch_coupled or []))
 
     def summary(self) -> str:
-        """Mesh, pipeline, estimates, stages and placements (``PipelinedPlan.summary``)."""
+        """Mesh, pipeline, estimates, stages and placements (``PipelinedPlan.summary``), and the
+        batch-coupled ops that see one microbatch at a time."""
         plain = PipelinePlan(**{f.name: getattr(self, f.name) for f in fields(PipelinePlan)})
-        return PipelinedPlan(plain, self.mesh, self.hardware, "", work=self.work).summary()
+        return PipelinedPlan(plain, self.mesh, self.hardware, "", work=self.work,
+                             batch_coupled=list(self.batch_coupled)).summary()

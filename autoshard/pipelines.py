@@ -17,6 +17,7 @@ divide the microbatch) and builds this rank's stages (``runtime.pipeline.Pipelin
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import replace
 from typing import Any, Optional, Union
 
@@ -24,8 +25,9 @@ import torch
 
 from autoshard.compiled import PipelinedModel
 from autoshard.lever_args import microbatch
+from autoshard.passes.batch_coupling import batch_coupled_ops, describe_coupled
 from autoshard.passes.capture.export import capture
-from autoshard.passes.errors import BatchError, PlanFormatError
+from autoshard.passes.errors import BatchCouplingWarning, BatchError, PlanFormatError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import generate
@@ -38,7 +40,8 @@ from autoshard.plans import Plan, plan_work
 from autoshard.runtime.pipeline.executor import PipelineProgram
 from autoshard.runtime.pipeline.split import align_nodes, retrace_stage_nodes
 
-__all__ = ["plan_pipelined", "build_pipelined_model", "microbatch_plan", "check_plan_arguments"]
+__all__ = ["plan_pipelined", "build_pipelined_model", "microbatch_plan", "check_plan_arguments",
+           "warn_per_microbatch"]
 
 
 def plan_pipelined(captured: CapturedGraph, mesh: Mesh, *, hardware: Any, hardware_label: str,
@@ -53,7 +56,20 @@ def plan_pipelined(captured: CapturedGraph, mesh: Mesh, *, hardware: Any, hardwa
     if chosen.pp == 1:
         return Plan.build(chosen.stages[0].solution, mesh, hardware, captured)
     return PipelinedPlan(chosen, mesh, hardware_label, graph_fingerprint(captured), captured,
-                         plan_work(captured, hardware, mesh.size))
+                         plan_work(captured, hardware, mesh.size),
+                         warn_per_microbatch(captured, chosen.microbatches))
+
+
+def warn_per_microbatch(captured: CapturedGraph, microbatches: int) -> list[str]:
+    """A pipeline of ``microbatches > 1`` runs batch-coupled ops (``passes.batch_coupling``) on each
+    microbatch alone: warn (``BatchCouplingWarning``, naming them) and return their descriptions."""
+    coupled = batch_coupled_ops(captured)
+    if coupled and microbatches > 1:
+        warnings.warn(f"this pipeline runs {microbatches} microbatches, and batch-coupled ops see one microbatch "
+                      f"at a time ({describe_coupled(coupled)}): the step differs from one device on the whole "
+                      "batch. Plan without pp= to keep the maths of the full batch", BatchCouplingWarning,
+                      stacklevel=3)
+    return [c.describe() for c in coupled]
 
 
 def check_pipeline_inputs(example_inputs) -> None:
@@ -148,5 +164,6 @@ def build_pipelined_model(plan: PipelinedPlan, model: torch.nn.Module, *, exampl
     runtime = microbatch_plan(plan.pipeline, full, small)
     program = PipelineProgram(small, runtime, generate(runtime.schedule, runtime.pp, m, runtime.virtual), model=model,
                               state_dict=state_dict, device=device)
-    return PipelinedModel(CompiledPipelinePlan.of(runtime, plan.mesh, plan.hardware, plan.work), program,
+    return PipelinedModel(CompiledPipelinePlan.of(runtime, plan.mesh, plan.hardware, plan.work, plan.batch_coupled),
+                          program,
                           compile_seconds=time.perf_counter() - t0, planner_plan=plan.pipeline)

@@ -20,7 +20,8 @@ from autoshard.passes.solve.replicated_ops import REGISTER_HINT, replicated_op_c
 from autoshard.passes.spec import fmt_placements
 from autoshard.passes.units import human_bytes, human_time
 
-__all__ = ["plan_summary", "pipelined_summary", "throughput_line", "fold_name", "moe_lines"]
+__all__ = ["plan_summary", "pipelined_summary", "throughput_line", "fold_name", "fold_names", "placement_lines",
+           "moe_lines"]
 
 
 def fold_name(name: str) -> str:
@@ -42,14 +43,45 @@ def throughput_line(plan) -> str:
             f"dense peak {work.peak_flops / 1e12:.4g} TFLOP/s per device)")
 
 
-def _placements(named: dict, out: list, indent: str = "    ") -> None:
-    folded: dict[tuple[str, str], int] = {}
-    for name, pls in named.items():
-        key = (fold_name(name), fmt_placements(pls))
-        folded[key] = folded.get(key, 0) + 1
-    width = max((len(k[0]) for k in folded), default=10)
-    for (name, pls), count in folded.items():
+def placement_lines(named: dict, out: list, indent: str = "    ") -> None:
+    """One line per parameter, repeated blocks folded (``fold_names``); a folded name whose members
+    differ in placement is listed member by member, so no folded name appears twice."""
+    folded_of = fold_names(list(named))
+    groups: dict[str, list[str]] = {}
+    for name in named:
+        groups.setdefault(folded_of[name], []).append(name)
+    rows: list[tuple[str, str, int]] = []
+    for folded, members in groups.items():
+        placements = {fmt_placements(named[m]) for m in members}
+        if len(placements) == 1:
+            rows.append((folded, placements.pop(), len(members)))
+        else:
+            rows += [(m, fmt_placements(named[m]), 1) for m in members]
+    width = max((len(r[0]) for r in rows), default=10)
+    for name, pls, count in rows:
         out.append(f"{indent}{name:<{width}}  {pls}" + (f"  x{count}" if count > 1 else ""))
+
+
+def fold_names(names: list[str]) -> dict[str, str]:
+    """Each name with its repeated-block indices replaced by ``#``. An index is folded only where the
+    numbered siblings are alike (the same parameter names below each number): ``layers.3.attn.weight``
+    -> ``layers.#.attn.weight``, but a ``Sequential(conv, BatchNorm)``'s ``0.weight`` and ``1.weight``
+    stay apart, and so do a ResNet stage's first block (with its downsample) and the next."""
+    below: dict[str, dict[str, set]] = {}  # prefix -> index -> the names below that index
+    for name in names:
+        parts = name.split(".")
+        for i, part in enumerate(parts[1:-1], start=1):
+            if part.isdigit():
+                prefix = ".".join(parts[:i])
+                below.setdefault(prefix, {}).setdefault(part, set()).add(".".join(parts[i + 1:]))
+    alike = {prefix for prefix, children in below.items()
+             if len(children) > 1 and len({frozenset(v) for v in children.values()}) == 1}
+    out = {}
+    for name in names:
+        parts = name.split(".")
+        out[name] = ".".join("#" if 0 < i < len(parts) - 1 and p.isdigit() and ".".join(parts[:i]) in alike else p
+                             for i, p in enumerate(parts))
+    return out
 
 
 def plan_summary(plan) -> str:
@@ -72,7 +104,7 @@ def plan_summary(plan) -> str:
                       f"{mp.reduce_dtype_name or mp.param_dtype_name}" if mp is not None else ""))
     out.append(throughput_line(plan))
     out.append("  parameters (storage placement per mesh axis; repeated blocks folded as #):")
-    _placements(plan.param_placements, out)
+    placement_lines(plan.param_placements, out)
     kinds = {"fwd": Counter(), "bwd": Counter()}
     total_bytes = 0
     for r in sol.redistributions:
@@ -160,8 +192,13 @@ def pipelined_summary(plan) -> str:
            f"  estimated step time: {human_time(plan.estimated_step_time)}  (schedule simulator: bubbles, "
            f"point-to-point transfers and gradient syncs overlapped as they run)",
            f"  estimated memory, busiest device: {human_bytes(plan.estimated_memory)}",
-           throughput_line(plan),
-           "  stages (rank group, ranks, submesh, contents, recompute, estimated memory per device):"]
+           throughput_line(plan)]
+    coupled = getattr(plan, "batch_coupled", None)
+    if coupled and pipe.microbatches > 1:
+        shown = "; ".join(coupled[:3]) + (f"; and {len(coupled) - 3} more" if len(coupled) > 3 else "")
+        out.append(f"  batch-coupled ops run per microbatch of 1/{pipe.microbatches} of the batch (BatchNorm "
+                   f"normalises each microbatch on its own, unlike one device on the whole batch): {shown}")
+    out.append("  stages (rank group, ranks, submesh, contents, recompute, estimated memory per device):")
     rows: list[tuple[tuple, list]] = []  # consecutive stages alike but for their block numbers: one row
     for stage in pipe.stages:
         sol = stage.solution
@@ -187,7 +224,7 @@ def pipelined_summary(plan) -> str:
         contents = stage_contents(*stages)
         out.append(f"    {head} submesh {shape} {names}  {contents}{'  recompute' if recompute else ''}  {mem}")
     out.append("  parameters (storage placement per submesh axis; repeated blocks folded as #):")
-    _placements(plan.param_placements, out)
+    placement_lines(plan.param_placements, out)
     colls, syncs, total = Counter(), Counter(), 0.0
     for stage in pipe.stages:
         if stage.solution is None:

@@ -33,3 +33,9 @@ class PlanFormatError(AutoshardError):
 class CheckpointError(AutoshardError):
     """A state dict or checkpoint does not match the compiled model (names the keys), or holds a value
     a checkpoint cannot store without pickle."""
+
+
+class BatchCouplingWarning(UserWarning):
+    """A plan runs batch-coupled ops (BatchNorm in training, reductions over the batch) on parts of the
+    batch (gradient accumulation, pipeline microbatches): the step computes something else than one
+    full batch would. Names the ops (node and module)."""

@@ -7,15 +7,17 @@ innermost (fastest, e.g. NVLink inside a node).
 
 >>> Mesh.of((2, 2))
 Mesh(shape=(2, 2), axis_names=('dp', 'tp'))
->>> Mesh.of(4).size
-4
+>>> Mesh.of(4).size, Mesh.of(4).axis_names
+(4, ('axis0',))
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-_DEFAULT_NAMES = {1: ("dp",), 2: ("dp", "tp"), 3: ("pp", "dp", "tp")}
+# A 1-D mesh's one axis is whatever the plan makes it (data, tensor or sequence parallel): its
+# default name says nothing about its use. Two and three axes keep the conventional names.
+_DEFAULT_NAMES = {1: ("axis0",), 2: ("dp", "tp"), 3: ("pp", "dp", "tp")}
 
 
 @dataclass(frozen=True)

@@ -241,7 +241,10 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
     make_program = lambda m: _Program(m, call, loss_fn, target is not None)  # noqa: E731
     traced, masters = (model, {}) if param_dtype is None else _with_cast_parameters(model, param_dtype)
     with fused_experts(traced) if fuse_experts else contextlib.nullcontext():
-        ep, method = trace(traced, make_program, flat, call.constants)
+        try:
+            ep, method = trace(traced, make_program, flat, call.constants)
+        except TraceError as e:
+            raise _blame_the_loss(model, example_inputs, loss_fn, target, e) or e
     captured = normalize_export(ep, traced, call.names, has_target=target is not None,
                                 loss_fn_given=loss_fn is not None, method=method)
     captured.master_dtypes = {ph: masters[fqn] for ph, fqn in captured.params.items() if fqn in masters}
@@ -269,6 +272,24 @@ def _with_cast_parameters(model: nn.Module, dtype) -> tuple[nn.Module, dict[str,
     for b in model.buffers():
         memo[id(b)] = b
     return copy.deepcopy(model, memo), masters
+
+
+def _blame_the_loss(model: nn.Module, example_inputs, loss_fn, target, error: TraceError) -> Optional[TraceError]:
+    """When the program (forward + loss) cannot be captured but the forward alone can, the loss is the
+    cause: a TraceError saying so (with what it was given), else None."""
+    if loss_fn is None:
+        return None
+    shapes = _output_shapes(model, example_inputs)
+    if shapes is None:
+        return None
+    said = next((ln.strip() for ln in str(error).splitlines() if "torch.export said:" in ln), "")
+    target_shape = tuple(target.shape) if target is not None else None
+    return TraceError(
+        f"autoshard could not capture {type(model).__name__}: loss_fn failed on the model's output (shapes "
+        f"{[tuple(s) for s in shapes]}) and example_target (shape {target_shape})"
+        f"; the model's forward alone captures fine.\n  {said}\n  fix: call loss_fn(model(*example_inputs), "
+        "example_target) directly to see the error; check example_target's shape and dtype against what loss_fn "
+        "expects.")
 
 
 def _output_shapes(model: nn.Module, example_inputs) -> Optional[list]:

@@ -19,7 +19,8 @@ are priced as gathered to ``R`` on every rank, forward only (the backward seed, 
 available in any placement for free).
 
 Memory per rank: parameters, gradients (same dtype) and optimizer state (``optimizer``: "adamw"
-keeps 2 fp32 states per element, "sgd" none) divided by the storage shard factor (a forward-only
+keeps 2 fp32 states per element, "sgd_momentum" 1, "sgd" (no momentum) none) divided by the storage
+shard factor (a forward-only
 program, with no loss, has neither gradients nor optimizer state, and no backward pass); activations are
 what autograd keeps for the backward (``passes.capture.saved``): the local bytes of every op output
 some op saves, of the tensors an op creates inside itself and saves (split like its work), and of

@@ -18,10 +18,18 @@ Memory levers (``levers=LeverPins(...)``; None: none pulled, as the pipeline pla
   pins allow, the problem is priced per microstep (``microbatch``: batch-dependent work and bytes
   divided by k, gradient syncs once per step, only strategies that still divide the microbatch) and
   solved; a candidate whose LP bound cannot beat the best step so far is skipped (status CUTOFF);
-  the fastest plan that fits wins;
+  the fastest plan that fits wins. Never for a program with batch-coupled ops (BatchNorm in
+  training, reductions over the batch: ``passes.batch_coupling``), whose maths microsteps would
+  change; a pinned count there warns (``BatchCouplingWarning``);
+- no lever is pulled when the plan without levers fits: it is solved first, without the memory
+  limit (``_without_levers``);
 - mixed precision is the user's: the program must have been captured computing in its
   ``param_dtype`` (``capture(..., param_dtype=)``); the cost model keeps parameters, gradients and
   optimizer state in the parameters' own dtype and reduces gradients in ``reduce_dtype``.
+
+Solves are bounded by deterministic work (CP-SAT deterministic time, fixed seed and workers), never
+by the clock, so a plan does not depend on the machine's load; ``solver_stats["gap"]`` is the
+chosen solve's relative optimality gap.
 
 ``random_solution`` draws a random valid strategy per node, and random levers (for randomized
 equivalence tests of the runtime). Both price the result with ``solution.evaluate``, the same cost
@@ -32,9 +40,11 @@ from __future__ import annotations
 import itertools
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from autoshard.passes.batch_coupling import BatchCouplingWarning, CoupledOp, batch_coupled_ops, describe_coupled
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.cost.hardware import Hardware
@@ -77,10 +87,15 @@ class _LeverSearch:
         self.policies = levers.policies(op_types)
         self._splits: Optional[BatchSplits] = None
         self._moves: dict = {}  # priced moves, shared by every microstep count's cost model
+        self.coupled: list[CoupledOp] = batch_coupled_ops(captured)
 
     def accumulations(self) -> list[int]:
+        """The microstep counts to try: the pinned one, else the batch's divisors, or only 1 when an
+        op couples the rows of a batch (accumulating would change what the step computes)."""
         if self.traced_at_microbatch:
             return [self.levers.accumulation or 1]
+        if self.levers.accumulation is None and self.coupled:
+            return [1]
         try:
             batch = global_batch(self.captured)
         except AutoshardError:
@@ -126,6 +141,18 @@ class _LeverSearch:
         return Levers(k, {t: POLICIES[r] for t, r in sorted(policies.items()) if r != KEEP},
                       self.levers.mixed_precision)
 
+    def warn_if_coupled(self, k: int, stats: dict) -> None:
+        """Record the batch-coupled ops in ``stats``, and warn when the step runs as ``k > 1``
+        microsteps (only ever because the user pinned it)."""
+        if not self.coupled:
+            return
+        stats["batch_coupled"] = describe_coupled(self.coupled, 3)
+        if k > 1:
+            warnings.warn(
+                f"accumulation={k} changes what the step computes: batch-coupled ops see 1/{k} of the batch at a "
+                f"time ({describe_coupled(self.coupled)}). The planner never chooses accumulation for such a model; "
+                "leave accumulation out to keep the maths of one full batch", BatchCouplingWarning, stacklevel=4)
+
 
 @dataclass
 class _Found:
@@ -146,9 +173,16 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     ``levers``: which memory levers the planner chooses (``LeverPins()``: all) and which are pinned;
     None pulls none. ``traced_at_microbatch``: ``captured`` holds one microstep of
     ``levers.accumulation`` (the runtime's program), not the global batch. ``time_limit_s`` bounds
-    the solves together."""
+    the solves together as a WORK limit (CP-SAT deterministic seconds, about wall seconds on a quiet
+    core), so the same inputs give the same plan however busy the machine is.
+
+    Levers are pulled only when they pay or are needed to fit: the plan without levers (the
+    fastest policies the pins allow, the fewest microsteps) is solved first without the memory
+    limit, and when it fits, it is the answer (each lever only adds work). Accumulation is never
+    chosen for a program with batch-coupled ops (``passes.batch_coupling``); a pinned one warns.
+    ``solver_stats["gap"]``: the chosen solve's relative gap between its plan and its proven bound."""
     t0 = time.perf_counter()
-    deadline = t0 + time_limit_s
+    budget = _WorkBudget(time_limit_s)
     levers = LeverPins.off() if levers is None else levers
     hw = get_hardware(hardware)
     search = _LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch)
@@ -160,7 +194,12 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     pruned: dict[tuple, list[int]] = {}  # combination -> k's whose multiples cannot beat the best
     floor = None  # no plan of any lever is faster (see _fastest_bound)
     last = None
-    for k in ks:
+    unlevered = _without_levers(search, ks, combos, limit, budget, workers)
+    if unlevered is not None:
+        best = unlevered
+        tried[ks[0]] = "UNCONSTRAINED/" + unlevered.result.status
+        tried.update({k: "NOT_NEEDED" for k in ks[1:]})  # more microsteps only add work
+    for k in ([] if unlevered is not None else ks):
         todo = [c for c in combos if not any(k % k0 == 0 for k0 in pruned.get(c, ()))]
         if best is not None and floor is not None and best.step_time <= floor * (1 + 1e-6):
             todo = []  # the best found is provably the fastest plan
@@ -179,14 +218,14 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
         if floor is None and k == ks[0] and ks[0] == 1:
             floor = _fastest_bound(graph, combos, search.policies)
         statuses = []
-        for combo, result in _solve_policies(graph, todo, search.policies, deadline, workers,
+        for combo, result in _solve_policies(graph, todo, search.policies, budget, workers,
                                              lambda: None if best is None else best.step_time / k):
             statuses.append(result.status)
             if result.status == "CUTOFF" and not result.stats.get("memory_binding", True):
                 # the bound ignores memory, and a plan of k' = multiple of k microsteps runs as a plan
                 # of k no slower: no multiple of k can beat the best with this combination either
                 pruned.setdefault(combo, []).append(k)
-            if result.choice is not None and (best is None or result.cost * k < best.step_time):
+            if result.choice is not None and (best is None or result.cost * k < best.step_time * (1 - _PAYS)):
                 best = _Found(k, problem, graph, result, result.cost * k)
             if best is not None and floor is not None and best.step_time <= floor * (1 + 1e-6):
                 break  # provably the fastest plan
@@ -196,7 +235,7 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
         if last is None:
             raise InfeasiblePlanError("no microstep count allows a plan: " + repr(tried))
         k, problem, graph = last  # the most microsteps: the least activation memory
-        found = [r for _, r in _solve_policies(graph, combos, search.policies, deadline, workers, lambda: None,
+        found = [r for _, r in _solve_policies(graph, combos, search.policies, budget, workers, lambda: None,
                                                objective="memory") if r.choice is not None]
         smallest = min(found, key=lambda r: r.memory) if found else None
         if smallest is None or smallest.memory > limit:
@@ -206,13 +245,62 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     best.problem.settle_inputs(strategies)
     clustering = best.problem.clustering
     stats = {"status": status, "wall_s": round(time.perf_counter() - t0, 4), "solve_s": round(best.result.wall_s, 4),
+             "work_s": round(budget.spent, 4), "gap": _gap(best.result),
              "variables": best.result.num_variables, "constraints": best.result.num_constraints,
              "clusters": clustering.num_clusters, "nodes": sum(len(m) for m in clustering.members),
              "ilp_nodes": best.result.stats.get("ilp_nodes"), "ilp_edges": len(best.lever_graph.graph.edges),
              "objective_s": best.step_time, "accumulation_tried": {str(k): v for k, v in tried.items()}}
+    search.warn_if_coupled(best.k, stats)
     return evaluate(captured, search.mesh, strategies, hw, optimizer, unruled=best.problem.table.unruled,
                     solver_stats=stats, levers=search.levers_of(best.k, policies),
                     traced_at_microbatch=traced_at_microbatch)
+
+
+# A lever choice replaces the incumbent only when it is faster by more than this share: equal
+# estimates (a lever that changes nothing, e.g. resharding replicated weights) keep the levers off.
+_PAYS = 1e-9
+
+
+class _WorkBudget:
+    """The solves' shared work limit, in CP-SAT deterministic seconds (never a clock)."""
+
+    def __init__(self, total: float):
+        self.total, self.spent = float(total), 0.0
+
+    def next_limit(self, floor: float = 1.0) -> float:
+        return max(floor, self.total - self.spent)
+
+    def charge(self, result: ILPResult) -> None:
+        self.spent += float(result.stats.get("work", 0.0))
+
+
+def _gap(result: ILPResult) -> Optional[float]:
+    """(objective - proven lower bound) / objective of one solve; 0 when proven optimal, None without a bound."""
+    if result.status == "OPTIMAL":
+        return 0.0
+    lower = result.stats.get("lower_bound")
+    if lower is None or not result.cost:
+        return None
+    return round(max(0.0, (result.cost - lower) / result.cost), 6)
+
+
+def _without_levers(search: "_LeverSearch", ks: list[int], combos: list, limit: float, budget: _WorkBudget,
+                    workers: int) -> Optional[_Found]:
+    """The fastest plan without levers (the fewest microsteps, the fastest policies the pins allow),
+    solved without the memory limit, when it fits ``limit``; else None. Every lever only adds work to
+    a plan (``_fastest_bound``), so no lever can beat it: pulling one then would only be an artefact of
+    comparing solves that stopped short of their optimum."""
+    k = ks[0]
+    try:
+        problem, cm = search.problem(k)
+    except PinError:
+        return None
+    graph = search.graph(problem, cm, None)
+    fastest = tuple((t, allowed[0]) for t, allowed in sorted(search.policies.items()))  # KEEP unless pinned
+    for _, result in _solve_policies(graph, [fastest], search.policies, budget, workers, lambda: None):
+        if result.choice is not None and result.memory <= limit:
+            return _Found(k, problem, graph, result, result.cost * k)
+    return None
 
 
 # Fixing each block type's policy and solving once per combination is exact, and on these graphs far
@@ -222,7 +310,7 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
 _MAX_POLICY_COMBINATIONS = 16
 
 
-def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, list[int]], deadline: float,
+def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, list[int]], budget: _WorkBudget,
                     workers: int, cutoff, objective: str = "cost"):
     """Solve ``graph`` once per combination of block-type policies in ``combos`` (each a sorted
     tuple of (block type, policy index); answers mapped back to ``graph``'s strategy indices), or
@@ -235,8 +323,9 @@ def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, 
         else:
             chosen = dict(combo)
             part, expand = fix_policies(graph.graph, [policies[g.name].index(chosen[g.name]) for g in groups])
-        result = solve(part, objective=objective, time_limit_s=max(1.0, deadline - time.perf_counter()),
+        result = solve(part, objective=objective, time_limit_s=budget.next_limit(),
                        workers=workers, cutoff=cutoff() if objective == "cost" else None)
+        budget.charge(result)
         if result.choice is not None:
             result.choice = expand(result.choice)
         yield combo, result
@@ -299,14 +388,20 @@ def _infeasible(search: _LeverSearch, k: int, problem: ShardingProblem, graph: L
     big.sort(key=lambda t: -t[0])
     tops = "; ".join(f"{label} {tuple(m[0].shape) if m else ''} {fmt_placements(s.outputs[0]) if s.outputs else ''}"
                      f" {human_bytes(b)}" for b, label, m, s in big[:5])
+    coupled = ""
+    if search.coupled and search.levers.accumulation is None and not search.traced_at_microbatch:
+        coupled = (f" Gradient accumulation was left off: batch-coupled ops ({describe_coupled(search.coupled, 2)}) "
+                   "would compute something else on parts of the batch; pass accumulation=k to accept that.")
     applied = [f"accumulation={k}"] + [f"{t}: checkpoint={p.checkpoint}, reshard_after_forward="
                                        f"{p.reshard_after_forward}" for t, p in sorted(levers.blocks.items())]
     return InfeasiblePlanError(
         f"no plan fits memory_limit={int(limit)} bytes ({human_bytes(limit)}) per device on mesh {mesh.shape}: the "
         f"smallest plan needs {int(need)} bytes ({human_bytes(need)}) per device ({parts}), with every memory lever "
         f"the pins allow applied ({'; '.join(applied)}). Largest items per device in that plan: {tops}. To relax: "
-        f"use more devices (a larger mesh), a larger memory_limit, a lighter optimizer (optimizer='sgd' keeps no "
-        f"state), a smaller batch, or unpin the memory levers (accumulation, checkpoint, reshard_after_forward).")
+        f"use more devices (a larger mesh), a larger memory_limit, a lighter optimizer (optimizer='sgd', SGD "
+        f"without momentum, keeps no state; 'sgd_momentum' one), a smaller batch, or unpin the memory levers "
+        f"(accumulation, checkpoint, reshard_after_forward)."
+        + coupled)
 
 
 def random_solution(captured: CapturedGraph, mesh, *, seed: int, pins: Optional[Pins] = None,
@@ -355,5 +450,7 @@ def random_solution(captured: CapturedGraph, mesh, *, seed: int, pins: Optional[
         batch = global_batch(captured)
         ks = [k for k in ks if (batch // k) % grain == 0]
     k = draw.choice(ks)
+    stats = {"status": f"RANDOM(seed={seed})"}
+    search.warn_if_coupled(k, stats)
     return evaluate(captured, mesh, chosen, hw, optimizer, unruled=table.unruled, levers=search.levers_of(k, policies),
-                    solver_stats={"status": f"RANDOM(seed={seed})"}, traced_at_microbatch=traced_at_microbatch)
+                    solver_stats=stats, traced_at_microbatch=traced_at_microbatch)

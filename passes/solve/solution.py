@@ -29,7 +29,10 @@ from autoshard.passes.solve.lever_costs import LeverPricer, policy_index
 from autoshard.passes.solve.microbatch import MicrobatchCostModel, MicrobatchFacts
 from autoshard.passes.spec import Placement, Replicate, Strategy, fmt, parse_placement
 
-__all__ = ["Solution", "Redistribution", "evaluate", "pricing_for", "node_policy"]
+__all__ = ["Solution", "Redistribution", "evaluate", "pricing_for", "node_policy", "CLOCK_STATS"]
+
+#: solver statistics measured by the clock: shown by ``summary()`` in the planning process, never saved
+CLOCK_STATS = ("wall_s", "solve_s")
 
 
 def _pls_to_json(pls) -> list[str]:
@@ -104,6 +107,8 @@ class Solution:
     estimated: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict:
+        """The plan as JSON data: the same inputs give the same bytes on any machine, so the solver's
+        wall-clock seconds (``CLOCK_STATS``) stay out of it (they live on the in-memory Solution)."""
         return {
             "mesh": self.mesh.to_json(),
             "strategies": {k: s.to_json() for k, s in self.strategies.items()},
@@ -115,7 +120,7 @@ class Solution:
             "unruled_ops": list(self.unruled_ops),
             "redistributions": [r.to_json() for r in self.redistributions],
             "param_grad_syncs": {k: [c.to_json() for c in v] for k, v in self.param_grad_syncs.items()},
-            "solver_stats": dict(self.solver_stats),
+            "solver_stats": {k: v for k, v in self.solver_stats.items() if k not in CLOCK_STATS},
             "levers": self.levers.to_json(),
             "estimated": dict(self.estimated),
         }

@@ -45,7 +45,6 @@ Identical blocks cost the same, so a profile traced with a few blocks stands for
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence, Union
 
@@ -268,14 +267,20 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, opt
     the real model has ``repeat`` times the traced blocks (their ILP nodes and the edges inside one
     block count that many times more); ``chain_repeat``: how many times more an edge from one traced
     block to the next counts (default ``repeat``; traced b of n blocks: (n - 1) / (b - 1)).
-    ``time_limit_s`` caps the ILP solves together (at least half a second each).
+    ``time_limit_s`` caps the ILP solves together, in deterministic work (at least half a second each).
     ``pins``: decisions fixed as in ``plan_sharding`` (e.g. to price a rejected layout).
 
     When no plan fits ``memory_limit`` with activations held ``held`` times, the plan for ONE held
     microbatch (what a recomputing stage keeps), and failing that the least-memory plan (storage
     sharded wherever it can be, e.g. FSDP on the data-parallel axis): the stage ILP then decides
     whether recompute or more stages make it fit. ``solver_stats["status"]`` says which."""
-    deadline = time.perf_counter() + time_limit_s
+    left = [float(time_limit_s)]  # deterministic seconds still to spend: never the clock
+
+    def budget(floor: float) -> float:
+        return max(floor, left[0])
+
+    def spend(result) -> None:
+        left[0] -= float(result.stats.get("work", 0.0))
 
     def divisible_at_microbatch(table, mesh, allowed):
         for name, keep in microbatch_strategies(captured, table, mesh, microbatches).items():
@@ -297,12 +302,13 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, opt
         if repeat != 1.0:
             _repeat(graph, problem.clustering, nodes, captured, repeat,
                     repeat if chain_repeat is None else chain_repeat)
-        result = solve(graph, time_limit_s=max(0.5, deadline - time.perf_counter()))
+        result = solve(graph, time_limit_s=budget(0.5))
+        spend(result)
         if result.choice is not None:
             status = result.status if k == held else f"{result.status}_HELD_1"
             break
     if result.choice is None:
-        result = solve(graph, objective="memory", time_limit_s=max(1.0, deadline - time.perf_counter()))
+        result = solve(graph, objective="memory", time_limit_s=budget(1.0))
         status = "MEMORY_FALLBACK"
     if result.choice is None:
         raise InfeasiblePlanError(f"the intra-op solver found no plan at all on submesh {mesh.shape} within "

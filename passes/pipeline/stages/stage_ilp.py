@@ -367,8 +367,12 @@ def solve_stages(prob: StageProblem, *, time_limit_s: float = 10.0, workers: int
     elif prob.starts is None:
         ilp.hint_balanced()
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(max(time_limit_s, 0.01))
+    # a work limit (deterministic seconds, fixed seed), not a clock: the cut does not depend on the load
+    solver.parameters.max_deterministic_time = float(max(time_limit_s, 0.01))
     solver.parameters.num_workers = int(workers)
+    solver.parameters.random_seed = 0
+    if workers > 1:
+        solver.parameters.interleave_search = True
     solver.parameters.relative_gap_limit = 1e-4
     status = solver.solve(ilp.model)
     wall = time.perf_counter() - t0

@@ -130,7 +130,8 @@ def test_parameter_memory_grad_sync_and_optimizer_state():
     adam = CostModel(mesh, HW, "adamw")
     assert adam.param_memory(meta, (R, R)) == (4 * 2 ** 20, 4 * 2 ** 20, 8 * 2 ** 20)
     assert adam.param_memory(meta, (S(0), S(1))) == (2 ** 20, 2 ** 20, 2 * 2 ** 20)
-    assert CostModel(mesh, HW, "sgd").param_memory(meta, (R, R))[2] == 0
+    assert CostModel(mesh, HW, "sgd").param_memory(meta, (R, R))[2] == 0  # plain SGD, no momentum
+    assert CostModel(mesh, HW, "sgd_momentum").param_memory(meta, (R, R))[2] == 4 * 2 ** 20  # the momentum buffer
     assert optimizer_state_bytes(12) == 12.0
     with pytest.raises(ValueError, match="unknown optimizer"):
         optimizer_state_bytes("lion?")

@@ -51,7 +51,7 @@ def test_many_large_experts_and_a_large_batch_run_expert_parallel():
     assert all(str(p) == "(Shard(dim=0),)" for n, p in plan.param_placements.items() if "experts" in n)
     text = plan.summary()
     assert "mixture of experts: 2 layer(s); tokens dropped: never" in text
-    assert "dp: expert parallel (all-to-all)  x2" in text
+    assert "axis0: expert parallel (all-to-all)  x2" in text  # a 1-D mesh axis is named neutrally
 
 
 def test_small_experts_stay_data_parallel():

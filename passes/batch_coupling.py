@@ -1,0 +1,279 @@
+"""Batch-coupled ops: where a step's result depends on which rows share a (micro)batch.
+
+>>> model, inputs, target, loss_fn = cnn()                                       # doctest: +SKIP
+>>> [c.describe() for c in batch_coupled_ops(capture(model, inputs, loss_fn=loss_fn, target=target))]  # doctest: +SKIP
+["batch_norm in module 'bn': BatchNorm in training mode (batch statistics)"]
+
+Gradient accumulation and pipeline microbatches run a step as several smaller batches and average
+the losses. That is exact only when each row's contribution to the loss does not depend on the other
+rows: per-row work, then a mean over the batch at the loss. An op that mixes rows non-linearly
+(BatchNorm's batch statistics, a softmax over the batch dimension, a ``sum`` loss, which averages to
+``1/k`` of itself) computes something else on a microbatch. ``batch_coupled_ops`` finds them, so the
+planner can leave accumulation off and the front door can warn when a user asks for it.
+
+What is detected (conservative: when in doubt an op is reported):
+
+- BatchNorm in training mode: ``aten.batch_norm`` / ``native_batch_norm`` / ``_native_batch_norm_legit``
+  (``_functional`` and ``_no_training`` variants) / ``cudnn_batch_norm`` / ``miopen_batch_norm`` whose
+  ``training`` argument is True (``_native_batch_norm_legit`` without running stats always is);
+- a reduction, normalisation or scan whose dimensions include the batch dimension of a value
+  computed from the inputs (``sum``, ``mean``, ``var``, ``std``, ``amax``, ``softmax``, ``cumsum``,
+  ``sort``, ``topk``, norms, ... and their all-dims forms; ``layer_norm`` / ``group_norm`` whose
+  normalised dims reach the batch dimension), unless it is a MEAN over the batch on the way to the
+  scalar loss through linear ops only (``mean``, the loss functions' default mean reduction,
+  ``add``/``sub``/``neg``, multiplying or dividing by a value not computed from the batch, views):
+  that is the usual loss and averages exactly over equal microbatches.
+
+The batch dimension of a value follows ``microbatch.py``'s convention (dim 0, when it is a multiple
+of the global batch) and is carried through ``transpose`` / ``permute`` / ``movedim``; a value whose
+batch dimension cannot be placed is taken not to carry it. Not detected: ops with data-dependent row
+mixing inside custom ops (no rule can see into them), and masks or indices that pick other rows.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.fx as fx
+
+from autoshard.passes.errors import BatchCouplingWarning
+from autoshard.passes.graph import META, MODULE, CapturedGraph
+
+__all__ = ["BatchCouplingWarning", "CoupledOp", "batch_coupled_ops", "describe_coupled"]
+
+
+@dataclass(frozen=True)
+class CoupledOp:
+    """One batch-coupled op: its node name, ATen op, module path and why it couples rows."""
+    node: str
+    op: str
+    module: str
+    why: str
+
+    def describe(self) -> str:
+        return f"{self.node} in module {self.module or '<top>'!r}: {self.why}"
+
+
+def describe_coupled(ops: list[CoupledOp], limit: int = 4) -> str:
+    """The first ``limit`` ops as one readable phrase (for warnings and errors)."""
+    shown = "; ".join(c.describe() for c in ops[:limit])
+    return shown + (f"; and {len(ops) - limit} more" if len(ops) > limit else "")
+
+
+# op packet name -> index of its ``training`` argument (None: always training)
+_BATCH_NORMS = {"batch_norm": 5, "native_batch_norm": 5, "_native_batch_norm_legit": 5,
+                "_native_batch_norm_legit_functional": 5, "cudnn_batch_norm": 5, "miopen_batch_norm": 5,
+                "_batch_norm_impl_index": 5, "_batch_norm_with_update": None,
+                "_batch_norm_with_update_functional": None}
+
+# op packet name -> (index of the dim argument, whether a missing/None dim means every dim)
+_REDUCTIONS = {"sum": (1, True), "mean": (1, True), "var": (1, True), "std": (1, True), "var_mean": (1, True),
+               "std_mean": (1, True), "amax": (1, True), "amin": (1, True), "max": (1, True), "min": (1, True),
+               "argmax": (1, True), "argmin": (1, True), "logsumexp": (1, False), "prod": (1, True),
+               "norm": (2, True), "linalg_vector_norm": (2, True), "nansum": (1, True), "nanmean": (1, True),
+               "softmax": (1, False), "_softmax": (1, False), "log_softmax": (1, False), "_log_softmax": (1, False),
+               "cumsum": (1, False), "cumprod": (1, False), "cummax": (1, False), "cummin": (1, False),
+               "logcumsumexp": (1, False), "sort": (1, False), "argsort": (1, False), "topk": (2, False),
+               "kthvalue": (2, False), "median": (1, True), "nanmedian": (1, True), "mode": (1, False),
+               "all": (1, True), "any": (1, True), "count_nonzero": (1, True)}
+_DIM_DEFAULTS = {"softmax": -1, "log_softmax": -1, "sort": -1, "argsort": -1, "topk": -1, "kthvalue": -1,
+                 "mode": -1, "logsumexp": None}
+
+# loss functions: their reduction argument's index; reduction 1 (mean, the default) is linear
+_LOSSES = {"cross_entropy_loss": 3, "nll_loss": 3, "nll_loss_forward": 3, "nll_loss2d": 3,
+           "nll_loss2d_forward": 3, "mse_loss": 2, "l1_loss": 2, "smooth_l1_loss": 2, "huber_loss": 2,
+           "binary_cross_entropy": 3, "binary_cross_entropy_with_logits": 4, "kl_div": 2,
+           "soft_margin_loss": 2, "multilabel_margin_loss": 2, "hinge_embedding_loss": 3,
+           "poisson_nll_loss": 5, "margin_ranking_loss": 4, "cosine_embedding_loss": 4}
+_MEAN = 1
+
+# ops through which a mean over the batch stays a linear function of the rows' contributions
+_LINEAR = {"add", "sub", "neg", "mul", "div", "view", "reshape", "_unsafe_view", "squeeze", "unsqueeze",
+           "clone", "alias", "detach", "to", "_to_copy", "contiguous", "expand", "flatten", "mean", "sum",
+           "lift_fresh_copy"}
+_PERMUTES = {"transpose", "t", "permute", "movedim", "swapaxes", "swapdims", "numpy_T"}
+
+
+def batch_coupled_ops(captured: CapturedGraph) -> list[CoupledOp]:
+    """Every batch-coupled op of ``captured`` in graph order (see the module docstring)."""
+    batch = _global_batch(captured)
+    if batch is None:
+        return []
+    axis = _batch_axes(captured, batch)
+    found = []
+    for node in captured.gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        packet = _packet(node)
+        why = _coupling(node, packet, axis)
+        if why is None:
+            continue
+        if why == _LINEAR_MEAN and _reaches_loss_linearly(node, axis, captured):
+            continue
+        if why == _LINEAR_MEAN:
+            why = "reduces over the batch dimension before the loss (a microbatch computes it on its own rows)"
+        found.append(CoupledOp(node.name, f"aten.{packet}" if packet else str(node.target),
+                               str(node.meta.get(MODULE, "")), why))
+    return found
+
+
+_LINEAR_MEAN = "linear-mean"
+
+
+def _coupling(node: fx.Node, packet: Optional[str], axis: dict) -> Optional[str]:
+    """Why ``node`` couples the rows of a batch (``_LINEAR_MEAN``: a mean over them, fine at the loss), or None."""
+    if packet in _BATCH_NORMS:
+        index = _BATCH_NORMS[packet]
+        training = True if index is None else _arg(node, index, "training", True)
+        if packet == "_native_batch_norm_legit" and len(node.args) == 5:  # the no-running-stats overload
+            training = _arg(node, 3, "training", True)
+        if training is False:
+            return None
+        return "BatchNorm in training mode (batch statistics)"
+    src = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    if src is None or axis.get(src.name) is None:
+        return None
+    b = axis[src.name]
+    rank = _rank(src)
+    if packet in _LOSSES:
+        reduction = _arg(node, _LOSSES[packet], "reduction", _MEAN)
+        if reduction == 0:
+            return None  # per-row losses: whatever follows decides
+        return _LINEAR_MEAN if reduction == _MEAN else "a sum loss: averaged over microsteps it becomes 1/k of itself"
+    if packet in ("layer_norm", "native_layer_norm"):
+        shape = _arg(node, 1, "normalized_shape", ())
+        return "normalises over the batch dimension" if rank - len(shape) <= b else None
+    if packet in ("group_norm", "native_group_norm"):
+        return None  # per sample (dim 0 is N); a batch axis elsewhere is not a group_norm input
+    if packet not in _REDUCTIONS:
+        return None
+    index, all_when_none = _REDUCTIONS[packet]
+    dims = _arg(node, index, "dim", _DIM_DEFAULTS.get(packet, None))
+    if packet in ("max", "min", "median", "nanmedian", "all", "any") and len(node.args) <= index:
+        dims = None  # the all-dims overloads
+    if dims is None:
+        if not all_when_none and packet not in ("logsumexp",):
+            return None
+        covered = True
+    else:
+        dims = [dims] if isinstance(dims, int) else list(dims)
+        covered = not dims or any(d % max(rank, 1) == b for d in dims if isinstance(d, int))
+    if not covered:
+        return None
+    if packet in ("mean", "nanmean"):
+        return _LINEAR_MEAN
+    return f"{packet} over the batch dimension mixes the rows of the batch"
+
+
+def _reaches_loss_linearly(node: fx.Node, axis: dict, captured: CapturedGraph) -> bool:
+    """Whether every path from ``node`` ends at the scalar loss output through linear ops whose other
+    operands are not computed from the batch."""
+    if not captured.loss_output:
+        return False
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        for user in n.users:
+            if user.op == "output":
+                continue
+            if user.name in seen:
+                continue
+            seen.add(user.name)
+            packet = _packet(user)
+            if user.op != "call_function" or (packet not in _LINEAR and user.target is not operator.getitem):
+                return False
+            others = [a for a in user.all_input_nodes if a is not n]
+            if packet in ("mul", "div") and any(a.name in axis for a in others):
+                return False  # a product of two values computed from the batch is not linear in it
+            if packet in ("add", "sub") and any(axis.get(a.name) is not None for a in others):
+                return False  # the reduced value meets the rows again
+            todo.append(user)
+    return True
+
+
+def _batch_axes(captured: CapturedGraph, batch: int) -> dict[str, Optional[int]]:
+    """Node name -> the dimension of its (first) output that carries the batch, for every node computed
+    from the inputs or the target; absent for the others."""
+    axis: dict[str, Optional[int]] = {}
+    starts = set(captured.inputs) | ({captured.target} if captured.target else set())
+    for node in captured.gm.graph.nodes:
+        if node.op == "placeholder":
+            if node.name in starts:
+                axis[node.name] = 0 if _dim0_carries(node, batch) else None
+            continue
+        if node.op != "call_function":
+            continue
+        sources = [a for a in node.all_input_nodes if a.name in axis]
+        if not sources:
+            continue
+        packet = _packet(node)
+        src = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+        if packet in _PERMUTES and src is not None and axis.get(src.name) is not None:
+            axis[node.name] = _permuted(node, packet, axis[src.name], _rank(src))
+        elif node.target is operator.getitem and src is not None:
+            axis[node.name] = axis.get(src.name) if _rank(node) else None
+        else:
+            axis[node.name] = 0 if _dim0_carries(node, batch) else None
+    return axis
+
+
+def _permuted(node: fx.Node, packet: str, b: int, rank: int) -> Optional[int]:
+    if packet in ("t", "numpy_T"):
+        return rank - 1 - b if rank >= 2 else b
+    if packet == "permute":
+        order = [d % rank for d in _arg(node, 1, "dims", list(range(rank)))]
+        return order.index(b) if b in order else None
+    if packet in ("transpose", "swapaxes", "swapdims"):
+        d0, d1 = (int(_arg(node, i, n, 0)) % max(rank, 1) for i, n in ((1, "dim0"), (2, "dim1")))
+        return d1 if b == d0 else d0 if b == d1 else b
+    if packet == "movedim":
+        src, dst = _arg(node, 1, "source", 0), _arg(node, 2, "destination", 0)
+        src = [src] if isinstance(src, int) else list(src)
+        dst = [dst] if isinstance(dst, int) else list(dst)
+        order = [None] * rank
+        for s, d in zip(src, dst):
+            order[d % rank] = s % rank
+        rest = iter(d for d in range(rank) if d not in [s % rank for s in src])
+        order = [o if o is not None else next(rest) for o in order]
+        return order.index(b) if b in order else None
+    return None
+
+
+def _global_batch(captured: CapturedGraph) -> Optional[int]:
+    for name in captured.inputs:
+        shape = getattr(captured.node(name).meta.get(META), "shape", None)
+        if shape:
+            return int(shape[0])
+    return None
+
+
+def _dim0_carries(node: fx.Node, batch: int) -> bool:
+    meta = node.meta.get(META)
+    if isinstance(meta, tuple):
+        meta = next((m for m in meta if m is not None), None)
+    shape = getattr(meta, "shape", None)
+    return bool(shape) and batch > 0 and shape[0] % batch == 0
+
+
+def _rank(node: fx.Node) -> int:
+    meta = node.meta.get(META)
+    if isinstance(meta, tuple):
+        meta = next((m for m in meta if m is not None), None)
+    return len(getattr(meta, "shape", ()) or ())
+
+
+def _packet(node: fx.Node) -> Optional[str]:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target.overloadpacket.__name__
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target.__name__
+    return None
+
+
+def _arg(node: fx.Node, index: int, name: str, default):
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
