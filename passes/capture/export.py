@@ -284,6 +284,11 @@ def _blame_the_loss(model: nn.Module, example_inputs, loss_fn, target, error: Tr
         return None
     said = next((ln.strip() for ln in str(error).splitlines() if "torch.export said:" in ln), "")
     target_shape = tuple(target.shape) if target is not None else None
+    if str(error).startswith("loss_fn raised"):  # the loss's own exception: keep it, add what it was given
+        first, _, rest = str(error).partition("\n")
+        return TraceError(f"{first}\n  loss_fn failed on the model's output (shapes {[tuple(s) for s in shapes]}) "
+                          f"and example_target (shape {target_shape}); the model's forward alone captures fine.\n"
+                          f"{rest}")
     return TraceError(
         f"autoshard could not capture {type(model).__name__}: loss_fn failed on the model's output (shapes "
         f"{[tuple(s) for s in shapes]}) and example_target (shape {target_shape})"
