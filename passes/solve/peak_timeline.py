@@ -5,7 +5,7 @@ order, then the optimizer step. Positions ``0 .. n-1`` are the program's nodes i
 quantity below is local bytes on one device (``StepTrace``, built by ``passes.solve.step_trace``):
 
 - ``resident``: parameters (local shards), buffers, optimizer state (AdamW's ``step`` counters
-  included), alive the whole step;
+  included), the step's input batch, alive the whole step;
 - ``kept[i]``: what node ``i`` (and the redistributed copies it reads) leaves for the backward:
   saved activations and gathered parameter copies kept to the backward. Alive from ``i``'s forward
   to ``i``'s backward (autograd frees a node's saved tensors when its backward has run; freeing at
@@ -13,13 +13,13 @@ quantity below is local bytes on one device (``StepTrace``, built by ``passes.so
 - ``outputs[i]``: node ``i``'s own outputs, alive at its forward even when nothing keeps them;
 - ``value_grads``: (producer position, last reader position, bytes): the gradient of a value is
   created by the backward of its last reader and released after its producer's backward, so it is
-  alive at backward positions ``producer .. last reader`` (the logits' gradient, the loss's fp32
+  alive at backward positions ``producer .. last reader`` inclusive (the logits' gradient, the loss's fp32
   upcast's gradient and every activation gradient in flight);
-- ``param_grads[i]``: local gradient bytes of the parameters whose first reader is ``i``: created
+- ``param_grads[i]``: local gradient bytes of the parameters whose last reader is ``i``: created
   at ``i``'s backward, alive to the end of the step (gradient accumulation ``k > 1``: the earlier
   microsteps' gradients are alive the whole last microstep, ``grads_held``);
-- ``grad_transient[i]``: the gradient of a gathered parameter copy read at ``i`` (the copy's size)
-  until its reduce-scatter;
+- ``grad_transient[i]``: any other gradient bytes alive only at ``i``'s backward (the gradient of
+  a gathered parameter copy is a ``value_grads`` interval, its readers' span);
 - ``recompute[i]``: what a recomputing block instance re-creates before its backward (the live set
   of the recompute region), alive during the backward of that instance's nodes;
 - ``gathered_in_flight``: gathered parameter copies that are not kept (resharded or recomputing
@@ -99,7 +99,7 @@ def peak_of(trace: StepTrace) -> Peak:
              trace.names[i])
     grads_alive = [0.0] * (n + 1)  # difference array over backward positions
     for producer, last, nbytes in trace.value_grads:
-        if last > producer:
+        if last >= producer:
             grads_alive[producer] += nbytes
             grads_alive[last + 1] -= nbytes
     in_flight = [0.0] * n
