@@ -226,8 +226,9 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
     times = {key: value * k for key, value in times.items()}  # grad syncs were priced 1/k per microstep
     estimated = {"saved_activation_bytes": mem["activations"],
                  "gathered_peak_bytes": gathered_peak(_segments(gathers.values()))}
-    trace.gather_segments(gathers)
-    peak = peak_of(trace.finish(optimizer, foreach=hw.name.lower() != "cpu", microsteps=k,
+    cpu = hw.name.lower() == "cpu"  # gloo's collectives, torch's for-loop optimizer
+    trace.gather_segments(gathers, staged_reduce_scatter=cpu)
+    peak = peak_of(trace.finish(optimizer, foreach=not cpu, microsteps=k,
                                 gathered_peak=estimated["gathered_peak_bytes"]))
     estimated.update({f"peak_{phase.replace(' ', '_')}_bytes": v for phase, v in peak.phases.items()})
     placements = {fqn: tuple(strategies[node].outputs[0]) for node, fqn in captured.params.items()}
