@@ -22,7 +22,9 @@ quantity below is local bytes on one device (``StepTrace``, built by ``passes.so
   a gathered parameter copy is a ``value_grads`` interval, its readers' span);
 - ``reduce_after[i]``: buffers a gradient reduction allocates right after ``i``'s backward (a
   gathered group's flat reduce-scatter input, and the backend's staging copy of it), when ``i``'s
-  own saved and recomputed tensors are freed and the recompute live set is its predecessor's;
+  own saved and recomputed tensors are freed. ``i`` is the group's first reader, early in its
+  block, and autograd runs the group's reduction before the previous block's backward (a later
+  forward sequence number runs first): no recompute region is alive then;
 - ``recompute[i]``: what a recomputing block instance re-creates before its backward (the live set
   of the recompute region), alive during the backward of that instance's nodes;
 - ``gathered_in_flight``: gathered parameter copies that are not kept (resharded or recomputing
@@ -122,10 +124,9 @@ def peak_of(trace: StepTrace) -> Peak:
         if not trace.grads_held:
             made += made_here
         if trace.reduce_after and trace.reduce_after[j]:
-            before = trace.recompute[j - 1] if j > 0 else 0.0
             held_summand = made_here if trace.grads_held else 0.0
             note("backward", trace.resident + trace.gathered_in_flight + kept_so_far + in_flight[j] + made
-                 + held_summand + before + trace.reduce_after[j] + trace.comm_buffer, trace.names[j])
+                 + held_summand + trace.reduce_after[j] + trace.comm_buffer, trace.names[j])
     note("optimizer step", trace.resident + trace.grads + trace.optimizer_temporaries, "")
     phase, (peak, where) = max(best.items(), key=lambda kv: kv[1][0])
     label = f"{phase} ({where})" if where else phase
