@@ -24,7 +24,9 @@ quantity below is local bytes on one device (``StepTrace``, built by ``passes.so
   gathered group's flat reduce-scatter input, and the backend's staging copy of it), when ``i``'s
   own saved and recomputed tensors are freed. ``i`` is the group's first reader, early in its
   block, and autograd runs the group's reduction before the previous block's backward (a later
-  forward sequence number runs first): no recompute region is alive then;
+  forward sequence number runs first): no recompute region is alive then, and the group's own
+  gathered copies, which only its block's saved tensors held, are freed (``reduce_frees[i]``: their
+  bytes, out of ``gathered_in_flight``);
 - ``recompute[i]``: what a recomputing block instance re-creates before its backward (the live set
   of the recompute region), alive during the backward of that instance's nodes;
 - ``gathered_in_flight``: gathered parameter copies that are not kept (resharded or recomputing
@@ -67,6 +69,7 @@ class StepTrace:
     grad_transient: list[float] = field(default_factory=list)
     recompute: list[float] = field(default_factory=list)
     reduce_after: list[float] = field(default_factory=list)
+    reduce_frees: list[float] = field(default_factory=list)
     gathered_in_flight: float = 0.0
     comm_buffer: float = 0.0
     optimizer_temporaries: float = 0.0
@@ -125,7 +128,8 @@ def peak_of(trace: StepTrace) -> Peak:
             made += made_here
         if trace.reduce_after and trace.reduce_after[j]:
             held_summand = made_here if trace.grads_held else 0.0
-            note("backward", trace.resident + trace.gathered_in_flight + kept_so_far + in_flight[j] + made
+            copies = max(0.0, trace.gathered_in_flight - trace.reduce_frees[j])
+            note("backward", trace.resident + copies + kept_so_far + in_flight[j] + made
                  + held_summand + trace.reduce_after[j] + trace.comm_buffer, trace.names[j])
     note("optimizer step", trace.resident + trace.grads + trace.optimizer_temporaries, "")
     phase, (peak, where) = max(best.items(), key=lambda kv: kv[1][0])

@@ -207,7 +207,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         src = strategies[u].outputs[slot]
         dst = replicated if v == OUTPUT else strategies[v].inputs[i]
         colls, price = pricer.edge(u, slot, v, i, encode(src), encode(dst), policy(v))
-        trace.edge(u, slot, v, price)
+        trace.edge(u, slot, v, price, tuple(src), moved=bool(colls))
         comm = sum(c.seconds for c in colls)
         times["communication"] += comm
         times["recompute"] += price.seconds - comm

@@ -13,6 +13,8 @@
   reader's backward); a gathered copy's gradient (the copy's size) from its last reader to its
   group's first reader, where the gather's backward reduces it, with the group's flat
   reduce-scatter buffer there (``gather_segments``);
+- a redistributed activation's gradient moved back to the producer's layout (the collectives'
+  adjoints make a new tensor) at the reader's backward;
 - the bytes a recomputing block instance re-creates, summed over its nodes up to each position
   (the recomputation runs before the instance's backward; walking the backward, each node's
   recreated tensors are freed after its own backward). ``LeverPrice.recompute`` is one node's
@@ -60,7 +62,8 @@ class TraceBuilder:
         self.position = {n.name: i for i, n in enumerate(nodes)}
         self.last = len(nodes) - 1
         self.trace = StepTrace(names=[n.name for n in nodes])
-        for key in ("kept", "outputs", "param_grads", "grad_transient", "recompute", "reduce_after"):
+        for key in ("kept", "outputs", "param_grads", "grad_transient", "recompute", "reduce_after",
+                    "reduce_frees"):
             setattr(self.trace, key, [0.0] * len(nodes))
         self._last_reader: dict[tuple[str, int], int] = {}
         self._recompute_at: dict[str, dict[int, float]] = {}  # block instance -> position -> bytes
@@ -90,9 +93,14 @@ class TraceBuilder:
             t.outputs[i] += self.cm.activation_bytes(metas, self.strategies[name].outputs[:len(metas)])
         self._add_recompute(name, i, price.recompute)
 
-    def edge(self, u: str, slot: int, v: str, price: LeverPrice) -> None:
-        """Operand read of output ``slot`` of ``u`` by ``v`` (or the program's output)."""
+    def edge(self, u: str, slot: int, v: str, price: LeverPrice, src: tuple = (), moved: bool = False) -> None:
+        """Operand read of output ``slot`` of ``u`` (in placement ``src``) by ``v`` (or the
+        program's output); ``moved``: collectives redistribute it, so the backward runs their
+        adjoints on its gradient, making a new tensor of ``u``'s own layout at ``v``."""
         j = self.last if v == OUTPUT else self.position[v]
+        if moved and v != OUTPUT and self.facts.kind.get(u) == "op" and self.facts.value_needs_grad(u, slot):
+            meta = self.facts.tensor_outputs(u)[slot]
+            self.trace.grad_transient[j] += self.cm.activation_bytes([meta], [src])
         self.trace.kept[j] += price.kept + price.gathered
         self._kept_gathered += price.gathered
         kind = self.facts.kind.get(u)
@@ -122,15 +130,18 @@ class TraceBuilder:
         last, start, total = object(), 0, 0.0
         for (param, _), (first, instance, size, *_rest) in sorted(gathers.items(), key=lambda kv: kv[1][0]):
             if instance != last:
-                if total:
-                    self.trace.reduce_after[start] += factor * total
+                self._reduce(start, total, factor)
                 start, total, last = first, 0.0, instance
             entry = self._gather_readers.get(param)
             if entry is not None:
                 entry[0] = min(entry[0], start)
                 total += size
+        self._reduce(start, total, factor)
+
+    def _reduce(self, start: int, total: float, factor: float) -> None:
         if total:
             self.trace.reduce_after[start] += factor * total
+            self.trace.reduce_frees[start] += total
 
     def finish(self, optimizer, foreach: bool, microsteps: int, gathered_peak: float) -> StepTrace:
         """The trace, with the step-wide terms. ``foreach``: the optimizer runs torch's foreach
