@@ -18,6 +18,7 @@ from autoshard.runtime.executor import RankProgram
 from autoshard.runtime.grad_clip import clip_grad_norm_
 from autoshard.runtime.holdings import holdings
 from autoshard.runtime.optim_state import load_optimizer_state_dict, optimizer_state_dict
+from autoshard.runtime.local_module import local_module
 from autoshard.runtime.memory_probe import MemoryProbe
 from autoshard.runtime.pipeline.timelines import gather_timelines
 
@@ -113,6 +114,7 @@ class CompiledModel(_TrainingState):
         self._program = RankProgram(plan.captured, plan.solution.strategies, plan.mesh, env=env,
                                     model=model, state_dict=state_dict, levers=plan.solution.levers)
         self._held = None
+        self._local_module = None
 
     # ---- running -------------------------------------------------------------------------------
     def step(self, *inputs, target=None, local_batch: bool = False, **named_inputs) -> float:
@@ -139,6 +141,15 @@ class CompiledModel(_TrainingState):
     def collective_counts(self) -> dict:
         """Collective calls in this rank's program by kind (gradient syncs included)."""
         return self._program.collective_counts()
+
+    @property
+    def local_module(self) -> torch.nn.Module:
+        """This rank's parameter shards and buffers as an ``nn.Module`` (the live tensors, no copies),
+        for torch's memory tools: ``MemTracker().track_external(cm.local_module, optimizer)``, then
+        ``cm.step(...)`` and ``optimizer.step()`` inside the tracker (``runtime.local_module``)."""
+        if self._local_module is None:
+            self._local_module = local_module(self._program)
+        return self._local_module
 
     def memory_probe(self) -> MemoryProbe:
         """``with cm.memory_probe() as probe: cm.step(...)``: then ``probe.saved_bytes`` (what autograd

@@ -53,7 +53,8 @@ def explain(plan, name: str, *, memory_limit: Optional[float] = None, optimizer:
     node = node_for(plan, name)
     problem = build_problem(plan.captured, plan.mesh, hardware=hardware)
     return explain_node(problem, plan.solution.strategies, node, cost_model=CostModel(plan.mesh, hardware, optimizer),
-                        step_time=plan.estimated_step_time, memory=plan.estimated_memory, memory_limit=float(limit),
+                        step_time=plan.estimated_step_time, memory=sum(plan.solution.memory_breakdown.values()),
+                        memory_limit=float(limit),
                         status=plan.solution.solver_stats.get("status"))
 
 
@@ -70,7 +71,7 @@ def format_explanation(e: Explanation, name: Optional[str] = None, top: int = 5)
     what = f"{name} (node {e.node})" if name and name != e.node else e.node
     pls = lambda s: fmt_placements(s.outputs[0]) if e.kind in ("param", "buffer", "input") else str(s)  # noqa: E731
     lines = [f"{what}: {e.kind}, chosen {pls(e.chosen)}",
-             f"  plan: step {human_time(e.step_time)}, memory {human_bytes(e.memory)} of "
+             f"  plan: step {human_time(e.step_time)}, memory (additive, as the ILP counts it) {human_bytes(e.memory)} of "
              f"{human_bytes(e.memory_limit)} on the busiest device"]
     if len(e.cluster) > 1:
         lines.append(f"  decided with {len(e.cluster) - 1} identical node(s) in repeated blocks; deltas change all "

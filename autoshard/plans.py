@@ -87,8 +87,16 @@ class Plan:
 
     @property
     def estimated_memory(self) -> int:
-        """Estimated bytes on the busiest rank: parameters, gradients, optimizer state, activations."""
+        """Estimated bytes on the busiest rank at the step's peak (``passes.solve.peak_timeline``):
+        parameters, gradients, optimizer state and its temporaries, activations, gathered copies,
+        gradients in flight, buffers of the gradient reduction; ``memory_peak_phase`` says where."""
         return int(self.solution.estimated_memory)
+
+    @property
+    def memory_peak_phase(self) -> str:
+        """The phase (and node) of the step that sets ``estimated_memory``: "forward (node)",
+        "backward (node)" or "optimizer step"."""
+        return self.solution.memory_peak_phase
 
     @property
     def model_flops(self) -> Optional[float]:

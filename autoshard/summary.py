@@ -91,7 +91,9 @@ def plan_summary(plan) -> str:
     out.append(f"  estimated step time: {human_time(plan.estimated_step_time)}  ("
                + ", ".join(f"{k} {human_time(v)}" for k, v in tb.items()) + ")")
     mb = getattr(sol, "memory_breakdown", {}) or {}
-    out.append(f"  estimated memory, busiest device: {human_bytes(plan.estimated_memory)}  ("
+    phase = getattr(sol, "memory_peak_phase", "")
+    out.append(f"  estimated memory, busiest device: {human_bytes(plan.estimated_memory)}"
+               + (f" at the peak, in the {phase}" if phase else "") + "  (by category, not all alive at once: "
                + ", ".join(f"{k} {human_bytes(v)}" for k, v in mb.items()) + ")")
     levers = getattr(sol, "levers", None)
     if levers is not None and levers.any_pulled:

@@ -121,7 +121,11 @@ def report(tag: str, plan, r: Recipe, flops_per_token: float, peak: float) -> fl
     print(f"  {tag:<18} step {plan.estimated_step_time:8.3f} s  {tokens:8.0f} tok/s/GPU  MFU {100 * mfu:5.1f}%  "
           f"memory {human_bytes(plan.estimated_memory)}  accumulation {levers.accumulation}  "
           f"blocks [{blocks or 'keep everything'}]")
-    print(f"  {'':<18} memory: " + ", ".join(f"{k} {human_bytes(v)}" for k, v in sol.memory_breakdown.items() if v)
+    phases = ", ".join(f"{k[5:-6].replace('_', ' ')} {human_bytes(v)}" for k, v in sol.estimated.items()
+                       if k.startswith("peak_") and k.endswith("_bytes"))
+    print(f"  {'':<18} memory peak {human_bytes(plan.estimated_memory)} in the {sol.memory_peak_phase} "
+          f"(per phase: {phases})")
+    print(f"  {'':<18} memory by category: " + ", ".join(f"{k} {human_bytes(v)}" for k, v in sol.memory_breakdown.items() if v)
           + "; time: " + ", ".join(f"{k} {v:.3f} s" for k, v in sol.time_breakdown.items() if v))
     return plan.estimated_step_time
 

@@ -6,7 +6,8 @@ the plan's own cost model, the rest of the plan held as it is: the change applie
 cluster (the copies of it in identical repeated blocks, which the ILP decides together), and its cost
 is the change in the nodes' own prices (compute, gradient all-reduce, memory) plus the change on every
 edge touching them (redistributions and their copies). Deltas are exact for the plan's additive
-estimates (step time and busiest-rank memory as ``solution.evaluate`` sums them).
+estimates (step time, and memory as the sum of ``memory_breakdown``: the bytes the ILP bounds, not
+the step's peak ``estimated_memory``).
 
 ``binding`` says what kept the cheaper strategies out: the memory limit (they would not fit), nothing
 (the choice is the cheapest given its neighbours), or the solver (a cheaper strategy fits; the ILP

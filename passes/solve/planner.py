@@ -41,7 +41,7 @@ import itertools
 import random
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Union
 
 from autoshard.passes.batch_coupling import BatchCouplingWarning, CoupledOp, batch_coupled_ops, describe_coupled
@@ -161,6 +161,7 @@ class _Found:
     lever_graph: LeverGraph
     result: ILPResult
     step_time: float
+    solution: Optional[Solution] = None  # evaluated (its whole-step peak), once
 
 
 def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardware] = "h100",
@@ -168,7 +169,8 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                   optimizer: Union[str, float] = "adamw", time_limit_s: float = 30.0,
                   workers: int = 2, levers: Optional[LeverPins] = None,
                   traced_at_microbatch: bool = False) -> Solution:
-    """The cheapest plan (estimated step time) that fits ``memory_limit`` bytes per device.
+    """The cheapest plan (estimated step time) whose whole-step memory peak fits ``memory_limit``
+    bytes per device.
 
     ``levers``: which memory levers the planner chooses (``LeverPins()``: all) and which are pinned;
     None pulls none. ``traced_at_microbatch``: ``captured`` holds one microstep of
@@ -178,15 +180,39 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
 
     Levers are pulled only when they pay or are needed to fit: the plan without levers (the
     fastest policies the pins allow, the fewest microsteps) is solved first without the memory
-    limit, and when it fits, it is the answer (each lever only adds work). Accumulation is never
-    chosen for a program with batch-coupled ops (``passes.batch_coupling``); a pinned one warns.
-    ``solver_stats["gap"]``: the chosen solve's relative gap between its plan and its proven bound."""
+    limit, and when its peak fits, it is the answer (each lever only adds work). Accumulation is
+    never chosen for a program with batch-coupled ops (``passes.batch_coupling``); a pinned one
+    warns. ``solver_stats["gap"]``: the chosen solve's relative gap between its plan and its proven
+    bound.
+
+    The ILP prices memory additively (each node's and edge's bytes summed); the plan's
+    ``estimated_memory`` is the step's peak (``peak_timeline``), which can exceed that sum (gradients
+    in flight, optimizer temporaries, the batch). Each answer of the ILP (one per microstep count
+    and block-policy combination) is evaluated; one whose peak exceeds the limit is solved again
+    with the ILP's limit below that answer's additive bytes by the excess (at least ``_PEAK_STEP``
+    of the limit), up to ``_PEAK_RETRIES`` times. Only a plan whose peak fits is returned
+    (else ``InfeasiblePlanError``)."""
+    hw = get_hardware(hardware)
+    limit = float(hw.memory_bytes if memory_limit is None else memory_limit)
+    return _plan_within(captured, mesh, hw, limit, pins, optimizer, time_limit_s, workers, levers,
+                        traced_at_microbatch)
+
+
+#: how many times one policy combination is solved again with a tighter ILP limit when its plan's
+#: peak exceeds the limit, each time at least this fraction of the limit below the additive bytes
+#: of the plan that failed
+_PEAK_RETRIES = 4
+_PEAK_STEP = 0.01
+
+
+def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins: Optional[Pins],
+                 optimizer: Union[str, float], time_limit_s: float, workers: int, levers: Optional[LeverPins],
+                 traced_at_microbatch: bool) -> Solution:
+    """``plan_sharding`` with its hardware resolved and its limit in bytes."""
     t0 = time.perf_counter()
     budget = _WorkBudget(time_limit_s)
     levers = LeverPins.off() if levers is None else levers
-    hw = get_hardware(hardware)
     search = _LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch)
-    limit = float(hw.memory_bytes if memory_limit is None else memory_limit)
     ks = search.accumulations()
     combos = search.combinations()
     best: Optional[_Found] = None
@@ -195,6 +221,8 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     floor = None  # no plan of any lever is faster (see _fastest_bound)
     last = None
     unlevered = _without_levers(search, ks, combos, limit, budget, workers)
+    if unlevered is not None and _evaluated(search, unlevered).estimated_memory > limit:
+        unlevered = None  # its additive bytes fit, its peak does not: the search below tightens
     if unlevered is not None:
         best = unlevered
         tried[ks[0]] = "UNCONSTRAINED/" + unlevered.result.status
@@ -218,15 +246,25 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
         if floor is None and k == ks[0] and ks[0] == 1:
             floor = _fastest_bound(graph, combos, search.policies)
         statuses = []
+        def tighten(result, k=k, problem=problem, graph=graph):
+            """The ILP bounds additive bytes: a plan whose peak exceeds the limit is solved again
+            below its own additive bytes by the excess (at least ``_PEAK_STEP`` of the limit)."""
+            sol = _evaluated(search, _Found(k, problem, graph, result, result.cost * k))
+            if sol.estimated_memory <= limit:
+                return None
+            return sum(sol.memory_breakdown.values()) - max(sol.estimated_memory - limit, _PEAK_STEP * limit)
+
         for combo, result in _solve_policies(graph, todo, search.policies, budget, workers,
-                                             lambda: None if best is None else best.step_time / k):
+                                             lambda: None if best is None else best.step_time / k, tighten=tighten):
             statuses.append(result.status)
             if result.status == "CUTOFF" and not result.stats.get("memory_binding", True):
                 # the bound ignores memory, and a plan of k' = multiple of k microsteps runs as a plan
                 # of k no slower: no multiple of k can beat the best with this combination either
                 pruned.setdefault(combo, []).append(k)
             if result.choice is not None and (best is None or result.cost * k < best.step_time * (1 - _PAYS)):
-                best = _Found(k, problem, graph, result, result.cost * k)
+                found = _Found(k, problem, graph, result, result.cost * k)
+                if _evaluated(search, found).estimated_memory <= limit:
+                    best = found
             if best is not None and floor is not None and best.step_time <= floor * (1 + 1e-6):
                 break  # provably the fastest plan
         tried[k] = "/".join(statuses)
@@ -241,8 +279,9 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
         if smallest is None or smallest.memory > limit:
             raise _infeasible(search, k, problem, graph, smallest, limit)
         best, status = _Found(k, problem, graph, smallest, smallest.cost * k), "MEMORY_FALLBACK"
-    strategies, policies = best.lever_graph.decode(best.result.choice)
-    best.problem.settle_inputs(strategies)
+        if _evaluated(search, best).estimated_memory > limit:
+            raise _infeasible(search, k, problem, graph, smallest, limit)
+    sol = _evaluated(search, best)
     clustering = best.problem.clustering
     stats = {"status": status, "wall_s": round(time.perf_counter() - t0, 4), "solve_s": round(best.result.wall_s, 4),
              "work_s": round(budget.spent, 4), "gap": _gap(best.result),
@@ -251,9 +290,19 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
              "ilp_nodes": best.result.stats.get("ilp_nodes"), "ilp_edges": len(best.lever_graph.graph.edges),
              "objective_s": best.step_time, "accumulation_tried": {str(k): v for k, v in tried.items()}}
     search.warn_if_coupled(best.k, stats)
-    return evaluate(captured, search.mesh, strategies, hw, optimizer, unruled=best.problem.table.unruled,
-                    solver_stats=stats, levers=search.levers_of(best.k, policies),
-                    traced_at_microbatch=traced_at_microbatch)
+    sol.solver_stats = stats
+    return sol
+
+
+def _evaluated(search: "_LeverSearch", found: _Found) -> Solution:
+    """``found``'s assignment priced by ``evaluate`` (its peak included), worked out once."""
+    if found.solution is None:
+        strategies, policies = found.lever_graph.decode(found.result.choice)
+        found.problem.settle_inputs(strategies)
+        found.solution = evaluate(search.captured, search.mesh, strategies, search.hw, search.optimizer,
+                                  unruled=found.problem.table.unruled, levers=search.levers_of(found.k, policies),
+                                  traced_at_microbatch=search.traced_at_microbatch)
+    return found.solution
 
 
 # A lever choice replaces the incumbent only when it is faster by more than this share: equal
@@ -311,23 +360,30 @@ _MAX_POLICY_COMBINATIONS = 16
 
 
 def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, list[int]], budget: _WorkBudget,
-                    workers: int, cutoff, objective: str = "cost"):
+                    workers: int, cutoff, objective: str = "cost", tighten=None):
     """Solve ``graph`` once per combination of block-type policies in ``combos`` (each a sorted
     tuple of (block type, policy index); answers mapped back to ``graph``'s strategy indices), or
     jointly when ``combos`` is ``[None]``. Yields (combination, ILPResult). ``cutoff()``: the
-    per-microstep objective to beat, read before each solve."""
+    per-microstep objective to beat, read before each solve. ``tighten(result)``: None when the
+    answer stands, else a lower ILP memory limit for this combination, solved again (at most
+    ``_PEAK_RETRIES`` times; the last answer is yielded either way)."""
     groups = graph.graph.groups
     for combo in combos:
         if combo is None or not groups:
-            part, expand = graph.graph, list
+            part, expand = replace(graph.graph), list
         else:
             chosen = dict(combo)
             part, expand = fix_policies(graph.graph, [policies[g.name].index(chosen[g.name]) for g in groups])
-        result = solve(part, objective=objective, time_limit_s=budget.next_limit(),
-                       workers=workers, cutoff=cutoff() if objective == "cost" else None)
-        budget.charge(result)
-        if result.choice is not None:
-            result.choice = expand(result.choice)
+        for attempt in range(_PEAK_RETRIES + 1):
+            result = solve(part, objective=objective, time_limit_s=budget.next_limit(),
+                           workers=workers, cutoff=cutoff() if objective == "cost" else None)
+            budget.charge(result)
+            if result.choice is not None:
+                result.choice = expand(result.choice)
+            lower = None if tighten is None or result.choice is None or attempt == _PEAK_RETRIES else tighten(result)
+            if lower is None or lower <= 0:
+                break
+            part.memory_limit = lower
         yield combo, result
 
 
@@ -396,7 +452,8 @@ def _infeasible(search: _LeverSearch, k: int, problem: ShardingProblem, graph: L
                                        f"{p.reshard_after_forward}" for t, p in sorted(levers.blocks.items())]
     return InfeasiblePlanError(
         f"no plan fits memory_limit={int(limit)} bytes ({human_bytes(limit)}) per device on mesh {mesh.shape}: the "
-        f"smallest plan needs {int(need)} bytes ({human_bytes(need)}) per device ({parts}), with every memory lever "
+        f"smallest plan needs {int(need)} bytes ({human_bytes(need)}) per device at its peak, in its "
+        f"{sol.memory_peak_phase} (by category: {parts}), with every memory lever "
         f"the pins allow applied ({'; '.join(applied)}). Largest items per device in that plan: {tops}. To relax: "
         f"use more devices (a larger mesh), a larger memory_limit, a lighter optimizer (optimizer='sgd', SGD "
         f"without momentum, keeps no state; 'sgd_momentum' one), a smaller batch, or unpin the memory levers "

@@ -27,6 +27,8 @@ from autoshard.passes.solve.clustering import OUTPUT, graph_edges
 from autoshard.passes.solve.gather_timeline import Segment, gathered_peak, one_dim_gather
 from autoshard.passes.solve.lever_costs import LeverPricer, policy_index
 from autoshard.passes.solve.microbatch import MicrobatchCostModel, MicrobatchFacts
+from autoshard.passes.solve.peak_timeline import peak_of
+from autoshard.passes.solve.step_trace import TraceBuilder
 from autoshard.passes.spec import Placement, Replicate, Strategy, fmt, parse_placement
 
 __all__ = ["Solution", "Redistribution", "evaluate", "pricing_for", "node_policy", "CLOCK_STATS"]
@@ -77,8 +79,11 @@ class Solution:
     ``strategies``: node name -> Strategy, every placeholder and call_function node.
     ``param_placements``: parameter FQN (tied aliases included) -> storage placements per axis.
     ``estimated_step_time`` (s) = compute + communication + grad_sync (``time_breakdown``);
-    ``estimated_memory`` (bytes on the busiest rank) = params + grads + optimizer + activations
-    (``memory_breakdown``; buffers count under params). ``unruled_ops``: sorted op names that ran
+    ``estimated_memory`` (bytes on the busiest rank): the whole step's peak of live bytes
+    (``peak_timeline``: forward, backward with recompute, gradient buckets, optimizer step), and
+    ``memory_peak_phase`` the phase (and node) that sets it; ``memory_breakdown`` sums the bytes by
+    category (params + grads + optimizer + activations, buffers under params), which are not all
+    alive at once. ``unruled_ops``: sorted op names that ran
     replicated for lack of a rule. ``redistributions``: every operand whose producer's placement
     differs from what its consumer needs. ``param_grad_syncs``: parameter FQN -> its gradient
     all-reduces. ``solver_stats``: status, wall_s, variables, clusters, nodes, ...
@@ -90,7 +95,8 @@ class Solution:
     ``recompute`` is the forward work and collectives run again. ``estimated``: figures the runtime
     can measure, per rank (``runtime.memory_probe``): ``saved_activation_bytes`` (activations kept at
     the end of the forward, gathered parameter copies not included) and ``gathered_peak_bytes``
-    (gathered parameter copies alive at once, the next block's prefetched gathers included).
+    (gathered parameter copies alive at once, the next block's prefetched gathers included), and
+    each phase's peak (``peak_forward_bytes``, ``peak_backward_bytes``, ``peak_optimizer_step_bytes``).
     """
     mesh: Mesh
     strategies: dict[str, Strategy]
@@ -105,6 +111,7 @@ class Solution:
     solver_stats: dict[str, Any] = field(default_factory=dict)
     levers: Levers = field(default_factory=Levers)
     estimated: dict[str, float] = field(default_factory=dict)
+    memory_peak_phase: str = ""
 
     def to_json(self) -> dict:
         """The plan as JSON data: the same inputs give the same bytes on any machine, so the solver's
@@ -123,6 +130,7 @@ class Solution:
             "solver_stats": {k: v for k, v in self.solver_stats.items() if k not in CLOCK_STATS},
             "levers": self.levers.to_json(),
             "estimated": dict(self.estimated),
+            "memory_peak_phase": self.memory_peak_phase,
         }
 
     @classmethod
@@ -146,6 +154,7 @@ class Solution:
                 solver_stats=dict(data.get("solver_stats", {})),
                 levers=Levers.from_json(data.get("levers")),
                 estimated={k: float(v) for k, v in data.get("estimated", {}).items()},
+                memory_peak_phase=str(data.get("memory_peak_phase", "")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PlanFormatError(f"malformed solution JSON ({type(e).__name__}: {e}); was it written by "
@@ -183,8 +192,10 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
     position = {n.name: i for i, n in enumerate(captured.gm.graph.nodes)}
     syncs: dict[str, list[Collective]] = {}
     freed = pricer.freed_outputs(strategies, policy)
+    trace = TraceBuilder(captured, facts, cm, blocks, strategies)
     for name in facts.kind:
         base, price = pricer.node(name, strategies[name], policy(name), freed.get(name, ()))
+        trace.node(name, base, price)
         times["compute"] += base.compute
         times["communication"] += sum(c.seconds for c in base.collectives)
         times["recompute"] += price.seconds - base.seconds
@@ -201,6 +212,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         src = strategies[u].outputs[slot]
         dst = replicated if v == OUTPUT else strategies[v].inputs[i]
         colls, price = pricer.edge(u, slot, v, i, encode(src), encode(dst), policy(v))
+        trace.edge(u, slot, v, price, tuple(src), moved=bool(colls))
         comm = sum(c.seconds for c in colls)
         times["communication"] += comm
         times["recompute"] += price.seconds - comm
@@ -219,6 +231,11 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
     times = {key: value * k for key, value in times.items()}  # grad syncs were priced 1/k per microstep
     estimated = {"saved_activation_bytes": mem["activations"],
                  "gathered_peak_bytes": gathered_peak(_segments(gathers.values()))}
+    cpu = hw.name.lower() == "cpu"  # gloo's collectives, torch's for-loop optimizer
+    trace.gather_segments(gathers, staged_reduce_scatter=cpu)
+    peak = peak_of(trace.finish(optimizer, foreach=not cpu, microsteps=k,
+                                gathered_peak=estimated["gathered_peak_bytes"]))
+    estimated.update({f"peak_{phase.replace(' ', '_')}_bytes": v for phase, v in peak.phases.items()})
     placements = {fqn: tuple(strategies[node].outputs[0]) for node, fqn in captured.params.items()}
     for alias, canon in captured.aliases.items():
         if canon in placements:
@@ -226,8 +243,8 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
     names = unruled if unruled is not None else unruled_ops(captured)
     return Solution(
         mesh=mesh, strategies=dict(strategies), param_placements=placements,
-        estimated_step_time=sum(times.values()), estimated_memory=sum(mem.values()),
-        memory_breakdown=mem, time_breakdown=times, unruled_ops=sorted(set(names.values())),
+        estimated_step_time=sum(times.values()), estimated_memory=peak.bytes,
+        memory_peak_phase=peak.phase, memory_breakdown=mem, time_breakdown=times, unruled_ops=sorted(set(names.values())),
         redistributions=moves, param_grad_syncs=syncs, solver_stats=dict(solver_stats or {}), levers=levers,
         estimated=estimated,
     )

@@ -56,7 +56,8 @@ def test_units_and_profile_add_up_to_the_core_estimate(small):
         time_1 = sum(c.fwd(1) + c.bwd(1) + c.grad_sync for c in prof.costs)
         mem_1 = sum(c.state_bytes + c.act(1) for c in prof.costs)
         assert time_1 == pytest.approx(sol.estimated_step_time, rel=1e-9)
-        assert mem_1 == pytest.approx(sol.estimated_memory, rel=1e-9)
+        # the stage planner's memory is additive: it adds up to the categories, not to the step's peak
+        assert mem_1 == pytest.approx(sum(sol.memory_breakdown.values()), rel=1e-9)
         # microbatching divides what follows the batch: 4 microbatches of a quarter cost less each
         assert sum(c.fwd(4) for c in prof.costs) < sum(c.fwd(1) for c in prof.costs)
         assert all(b > 0 for b in prof.cut_bytes(1))  # the residual stream crosses every cut

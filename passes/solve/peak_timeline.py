@@ -1,0 +1,137 @@
+"""The whole-step memory peak per device, as a timeline of live bytes.
+
+The model: one training step runs the forward in program order, the backward in reverse program
+order, then the optimizer step. Positions ``0 .. n-1`` are the program's nodes in order; each
+quantity below is local bytes on one device (``StepTrace``, built by ``passes.solve.step_trace``):
+
+- ``resident``: parameters (local shards), buffers, optimizer state (AdamW's ``step`` counters
+  included), the step's input batch, alive the whole step;
+- ``kept[i]``: what node ``i`` (and the redistributed copies it reads) leaves for the backward:
+  saved activations and gathered parameter copies kept to the backward. Alive from ``i``'s forward
+  to ``i``'s backward (autograd frees a node's saved tensors when its backward has run; freeing at
+  the producer's backward, never earlier, is the conservative side);
+- ``outputs[i]``: node ``i``'s own outputs, alive at its forward even when nothing keeps them;
+- ``value_grads``: (producer position, last reader position, bytes): the gradient of a value is
+  created by the backward of its last reader and released after its producer's backward, so it is
+  alive at backward positions ``producer .. last reader`` inclusive (the logits' gradient, the loss's fp32
+  upcast's gradient and every activation gradient in flight);
+- ``param_grads[i]``: local gradient bytes of the parameters whose last reader is ``i``: created
+  at ``i``'s backward, alive to the end of the step (gradient accumulation ``k > 1``: the earlier
+  microsteps' gradients are alive the whole last microstep, ``grads_held``);
+- ``grad_transient[i]``: any other gradient bytes alive only at ``i``'s backward (the gradient of
+  a gathered parameter copy is a ``value_grads`` interval, its readers' span);
+- ``reduce_after[i]``: buffers a gradient reduction allocates right after ``i``'s backward (a
+  gathered group's flat reduce-scatter input, and the backend's staging copy of it), when ``i``'s
+  own saved and recomputed tensors are freed. ``i`` is the group's first reader, early in its
+  block, and autograd runs the group's reduction before the previous block's backward (a later
+  forward sequence number runs first): no recompute region is alive then, and the group's own
+  gathered copies, which only its block's saved tensors held, are freed (``reduce_frees[i]``: their
+  bytes, out of ``gathered_in_flight``);
+- ``recompute[i]``: what a recomputing block instance re-creates before its backward (the live set
+  of the recompute region), alive during the backward of that instance's nodes;
+- ``gathered_in_flight``: gathered parameter copies that are not kept (resharded or recomputing
+  blocks' copies, the next block's prefetch), alive while blocks run, forward and backward;
+- ``comm_buffer``: the gradient all-reduce's flat bucket (a copy of the bucket's gradients), alive
+  in the backward once gradients exist;
+- ``optimizer_temporaries``: what the optimizer allocates inside its step. torch's AdamW with
+  ``foreach`` (its default for CUDA tensors, ``torch/optim/optimizer.py
+  _default_to_fused_or_foreach``) runs ``_multi_tensor_adam`` (``torch/optim/adam.py``), whose
+  ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)`` is one new tensor per parameter
+  (the other updates are in place: ``_foreach_lerp_``, ``_foreach_mul_``, ``_foreach_addcmul_``,
+  ``_foreach_addcdiv_``): one copy of the parameters. The for-loop path (``_single_tensor_adam``,
+  the default for CPU tensors) makes ``exp_avg_sq.sqrt()`` and its quotient for one parameter at a
+  time: twice the largest parameter.
+
+Phases: ``forward`` (live at each forward position: resident + held gradients + gathered in flight
++ kept so far + the node's outputs), ``backward`` (at each backward position: resident + gathered in
+flight + kept by nodes not yet back-propagated + value gradients alive + parameter gradients so far
++ the node's transients + the bucket), ``optimizer step`` (resident + gradients + temporaries).
+``peak`` is the largest, ``phase`` where it is (with the node, for forward and backward).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["StepTrace", "Peak", "peak_of", "optimizer_temporaries"]
+
+
+@dataclass
+class StepTrace:
+    """Per-position live-byte quantities of one step on one device (module docstring)."""
+    names: list[str]
+    resident: float = 0.0
+    grads: float = 0.0
+    grads_held: bool = False
+    kept: list[float] = field(default_factory=list)
+    outputs: list[float] = field(default_factory=list)
+    value_grads: list[tuple[int, int, float]] = field(default_factory=list)
+    param_grads: list[float] = field(default_factory=list)
+    grad_transient: list[float] = field(default_factory=list)
+    recompute: list[float] = field(default_factory=list)
+    reduce_after: list[float] = field(default_factory=list)
+    reduce_frees: list[float] = field(default_factory=list)
+    gathered_in_flight: float = 0.0
+    comm_buffer: float = 0.0
+    optimizer_temporaries: float = 0.0
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The step's peak live bytes and the phase (and node) that sets it; ``phases``: each phase's peak."""
+    bytes: float
+    phase: str
+    phases: dict
+
+
+def optimizer_temporaries(param_bytes: list[float], optimizer, foreach: bool) -> float:
+    """Bytes AdamW / Adam allocate inside ``step`` (module docstring); 0 for other optimizers
+    (SGD without momentum updates in place)."""
+    if str(optimizer).lower() not in ("adam", "adamw") or not param_bytes:
+        return 0.0
+    return float(sum(param_bytes)) if foreach else 2.0 * max(param_bytes)
+
+
+def peak_of(trace: StepTrace) -> Peak:
+    """Walk the step (module docstring) and return its peak."""
+    n = len(trace.names)
+    held = trace.grads if trace.grads_held else 0.0
+    best = {"forward": (0.0, ""), "backward": (0.0, ""), "optimizer step": (0.0, "")}
+
+    def note(phase: str, live: float, where: str) -> None:
+        if live > best[phase][0]:
+            best[phase] = (live, where)
+
+    kept_so_far = 0.0
+    for i in range(n):
+        kept_so_far += trace.kept[i]
+        note("forward", trace.resident + held + trace.gathered_in_flight + kept_so_far + trace.outputs[i],
+             trace.names[i])
+    grads_alive = [0.0] * (n + 1)  # difference array over backward positions
+    for producer, last, nbytes in trace.value_grads:
+        if last >= producer:
+            grads_alive[producer] += nbytes
+            grads_alive[last + 1] -= nbytes
+    in_flight = [0.0] * n
+    running = 0.0
+    for i in range(n):
+        running += grads_alive[i]
+        in_flight[i] = running
+    made = held
+    for j in range(n - 1, -1, -1):
+        made_here = trace.param_grads[j]  # with held gradients: the incoming summand, added in place
+        bucket = trace.comm_buffer if made + made_here > 0 else 0.0
+        live = (trace.resident + trace.gathered_in_flight + kept_so_far + in_flight[j] + made + made_here
+                + trace.grad_transient[j] + trace.recompute[j] + bucket)
+        note("backward", live, trace.names[j])
+        kept_so_far -= trace.kept[j]
+        if not trace.grads_held:
+            made += made_here
+        if trace.reduce_after and trace.reduce_after[j]:
+            held_summand = made_here if trace.grads_held else 0.0
+            copies = max(0.0, trace.gathered_in_flight - trace.reduce_frees[j])
+            note("backward", trace.resident + copies + kept_so_far + in_flight[j] + made
+                 + held_summand + trace.reduce_after[j] + trace.comm_buffer, trace.names[j])
+    note("optimizer step", trace.resident + trace.grads + trace.optimizer_temporaries, "")
+    phase, (peak, where) = max(best.items(), key=lambda kv: kv[1][0])
+    label = f"{phase} ({where})" if where else phase
+    return Peak(peak, label, {p: v for p, (v, _) in best.items()})

@@ -1,0 +1,213 @@
+"""Build a ``peak_timeline.StepTrace`` from the prices ``solution.evaluate`` computes.
+
+``TraceBuilder`` is fed every node price and every edge price of one assignment (the same
+``LeverPricer`` figures the memory breakdown sums) and places them on the program's positions:
+
+- a node's kept bytes at its own position, an edge's kept bytes (and gathered copies kept to the
+  backward) at its reader's position;
+- a node's outputs (local bytes, views excluded: they own no storage) as its forward transient;
+- the gradient of each op output that carries one, from its producer to its last reader (an
+  ``add``'s operands share its output's gradient: one storage, ``_merge_pass_through``);
+- each parameter's local gradient from its last reader on (autograd sums a parameter's gradient
+  over its readers before accumulating it: a tied weight's gradient exists from the later
+  reader's backward); a gathered copy's gradient (the copy's size) from its last reader to its
+  group's first reader, where the gather's backward reduces it, with the group's flat
+  reduce-scatter buffer there (``gather_segments``);
+- a redistributed activation's gradient moved back to the producer's layout (the collectives'
+  adjoints make a new tensor) at the reader's backward;
+- the bytes a recomputing block instance re-creates, summed over its nodes up to each position
+  (the recomputation runs before the instance's backward; walking the backward, each node's
+  recreated tensors are freed after its own backward). ``LeverPrice.recompute`` is one node's
+  share ``1 / n`` of its type's instances, so one node's bytes are ``n`` times it;
+- the gradient buckets (``runtime.gradsync`` packs every replicated parameter's gradient into a
+  flat bucket in the reduce dtype and keeps them to the end of the backward): the synced gradients'
+  bytes;
+- the gathered copies in flight beyond those kept: ``gathered_peak - kept gathered``.
+
+Resident bytes: parameters, buffers, optimizer state, the global batch (``step`` takes the whole
+global batch, inputs and target, on every rank: k microbatches; with ``local_batch`` a rank holds
+only its slice, and this over-estimates), and for Adam / AdamW one 4-byte ``step`` tensor per
+parameter (``torch/optim/adam.py _init_group``: ``torch.tensor(0.0,
+dtype=_get_scalar_dtype())``, float32 off ``capturable`` / ``fused``).
+"""
+from __future__ import annotations
+
+
+from autoshard.passes.cost.facts import GraphFacts
+from autoshard.passes.cost.model import CostModel, NodePrice
+from autoshard.passes.cost.facts import op_name
+from autoshard.passes.graph import CapturedGraph, operands
+from autoshard.passes.solve.blocks import BlockMap
+from autoshard.passes.solve.clustering import OUTPUT, output_slot
+from autoshard.passes.solve.lever_costs import LeverPrice
+from autoshard.passes.solve.peak_timeline import StepTrace, optimizer_temporaries
+from autoshard.passes.spec import Strategy
+
+__all__ = ["TraceBuilder", "STEP_COUNTER_BYTES"]
+
+#: ops whose backward passes the output's gradient to their first N operands as it is
+_PASS_THROUGH = {"add": 2, "add_": 2, "sub": 1, "sub_": 1}
+
+#: AdamW / Adam keep a float32 ``step`` tensor per parameter (see the module docstring)
+STEP_COUNTER_BYTES = 4
+
+
+class TraceBuilder:
+    """Collects one assignment's prices on program positions (module docstring)."""
+
+    def __init__(self, captured: CapturedGraph, facts: GraphFacts, cm: CostModel, blocks: BlockMap,
+                 strategies: dict[str, Strategy]):
+        self.facts, self.cm, self.blocks, self.strategies = facts, cm, blocks, strategies
+        nodes = list(captured.gm.graph.nodes)
+        self.position = {n.name: i for i, n in enumerate(nodes)}
+        self.last = len(nodes) - 1
+        self.trace = StepTrace(names=[n.name for n in nodes])
+        for key in ("kept", "outputs", "param_grads", "grad_transient", "recompute", "reduce_after",
+                    "reduce_frees"):
+            setattr(self.trace, key, [0.0] * len(nodes))
+        self._last_reader: dict[tuple[str, int], int] = {}
+        self._recompute_at: dict[str, dict[int, float]] = {}  # block instance -> position -> bytes
+        self._gather_readers: dict[str, list[int]] = {}  # gathered parameter -> [first, last, copy bytes]
+        self._param_grad: dict[str, float] = {}
+        self._param_bytes: list[float] = []
+        self._synced_grads = 0.0
+        self._kept_gathered = 0.0
+        self._input_bytes = 0.0  # one microstep's inputs and target, full size
+
+    def node(self, name: str, base: NodePrice, price: LeverPrice) -> None:
+        """Node ``name``'s cost-model price and its price under its policy."""
+        i = self.position[name]
+        t = self.trace
+        t.resident += base.params + base.optimizer
+        t.grads += base.grads
+        t.kept[i] += price.kept
+        if self.facts.kind[name] == "param":
+            self._param_grad[name] = base.grads
+            self._param_bytes.append(base.params)
+            if base.grad_sync:
+                self._synced_grads += base.grads * self._reduce_scale(name)
+        elif self.facts.kind[name] == "input":
+            self._input_bytes += sum(m.nbytes for m in self.facts.tensor_outputs(name))
+        elif self.facts.kind[name] == "op" and name not in self.facts.views:
+            metas = self.facts.tensor_outputs(name)
+            t.outputs[i] += self.cm.activation_bytes(metas, self.strategies[name].outputs[:len(metas)])
+        self._add_recompute(name, i, price.recompute)
+
+    def edge(self, u: str, slot: int, v: str, price: LeverPrice, src: tuple = (), moved: bool = False) -> None:
+        """Operand read of output ``slot`` of ``u`` (in placement ``src``) by ``v`` (or the
+        program's output); ``moved``: collectives redistribute it, so the backward runs their
+        adjoints on its gradient, making a new tensor of ``u``'s own layout at ``v``."""
+        j = self.last if v == OUTPUT else self.position[v]
+        if moved and v != OUTPUT and self.facts.kind.get(u) == "op" and self.facts.value_needs_grad(u, slot):
+            meta = self.facts.tensor_outputs(u)[slot]
+            self.trace.grad_transient[j] += self.cm.activation_bytes([meta], [src])
+        self.trace.kept[j] += price.kept + price.gathered
+        self._kept_gathered += price.gathered
+        kind = self.facts.kind.get(u)
+        if kind == "param":
+            self._last_reader[(u, slot)] = max(self._last_reader.get((u, slot), j), j)
+            if price.gather_copy and self.facts.value_needs_grad(u, slot):
+                entry = self._gather_readers.setdefault(u, [j, j, 0.0])
+                entry[0], entry[1], entry[2] = min(entry[0], j), max(entry[1], j), max(entry[2], price.gather_copy)
+        elif kind == "op" and v != OUTPUT and self.facts.value_needs_grad(u, slot):
+            key = (u, slot)
+            self._last_reader[key] = max(self._last_reader.get(key, j), j)
+        if v != OUTPUT:
+            self._add_recompute(v, j, price.recompute)
+
+    def gather_segments(self, gathers: dict, staged_reduce_scatter: bool = False) -> None:
+        """The gathered copies' groups: ``gathers`` maps (parameter, placement) to ``solution``'s
+        record ``[first reader position, block instance, copy bytes, ...]``; consecutive first
+        readers in the same instance (or outside blocks) are one group, gathered by one call
+        (``runtime.param_gather``). The group's backward runs once every member's gradient has
+        arrived: each member's copy gradient lives down to the group's first reader, after whose
+        backward the reduce-scatter concatenates the group's gradients into one flat buffer (the group's copy
+        bytes again). ``staged_reduce_scatter``: the backend's reduce-scatter copies its whole
+        input once more (gloo's ``reduce_scatter_tensor``; measured: a 1 MiB input on 2 ranks
+        peaks at input + output + 1 MiB, where ``all_gather_into_tensor`` and ``all_reduce``
+        allocate nothing beyond their tensors)."""
+        factor = 2.0 if staged_reduce_scatter else 1.0
+        last, start, total = object(), 0, 0.0
+        for (param, _), (first, instance, size, *_rest) in sorted(gathers.items(), key=lambda kv: kv[1][0]):
+            if instance != last:
+                self._reduce(start, total, factor)
+                start, total, last = first, 0.0, instance
+            entry = self._gather_readers.get(param)
+            if entry is not None:
+                entry[0] = min(entry[0], start)
+                total += size
+        self._reduce(start, total, factor)
+
+    def _reduce(self, start: int, total: float, factor: float) -> None:
+        if total:
+            self.trace.reduce_after[start] += factor * total
+            self.trace.reduce_frees[start] += total
+
+    def finish(self, optimizer, foreach: bool, microsteps: int, gathered_peak: float) -> StepTrace:
+        """The trace, with the step-wide terms. ``foreach``: the optimizer runs torch's foreach
+        implementation; ``microsteps``: gradient accumulation's k (the last microstep holds the
+        others' gradients); ``gathered_peak``: ``gather_timeline.gathered_peak`` of the assignment."""
+        t = self.trace
+        t.resident += self._input_bytes * microsteps
+        spans: dict[tuple[str, int], list] = {}
+        for (u, slot), last in self._last_reader.items():
+            if u in self.facts.views or self.facts.kind.get(u) != "op":
+                continue
+            meta = self.facts.tensor_outputs(u)[slot]
+            nbytes = self.cm.activation_bytes([meta], [self.strategies[u].outputs[slot]])
+            spans[(u, slot)] = [self.position[u], last, nbytes]
+        self._merge_pass_through(spans)
+        t.value_grads.extend(tuple(span) for span in spans.values())
+        for ph, nbytes in self._param_grad.items():
+            t.param_grads[self._last_reader.get((ph, 0), self.last)] += nbytes
+        for first, last, nbytes in self._gather_readers.values():
+            t.value_grads.append((first, last, nbytes))
+        adam = str(optimizer).lower() in ("adam", "adamw")
+        if adam and t.grads > 0:
+            t.resident += STEP_COUNTER_BYTES * len(self._param_bytes)
+        t.optimizer_temporaries = optimizer_temporaries(self._param_bytes, optimizer, foreach) if t.grads > 0 else 0.0
+        t.grads_held = microsteps > 1
+        t.comm_buffer = self._synced_grads
+        t.gathered_in_flight = max(0.0, gathered_peak - self._kept_gathered)
+        members: dict[str, list[int]] = {}
+        for name, instance in self.blocks.instance.items():
+            if name in self.position:
+                members.setdefault(instance, []).append(self.position[name])
+        for instance, at in self._recompute_at.items():
+            running = 0.0
+            for i in sorted(set(members.get(instance, [])) | set(at)):
+                running += at.get(i, 0.0)
+                t.recompute[i] += running
+        return t
+
+    def _merge_pass_through(self, spans: dict) -> None:
+        """An ``add`` hands its output's gradient to both operands unchanged (``sub`` to the first):
+        an operand whose gradient comes only from it shares that storage, so its span is merged
+        into the output's (one storage, alive to the earliest such operand's producer). Residual
+        streams chain: adds are merged in program order."""
+        adds = sorted((self.position[n], n) for n in self.facts.kind
+                      if self.facts.kind[n] == "op" and op_name(self.facts.nodes[n].target) in _PASS_THROUGH)
+        for at, name in adds:
+            out = spans.get((name, 0))
+            if out is None:
+                continue
+            node = self.facts.nodes[name]
+            shape = self.facts.tensor_outputs(name)[0].shape
+            for k, op in enumerate(operands(node)[:_PASS_THROUGH[op_name(node.target)]]):
+                key = (op.node.name, output_slot(op.node, op.index))
+                span = spans.get(key)
+                if span is None or span[1] != at or self.facts.tensor_outputs(key[0])[key[1]].shape != shape:
+                    continue
+                out[0] = min(out[0], span[0])
+                del spans[key]
+
+    def _add_recompute(self, name: str, i: int, share: float) -> None:
+        instance = self.blocks.instance.get(name)
+        if share and instance is not None:
+            n = self.blocks.num_instances(self.blocks.type_of(name))
+            at = self._recompute_at.setdefault(instance, {})
+            at[i] = at.get(i, 0.0) + share * n
+
+    def _reduce_scale(self, name: str) -> float:
+        metas = self.facts.tensor_outputs(name)
+        return self.cm.reduce_scale(metas[0]) if metas else 1.0
