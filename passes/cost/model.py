@@ -42,8 +42,9 @@ from typing import Optional, Sequence, Union
 from autoshard.passes.cost.collectives import (P_CODE, R_CODE, Collective, collective_terms, hierarchical_terms,
                                                p2p_seconds, redistribution_steps)
 from autoshard.passes.cost.attention import ring_attention_seconds, ring_internal_bytes
-from autoshard.passes.cost.facts import GraphFacts
+from autoshard.passes.cost.facts import GraphFacts, local_gemm_dims
 from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.cost.kernels import gemm_efficiency
 from autoshard.passes.cost.moe import dispatch_collectives, dispatch_saved_bytes, is_moe_node, work_factor
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Partial, Placement, Replicate, Shard, Strategy, TensorMeta
@@ -273,6 +274,9 @@ class CostModel:
             return NodePrice()
         fwd, bwd = facts.compute(name)
         work, colls, moved = (fwd + bwd) / self.work_divisor(strategy), (), 0.0
+        dims = facts.gemm_dims.get(name)
+        if dims is not None:  # the shard's own shape sets its tile and wave efficiency
+            work *= self.gemm_shard_factor(name, dims, strategy)
         node = facts.nodes[name]
         if is_moe_node(node):  # busiest rank under expert-load imbalance; all-to-alls of expert parallel
             work *= work_factor(node, strategy, self.mesh.shape)
@@ -282,6 +286,18 @@ class CostModel:
         ring = ring_attention_seconds(self, node, strategy, fwd, bwd) if any(strategy.lowerings) else 0.0
         return NodePrice(compute=work + facts.overhead(name) + ring, collectives=colls,
                          activations=self.node_activation_bytes(name, strategy, facts) + moved)
+
+    def gemm_shard_factor(self, name: str, dims: tuple, strategy: Strategy) -> float:
+        """Seconds of one rank's GEMM shard per second of the whole GEMM's achieved time divided
+        evenly: the efficiency the whole op was priced at (``facts.gemm_dims``) / the efficiency of
+        the shard's shape (cached)."""
+        codes = encode(strategy.outputs[0]) if strategy.outputs else ()
+        key = ("gemm", dims, codes)
+        hit = self._reshard_cache.get(key)
+        if hit is None:
+            local = local_gemm_dims(dims, codes, self.mesh.shape)
+            hit = self._reshard_cache[key] = dims[6] / gemm_efficiency(self.hardware, *local)
+        return hit
 
     def price_edge(self, src, dst, meta: TensorMeta, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
         """(collectives, bytes of the redistributed copy) to move one operand from ``src`` to ``dst``."""
