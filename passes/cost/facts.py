@@ -30,7 +30,7 @@ import torch.fx as fx
 
 from autoshard.passes.capture.saved import SavedInfo, saved_info
 from autoshard.passes.cost.hardware import Hardware
-from autoshard.passes.cost.kernels import achievable, gemm_efficiency, memory_seconds
+from autoshard.passes.cost.kernels import achievable, gemm_efficiency
 from autoshard.passes.cost.moe import MOE_OP, moe_flops
 from autoshard.passes.graph import operand_meta, operands, outputs
 from autoshard.passes.sharding.schema import bind_args
@@ -142,7 +142,6 @@ class GraphFacts:
                     causal = bool(b.get("is_causal")) and b.get("attn_mask") is None
                     fwd = fwd * (0.5 if causal else 1.0) / self.hardware.attention_efficiency
                     factor = 2.5 if grad_out else 0.0
-                    fwd = max(fwd, self.hardware.min_kernel_s)
             else:
                 main = ops[1:3] if name in ("addmm", "baddbmm") else ops[:2]
                 factor = float(sum(1 for o in main if o.node.name in self.requires_grad))
@@ -153,12 +152,12 @@ class GraphFacts:
                 if calibrated and dims is not None:  # achieved, not peak: tiles, waves, roofline
                     eff = gemm_efficiency(self.hardware, *dims[:5])
                     self.gemm_dims[node.name] = (*dims, eff)
-                    fwd = max(fwd / eff, self.hardware.min_kernel_s)
+                    fwd = fwd / eff
             return fwd, fwd * factor
         moved = sum(m.nbytes for m in in_metas) + sum(m.nbytes for m in out_metas)
         fwd = moved / self.hardware.memory_bandwidth
         if achievable(self.hardware):
-            fwd = memory_seconds(self.hardware, moved)
+            fwd = moved / (self.hardware.memory_bandwidth * self.hardware.memory_efficiency)
         self._launches[node.name] = 1 + (1 if grad_out else 0)
         return fwd, (fwd if grad_out else 0.0)
 

@@ -53,7 +53,7 @@ GB = 1e9
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 ALGORITHMS = ("ring", "tree", "auto")
 _MAY_BE_ZERO = ("intra_node_latency", "inter_node_latency", "collective_launch_s", "op_overhead_s", "sm_count",
-                 "min_kernel_s", "nvls", "intra_node_bus_bandwidth", "inter_node_bus_bandwidth")
+                 "min_kernel_s", "nvls_bus_bandwidth", "intra_node_bus_bandwidth", "inter_node_bus_bandwidth")
 _NOT_NUMBERS = ("name", "collective_fits", "collective_algorithm", "collective_model")
 COLLECTIVE_MODELS = ("analytic", "nccl")
 _FRACTIONS = ("gemm_efficiency", "attention_efficiency", "memory_efficiency")
@@ -94,7 +94,7 @@ class Hardware:
     collective_model: str = "analytic"
     intra_node_bus_bandwidth: float = 0.0
     inter_node_bus_bandwidth: float = 0.0
-    nvls: int = 0
+    nvls_bus_bandwidth: float = 0.0
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -188,7 +188,7 @@ class Hardware:
         values = dict(data)
         values.setdefault("name", "custom")
         values["devices_per_node"] = int(values["devices_per_node"])
-        for key in ("sm_count", "nvls"):
+        for key in ("sm_count",):
             if key in values:
                 values[key] = int(values[key])
         values["collective_fits"] = tuple(tuple(e) if isinstance(e, list) else e
@@ -259,7 +259,7 @@ PRESETS: dict[str, Hardware] = {
                                        # NVLink3 links per A100 = the bus bandwidth NCCL's tuner assumes
             inter_node_bus_bandwidth=23.5 * GB,  # HDR 200 Gb/s NIC (25 GB/s) at the rate ASTRA-sim's
                                        # calbusbw.h uses for ConnectX-6 (CX6_BW 23.5)
-            nvls=0,                    # NVLink SHARP needs third-generation NVSwitch (Hopper): none on A100
+            nvls_bus_bandwidth=0.0,    # NVLink SHARP needs third-generation NVSwitch (Hopper): none on A100
         ),
     ),
     "h100": Hardware(
@@ -286,7 +286,8 @@ PRESETS: dict[str, Hardware] = {
                                        # link x 18 NVLink4 links per H100
             inter_node_bus_bandwidth=48.5 * GB,  # NDR 400 Gb/s ConnectX-7 (50 GB/s) at ASTRA-sim's calbusbw.h
                                        # rate (CX7_BW 48.5)
-            nvls=1,                    # DGX/HGX H100 third-generation NVSwitch: NVLink SHARP (NCCL >= 2.17)
+            nvls_bus_bandwidth=475 * GB,  # NVLink SHARP all-reduce on DGX/HGX H100 NVSwitch (NCCL >= 2.17):
+                                       # ASTRA-sim calbusbw.h H100_NVLS_BW 475 GB/s bus bandwidth
         ),
     ),
     "h200": Hardware(
@@ -308,7 +309,7 @@ PRESETS: dict[str, Hardware] = {
             attention_efficiency=0.34,  # as H100 (same SMs; FlashAttention-2 is compute-bound there)
             intra_node_bus_bandwidth=370.8 * GB,  # as H100: NVLink4, 18 links x 20.6 GB/s (NCCL topo.h)
             inter_node_bus_bandwidth=48.5 * GB,  # as H100: NDR 400 Gb/s (ASTRA-sim calbusbw.h CX7_BW)
-            nvls=1,                    # HGX H200: third-generation NVSwitch, NVLink SHARP
+            nvls_bus_bandwidth=475 * GB,  # HGX H200: the same NVSwitch and NVLink SHARP as H100
         ),
     ),
     # Every number below is an ESTIMATE for a small 2-core x86 machine where the "devices" are

@@ -15,7 +15,8 @@ peak-rate pricing, ``achievable(hw)`` is False):
   backward recomputes the scores and does 2.5x the forward's FLOPs (FlashAttention-2, Dao 2023, sec. 3.1).
 - **memory-bound ops**: bytes read + written at ``memory_efficiency`` x HBM bandwidth.
 - **fused optimizer step**: memory-bound, ``optimizer_bytes_per_param`` per local parameter.
-- every kernel lasts at least ``min_kernel_s`` (launch and tail latency of a tiny kernel).
+- every kernel lasts at least ``min_kernel_s`` (launch and tail latency of a tiny kernel): the
+  functions here apply it per call; the cost model per launch of an op on each rank, after sharding.
 
 >>> from autoshard.passes.cost.hardware import PRESETS
 >>> h100 = PRESETS["h100"]
