@@ -52,12 +52,25 @@ def _placements(named: dict, out: list, indent: str = "    ") -> None:
         out.append(f"{indent}{name:<{width}}  {pls}" + (f"  x{count}" if count > 1 else ""))
 
 
+def overlap_lines(sol) -> list[str]:
+    """The step re-scored with compute and communication on separate streams
+    (``passes/cost/overlap.py``): exposed vs hidden communication; nothing when not estimated."""
+    est = getattr(sol, "estimated", {}) or {}
+    if "overlapped_step_s" not in est:
+        return []
+    return [f"  with overlap (communication on its own stream): step {human_time(est['overlapped_step_s'])}; "
+            f"communication exposed {human_time(est['exposed_communication_s'])}, hidden under compute "
+            f"{human_time(est['hidden_communication_s'])}; compute slowed {human_time(est['overlap_slowdown_s'])} "
+            f"by collectives sharing the SMs"]
+
+
 def plan_summary(plan) -> str:
     sol, mesh = plan.solution, plan.mesh
     out = [f"autoshard plan: mesh {mesh.shape} axes {mesh.axis_names}, hardware {plan.hardware}"]
     tb = getattr(sol, "time_breakdown", {}) or {}
     out.append(f"  estimated step time: {human_time(plan.estimated_step_time)}  ("
                + ", ".join(f"{k} {human_time(v)}" for k, v in tb.items()) + ")")
+    out += overlap_lines(sol)
     mb = getattr(sol, "memory_breakdown", {}) or {}
     out.append(f"  estimated memory, busiest device: {human_bytes(plan.estimated_memory)}  ("
                + ", ".join(f"{k} {human_bytes(v)}" for k, v in mb.items()) + ")")

@@ -53,7 +53,8 @@ GB = 1e9
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 ALGORITHMS = ("ring", "tree", "auto")
 _MAY_BE_ZERO = ("intra_node_latency", "inter_node_latency", "collective_launch_s", "op_overhead_s", "sm_count",
-                 "min_kernel_s", "nvls_bus_bandwidth", "intra_node_bus_bandwidth", "inter_node_bus_bandwidth")
+                 "min_kernel_s", "nvls_bus_bandwidth", "intra_node_bus_bandwidth", "inter_node_bus_bandwidth",
+                 "comm_streams")
 _NOT_NUMBERS = ("name", "collective_fits", "collective_algorithm", "collective_model")
 COLLECTIVE_MODELS = ("analytic", "nccl")
 _FRACTIONS = ("gemm_efficiency", "attention_efficiency", "memory_efficiency")
@@ -95,6 +96,9 @@ class Hardware:
     intra_node_bus_bandwidth: float = 0.0
     inter_node_bus_bandwidth: float = 0.0
     nvls_bus_bandwidth: float = 0.0
+    # 1: collectives run on their own stream and overlap compute (``passes/cost/overlap.py``);
+    # 0: a collective blocks the caller (gloo on a CPU)
+    comm_streams: int = 0
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -188,7 +192,7 @@ class Hardware:
         values = dict(data)
         values.setdefault("name", "custom")
         values["devices_per_node"] = int(values["devices_per_node"])
-        for key in ("sm_count",):
+        for key in ("sm_count", "comm_streams"):
             if key in values:
                 values[key] = int(values[key])
         values["collective_fits"] = tuple(tuple(e) if isinstance(e, list) else e
@@ -229,6 +233,8 @@ def _achievable(**specific) -> dict:
                                    # ramp, tail), a few microseconds on A100/H100 (CUDA C++ Best Practices
                                    # Guide: launch overhead of the order of microseconds)
         collective_model="nccl",   # price collectives as NCCL's own tuner does (passes/cost/nccl.py)
+        comm_streams=1,            # PyTorch's ProcessGroupNCCL runs collectives on their own CUDA stream
+                                   # (FSDP2 prefetches all-gathers there; DDP buckets all-reduce in backward)
     )
     return {**shared, **specific}
 
