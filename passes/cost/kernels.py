@@ -36,12 +36,13 @@ import math
 __all__ = ["achievable", "TILES", "gemm_efficiency", "gemm_seconds", "attention_seconds", "memory_seconds",
            "optimizer_seconds", "ADAMW_BYTES_PER_PARAM"]
 
-#: Output tile shapes (rows x columns) cuBLAS / CUTLASS use for 16-bit tensor-core GEMMs on Ampere
-#: and Hopper: 128x128, 128x256 and 256x128 (CUTLASS docs, "Efficient GEMM in CUDA": threadblock
-#: tile sizes; cuBLAS heuristics pick among such tiles per shape). ``SMALL_TILES`` join them only
-#: for a shape narrower than 128 in M or N (skinny GEMMs), at the same cap.
+#: Output tile shapes (rows x columns) cuBLAS / CUTLASS use for large 16-bit tensor-core GEMMs on
+#: Ampere and Hopper: 128x128, 128x256 and 256x128 (CUTLASS docs, "Efficient GEMM in CUDA":
+#: threadblock tile sizes; cuBLAS heuristics pick among such tiles per shape). A shape narrower than
+#: ``SKINNY`` in M or N is not tiled that way (cuBLAS dispatches GEMV-like and split-K kernels): it
+#: is priced by the roofline alone, at the cap or the achievable HBM bandwidth.
 TILES = ((128, 128), (128, 256), (256, 128))
-SMALL_TILES = ((64, 64), (64, 128), (128, 64))
+SKINNY = 128
 
 #: AdamW with fp32 master weights, one fused (foreach/fused) kernel pass: read parameter (4), gradient
 #: (4), exp_avg (4), exp_avg_sq (4); write parameter (4), exp_avg (4), exp_avg_sq (4) = 28 bytes per
@@ -63,15 +64,17 @@ def gemm_efficiency(hw, batch: int, m: int, n: int, k: int, itemsize: int = 2) -
     m, n, k, batch = max(1, int(m)), max(1, int(n)), max(1, int(k)), max(1, int(batch))
     flops = 2.0 * batch * m * n * k
     peak = hw.flops_bf16 if itemsize <= 2 else hw.flops_fp32
-    best = math.inf
-    for tm, tn in (TILES + SMALL_TILES if min(m, n) < 128 else TILES):
-        tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
-        waves = math.ceil(tiles / hw.sm_count)
-        # each wave runs every SM over a full tile of work: what the padded shape costs
-        padded = waves * hw.sm_count * tm * tn * k * 2.0
-        best = min(best, padded / (peak * hw.gemm_efficiency))
+    if min(m, n) < SKINNY:
+        compute = flops / (peak * hw.gemm_efficiency)
+    else:
+        compute = math.inf
+        for tm, tn in TILES:
+            tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+            waves = math.ceil(tiles / hw.sm_count)
+            # each wave runs every SM over a full tile of work: what the padded shape costs
+            compute = min(compute, waves * hw.sm_count * tm * tn * k * 2.0 / (peak * hw.gemm_efficiency))
     moved = (batch * (m * k + k * n + m * n)) * itemsize
-    seconds = max(best, moved / (hw.memory_bandwidth * hw.memory_efficiency))
+    seconds = max(compute, moved / (hw.memory_bandwidth * hw.memory_efficiency))
     return flops / peak / seconds
 
 
