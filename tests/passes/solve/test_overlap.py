@@ -57,3 +57,11 @@ def test_without_a_communication_stream_nothing_hides(gpt):
     est = fsdp.estimated
     assert est["hidden_communication_s"] == 0.0
     assert est["overlapped_step_s"] == pytest.approx(fsdp.estimated_step_time, rel=1e-9)
+
+
+def test_summary_shows_exposed_and_hidden_communication_and_the_error_band(gpt):
+    from autoshard.api import plan_captured
+    text = plan_captured(gpt, (4,), hardware="h100", time_limit_s=20).summary()
+    assert "communication exposed" in text and "hidden under compute" in text
+    assert "published runs" in text
+    assert "published runs" not in plan_captured(gpt, (4,), hardware="cpu", time_limit_s=20).summary()
