@@ -53,11 +53,11 @@ GB = 1e9
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 ALGORITHMS = ("ring", "tree", "auto")
 _MAY_BE_ZERO = ("intra_node_latency", "inter_node_latency", "collective_launch_s", "op_overhead_s", "sm_count",
-                 "min_kernel_s", "nvls_bus_bandwidth", "intra_node_bus_bandwidth", "inter_node_bus_bandwidth",
-                 "comm_streams")
+                 "min_kernel_s", "nvls_bus_factor", "comm_streams")
 _NOT_NUMBERS = ("name", "collective_fits", "collective_algorithm", "collective_model")
 COLLECTIVE_MODELS = ("analytic", "nccl")
-_FRACTIONS = ("gemm_efficiency", "attention_efficiency", "memory_efficiency")
+_FRACTIONS = ("gemm_efficiency", "attention_efficiency", "memory_efficiency", "intra_node_bus_efficiency",
+              "inter_node_bus_efficiency")
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,11 @@ class Hardware:
     min_kernel_s: float = 0.0
     # collectives as NCCL runs them (``passes/cost/nccl.py``); "analytic": the link formulas above
     collective_model: str = "analytic"
-    intra_node_bus_bandwidth: float = 0.0
-    inter_node_bus_bandwidth: float = 0.0
-    nvls_bus_bandwidth: float = 0.0
+    # achievable NCCL bus bandwidth as a fraction of the link fields above (so a changed link scales it),
+    # and NVLink SHARP's all-reduce bus bandwidth as a multiple of the NVLink one (0: no NVLS)
+    intra_node_bus_efficiency: float = 1.0
+    inter_node_bus_efficiency: float = 1.0
+    nvls_bus_factor: float = 0.0
     # 1: collectives run on their own stream and overlap compute (``passes/cost/overlap.py``);
     # 0: a collective blocks the caller (gloo on a CPU)
     comm_streams: int = 0
@@ -261,11 +263,11 @@ PRESETS: dict[str, Hardware] = {
                                        # ml-engineering, compute/accelerator "MAMF" table, A100 SXM, CUDA 12.1)
             attention_efficiency=0.60,  # FlashAttention-2 (Dao 2023), abstract: 50-73% of peak on A100; the
                                        # backward (2.5x the forward's FLOPs) runs at the low end: 0.60
-            intra_node_bus_bandwidth=240 * GB,  # NCCL src/graph/topo.h: SM80_NVLINK_BW 20 GB/s per link x 12
-                                       # NVLink3 links per A100 = the bus bandwidth NCCL's tuner assumes
-            inter_node_bus_bandwidth=23.5 * GB,  # HDR 200 Gb/s NIC (25 GB/s) at the rate ASTRA-sim's
+            intra_node_bus_efficiency=240 / 300,  # NCCL src/graph/topo.h: SM80_NVLINK_BW 20 GB/s per link x 12
+                                       # NVLink3 links = 240 GB/s, the bus bandwidth NCCL's tuner assumes
+            inter_node_bus_efficiency=23.5 / 25,  # HDR 200 Gb/s NIC (25 GB/s) at the rate ASTRA-sim's
                                        # calbusbw.h uses for ConnectX-6 (CX6_BW 23.5)
-            nvls_bus_bandwidth=0.0,    # NVLink SHARP needs third-generation NVSwitch (Hopper): none on A100
+            nvls_bus_factor=0.0,       # NVLink SHARP needs third-generation NVSwitch (Hopper): none on A100
         ),
     ),
     "h100": Hardware(
@@ -288,11 +290,11 @@ PRESETS: dict[str, Hardware] = {
             attention_efficiency=0.34,  # FlashAttention-2 (PyTorch SDPA's flash kernel) reaches up to 335
                                        # TFLOP/s on H100 (Dao 2023, sec. 4.1; FlashAttention-3 paper, Shah et
                                        # al. 2024, fig. 5: FA2 at 35% utilization on H100)
-            intra_node_bus_bandwidth=370.8 * GB,  # NCCL src/graph/topo.h: SM90_NVLINK_BW 20.6 GB/s per
-                                       # link x 18 NVLink4 links per H100
-            inter_node_bus_bandwidth=48.5 * GB,  # NDR 400 Gb/s ConnectX-7 (50 GB/s) at ASTRA-sim's calbusbw.h
+            intra_node_bus_efficiency=370.8 / 450,  # NCCL src/graph/topo.h: SM90_NVLINK_BW 20.6 GB/s per
+                                       # link x 18 NVLink4 links = 370.8 GB/s
+            inter_node_bus_efficiency=48.5 / 50,  # NDR 400 Gb/s ConnectX-7 (50 GB/s) at ASTRA-sim's calbusbw.h
                                        # rate (CX7_BW 48.5)
-            nvls_bus_bandwidth=475 * GB,  # NVLink SHARP all-reduce on DGX/HGX H100 NVSwitch (NCCL >= 2.17):
+            nvls_bus_factor=475 / 370.8,  # NVLink SHARP all-reduce on DGX/HGX H100 NVSwitch (NCCL >= 2.17):
                                        # ASTRA-sim calbusbw.h H100_NVLS_BW 475 GB/s bus bandwidth
         ),
     ),
@@ -313,9 +315,9 @@ PRESETS: dict[str, Hardware] = {
             sm_count=132,              # H200: the same GH100 die as H100 SXM, 132 SMs
             gemm_efficiency=0.801,     # same tensor cores and clocks as H100 SXM: H100's measured MAMF ratio
             attention_efficiency=0.34,  # as H100 (same SMs; FlashAttention-2 is compute-bound there)
-            intra_node_bus_bandwidth=370.8 * GB,  # as H100: NVLink4, 18 links x 20.6 GB/s (NCCL topo.h)
-            inter_node_bus_bandwidth=48.5 * GB,  # as H100: NDR 400 Gb/s (ASTRA-sim calbusbw.h CX7_BW)
-            nvls_bus_bandwidth=475 * GB,  # HGX H200: the same NVSwitch and NVLink SHARP as H100
+            intra_node_bus_efficiency=370.8 / 450,  # as H100: NVLink4, 18 links x 20.6 GB/s (NCCL topo.h)
+            inter_node_bus_efficiency=48.5 / 50,  # as H100: NDR 400 Gb/s (ASTRA-sim calbusbw.h CX7_BW)
+            nvls_bus_factor=475 / 370.8,  # HGX H200: the same NVSwitch and NVLink SHARP as H100
         ),
     ),
     # Every number below is an ESTIMATE for a small 2-core x86 machine where the "devices" are

@@ -13,15 +13,16 @@ candidates returned here is NCCL's choice:
   Latency ``baseLat + (nsteps - nInter) * intraLat + nInter * interLat``.
 - **tree** (all-reduce only): ``algbw = 0.5 * 0.92 * busbw``, latency ``baseLat + 2 ((g-1) intraLat
   + log2(m) interLat)``: fewer latency steps for small messages across many nodes.
-- **NVLS** (all-reduce inside one NVSwitch node with NVLink SHARP, ``hardware.nvls_bus_bandwidth``):
+- **NVLS** (all-reduce inside one NVSwitch node with NVLink SHARP, ``hardware.nvls_bus_factor`` x
+  the NVLink bus bandwidth):
   the switch reduces; latency the NVLS hardware latency.
 - protocols: LL moves 8-byte flag+data words (busbw / 4, capped), LL128 128-byte lines (0.92 x busbw),
   Simple the whole bandwidth with the longest latency: the small-message regime comes from here.
 
 Bus bandwidth of a group of ``g`` members per node over ``m`` nodes: inside a node the NVLink bus
-bandwidth (``intra_node_bus_bandwidth``); across nodes the ring crosses each node boundary once per
-channel through the members' own NICs (rail-aligned, one NIC per GPU), so
-``busbw = min(intra, g * inter_node_bus_bandwidth)``.
+bandwidth (``intra_node_bandwidth x intra_node_bus_efficiency``); across nodes the ring crosses each
+node boundary once per channel through the members' own NICs (rail-aligned, one NIC per GPU), so
+``busbw = min(intra, g * inter)`` with ``inter = inter_node_bandwidth x inter_node_bus_efficiency``.
 
 All-to-all and point-to-point run as NCCL grouped send/receive: all-to-all sends ``(g-1)/n^2 B`` over
 NVLink and ``(n-g)/n^2 B`` over the NIC concurrently; p2p one message at the link's bus bandwidth.
@@ -63,12 +64,18 @@ LL128_FACTOR, TREE_FACTOR, TREE_RATIO = 0.92, 0.92, 0.5
 NET_OVERHEAD_US = 1.0
 
 
+def intra_bus(hw) -> float:
+    """Achievable NVLink bus bandwidth of one GPU (bytes/s)."""
+    return hw.intra_node_bandwidth * getattr(hw, "intra_node_bus_efficiency", 1.0)
+
+
+def inter_bus(hw) -> float:
+    """Achievable bandwidth of one GPU's NIC (bytes/s)."""
+    return hw.inter_node_bandwidth * getattr(hw, "inter_node_bus_efficiency", 1.0)
+
+
 def _bus_bandwidth(hw, g: int, m: int) -> float:
-    intra = hw.intra_node_bus_bandwidth or hw.intra_node_bandwidth
-    if m == 1:
-        return intra
-    inter = hw.inter_node_bus_bandwidth or hw.inter_node_bandwidth
-    return min(intra, g * inter)
+    return intra_bus(hw) if m == 1 else min(intra_bus(hw), g * inter_bus(hw))
 
 
 def _ll_cap(m: int) -> float:
@@ -83,8 +90,7 @@ def nccl_terms(kind: str, g: int, m: int, hw) -> list[tuple[float, float]]:
         return [(0.0, 0.0)]
     bus = _bus_bandwidth(hw, g, m)
     if kind == "all_to_all":
-        intra = hw.intra_node_bus_bandwidth or hw.intra_node_bandwidth
-        inter = hw.inter_node_bus_bandwidth or hw.inter_node_bandwidth
+        intra, inter = intra_bus(hw), inter_bus(hw)
         per_byte = max((g - 1) / n ** 2 / intra, (n - g) / n ** 2 / inter if m > 1 else 0.0)
         lat = BASE_LAT["ring"]["Simple"] + HW_LAT["net" if m > 1 else "nvlink"]["ring"]["Simple"]
         return [(lat * US, per_byte)]
@@ -118,8 +124,8 @@ def nccl_terms(kind: str, g: int, m: int, hw) -> list[tuple[float, float]]:
             elif proto == "LL128":
                 bw *= (7.0 / 9.0 if m == 1 else 120.0 / 128.0)
             cands.append((lat * US, 1.0 / (bw * TREE_RATIO)))
-        if m == 1 and getattr(hw, "nvls_bus_bandwidth", 0.0) > 0:
-            cands.append((HW_LAT["nvlink"]["nvls"]["Simple"] * US, volume / hw.nvls_bus_bandwidth))
+        if m == 1 and getattr(hw, "nvls_bus_factor", 0.0) > 0:
+            cands.append((HW_LAT["nvlink"]["nvls"]["Simple"] * US, volume / (intra_bus(hw) * hw.nvls_bus_factor)))
     return cands
 
 
@@ -127,7 +133,7 @@ def nccl_p2p_seconds(hw, nbytes: float, same_node: bool) -> float:
     """One NCCL send/receive of ``nbytes``: ring Simple base latency plus one step, at the link's bus
     bandwidth (NVLink inside a node, the GPU's NIC across nodes)."""
     if same_node:
-        bw, step = hw.intra_node_bus_bandwidth or hw.intra_node_bandwidth, HW_LAT["nvlink"]["ring"]["Simple"]
+        bw, step = intra_bus(hw), HW_LAT["nvlink"]["ring"]["Simple"]
     else:
-        bw, step = hw.inter_node_bus_bandwidth or hw.inter_node_bandwidth, HW_LAT["net"]["ring"]["Simple"]
+        bw, step = inter_bus(hw), HW_LAT["net"]["ring"]["Simple"]
     return (BASE_LAT["ring"]["Simple"] + step) * US + nbytes / bw

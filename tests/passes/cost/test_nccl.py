@@ -33,7 +33,7 @@ def test_small_messages_are_latency_bound_and_pick_a_low_latency_protocol():
 def test_nvls_only_where_the_switch_reduces():
     B = 1e9
     h100 = seconds("all_reduce", 8, 1, H100, B)
-    no_nvls = seconds("all_reduce", 8, 1, dataclasses.replace(H100, nvls_bus_bandwidth=0.0), B)
+    no_nvls = seconds("all_reduce", 8, 1, dataclasses.replace(H100, nvls_bus_factor=0.0), B)
     assert B * 2 * 7 / 8 / h100 > 440e9 > B * 2 * 7 / 8 / no_nvls  # NVLS 475 GB/s bus vs ring 370.8
     two_nodes = seconds("all_reduce", 8, 2, H100, B)                 # no NVLS across nodes
     assert two_nodes > h100
