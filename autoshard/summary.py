@@ -13,6 +13,8 @@ from typing import Optional
 
 from autoshard.passes.solve.clustering import block_instance
 from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.cost.kernels import achievable
+from autoshard.passes.cost.validation import error_band_line
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.cost.moe import capacity_factor_of, moe_nodes
 from autoshard.passes.sharding.rules.moe import moe_role
@@ -84,12 +86,32 @@ def fold_names(names: list[str]) -> dict[str, str]:
     return out
 
 
+def overlap_lines(sol, hardware=None) -> list[str]:
+    """The step re-scored with compute and communication on separate streams
+    (``passes/cost/overlap.py``): exposed vs hidden communication; then, on hardware priced by the
+    calibrated GPU model, its known error against published runs. Nothing when not estimated."""
+    est = getattr(sol, "estimated", {}) or {}
+    if "overlapped_step_s" not in est:
+        return []
+    band = []
+    try:
+        if hardware is not None and achievable(get_hardware(hardware)):
+            band = [error_band_line()]
+    except AutoshardError:
+        band = []
+    return band + [f"  with overlap (communication on its own stream): step {human_time(est['overlapped_step_s'])}; "
+            f"communication exposed {human_time(est['exposed_communication_s'])}, hidden under compute "
+            f"{human_time(est['hidden_communication_s'])}; compute slowed {human_time(est['overlap_slowdown_s'])} "
+            f"by collectives sharing the SMs"]
+
+
 def plan_summary(plan) -> str:
     sol, mesh = plan.solution, plan.mesh
     out = [f"autoshard plan: mesh {mesh.shape} axes {mesh.axis_names}, hardware {plan.hardware}"]
     tb = getattr(sol, "time_breakdown", {}) or {}
     out.append(f"  estimated step time: {human_time(plan.estimated_step_time)}  ("
                + ", ".join(f"{k} {human_time(v)}" for k, v in tb.items()) + ")")
+    out += overlap_lines(sol, plan.hardware)
     mb = getattr(sol, "memory_breakdown", {}) or {}
     phase = getattr(sol, "memory_peak_phase", "")
     out.append(f"  estimated memory, busiest device: {human_bytes(plan.estimated_memory)}"

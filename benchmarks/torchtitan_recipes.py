@@ -127,6 +127,11 @@ def report(tag: str, plan, r: Recipe, flops_per_token: float, peak: float) -> fl
           f"(per phase: {phases})")
     print(f"  {'':<18} memory by category: " + ", ".join(f"{k} {human_bytes(v)}" for k, v in sol.memory_breakdown.items() if v)
           + "; time: " + ", ".join(f"{k} {v:.3f} s" for k, v in sol.time_breakdown.items() if v))
+    est = sol.estimated
+    if "overlapped_step_s" in est:  # the same plan with communication on its own stream (passes/cost/overlap.py)
+        over = est["overlapped_step_s"]
+        print(f"  {'':<18} with overlap: step {over:.3f} s, {r.batch * r.seq / gpus / over:.0f} tok/s/GPU; "
+              f"communication exposed {est['exposed_communication_s']:.3f} s, hidden {est['hidden_communication_s']:.3f} s")
     return plan.estimated_step_time
 
 

@@ -30,11 +30,13 @@ import torch.fx as fx
 
 from autoshard.passes.capture.saved import SavedInfo, saved_info
 from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.cost.kernels import achievable, gemm_efficiency
 from autoshard.passes.cost.moe import MOE_OP, moe_flops
 from autoshard.passes.graph import operand_meta, operands, outputs
+from autoshard.passes.sharding.schema import bind_args
 from autoshard.passes.spec import TensorMeta
 
-__all__ = ["GraphFacts", "op_name", "matmul_flops"]
+__all__ = ["GraphFacts", "op_name", "matmul_flops", "gemm_dims", "local_gemm_dims"]
 
 _VIEWS = {"view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t", "permute", "expand",
           "expand_as", "squeeze", "unsqueeze", "slice", "select", "split", "split_with_sizes", "unbind",
@@ -86,6 +88,9 @@ class GraphFacts:
         self._compute: dict[str, tuple[float, float]] = {}
         self._launches: dict[str, int] = {}
         self._param_bytes: Optional[float] = None
+        #: (batch, M, N, K, itemsize, output rank, efficiency priced at) of each GEMM priced at its
+        #: achieved efficiency (``compute`` holds the whole op at that efficiency)
+        self.gemm_dims: dict[str, tuple] = {}
         self.saved: Optional[dict[str, SavedInfo]] = saved_info(captured)
         self.master_dtypes = dict(getattr(captured, "master_dtypes", {}) or {})
         for node in gm.graph.nodes:
@@ -128,18 +133,31 @@ class GraphFacts:
         flops = _matmul_flops(node, name, in_metas, out_metas)
         if flops is not None and out_metas:
             fwd = flops / self.hardware.peak_flops(out_metas[0].dtype)
+            calibrated = achievable(self.hardware)
             if "scaled_dot_product" in name:
                 factor = 2.0 if grad_out else 0.0
                 self._launches[node.name] = 1 + (1 if grad_out else 0)
+                if calibrated:  # fused attention: causal work halved, backward recomputes the scores
+                    b = bind_args(node.target, node.args, node.kwargs)
+                    causal = bool(b.get("is_causal")) and b.get("attn_mask") is None
+                    fwd = fwd * (0.5 if causal else 1.0) / self.hardware.attention_efficiency
+                    factor = 2.5 if grad_out else 0.0
             else:
                 main = ops[1:3] if name in ("addmm", "baddbmm") else ops[:2]
                 factor = float(sum(1 for o in main if o.node.name in self.requires_grad))
                 bias = ops[0] if name in ("addmm", "baddbmm") else (ops[2] if len(ops) > 2 else None)
                 bias_grad = bias is not None and bias.node.name in self.requires_grad  # a sum reduces its gradient
                 self._launches[node.name] = 1 + int(factor) + int(bias_grad)
+                dims = gemm_dims(name, in_metas, out_metas[0])
+                if calibrated and dims is not None:  # achieved, not peak: tiles, waves, roofline
+                    eff = gemm_efficiency(self.hardware, *dims[:5])
+                    self.gemm_dims[node.name] = (*dims, eff)
+                    fwd = fwd / eff
             return fwd, fwd * factor
         moved = sum(m.nbytes for m in in_metas) + sum(m.nbytes for m in out_metas)
         fwd = moved / self.hardware.memory_bandwidth
+        if achievable(self.hardware):
+            fwd = moved / (self.hardware.memory_bandwidth * self.hardware.memory_efficiency)
         self._launches[node.name] = 1 + (1 if grad_out else 0)
         return fwd, (fwd if grad_out else 0.0)
 
@@ -197,6 +215,43 @@ class GraphFacts:
             return False
         metas = self.tensor_outputs(producer)
         return slot < len(metas) and _floating(metas[slot])
+
+
+def gemm_dims(name: str, ins: list, out) -> Optional[tuple]:
+    """(batch, M, N, K, itemsize, output rank) of a 2-operand GEMM op (mm, addmm, bmm, baddbmm, matmul,
+    linear), leading dims folded into M (or into batch for a batched right operand); None otherwise."""
+    if name not in ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear") or not out.shape:
+        return None
+    a, b = (ins[1], ins[2]) if name in ("addmm", "baddbmm") else (ins[0], ins[1])
+    if not a.shape or not b.shape:
+        return None
+    r = len(out.shape)
+    n, k = out.shape[-1], a.shape[-1]
+    if name in ("bmm", "baddbmm") or (name == "matmul" and len(b.shape) > 2 and r >= 3):
+        batch, m = math.prod(out.shape[:-2]), out.shape[-2]
+    else:
+        batch, m = 1, math.prod(out.shape[:-1])
+    return int(batch), int(m), int(n), int(k), out.dtype.itemsize, r
+
+
+def local_gemm_dims(dims: tuple, out_codes, shape) -> tuple:
+    """``dims`` (``gemm_dims``) as one rank computes them under a strategy whose output has placement
+    codes ``out_codes`` (``encode``: S(d) is d, R -1, P -2) on a mesh of ``shape``: an output
+    split on its last dim splits N, on the row dim M (or batch), a partial output splits K."""
+    batch, m, n, k, itemsize, r = dims[:6]
+    for a, c in enumerate(out_codes):
+        size = shape[a]
+        if size == 1:
+            continue
+        if c == r - 1:
+            n = -(-n // size)
+        elif c == -2:
+            k = -(-k // size)
+        elif c >= 0 and batch > 1 and c < r - 2:
+            batch = -(-batch // size)
+        elif c >= 0:
+            m = -(-m // size)
+    return batch, m, n, k, itemsize
 
 
 def matmul_flops(node: fx.Node) -> Optional[float]:

@@ -52,8 +52,12 @@ GB = 1e9
 #: Collectives a profile may carry fits for ("send_recv": a point-to-point exchange between pairs).
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 ALGORITHMS = ("ring", "tree", "auto")
-_MAY_BE_ZERO = ("intra_node_latency", "inter_node_latency", "collective_launch_s", "op_overhead_s")
-_NOT_NUMBERS = ("name", "collective_fits", "collective_algorithm")
+_MAY_BE_ZERO = ("intra_node_latency", "inter_node_latency", "collective_launch_s", "op_overhead_s", "sm_count",
+                 "min_kernel_s", "nvls_bus_factor", "comm_streams")
+_NOT_NUMBERS = ("name", "collective_fits", "collective_algorithm", "collective_model")
+COLLECTIVE_MODELS = ("analytic", "nccl")
+_FRACTIONS = ("gemm_efficiency", "attention_efficiency", "memory_efficiency", "intra_node_bus_efficiency",
+              "inter_node_bus_efficiency")
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,22 @@ class Hardware:
     op_overhead_s: float = 0.0
     collective_algorithm: str = "ring"
     collective_fits: tuple = ()
+    # achievable compute (``passes/cost/kernels.py``); sm_count 0: price at the peaks, as before
+    sm_count: int = 0
+    gemm_efficiency: float = 1.0
+    attention_efficiency: float = 1.0
+    memory_efficiency: float = 1.0
+    min_kernel_s: float = 0.0
+    # collectives as NCCL runs them (``passes/cost/nccl.py``); "analytic": the link formulas above
+    collective_model: str = "analytic"
+    # achievable NCCL bus bandwidth as a fraction of the link fields above (so a changed link scales it),
+    # and NVLink SHARP's all-reduce bus bandwidth as a multiple of the NVLink one (0: no NVLS)
+    intra_node_bus_efficiency: float = 1.0
+    inter_node_bus_efficiency: float = 1.0
+    nvls_bus_factor: float = 0.0
+    # 1: collectives run on their own stream and overlap compute (``passes/cost/overlap.py``);
+    # 0: a collective blocks the caller (gloo on a CPU)
+    comm_streams: int = 0
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -90,6 +110,13 @@ class Hardware:
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (v == 0 and f.name not in _MAY_BE_ZERO):
                 raise AutoshardError(
                     f"hardware {self.name!r}: {f.name} must be a positive number, got {v!r}")
+        for f in _FRACTIONS:
+            if getattr(self, f) > 1.0:
+                raise AutoshardError(f"hardware {self.name!r}: {f} is a fraction of the peak (0 < x <= 1), "
+                                     f"got {getattr(self, f)!r}")
+        if self.collective_model not in COLLECTIVE_MODELS:
+            raise AutoshardError(f"hardware {self.name!r}: collective_model must be one of {list(COLLECTIVE_MODELS)}, "
+                                 f"got {self.collective_model!r}")
         if self.collective_algorithm not in ALGORITHMS:
             raise AutoshardError(f"hardware {self.name!r}: collective_algorithm must be one of {list(ALGORITHMS)}, "
                                  f"got {self.collective_algorithm!r}")
@@ -167,6 +194,9 @@ class Hardware:
         values = dict(data)
         values.setdefault("name", "custom")
         values["devices_per_node"] = int(values["devices_per_node"])
+        for key in ("sm_count", "comm_streams"):
+            if key in values:
+                values[key] = int(values[key])
         values["collective_fits"] = tuple(tuple(e) if isinstance(e, list) else e
                                           for e in values.get("collective_fits", ()))
         return cls(**values)
@@ -194,6 +224,23 @@ def read_hardware_json(data: Union[dict, str, os.PathLike]) -> dict:
     return data
 
 
+def _achievable(**specific) -> dict:
+    """The achievable-throughput and NCCL fields of a GPU preset: the part-specific ones given, and
+    these shared by the three presets."""
+    shared = dict(
+        memory_efficiency=0.90,    # copy/STREAM-style kernels reach ~90% of datasheet HBM bandwidth on
+                                   # HBM2e/HBM3 parts (published copy microbenchmarks, e.g. BabelStream on
+                                   # A100/H100; a 4 GiB copy at 90.6% on an H100-class card); estimate
+        min_kernel_s=3e-6,         # estimate: the shortest a launched kernel lasts end to end (launch,
+                                   # ramp, tail), a few microseconds on A100/H100 (CUDA C++ Best Practices
+                                   # Guide: launch overhead of the order of microseconds)
+        collective_model="nccl",   # price collectives as NCCL's own tuner does (passes/cost/nccl.py)
+        comm_streams=1,            # PyTorch's ProcessGroupNCCL runs collectives on their own CUDA stream
+                                   # (FSDP2 prefetches all-gathers there; DDP buckets all-reduce in backward)
+    )
+    return {**shared, **specific}
+
+
 #: Presets. SXM parts, DGX-style nodes of 8 GPUs. Sources: NVIDIA A100 datasheet (2021), H100
 #: datasheet (2023), H200 datasheet (2024), DGX A100 / DGX H100 user guides (one ConnectX NIC per GPU).
 PRESETS: dict[str, Hardware] = {
@@ -210,6 +257,18 @@ PRESETS: dict[str, Hardware] = {
         inter_node_latency=5e-6,       # estimate: InfiniBand RDMA round trip plus NCCL proxy
         collective_launch_s=5e-6,      # estimate: NCCL kernel launch and stream synchronization
         op_overhead_s=0.0,             # estimate: CUDA launches are asynchronous, hidden behind earlier kernels
+        **_achievable(
+            sm_count=108,              # A100 whitepaper (NVIDIA Ampere GA100 architecture): 108 SMs on A100
+            gemm_efficiency=0.859,     # measured max achievable bf16 matmul, 267.9 of 312 TFLOPS (Bekman,
+                                       # ml-engineering, compute/accelerator "MAMF" table, A100 SXM, CUDA 12.1)
+            attention_efficiency=0.60,  # FlashAttention-2 (Dao 2023), abstract: 50-73% of peak on A100; the
+                                       # backward (2.5x the forward's FLOPs) runs at the low end: 0.60
+            intra_node_bus_efficiency=240 / 300,  # NCCL src/graph/topo.h: SM80_NVLINK_BW 20 GB/s per link x 12
+                                       # NVLink3 links = 240 GB/s, the bus bandwidth NCCL's tuner assumes
+            inter_node_bus_efficiency=23.5 / 25,  # HDR 200 Gb/s NIC (25 GB/s) at the rate ASTRA-sim's
+                                       # calbusbw.h uses for ConnectX-6 (CX6_BW 23.5)
+            nvls_bus_factor=0.0,       # NVLink SHARP needs third-generation NVSwitch (Hopper): none on A100
+        ),
     ),
     "h100": Hardware(
         name="h100",
@@ -224,6 +283,20 @@ PRESETS: dict[str, Hardware] = {
         inter_node_latency=5e-6,       # estimate
         collective_launch_s=5e-6,      # estimate
         op_overhead_s=0.0,             # estimate: asynchronous launches (as A100)
+        **_achievable(
+            sm_count=132,              # H100 whitepaper (NVIDIA Hopper architecture): 132 SMs on H100 SXM5
+            gemm_efficiency=0.801,     # measured max achievable bf16 matmul, 792.1 of 989 TFLOPS (Bekman,
+                                       # ml-engineering, compute/accelerator "MAMF" table, H100 SXM, CUDA 12.1)
+            attention_efficiency=0.34,  # FlashAttention-2 (PyTorch SDPA's flash kernel) reaches up to 335
+                                       # TFLOP/s on H100 (Dao 2023, sec. 4.1; FlashAttention-3 paper, Shah et
+                                       # al. 2024, fig. 5: FA2 at 35% utilization on H100)
+            intra_node_bus_efficiency=370.8 / 450,  # NCCL src/graph/topo.h: SM90_NVLINK_BW 20.6 GB/s per
+                                       # link x 18 NVLink4 links = 370.8 GB/s
+            inter_node_bus_efficiency=48.5 / 50,  # NDR 400 Gb/s ConnectX-7 (50 GB/s) at ASTRA-sim's calbusbw.h
+                                       # rate (CX7_BW 48.5)
+            nvls_bus_factor=475 / 370.8,  # NVLink SHARP all-reduce on DGX/HGX H100 NVSwitch (NCCL >= 2.17):
+                                       # ASTRA-sim calbusbw.h H100_NVLS_BW 475 GB/s bus bandwidth
+        ),
     ),
     "h200": Hardware(
         name="h200",
@@ -238,6 +311,14 @@ PRESETS: dict[str, Hardware] = {
         inter_node_latency=5e-6,       # estimate
         collective_launch_s=5e-6,      # estimate
         op_overhead_s=0.0,             # estimate: asynchronous launches (as A100)
+        **_achievable(
+            sm_count=132,              # H200: the same GH100 die as H100 SXM, 132 SMs
+            gemm_efficiency=0.801,     # same tensor cores and clocks as H100 SXM: H100's measured MAMF ratio
+            attention_efficiency=0.34,  # as H100 (same SMs; FlashAttention-2 is compute-bound there)
+            intra_node_bus_efficiency=370.8 / 450,  # as H100: NVLink4, 18 links x 20.6 GB/s (NCCL topo.h)
+            inter_node_bus_efficiency=48.5 / 50,  # as H100: NDR 400 Gb/s (ASTRA-sim calbusbw.h CX7_BW)
+            nvls_bus_factor=475 / 370.8,  # HGX H200: the same NVSwitch and NVLink SHARP as H100
+        ),
     ),
     # Every number below is an ESTIMATE for a small 2-core x86 machine where the "devices" are
     # processes talking gloo over loopback TCP.

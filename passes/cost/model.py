@@ -5,7 +5,12 @@
 formulas of ``passes/cost/collectives.py``. A strategy's local compute is the global work divided
 by the product of the sizes of the axes on which any operand or output is S or P; launch overhead
 (``GraphFacts.overhead``) is not divided. Each collective call adds one op launch, and each
-gradient one more when it is copied into its all-reduce bucket.
+gradient one more when it is copied into its all-reduce bucket. A GEMM's share is corrected for its
+shard's own shape (``gemm_shard_factor``: tile and wave efficiency of the local M, N, K) on hardware
+with the achievable-compute model (``passes/cost/kernels.py``). Hardware with
+``collective_model="nccl"`` (the GPU presets) prices every collective with NCCL's own tuner model
+(``passes/cost/nccl.py``: ring / tree / NVLS x Simple / LL128 / LL, the cheapest per call), not the
+link formulas; a measured fit in the profile still replaces either.
 
 Redistribution of a tensor from placements ``src`` to ``dst`` runs the runtime's own steps
 (``redistribution_steps`` in ``passes/cost/collectives.py``, mirroring ``runtime/redistribute.py``):
@@ -43,8 +48,10 @@ from typing import Optional, Sequence, Union
 from autoshard.passes.cost.collectives import (P_CODE, R_CODE, Collective, collective_terms, hierarchical_terms,
                                                p2p_seconds, redistribution_steps)
 from autoshard.passes.cost.attention import ring_attention_seconds, ring_internal_bytes
-from autoshard.passes.cost.facts import GraphFacts
+from autoshard.passes.cost.facts import GraphFacts, local_gemm_dims
 from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.cost.kernels import gemm_efficiency
+from autoshard.passes.cost.nccl import nccl_p2p_seconds, nccl_terms
 from autoshard.passes.cost.moe import dispatch_collectives, dispatch_saved_bytes, is_moe_node, work_factor
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Partial, Placement, Replicate, Shard, Strategy, TensorMeta
@@ -141,6 +148,9 @@ class CostModel:
                 cands = [(0.0, 0.0)]
             elif fit is not None:
                 cands = [fit]  # measured: launch and latency are inside the fitted intercept
+            elif hw.collective_model == "nccl":
+                terms[kind] = nccl_terms(kind, g, m, hw)  # NCCL's base latencies include the launch
+                continue
             elif m > 1 and g > 1 and self.hierarchical:
                 cands = [hierarchical_terms(kind, g, m, intra, inter, a) for a in algos]
             else:
@@ -158,6 +168,8 @@ class CostModel:
         fit = hw.collective_fit("send_recv", 2) if same_node else None
         if fit is not None:
             return fit[0] + fit[1] * nbytes
+        if hw.collective_model == "nccl":
+            return nccl_p2p_seconds(hw, nbytes, same_node)
         bw, lat = ((hw.intra_node_bandwidth, hw.intra_node_latency) if same_node
                    else (hw.inter_node_bandwidth, hw.inter_node_latency))
         return p2p_seconds(nbytes, bw, lat, hw.collective_launch_s)
@@ -274,15 +286,32 @@ class CostModel:
             return NodePrice()
         fwd, bwd = facts.compute(name)
         work, colls, moved = (fwd + bwd) / self.work_divisor(strategy), (), 0.0
+        dims = facts.gemm_dims.get(name)
+        if dims is not None:  # the shard's own shape sets its tile and wave efficiency
+            work *= self.gemm_shard_factor(name, dims, strategy)
         node = facts.nodes[name]
         if is_moe_node(node):  # busiest rank under expert-load imbalance; all-to-alls of expert parallel
             work *= work_factor(node, strategy, self.mesh.shape)
             colls = dispatch_collectives(self, node, strategy, metas[0], facts.training)
             if facts.training:
                 moved = self.kept(dispatch_saved_bytes(node, strategy, metas[0], self.mesh.shape))
+        if fwd + bwd > 0 and self.hardware.min_kernel_s:  # however small its shard, a kernel lasts this long
+            work = max(work, facts.launches(name) * self.hardware.min_kernel_s)
         ring = ring_attention_seconds(self, node, strategy, fwd, bwd) if any(strategy.lowerings) else 0.0
         return NodePrice(compute=work + facts.overhead(name) + ring, collectives=colls,
                          activations=self.node_activation_bytes(name, strategy, facts) + moved)
+
+    def gemm_shard_factor(self, name: str, dims: tuple, strategy: Strategy) -> float:
+        """Seconds of one rank's GEMM shard per second of the whole GEMM's achieved time divided
+        evenly: the efficiency the whole op was priced at (``facts.gemm_dims``) / the efficiency of
+        the shard's shape (cached)."""
+        codes = encode(strategy.outputs[0]) if strategy.outputs else ()
+        key = ("gemm", dims, codes)
+        hit = self._reshard_cache.get(key)
+        if hit is None:
+            local = local_gemm_dims(dims, codes, self.mesh.shape)
+            hit = self._reshard_cache[key] = dims[6] / gemm_efficiency(self.hardware, *local)
+        return hit
 
     def price_edge(self, src, dst, meta: TensorMeta, needs_grad: bool) -> tuple[tuple[Collective, ...], float]:
         """(collectives, bytes of the redistributed copy) to move one operand from ``src`` to ``dst``."""

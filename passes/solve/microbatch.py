@@ -74,6 +74,14 @@ class MicrobatchFacts(GraphFacts):
         self._m = m
         self._scaled: dict = {}
         self._global_batch = global_batch(captured)
+        for name, dims in list(self.gemm_dims.items()):  # a microbatch's GEMM has 1/m of the batch rows
+            if name in self._batch:
+                batch, rows = dims[0], dims[1]
+                if batch > 1 and batch % m == 0:
+                    batch //= m
+                else:
+                    rows = max(1, rows // m)
+                self.gemm_dims[name] = (batch, rows, *dims[2:])
 
     def compute(self, name: str) -> tuple[float, float]:
         fwd, bwd = super().compute(name)

@@ -17,6 +17,7 @@ from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.cost.model import CostModel, encode
+from autoshard.passes.cost.overlap import Overlap, compute_slowdown, overlap_step
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision
@@ -191,6 +192,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
     gathers: dict[tuple, list] = {}  # (parameter, placement) -> [first reader, segment, bytes, kept, regathered, fused]
     position = {n.name: i for i, n in enumerate(captured.gm.graph.nodes)}
     syncs: dict[str, list[Collective]] = {}
+    weights = dict.fromkeys(("fwd", "bwd", "regather"), 0.0)  # parameter-edge communication, for overlap
     freed = pricer.freed_outputs(strategies, policy)
     trace = TraceBuilder(captured, facts, cm, blocks, strategies)
     for name in facts.kind:
@@ -216,6 +218,10 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         comm = sum(c.seconds for c in colls)
         times["communication"] += comm
         times["recompute"] += price.seconds - comm
+        if facts.kind[u] == "param":
+            for c in colls:
+                weights[c.phase] += c.seconds
+            weights["regather"] += price.seconds - comm
         mem["activations"] += price.kept
         mem["recompute"] += price.recompute
         mem["gathered_weights"] += price.gathered + price.gathered_transient
@@ -228,9 +234,11 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
             entry[4] = entry[4] or bool(price.gathered_transient)
         if tuple(src) != tuple(dst):
             moves.append(Redistribution(u, v, i, tuple(src), tuple(dst), colls))
+    overlap = step_overlap(hw, facts, blocks, times, weights)
     times = {key: value * k for key, value in times.items()}  # grad syncs were priced 1/k per microstep
     estimated = {"saved_activation_bytes": mem["activations"],
-                 "gathered_peak_bytes": gathered_peak(_segments(gathers.values()))}
+                 "gathered_peak_bytes": gathered_peak(_segments(gathers.values())),
+                 **{key: value * k for key, value in overlap.to_json().items()}}
     cpu = hw.name.lower() == "cpu"  # gloo's collectives, torch's for-loop optimizer
     trace.gather_segments(gathers, staged_reduce_scatter=cpu)
     peak = peak_of(trace.finish(optimizer, foreach=not cpu, microsteps=k,
@@ -248,6 +256,26 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         redistributions=moves, param_grad_syncs=syncs, solver_stats=dict(solver_stats or {}), levers=levers,
         estimated=estimated,
     )
+
+
+def step_overlap(hw: Hardware, facts: GraphFacts, blocks: BlockMap, times: dict, weights: dict) -> Overlap:
+    """One microstep re-scored by the stream model (``passes/cost/overlap.py``): parameter gathers
+    prefetch, their gradient reductions and the gradient all-reduces overlap the backward; every other
+    collective is exposed. ``times``: the microstep's additive breakdown; ``weights``: seconds of
+    parameter-edge collectives by phase and of re-gathers in the backward."""
+    fwd = bwd = 0.0
+    for name, kind in facts.kind.items():
+        if kind == "op":
+            f, b = facts.compute(name)
+            fwd, bwd = fwd + f, bwd + b
+    share = fwd / (fwd + bwd) if fwd + bwd > 0 else 1.0
+    weight_comm = weights["fwd"] + weights["bwd"]
+    exposed = times["communication"] - weight_comm
+    recompute = times["recompute"] - weights["regather"]
+    L = sum(len(v) for v in blocks.types.values()) if hw.comm_streams else 0
+    return overlap_step(fwd_compute=times["compute"] * share, bwd_compute=times["compute"] * (1 - share) + recompute,
+                        exposed=exposed, fwd_prefetch=weights["fwd"], bwd_prefetch=weights["regather"],
+                        bwd_reduce=weights["bwd"] + times["grad_sync"], blocks=L, slowdown=compute_slowdown(hw))
 
 
 def _segments(gathers) -> list[Segment]:

@@ -27,6 +27,15 @@ from autoshard.passes.solve.planner import plan_sharding
 from autoshard.testing.models import GPT, lm_loss
 
 
+#: The h100 preset priced at its datasheet peaks with the link formulas (no achievable-compute model,
+#: no NCCL tuner model, no communication stream): the toy-sized tests below state their premises in
+#: those terms (a head worth 2.5 blocks of peak FLOPs; "every link fast" as link bandwidth and
+#: latency). At these widths the calibrated model makes every kernel launch-bound
+#: (``min_kernel_s``), which would test the calibration rather than the stage planner.
+PEAK_H100 = dataclasses.replace(PRESETS["h100"], name="h100-peak", sm_count=0, min_kernel_s=0.0,
+                                collective_model="analytic", comm_streams=0)
+
+
 def _gpt(vocab, d, layers, seq, batch, dtype=torch.float32):
     with torch.device("meta"):
         model = GPT(vocab, d, layers, max(1, d // 64), seq, False).to(dtype)
@@ -51,8 +60,8 @@ def test_units_and_profile_add_up_to_the_core_estimate(small):
     ops = [n.name for n in small.gm.graph.nodes if n.op == "call_function"]
     assert [n for u in units for n in u.nodes] == ops  # contiguous slices, graph order, nothing lost
     for shape in [(2, 2), (4, 1)]:
-        sol = plan_sharding(small, Mesh(shape), hardware="h100")
-        prof = profile_submesh(small, sol, hardware="h100", units=units)
+        sol = plan_sharding(small, Mesh(shape), hardware=PEAK_H100)
+        prof = profile_submesh(small, sol, hardware=PEAK_H100, units=units)
         time_1 = sum(c.fwd(1) + c.bwd(1) + c.grad_sync for c in prof.costs)
         mem_1 = sum(c.state_bytes + c.act(1) for c in prof.costs)
         assert time_1 == pytest.approx(sol.estimated_step_time, rel=1e-9)
@@ -115,7 +124,7 @@ def _blocks_per_stage(plan, units):
 
 
 def test_expensive_head_gets_a_short_stage(big_head):
-    plan = plan_pipeline(big_head, (4,), hardware="h100", pp=4, schedule="1f1b")
+    plan = plan_pipeline(big_head, (4,), hardware=PEAK_H100, pp=4, schedule="1f1b")
     units = layer_units(big_head)
     blocks, _ = _blocks_per_stage(plan, units)
     assert plan.pp == 4 and sum(blocks) == 8
@@ -147,7 +156,7 @@ def test_pins_are_respected(small):
 
 def test_fast_network_and_a_model_that_fits_plans_no_pipeline():
     captured = _gpt(vocab=1024, d=512, layers=4, seq=512, batch=64, dtype=torch.bfloat16)
-    fast = dataclasses.replace(PRESETS["h100"], name="fast-ib", inter_node_bandwidth=450e9, inter_node_latency=2e-6)
+    fast = dataclasses.replace(PEAK_H100, name="fast-ib", inter_node_bandwidth=450e9, inter_node_latency=2e-6)
     # every schedule searched: a bubble is not worth paying when every link is fast and the model fits
     plan = plan_pipeline(captured, (2, 8), hardware=fast)
     assert plan.pp == 1 and len(plan.stages) == 1 and plan.microbatches == 1
@@ -252,12 +261,16 @@ def test_gpt3_6p7b_on_slow_linked_nodes_pipelines_across_them_with_tensor_parall
     parallel (the next test)."""
     best = _plan_6p7b(8)
     assert best.pp == 2 and math.prod(best.profile.mesh.shape) == 8
-    assert best.profile.batch_shard == 1 and best.m > 1  # the microbatch is whole on every GPU ...
+    # the microbatch is not split 8 ways, so the pipeline gets several microbatches ... (with the
+    # calibrated GPU model the planner prefers dp 4 x tp 2 to tp 8: an eighth of each GEMM runs at a
+    # worse tile and wave efficiency and pays four NCCL all-reduces per block)
+    assert best.profile.batch_shard < 8 and best.m > 1
     sol = best.profile.solution
     ways = {fqn: math.prod(best.profile.mesh.shape[a] for a, p in enumerate(pls) if str(p).startswith("S"))
             for fqn, pls in sol.param_placements.items()}
-    for part in ("q", "k", "v"):  # ... and the attention weights are split across the node
-        assert ways[f"blocks.0.{part}.weight"] == ways[f"blocks.1.{part}.weight"] == 8, sol.param_placements
+    for part in ("q", "k", "v"):  # ... and the attention weights are split across the node's TP ranks
+        assert ways[f"blocks.0.{part}.weight"] == ways[f"blocks.1.{part}.weight"] >= 8 // best.profile.batch_shard, \
+            sol.param_placements
     # the same simulator prices the rejected layouts: data parallel inside the node (what batch 512 picks) ...
     dp_inside = _plan_6p7b(8, pins=DATA_PARALLEL_IN_NODE)
     assert dp_inside.profile.batch_shard == 8 and dp_inside.m == 1

@@ -47,7 +47,9 @@ def test_ample_memory_pulls_no_lever(free):
 
 
 def test_tight_memory_makes_the_planner_checkpoint_or_accumulate_and_the_plan_fits(gpt, free):
-    limit = 0.45 * free.estimated_memory
+    # a quarter of the fastest plan's memory: that plan keeps the activations of a layout that only
+    # the calibrated GPU cost model finds fastest, so the bound must sit below every lever-less layout
+    limit = 0.25 * free.estimated_memory
     with pytest.raises(InfeasiblePlanError):  # without levers nothing fits: sharding state is not enough
         plan_sharding(gpt, MESH, hardware="h100", memory_limit=limit)
     chosen = _plan(gpt, limit)
