@@ -3,6 +3,8 @@ examples, and the generated character corpus it trains on (``autoshard.testing.c
 benchmarks use ``autoshard.testing`` (its ``GPT(..., fused_qkv=True)`` runs the same ops)."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -55,3 +57,13 @@ class GPT(nn.Module):
 
 def lm_loss(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def lr_lambda(warmup: int, total: int):
+    """Linear warmup to the base LR, then cosine decay to a tenth of it."""
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -28,17 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import autoshard.elastic  # noqa: E402
 from autoshard.runtime.groups import finish_distributed  # noqa: E402
-from nanogpt import GPT, CharData, generate_corpus, lm_loss  # noqa: E402
-
-
-def lr_lambda(warmup: int, total: int):
-    """Linear warmup to the base LR, then cosine decay to a tenth of it."""
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-    return factor
+from nanogpt import GPT, CharData, generate_corpus, lm_loss, lr_lambda  # noqa: E402
 
 
 def main() -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
@@ -41,23 +40,13 @@ import autoshard  # noqa: E402
 from autoshard import checkpoint  # noqa: E402
 from autoshard.compiled import PipelinedModel  # noqa: E402
 from autoshard.runtime.groups import finish_distributed  # noqa: E402
-from nanogpt import GPT, CharData, generate_corpus, lm_loss  # noqa: E402
+from nanogpt import GPT, CharData, generate_corpus, lm_loss, lr_lambda  # noqa: E402
 
 
 def parse_mesh(text: str, world: int) -> tuple:
     if text:
         return tuple(int(s) for s in text.split(","))
     return (2, world // 2) if world % 2 == 0 and world >= 4 else (world,)
-
-
-def lr_lambda(warmup: int, total: int):
-    """Linear warmup to the base LR, then cosine decay to a tenth of it."""
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-    return factor
 
 
 def latest_checkpoint(root: str):

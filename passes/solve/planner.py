@@ -61,6 +61,7 @@ from autoshard.passes.solve.lever_costs import POLICIES, KEEP, LeverPricer
 from autoshard.passes.solve.lever_graph import LeverGraph, build_lever_graph
 from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.strategy_graph import fix_policies
+from autoshard.passes.solve.work_budget import WorkBudget, solve_gap
 from autoshard.passes.solve.microbatch import BatchSplits, batch_divisors, global_batch, strategies_granularity
 from autoshard.passes.solve.problem import ShardingProblem, build_problem, strategy_choices
 from autoshard.passes.solve.solution import Solution, evaluate, node_policy, pricing_for
@@ -210,7 +211,7 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
                  traced_at_microbatch: bool) -> Solution:
     """``plan_sharding`` with its hardware resolved and its limit in bytes."""
     t0 = time.perf_counter()
-    budget = _WorkBudget(time_limit_s)
+    budget = WorkBudget(time_limit_s)
     levers = LeverPins.off() if levers is None else levers
     search = _LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch)
     ks = search.accumulations()
@@ -284,7 +285,7 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
     sol = _evaluated(search, best)
     clustering = best.problem.clustering
     stats = {"status": status, "wall_s": round(time.perf_counter() - t0, 4), "solve_s": round(best.result.wall_s, 4),
-             "work_s": round(budget.spent, 4), "gap": _gap(best.result),
+             "work_s": round(budget.spent, 4), "gap": solve_gap(best.result),
              "variables": best.result.num_variables, "constraints": best.result.num_constraints,
              "clusters": clustering.num_clusters, "nodes": sum(len(m) for m in clustering.members),
              "ilp_nodes": best.result.stats.get("ilp_nodes"), "ilp_edges": len(best.lever_graph.graph.edges),
@@ -310,30 +311,7 @@ def _evaluated(search: "_LeverSearch", found: _Found) -> Solution:
 _PAYS = 1e-9
 
 
-class _WorkBudget:
-    """The solves' shared work limit, in CP-SAT deterministic seconds (never a clock)."""
-
-    def __init__(self, total: float):
-        self.total, self.spent = float(total), 0.0
-
-    def next_limit(self, floor: float = 1.0) -> float:
-        return max(floor, self.total - self.spent)
-
-    def charge(self, result: ILPResult) -> None:
-        self.spent += float(result.stats.get("work", 0.0))
-
-
-def _gap(result: ILPResult) -> Optional[float]:
-    """(objective - proven lower bound) / objective of one solve; 0 when proven optimal, None without a bound."""
-    if result.status == "OPTIMAL":
-        return 0.0
-    lower = result.stats.get("lower_bound")
-    if lower is None or not result.cost:
-        return None
-    return round(max(0.0, (result.cost - lower) / result.cost), 6)
-
-
-def _without_levers(search: "_LeverSearch", ks: list[int], combos: list, limit: float, budget: _WorkBudget,
+def _without_levers(search: "_LeverSearch", ks: list[int], combos: list, limit: float, budget: WorkBudget,
                     workers: int) -> Optional[_Found]:
     """The fastest plan without levers (the fewest microsteps, the fastest policies the pins allow),
     solved without the memory limit, when it fits ``limit``; else None. Every lever only adds work to
@@ -359,7 +337,7 @@ def _without_levers(search: "_LeverSearch", ks: list[int], combos: list, limit: 
 _MAX_POLICY_COMBINATIONS = 16
 
 
-def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, list[int]], budget: _WorkBudget,
+def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, list[int]], budget: WorkBudget,
                     workers: int, cutoff, objective: str = "cost", tighten=None):
     """Solve ``graph`` once per combination of block-type policies in ``combos`` (each a sorted
     tuple of (block type, policy index); answers mapped back to ``graph``'s strategy indices), or
