@@ -37,6 +37,7 @@ from autoshard.passes.cost.hardware import COLLECTIVE_KINDS
 from autoshard.passes.cost.profile_format import PROFILE_FORMAT, derive_hardware, fit_affine, new_profile
 from autoshard.passes.errors import AutoshardError
 from autoshard.profiling.collectives import rank_groups, time_collective
+from autoshard.profiling.kernel_tables import measure_kernel_tables
 from autoshard.profiling.local_work import time_copies, time_elementwise, time_matmuls, time_op_chain
 from autoshard.profiling.timer import Timer
 from autoshard.runtime.groups import choose_device_backend
@@ -65,6 +66,9 @@ class ProfileConfig:
     group_sizes: Optional[tuple] = None
     repeats: int = 5
     bf16: bool = True
+    #: on a GPU, also the kernel tables (``kernel_tables.py``): "full" (Llama-3 shapes, about a
+    #: minute on an H100), "quick" (tiny shapes: checks the path) or "none"
+    kernel_tables: str = "full"
 
     @classmethod
     def make(cls, quick: bool = False, **overrides) -> "ProfileConfig":
@@ -75,7 +79,8 @@ class ProfileConfig:
                         copy_fit=(1 * MiB, 8 * MiB, 32 * MiB), copy_held_out=(4 * MiB,),
                         elementwise_fit=(16 * KiB, 128 * KiB, 512 * KiB), elementwise_held_out=(64 * KiB,),
                         collective_fit=(4 * KiB, 64 * KiB, 512 * KiB, 2 * MiB),
-                        collective_held_out=(16 * KiB, 1 * MiB), op_chain=(1, 4), repeats=3, bf16=False)
+                        collective_held_out=(16 * KiB, 1 * MiB), op_chain=(1, 4), repeats=3, bf16=False,
+                        kernel_tables="quick")
             base.update(overrides)
             return cls(**base)
         return cls(**overrides)
@@ -142,6 +147,8 @@ def measure_profile(config: Optional[ProfileConfig] = None, *, name: Optional[st
     prof["elementwise"] = _fitted(time_elementwise(timer, config.elementwise_fit, device), lambda s: s[0],
                                   time_elementwise(timer, config.elementwise_held_out, device))
     prof["op_overhead"] = _fitted(time_op_chain(timer, config.op_chain, device), lambda s: s[0], [])
+    if device.type == "cuda" and config.kernel_tables != "none":
+        prof.update(measure_kernel_tables(device, quick=config.kernel_tables == "quick", log=log))
     log(f"compute measured in {time.perf_counter() - t0:.1f} s")
     sizes = config.group_sizes or tuple(n for n in (2 ** i for i in range(1, 20)) if n <= world and world % n == 0)
     for n in sizes:

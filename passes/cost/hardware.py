@@ -91,6 +91,9 @@ class Hardware:
     attention_efficiency: float = 1.0
     memory_efficiency: float = 1.0
     min_kernel_s: float = 0.0
+    #: fused attention's backward seconds per forward second (FlashAttention-2, Dao 2023, sec. 3.1:
+    #: 2.5x the forward's FLOPs); a measured profile replaces it with what its kernel took
+    attention_backward_factor: float = 2.5
     # collectives as NCCL runs them (``passes/cost/nccl.py``); "analytic": the link formulas above
     collective_model: str = "analytic"
     # achievable NCCL bus bandwidth as a fraction of the link fields above (so a changed link scales it),

@@ -12,7 +12,8 @@ peak-rate pricing, ``achievable(hw)`` is False):
   and result once through HBM at the achievable bandwidth (roofline: skinny shapes are memory-bound).
 - **fused attention** (flash / cuDNN): ``4 b h L S d`` forward FLOPs, halved for causal attention
   without a mask (the kernel skips the masked blocks), at ``attention_efficiency`` of peak; the
-  backward recomputes the scores and does 2.5x the forward's FLOPs (FlashAttention-2, Dao 2023, sec. 3.1).
+  backward recomputes the scores and does 2.5x the forward's FLOPs (FlashAttention-2, Dao 2023, sec. 3.1;
+  ``attention_backward_factor``: a measured profile sets it from its own kernel's times).
 - **memory-bound ops**: bytes read + written at ``memory_efficiency`` x HBM bandwidth.
 - **fused optimizer step**: memory-bound, ``optimizer_bytes_per_param`` per local parameter.
 - every kernel lasts at least ``min_kernel_s`` (launch and tail latency of a tiny kernel): the
@@ -91,7 +92,7 @@ def attention_seconds(hw, batch_heads: int, q_len: int, kv_len: int, head_dim: i
     flops = 4.0 * batch_heads * q_len * kv_len * head_dim * (0.5 if causal else 1.0)
     eff = hw.attention_efficiency if achievable(hw) else 1.0
     fwd = max(flops / (hw.flops_bf16 * eff), getattr(hw, "min_kernel_s", 0.0))
-    return fwd, (2.5 * fwd if backward else 0.0)
+    return fwd, (getattr(hw, "attention_backward_factor", 2.5) * fwd if backward else 0.0)
 
 
 def memory_seconds(hw, nbytes: float) -> float:

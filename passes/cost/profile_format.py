@@ -160,15 +160,46 @@ def derive_hardware(profile: dict, name: Optional[str] = None) -> Hardware:
         launch, latency = 0.0, intercepts[0] / steps[0]
     else:
         launch, latency = 0.0, 0.0
+    kernels = kernel_table_fields(profile)
     return Hardware(
         name=name or profile.get("name") or f"profile-{machine.get('hostname', 'local')}",
-        flops_bf16=flops_bf16, flops_fp32=flops, memory_bandwidth=1.0 / mem[1] if mem[1] > 0 else 1e15,
+        flops_bf16=kernels.pop("flops_bf16", flops_bf16), flops_fp32=flops,
+        memory_bandwidth=kernels.pop("memory_bandwidth", 1.0 / mem[1] if mem[1] > 0 else 1e15),
         memory_bytes=float(machine.get("memory_bytes_per_device", 16e9)),
         devices_per_node=int(machine.get("devices_per_node", machine.get("world_size", 1))),
         intra_node_bandwidth=bandwidth, intra_node_latency=latency,
         inter_node_bandwidth=bandwidth, inter_node_latency=latency,
         collective_launch_s=launch, op_overhead_s=overhead, collective_algorithm="ring",
-        collective_fits=tuple(fits))
+        collective_fits=tuple(fits), **kernels)
+
+
+def kernel_table_fields(profile: dict) -> dict:
+    """``Hardware`` fields a GPU profile's kernel tables (``autoshard/profiling/kernel_tables.py``)
+    measure, replacing the presets' cited constants; empty for a profile without them (a CPU's).
+
+    - ``flops_bf16``: the fastest bf16 GEMM the table holds (the rate the tile/wave model of
+      ``kernels.py`` scales from, so ``gemm_efficiency`` is 1.0) and ``sm_count`` the device's;
+    - ``attention_efficiency``: the median forward attention rate over that GEMM rate (causal work
+      halved, as ``kernels.attention_seconds`` counts it), ``attention_backward_factor`` the median
+      backward / forward time;
+    - ``memory_bandwidth``: the fastest copy (bytes read + written), ``memory_efficiency`` 1.0;
+    - ``comm_streams`` 1: NCCL runs collectives on their own stream."""
+    gemms = profile.get("gemm_table", {}).get("rows", [])
+    device = profile.get("device", {})
+    if not gemms or not device.get("sm_count"):
+        return {}
+    peak = max(2.0 * m * n * k / s for m, n, k, _layout, s in gemms if s > 0)
+    fields = {"flops_bf16": peak, "sm_count": int(device["sm_count"]), "gemm_efficiency": 1.0, "comm_streams": 1}
+    attention = profile.get("attention_table", {}).get("rows", [])
+    if attention:
+        rates = [4.0 * b * h * q * q * d * (0.5 if causal else 1.0) / fwd for b, h, q, d, causal, fwd, _ in attention if fwd > 0]
+        fields["attention_efficiency"] = min(1.0, statistics.median(rates) / peak)
+        fields["attention_backward_factor"] = statistics.median(bwd / fwd for *_, fwd, bwd in attention if fwd > 0)
+    copies = profile.get("copy_table", {}).get("rows", [])
+    if copies:
+        fields["memory_bandwidth"] = max(moved / s for moved, s in copies if s > 0)
+        fields["memory_efficiency"] = 1.0
+    return fields
 
 
 @dataclass
