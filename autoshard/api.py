@@ -21,8 +21,7 @@ from typing import Any, Optional, Union
 import torch
 
 from autoshard.compiled import CompiledModel, PipelinedModel
-from autoshard.driver import (Chosen, ModelBatch, build, choose, hardware_label, resolve_hardware, stage_solver,
-                              to_microbatch)
+from autoshard.driver import Chosen, ModelBatch, build, choose, hardware_label, resolve_hardware, to_microbatch
 from autoshard.lever_args import block_types, check_lever_values, lever_pins, microbatch, pin_levers
 from autoshard.options import PIN_KEYWORDS, PlanOptions
 from autoshard.passes.errors import PlanFormatError
@@ -33,8 +32,8 @@ from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
 from autoshard.pipelined_plans import PipelinedPlan
 from autoshard.pipelines import check_pipeline_inputs, planner_stage_starts
 from autoshard.plans import Plan
+from autoshard.passes.pipeline.stages.retrace import replan_at_microbatch
 from autoshard.runtime.groups import run_and_broadcast, setup_distributed
-from autoshard.runtime.pipeline.split import replan_at_microbatch
 
 __all__ = ["plan", "compile", "plan_captured", "resolve_hardware", "hardware_label", "planner_stage_starts",
            "PIN_KEYWORDS", "pin_levers", "check_lever_values", "block_types", "microbatch",
@@ -148,10 +147,10 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
         chosen = Chosen.from_json(run_and_broadcast(lambda: choose(batch, mesh, opts).to_json(), env=env))
         plan, planner, levers = chosen.plan, chosen.planner, None
         if isinstance(plan, PipelinedPlan):
-            solve = stage_solver(opts)
-
-            def replan(pipeline: PipelinePlan, full, small) -> PipelinePlan:
-                return PipelinePlan.from_json(run_and_broadcast(
-                    lambda: replan_at_microbatch(pipeline, full, small, solve=solve).to_json(), env=env))
+            def replan(pipeline: PipelinePlan, full, small) -> PipelinePlan:  # every stage re-solved, on rank 0
+                return PipelinePlan.from_json(run_and_broadcast(lambda: replan_at_microbatch(
+                    pipeline, full, small, hardware=resolve_hardware(opts.hardware), memory_limit=opts.memory_limit,
+                    optimizer=opts.optimizer, time_limit_s=opts.time_limit_s, params=opts.pins.get("params")
+                ).to_json(), env=env))
     runtime = to_microbatch(plan, batch, mesh, levers=levers, replan=replan)
     return build(runtime, batch, env, state_dict=state_dict, planner=planner, started=started)

@@ -41,8 +41,7 @@ from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding, random_solution
 from autoshard.passes.solve.replicated_ops import describe_replicated, replicated_op_costs
 from autoshard.pipelined_plans import CompiledPipelinePlan, PipelinedPlan
-from autoshard.pipelines import (check_pipeline_inputs, microbatch_plan, planner_stage_starts, stage_pins,
-                                 warn_per_microbatch)
+from autoshard.pipelines import check_pipeline_inputs, microbatch_plan, planner_stage_starts, warn_per_microbatch
 from autoshard.plan_format import PIPELINED_FORMAT, graph_fingerprint
 from autoshard.plans import Plan, plan_work
 from autoshard.runtime.pipeline.executor import PipelineProgram
@@ -206,19 +205,6 @@ def _choose_pipeline(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardwa
         return Chosen(Plan.build(solution, mesh, hardware, full), chosen)
     return Chosen(PipelinedPlan(chosen, mesh, hardware_label(hardware), graph_fingerprint(full), full,
                                 plan_work(full, hardware, mesh.size), coupled), chosen)
-
-
-def stage_solver(options: PlanOptions) -> Callable:
-    """``solve(stage_graph, submesh)`` for ``passes`` re-planning a pipeline's stages at the microbatch:
-    the sharding planner with the user's ``params=`` pins that concern the stage."""
-    hardware = resolve_hardware(options.hardware)
-
-    def solve(graph, submesh):
-        pins = stage_pins(options.pins, graph.captured)
-        return plan_sharding(graph.captured, submesh, hardware=hardware, memory_limit=options.memory_limit,
-                             optimizer=options.optimizer, time_limit_s=options.time_limit_s,
-                             pins=Pins(**pins) if pins else None)
-    return solve
 
 
 # ---- to_microbatch --------------------------------------------------------------------------------

@@ -3,16 +3,14 @@
 - ``microbatch_plan(pipeline, full, small)``: a saved pipeline plan (made on the program traced at the
   global batch) moved onto the program traced at the microbatch size, which stage programs run: the
   same ops, paired by position or, when the traces differ in a few ops as HF models' do at one
-  sequence, by aligning them (``split.align_nodes``); the same strategies (the planner only chose
+  sequence, by aligning them (``passes.pipeline.stages.retrace.align_nodes``); the same strategies (the planner only chose
   strategies that divide the microbatch);
 - ``warn_per_microbatch``: the batch-coupled ops a pipeline runs per microbatch;
 - ``check_pipeline_inputs``: what inputs a pipeline can cut;
-- ``planner_stage_starts`` and ``stage_pins``: the ``stages=`` and ``params=`` keywords as the stage
-  planner takes them.
+- ``planner_stage_starts``: the ``stages=`` keyword as the stage planner takes it.
 """
 from __future__ import annotations
 
-import fnmatch
 import warnings
 from dataclasses import replace
 from typing import Optional
@@ -25,10 +23,11 @@ from autoshard.passes.errors import BatchCouplingWarning, BatchError, PlanFormat
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
 from autoshard.passes.solve.solution import Redistribution, Solution
-from autoshard.runtime.pipeline.split import align_nodes, retrace_stage_nodes, stage_nodes_from_prefixes
+from autoshard.passes.pipeline.stages.retrace import align_nodes, retrace_stage_nodes
+from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
 
 __all__ = ["microbatch_plan", "warn_per_microbatch", "check_pipeline_inputs", "microbatch_inputs",
-           "planner_stage_starts", "stage_pins"]
+           "planner_stage_starts"]
 
 
 def warn_per_microbatch(captured: CapturedGraph, microbatches: int) -> list[str]:
@@ -70,8 +69,8 @@ def _renamed(solution: Optional[Solution], names: dict[str, str]) -> Optional[So
 
 def microbatch_plan(pipeline: PipelinePlan, full: CapturedGraph, small: CapturedGraph) -> PipelinePlan:
     """``pipeline`` (made on ``full``, the program at the global batch) on ``small``, the same program
-    traced at the microbatch size: every node renamed to its counterpart (ops by ``split.align_nodes``,
-    placeholders by position), the stage boundaries moved with them (``split.retrace_stage_nodes``),
+    traced at the microbatch size: every node renamed to its counterpart (ops by ``retrace.align_nodes``,
+    placeholders by position), the stage boundaries moved with them (``retrace.retrace_stage_nodes``),
     decisions and estimates unchanged. An op only the microbatch trace has gets no decision from the
     plan: ``PlanFormatError`` naming it (compile with ``pp=`` to plan at the microbatch instead)."""
     names = align_nodes(full, small)
@@ -93,13 +92,6 @@ def microbatch_plan(pipeline: PipelinePlan, full: CapturedGraph, small: Captured
         stages.append(StagePlan(s.index, nodes, s.group, list(s.ranks), s.mesh, solution, s.recompute))
     return PipelinePlan(pipeline.pp, pipeline.virtual, stages, pipeline.schedule, pipeline.microbatches,
                         pipeline.estimated_step_time, pipeline.bubble_fraction, list(pipeline.peak_activation_memory))
-
-
-def stage_pins(pins: dict, stage_captured: CapturedGraph) -> dict:
-    """The user's parameter pins that concern this stage (patterns matching one of its parameters)."""
-    names = set(stage_captured.params.values()) | set(stage_captured.aliases)
-    params = {k: v for k, v in (pins.get("params") or {}).items() if any(fnmatch.fnmatchcase(n, k) for n in names)}
-    return {"params": params} if params else {}
 
 
 def planner_stage_starts(captured: CapturedGraph, stages) -> Optional[list]:
