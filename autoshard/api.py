@@ -58,6 +58,11 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
          **options) -> Union[Plan, PipelinedPlan]:
     """Trace ``model`` and choose how to shard it over ``mesh``; needs no process group.
 
+    The keywords after ``example_target`` are the options ``plan`` and ``compile`` share
+    (``autoshard.options.PlanOptions``: hardware, memory_limit, optimizer, random_seed, time_limit_s,
+    pp, schedule, microbatches, stages, expert_load, the memory levers and the pins), checked once
+    before anything is traced; an unknown keyword is a TypeError naming it.
+
     ``mesh``: an int, a tuple of ints, an ``autoshard.Mesh`` or a ``DeviceMesh``. ``example_inputs``:
     a tuple of tensors (or a dict of keyword tensors) holding one GLOBAL batch; meta tensors are fine
     and allocate nothing. ``loss_fn(output, target)`` with ``example_target`` makes the planned
@@ -84,7 +89,7 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
     the model's own dtype.
 
     3D plans: ``pp="auto"`` | N (and ``schedule=``, ``microbatches=``, ``stages=``) run the stage
-    planner as ``compile`` does, with no process group (``_plan_pipeline``): the result is a
+    planner as ``compile`` does, with no process group (``driver.choose``): the result is a
     ``PipelinedPlan`` (same surface; ``compile(..., plan=it)`` runs it under torchrun), or a ``Plan``
     when no pipeline is faster. Pass the whole model: repeated blocks are priced once inside.
     """
@@ -113,14 +118,15 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     groups and leaves the rest to it; ``schedule`` (a name of ``passes/pipeline/schedule/registry.py``:
     "gpipe", "1f1b", "interleaved-1f1b", "interleaved-1f1b-v<N>", "zb-h1", "zbv", "dualpipev"),
     ``microbatches`` and ``stages`` (module-name prefixes, node names or layer-unit indices where
-    stages 1.. start) pin those decisions (``_compile_pipeline``). The result is a
+    stages 1.. start) pin those decisions (``driver.choose`` on rank 0, then every stage re-solved at the microbatch,
+    ``passes.pipeline.stages.retrace.replan_at_microbatch``). The result is a
     ``PipelinedModel``, or a ``CompiledModel`` when the planner finds no pipeline faster (pp = 1).
     ``pp=None`` (default) or ``pp=1``: no pipeline, the plan above. ``plan`` may be a ``PipelinedPlan``
     (from ``plan(..., pp=...)`` or ``load_plan``): the pipeline is built from it, nothing is planned
-    (``_compile_planned_pipeline``).
+    (``driver.to_microbatch`` and ``driver.build``).
 
     Memory levers (``passes.levers``), chosen by the planner unless given here (with ``plan=``: pinned on
-    top of the levers the plan carries, ``pin_levers``):
+    top of the levers the plan carries, ``lever_args.pin_levers``):
     ``accumulation=k`` runs the global batch as k sequential microsteps (the program is traced at
     ``batch / k``; ``step`` still takes the global batch and returns the mean loss);
     ``checkpoint="none" | "selective" | "full"`` for every repeated-block type, or a dict by block

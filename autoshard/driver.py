@@ -31,7 +31,7 @@ from autoshard.passes.capture.export import capture
 from autoshard.passes.cost.moe import attach_expert_load
 from autoshard.passes.errors import InfeasiblePlanError, PlanFormatError
 from autoshard.passes.graph import CapturedGraph
-from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision, block_levers
+from autoshard.passes.levers import LEVERS, BlockPolicy, Levers, MixedPrecision, block_levers
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import generate
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
@@ -161,8 +161,8 @@ def _pins_of(chosen: Levers, captured: CapturedGraph) -> LeverPins:
     per_block = {row.keyword: {t: getattr(p, row.keyword) for t, p in policy.items()} for row in block_levers()}
     per_block["reshard_after_forward"] = {t: v for t, v in per_block["reshard_after_forward"].items()
                                           if policy[t].checkpoint == "none"}
-    return LeverPins(accumulation=chosen.accumulation, mixed_precision=chosen.mixed_precision,
-                     **{k: v or None for k, v in per_block.items()})
+    step = {row.keyword: getattr(chosen, row.keyword) for row in LEVERS if not row.per_block}
+    return LeverPins(**step, **{k: v or None for k, v in per_block.items()})
 
 
 def _solve(captured: CapturedGraph, mesh: Mesh, levers: LeverPins, options: PlanOptions, hardware, *,

@@ -18,13 +18,14 @@ from typing import Any, Mapping, Optional, Union
 from autoshard.passes.levers import LEVER_KEYWORDS, check_lever
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
+from autoshard.pipelined_plans import PipelinedPlan
 
 __all__ = ["PlanOptions", "PIN_KEYWORDS", "ENTRIES"]
 
 #: the pin keywords of ``plan``/``compile`` (``passes.sharding.pins.Pins``' fields)
 PIN_KEYWORDS = ("params", "inputs", "ops", "strategies")
 #: the entry paths of the driver, as ``check_entry`` names them
-ENTRIES = ("plan", "compile", "compile-saved", "plan-captured")
+ENTRIES = ("plan", "compile", "plan-captured")
 
 
 def pipeline_requested(pp) -> bool:
@@ -132,13 +133,17 @@ class PlanOptions:
         takes no pin at all), and a saved pipelined plan (``saved``) runs as saved."""
         if entry not in ENTRIES:
             raise ValueError(f"entry {entry!r}: one of {list(ENTRIES)}")
-        pipelined_plan = saved is not None and hasattr(saved, "pipeline")
+        pipelined_plan = isinstance(saved, PipelinedPlan)
         if pipelined_plan:
             if self.levers:
                 raise TypeError(f"{sorted(self.levers, key=LEVER_KEYWORDS.index)} cannot be combined with a "
                                 "pipelined plan yet: its stages recompute as the stage planner chose")
             self._check_saved_pipeline(saved)
             return
+        if entry == "plan-captured" and any(v is not None for v in (self.pp, self.schedule, self.microbatches,
+                                                                     self.stages)):
+            raise TypeError("plan_captured plans the captured program as it is, with no pipeline stages: drop pp=, "
+                            "schedule=, microbatches= and stages=, or use autoshard.plan(..., pp=...)")
         if not self.pipelined:
             if any(v is not None for v in (self.schedule, self.microbatches, self.stages)):
                 raise TypeError("schedule=, microbatches= and stages= configure pipeline parallelism: pass pp='auto' "
