@@ -43,7 +43,7 @@ from autoshard.passes.solve.replicated_ops import describe_replicated, replicate
 from autoshard.pipelined_plans import CompiledPipelinePlan, PipelinedPlan
 from autoshard.pipelines import check_pipeline_inputs, microbatch_plan, planner_stage_starts, warn_per_microbatch
 from autoshard.plan_format import PIPELINED_FORMAT, graph_fingerprint
-from autoshard.plans import Plan, plan_work
+from autoshard.plans import Plan, hardware_label, plan_work
 from autoshard.runtime.pipeline.executor import PipelineProgram
 
 __all__ = ["ModelBatch", "Chosen", "trace", "choose", "to_microbatch", "build", "build_pipelined_model",
@@ -61,11 +61,6 @@ def resolve_hardware(hardware):
             if preset in name:
                 return preset.lower()
     return "cpu"
-
-
-def hardware_label(hardware) -> str:
-    """How a plan records its hardware: the preset or profile path, or a ``Hardware`` object's name."""
-    return hardware if isinstance(hardware, str) else str(getattr(hardware, "name", "custom"))
 
 
 # ---- trace ----------------------------------------------------------------------------------------

@@ -26,7 +26,12 @@ from autoshard.plan_format import (PIPELINED_FORMAT, PLAN_FORMAT, PLAN_VERSION, 
                                    read_plan_json)
 from autoshard.summary import plan_summary
 
-__all__ = ["Plan", "load_plan", "graph_fingerprint", "plan_work", "PLAN_FORMAT", "PLAN_VERSION"]
+__all__ = ["Plan", "load_plan", "graph_fingerprint", "plan_work", "hardware_label", "PLAN_FORMAT", "PLAN_VERSION"]
+
+
+def hardware_label(hardware) -> str:
+    """How a plan records its hardware: the preset or profile path, or a ``Hardware`` object's name."""
+    return hardware if isinstance(hardware, str) else str(getattr(hardware, "name", "custom"))
 
 
 def plan_work(captured: CapturedGraph, hardware: Any, devices: int, solution: Optional[Solution] = None
@@ -62,8 +67,7 @@ class Plan(PlanSurface):
     @classmethod
     def build(cls, solution: Solution, mesh: Mesh, hardware: Any, captured: CapturedGraph) -> "Plan":
         """A plan of ``captured``: ``hardware`` a preset name, a profile path or a ``Hardware``."""
-        label = hardware if isinstance(hardware, str) else str(getattr(hardware, "name", "custom"))
-        return cls(solution, mesh, label, graph_fingerprint(captured), captured,
+        return cls(solution, mesh, hardware_label(hardware), graph_fingerprint(captured), captured,
                    plan_work(captured, hardware, mesh.size, solution))
     #: how the model was built and planned when ``autoshard plan`` made it (spec, batch, seq, dtype,
     #: memory limit, optimizer): ``autoshard explain`` builds the same model again from it. JSON data.
