@@ -1,8 +1,11 @@
 """The memory-lever arguments of ``autoshard.plan`` / ``compile``: checked, resolved per block type,
 turned into the planner's pins or applied to a plan's levers, and the microbatch they trace.
 
+The levers themselves, their keywords and their value checks are one table,
+``passes.levers.LEVERS``; this module applies them to a traced model.
+
 - ``lever_pins(...)``: the keywords as ``LeverPins`` (None: the planner chooses);
-- ``check_lever_values(...)``: refuse values of the wrong kind before anything is traced;
+- ``check_lever_values(...)``: refuse values of the wrong kind before anything is traced (the table's check);
 - ``block_types(captured)`` and ``check_block_levers(captured, lever_args)``: per-block levers name
   the model's repeated-block types (or fnmatch patterns over them);
 - ``pin_levers(captured, levers, ...)``: a plan's levers with the given ones applied;
@@ -11,34 +14,33 @@ turned into the planner's pins or applied to a plan's levers, and the microbatch
 from __future__ import annotations
 
 import fnmatch
-from typing import Optional, Union
+from dataclasses import replace
 
 import torch
 
 from autoshard.passes.errors import BatchError, PlanFormatError
 from autoshard.passes.graph import CapturedGraph
-from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision, block_type
+from autoshard.passes.levers import LEVER_KEYWORDS, LEVERS, BlockPolicy, Levers, block_levers, block_type, check_lever
 from autoshard.passes.solve.clustering import block_instance, module_path
 from autoshard.passes.solve.lever_pins import LeverPins
 
 __all__ = ["LEVER_KEYWORDS", "lever_pins", "check_lever_values", "block_types", "check_block_levers", "pin_levers",
            "microbatch"]
 
-LEVER_KEYWORDS = ("accumulation", "checkpoint", "reshard_after_forward", "mixed_precision")
 
-
-def lever_pins(accumulation=None, checkpoint=None, reshard_after_forward=None, mixed_precision=None) -> LeverPins:
-    """The memory-lever keywords of ``plan``/``compile`` as ``LeverPins`` (None: the planner chooses;
-    mixed precision is never chosen). Raises ``AutoshardError`` naming a bad value."""
-    return LeverPins(accumulation, checkpoint, reshard_after_forward, mixed_precision)
+def lever_pins(**levers) -> LeverPins:
+    """The memory-lever keywords of ``plan``/``compile`` (``passes.levers.LEVER_KEYWORDS``) as
+    ``LeverPins`` (None or absent: the planner chooses; mixed precision is never chosen). Raises
+    ``OptionError`` naming a bad value."""
+    return LeverPins(**levers)
 
 
 def check_block_levers(captured: CapturedGraph, lever_args: dict) -> None:
     """Block-type levers name this model's block types (``PlanFormatError`` otherwise)."""
     known = block_types(captured)
-    for name in ("checkpoint", "reshard_after_forward"):
-        if lever_args.get(name) is not None:
-            _per_block(name, lever_args[name], known)
+    for row in block_levers():
+        if lever_args.get(row.keyword) is not None:
+            _per_block(row.keyword, lever_args[row.keyword], known)
 
 
 def block_types(captured: CapturedGraph) -> list[str]:
@@ -65,39 +67,27 @@ def _per_block(name: str, value, known: list[str]) -> dict:
     return {t: v for k, v in value.items() for t in known if t == k or fnmatch.fnmatchcase(t, str(k))}
 
 
-def pin_levers(captured: CapturedGraph, levers: Levers, *, accumulation: Optional[int] = None,
-               checkpoint: Union[None, str, dict] = None, reshard_after_forward: Union[None, bool, dict] = None,
-               mixed_precision: Optional[MixedPrecision] = None) -> Levers:
-    """``levers`` with the given pins applied (None leaves a lever as ``levers`` has it): the one place
-    ``compile``'s lever arguments enter a plan. ``checkpoint``/``reshard_after_forward``: one value
-    for every block type of ``captured`` or a dict by block type."""
-    check_lever_values(accumulation, checkpoint, reshard_after_forward, mixed_precision)
+def pin_levers(captured: CapturedGraph, levers: Levers, **given) -> Levers:
+    """``levers`` with the ``given`` lever keywords applied (None leaves a lever as ``levers`` has it):
+    the one place ``compile``'s lever arguments enter a saved plan. A per-block lever takes one value for
+    every block type of ``captured`` or a dict by block type."""
+    check_lever_values(**given)
     blocks = dict(levers.blocks)
     known = block_types(captured)
-    if checkpoint is not None:
-        for b, policy in _per_block("checkpoint", checkpoint, known).items():
-            blocks[b] = BlockPolicy(policy, blocks.get(b, BlockPolicy()).reshard_after_forward)
-    if reshard_after_forward is not None:
-        for b, flag in _per_block("reshard_after_forward", reshard_after_forward, known).items():
-            blocks[b] = BlockPolicy(blocks.get(b, BlockPolicy()).checkpoint, flag)
-    return Levers(accumulation if accumulation is not None else levers.accumulation, blocks,
-                  mixed_precision if mixed_precision is not None else levers.mixed_precision)
+    for row in block_levers():
+        if given.get(row.keyword) is not None:
+            for b, value in _per_block(row.keyword, given[row.keyword], known).items():
+                blocks[b] = replace(blocks.get(b, BlockPolicy()), **{row.keyword: value})
+    step = {row.keyword: given[row.keyword] if given.get(row.keyword) is not None else getattr(levers, row.keyword)
+            for row in LEVERS if not row.per_block}
+    return Levers(blocks=blocks, **step)
 
 
-def check_lever_values(accumulation=None, checkpoint=None, reshard_after_forward=None, mixed_precision=None) -> None:
-    """Refuse lever arguments of the wrong kind (block types are checked against a model by ``pin_levers``)."""
-    if accumulation is not None and (isinstance(accumulation, bool) or not isinstance(accumulation, int)
-                                     or accumulation < 1):
-        raise TypeError(f"accumulation={accumulation!r}: pass an int >= 1 (the number of sequential microsteps)")
-    for policy in (checkpoint.values() if isinstance(checkpoint, dict) else [checkpoint]):
-        if policy is not None:
-            BlockPolicy(policy)
-    for flag in (reshard_after_forward.values() if isinstance(reshard_after_forward, dict) else [reshard_after_forward]):
-        if flag is not None and not isinstance(flag, bool):
-            raise TypeError(f"reshard_after_forward= takes True/False (or a dict of them by block type), got {flag!r}")
-    if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecision):
-        raise TypeError(f"mixed_precision= takes autoshard.MixedPrecision(param_dtype=..., reduce_dtype=...), "
-                        f"got {type(mixed_precision).__name__}")
+def check_lever_values(**levers) -> None:
+    """Refuse lever arguments of the wrong kind (``passes.levers.check_lever``, the lever table's one
+    check; block types are checked against a model by ``check_block_levers``/``pin_levers``)."""
+    for keyword, value in levers.items():
+        check_lever(keyword, value)
 
 
 def microbatch(example_inputs, example_target, k: int, keyword: str = "accumulation"):

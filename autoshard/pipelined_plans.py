@@ -15,25 +15,26 @@ per microbatch (BatchNorm normalises each microbatch on its own); ``summary()`` 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
-from autoshard.drawing import block_pipeline_to_dot, pipeline_to_dot, render_dot
+from autoshard.drawing import block_pipeline_to_dot, pipeline_to_dot
 from autoshard.metrics import ModelWork
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
-from autoshard.plan_format import PIPELINED_FORMAT, PLAN_VERSION, check_envelope, graph_fingerprint
+from autoshard.plan_format import PIPELINED_FORMAT, PLAN_VERSION, check_envelope
+from autoshard.plan_surface import PlanSurface
 from autoshard.summary import pipelined_summary
 
 __all__ = ["PipelinedPlan", "CompiledPipelinePlan"]
 
 
 @dataclass
-class PipelinedPlan:
-    """A pipeline plan of one program on the physical ``mesh`` (see the module docstring)."""
+class PipelinedPlan(PlanSurface):
+    """A pipeline plan of one program on the physical ``mesh`` (see the module docstring). Throughput,
+    MFU, ``render`` and ``save`` come from ``PlanSurface``, shared with ``Plan``."""
     pipeline: PipelinePlan
     mesh: Mesh
     hardware: str
@@ -96,27 +97,6 @@ class PipelinedPlan:
     def bubble_fraction(self) -> float:
         return float(self.pipeline.bubble_fraction)
 
-    # ---- throughput ------------------------------------------------------------------------------
-    @property
-    def model_flops(self) -> Optional[float]:
-        """Model FLOPs of one step over all devices (``autoshard.metrics``: matmul FLOPs x3 for training)."""
-        return self.work.flops if self.work else None
-
-    @property
-    def tokens_per_second_per_device(self) -> Optional[float]:
-        """Estimated tokens per second per device (None when the inputs carry no token ids)."""
-        return self.work.rate(self.estimated_step_time) if self.work and self.work.tokens else None
-
-    @property
-    def samples_per_second_per_device(self) -> Optional[float]:
-        """Estimated samples (rows of the global batch) per second per device."""
-        return self.work.samples_rate(self.estimated_step_time) if self.work else None
-
-    @property
-    def mfu(self) -> Optional[float]:
-        """Estimated model FLOPs utilization against the hardware's dense peak (0..1; ``autoshard.metrics``)."""
-        return self.work.mfu(self.estimated_step_time) if self.work else None
-
     # ---- reading it ---------------------------------------------------------------------------
     def summary(self) -> str:
         """Mesh, pipeline, estimates (step time, memory, throughput, MFU), stages and placements."""
@@ -135,22 +115,12 @@ class PipelinedPlan:
             return pipeline_to_dot(self.pipeline, self.captured)
         raise ValueError(f"detail={detail!r}: choose 'blocks' (the default) or 'ops'")
 
-    def render(self, path: str, detail: str = "blocks") -> str:
-        """Draw the plan to ``path`` (.svg, .png or .pdf); without graphviz's ``dot``, writes .dot and
-        raises RuntimeError saying how to render it (as ``Plan.render``)."""
-        return render_dot(self.to_dot(detail), path)
-
     # ---- persistence ---------------------------------------------------------------------------
     def to_json(self) -> dict:
         return {"format": PIPELINED_FORMAT, "version": PLAN_VERSION, "mesh": self.mesh.to_json(),
                 "hardware": self.hardware, "fingerprint": self.fingerprint,
                 "work": self.work.to_json() if self.work else None, "pipeline": self.pipeline.to_json(),
                 "batch_coupled": list(self.batch_coupled)}
-
-    def save(self, path: str) -> None:
-        """Write the plan as JSON (never pickle)."""
-        with open(path, "w") as f:
-            json.dump(self.to_json(), f)
 
     @classmethod
     def from_json(cls, data: Any) -> "PipelinedPlan":
@@ -166,13 +136,7 @@ class PipelinedPlan:
     def attach(self, captured: CapturedGraph, mesh: Any = None) -> "PipelinedPlan":
         """This plan bound to ``captured`` (the program traced at the global batch); raises
         PlanFormatError if it was made for another program or mesh."""
-        if mesh is not None and Mesh.of(mesh).shape != self.mesh.shape:
-            raise PlanFormatError(f"plan was made for mesh {self.mesh.shape}, not {Mesh.of(mesh).shape}: plan again")
-        fp = graph_fingerprint(captured)
-        if fp != self.fingerprint:
-            raise PlanFormatError(
-                "plan was made for a different model or input shapes (graph fingerprint "
-                f"{self.fingerprint} != {fp}): plan again for this model")
+        self.check_binds(captured, mesh)
         return PipelinedPlan(self.pipeline, self.mesh, self.hardware, self.fingerprint, captured, self.work,
                              list(self.batch_coupled))
 

@@ -8,11 +8,10 @@ follow ``autoshard.metrics``' conventions.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from autoshard.drawing import block_plan_to_dot, plan_to_dot, render_dot
+from autoshard.drawing import block_plan_to_dot, plan_to_dot
 from autoshard.metrics import ModelWork, model_work
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.errors import AutoshardError, PlanFormatError
@@ -22,11 +21,17 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import fmt_placements
 from autoshard.pipelined_plans import PipelinedPlan
+from autoshard.plan_surface import PlanSurface
 from autoshard.plan_format import (PIPELINED_FORMAT, PLAN_FORMAT, PLAN_VERSION, check_envelope, graph_fingerprint,
                                    read_plan_json)
 from autoshard.summary import plan_summary
 
-__all__ = ["Plan", "load_plan", "graph_fingerprint", "plan_work", "PLAN_FORMAT", "PLAN_VERSION"]
+__all__ = ["Plan", "load_plan", "graph_fingerprint", "plan_work", "hardware_label", "PLAN_FORMAT", "PLAN_VERSION"]
+
+
+def hardware_label(hardware) -> str:
+    """How a plan records its hardware: the preset or profile path, or a ``Hardware`` object's name."""
+    return hardware if isinstance(hardware, str) else str(getattr(hardware, "name", "custom"))
 
 
 def plan_work(captured: CapturedGraph, hardware: Any, devices: int, solution: Optional[Solution] = None
@@ -43,8 +48,9 @@ def plan_work(captured: CapturedGraph, hardware: Any, devices: int, solution: Op
 
 
 @dataclass
-class Plan:
-    """How every op, parameter and input is placed on the mesh, and what that is estimated to cost."""
+class Plan(PlanSurface):
+    """How every op, parameter and input is placed on the mesh, and what that is estimated to cost.
+    Throughput, MFU, ``render`` and ``save`` come from ``PlanSurface``, shared with ``PipelinedPlan``."""
     solution: Solution
     mesh: Mesh
     hardware: str
@@ -61,8 +67,7 @@ class Plan:
     @classmethod
     def build(cls, solution: Solution, mesh: Mesh, hardware: Any, captured: CapturedGraph) -> "Plan":
         """A plan of ``captured``: ``hardware`` a preset name, a profile path or a ``Hardware``."""
-        label = hardware if isinstance(hardware, str) else str(getattr(hardware, "name", "custom"))
-        return cls(solution, mesh, label, graph_fingerprint(captured), captured,
+        return cls(solution, mesh, hardware_label(hardware), graph_fingerprint(captured), captured,
                    plan_work(captured, hardware, mesh.size, solution))
     #: how the model was built and planned when ``autoshard plan`` made it (spec, batch, seq, dtype,
     #: memory limit, optimizer): ``autoshard explain`` builds the same model again from it. JSON data.
@@ -99,26 +104,6 @@ class Plan:
         return self.solution.memory_peak_phase
 
     @property
-    def model_flops(self) -> Optional[float]:
-        """Model FLOPs of one step over all devices (``autoshard.metrics``: matmul FLOPs x3 for training)."""
-        return self.work.flops if self.work else None
-
-    @property
-    def tokens_per_second_per_device(self) -> Optional[float]:
-        """Estimated tokens per second per device (None when the inputs carry no token ids)."""
-        return self.work.rate(self.estimated_step_time) if self.work and self.work.tokens else None
-
-    @property
-    def samples_per_second_per_device(self) -> Optional[float]:
-        """Estimated samples (rows of the global batch) per second per device."""
-        return self.work.samples_rate(self.estimated_step_time) if self.work else None
-
-    @property
-    def mfu(self) -> Optional[float]:
-        """Estimated model FLOPs utilization against the hardware's dense peak (0..1; ``autoshard.metrics``)."""
-        return self.work.mfu(self.estimated_step_time) if self.work else None
-
-    @property
     def replicated_ops(self) -> list:
         """Ops with no sharding rule, which therefore run replicated."""
         return list(self.solution.unruled_ops)
@@ -143,12 +128,6 @@ class Plan:
             return plan_to_dot(self)
         raise ValueError(f"detail={detail!r}: choose 'blocks' (the default) or 'ops'")
 
-    def render(self, path: str, detail: str = "blocks") -> str:
-        """Draw the partition to ``path`` (.svg, .png or .pdf) at ``detail`` (see ``to_dot``). Without
-        graphviz's ``dot`` program, writes ``path`` with suffix .dot instead and raises RuntimeError
-        saying how to render it."""
-        return render_dot(self.to_dot(detail), path)
-
     # ---- persistence ---------------------------------------------------------------------------
     def to_json(self) -> dict:
         return {
@@ -161,11 +140,6 @@ class Plan:
             "solution": self.solution.to_json(),
             **({"source": self.source} if self.source is not None else {}),
         }
-
-    def save(self, path: str) -> None:
-        """Write the plan as JSON (never pickle)."""
-        with open(path, "w") as f:
-            json.dump(self.to_json(), f, indent=1)
 
     @classmethod
     def from_json(cls, data: dict) -> "Plan":
@@ -184,13 +158,7 @@ class Plan:
 
     def attach(self, captured: CapturedGraph, mesh: Mesh) -> "Plan":
         """This plan bound to ``captured``; raises PlanFormatError if it was made for another graph/mesh."""
-        if mesh.shape != self.mesh.shape:
-            raise PlanFormatError(f"plan was made for mesh {self.mesh.shape}, not {mesh.shape}: plan again")
-        fp = graph_fingerprint(captured)
-        if fp != self.fingerprint:
-            raise PlanFormatError(
-                "plan was made for a different model or input shapes (graph fingerprint "
-                f"{self.fingerprint} != {fp}): plan again for this model")
+        self.check_binds(captured, mesh)
         return Plan(self.solution, self.mesh, self.hardware, self.fingerprint, captured, self.work,
                     source=self.source)
 

@@ -97,7 +97,8 @@ def main() -> None:
     from autoshard.passes.pipeline.schedule.generators import generate
     from autoshard.passes.solve.planner import plan_sharding
     from autoshard.runtime.pipeline.executor import PipelineProgram, write_chrome_trace
-    from autoshard.runtime.pipeline.split import make_pipeline_plan, stage_nodes_from_prefixes
+    from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
+    from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     torch.manual_seed(0)

@@ -35,6 +35,12 @@ class CheckpointError(AutoshardError):
     a checkpoint cannot store without pickle."""
 
 
+class OptionError(AutoshardError, TypeError):
+    """A keyword of ``plan``/``compile`` (or a value of the plan's data) has a value of the wrong kind;
+    the message names the keyword and what it takes. Also a ``TypeError``, as Python's own keyword
+    errors are."""
+
+
 class BatchCouplingWarning(UserWarning):
     """A plan runs batch-coupled ops (BatchNorm in training, reductions over the batch) on parts of the
     batch (gradient accumulation, pipeline microbatches): the step computes something else than one

@@ -15,6 +15,12 @@ A plan chooses, next to one strategy per op:
 
 Plain data; JSON through ``to_json``/``from_json`` (dtypes by name), never pickle.
 
+``LEVERS`` is the one table of the levers: each row (``Lever``) names its ``plan``/``compile`` keyword,
+its JSON key, whether it is chosen per block type, what values it takes, their check, its default
+(the value when it is not pulled) and whether the planner chooses it. The front door takes its lever
+keywords from the table, every value check (keyword, ``LeverPins``, ``BlockPolicy``, ``Levers``) is
+the table's ``check_lever``, and ``BlockPolicy`` / ``Levers`` write their JSON keys from it.
+
 >>> Levers(accumulation=2, blocks={"blocks.#": BlockPolicy("full")}).to_json()["blocks"]
 {'blocks.#': {'checkpoint': 'full', 'reshard_after_forward': False}}
 """
@@ -22,11 +28,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Optional
 
-from autoshard.passes.errors import AutoshardError, PlanFormatError
+from autoshard.passes.errors import AutoshardError, OptionError, PlanFormatError
 
-__all__ = ["CHECKPOINT_POLICIES", "BlockPolicy", "MixedPrecision", "Levers", "block_type"]
+__all__ = ["CHECKPOINT_POLICIES", "BlockPolicy", "MixedPrecision", "Levers", "block_type", "Lever", "LEVERS",
+           "LEVER_KEYWORDS", "lever", "check_lever"]
 
 CHECKPOINT_POLICIES = ("none", "selective", "full")
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -44,15 +51,15 @@ class BlockPolicy:
     reshard_after_forward: bool = False
 
     def __post_init__(self):
-        if self.checkpoint not in CHECKPOINT_POLICIES:
-            raise AutoshardError(f"checkpoint={self.checkpoint!r}: choose one of {list(CHECKPOINT_POLICIES)}")
+        for row in block_levers():
+            check_lever(row.keyword, getattr(self, row.keyword), per_block=False)
 
     def to_json(self) -> dict:
-        return {"checkpoint": self.checkpoint, "reshard_after_forward": bool(self.reshard_after_forward)}
+        return {row.json_key: row.to_json(getattr(self, row.keyword)) for row in block_levers()}
 
     @classmethod
     def from_json(cls, d: dict) -> "BlockPolicy":
-        return cls(str(d.get("checkpoint", "none")), bool(d.get("reshard_after_forward", False)))
+        return cls(**{row.keyword: row.from_json(d.get(row.json_key, row.default)) for row in block_levers()})
 
 
 def _dtype_name(dtype) -> Optional[str]:
@@ -110,9 +117,7 @@ class Levers:
     mixed_precision: Optional[MixedPrecision] = None
 
     def __post_init__(self):
-        if isinstance(self.accumulation, bool) or not isinstance(self.accumulation, int) or self.accumulation < 1:
-            raise AutoshardError(f"accumulation={self.accumulation!r}: pass an int >= 1 (the number of "
-                                 "sequential microsteps the global batch is cut into)")
+        check_lever("accumulation", self.accumulation)
 
     def policy(self, block_instance: Optional[str]) -> BlockPolicy:
         """The policy of one block instance (``"blocks.3"``), or of ops outside blocks (None)."""
@@ -126,18 +131,125 @@ class Levers:
                 or any(p != BlockPolicy() for p in self.blocks.values()))
 
     def to_json(self) -> dict:
-        return {"accumulation": self.accumulation,
-                "blocks": {k: p.to_json() for k, p in sorted(self.blocks.items())},
-                "mixed_precision": None if self.mixed_precision is None else self.mixed_precision.to_json()}
+        out = {row.json_key: row.to_json(getattr(self, row.keyword)) for row in LEVERS if not row.per_block}
+        out["blocks"] = {k: p.to_json() for k, p in sorted(self.blocks.items())}
+        return out
 
     @classmethod
     def from_json(cls, d: Optional[dict]) -> "Levers":
         if not d:
             return cls()
         try:
-            mp = d.get("mixed_precision")
-            return cls(int(d.get("accumulation", 1)),
-                       {str(k): BlockPolicy.from_json(v) for k, v in (d.get("blocks") or {}).items()},
-                       None if mp is None else MixedPrecision.from_json(mp))
+            step = {row.keyword: row.from_json(d.get(row.json_key, row.default)) for row in LEVERS if not row.per_block}
+            return cls(blocks={str(k): BlockPolicy.from_json(v) for k, v in (d.get("blocks") or {}).items()}, **step)
         except (TypeError, ValueError, AttributeError, AutoshardError) as e:
             raise PlanFormatError(f"malformed levers JSON ({type(e).__name__}: {e})") from e
+
+
+# ---- the lever table --------------------------------------------------------------------------------
+
+def _same(value):
+    return value
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One memory lever (a row of ``LEVERS``).
+
+    ``keyword``: the ``plan``/``compile`` keyword, and the attribute of ``Levers`` (or ``BlockPolicy``
+    when ``per_block``) and of ``passes.solve.lever_pins.LeverPins`` that holds it. ``json_key``: its key
+    in the plan's JSON (inside each block policy when ``per_block``). ``per_block``: chosen per
+    repeated-block type (the keyword also takes a dict by block type). ``allowed``: the values it takes,
+    as errors say it. ``problem(value)``: None for a good single value, else what is wrong with it.
+    ``default``: its value when not pulled. ``chosen``: the planner chooses it when the keyword is not
+    given (False: given or off). ``to_json``/``from_json``: its value to and from JSON data."""
+    keyword: str
+    json_key: str
+    per_block: bool
+    allowed: str
+    problem: Callable[[Any], Optional[str]]
+    default: Any
+    chosen: bool = True
+    to_json: Callable[[Any], Any] = _same
+    from_json: Callable[[Any], Any] = _same
+
+
+def _accumulation_problem(k) -> Optional[str]:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        return (f"accumulation={k!r}: pass an int >= 1 (the number of sequential microsteps the global batch is cut "
+                "into), or leave it out to let the planner choose")
+    return None
+
+
+def _checkpoint_problem(policy) -> Optional[str]:
+    if policy not in CHECKPOINT_POLICIES:
+        return (f"checkpoint={policy!r}: choose one of {list(CHECKPOINT_POLICIES)} (for every block type, or each "
+                "value of a dict by block type: checkpoint={'model.layers.#': 'full'})")
+    return None
+
+
+def _reshard_problem(flag) -> Optional[str]:
+    if not isinstance(flag, bool):
+        return (f"reshard_after_forward= takes True/False (or a dict of them by block type, e.g. "
+                f"{{'model.layers.#': False}}), got {flag!r}")
+    return None
+
+
+def _mixed_precision_problem(mp) -> Optional[str]:
+    if not isinstance(mp, MixedPrecision):
+        return ("mixed_precision= takes autoshard.MixedPrecision(param_dtype=..., reduce_dtype=...), got "
+                f"{type(mp).__name__}")
+    return None
+
+
+def _mixed_precision_json(mp):
+    return None if mp is None else mp.to_json()
+
+
+def _mixed_precision_from_json(d):
+    return None if d is None else MixedPrecision.from_json(d)
+
+
+#: every memory lever, in the order the summary and the JSON list them
+LEVERS: tuple[Lever, ...] = (
+    Lever("accumulation", "accumulation", False, "an int k >= 1: the global batch runs as k sequential microsteps",
+          _accumulation_problem, 1, from_json=int),
+    Lever("checkpoint", "checkpoint", True, f"one of {list(CHECKPOINT_POLICIES)} per repeated-block type",
+          _checkpoint_problem, "none", from_json=str),
+    Lever("reshard_after_forward", "reshard_after_forward", True,
+          "True/False per repeated-block type: free gathered parameters after forward", _reshard_problem, False,
+          from_json=bool),
+    Lever("mixed_precision", "mixed_precision", False, "autoshard.MixedPrecision(param_dtype, reduce_dtype)",
+          _mixed_precision_problem, None, chosen=False, to_json=_mixed_precision_json,
+          from_json=_mixed_precision_from_json),
+)
+LEVER_KEYWORDS: tuple[str, ...] = tuple(row.keyword for row in LEVERS)
+
+
+def lever(keyword: str) -> Lever:
+    """The row of ``LEVERS`` for ``keyword``."""
+    for row in LEVERS:
+        if row.keyword == keyword:
+            return row
+    raise KeyError(f"no memory lever {keyword!r}; levers are {list(LEVER_KEYWORDS)}")
+
+
+def block_levers() -> tuple[Lever, ...]:
+    """The levers chosen per repeated-block type (``BlockPolicy``'s fields)."""
+    return tuple(row for row in LEVERS if row.per_block)
+
+
+def check_lever(keyword: str, value, *, per_block: Optional[bool] = None) -> None:
+    """Refuse a bad value of lever ``keyword`` (None, "not given", passes): ``OptionError`` (a
+    ``TypeError`` and an ``AutoshardError``) saying what the lever takes. A per-block lever also takes a
+    dict by block type (each value checked) unless ``per_block=False``; block-type keys are checked
+    against a model where one is traced (``autoshard.lever_args``)."""
+    row = lever(keyword)
+    if value is None:
+        return
+    by_block = row.per_block if per_block is None else per_block
+    values = list(value.values()) if by_block and isinstance(value, dict) else [value]
+    for v in values:
+        why = row.problem(v)
+        if why:
+            raise OptionError(why)

@@ -4,7 +4,11 @@ data flows one way, front door -> ``autoshard.passes`` -> ``autoshard.runtime``:
 
 - ``autoshard.passes`` imports neither ``autoshard.runtime`` nor the front door;
 - ``autoshard.runtime`` does not import the front door;
-- nothing imports ``autoshard.testing`` (the tests' and benchmarks' support; it may import anything).
+- nothing imports ``autoshard.testing`` (the tests' and benchmarks' support; it may import anything);
+- inside ``autoshard.passes`` the stages run in order, capture -> sharding -> cost -> solve ->
+  pipeline, and an earlier stage imports no later one (``STAGE_ORDER``);
+- the runtime never reaches a planner (``PLANNERS``), even through other modules: it runs plans, it
+  makes none.
 
 The front door is ``autoshard`` itself and every module of it outside ``passes``, ``runtime`` and
 ``testing`` (``api``, ``compiled``, ``drawing``, ``profiling``, ...). Also: every package's
@@ -24,6 +28,18 @@ LAYERS = ("frontdoor", "passes", "runtime", "testing")
 #: layer -> the layers it must not import
 FORBIDDEN = {"passes": {"runtime", "frontdoor", "testing"}, "runtime": {"frontdoor", "testing"},
              "frontdoor": {"testing"}, "testing": set()}
+
+
+#: the compiler's stages inside ``autoshard.passes``, in the order a plan is made
+STAGE_ORDER = ("capture", "sharding", "cost", "solve", "pipeline")
+#: stage-order edges known to be wrong, each to be removed by the change that fixes it:
+#: capture's functionalization reads op schemas from sharding (issue 18 moves ``schema.py`` into the
+#: shared vocabulary)
+KNOWN_STAGE_ORDER_EXCEPTIONS = {("autoshard.passes.capture.functionalize", "autoshard.passes.sharding.schema")}
+#: the modules that choose plans (the ILPs, the searches and re-planning): the runtime reaches none
+PLANNERS = ("autoshard.passes.solve.planner", "autoshard.passes.solve.ilp", "autoshard.passes.pipeline.stages.planner",
+            "autoshard.passes.pipeline.stages.search", "autoshard.passes.pipeline.stages.stage_ilp",
+            "autoshard.passes.pipeline.stages.retrace")
 
 
 class Module(NamedTuple):
@@ -157,6 +173,38 @@ def layer_violations(edges: list[Edge]) -> list[str]:
             if layer(e.target) in FORBIDDEN[layer(e.source)]]
 
 
+def passes_stage(module: str) -> str | None:
+    """The compiler stage (``STAGE_ORDER``) a module of ``autoshard.passes`` belongs to, else None."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["autoshard", "passes"] and parts[2] in STAGE_ORDER else None
+
+
+def stage_order_violations(edges: list[Edge], allowed: set = frozenset()) -> list[str]:
+    found = []
+    for e in edges:
+        a, b = passes_stage(e.source), passes_stage(e.target)
+        if a and b and STAGE_ORDER.index(b) > STAGE_ORDER.index(a) and (e.source, e.target) not in allowed:
+            found.append(f"{e.source}:{e.line} (stage {a}) imports {e.target} (the later stage {b})")
+    return found
+
+
+def runtime_reaching_planners(edges: list[Edge]) -> list[str]:
+    """``runtime module -> planner`` for each planner a runtime module imports, directly or not."""
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        graph.setdefault(e.source, set()).add(e.target)
+    found = []
+    for start in sorted(m for m in graph if layer(m) == "runtime"):
+        seen, todo = set(), [start]
+        while todo:
+            for target in graph.get(todo.pop(), ()):
+                if target not in seen:
+                    seen.add(target)
+                    todo.append(target)
+        found += [f"{start} -> {p}" for p in PLANNERS if p in seen]
+    return found
+
+
 # ---- the package ---------------------------------------------------------------------------------
 
 def test_the_walk_sees_every_stage_and_function_level_imports():
@@ -181,6 +229,18 @@ def test_no_private_names_from_another_module():
 
 def test_front_door_then_passes_then_runtime():
     found = layer_violations(import_edges(read_package()))
+    assert not found, "\n".join(found)
+
+
+def test_passes_stages_import_only_earlier_stages():
+    found = stage_order_violations(import_edges(read_package()), KNOWN_STAGE_ORDER_EXCEPTIONS)
+    assert not found, "\n".join(found)
+
+
+def test_the_runtime_never_reaches_a_planner():
+    modules = read_package()
+    assert all(p in modules for p in PLANNERS), [p for p in PLANNERS if p not in modules]
+    found = runtime_reaching_planners(import_edges(modules))
     assert not found, "\n".join(found)
 
 
@@ -212,6 +272,13 @@ def test_the_checks_catch_each_kind_of_violation():
         "autoshard.runtime.lower": "import autoshard.api\nfrom autoshard.testing import models\n",
         "autoshard.testing": "",
         "autoshard.testing.models": "import autoshard.api\n",
+        "autoshard.passes.capture": "",
+        "autoshard.passes.capture.export": "from autoshard.passes.cost import model\n",
+        "autoshard.passes.cost": "",
+        "autoshard.passes.cost.model": "",
+        "autoshard.runtime.pipeline": "from autoshard.passes.solve import helper\n",
+        "autoshard.passes.solve.helper": "from autoshard.passes.solve import planner\n",
+        "autoshard.passes.solve.planner": "",
     })
     assert circles(edges) == [["autoshard.passes.solve", "autoshard.passes.spec", "autoshard.passes.solve"]]
     assert private_imports(edges) == ["autoshard.passes.solve:1 takes _helper from autoshard.passes.spec"]
@@ -220,3 +287,7 @@ def test_the_checks_catch_each_kind_of_violation():
         "autoshard.runtime.lower:1 (runtime) imports autoshard.api (frontdoor)",
         "autoshard.runtime.lower:2 (runtime) imports autoshard.testing.models (testing)",
     ]
+    assert stage_order_violations(edges) == [
+        "autoshard.passes.capture.export:1 (stage capture) imports autoshard.passes.cost.model (the later stage cost)"]
+    assert stage_order_violations(edges, {("autoshard.passes.capture.export", "autoshard.passes.cost.model")}) == []
+    assert runtime_reaching_planners(edges) == ["autoshard.runtime.pipeline -> autoshard.passes.solve.planner"]

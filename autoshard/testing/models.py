@@ -40,7 +40,7 @@ Pipeline builders (``PIPELINE_BUILDERS``: ``unet``, ``gpt``) return ``(model, ex
 loss_fn, stage_prefixes)``, where ``stage_prefixes[n]`` lists the module-name prefixes where stages
 1..n-1 start for ``n`` stages (2, 4, 8; 8 cuts the GPT's blocks between attention and MLP; ``unet1d``
 has 2 and 4 only), as
-``runtime.pipeline.split.stage_nodes_from_prefixes`` reads them.
+``passes.pipeline.stages.stage_graphs.stage_nodes_from_prefixes`` reads them.
 """
 from __future__ import annotations
 

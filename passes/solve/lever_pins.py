@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from autoshard.passes.errors import AutoshardError
-from autoshard.passes.levers import CHECKPOINT_POLICIES, MixedPrecision
+from autoshard.passes.levers import LEVERS, MixedPrecision, check_lever
 from autoshard.passes.solve.lever_costs import POLICIES
 
 __all__ = ["LeverPins"]
@@ -33,29 +33,16 @@ __all__ = ["LeverPins"]
 
 @dataclass
 class LeverPins:
-    """See the module docstring. None everywhere: the planner chooses every lever."""
+    """See the module docstring. None everywhere: the planner chooses every lever. One field per row of
+    ``passes.levers.LEVERS``, named by its keyword."""
     accumulation: Optional[int] = None
     checkpoint: Union[None, str, dict] = None
     reshard_after_forward: Union[None, bool, dict] = None
     mixed_precision: Optional[MixedPrecision] = None
 
     def __post_init__(self):
-        k = self.accumulation
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise AutoshardError(f"accumulation={k!r}: pass an int >= 1 (the number of sequential microsteps the "
-                                 "global batch is cut into), or leave it out to let the planner choose")
-        for value in _values(self.checkpoint):
-            if value not in CHECKPOINT_POLICIES:
-                raise AutoshardError(f"checkpoint={self.checkpoint!r}: each value must be one of "
-                                     f"{list(CHECKPOINT_POLICIES)}, e.g. checkpoint='selective' or "
-                                     "checkpoint={'model.layers.#': 'full'}")
-        for value in _values(self.reshard_after_forward):
-            if not isinstance(value, bool):
-                raise AutoshardError(f"reshard_after_forward={self.reshard_after_forward!r}: each value must be "
-                                     "True or False, e.g. reshard_after_forward=True or {'model.layers.#': False}")
-        if self.mixed_precision is not None and not isinstance(self.mixed_precision, MixedPrecision):
-            raise AutoshardError(f"mixed_precision={self.mixed_precision!r}: pass autoshard.MixedPrecision("
-                                 "param_dtype=torch.bfloat16, reduce_dtype=torch.float32) or None")
+        for row in LEVERS:  # one check per lever, the table's (``passes.levers.check_lever``)
+            check_lever(row.keyword, getattr(self, row.keyword))
 
     @classmethod
     def off(cls, mixed_precision: Optional[MixedPrecision] = None) -> "LeverPins":
@@ -96,12 +83,6 @@ class LeverPins:
             raise AutoshardError(f"accumulation={self.accumulation} does not divide the global batch of {batch}: "
                                  f"pass one of {divisors}")
         return [self.accumulation]
-
-
-def _values(pin) -> list:
-    if pin is None:
-        return []
-    return list(pin.values()) if isinstance(pin, dict) else [pin]
 
 
 def _per_type(pin, block_types: list[str], what: str) -> dict:

@@ -1,7 +1,7 @@
 """Pipeline-parallel runtime: per-stage programs, point-to-point transfers, the schedule interpreter.
 
-- ``split``: cut a captured program into per-stage sub-programs (``split_stages``); stage boundaries
-  from module prefixes or node names; ``make_pipeline_plan`` builds a ``PipelinePlan`` by hand.
+- the stage sub-programs come from ``passes.pipeline.stages.stage_graphs.split_stages`` (and a
+  pipeline plan by hand from ``passes.pipeline.stages.by_hand``): the runtime plans nothing.
 - ``groups``: each rank group's submesh communicators (``SubmeshEnv``) and shared-weight groups.
 - ``p2p``: replicated boundary layout; one transfer order derived from the schedule (``plan_transfers``)
   so every peer pair sends in the order the receiver posts (NCCL matches by order, not by tag).
@@ -13,7 +13,5 @@
 May import: torch, ``autoshard.passes`` and the rest of ``autoshard.runtime``. Never the front door.
 """
 from .executor import PipelineProgram, write_chrome_trace  # noqa: F401
-from .split import make_pipeline_plan, split_stages, stage_nodes_from_prefixes, stage_nodes_from_starts  # noqa: F401
 
-__all__ = ["PipelineProgram", "write_chrome_trace", "make_pipeline_plan", "split_stages",
-           "stage_nodes_from_prefixes", "stage_nodes_from_starts"]
+__all__ = ["PipelineProgram", "write_chrome_trace"]

@@ -38,7 +38,7 @@ from ..state_dict import ModelState
 from .groups import TieGroups, build_pipeline_envs, group_layout
 from .interpreter import Interpreter, TimelineEvent, executed_schedule
 from .p2p import Wiring
-from .split import StageGraph, split_stages
+from autoshard.passes.pipeline.stages.stage_graphs import StageGraph, split_stages
 from .stage import StageGradSync, StageProgram
 
 __all__ = ["PipelineProgram", "write_chrome_trace", "stage_strategies"]

@@ -33,7 +33,7 @@ from ..lower import lower
 from ..materialize import materialize
 from ..recompute import Replay
 from .groups import SubmeshEnv
-from .split import StageGraph
+from autoshard.passes.pipeline.stages.stage_graphs import StageGraph
 from .split_backward import SplitBackward
 
 __all__ = ["StageProgram", "StageGradSync"]

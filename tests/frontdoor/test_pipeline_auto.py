@@ -219,7 +219,7 @@ def test_bad_pipeline_arguments():
     import autoshard
     from autoshard.passes.capture.export import capture
     from autoshard.passes.errors import PlanFormatError
-    from autoshard.runtime.pipeline.split import match_nodes
+    from autoshard.passes.pipeline.stages.retrace import match_nodes
 
     model, inputs, target, loss_fn, _ = build("unet")
     common = dict(example_inputs=inputs, loss_fn=loss_fn, example_target=target)

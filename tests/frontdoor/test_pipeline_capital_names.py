@@ -59,12 +59,10 @@ def test_plan_pp_2_places_every_capital_letter_parameter():
     assert set(plan.param_placements) == names
     # the stage cut moved onto the microbatch trace and every stage re-solved there, as compile does
     from autoshard.passes.capture.export import capture
-    from autoshard.passes.solve.planner import plan_sharding
-    from autoshard.runtime.pipeline.split import replan_at_microbatch
+    from autoshard.passes.pipeline.stages.retrace import replan_at_microbatch
     full = capture(model, inputs, loss_fn=F.mse_loss, target=target)
     small = capture(model, tuple(x[:4] for x in inputs), loss_fn=F.mse_loss, target=target[:4])
-    staged = replan_at_microbatch(plan.pipeline, full, small, solve=lambda graph, submesh: plan_sharding(
-        graph.captured, submesh, hardware="cpu", time_limit_s=20))
+    staged = replan_at_microbatch(plan.pipeline, full, small, hardware="cpu", time_limit_s=20)
     placed = {n for s in staged.stages for n in s.solution.param_placements}
     assert placed == names
 

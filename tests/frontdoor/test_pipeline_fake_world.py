@@ -4,7 +4,7 @@ The plan comes from ``autoshard.plan(..., pp=16)`` on the whole 96-block model (
 schedule and microbatch count are pinned to what the unpinned planner picks, ``benchmarks/plan_3d.py``,
 so the test does not search them). Then, for the first rank, one in the middle and the last, a fake
 process group (``torch.testing``'s ``FakeStore`` / "fake" backend: collectives do nothing) of 1,024
-ranks stands in for the world and ``pipelines.build_pipelined_model`` (what ``compile(..., plan=)``
+ranks stands in for the world and ``driver.build_pipelined_model`` (what ``compile(..., plan=)``
 runs on each rank) builds that rank's stages on the meta device. Each rank's program is checked
 against the plan: its rank group and the members of each of its submesh communicators, the peers
 it exchanges activations with and the shapes it exchanges, and the shape of every local parameter
@@ -23,7 +23,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 import autoshard
 from autoshard.passes.capture.export import capture
 from autoshard.passes.spec import Shard
-from autoshard.pipelines import build_pipelined_model
+from autoshard.driver import build_pipelined_model
 
 transformers = pytest.importorskip("transformers")
 

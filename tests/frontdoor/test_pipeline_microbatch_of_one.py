@@ -54,7 +54,7 @@ def one_sequence_worker(rank: int, world: int, schedules: list, saved: str) -> l
 def test_hf_llama_microbatch_of_one_sequence_equals_one_device(tmp_path):
     import autoshard
     from autoshard.passes.capture.export import capture
-    from autoshard.runtime.pipeline.split import match_nodes
+    from autoshard.passes.pipeline.stages.retrace import match_nodes
     from autoshard.passes.errors import PlanFormatError
 
     model, inputs, target, loss_fn = _build()
@@ -74,7 +74,8 @@ def test_retracing_moves_boundaries_by_alignment_and_refuses_another_program():
     import torch.nn.functional as F
     from autoshard.passes.capture.export import capture
     from autoshard.passes.errors import PlanFormatError
-    from autoshard.runtime.pipeline.split import retrace_stage_nodes, stage_nodes_from_prefixes
+    from autoshard.passes.pipeline.stages.retrace import retrace_stage_nodes
+    from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
     from autoshard.testing.models import unet
 
     model, inputs, target, loss_fn = _build()

@@ -34,7 +34,8 @@ def data_parallel_pipeline(model, inputs, target, loss_fn, prefixes, microbatche
     from autoshard.passes.solve.planner import plan_sharding
     from autoshard.runtime.groups import broadcast_json
     from autoshard.runtime.pipeline.executor import PipelineProgram
-    from autoshard.runtime.pipeline.split import make_pipeline_plan, stage_nodes_from_prefixes
+    from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
+    from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
     mb = target.shape[0] // microbatches
     captured = capture(model, tuple(x[:mb] for x in inputs), loss_fn=loss_fn, target=target[:mb])
     payload = None

@@ -16,7 +16,7 @@ contiguous units between them:
 A long skip (U-Net) keeps its tensor live across every boundary it spans, so the boundaries inside
 it cost more and the stage ILP, which prices each cut's bytes, avoids them unless balance pays;
 a skip crossing several stages goes straight from its producer's stage to its consumer's
-(``runtime.pipeline.split``).
+(``passes.pipeline.stages.stage_graphs``).
 
 A boundary is refused when it would separate a multi-output op from the ``getitem`` reading it, or
 when a non-tensor value (a tuple, a symbolic size) would cross it.

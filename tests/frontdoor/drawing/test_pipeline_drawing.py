@@ -11,7 +11,8 @@ import torch
 def _unet_plan():
     from autoshard.passes.capture.export import capture
     from autoshard.passes.solve.planner import plan_sharding
-    from autoshard.runtime.pipeline.split import make_pipeline_plan, stage_nodes_from_prefixes
+    from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
+    from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
     from autoshard.testing.models import unet
 
     torch.manual_seed(0)

@@ -128,7 +128,7 @@ def test_lever_pins_are_honoured_and_bad_ones_named(gpt):
     assert sol.levers.blocks["blocks.#"] == BlockPolicy("full", True)
     with pytest.raises(AutoshardError, match=r"accumulation=3 does not divide the global batch of 8"):
         _plan(gpt, None, accumulation=3)
-    with pytest.raises(AutoshardError, match="each value must be one of"):
+    with pytest.raises(AutoshardError, match="checkpoint=.some.: choose one of"):
         LeverPins(checkpoint="some")
     with pytest.raises(AutoshardError, match="pass an int >= 1"):
         LeverPins(accumulation=0)

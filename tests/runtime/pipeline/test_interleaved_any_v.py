@@ -32,7 +32,8 @@ def interleaved_worker(rank: int, world: int) -> list:
     from autoshard.passes.solve.planner import plan_sharding
     from autoshard.runtime.groups import broadcast_json
     from autoshard.runtime.pipeline.executor import PipelineProgram
-    from autoshard.runtime.pipeline.split import make_pipeline_plan, stage_nodes_from_prefixes
+    from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
+    from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
 
     torch.set_num_threads(1)
     failures = []

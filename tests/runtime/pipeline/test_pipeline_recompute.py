@@ -40,7 +40,8 @@ def _program(model, x, y, schedule: str, recompute: bool, m: int):
     from autoshard.passes.solve.planner import plan_sharding
     from autoshard.runtime.groups import broadcast_json
     from autoshard.runtime.pipeline.executor import PipelineProgram
-    from autoshard.runtime.pipeline.split import make_pipeline_plan, stage_nodes_from_prefixes
+    from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
+    from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
 
     mb = len(y) // m
     captured = capture(model, (x[:mb],), loss_fn=nn.functional.cross_entropy, target=y[:mb])

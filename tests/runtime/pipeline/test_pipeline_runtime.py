@@ -89,7 +89,8 @@ def _model_cases(rank: int, model_name: str, configs: list) -> list:
     from autoshard.passes.solve.planner import plan_sharding
     from autoshard.runtime.groups import broadcast_json
     from autoshard.runtime.pipeline.executor import PipelineProgram
-    from autoshard.runtime.pipeline.split import make_pipeline_plan, stage_nodes_from_prefixes
+    from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
+    from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
 
     torch.set_num_threads(1)
     failures = []
@@ -169,7 +170,7 @@ def test_split_and_bad_input():
     """Sub-graph wiring (a long skip goes straight to its consumer) and clear errors on bad stage cuts."""
     from autoshard.passes.capture.export import capture
     from autoshard.passes.errors import PlanFormatError
-    from autoshard.runtime.pipeline.split import split_stages, stage_nodes_from_prefixes, stage_nodes_from_starts
+    from autoshard.passes.pipeline.stages.stage_graphs import split_stages, stage_nodes_from_prefixes, stage_nodes_from_starts
 
     torch.manual_seed(0)
     model, inputs, target, loss_fn, prefixes = unet()

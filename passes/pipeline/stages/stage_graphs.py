@@ -1,4 +1,4 @@
-"""Cut a captured training program into per-stage sub-programs, and build ``PipelinePlan``s by hand.
+"""Cut a captured training program into per-stage sub-programs, and name stage boundaries.
 
 ``split_stages(captured, stage_nodes)`` takes, per stage, the names of its call_function nodes (a
 partition of the graph's call_function nodes, in graph order) and returns one ``StageGraph`` per
@@ -17,33 +17,21 @@ Stage boundaries can be named two ways:
 [[...nodes before blocks.1...], [...blocks.1 and after...]]
 >>> stage_nodes_from_starts(captured, ["linear_2"])              # doctest: +SKIP
 
-and ``make_pipeline_plan`` turns stage node lists into a ``PipelinePlan`` whose stages sit on
-the rank groups of the physical mesh's first axis. ``replan_at_microbatch`` turns the stage
-planner's plan (``passes.pipeline.stages.planner.plan_pipeline``, made at global-batch shapes) into one the
-runtime can run: the same cut, groups, submeshes, schedule and microbatches on the program traced at
-microbatch shapes, every stage's Solution re-solved there. The two traces need not match op for op
-(HF models build masks and position ids from the batch size: at one sequence an ``expand`` goes
-away): ``retrace_stage_nodes`` aligns them (longest matching runs of (op, module path)) and moves
-each stage boundary onto its counterpart. This module imports only
-``autoshard.passes`` (it is pure graph surgery), so the stage planner can reuse it.
+The planner solves each stage's sub-program (``passes.pipeline.stages.retrace``) and the runtime runs
+it (``runtime.pipeline``): both take it from here. Pure graph surgery on ``passes``' vocabulary.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from difflib import SequenceMatcher
-from typing import Callable, Optional, Sequence
+from typing import Sequence
 
 import torch.fx as fx
 
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import META, MODULE, CapturedGraph, exact_placeholder, is_getitem
-from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
-from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import TensorMeta
 
-__all__ = ["StageGraph", "split_stages", "stage_nodes_from_prefixes", "stage_nodes_from_starts",
-           "stage_group", "make_pipeline_plan", "match_nodes", "align_nodes", "retrace_stage_nodes", "replan_at_microbatch"]
+__all__ = ["StageGraph", "split_stages", "stage_nodes_from_prefixes", "stage_nodes_from_starts", "call_nodes"]
 
 
 @dataclass
@@ -67,12 +55,13 @@ class StageGraph:
         return self.captured.loss_output
 
 
-def _calls(captured: CapturedGraph) -> list[fx.Node]:
+def call_nodes(captured: CapturedGraph) -> list[fx.Node]:
+    """The program's call_function nodes, in graph order."""
     return [n for n in captured.gm.graph.nodes if n.op == "call_function"]
 
 
 def _stage_of(captured: CapturedGraph, stage_nodes: Sequence[Sequence[str]]) -> dict[fx.Node, int]:
-    by_name = {n.name: n for n in _calls(captured)}
+    by_name = {n.name: n for n in call_nodes(captured)}
     where: dict[fx.Node, int] = {}
     for s, names in enumerate(stage_nodes):
         for name in names:
@@ -181,7 +170,7 @@ def _placeholder(graph: fx.Graph, like: fx.Node) -> fx.Node:
 def stage_nodes_from_starts(captured: CapturedGraph, starts: Sequence[str]) -> list[list[str]]:
     """Stage node lists from the names of the nodes where stages 1, 2, ... start (graph order).
     A first name equal to the graph's first op is allowed and means stage 0."""
-    calls = [n.name for n in _calls(captured)]
+    calls = [n.name for n in call_nodes(captured)]
     index = {n: i for i, n in enumerate(calls)}
     starts = list(starts)
     if starts and starts[0] == calls[0]:
@@ -200,133 +189,10 @@ def stage_nodes_from_prefixes(captured: CapturedGraph, prefixes: Sequence[str]) 
     by module ``prefixes[k]`` or one of its submodules (``node.meta["autoshard.module"]``)."""
     starts = []
     for p in prefixes:
-        hit = next((n.name for n in _calls(captured)
+        hit = next((n.name for n in call_nodes(captured)
                     if (m := n.meta.get(MODULE, "")) == p or m.startswith(p + ".")), None)
         if hit is None:
-            mods = sorted({n.meta.get(MODULE, "") for n in _calls(captured)})
+            mods = sorted({n.meta.get(MODULE, "") for n in call_nodes(captured)})
             raise PlanFormatError(f"no op of the captured graph comes from module {p!r}; modules are e.g. {mods[:10]}")
         starts.append(hit)
     return stage_nodes_from_starts(captured, starts)
-
-
-def stage_group(schedule: str, pp: int, virtual: int, stage: int) -> int:
-    """The rank group running ``stage`` (``generators.stage_rank``: round robin for loop schedules, a V
-    (0..p-1, then p-1..0) for zbv/dualpipev)."""
-    from autoshard.passes.pipeline.schedule.generators import stage_rank
-    return stage_rank(schedule, pp, virtual)[stage]
-
-
-def make_pipeline_plan(captured: CapturedGraph, stage_nodes: Sequence[Sequence[str]], mesh, *, schedule: str,
-                       microbatches: int, virtual: int = 1,
-                       solve: Optional[Callable[[StageGraph, Mesh], Solution]] = None) -> PipelinePlan:
-    """A ``PipelinePlan`` from stage node lists on the physical ``mesh`` (its first axis = pp groups;
-    the rest is each group's submesh, ``(1,)`` for a 1-D mesh). ``solve(stage_graph, submesh)``
-    returns the stage's intra-op Solution (None leaves it unplanned)."""
-    mesh = Mesh.of(mesh)
-    pp = mesh.shape[0]
-    n = len(stage_nodes)
-    if n != pp * virtual:
-        raise PlanFormatError(f"{n} stages but pp * virtual = {pp} * {virtual} = {pp * virtual}; give one node "
-                              "list per stage")
-    sub = Mesh(mesh.shape[1:], mesh.axis_names[1:]) if mesh.ndim > 1 else Mesh((1,))
-    graphs = split_stages(captured, stage_nodes)
-    stages = []
-    for s, g in enumerate(graphs):
-        grp = stage_group(schedule, pp, virtual, s)
-        ranks = list(range(grp * sub.size, (grp + 1) * sub.size))
-        sol = solve(g, sub) if solve is not None else None
-        stages.append(StagePlan(s, list(stage_nodes[s]), grp, ranks, sub, sol))
-    return PipelinePlan(pp, virtual, stages, schedule, int(microbatches))
-
-
-def match_nodes(full: CapturedGraph, small: CapturedGraph) -> dict[str, str]:
-    """call_function node name in ``full`` -> the same op's name in ``small``: the same program traced
-    at another batch size. Ops pair up in graph order and must call the same targets; raises
-    ``PlanFormatError`` when the two traces differ (a batch-size-dependent program)."""
-    a, b = _calls(full), _calls(small)
-    diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x.target != y.target), None)
-    if len(a) != len(b) or diff is not None:
-        where = (f"op {diff}: {a[diff].name} ({a[diff].target}) vs {b[diff].name} ({b[diff].target})"
-                 if diff is not None else f"{len(a)} ops vs {len(b)}")
-        raise PlanFormatError(f"the program traced at the global batch and at the microbatch size differ ({where}); "
-                              "the model's ops depend on its batch size, so a pipeline plan made at one cannot run at "
-                              "the other: pin stages= by hand, or make the forward independent of the batch size")
-    return {x.name: y.name for x, y in zip(a, b)}
-
-
-#: how many ops may differ between two traces of one program at two batch sizes (on either side)
-_RETRACE_SLACK = 0.1
-
-
-def _aligned(full: CapturedGraph, small: CapturedGraph) -> dict[int, int]:
-    """Op position in ``full`` -> its counterpart's in ``small`` (see ``align_nodes``)."""
-    a, b = _calls(full), _calls(small)
-
-    def key(n: fx.Node):
-        return str(n.target), n.meta.get(MODULE, "")
-
-    ka, kb = [key(n) for n in a], [key(n) for n in b]
-    if ka == kb:
-        return {i: i for i in range(len(a))}
-    matched: dict[int, int] = {}
-    for blk in SequenceMatcher(None, ka, kb, autojunk=False).get_matching_blocks():
-        matched.update((blk.a + k, blk.b + k) for k in range(blk.size))
-    slack = max(2, int(_RETRACE_SLACK * len(a)))
-    if len(a) - len(matched) > slack or len(b) - len(matched) > slack:
-        first = next((i for i in range(min(len(a), len(b))) if ka[i] != kb[i]), min(len(a), len(b)))
-        where = f"op {first}: {a[first].name} ({a[first].target})" if first < len(a) else f"{len(a)} ops vs {len(b)}"
-        raise PlanFormatError(f"the program traced at the global batch and at the microbatch size differ in "
-                              f"{len(a) - len(matched)} of {len(a)} ops (first at {where}); the model's structure "
-                              "depends on its batch size, so a pipeline plan made at one cannot run at the other: pin "
-                              "stages= by hand, or make the forward independent of the batch size")
-    return matched
-
-
-def align_nodes(full: CapturedGraph, small: CapturedGraph) -> dict[str, str]:
-    """call_function node name in ``full`` -> its counterpart's in ``small``, the same program traced at
-    another batch size: every op, position for position, when the traces match; otherwise the ops an
-    alignment of the two op sequences by (target, module path) pairs up (longest matching runs), ops
-    only one trace has left out. Raises ``PlanFormatError`` when the traces differ in more than a few
-    ops (another program, or one whose structure depends on the batch size)."""
-    a, b = _calls(full), _calls(small)
-    return {a[i].name: b[j].name for i, j in _aligned(full, small).items()}
-
-
-def retrace_stage_nodes(full: CapturedGraph, small: CapturedGraph,
-                        stage_nodes: Sequence[Sequence[str]]) -> list[list[str]]:
-    """``stage_nodes`` (a partition of ``full``'s ops, in graph order) moved onto ``small``, the same
-    program traced at another batch size (``align_nodes``): each boundary at its op's counterpart, or
-    right after the counterpart of the last op before it that has one; ops only ``small`` has stay
-    inside the stage around them."""
-    a, b = _calls(full), _calls(small)
-    matched = _aligned(full, small)
-    pos = {n.name: i for i, n in enumerate(a)}
-    starts = [0]
-    for nodes in stage_nodes[1:]:
-        i = min(pos[n] for n in nodes)
-        if i in matched:
-            starts.append(matched[i])
-        else:
-            before = [matched[k] for k in range(i) if k in matched]
-            starts.append(before[-1] + 1 if before else 0)
-    starts.append(len(b))
-    if any(y <= x for x, y in zip(starts, starts[1:])):
-        raise PlanFormatError(f"the stage boundaries land on ops {starts[1:-1]} of the program traced at the "
-                              "microbatch size, leaving a stage empty; pin stages= by hand")
-    return [[n.name for n in b[x:y]] for x, y in zip(starts, starts[1:])]
-
-
-def replan_at_microbatch(plan: PipelinePlan, full: CapturedGraph, small: CapturedGraph, *,
-                         solve: Callable[[StageGraph, Mesh], Solution]) -> PipelinePlan:
-    """The runtime's plan for ``plan``, a pipeline plan made on ``full`` (the program at global-batch
-    shapes): the same stage cut (``retrace_stage_nodes``), rank groups, stage submeshes, schedule,
-    microbatches and estimates, on ``small`` (the program traced at microbatch shapes, which stage
-    programs bake in), with every stage's intra-op Solution from ``solve(stage_graph, stage_submesh)``.
-    A Solution made at global shapes cannot be reused: its sizes differ, and it has no strategies for
-    the values a stage receives."""
-    stage_nodes = retrace_stage_nodes(full, small, [s.nodes for s in plan.stages])
-    graphs = split_stages(small, stage_nodes)
-    stages = [StagePlan(s.index, stage_nodes[i], s.group, list(s.ranks), s.mesh, solve(graphs[i], s.mesh), s.recompute)
-              for i, s in enumerate(plan.stages)]
-    return PipelinePlan(plan.pp, plan.virtual, stages, plan.schedule, plan.microbatches, plan.estimated_step_time,
-                        plan.bubble_fraction, list(plan.peak_activation_memory))

@@ -1,0 +1,269 @@
+"""The one driver behind the front door: four stages, every entry path made of them.
+
+    trace(batch, microsteps)            -> CapturedGraph  (the program at one of k microsteps; kept)
+    choose(batch, mesh, options)        -> Chosen         (a Plan or a PipelinedPlan, with the stage
+                                                           planner's choice when pp= was asked)
+    to_microbatch(plan, batch, mesh)    -> the plan bound to the program the runtime runs
+    build(runtime_plan, batch, env)     -> CompiledModel | PipelinedModel
+
+- ``autoshard.plan`` = ``choose`` (which traces);
+- ``autoshard.plan_captured`` = ``choose`` on a program already traced;
+- ``autoshard.compile`` = ``choose`` on rank 0, broadcast as JSON, then ``to_microbatch`` and
+  ``build`` on every rank; a saved plan (``compile(plan=...)``, a ``Plan`` or a ``PipelinedPlan``)
+  enters at ``to_microbatch``.
+
+``ModelBatch`` is what is traced (the model, one global batch, the loss); it keeps each trace, so no
+stage traces the same program twice (rank 0 reuses in ``to_microbatch`` what ``choose`` traced).
+No other function makes a plan.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+from autoshard.compiled import CompiledModel, PipelinedModel
+from autoshard.lever_args import block_types, check_block_levers, microbatch, pin_levers
+from autoshard.options import PlanOptions
+from autoshard.passes.capture.export import capture
+from autoshard.passes.cost.moe import attach_expert_load
+from autoshard.passes.errors import InfeasiblePlanError, PlanFormatError
+from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.levers import LEVERS, BlockPolicy, Levers, MixedPrecision, block_levers
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.pipeline.schedule.generators import generate
+from autoshard.passes.pipeline.stages.planner import plan_pipeline
+from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+from autoshard.passes.sharding.pins import Pins
+from autoshard.passes.solve.lever_pins import LeverPins
+from autoshard.passes.solve.planner import plan_sharding, random_solution
+from autoshard.passes.solve.replicated_ops import describe_replicated, replicated_op_costs
+from autoshard.pipelined_plans import CompiledPipelinePlan, PipelinedPlan
+from autoshard.pipelines import check_pipeline_inputs, microbatch_plan, planner_stage_starts, warn_per_microbatch
+from autoshard.plan_format import PIPELINED_FORMAT, graph_fingerprint
+from autoshard.plans import Plan, hardware_label, plan_work
+from autoshard.runtime.pipeline.executor import PipelineProgram
+
+__all__ = ["ModelBatch", "Chosen", "trace", "choose", "to_microbatch", "build", "build_pipelined_model",
+           "resolve_hardware", "hardware_label"]
+
+
+def resolve_hardware(hardware):
+    """``None``/"auto": the local accelerator's preset if it has one, else "cpu". Anything else (a preset
+    name, a profile path, a ``Hardware`` object) passes through."""
+    if hardware not in (None, "auto"):
+        return hardware
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name().upper()
+        for preset in ("H200", "H100", "A100"):
+            if preset in name:
+                return preset.lower()
+    return "cpu"
+
+
+# ---- trace ----------------------------------------------------------------------------------------
+
+@dataclass
+class ModelBatch:
+    """What is traced: ``model`` on one GLOBAL batch (``example_inputs``, ``example_target``) with
+    ``loss_fn``. ``traces``: the programs traced so far, by (microsteps, compute dtype name)."""
+    model: Optional[torch.nn.Module]
+    example_inputs: Any = None
+    loss_fn: Optional[Callable] = None
+    example_target: Any = None
+    traces: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of_captured(cls, captured: CapturedGraph, microsteps: int = 1,
+                    mixed_precision: Optional[MixedPrecision] = None) -> "ModelBatch":
+        """A batch whose only program is ``captured``, one of ``microsteps`` (``plan_captured``)."""
+        return cls(None, traces={_key(microsteps, mixed_precision): captured})
+
+
+def _key(microsteps: int, mixed_precision: Optional[MixedPrecision]) -> tuple:
+    return int(microsteps), None if mixed_precision is None else mixed_precision.param_dtype_name
+
+
+def trace(batch: ModelBatch, microsteps: int = 1, mixed_precision: Optional[MixedPrecision] = None, *,
+          keyword: str = "accumulation") -> CapturedGraph:
+    """The program one of ``microsteps`` runs (the first ``1/microsteps`` of the batch along dim 0),
+    computing with ``mixed_precision``'s ``param_dtype``; traced once per batch. ``keyword`` names the
+    argument that asked for ``microsteps`` in errors ("microbatches" for pipeline stages)."""
+    key = _key(microsteps, mixed_precision)
+    if key not in batch.traces:
+        if batch.model is None:
+            raise PlanFormatError(f"this program was given already traced, as one of {next(iter(batch.traces))[0]} "
+                                  f"microsteps; {keyword}={microsteps} needs it traced again: plan the model with "
+                                  "autoshard.plan instead of plan_captured")
+        inputs, target = microbatch(batch.example_inputs, batch.example_target, microsteps, keyword=keyword)
+        batch.traces[key] = capture(batch.model, inputs, loss_fn=batch.loss_fn, target=target,
+                                    param_dtype=None if mixed_precision is None else mixed_precision.param_dtype)
+    return batch.traces[key]
+
+
+# ---- choose ---------------------------------------------------------------------------------------
+
+@dataclass
+class Chosen:
+    """``choose``'s result: ``plan`` and, when ``pp=`` was asked, ``planner``, the stage planner's
+    ``PipelinePlan`` (pp == 1 when it chose no pipeline). JSON both ways (how ``compile`` sends it)."""
+    plan: Union[Plan, PipelinedPlan]
+    planner: Optional[PipelinePlan] = None
+
+    def to_json(self) -> dict:
+        return {"plan": self.plan.to_json(), "planner": None if self.planner is None else self.planner.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Chosen":
+        plan = data["plan"]
+        return cls(PipelinedPlan.from_json(plan) if plan.get("format") == PIPELINED_FORMAT else Plan.from_json(plan),
+                   None if data.get("planner") is None else PipelinePlan.from_json(data["planner"]))
+
+
+def choose(batch: ModelBatch, mesh: Mesh, options: PlanOptions) -> Chosen:
+    """The plan for ``batch`` on ``mesh``: the stage planner's when ``options.pipelined``, else the
+    sharding planner's, levers included (``_choose_sharding``)."""
+    hardware = resolve_hardware(options.hardware)
+    if options.pipelined:
+        return _choose_pipeline(batch, mesh, options, hardware)
+    return Chosen(_choose_sharding(batch, mesh, options, hardware))
+
+
+def _choose_sharding(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware) -> Plan:
+    """The plan made on the program the runtime will run. With a pinned ``accumulation`` the microstep
+    program is traced and planned directly; otherwise the planner chooses the levers on the global
+    batch's program, and when it cuts the batch into k > 1 microsteps the microstep program is traced
+    and planned again with every lever pinned to that choice."""
+    pinned = options.lever_pins()
+    if pinned.accumulation is None:
+        captured = trace(batch, 1, pinned.mixed_precision)
+        check_block_levers(captured, options.levers)
+        first = _solve(captured, mesh, pinned, options, hardware, traced_at_microbatch=False)
+        if first.solution.levers.accumulation == 1:
+            return first
+        pinned = _pins_of(first.solution.levers, captured)
+    micro = trace(batch, pinned.accumulation, pinned.mixed_precision)
+    check_block_levers(micro, options.levers)
+    return _solve(micro, mesh, pinned, options, hardware, traced_at_microbatch=True)
+
+
+def _pins_of(chosen: Levers, captured: CapturedGraph) -> LeverPins:
+    """Every lever pinned to ``chosen`` (per block type of ``captured``). ``reshard_after_forward`` is
+    pinned only where the block does not recompute (a recomputing block always gathers again)."""
+    policy = {t: chosen.blocks.get(t, BlockPolicy()) for t in block_types(captured)}
+    per_block = {row.keyword: {t: getattr(p, row.keyword) for t, p in policy.items()} for row in block_levers()}
+    per_block["reshard_after_forward"] = {t: v for t, v in per_block["reshard_after_forward"].items()
+                                          if policy[t].checkpoint == "none"}
+    step = {row.keyword: getattr(chosen, row.keyword) for row in LEVERS if not row.per_block}
+    return LeverPins(**step, **{k: v or None for k, v in per_block.items()})
+
+
+def _solve(captured: CapturedGraph, mesh: Mesh, levers: LeverPins, options: PlanOptions, hardware, *,
+           traced_at_microbatch: bool) -> Plan:
+    """The solver's plan (or, with ``random_seed``, a random valid one) of ``captured`` under ``levers``."""
+    attach_expert_load(captured.gm, options.expert_load)
+    pins = options.pin_object()
+    if options.random_seed is not None:
+        solution = random_solution(captured, mesh, seed=options.random_seed, pins=pins, hardware=hardware,
+                                   optimizer=options.optimizer, levers=levers,
+                                   traced_at_microbatch=traced_at_microbatch)
+    else:
+        try:
+            solution = plan_sharding(captured, mesh, hardware=hardware, memory_limit=options.memory_limit, pins=pins,
+                                     optimizer=options.optimizer, time_limit_s=options.time_limit_s, levers=levers,
+                                     traced_at_microbatch=traced_at_microbatch)
+        except InfeasiblePlanError as e:
+            note = describe_replicated(replicated_op_costs(captured, mesh, hardware), mesh)
+            if not note:
+                raise
+            raise InfeasiblePlanError(f"{e} {note}") from e
+    return Plan.build(solution, mesh, hardware, captured)
+
+
+def _choose_pipeline(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware) -> Chosen:
+    """The stage planner on the program at the global batch (``passes.pipeline.stages.planner``): a
+    ``PipelinedPlan``, or a ``Plan`` when no pipeline is faster (re-solved with ``params=`` pins if any)."""
+    full = trace(batch)
+    chosen = plan_pipeline(full, mesh, hardware=hardware, memory_limit=options.memory_limit,
+                           optimizer=options.optimizer, pp=options.pp_pin, schedule=options.schedule,
+                           microbatches=options.microbatches, stages=planner_stage_starts(full, options.stages),
+                           time_limit_s=options.time_limit_s)
+    coupled = warn_per_microbatch(full, chosen.microbatches if chosen.pp > 1 else 1)
+    if chosen.pp == 1:
+        solution = chosen.stages[0].solution
+        if options.pins.get("params"):
+            solution = plan_sharding(full, mesh, hardware=hardware, memory_limit=options.memory_limit,
+                                     optimizer=options.optimizer, time_limit_s=options.time_limit_s,
+                                     pins=Pins(params=options.pins["params"]))
+        return Chosen(Plan.build(solution, mesh, hardware, full), chosen)
+    return Chosen(PipelinedPlan(chosen, mesh, hardware_label(hardware), graph_fingerprint(full), full,
+                                plan_work(full, hardware, mesh.size), coupled), chosen)
+
+
+# ---- to_microbatch --------------------------------------------------------------------------------
+
+def to_microbatch(plan: Union[Plan, PipelinedPlan], batch: ModelBatch, mesh: Mesh, *,
+                  levers: Optional[dict] = None,
+                  replan: Optional[Callable[[PipelinePlan, CapturedGraph, CapturedGraph], PipelinePlan]] = None
+                  ) -> Union[Plan, CompiledPipelinePlan]:
+    """``plan`` bound to the program the runtime runs (``PlanFormatError`` if it was made for another
+    model, batch or mesh).
+
+    A ``Plan``: the program of one of its accumulation microsteps, with the lever keywords ``levers``
+    pinned on top of the levers it carries (``lever_args.pin_levers``). A ``PipelinedPlan``: the
+    program at the microbatch size, every decision moved onto it (``pipelines.microbatch_plan``) or,
+    with ``replan(pipeline, full, small)``, every stage re-solved there (``compile(pp=)``)."""
+    if isinstance(plan, PipelinedPlan):
+        full = trace(batch)
+        plan.attach(full, mesh)
+        small = trace(batch, plan.microbatches, keyword="microbatches")
+        runtime = (replan or microbatch_plan)(plan.pipeline, full, small)
+        return CompiledPipelinePlan.of(runtime, plan.mesh, plan.hardware, plan.work, plan.batch_coupled)
+    carried = plan.solution.levers
+    levers = {k: v for k, v in (levers or {}).items() if v is not None}
+    captured = trace(batch, levers.get("accumulation") or carried.accumulation,
+                     levers.get("mixed_precision") or carried.mixed_precision)
+    bound = plan.attach(captured, mesh)
+    if levers:
+        bound.solution.levers = pin_levers(captured, carried, **levers)
+    return bound
+
+
+# ---- build ----------------------------------------------------------------------------------------
+
+def build(runtime: Union[Plan, CompiledPipelinePlan], batch: ModelBatch, env: Any, *,
+          state_dict: Optional[dict] = None, device: Any = None, planner: Optional[PipelinePlan] = None,
+          started: Optional[float] = None) -> Union[CompiledModel, PipelinedModel]:
+    """This rank's program for ``runtime`` (``to_microbatch``'s result). ``planner``: the stage
+    planner's choice it came from, kept on the result; ``started``: when compiling began."""
+    started = time.perf_counter() if started is None else started
+    if isinstance(runtime, Plan):
+        return CompiledModel(batch.model, runtime, env, state_dict=state_dict, planner_plan=planner,
+                             compile_seconds=time.perf_counter() - started)
+    small = trace(batch, runtime.microbatches, keyword="microbatches")
+    program = PipelineProgram(small, runtime, generate(runtime.schedule, runtime.pp, runtime.microbatches,
+                                                       runtime.virtual),
+                              model=batch.model, state_dict=state_dict, device=device)
+    return PipelinedModel(runtime, program, compile_seconds=time.perf_counter() - started, planner_plan=planner)
+
+
+def build_pipelined_model(plan: PipelinedPlan, model: torch.nn.Module, *, example_inputs, loss_fn=None,
+                          example_target=None, state_dict: Optional[dict] = None, device: Any = None,
+                          full: Optional[CapturedGraph] = None, small: Optional[CapturedGraph] = None
+                          ) -> PipelinedModel:
+    """This rank's ``PipelinedModel`` for a saved ``plan`` (``to_microbatch`` then ``build``);
+    ``torch.distributed`` must be initialized with the plan's world. ``device``: where the local shards
+    live (default: the backend's device; "meta" builds the programs without allocating). ``full`` /
+    ``small``: the model already traced at the global batch / at the microbatch size (a caller
+    building several ranks' programs in one process traces once)."""
+    started = time.perf_counter()
+    check_pipeline_inputs(example_inputs)
+    batch = ModelBatch(model, example_inputs, loss_fn, example_target)
+    if full is not None:
+        batch.traces[_key(1, None)] = full
+    if small is not None:
+        batch.traces[_key(plan.microbatches, None)] = small
+    runtime = to_microbatch(plan, batch, plan.mesh)
+    return build(runtime, batch, None, state_dict=state_dict, device=device, planner=plan.pipeline, started=started)

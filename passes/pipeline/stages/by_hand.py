@@ -1,0 +1,50 @@
+"""``PipelinePlan``s built by hand: the stages named, the rest (rank groups, submeshes) derived.
+
+>>> make_pipeline_plan(captured, stage_nodes_from_prefixes(captured, ["blocks.2"]), (2, 2),   # doctest: +SKIP
+...                    schedule="1f1b", microbatches=4, solve=solve_stage)
+
+Tests, benchmarks and examples pin a pipeline this way; ``autoshard.plan(..., pp=...)`` plans one
+with the stage planner (``passes.pipeline.stages.planner``) instead.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+from autoshard.passes.errors import PlanFormatError
+from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.pipeline.schedule.generators import stage_rank
+from autoshard.passes.pipeline.stages.stage_graphs import StageGraph, split_stages
+from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
+from autoshard.passes.solve.solution import Solution
+
+__all__ = ["stage_group", "make_pipeline_plan"]
+
+
+def stage_group(schedule: str, pp: int, virtual: int, stage: int) -> int:
+    """The rank group running ``stage`` (``generators.stage_rank``: round robin for loop schedules, a V
+    (0..p-1, then p-1..0) for zbv/dualpipev)."""
+    return stage_rank(schedule, pp, virtual)[stage]
+
+
+def make_pipeline_plan(captured: CapturedGraph, stage_nodes: Sequence[Sequence[str]], mesh, *, schedule: str,
+                       microbatches: int, virtual: int = 1,
+                       solve: Optional[Callable[[StageGraph, Mesh], Solution]] = None) -> PipelinePlan:
+    """A ``PipelinePlan`` from stage node lists on the physical ``mesh`` (its first axis = pp groups;
+    the rest is each group's submesh, ``(1,)`` for a 1-D mesh). ``solve(stage_graph, submesh)``
+    returns the stage's intra-op Solution (None leaves it unplanned)."""
+    mesh = Mesh.of(mesh)
+    pp = mesh.shape[0]
+    n = len(stage_nodes)
+    if n != pp * virtual:
+        raise PlanFormatError(f"{n} stages but pp * virtual = {pp} * {virtual} = {pp * virtual}; give one node "
+                              "list per stage")
+    sub = Mesh(mesh.shape[1:], mesh.axis_names[1:]) if mesh.ndim > 1 else Mesh((1,))
+    graphs = split_stages(captured, stage_nodes)
+    stages = []
+    for s, g in enumerate(graphs):
+        grp = stage_group(schedule, pp, virtual, s)
+        ranks = list(range(grp * sub.size, (grp + 1) * sub.size))
+        sol = solve(g, sub) if solve is not None else None
+        stages.append(StagePlan(s, list(stage_nodes[s]), grp, ranks, sub, sol))
+    return PipelinePlan(pp, virtual, stages, schedule, int(microbatches))
