@@ -33,13 +33,13 @@ import torch.fx as fx
 
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import operand_meta, operands
+from autoshard.passes.layout.shapes import local_offsets, local_shape, normalize
 from autoshard.passes.sharding.rules.attention import ring_layout
 from autoshard.passes.sharding.schema import bind_args, rebuild_args
 from autoshard.passes.spec import LOWERINGS, Strategy
 
 from . import collectives as C
 from .batch_norm_sync import bn_apply, bn_local_stats
-from .layout import local_offsets, local_shape, normalize
 from .moe_dispatch import emit_expert_dispatch
 from .ring_attention import ring_attention
 
