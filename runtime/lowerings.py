@@ -35,7 +35,7 @@ from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import operand_meta, operands
 from autoshard.passes.layout.shapes import local_offsets, local_shape, normalize
 from autoshard.passes.sharding.rules.attention import ring_layout
-from autoshard.passes.sharding.schema import bind_args, rebuild_args
+from autoshard.passes.schema import bind_args, rebuild_args
 from autoshard.passes.spec import LOWERINGS, Strategy
 
 from . import collectives as C

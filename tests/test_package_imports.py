@@ -4,7 +4,10 @@ data flows one way, front door -> ``autoshard.passes`` -> ``autoshard.runtime``:
 
 - ``autoshard.passes`` imports neither ``autoshard.runtime`` nor the front door;
 - ``autoshard.runtime`` does not import the front door;
-- nothing imports ``autoshard.testing`` (the tests' and benchmarks' support; it may import anything).
+- nothing imports ``autoshard.testing`` (the tests' and benchmarks' support; it may import anything);
+- inside ``autoshard.passes`` the stages run in order, capture -> sharding -> cost -> solve ->
+  pipeline: a stage imports the vocabulary (the loose modules, ``layout``) and the stages before
+  it, never one after it, and the vocabulary imports no stage.
 
 The front door is ``autoshard`` itself and every module of it outside ``passes``, ``runtime`` and
 ``testing`` (``api``, ``compiled``, ``drawing``, ``profiling``, ...). Also: every package's
@@ -157,6 +160,28 @@ def layer_violations(edges: list[Edge]) -> list[str]:
             if layer(e.target) in FORBIDDEN[layer(e.source)]]
 
 
+#: the stages of ``autoshard.passes``, in the order a plan is made; every other module is vocabulary
+STAGES = ("capture", "sharding", "cost", "solve", "pipeline", "iopddl")
+
+
+def stage(module: str) -> str | None:
+    """The stage of a ``passes`` module ("vocabulary" for the shared modules), None outside passes."""
+    parts = module.split(".")
+    if parts[:2] != ["autoshard", "passes"]:
+        return None
+    return parts[2] if len(parts) > 2 and parts[2] in STAGES else "vocabulary"
+
+
+def stage_order_violations(edges: list[Edge]) -> list[str]:
+    def late(source: str, target: str) -> bool:
+        if target == "vocabulary" or source == target:
+            return False
+        return source == "vocabulary" or STAGES.index(target) > STAGES.index(source)
+
+    return [f"{e.source}:{e.line} ({stage(e.source)}) imports {e.target} ({stage(e.target)}), a later stage"
+            for e in edges if stage(e.source) and stage(e.target) and late(stage(e.source), stage(e.target))]
+
+
 # ---- the package ---------------------------------------------------------------------------------
 
 def test_the_walk_sees_every_stage_and_function_level_imports():
@@ -181,6 +206,11 @@ def test_no_private_names_from_another_module():
 
 def test_front_door_then_passes_then_runtime():
     found = layer_violations(import_edges(read_package()))
+    assert not found, "\n".join(found)
+
+
+def test_passes_stages_import_only_earlier_stages_and_the_vocabulary():
+    found = stage_order_violations(import_edges(read_package()))
     assert not found, "\n".join(found)
 
 
@@ -212,9 +242,20 @@ def test_the_checks_catch_each_kind_of_violation():
         "autoshard.runtime.lower": "import autoshard.api\nfrom autoshard.testing import models\n",
         "autoshard.testing": "",
         "autoshard.testing.models": "import autoshard.api\n",
+        "autoshard.passes.capture": "from autoshard.passes.sharding import schema\nfrom autoshard.passes import spec\n",
+        "autoshard.passes.sharding": "",
+        "autoshard.passes.sharding.schema": "",
+        "autoshard.passes.layout": "from autoshard.passes.cost import model\n",
+        "autoshard.passes.cost": "from autoshard.passes.sharding import schema\n",
+        "autoshard.passes.cost.model": "",
     })
     assert circles(edges) == [["autoshard.passes.solve", "autoshard.passes.spec", "autoshard.passes.solve"]]
     assert private_imports(edges) == ["autoshard.passes.solve:1 takes _helper from autoshard.passes.spec"]
+    assert stage_order_violations(edges) == [
+        "autoshard.passes.spec:2 (vocabulary) imports autoshard.passes.solve (solve), a later stage",
+        "autoshard.passes.capture:1 (capture) imports autoshard.passes.sharding.schema (sharding), a later stage",
+        "autoshard.passes.layout:1 (vocabulary) imports autoshard.passes.cost.model (cost), a later stage",
+    ]
     assert layer_violations(edges) == [
         "autoshard.passes.solve:2 (passes) imports autoshard.runtime.lower (runtime)",
         "autoshard.runtime.lower:1 (runtime) imports autoshard.api (frontdoor)",

@@ -45,7 +45,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from autoshard.passes.graph import META, is_getitem, tensor_meta_of
 from autoshard.passes.sharding.rules import local_check, op_call, rule_strategies
-from autoshard.passes.sharding.schema import bind_args, op_name, rebuild_args
+from autoshard.passes.schema import bind_args, op_name, rebuild_args
 from autoshard.passes.spec import LOWERINGS, Partial, Placement, Replicate, Shard, Strategy1D, TensorMeta
 from autoshard.runtime.localize import local_size_args
 
