@@ -161,7 +161,7 @@ def layer_violations(edges: list[Edge]) -> list[str]:
 
 
 #: the stages of ``autoshard.passes``, in the order a plan is made; every other module is vocabulary
-STAGES = ("capture", "sharding", "cost", "solve", "pipeline", "iopddl")
+STAGES = ("capture", "sharding", "cost", "solve", "pipeline")
 
 
 def stage(module: str) -> str | None:
