@@ -27,12 +27,10 @@ CASES = [("gpt", (2, 2)), ("gpt", (4,)), ("gpt", (2, 1, 2)), ("mlp", (2, 2)), ("
 SEEDS = range(6)
 
 
-def _capture(name: str, mixed: bool = False):
+def _capture(name: str, param_dtype=None):
     torch.manual_seed(0)
     model, inputs, target, loss = {"gpt": lambda: models.gpt(n_layer=3), "mlp": models.mlp, "cnn": models.cnn}[name]()
-    if mixed:
-        model = model.to(torch.bfloat16)  # the compute dtype the copies are cast to
-    return capture(model, inputs, loss_fn=loss, target=target), model
+    return capture(model, inputs, loss_fn=loss, target=target, param_dtype=param_dtype), model
 
 
 def _runtime_groups(program) -> list:
@@ -68,6 +66,26 @@ def test_gather_groups_agree_under_random_levers():
         solution = random_solution(captured, mesh, seed=seed, hardware="cpu", levers=LeverPins(accumulation=1))
         program = lower(captured, solution.strategies, MeshEnv.offline(mesh, rank=0), solution.levers)
         assert _timeline_groups(solution) == _runtime_groups(program), seed
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known disagreement: under mixed precision the runtime makes, and groups, a cast-only copy of a "
+    "parameter whose placement needs no collective; the timeline prices that copy as a kept activation "
+    "(LeverPricer._price: 'gathered' needs forward communication), not as a gather. Without the cast-only "
+    "members the groups agree on every seed here. Aligning them changes mixed-precision memory estimates."))
+def test_gather_groups_agree_with_cast_only_copies():
+    """Mixed precision: a parameter stored as its op needs it is still copied (cast), unfused."""
+    captured, _ = _capture("gpt", param_dtype=torch.bfloat16)
+    mesh = Mesh.of((2, 2))
+    levers = LeverPins.off(MixedPrecision(param_dtype=torch.bfloat16))
+    unfused = 0
+    for seed in SEEDS:
+        solution = random_solution(captured, mesh, seed=seed, hardware="cpu", levers=levers)
+        program = lower(captured, solution.strategies, MeshEnv.offline(mesh, rank=0), solution.levers)
+        want = _runtime_groups(program)
+        assert _timeline_groups(solution) == want, seed
+        unfused += sum(not fused for group in want for _, fused in group)
+    assert unfused, "no cast-only copy: the case tested nothing new"
 
 
 def test_redistributions_priced_are_the_collectives_called():
