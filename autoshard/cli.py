@@ -31,8 +31,8 @@ from autoshard.profiling import cli as profile_cli  # torch-free at import; `sum
 
 def _solve(path: str, timeout: float, seed: int, start: float, verbose: bool = False,
            toulbar2: bool = True) -> None:
-    from autoshard.passes.iopddl.problem import read_problem, verify
-    from autoshard.passes.iopddl.solver import SearchConfig, solve_problem
+    from autoshard.contest.iopddl.problem import read_problem, verify
+    from autoshard.contest.iopddl.solver import SearchConfig, solve_problem
 
     guard = _Watchdog(start + timeout - 1.0 - 0.005 * timeout)
     problem = read_problem(path)

@@ -4,7 +4,7 @@
     python benchmarks/iopddl.py --set unseen --dir DIR   # the other public google/iopddl files
 
 Runs the real command (a fresh process per instance, so imports and file reading count against the
-limit, as in the contest), re-checks the printed answer with ``verify`` (``passes/iopddl/problem.py``)
+limit, as in the contest), re-checks the printed answer with ``verify`` (``autoshard/contest/iopddl/problem.py``)
 and prints one row per instance: cost, ratio to the best contest entry (ours / best: 1.000 is the
 best entry's cost), points (best / ours, the contest's score), the lower bound the solver printed and
 how far above it the answer is, wall time, the CPU seconds the command got (all its processes; two
@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 
-from autoshard.passes.iopddl.problem import read_problem, verify
+from autoshard.contest.iopddl.problem import read_problem, verify
 
 INSTANCES = {  # name: (contest time limit s, best cost reached by any contest team)
     "A": (60, 6_548_641_531),

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 from autoshard.passes.capture.export import capture
 from autoshard.passes.cost.model import CostModel
-from autoshard.passes.iopddl.problem import IOPDDLFormatError, from_strategy_graph
-from autoshard.passes.iopddl.solver import solve_problem
+from autoshard.contest.iopddl.problem import IOPDDLFormatError, from_strategy_graph
+from autoshard.contest.iopddl.solver import solve_problem
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve.ilp import solve
 from autoshard.passes.solve.planner import build_problem

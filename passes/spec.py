@@ -19,9 +19,9 @@ them into multi-axis ``Strategy`` objects (the product over axes, filtered by di
 
 Local semantics of a strategy: every rank runs the same ATen op on its local pieces, with
 size-like arguments (view/reshape/expand/new_* sizes) replaced by the local sizes, unless
-``lowering`` names a special local lowering the runtime registers under that name (for example
-``"mean_partial"``: a mean over a sharded dim computed as a local sum divided by the global
-count, output ``P``).
+``lowering`` names a special local lowering (``passes/cost/lowerings.py`` registers one descriptor
+per name, the runtime an emitter under the same name; for example ``"mean_partial"``: a mean over
+a sharded dim computed as a local sum divided by the global count, output ``P``).
 """
 from __future__ import annotations
 
@@ -154,47 +154,3 @@ class Strategy:
             tuple(tuple(parse_placement(p) for p in pls) for pls in data["outputs"]),
             tuple(data.get("lowerings", ())),
         )
-
-
-#: The special local lowerings a rule may name, and what the runtime does for each (runtime/lowerings.py
-#: implements them; a rule may name no other). "Sharded axes" are the mesh axes whose 1-D strategy
-#: carries this lowering.
-LOWERINGS: dict[str, str] = {
-    "mean_partial": (
-        "aten.mean over dims that include a dim sharded on these axes: output P on these axes; each rank "
-        "computes mean(local) * (local count of reduced elements) / (global count)."
-    ),
-    "loss_mean_partial": (
-        "aten.cross_entropy_loss / aten.nll_loss / aten.mse_loss / aten.l1_loss / "
-        "aten.binary_cross_entropy_with_logits with reduction=mean whose batch (or element) dims are sharded on "
-        "these axes: output P; each rank computes its local sum of per-element losses divided by the GLOBAL "
-        "number of counted elements (for ignore_index / class weights: the global total weight, obtained "
-        "by an all-reduce of the local total weight over these axes, outside autograd)."
-    ),
-    "batch_norm_sync": (
-        "aten.batch_norm (training) with the batch/spatial dims of its input sharded on these axes: mean and "
-        "variance are computed over the GLOBAL batch (sum, sum of squares and count all-reduced over these "
-        "axes, differentiably), running stats updated with the global statistics; output placed like input."
-    ),
-    "embedding_vocab": (
-        "aten.embedding with weight S(0) (vocabulary rows) on these axes and indices R: each rank looks up "
-        "the rows it owns, zeros elsewhere; output P."
-    ),
-    "expert_dispatch": (
-        "autoshard::moe_experts with the experts S(0) on these axes: on an axis where the tokens are S(0), each "
-        "(token, expert) pair travels to its expert's rank and back by an uneven all-to-all (split sizes "
-        "exchanged first; nothing dropped), output S(0); where the tokens are R, each rank computes only its own "
-        "experts' pairs, output P (runtime/moe_dispatch.py)."
-    ),
-    "expert_dispatch_capacity": (
-        "expert_dispatch for autoshard::moe_experts with a capacity factor: static shapes; each rank sends every "
-        "member of the group a block of (local experts x capacity) rows by an even all-to-all, pairs beyond an "
-        "expert's capacity dropped (runtime/moe_dispatch.py)."
-    ),
-    "ring_attention": (
-        "aten.scaled_dot_product_attention (no dropout) with q S(L), k/v S(S), mask S on its query dim, output "
-        "S(L) on these axes: ring attention over the axes flattened (runtime/ring_attention.py), key/value "
-        "chunks passed around the ring, partial outputs merged by log-sum-exp; causal masks by global position, "
-        "causal self-attention without a mask balanced by zig-zag halves (permuted inside the lowering)."
-    ),
-}

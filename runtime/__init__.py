@@ -4,8 +4,10 @@
   backend from the environment), ``broadcast_json``.
 - ``collectives``: autograd-aware collectives (all_gather, reduce_scatter, all_reduce, all_to_all,
   chunk, to_partial), each backward the adjoint of its forward.
-- ``redistribute``: placements -> placements as a list of those collectives.
-- ``localize`` / ``lowerings``: local sizes and devices; the named special lowerings.
+- ``redistribute``: placements -> placements as a list of those collectives (the steps are
+  ``passes.layout.redistribution``'s, which the cost model prices).
+- ``localize`` / ``lowerings``: local sizes and devices; the emitters of the special lowerings, one per
+  ``Lowering`` descriptor of ``passes.cost.lowerings``.
 - ``lower``: the per-rank fx program. ``materialize``: this rank's shards only.
 - ``param_gather``: parameter copies gathered (and cast) per block in flat collectives, prefetched,
   optionally freed after forward and gathered again for backward (reshard after forward).

@@ -40,13 +40,13 @@ import torch.nn as nn
 
 from autoshard.passes.errors import BatchError, MeshError
 from autoshard.passes.graph import META, CapturedGraph
+from autoshard.passes.layout.shapes import normalize
 from autoshard.passes.levers import Levers
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Replicate, Strategy, TensorMeta
 
 from .gradsync import GradSync
 from .groups import MeshEnv, setup_distributed
-from .layout import normalize
 from .local_batch import DataLayout, InputCheck, arrivals_for, data_layout, local_shapes, user_inputs
 from .lower import COLLECTIVE_META, PARAM_STEPS_META, lower
 from .materialize import materialize

@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 
 from autoshard.passes.graph import META
+from autoshard.passes.layout.shapes import normalize
 from autoshard.passes.spec import Partial, Replicate
 
 from .groups import MeshEnv
-from .layout import normalize
 from .materialize import names_of
 
 __all__ = ["Holding", "holdings", "device_mesh_of", "is_pipeline", "orphan_placeholders"]

@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from autoshard.passes.graph import META
-from autoshard.passes.sharding.schema import bind_args, schema_of
+from autoshard.passes.schema import bind_args, schema_of
 from autoshard.passes.spec import TensorMeta
 
 __all__ = ["size_arg", "local_size_args", "rewrite_devices", "written_operands"]

@@ -38,23 +38,25 @@ import torch.nn as nn
 
 from autoshard.passes.errors import BatchError, PlanFormatError
 from autoshard.passes.graph import META, MODULE, CapturedGraph, exact_placeholder, is_getitem, operands
+from autoshard.passes.layout.gathers import SegmentKeys, segment_op
+from autoshard.passes.layout.redistribution import COMMUNICATING, plan_redistribute
+from autoshard.passes.layout.shapes import local_shape, normalize
 from autoshard.passes.levers import Levers
 from autoshard.passes.solve.clustering import block_instance, module_path
 from autoshard.passes.spec import Partial, Replicate, Strategy, TensorMeta
 
 from .groups import MeshEnv
-from .layout import local_shape, normalize
 from .localize import local_size_args, rewrite_devices, written_operands
 from .lowerings import emit_lowering
 from .param_gather import CopyRecipe, GatherGroup, ParamGatherer, gather_params
-from .redistribute import plan_redistribute, step_call
+from .redistribute import step_call
 from .regions import BLOCK
 
-__all__ = ["lower", "write_back", "COLLECTIVE_META", "PARAM_STEPS_META", "block_of"]
+__all__ = ["lower", "write_back", "COLLECTIVE_META", "PARAM_STEPS_META", "MOVE_META", "block_of"]
 
 COLLECTIVE_META = "autoshard.collective"
 PARAM_STEPS_META = "autoshard.param_steps"
-_COMMUNICATING = ("all_gather", "all_to_all", "all_reduce", "reduce_scatter")
+MOVE_META = "autoshard.redistribution"  # a step of a redistribution (not an op lowering's own collective)
 # Checks export inserts (capture drops them too): shapes are global there, local here.
 _SKIP = {torch.ops.aten._assert_tensor_metadata.default}
 
@@ -116,6 +118,7 @@ class _Lowering:
         for step in plan_redistribute(src, dst, self.mesh.shape, ndim):
             fn, static = step_call(step)
             value = self.collective(fn, (value,) + static, (step.axis,))
+            value.meta[MOVE_META] = True
         return value
 
     def fetch(self, producer: fx.Node, dst, ndim: int) -> fx.Node:
@@ -134,16 +137,13 @@ class _Lowering:
         its first use: a block instance, or the ops after the n-th distinct block instance."""
         mp = self.levers.mixed_precision
         cast = mp is not None and mp.param_dtype is not None
-        seen_blocks: list[str] = []
+        keys = SegmentKeys()
         segments: dict[object, int] = {}
         for node in self.captured.gm.graph.nodes:
-            if (node.op != "call_function" or is_getitem(node) or node.name not in self.strategies
-                    or node.target in _SKIP):
+            if not segment_op(node) or node.name not in self.strategies:
                 continue
             block = block_of(node, self.captured)
-            if block is not None and block not in seen_blocks:
-                seen_blocks.append(block)
-            segment = block if block is not None else len(seen_blocks)
+            segment = keys.key(block)
             st = self.strategies[node.name]
             for i, op in enumerate(operands(node)):
                 ph = op.node
@@ -156,7 +156,7 @@ class _Lowering:
                     continue
                 storage = normalize(self.strategies[ph.name].outputs[0], self.mesh.shape)
                 steps = tuple(plan_redistribute(storage, dst, self.mesh.shape, len(meta.shape)))
-                if not any(s.kind in _COMMUNICATING for s in steps) and not (cast and meta.dtype.is_floating_point):
+                if not any(s.kind in COMMUNICATING for s in steps) and not (cast and meta.dtype.is_floating_point):
                     continue  # local steps only (a chunk, R -> P): plain calls, as for activations
                 if segment not in segments:
                     segments[segment] = len(self.groups)

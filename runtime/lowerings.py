@@ -1,4 +1,4 @@
-"""The named special lowerings of ``passes/spec.LOWERINGS``, emitted into a rank's program.
+"""The emitters of the special lowerings ``passes/cost/lowerings.py`` registers, by the same names.
 
 A strategy's ``lowerings[a]`` names the lowering used on mesh axis ``a``; when one name is on
 several axes they act as one flattened axis (reductions run over all of them). Each emitter
@@ -33,19 +33,21 @@ import torch.fx as fx
 
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import operand_meta, operands
+from autoshard.passes.layout.shapes import local_offsets, local_shape, normalize
 from autoshard.passes.sharding.rules.attention import ring_layout
-from autoshard.passes.sharding.schema import bind_args, rebuild_args
-from autoshard.passes.spec import LOWERINGS, Strategy
+from autoshard.passes.schema import bind_args, rebuild_args
+from autoshard.passes.cost.lowerings import LOWERINGS
+from autoshard.passes.spec import Strategy
 
 from . import collectives as C
 from .batch_norm_sync import bn_apply, bn_local_stats
-from .layout import local_offsets, local_shape, normalize
 from .moe_dispatch import emit_expert_dispatch
 from .ring_attention import ring_attention
 
 aten = torch.ops.aten
 
-__all__ = ["emit_lowering", "EMITTERS", "loss_weight_total", "bn_local_stats", "bn_apply", "vocab_embedding"]
+__all__ = ["emit_lowering", "EMITTERS", "register_emitter", "loss_weight_total", "bn_local_stats", "bn_apply",
+           "vocab_embedding"]
 
 _SUM = 2  # at::Reduction::Sum
 _MEAN = 1
@@ -153,16 +155,26 @@ def _ring_attention(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Str
     return ctx.graph.call_function(operator.getitem, (both, 0))
 
 
-EMITTERS: dict[str, Callable] = {
-    "mean_partial": _mean_partial,
-    "loss_mean_partial": _loss_mean_partial,
-    "batch_norm_sync": _batch_norm_sync,
-    "embedding_vocab": _embedding_vocab,
-    "expert_dispatch": emit_expert_dispatch,
-    "expert_dispatch_capacity": emit_expert_dispatch,
-    "ring_attention": _ring_attention,
-}
-assert set(EMITTERS) == set(LOWERINGS), "every lowering named in passes/spec.LOWERINGS needs an emitter"
+#: lowering name -> emitter; every name is a ``Lowering`` of ``passes/cost/lowerings.LOWERINGS`` and every
+#: descriptor has an emitter (``tests/runtime/test_lowering_registry.py``)
+EMITTERS: dict[str, Callable] = {}
+
+
+def register_emitter(name: str, emitter: Callable) -> None:
+    """Register ``emitter(ctx, node, args, kwargs, strategy, axes)`` for the registered lowering ``name``."""
+    if name not in LOWERINGS:
+        raise KeyError(f"no Lowering named {name!r} in passes/cost/lowerings.py (known: {sorted(LOWERINGS)}): "
+                       "register its descriptor there first")
+    if name in EMITTERS:
+        raise KeyError(f"lowering {name!r} already has an emitter")
+    EMITTERS[name] = emitter
+
+
+for _name, _emitter in (("mean_partial", _mean_partial), ("loss_mean_partial", _loss_mean_partial),
+                        ("batch_norm_sync", _batch_norm_sync), ("embedding_vocab", _embedding_vocab),
+                        ("expert_dispatch", emit_expert_dispatch), ("expert_dispatch_capacity", emit_expert_dispatch),
+                        ("ring_attention", _ring_attention)):
+    register_emitter(_name, _emitter)
 
 
 def emit_lowering(ctx, node: fx.Node, args: tuple, kwargs: dict, strategy: Strategy) -> fx.Node:

@@ -48,11 +48,11 @@ from autoshard.passes.capture.moe_experts import (capacity_rows, expert_gemms, e
                                                    experts_forward_capacity, gather_rows, pair_slots, scatter_rows)
 from autoshard.passes.graph import operand_meta, operands
 from autoshard.passes.errors import PlanFormatError
+from autoshard.passes.layout.shapes import local_offsets, local_shape, normalize
 from autoshard.passes.spec import Replicate, Shard, Strategy
 
 from . import collectives as C
 from .collectives import AxisComm
-from .layout import local_offsets, local_shape, normalize
 
 __all__ = ["moe_route", "exchange_routes", "all_to_all_v", "moe_gather", "moe_combine", "capacity_slots", "pair_rows",
            "capacity_experts", "combine_capacity", "local_experts", "local_experts_capacity", "emit_expert_dispatch"]

@@ -42,6 +42,8 @@ from typing import Any, Optional
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from autoshard.passes.layout.gathers import fused_gather
+
 from .collectives import AxisComm, flat_reduce_scatter, raw_adjoint, raw_step, start_flat_gather
 from .recompute import outside_selective_checkpoint, rerunning
 from .redistribute import Step, step_call
@@ -58,15 +60,8 @@ class CopyRecipe:
     dtype: torch.dtype
 
     def fused_gather(self) -> Optional[tuple[tuple[int, ...], int]]:
-        """(mesh axes, tensor dim) when the steps are all-gathers of one dim from the last sharding axis
-        back (``plan_redistribute``'s order): one gather over those axes flattened does the same."""
-        if not self.steps or any(s.kind != "all_gather" for s in self.steps):
-            return None
-        dims = {s.dim for s in self.steps}
-        axes = [s.axis for s in self.steps]
-        if len(dims) != 1 or axes != sorted(set(axes), reverse=True):
-            return None
-        return tuple(sorted(axes)), dims.pop()
+        """(mesh axes, tensor dim) when the copy is one flat gather (``passes.layout.gathers.fused_gather``)."""
+        return fused_gather(self.steps)
 
 
 @dataclass

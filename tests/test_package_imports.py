@@ -6,7 +6,8 @@ data flows one way, front door -> ``autoshard.passes`` -> ``autoshard.runtime``:
 - ``autoshard.runtime`` does not import the front door;
 - nothing imports ``autoshard.testing`` (the tests' and benchmarks' support; it may import anything);
 - inside ``autoshard.passes`` the stages run in order, capture -> sharding -> cost -> solve ->
-  pipeline, and an earlier stage imports no later one (``STAGE_ORDER``);
+  pipeline: a stage imports the vocabulary (the loose modules, ``layout``) and the stages before
+  it, never one after it, and the vocabulary imports no stage;
 - the runtime never reaches a planner (``PLANNERS``), even through other modules: it runs plans, it
   makes none.
 
@@ -30,12 +31,6 @@ FORBIDDEN = {"passes": {"runtime", "frontdoor", "testing"}, "runtime": {"frontdo
              "frontdoor": {"testing"}, "testing": set()}
 
 
-#: the compiler's stages inside ``autoshard.passes``, in the order a plan is made
-STAGE_ORDER = ("capture", "sharding", "cost", "solve", "pipeline")
-#: stage-order edges known to be wrong, each to be removed by the change that fixes it:
-#: capture's functionalization reads op schemas from sharding (issue 18 moves ``schema.py`` into the
-#: shared vocabulary)
-KNOWN_STAGE_ORDER_EXCEPTIONS = {("autoshard.passes.capture.functionalize", "autoshard.passes.sharding.schema")}
 #: the modules that choose plans (the ILPs, the searches and re-planning): the runtime reaches none
 PLANNERS = ("autoshard.passes.solve.planner", "autoshard.passes.solve.ilp", "autoshard.passes.pipeline.stages.planner",
             "autoshard.passes.pipeline.stages.search", "autoshard.passes.pipeline.stages.stage_ilp",
@@ -173,19 +168,26 @@ def layer_violations(edges: list[Edge]) -> list[str]:
             if layer(e.target) in FORBIDDEN[layer(e.source)]]
 
 
-def passes_stage(module: str) -> str | None:
-    """The compiler stage (``STAGE_ORDER``) a module of ``autoshard.passes`` belongs to, else None."""
+#: the stages of ``autoshard.passes``, in the order a plan is made; every other module is vocabulary
+STAGES = ("capture", "sharding", "cost", "solve", "pipeline")
+
+
+def stage(module: str) -> str | None:
+    """The stage of a ``passes`` module ("vocabulary" for the shared modules), None outside passes."""
     parts = module.split(".")
-    return parts[2] if len(parts) > 2 and parts[:2] == ["autoshard", "passes"] and parts[2] in STAGE_ORDER else None
+    if parts[:2] != ["autoshard", "passes"]:
+        return None
+    return parts[2] if len(parts) > 2 and parts[2] in STAGES else "vocabulary"
 
 
-def stage_order_violations(edges: list[Edge], allowed: set = frozenset()) -> list[str]:
-    found = []
-    for e in edges:
-        a, b = passes_stage(e.source), passes_stage(e.target)
-        if a and b and STAGE_ORDER.index(b) > STAGE_ORDER.index(a) and (e.source, e.target) not in allowed:
-            found.append(f"{e.source}:{e.line} (stage {a}) imports {e.target} (the later stage {b})")
-    return found
+def stage_order_violations(edges: list[Edge]) -> list[str]:
+    def late(source: str, target: str) -> bool:
+        if target == "vocabulary" or source == target:
+            return False
+        return source == "vocabulary" or STAGES.index(target) > STAGES.index(source)
+
+    return [f"{e.source}:{e.line} ({stage(e.source)}) imports {e.target} ({stage(e.target)}), a later stage"
+            for e in edges if stage(e.source) and stage(e.target) and late(stage(e.source), stage(e.target))]
 
 
 def runtime_reaching_planners(edges: list[Edge]) -> list[str]:
@@ -232,8 +234,8 @@ def test_front_door_then_passes_then_runtime():
     assert not found, "\n".join(found)
 
 
-def test_passes_stages_import_only_earlier_stages():
-    found = stage_order_violations(import_edges(read_package()), KNOWN_STAGE_ORDER_EXCEPTIONS)
+def test_passes_stages_import_only_earlier_stages_and_the_vocabulary():
+    found = stage_order_violations(import_edges(read_package()))
     assert not found, "\n".join(found)
 
 
@@ -272,9 +274,11 @@ def test_the_checks_catch_each_kind_of_violation():
         "autoshard.runtime.lower": "import autoshard.api\nfrom autoshard.testing import models\n",
         "autoshard.testing": "",
         "autoshard.testing.models": "import autoshard.api\n",
-        "autoshard.passes.capture": "",
-        "autoshard.passes.capture.export": "from autoshard.passes.cost import model\n",
-        "autoshard.passes.cost": "",
+        "autoshard.passes.capture": "from autoshard.passes.sharding import schema\nfrom autoshard.passes import spec\n",
+        "autoshard.passes.sharding": "",
+        "autoshard.passes.sharding.schema": "",
+        "autoshard.passes.layout": "from autoshard.passes.cost import model\n",
+        "autoshard.passes.cost": "from autoshard.passes.sharding import schema\n",
         "autoshard.passes.cost.model": "",
         "autoshard.runtime.pipeline": "from autoshard.passes.solve import helper\n",
         "autoshard.passes.solve.helper": "from autoshard.passes.solve import planner\n",
@@ -282,12 +286,14 @@ def test_the_checks_catch_each_kind_of_violation():
     })
     assert circles(edges) == [["autoshard.passes.solve", "autoshard.passes.spec", "autoshard.passes.solve"]]
     assert private_imports(edges) == ["autoshard.passes.solve:1 takes _helper from autoshard.passes.spec"]
+    assert stage_order_violations(edges) == [
+        "autoshard.passes.spec:2 (vocabulary) imports autoshard.passes.solve (solve), a later stage",
+        "autoshard.passes.capture:1 (capture) imports autoshard.passes.sharding.schema (sharding), a later stage",
+        "autoshard.passes.layout:1 (vocabulary) imports autoshard.passes.cost.model (cost), a later stage",
+    ]
     assert layer_violations(edges) == [
         "autoshard.passes.solve:2 (passes) imports autoshard.runtime.lower (runtime)",
         "autoshard.runtime.lower:1 (runtime) imports autoshard.api (frontdoor)",
         "autoshard.runtime.lower:2 (runtime) imports autoshard.testing.models (testing)",
     ]
-    assert stage_order_violations(edges) == [
-        "autoshard.passes.capture.export:1 (stage capture) imports autoshard.passes.cost.model (the later stage cost)"]
-    assert stage_order_violations(edges, {("autoshard.passes.capture.export", "autoshard.passes.cost.model")}) == []
     assert runtime_reaching_planners(edges) == ["autoshard.runtime.pipeline -> autoshard.passes.solve.planner"]

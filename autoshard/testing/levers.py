@@ -9,6 +9,10 @@ one-device reference of gradient accumulation, and program wrappers.
   ``zero3_plan(plan, axes=None)`` does it to a ``Plan`` (its parameter placements too).
 - ``planned(captured, model, mesh_shape, layers, rank, env)``: rank 0 plans data parallel (DP x
   Megatron TP on a 2-D mesh with ``layers``) and broadcasts it; every rank returns its ZeRO-3 strategies.
+- ``layouts(rank, models)``: per model (``build``'s, or a Hugging Face zoo model ``"hf:opt"``,
+  ``"hf:gpt_neox"``, ``"hf:gemma"``) and mesh, a ``Layout``: the model captured at ``MICRO`` samples,
+  the rank's mesh env and its ``planned`` strategies (the one worker loop the lever and memory tests share);
+  ``policy_levers(model_name, k, checkpoint, reshard)``: ``Levers`` with that policy on its block type.
 - ``accumulated_loss(loss_fn, k, twice=False)``: the ``reference_loss`` for
   ``equivalence.train_against_one_device`` of one device doing the same accumulation: k microbatches,
   each forward on its own (BatchNorm statistics updated per microbatch), loss summed / k; ``twice``:
@@ -19,21 +23,24 @@ one-device reference of gradient accumulation, and program wrappers.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 import torch
 
 from autoshard.passes.graph import META
+from autoshard.passes.levers import BlockPolicy, Levers
 from autoshard.passes.spec import Replicate, Shard, Strategy
 from autoshard.runtime.memory_probe import MemoryProbe
 
 from .models import BlockCNN, gpt, hf_llama, hf_lm_loss, lm_loss
 
-__all__ = ["MICRO", "BLOCK_TYPES", "build", "zero3", "zero3_plan", "layout_pins", "planned", "accumulated_loss", "Twice", "Probed"]
+__all__ = ["MICRO", "BLOCK_TYPES", "build", "zero3", "zero3_plan", "layout_pins", "planned", "Layout", "layouts",
+           "block_type", "policy_levers", "accumulated_loss", "Twice", "Probed"]
 
 MICRO = 8  # the (micro)batch programs are traced at; a global batch is MICRO * accumulation
 #: each model's repeated-block type, the key of its per-block lever policy
 BLOCK_TYPES = {"gpt": "blocks.#", "hf_llama": "model.layers.#", "cnn": "blocks.#"}
+_ZOO_BLOCKS = {"hf:opt": "model.decoder.layers.#", "hf:gpt_neox": "gpt_neox.layers.#", "hf:gemma": "model.layers.#"}
 
 _TP = {
     "gpt": ([f"blocks.{i}.{n}" for i in range(2) for n in ("q", "k", "v", "fc")],
@@ -119,6 +126,58 @@ def planned(captured, model, mesh_shape, layers, rank: int, env, mixed_precision
                                 pins=layout_pins(model, mesh_shape, layers)).to_json()
     plan = Plan.from_json(broadcast_json(payload, src=0, env=env)).attach(captured, mesh)
     return zero3(captured, plan.solution.strategies, mesh_shape)
+
+
+class Layout(NamedTuple):
+    model_name: str
+    mesh_shape: tuple
+    env: Any  # runtime.groups.MeshEnv
+    captured: Any  # passes.graph.CapturedGraph
+    model: torch.nn.Module
+    batch: Callable
+    loss_fn: Callable
+    strategies: dict
+
+
+def block_type(model_name: str) -> str:
+    """The repeated-block type of a ``layouts`` model (the key of its per-block lever policy)."""
+    return _ZOO_BLOCKS.get(model_name) or BLOCK_TYPES[model_name]
+
+
+def policy_levers(model_name: str, k: int, checkpoint: str, reshard: bool) -> Levers:
+    """``Levers`` of k microsteps with one policy on the model's block type."""
+    return Levers(k, {block_type(model_name): BlockPolicy(checkpoint, reshard)})
+
+
+def layouts(rank: int, models) -> Iterator[Layout]:
+    """See the module docstring. ``models``: ``[(name, [mesh_shape, ...]), ...]``; run on every rank."""
+    from autoshard.passes.capture.export import capture
+    from autoshard.passes.mesh import Mesh
+    from autoshard.runtime.groups import setup_distributed
+
+    torch.set_num_threads(1)
+    for model_name, meshes in models:
+        torch.manual_seed(0)
+        model, batch, loss_fn, layers = _zoo_build(model_name) if model_name in _ZOO_BLOCKS else build(model_name)
+        inputs, target = batch(MICRO, 0)
+        captured = capture(model, inputs, loss_fn=loss_fn, target=target)
+        for mesh_shape in meshes:
+            env = setup_distributed(Mesh.of(mesh_shape))
+            yield Layout(model_name, mesh_shape, env, captured, model, batch, loss_fn,
+                         planned(captured, model, mesh_shape, layers, rank, env))
+
+
+def _zoo_build(name: str):
+    """A Hugging Face zoo model (``hf_zoo``) in ``build``'s form (no Megatron layers)."""
+    from .hf_zoo import SEQ, VOCAB, ZOO
+    model, _, _, loss_fn = ZOO[name.split(":", 1)[1]]()
+
+    def batch(n: int, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        return ({"input_ids": torch.randint(0, VOCAB, (n, SEQ), generator=g)},
+                torch.randint(0, VOCAB, (n, SEQ), generator=g))
+
+    return model, batch, loss_fn, None
 
 
 def _call(model, inputs):

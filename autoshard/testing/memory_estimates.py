@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from .levers import BLOCK_TYPES, MICRO, Probed, build, planned
+from .levers import MICRO, Probed, layouts, policy_levers
 
 __all__ = ["LEVER_CASES", "PEAK_CASES", "MicrostepTracker", "memory_against_estimates", "peak_against_estimates"]
 
@@ -33,9 +33,6 @@ LEVER_CASES = (("none", 1, "none", False), ("selective + reshard", 1, "selective
 #: the whole-step peak's lever cases
 PEAK_CASES = (("none", 1, "none", False), ("full + reshard", 1, "full", True), ("selective", 1, "selective", False),
               ("acc 2", 2, "none", False), ("acc 2 + selective + reshard", 2, "selective", True))
-
-_ZOO_BLOCKS = {"hf:opt": "model.decoder.layers.#", "hf:gpt_neox": "gpt_neox.layers.#", "hf:gemma": "model.layers.#"}
-
 
 class MicrostepTracker(MemTracker):
     """torch's ``MemTracker`` for a step of several microsteps: the program's GraphModule is called
@@ -53,39 +50,39 @@ class MicrostepTracker(MemTracker):
 
 def memory_against_estimates(rank: int, models, cases=LEVER_CASES) -> list[tuple]:
     """See the module docstring. ``models``: ``[(name, [mesh_shape, ...]), ...]``."""
-    from autoshard.passes.levers import BlockPolicy, Levers
     from autoshard.passes.mesh import Mesh
     from autoshard.passes.solve.solution import evaluate
     from autoshard.runtime.executor import RankProgram
 
     rows = []
-    for model_name, mesh_shape, env, captured, model, batch, strategies in _layouts(rank, models):
+    for lay in layouts(rank, models):
         for case, k, checkpoint, reshard in cases:
-            levers = Levers(k, {BLOCK_TYPES[model_name]: BlockPolicy(checkpoint, reshard)})
-            probed = Probed(RankProgram(captured, strategies, mesh_shape, env=env, model=model, levers=levers))
-            x, y = batch(MICRO * k, 1)
+            levers = policy_levers(lay.model_name, k, checkpoint, reshard)
+            probed = Probed(RankProgram(lay.captured, lay.strategies, lay.mesh_shape, env=lay.env, model=lay.model,
+                                        levers=levers))
+            x, y = lay.batch(MICRO * k, 1)
             probed.step(**x, target=y) if isinstance(x, dict) else probed.step(*x, target=y)
-            est = evaluate(captured, Mesh.of(mesh_shape), strategies, "cpu", "adamw", levers=levers,
+            est = evaluate(lay.captured, Mesh.of(lay.mesh_shape), lay.strategies, "cpu", "adamw", levers=levers,
                            traced_at_microbatch=True).estimated
-            rows.append((model_name, str(mesh_shape), case, probed.measured["saved"],
+            rows.append((lay.model_name, str(lay.mesh_shape), case, probed.measured["saved"],
                          est["saved_activation_bytes"], probed.measured["gathered"], est["gathered_peak_bytes"]))
     return rows
 
 
 def peak_against_estimates(rank: int, models, cases=PEAK_CASES) -> list[tuple]:
     """See the module docstring. ``models``: ``[(name, [mesh_shape, ...]), ...]``."""
-    from autoshard.passes.levers import BlockPolicy, Levers
     from autoshard.passes.mesh import Mesh
     from autoshard.passes.solve.solution import evaluate
     from autoshard.runtime.executor import RankProgram
     from autoshard.runtime.local_module import local_module
 
     rows = []
-    for model_name, mesh_shape, env, captured, model, batch, strategies in _layouts(rank, models):
-        block = _ZOO_BLOCKS.get(model_name) or BLOCK_TYPES[model_name]
+    for lay in layouts(rank, models):
+        model_name, mesh_shape, captured, strategies, batch = (lay.model_name, lay.mesh_shape, lay.captured,
+                                                               lay.strategies, lay.batch)
         for case, k, checkpoint, reshard in cases:
-            levers = Levers(k, {block: BlockPolicy(checkpoint, reshard)})
-            program = RankProgram(captured, strategies, mesh_shape, env=env, model=model, levers=levers)
+            levers = policy_levers(model_name, k, checkpoint, reshard)
+            program = RankProgram(captured, strategies, mesh_shape, env=lay.env, model=lay.model, levers=levers)
             optimizer = torch.optim.AdamW(program.parameters(), lr=1e-3)
             x, y = batch(MICRO * k, 1)
             args = tuple(x.values()) if isinstance(x, dict) else x  # traced inputs, in order
@@ -105,34 +102,3 @@ def peak_against_estimates(rank: int, models, cases=PEAK_CASES) -> list[tuple]:
                            traced_at_microbatch=True)
             rows.append((model_name, str(mesh_shape), case, measured, sol.estimated_memory, sol.memory_peak_phase))
     return rows
-
-
-def _layouts(rank: int, models):
-    """(model name, mesh shape, env, captured, model, batch, this rank's strategies) per model and mesh."""
-    from autoshard.passes.capture.export import capture
-    from autoshard.passes.mesh import Mesh
-    from autoshard.runtime.groups import setup_distributed
-
-    torch.set_num_threads(1)
-    for model_name, meshes in models:
-        torch.manual_seed(0)
-        model, batch, loss_fn, layers = _zoo_build(model_name) if model_name in _ZOO_BLOCKS else build(model_name)
-        inputs, target = batch(MICRO, 0)
-        captured = capture(model, inputs, loss_fn=loss_fn, target=target)
-        for mesh_shape in meshes:
-            env = setup_distributed(Mesh.of(mesh_shape))
-            yield model_name, mesh_shape, env, captured, model, batch, planned(captured, model, mesh_shape, layers,
-                                                                              rank, env)
-
-
-def _zoo_build(name: str):
-    """A Hugging Face zoo model (``hf_zoo``) in ``levers.build``'s form (no Megatron layers)."""
-    from .hf_zoo import SEQ, VOCAB, ZOO
-    model, _, _, loss_fn = ZOO[name.split(":", 1)[1]]()
-
-    def batch(n: int, seed: int):
-        g = torch.Generator().manual_seed(seed)
-        return ({"input_ids": torch.randint(0, VOCAB, (n, SEQ), generator=g)},
-                torch.randint(0, VOCAB, (n, SEQ), generator=g))
-
-    return model, batch, loss_fn, None

@@ -43,10 +43,11 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from autoshard.passes.cost.lowerings import LOWERINGS
 from autoshard.passes.graph import META, is_getitem, tensor_meta_of
 from autoshard.passes.sharding.rules import local_check, op_call, rule_strategies
-from autoshard.passes.sharding.schema import bind_args, op_name, rebuild_args
-from autoshard.passes.spec import LOWERINGS, Partial, Placement, Replicate, Shard, Strategy1D, TensorMeta
+from autoshard.passes.schema import bind_args, op_name, rebuild_args
+from autoshard.passes.spec import Partial, Placement, Replicate, Shard, Strategy1D, TensorMeta
 from autoshard.runtime.localize import local_size_args
 
 __all__ = ["RuleCheck", "check_rule_numerics", "check_node", "trace_op", "trace_calls", "record_calls",
@@ -398,10 +399,10 @@ def check_node(node: fx.Node, args, kwargs, n: int = 2, *, gen: Optional[torch.G
 
 
 def _check_well_formed(op, strategies: list[Strategy1D], ins: list[torch.Tensor], outs: list[torch.Tensor]):
-    """Lowerings come from spec.LOWERINGS; shard dims exist on the tensor they split."""
+    """Lowerings are registered (``passes/cost/lowerings.py``); shard dims exist on the tensor they split."""
     for s in strategies:
         if s.lowering is not None and s.lowering not in LOWERINGS:
-            raise AssertionError(f"{op} strategy {s}: lowering {s.lowering!r} is not in spec.LOWERINGS")
+            raise AssertionError(f"{op} strategy {s}: lowering {s.lowering!r} is not registered in passes/cost/lowerings.py")
         for what, pls, ts in (("operand", s.inputs, ins), ("output", s.outputs, outs)):
             for i, (p, t) in enumerate(zip(pls, ts)):
                 if isinstance(p, Shard) and not 0 <= p.dim < t.dim():

@@ -26,7 +26,7 @@ from typing import Optional
 import torch
 import torch.fx as fx
 
-from autoshard.passes.sharding.schema import bind_args, schema_of
+from autoshard.passes.schema import bind_args, schema_of
 
 __all__ = ["functionalize_view_writes"]
 

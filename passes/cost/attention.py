@@ -31,7 +31,7 @@ import math
 
 from autoshard.passes.graph import operand_meta, operands
 from autoshard.passes.sharding.rules.attention import ring_layout
-from autoshard.passes.sharding.schema import bind_args
+from autoshard.passes.schema import bind_args
 from autoshard.passes.spec import Strategy
 
 __all__ = ["ring_attention_seconds", "ring_internal_bytes"]

@@ -27,29 +27,16 @@ the inter link. ``CostModel(..., hierarchical=False)`` prices the whole axis fla
 link instead (for comparison). A collective a measured profile has a fit for (kind, n, intra-node
 group) costs ``latency_s + seconds_per_byte * B`` from the fit instead of the formula.
 
-Which collectives a redistribution runs (``redistribution_steps``) follows the runtime's
-``runtime/redistribute.py`` step for step (a test compares the two on every placement pair): unshard
-from the last axis to the first (S->R all-gather, P->R all-reduce, S(i)->S(j) one all-to-all only
-when no other axis nests in dims i or j; a shard an axis keeps is gathered too when an earlier axis
-changes how its dim is split), then shard from the first axis to the last (R->S a local chunk, P->S
-reduce-scatter, R->P a local ``to_partial``). Pricing the same steps keeps the plan's collectives
-equal to the program's.
-
->>> redistribution_steps((0, 0), (-1, -1), (2, 2))         # FSDP weight (S(0), S(0)) -> (R, R)
-[('all_gather', 1), ('all_gather', 0)]
->>> redistribution_steps((0, 0), (1, 0), (2, 2))           # nested shards: no all-to-all
-[('all_gather', 1), ('all_gather', 0), ('chunk', 0), ('chunk', 1)]
+Which collectives a redistribution runs is ``passes.layout.redistribution`` (``redistribution_steps``),
+the steps the runtime executes: pricing the same steps keeps the plan's collectives equal to the
+program's.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-__all__ = ["Collective", "collective_seconds", "collective_terms", "hierarchical_terms", "p2p_seconds",
-           "redistribution_steps", "R_CODE", "P_CODE"]
-
-#: placement codes (``encode`` in ``passes/cost/model.py``): ``S(d)`` is ``d >= 0``
-R_CODE, P_CODE = -1, -2
+__all__ = ["Collective", "collective_seconds", "collective_terms", "hierarchical_terms", "p2p_seconds"]
 
 
 @dataclass(frozen=True)
@@ -135,46 +122,3 @@ def p2p_seconds(nbytes: float, bandwidth: float, latency: float, launch: float =
     0.00101
     """
     return latency + nbytes / bandwidth + launch
-
-
-def redistribution_steps(src, dst, shape) -> list[tuple[str, int]]:
-    """The runtime's steps from placement codes ``src`` to ``dst`` on a mesh of ``shape``: a list of
-    (kind, axis), kind one of all_gather, all_reduce, all_to_all (communicating; phase 1, last axis
-    first) and chunk, reduce_scatter, to_partial (phase 2, first axis first). Size-1 axes are skipped."""
-    src = tuple(R_CODE if n == 1 else c for c, n in zip(src, shape))
-    dst = tuple(R_CODE if n == 1 else c for c, n in zip(dst, shape))
-    if src == dst:
-        return []
-    nax = len(src)
-    changed = [src[a] != dst[a] for a in range(nax)]
-
-    def relation_changes_before(b: int, d: int) -> bool:
-        return any(changed[a] and d in (src[a], dst[a]) for a in range(b))
-
-    def can_exchange(b: int, i: int, j: int) -> bool:
-        return not any(c != b and (src[c] in (i, j) or dst[c] in (i, j)) and (c > b or changed[c])
-                       for c in range(nax))
-
-    steps: list[tuple[str, int]] = []
-    cur = list(src)
-    for b in reversed(range(nax)):
-        p, q = cur[b], dst[b]
-        if p >= 0:
-            if p == q and not relation_changes_before(b, p):
-                continue
-            if q >= 0 and q != p and can_exchange(b, p, q):
-                steps.append(("all_to_all", b))
-                cur[b] = q
-            else:
-                steps.append(("all_gather", b))
-                cur[b] = R_CODE
-        elif p == P_CODE and q == R_CODE:
-            steps.append(("all_reduce", b))
-            cur[b] = q
-    for a in range(nax):
-        p, q = cur[a], dst[a]
-        if p == q:
-            continue
-        steps.append(("chunk" if p == R_CODE else "reduce_scatter", a) if q >= 0 else ("to_partial", a))
-        cur[a] = q
-    return steps

@@ -33,7 +33,7 @@ from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.kernels import achievable, gemm_efficiency
 from autoshard.passes.cost.moe import MOE_OP, moe_flops
 from autoshard.passes.graph import operand_meta, operands, outputs
-from autoshard.passes.sharding.schema import bind_args
+from autoshard.passes.schema import bind_args
 from autoshard.passes.spec import TensorMeta
 
 __all__ = ["GraphFacts", "op_name", "matmul_flops", "gemm_dims", "local_gemm_dims"]

@@ -13,7 +13,7 @@ with the achievable-compute model (``passes/cost/kernels.py``). Hardware with
 link formulas; a measured fit in the profile still replaces either.
 
 Redistribution of a tensor from placements ``src`` to ``dst`` runs the runtime's own steps
-(``redistribution_steps`` in ``passes/cost/collectives.py``, mirroring ``runtime/redistribute.py``):
+(``redistribution_steps`` in ``passes/layout/redistribution.py``, which the runtime executes):
 unshard from the last axis to the first (S->R all-gather, P->R all-reduce, S(i)->S(j) all-to-all
 where nesting allows, else all-gather then chunk), then shard from the first axis to the last
 (R->S(d) and R->P local and free, P->S(d) reduce-scatter). The bytes of the collective on axis
@@ -33,7 +33,8 @@ each redistributed copy whose consumer saves it (e.g. an all-gathered FSDP weigh
 Without that analysis (a program the meta device cannot run): every non-view op output and every
 redistributed copy.
 
-Placements travel as integer codes (``encode``): ``S(d)`` -> d, ``R`` -> ``R_CODE``, ``P`` -> ``P_CODE``.
+Placements travel as integer codes (``encode``, ``passes/layout/redistribution.py``): ``S(d)`` -> d,
+``R`` -> ``R_CODE``, ``P`` -> ``P_CODE``.
 
 >>> from autoshard.passes.spec import P, R, S
 >>> encode((S(0), R, P))
@@ -45,16 +46,16 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
-from autoshard.passes.cost.collectives import (P_CODE, R_CODE, Collective, collective_terms, hierarchical_terms,
-                                               p2p_seconds, redistribution_steps)
-from autoshard.passes.cost.attention import ring_attention_seconds, ring_internal_bytes
+from autoshard.passes.cost.collectives import Collective, collective_terms, hierarchical_terms, p2p_seconds
 from autoshard.passes.cost.facts import GraphFacts, local_gemm_dims
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.kernels import gemm_efficiency
 from autoshard.passes.cost.nccl import nccl_p2p_seconds, nccl_terms
-from autoshard.passes.cost.moe import dispatch_collectives, dispatch_saved_bytes, is_moe_node, work_factor
+from autoshard.passes.cost.lowerings import named_lowerings
+from autoshard.passes.cost.moe import is_moe_node, work_factor
+from autoshard.passes.layout.redistribution import P_CODE, R_CODE, encode, placement_code, redistribution_steps
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.spec import Partial, Placement, Replicate, Shard, Strategy, TensorMeta
+from autoshard.passes.spec import Placement, Strategy, TensorMeta
 
 __all__ = ["optimizer_state_bytes", "CostModel", "NodePrice", "ADJOINT", "encode", "placement_code"]
 
@@ -75,24 +76,6 @@ def optimizer_state_bytes(optimizer: Union[str, float, int]) -> float:
         raise ValueError(f"unknown optimizer {optimizer!r}: use one of {sorted(_OPTIMIZERS)} or the number of "
                          "state bytes per parameter element (AdamW in fp32: 8)")
     return _OPTIMIZERS[key]
-
-
-def placement_code(p: Placement) -> int:
-    """``S(d)`` -> d, ``R`` -> -1, ``P`` -> -2 (exact type checks first: placement isinstance is slow)."""
-    t = type(p)
-    if t is Replicate:
-        return R_CODE
-    if t is Shard:
-        return p.dim
-    if t is Partial:
-        return P_CODE
-    if isinstance(p, Shard):
-        return p.dim
-    return P_CODE if isinstance(p, Partial) else R_CODE
-
-
-def encode(pls: Sequence[Placement]) -> tuple[int, ...]:
-    return tuple(placement_code(p) for p in pls)
 
 
 @dataclass
@@ -239,7 +222,8 @@ class CostModel:
         steps = self._reshard_cache.get(("steps", src, dst))
         if steps is None:
             steps = self._reshard_cache[("steps", src, dst)] = redistribution_steps(src, dst, self.mesh.shape)
-        for kind, a in steps:
+        for step in steps:
+            kind, a = step.kind, step.axis
             if kind in ADJOINT:
                 fwd.append(self.collective(kind, a, nbytes / self._factor(cur, skip=a)))
             cur[a] = R_CODE if kind == "all_gather" else dst[a]
@@ -290,15 +274,20 @@ class CostModel:
         if dims is not None:  # the shard's own shape sets its tile and wave efficiency
             work *= self.gemm_shard_factor(name, dims, strategy)
         node = facts.nodes[name]
-        if is_moe_node(node):  # busiest rank under expert-load imbalance; all-to-alls of expert parallel
+        if is_moe_node(node):  # the busiest rank's share under expert-load imbalance (or capacity padding)
             work *= work_factor(node, strategy, self.mesh.shape)
-            colls = dispatch_collectives(self, node, strategy, metas[0], facts.training)
-            if facts.training:
-                moved = self.kept(dispatch_saved_bytes(node, strategy, metas[0], self.mesh.shape))
         if fwd + bwd > 0 and self.hardware.min_kernel_s:  # however small its shard, a kernel lasts this long
             work = max(work, facts.launches(name) * self.hardware.min_kernel_s)
-        ring = ring_attention_seconds(self, node, strategy, fwd, bwd) if any(strategy.lowerings) else 0.0
-        return NodePrice(compute=work + facts.overhead(name) + ring, collectives=colls,
+        extra = 0.0
+        if any(strategy.lowerings):  # what a special lowering costs beyond its placements (passes/cost/lowerings.py)
+            for low in named_lowerings(strategy):
+                if low.price is not None:
+                    extra += low.price(self, node, strategy, fwd, bwd)
+                if low.collectives is not None:
+                    colls += low.collectives(self, node, strategy, metas[0], facts.training)
+                if low.saved_bytes is not None and facts.training:
+                    moved += self.kept(low.saved_bytes(self, node, strategy, metas[0]))
+        return NodePrice(compute=work + facts.overhead(name) + extra, collectives=colls,
                          activations=self.node_activation_bytes(name, strategy, facts) + moved)
 
     def gemm_shard_factor(self, name: str, dims: tuple, strategy: Strategy) -> float:
@@ -353,8 +342,9 @@ class CostModel:
         kept = self.activation_bytes([metas[s] for s in info.saved_outputs],
                                      [strategy.outputs[s] for s in info.saved_outputs])
         internal = facts.internal_bytes(name)
-        if "ring_attention" in strategy.lowerings:
-            internal = ring_internal_bytes(facts.nodes[name])
+        for low in named_lowerings(strategy) if any(strategy.lowerings) else ():
+            if low.internal_bytes is not None:
+                internal = low.internal_bytes(facts.nodes[name])
         return kept + self.kept(internal / self.work_divisor(strategy))
 
     def edge_activation_bytes(self, copy_bytes: float, facts: GraphFacts, consumer: str, index: int) -> float:

@@ -34,15 +34,13 @@ import torch.fx as fx
 
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.graph import operand_meta, operands
+from autoshard.passes.sharding.rules.moe import DISPATCH_LOWERINGS
 from autoshard.passes.spec import Replicate, Shard, Strategy, TensorMeta
 
 __all__ = ["MOE_OP", "EXPERT_LOAD_META", "is_moe_node", "moe_flops", "moe_nodes", "attach_expert_load",
            "expert_load_of", "imbalance", "capacity_factor_of", "work_factor", "dispatch_collectives",
-           "dispatch_saved_bytes",
-           "ExpertLoadError", "DISPATCH_LOWERINGS"]
+           "dispatch_saved_bytes", "ExpertLoadError"]
 
-#: the lowerings that move tokens to their experts (``passes/spec.LOWERINGS``)
-DISPATCH_LOWERINGS = ("expert_dispatch", "expert_dispatch_capacity")
 
 MOE_OP = "moe_experts"
 #: node.meta key holding a MoE layer's per-expert load shares (summing to 1)
@@ -149,10 +147,11 @@ def dispatch_collectives(cm, node: fx.Node, strategy: Strategy, out: TensorMeta,
     return tuple(fwd + bwd)
 
 
-def dispatch_saved_bytes(node: fx.Node, strategy: Strategy, out: TensorMeta, mesh: Sequence[int]) -> float:
+def dispatch_saved_bytes(cm, node: fx.Node, strategy: Strategy, out: TensorMeta) -> float:
     """Bytes autograd keeps of an expert-parallel layer's moved rows: the rows it received (the local
     experts keep their input, recomputing the rest) and the rows that came back (the combine keeps
-    them); 0 when nothing is dispatched."""
+    them); 0 when nothing is dispatched. ``cm``: the ``CostModel``."""
+    mesh = cm.mesh.shape
     axes, dispatch = _dispatch_axes(strategy, mesh)
     return 2 * _sent_bytes(node, strategy, out, mesh, axes) if dispatch else 0.0
 

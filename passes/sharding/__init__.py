@@ -4,7 +4,6 @@
   the 1-D options of one op on one mesh axis.
 - ``strategies``: the multi-axis strategies of every node (product over axes, filtered by divisibility).
 - ``pins``: the user's manual decisions (parameter, input and op placements) resolved to strategy indices.
-- ``schema``: an op call's arguments bound to its schema names (rules, the runtime and tests share it).
 
 May import: torch, the ``passes`` vocabulary, and ``passes.capture`` types.
 """

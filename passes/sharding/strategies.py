@@ -26,6 +26,7 @@ from typing import Any, Optional, Sequence
 import torch.fx as fx
 
 from autoshard.passes.graph import META, CapturedGraph
+from autoshard.passes.layout.shapes import divides, local_shape, why_not_divisible
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.rules import local_check, op_call, rule_strategies
 from autoshard.passes.spec import Partial, Replicate, Shard, Strategy, Strategy1D, TensorMeta
@@ -46,28 +47,6 @@ class StrategyTable(dict):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.unruled: dict[str, str] = {}
-
-
-def why_not_divisible(shape: Sequence[int], pls: Sequence, mesh: Mesh) -> Optional[str]:
-    """None if ``pls`` splits ``shape`` evenly over ``mesh``, else the reason in words."""
-    per_dim: dict[int, list[int]] = {}
-    for a, p in enumerate(pls):
-        if isinstance(p, Shard):
-            if not 0 <= p.dim < len(shape):
-                return f"S({p.dim}) on axis {mesh.axis_names[a]!r} names a dim the {len(shape)}-d tensor lacks"
-            per_dim.setdefault(p.dim, []).append(a)
-    for d, axes in per_dim.items():
-        n = 1
-        for a in axes:
-            n *= mesh.shape[a]
-        if shape[d] % n:
-            names = " x ".join(f"{mesh.axis_names[a]!r} of size {mesh.shape[a]}" for a in axes)
-            return f"dim {d} of size {shape[d]} does not divide over axis {names}"
-    return None
-
-
-def divides(shape: Sequence[int], pls: Sequence, mesh: Mesh) -> bool:
-    return why_not_divisible(shape, pls, mesh) is None
 
 
 def _freeze(x: Any) -> Any:
@@ -92,15 +71,6 @@ def _strategy_ok(s: Strategy, in_metas, out_metas, mesh: Mesh) -> bool:
     return True
 
 
-def local_shape(shape: Sequence[int], pls: Sequence, mesh: Mesh) -> tuple[int, ...]:
-    """Each rank's piece of a tensor of ``shape`` placed ``pls`` (divisible: checked before)."""
-    out = list(shape)
-    for a, p in enumerate(pls):
-        if isinstance(p, Shard):
-            out[p.dim] //= mesh.shape[a]
-    return tuple(out)
-
-
 def _combine(options: list[Strategy1D], mesh: Mesh, in_metas, out_metas, cap: int, check=None) -> list[Strategy]:
     """The mesh strategies of a node from its 1-D options; ``check(local_in_shapes, local_out_shapes)``:
     the rule's ``LocalCheck`` (None: none)."""
@@ -115,8 +85,8 @@ def _combine(options: list[Strategy1D], mesh: Mesh, in_metas, out_metas, cap: in
             continue
         s = Strategy(ins, outs, tuple(c.lowering for c in combo))
         if _strategy_ok(s, in_metas, out_metas, mesh) and (check is None or check(
-                [local_shape(m.shape, p, mesh) for m, p in zip(in_metas, ins)],
-                [local_shape(m.shape, p, mesh) for m, p in zip(out_metas, outs)])):
+                [local_shape(m.shape, p, mesh.shape) for m, p in zip(in_metas, ins)],
+                [local_shape(m.shape, p, mesh.shape) for m, p in zip(out_metas, outs)])):
             seen.add((ins, outs))
             found.append(s)
     return _cap(found, mesh, cap)

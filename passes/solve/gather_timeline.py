@@ -1,11 +1,12 @@
 """The most gathered parameter copies alive at once in a step, from the order the runtime gathers them.
 
-The runtime (``runtime.param_gather``) gathers parameters one *segment* at a time: a block instance,
-or a run of ops between blocks, in program order, each copy made when the first op reading it runs.
+The runtime (``runtime.param_gather``) gathers parameters one *segment* at a time
+(``passes.layout.gathers``: a block instance, or a run of ops between blocks), in program order,
+each copy made when the first op reading it runs.
 A segment's copies are ``kept`` (saved for the backward and held to it), ``transient`` (read in the
 forward only, or freed after the forward by reshard-after-forward) and, of the transient ones,
 ``regathered`` (gathered again for the backward). Copies that are one all-gather of one tensor dim
-(``one_dim_gather``: FSDP's case) travel in one flat collective per segment, and that one is
+(``passes.layout.gathers.fused_gather``: FSDP's case) travel in one flat collective per segment, and that one is
 started ahead: the next segment's in the forward (``prefetched``), the previous resharding
 segment's re-gather in the backward (``prefetched_again``). Autograd frees a kept copy after its
 last backward use, so in the backward only the kept segments up to the current one are alive.
@@ -17,11 +18,13 @@ last backward use, so in the backward only the kept segments up to the current o
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Sequence, Union
 
-from autoshard.passes.spec import Replicate, Shard
+from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.layout.gathers import SegmentKeys, segment_op
+from autoshard.passes.solve.blocks import BlockMap
 
-__all__ = ["Segment", "gathered_peak", "one_dim_gather"]
+__all__ = ["Segment", "gathered_peak", "segment_of"]
 
 
 class Segment(NamedTuple):
@@ -30,19 +33,6 @@ class Segment(NamedTuple):
     regathered: float = 0.0
     prefetched: float = 0.0
     prefetched_again: float = 0.0
-
-
-def one_dim_gather(src: Sequence, dst: Sequence) -> bool:
-    """Whether moving a parameter from storage ``src`` to ``dst`` (placements per mesh axis) is
-    all-gathers of one tensor dim only (the runtime fuses and prefetches those)."""
-    dims = set()
-    for s, d in zip(src, dst):
-        if s == d:
-            continue
-        if not (isinstance(s, Shard) and isinstance(d, Replicate)):
-            return False
-        dims.add(s.dim)
-    return len(dims) == 1
 
 
 def gathered_peak(segments: Sequence[Segment]) -> float:
@@ -54,3 +44,9 @@ def gathered_peak(segments: Sequence[Segment]) -> float:
         behind = segments[i - 1].prefetched_again if i > 0 else 0.0
         peak = max(peak, kept_so_far + seg.transient + ahead, kept_so_far + seg.regathered + behind)
     return peak
+
+
+def segment_of(captured: CapturedGraph, blocks: BlockMap) -> dict[str, Union[str, int]]:
+    """Every op's gather segment (``passes.layout.gathers.SegmentKeys``, as the runtime groups copies)."""
+    keys = SegmentKeys()
+    return {n.name: keys.key(blocks.instance.get(n.name)) for n in captured.gm.graph.nodes if segment_op(n)}

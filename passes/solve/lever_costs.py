@@ -106,9 +106,10 @@ class LeverPricer:
             launch = self.cm.hardware.op_overhead_s if self.facts.launches(name) else 0.0
             again = fwd / self.cm.work_divisor(strategy)
             node = self.facts.nodes[name]
-            if is_moe_node(node):  # its forward again: the busiest rank's share, the forward all-to-alls
-                again = again * work_factor(node, strategy, self.cm.mesh.shape) + sum(
-                    c.seconds for c in base.collectives if c.phase == "fwd")
+            if is_moe_node(node):  # its forward again: the busiest rank's share
+                again = again * work_factor(node, strategy, self.cm.mesh.shape)
+            if base.collectives:  # a lowering's own forward collectives run again (an MoE layer's all-to-alls)
+                again = again + sum(c.seconds for c in base.collectives if c.phase == "fwd")
             price.seconds += again + launch
         return base, price
 

@@ -22,8 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from autoshard.passes.cost.collectives import R_CODE
-from autoshard.passes.cost.model import encode
+from autoshard.passes.layout.redistribution import R_CODE, encode
 from autoshard.passes.solve.clustering import OUTPUT, cluster_edges, graph_edges
 from autoshard.passes.solve.lever_costs import LeverPricer
 from autoshard.passes.solve.strategy_graph import PolicyGroup, SGEdge, SGNode, StrategyGraph

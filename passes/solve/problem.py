@@ -15,12 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Collection, Optional, Union
 
-from autoshard.passes.cost.collectives import R_CODE
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.hardware_lookup import get_hardware
-from autoshard.passes.cost.model import CostModel, encode
+from autoshard.passes.cost.model import CostModel
 from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.layout.redistribution import R_CODE, encode
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.sharding.strategies import StrategyTable, enumerate_strategies

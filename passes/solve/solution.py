@@ -20,12 +20,15 @@ from autoshard.passes.cost.model import CostModel, encode
 from autoshard.passes.cost.overlap import Overlap, compute_slowdown, overlap_step
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.layout.gathers import fused_gather, gather_groups
+from autoshard.passes.layout.redistribution import plan_redistribute
+from autoshard.passes.layout.shapes import normalize
 from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.strategies import unruled_ops
 from autoshard.passes.solve.blocks import BlockMap, block_map
 from autoshard.passes.solve.clustering import OUTPUT, graph_edges
-from autoshard.passes.solve.gather_timeline import Segment, gathered_peak, one_dim_gather
+from autoshard.passes.solve.gather_timeline import Segment, gathered_peak, segment_of
 from autoshard.passes.solve.lever_costs import LeverPricer, policy_index
 from autoshard.passes.solve.microbatch import MicrobatchCostModel, MicrobatchFacts
 from autoshard.passes.solve.peak_timeline import peak_of
@@ -98,6 +101,9 @@ class Solution:
     the end of the forward, gathered parameter copies not included) and ``gathered_peak_bytes``
     (gathered parameter copies alive at once, the next block's prefetched gathers included), and
     each phase's peak (``peak_forward_bytes``, ``peak_backward_bytes``, ``peak_optimizer_step_bytes``).
+    ``gather_groups``: the parameter copies the memory timeline priced, grouped as the runtime
+    gathers them (``passes.layout.gathers``): per group, ``(parameter node, placements, fused)`` in
+    first-reader order; in memory only (not in the JSON: a loaded plan has none).
     """
     mesh: Mesh
     strategies: dict[str, Strategy]
@@ -113,6 +119,7 @@ class Solution:
     levers: Levers = field(default_factory=Levers)
     estimated: dict[str, float] = field(default_factory=dict)
     memory_peak_phase: str = ""
+    gather_groups: list = field(default_factory=list, repr=False, compare=False)
 
     def to_json(self) -> dict:
         """The plan as JSON data: the same inputs give the same bytes on any machine, so the solver's
@@ -191,6 +198,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
     times = dict.fromkeys(("compute", "communication", "grad_sync", "recompute"), 0.0)
     gathers: dict[tuple, list] = {}  # (parameter, placement) -> [first reader, segment, bytes, kept, regathered, fused]
     position = {n.name: i for i, n in enumerate(captured.gm.graph.nodes)}
+    segment = segment_of(captured, blocks)
     syncs: dict[str, list[Collective]] = {}
     weights = dict.fromkeys(("fwd", "bwd", "regather"), 0.0)  # parameter-edge communication, for overlap
     freed = pricer.freed_outputs(strategies, policy)
@@ -226,10 +234,11 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         mem["recompute"] += price.recompute
         mem["gathered_weights"] += price.gathered + price.gathered_transient
         if price.gather_copy:
-            entry = gathers.setdefault((u, tuple(dst)), [position[v], blocks.instance.get(v), price.gather_copy,
-                                                         False, False, one_dim_gather(src, dst)])
+            need = normalize(dst, mesh.shape)  # the runtime's copies are per placement, size-1 axes made R
+            fused = fused_gather(plan_redistribute(src, need, mesh.shape)) is not None
+            entry = gathers.setdefault((u, need), [position[v], segment[v], price.gather_copy, False, False, fused])
             if position[v] < entry[0]:  # the runtime makes one copy per placement, at its first reader
-                entry[:2] = position[v], blocks.instance.get(v)
+                entry[:2] = position[v], segment[v]
             entry[3] = entry[3] or bool(price.gathered)
             entry[4] = entry[4] or bool(price.gathered_transient)
         if tuple(src) != tuple(dst):
@@ -255,6 +264,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         memory_peak_phase=peak.phase, memory_breakdown=mem, time_breakdown=times, unruled_ops=sorted(set(names.values())),
         redistributions=moves, param_grad_syncs=syncs, solver_stats=dict(solver_stats or {}), levers=levers,
         estimated=estimated,
+        gather_groups=gather_groups((e[0], e[1], (u, need, e[5])) for (u, need), e in gathers.items()),
     )
 
 
@@ -279,21 +289,18 @@ def step_overlap(hw: Hardware, facts: GraphFacts, blocks: BlockMap, times: dict,
 
 
 def _segments(gathers) -> list[Segment]:
-    """The gather segments in program order (``gather_timeline``): consecutive first readers in the
-    same block instance (or outside blocks) share one."""
-    segments: list[list[float]] = []
-    last = object()
-    for _, instance, size, kept, regathered, fused in sorted(gathers, key=lambda e: e[0]):
-        if not segments or instance != last:
-            segments.append([0.0] * 5)
-        seg = segments[-1]
-        seg[0 if kept else 1] += size
-        again = regathered and not kept
-        seg[2] += size if again else 0.0
-        seg[3] += size if fused else 0.0
-        seg[4] += size if fused and again else 0.0
-        last = instance
-    return [Segment(*s) for s in segments]
+    """The gather segments in the runtime's order (``passes.layout.gathers.gather_groups``)."""
+    segments = []
+    for members in gather_groups((e[0], e[1], e) for e in gathers):
+        seg = [0.0] * 5
+        for _, _, size, kept, regathered, fused in members:
+            seg[0 if kept else 1] += size
+            again = regathered and not kept
+            seg[2] += size if again else 0.0
+            seg[3] += size if fused else 0.0
+            seg[4] += size if fused and again else 0.0
+        segments.append(Segment(*seg))
+    return segments
 
 
 def node_policy(name: str, levers: Levers, blocks: BlockMap, facts: GraphFacts) -> Optional[int]:

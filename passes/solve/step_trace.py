@@ -37,6 +37,7 @@ from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel, NodePrice
 from autoshard.passes.cost.facts import op_name
 from autoshard.passes.graph import CapturedGraph, operands
+from autoshard.passes.layout.gathers import gather_groups
 from autoshard.passes.solve.blocks import BlockMap
 from autoshard.passes.solve.clustering import OUTPUT, output_slot
 from autoshard.passes.solve.lever_costs import LeverPrice
@@ -117,26 +118,24 @@ class TraceBuilder:
 
     def gather_segments(self, gathers: dict, staged_reduce_scatter: bool = False) -> None:
         """The gathered copies' groups: ``gathers`` maps (parameter, placement) to ``solution``'s
-        record ``[first reader position, block instance, copy bytes, ...]``; consecutive first
-        readers in the same instance (or outside blocks) are one group, gathered by one call
-        (``runtime.param_gather``). The group's backward runs once every member's gradient has
-        arrived: each member's copy gradient lives down to the group's first reader, after whose
+        record ``[first reader position, gather segment, copy bytes, ...]``; one group per segment
+        (``passes.layout.gathers.gather_groups``), gathered by one call (``runtime.param_gather``).
+        The group's backward runs once every member's gradient has arrived: each member's copy
+        gradient lives down to the group's first reader, after whose
         backward the reduce-scatter concatenates the group's gradients into one flat buffer (the group's copy
         bytes again). ``staged_reduce_scatter``: the backend's reduce-scatter copies its whole
         input once more (gloo's ``reduce_scatter_tensor``; measured: a 1 MiB input on 2 ranks
         peaks at input + output + 1 MiB, where ``all_gather_into_tensor`` and ``all_reduce``
         allocate nothing beyond their tensors)."""
         factor = 2.0 if staged_reduce_scatter else 1.0
-        last, start, total = object(), 0, 0.0
-        for (param, _), (first, instance, size, *_rest) in sorted(gathers.items(), key=lambda kv: kv[1][0]):
-            if instance != last:
-                self._reduce(start, total, factor)
-                start, total, last = first, 0.0, instance
-            entry = self._gather_readers.get(param)
-            if entry is not None:
-                entry[0] = min(entry[0], start)
-                total += size
-        self._reduce(start, total, factor)
+        for members in gather_groups((rec[0], rec[1], (param, rec)) for (param, _), rec in gathers.items()):
+            start, total = members[0][1][0], 0.0
+            for param, (_, _, size, *_rest) in members:
+                entry = self._gather_readers.get(param)
+                if entry is not None:
+                    entry[0] = min(entry[0], start)
+                    total += size
+            self._reduce(start, total, factor)
 
     def _reduce(self, start: int, total: float, factor: float) -> None:
         if total:

@@ -15,7 +15,7 @@ makes no variable for it.
 Two moves need no solver: ``merge_followers`` folds
 nodes whose strategy follows from their one operand into their producer (views, unary elementwise
 ops), and ``greedy`` picks a quick assignment in node order (the ILP's fallback warm start). The
-ILP itself (``passes/solve/ilp.py``) and the IOPDDL format conversion (``passes/iopddl/problem.py``)
+ILP itself (``passes/solve/ilp.py``) and the IOPDDL format conversion (``autoshard/contest/iopddl/problem.py``)
 read this type. Knows nothing about torch.
 
 >>> g = StrategyGraph([SGNode("a", [1.0, 0.5], [0, 0]), SGNode("b", [1.0, 0.5], [0, 0])],

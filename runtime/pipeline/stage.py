@@ -26,9 +26,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from autoshard.passes.graph import META
+from autoshard.passes.layout.shapes import normalize
 from autoshard.passes.spec import Replicate, Strategy
 
-from ..layout import normalize
 from ..lower import lower
 from ..materialize import materialize
 from ..recompute import Replay

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from autoshard.testing.equivalence import Tolerance, adamw, failures_of, train_against_one_device
-from autoshard.testing.levers import BLOCK_TYPES, MICRO, Probed, Twice, accumulated_loss, build, planned
+from autoshard.testing.levers import MICRO, Probed, Twice, accumulated_loss, build, layouts, policy_levers
 from autoshard.testing.ranks import run_ranks
 
 TOL = Tolerance(rtol=1e-4, atol=2e-5)
@@ -46,32 +46,21 @@ def _levers_acted(case: str, rp, levers) -> list:
 
 
 def levers_worker(rank: int, world: int, model_name: str, meshes, baseline: bool) -> dict:
-    from autoshard.passes.capture.export import capture
-    from autoshard.passes.levers import BlockPolicy, Levers
-    from autoshard.passes.mesh import Mesh
     from autoshard.runtime.executor import RankProgram
-    from autoshard.runtime.groups import setup_distributed
 
-    torch.set_num_threads(1)
     failures, memory = [], {}
-    torch.manual_seed(0)
-    model, batch, loss_fn, layers = build(model_name)
-    inputs, target = batch(MICRO, 0)
-    captured = capture(model, inputs, loss_fn=loss_fn, target=target)
-    for mesh_shape in meshes:
-        env = setup_distributed(Mesh.of(mesh_shape))
-        strategies = planned(captured, model, mesh_shape, layers, rank, env)
+    for lay in layouts(rank, [(model_name, meshes)]):
         for name, k, ckpt, reshard, twice in CASES[0 if baseline else 1:]:
-            case = f"{model_name} mesh={mesh_shape} {name}"
-            levers = Levers(k, {BLOCK_TYPES[model_name]: BlockPolicy(ckpt, reshard)})
-            rp = RankProgram(captured, strategies, mesh_shape, env=env, model=model, levers=levers)
+            case = f"{model_name} mesh={lay.mesh_shape} {name}"
+            levers = policy_levers(model_name, k, ckpt, reshard)
+            rp = RankProgram(lay.captured, lay.strategies, lay.mesh_shape, env=lay.env, model=lay.model, levers=levers)
             probed = Probed(rp)
             failures += train_against_one_device(
-                case, Twice(probed) if twice else probed, copy.deepcopy(model),
-                lambda step, k=k: batch(MICRO * k, 100 + step), reference_loss=accumulated_loss(loss_fn, k, twice),
-                optimizer=adamw(), tol=TOL)
+                case, Twice(probed) if twice else probed, copy.deepcopy(lay.model),
+                lambda step, k=k: lay.batch(MICRO * k, 100 + step),
+                reference_loss=accumulated_loss(lay.loss_fn, k, twice), optimizer=adamw(), tol=TOL)
             failures += _levers_acted(case, rp, levers)
-            memory[f"{mesh_shape} {name}"] = probed.measured
+            memory[f"{lay.mesh_shape} {name}"] = probed.measured
     return {"failures": failures, "memory": memory}
 
 

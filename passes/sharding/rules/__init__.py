@@ -21,7 +21,7 @@ op touches one file, its family module::
 
 A new family is a new module here, named in the import and in ``FAMILIES`` below.
 
-May import: torch and the ``passes`` vocabulary (``spec``, ``graph``, ``passes.sharding.schema``).
+May import: torch and the ``passes`` vocabulary (``spec``, ``graph``, ``passes.schema``).
 """
 from autoshard.passes.sharding.rules.registry import (
     LOCAL_CHECKS, RULES, OpCall, local_check, lookup, op_call, register_rule, rule_strategies,

@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 import torch.fx as fx
 
 from autoshard.passes.graph import META, operand_meta, operands, outputs
-from autoshard.passes.sharding.schema import bind_args, op_name
+from autoshard.passes.schema import bind_args, op_name
 from autoshard.passes.spec import Partial, Replicate, Strategy1D, TensorMeta
 
 __all__ = ["OpCall", "RuleFn", "LocalCheck", "RULES", "LOCAL_CHECKS", "register_rule", "lookup", "local_check",
@@ -56,7 +56,7 @@ class OpCall:
 
     @cached_property
     def bound_args(self) -> dict[str, Any]:
-        """Every argument by schema name, defaults filled in (``passes.sharding.schema.bind_args``):
+        """Every argument by schema name, defaults filled in (``passes.schema.bind_args``):
         ``{"self": TensorMeta, "dim": [1], "keepdim": False, "dtype": None}``."""
         return bind_args(self.target, self.args, self.kwargs)
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from autoshard.passes.cost.collectives import collective_seconds, redistribution_steps
+from autoshard.passes.cost.collectives import collective_seconds
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel, encode, optimizer_state_bytes
 from autoshard.passes.errors import AutoshardError
@@ -86,8 +86,9 @@ def test_reshard_itemizes_each_axis_with_bytes_of_that_point():
 
 
 def test_reshard_runs_the_runtime_steps_for_every_placement_pair():
-    """The cost model's collectives are the runtime's (``runtime/redistribute.py``), in order, on
-    every pair of placements of a 2-D tensor over (2, 2) and (2, 1, 2) meshes."""
+    """The cost model's collectives are the steps the runtime runs (``runtime.redistribute``
+    executes ``passes.layout.redistribution.plan_redistribute``), in order, on every pair of
+    placements of a 2-D tensor over (2, 2) and (2, 1, 2) meshes."""
     from autoshard.runtime.redistribute import plan_redistribute
     meta = TensorMeta((8, 8), torch.float32)
     for shape in ((2, 2), (2, 1, 2)):
@@ -97,7 +98,6 @@ def test_reshard_runs_the_runtime_steps_for_every_placement_pair():
         for src in itertools.product(options, repeat=len(shape)):
             for dst in itertools.product(options, repeat=len(shape)):
                 steps = [(s.kind, s.axis) for s in plan_redistribute(src, dst, shape, 2)]
-                assert redistribution_steps(encode(src), encode(dst), shape) == steps, (src, dst)
                 comm = [st for st in steps if st[0] not in ("chunk", "to_partial")]
                 got = cm.reshard(src, dst, meta, needs_grad=True)
                 assert [(c.kind, c.axis) for c in got if c.phase == "fwd"] == comm, (src, dst)

@@ -1,6 +1,5 @@
 """The gathered-copy peak along the runtime's gather order (``passes.solve.gather_timeline``)."""
-from autoshard.passes.solve.gather_timeline import Segment, gathered_peak, one_dim_gather
-from autoshard.passes.spec import Partial, Replicate, Shard
+from autoshard.passes.solve.gather_timeline import Segment, gathered_peak
 
 
 def _kept(n):
@@ -32,11 +31,3 @@ def test_a_transient_outside_gather_counts_only_around_its_segment():
     # an embedding read in the forward only (not saved), then resharding blocks
     assert gathered_peak([Segment(transient=50, prefetched=50), _resharded(10), _resharded(10)]) == 60
     assert gathered_peak([Segment(transient=5, prefetched=5), _resharded(10), _resharded(10)]) == 20
-
-
-def test_one_dim_gathers_are_the_fused_ones():
-    assert one_dim_gather((Shard(0), Shard(0)), (Replicate(), Replicate()))
-    assert one_dim_gather((Shard(0), Shard(1)), (Replicate(), Shard(1)))
-    assert not one_dim_gather((Shard(1), Shard(0)), (Replicate(), Replicate()))  # two dims: two steps
-    assert not one_dim_gather((Shard(0),), (Partial(),))
-    assert not one_dim_gather((Shard(0),), (Shard(0),))  # nothing to gather

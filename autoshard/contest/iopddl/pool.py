@@ -21,9 +21,9 @@ from typing import Optional
 
 import numpy as np
 
-from autoshard.passes.iopddl.local_search import State
-from autoshard.passes.iopddl.neighbourhood_search import solve_region
-from autoshard.passes.iopddl.regions import RegionBuilder
+from autoshard.contest.iopddl.local_search import State
+from autoshard.contest.iopddl.neighbourhood_search import solve_region
+from autoshard.contest.iopddl.regions import RegionBuilder
 
 __all__ = ["Pool", "recombine", "disagreement_region"]
 

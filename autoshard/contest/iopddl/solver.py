@@ -20,7 +20,7 @@ Only answers that pass ``problem.verify`` (memory limit kept, nothing forbidden)
 not: it solves its own problems with the ILP of ``passes/solve/ilp.py``. A planner problem can
 still be handed to this solver through ``problem.from_strategy_graph``.
 
->>> from autoshard.passes.iopddl.problem import Problem
+>>> from autoshard.contest.iopddl.problem import Problem
 >>> p = Problem([[1, 5], [2, 0]], [[3, 1], [2, 2]], [(0, 2), (1, 3)], [(0, 1)], [[0, 4, 4, 0]], 4)
 >>> r = solve_problem(p, timeout_s=5)
 >>> r.choice, r.cost, r.lower_bound
@@ -36,14 +36,14 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from autoshard.passes.iopddl.problem import FORBIDDEN, Problem, verify
-from autoshard.passes.iopddl.local_search import State
-from autoshard.passes.iopddl.lagrangian import lagrange_search
-from autoshard.passes.iopddl.lns import lns, memory_safe_start
-from autoshard.passes.iopddl.neighbourhood_search import region_size, solve_region
-from autoshard.passes.iopddl.portfolio import toulbar2_portfolio
-from autoshard.passes.iopddl.presolve import presolve
-from autoshard.passes.iopddl.wcsp import available as wcsp_available
+from autoshard.contest.iopddl.problem import FORBIDDEN, Problem, verify
+from autoshard.contest.iopddl.local_search import State
+from autoshard.contest.iopddl.lagrangian import lagrange_search
+from autoshard.contest.iopddl.lns import lns, memory_safe_start
+from autoshard.contest.iopddl.neighbourhood_search import region_size, solve_region
+from autoshard.contest.iopddl.portfolio import toulbar2_portfolio
+from autoshard.contest.iopddl.presolve import presolve
+from autoshard.contest.iopddl.wcsp import available as wcsp_available
 
 __all__ = ["SolveResult", "SearchConfig", "solve_problem"]
 

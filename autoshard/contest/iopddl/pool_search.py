@@ -18,14 +18,14 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from autoshard.passes.iopddl.chain_moves import ChainSearch
-from autoshard.passes.iopddl.forest_moves import forest_move, random_forest
-from autoshard.passes.iopddl.local_search import State, icm
-from autoshard.passes.iopddl.neighbourhood_search import solve_region
-from autoshard.passes.iopddl.parallel import SharedBest
-from autoshard.passes.iopddl.penalties import PenaltySearch
-from autoshard.passes.iopddl.pool import Pool, recombine
-from autoshard.passes.iopddl.regions import adjacency, bfs_region, time_region
+from autoshard.contest.iopddl.chain_moves import ChainSearch
+from autoshard.contest.iopddl.forest_moves import forest_move, random_forest
+from autoshard.contest.iopddl.local_search import State, icm
+from autoshard.contest.iopddl.neighbourhood_search import solve_region
+from autoshard.contest.iopddl.parallel import SharedBest
+from autoshard.contest.iopddl.penalties import PenaltySearch
+from autoshard.contest.iopddl.pool import Pool, recombine
+from autoshard.contest.iopddl.regions import adjacency, bfs_region, time_region
 
 __all__ = ["pool_search"]
 

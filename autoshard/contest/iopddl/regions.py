@@ -7,8 +7,8 @@ common: one weight feeding every layer) would swallow the whole budget or, count
 a region at two nodes; so growth takes at most ``fanout`` random neighbours of any node, and a hub
 only enters when its edges into the region fit.
 
->>> from autoshard.passes.iopddl.problem import Problem
->>> from autoshard.passes.iopddl.presolve import presolve
+>>> from autoshard.contest.iopddl.problem import Problem
+>>> from autoshard.contest.iopddl.presolve import presolve
 >>> import random
 >>> p = Problem([[1, 2]] * 4, [[1, 1]] * 4, [(0, 1)] * 4, [(0, 1), (1, 2), (2, 3)], [[0, 1, 1, 0]] * 3, 9)
 >>> core = presolve(p, reduce=False)

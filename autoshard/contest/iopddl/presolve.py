@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 
-from autoshard.passes.iopddl.problem import FORBIDDEN, Problem
+from autoshard.contest.iopddl.problem import FORBIDDEN, Problem
 
 __all__ = ["Core", "presolve"]
 

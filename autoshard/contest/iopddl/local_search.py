@@ -13,8 +13,8 @@ from typing import Optional
 
 import numpy as np
 
-from autoshard.passes.iopddl.problem import FORBIDDEN
-from autoshard.passes.iopddl.presolve import Core
+from autoshard.contest.iopddl.problem import FORBIDDEN
+from autoshard.contest.iopddl.presolve import Core
 
 __all__ = ["State", "min_memory_start", "min_cost_start", "greedy_start", "icm"]
 

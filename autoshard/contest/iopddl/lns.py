@@ -10,11 +10,11 @@ import time
 
 import numpy as np
 
-from autoshard.passes.iopddl.forest_moves import forest_move, random_forest
-from autoshard.passes.iopddl.local_search import State, greedy_start, icm, min_memory_start
-from autoshard.passes.iopddl.neighbourhood_search import solve_region
-from autoshard.passes.iopddl.problem import FORBIDDEN
-from autoshard.passes.iopddl.regions import adjacency, bfs_region, time_region
+from autoshard.contest.iopddl.forest_moves import forest_move, random_forest
+from autoshard.contest.iopddl.local_search import State, greedy_start, icm, min_memory_start
+from autoshard.contest.iopddl.neighbourhood_search import solve_region
+from autoshard.contest.iopddl.problem import FORBIDDEN
+from autoshard.contest.iopddl.regions import adjacency, bfs_region, time_region
 
 __all__ = ["memory_safe_start", "lns"]
 

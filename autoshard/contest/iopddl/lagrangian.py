@@ -8,9 +8,9 @@ belief propagation (``belief_propagation``) plus ICM. Each priced answer is made
 offered. ``lagrange_search`` chooses the prices (see its docstring) and, through ``choose_mode``,
 which strategies of hub nodes to clamp in the belief propagation.
 
->>> from autoshard.passes.iopddl.problem import Problem
->>> from autoshard.passes.iopddl.presolve import presolve
->>> from autoshard.passes.iopddl.local_search import State
+>>> from autoshard.contest.iopddl.problem import Problem
+>>> from autoshard.contest.iopddl.presolve import presolve
+>>> from autoshard.contest.iopddl.local_search import State
 >>> p = Problem([[0, 5], [0, 5]], [[4, 1], [4, 1]], [(0, 2), (1, 3)], [(0, 1)], [[0, 9, 9, 0]], 5)
 >>> s = State(presolve(p, reduce=False), [0, 0])
 >>> s.peak(), repair(s, MemoryIndex(s.core)), s.peak(), s.choice.tolist()   # one move suffices
@@ -25,9 +25,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from autoshard.passes.iopddl.problem import FORBIDDEN
-from autoshard.passes.iopddl.belief_propagation import BeliefPropagation
-from autoshard.passes.iopddl.local_search import State, icm
+from autoshard.contest.iopddl.problem import FORBIDDEN
+from autoshard.contest.iopddl.belief_propagation import BeliefPropagation
+from autoshard.contest.iopddl.local_search import State, icm
 
 __all__ = ["MemoryIndex", "node_prices", "repair", "priced_core", "choose_mode", "lagrange_search"]
 

@@ -7,8 +7,8 @@ edges meet, changing one node costs a forbidden pair until its whole chain chang
 costs may carry memory prices (``lagrangian``); memory itself is not seen. Forbidden entries
 are capped at ``cap`` (a large finite cost) so the arithmetic stays finite.
 
->>> from autoshard.passes.iopddl.problem import Problem
->>> from autoshard.passes.iopddl.presolve import presolve
+>>> from autoshard.contest.iopddl.problem import Problem
+>>> from autoshard.contest.iopddl.presolve import presolve
 >>> chain = Problem([[0, 1], [3, 0], [0, 1]], [[0, 0]] * 3, [(0, 0)] * 3, [(0, 1), (1, 2)],
 ...                 [[0, 9, 9, 0], [0, 9, 9, 0]], None)
 >>> bp = BeliefPropagation(presolve(chain, reduce=False))
@@ -22,7 +22,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from autoshard.passes.iopddl.problem import FORBIDDEN
+from autoshard.contest.iopddl.problem import FORBIDDEN
 
 __all__ = ["BeliefPropagation"]
 

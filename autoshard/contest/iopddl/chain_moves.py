@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 
-from autoshard.passes.iopddl.local_search import State
-from autoshard.passes.iopddl.problem import FORBIDDEN
-from autoshard.passes.iopddl.segment_tree import SegmentTree
+from autoshard.contest.iopddl.local_search import State
+from autoshard.contest.iopddl.problem import FORBIDDEN
+from autoshard.contest.iopddl.segment_tree import SegmentTree
 
 __all__ = ["ChainSearch"]
 

@@ -11,8 +11,8 @@ Costs are integers to toulbar2. Answers are decoded under costs rounded to the n
 the dual bound is taken from a model whose costs are rounded down, so it stays a lower bound of
 the real-valued priced problem. Forbidden costs (at or above ``FORBIDDEN``) are hard.
 
->>> from autoshard.passes.iopddl.problem import Problem
->>> from autoshard.passes.iopddl.presolve import presolve
+>>> from autoshard.contest.iopddl.problem import Problem
+>>> from autoshard.contest.iopddl.presolve import presolve
 >>> chain = Problem([[0, 1], [3, 0], [0, 1]], [[0, 0]] * 3, [(0, 0)] * 3, [(0, 1), (1, 2)],
 ...                 [[0, 9, 9, 0], [0, 9, 9, 0]], None)
 >>> model = WcspModel(presolve(chain, reduce=False))
@@ -27,7 +27,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from autoshard.passes.iopddl.problem import FORBIDDEN
+from autoshard.contest.iopddl.problem import FORBIDDEN
 
 try:  # an optional dependency: without it the search falls back to belief propagation
     import pytoulbar2

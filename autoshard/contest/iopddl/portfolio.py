@@ -24,15 +24,15 @@ import time
 
 import numpy as np
 
-from autoshard.passes.iopddl.lagrangian import MemoryIndex, lagrange_search, repair
-from autoshard.passes.iopddl.lns import lns, memory_safe_start
-from autoshard.passes.iopddl.local_search import State, icm
-from autoshard.passes.iopddl.neighbourhood_search import region_size, solve_region
-from autoshard.passes.iopddl.parallel import SharedBest, fork_worker, wait_worker
-from autoshard.passes.iopddl.penalties import PenaltySearch, lower_bound
-from autoshard.passes.iopddl.pool_search import pool_search
-from autoshard.passes.iopddl.problem import FORBIDDEN
-from autoshard.passes.iopddl.wcsp import WcspModel
+from autoshard.contest.iopddl.lagrangian import MemoryIndex, lagrange_search, repair
+from autoshard.contest.iopddl.lns import lns, memory_safe_start
+from autoshard.contest.iopddl.local_search import State, icm
+from autoshard.contest.iopddl.neighbourhood_search import region_size, solve_region
+from autoshard.contest.iopddl.parallel import SharedBest, fork_worker, wait_worker
+from autoshard.contest.iopddl.penalties import PenaltySearch, lower_bound
+from autoshard.contest.iopddl.pool_search import pool_search
+from autoshard.contest.iopddl.problem import FORBIDDEN
+from autoshard.contest.iopddl.wcsp import WcspModel
 
 __all__ = ["toulbar2_portfolio"]
 

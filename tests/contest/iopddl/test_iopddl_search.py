@@ -11,16 +11,16 @@ import random
 import numpy as np
 import pytest
 
-from autoshard.passes.iopddl.chain_moves import ChainSearch
-from autoshard.passes.iopddl.local_search import State, icm
-from autoshard.passes.iopddl.parallel import SharedBest, fork_worker, wait_worker
-from autoshard.passes.iopddl.penalties import interval_peaks, lower_bound
-from autoshard.passes.iopddl.pool import Pool, recombine
-from autoshard.passes.iopddl.presolve import presolve
-from autoshard.passes.iopddl.problem import FORBIDDEN, Problem, verify
-from autoshard.passes.iopddl.segment_tree import SegmentTree
-from autoshard.passes.iopddl.solver import SearchConfig, solve_problem
-from autoshard.passes.iopddl.wcsp import WcspModel, available
+from autoshard.contest.iopddl.chain_moves import ChainSearch
+from autoshard.contest.iopddl.local_search import State, icm
+from autoshard.contest.iopddl.parallel import SharedBest, fork_worker, wait_worker
+from autoshard.contest.iopddl.penalties import interval_peaks, lower_bound
+from autoshard.contest.iopddl.pool import Pool, recombine
+from autoshard.contest.iopddl.presolve import presolve
+from autoshard.contest.iopddl.problem import FORBIDDEN, Problem, verify
+from autoshard.contest.iopddl.segment_tree import SegmentTree
+from autoshard.contest.iopddl.solver import SearchConfig, solve_problem
+from autoshard.contest.iopddl.wcsp import WcspModel, available
 
 # toulbar2 is an optional extra (autoshard[solver]; the dev extra CI installs includes it)
 needs_toulbar2 = pytest.mark.skipif(not available(), reason="pytoulbar2 is not installed: pip install 'autoshard[solver]'")

@@ -16,10 +16,10 @@ import time
 import numpy as np
 import pytest
 
-from autoshard.passes.iopddl.problem import (FORBIDDEN, IOPDDLFormatError, Problem, from_strategy_graph, read_problem, to_strategy_graph,
+from autoshard.contest.iopddl.problem import (FORBIDDEN, IOPDDLFormatError, Problem, from_strategy_graph, read_problem, to_strategy_graph,
                                      verify, write_problem)
-from autoshard.passes.iopddl.presolve import presolve
-from autoshard.passes.iopddl.solver import SearchConfig, solve_problem
+from autoshard.contest.iopddl.presolve import presolve
+from autoshard.contest.iopddl.solver import SearchConfig, solve_problem
 
 TINY = {"problem": {
     "name": "tiny",
@@ -167,7 +167,7 @@ def test_presolve_expands_to_the_same_costs():
         full = core.expand(choice)
         # the core's float total plus a constant offset is the real cost: compare two answers
         choice2 = [rng.randrange(len(c)) for c in core.cost]
-        from autoshard.passes.iopddl.local_search import State
+        from autoshard.contest.iopddl.local_search import State
         d_core = State(core, choice).total() - State(core, choice2).total()
         assert verify(p, full).cost - verify(p, core.expand(choice2)).cost == pytest.approx(d_core)
 
@@ -239,7 +239,7 @@ def _tree_problem(rng: random.Random, n: int) -> Problem:
 
 
 def test_belief_propagation_is_exact_on_trees():
-    from autoshard.passes.iopddl.belief_propagation import BeliefPropagation
+    from autoshard.contest.iopddl.belief_propagation import BeliefPropagation
     rng = random.Random(17)
     for _ in range(10):
         p = _tree_problem(rng, rng.randint(5, 8))
@@ -249,7 +249,7 @@ def test_belief_propagation_is_exact_on_trees():
 
 
 def test_clamped_belief_propagation_is_the_conditional_optimum_on_trees():
-    from autoshard.passes.iopddl.belief_propagation import BeliefPropagation
+    from autoshard.contest.iopddl.belief_propagation import BeliefPropagation
     rng = random.Random(41)
     for _ in range(6):
         p = _tree_problem(rng, rng.randint(5, 7))
@@ -272,9 +272,9 @@ def test_clamped_belief_propagation_is_the_conditional_optimum_on_trees():
 
 
 def test_choose_mode_keeps_the_best_clamp():
-    from autoshard.passes.iopddl.belief_propagation import BeliefPropagation
-    from autoshard.passes.iopddl.local_search import State
-    from autoshard.passes.iopddl.lagrangian import choose_mode
+    from autoshard.contest.iopddl.belief_propagation import BeliefPropagation
+    from autoshard.contest.iopddl.local_search import State
+    from autoshard.contest.iopddl.lagrangian import choose_mode
     rng = random.Random(43)
     p = _tree_problem(rng, 7)
     core = presolve(p, reduce=False)
@@ -295,8 +295,8 @@ def test_choose_mode_keeps_the_best_clamp():
 
 
 def test_lagrange_search_offers_only_feasible_answers():
-    from autoshard.passes.iopddl.local_search import State
-    from autoshard.passes.iopddl.lagrangian import lagrange_search
+    from autoshard.contest.iopddl.local_search import State
+    from autoshard.contest.iopddl.lagrangian import lagrange_search
     rng = random.Random(23)
     n = 300
     strats = [rng.randint(2, 4) for _ in range(n)]
@@ -321,13 +321,13 @@ def test_lagrange_search_offers_only_feasible_answers():
 
 
 def _free_choice(core):
-    from autoshard.passes.iopddl.belief_propagation import BeliefPropagation
+    from autoshard.contest.iopddl.belief_propagation import BeliefPropagation
     return BeliefPropagation(core).run(np.zeros(core.n), iters=30).tolist()
 
 
 def test_regions_respect_their_budget_and_grow_past_hubs():
-    from autoshard.passes.iopddl.neighbourhood_search import region_size
-    from autoshard.passes.iopddl.regions import bfs_region
+    from autoshard.contest.iopddl.neighbourhood_search import region_size
+    from autoshard.contest.iopddl.regions import bfs_region
     rng = random.Random(29)
     n = 400  # a hub joined to every node, plus a chain through all of them
     edges = [(0, i) for i in range(1, n)] + [(i, i + 1) for i in range(1, n - 1)]

@@ -20,8 +20,8 @@ from typing import Optional
 import numpy as np
 from ortools.sat.python import cp_model
 
-from autoshard.passes.iopddl.problem import FORBIDDEN
-from autoshard.passes.iopddl.local_search import State
+from autoshard.contest.iopddl.problem import FORBIDDEN
+from autoshard.contest.iopddl.local_search import State
 
 __all__ = ["solve_region", "RegionResult", "region_size"]
 

@@ -24,10 +24,10 @@ from typing import Optional
 
 import numpy as np
 
-from autoshard.passes.iopddl.lagrangian import MemoryIndex, node_prices, repair
-from autoshard.passes.iopddl.local_search import State, icm
-from autoshard.passes.iopddl.problem import FORBIDDEN
-from autoshard.passes.iopddl.wcsp import WcspModel
+from autoshard.contest.iopddl.lagrangian import MemoryIndex, node_prices, repair
+from autoshard.contest.iopddl.local_search import State, icm
+from autoshard.contest.iopddl.problem import FORBIDDEN
+from autoshard.contest.iopddl.wcsp import WcspModel
 
 __all__ = ["PenaltySearch", "lower_bound", "interval_peaks"]
 

@@ -13,7 +13,7 @@ import random
 
 import numpy as np
 
-from autoshard.passes.iopddl.local_search import State
+from autoshard.contest.iopddl.local_search import State
 
 __all__ = ["random_forest", "forest_move"]
 

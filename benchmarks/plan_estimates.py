@@ -1,0 +1,59 @@
+"""Estimates of a fixed set of plans, for checking that a refactor changes no price and no plan.
+
+    python benchmarks/plan_estimates.py > before.txt   # on the old commit
+    python benchmarks/plan_estimates.py > after.txt    # on the new one; diff the two
+
+Plans GPT, Hugging Face Llama and a CNN (solved on (2, 2), (4,), (2, 2, 2), and three random plans
+with random levers each), one attention layer with ring and Ulysses pins on (4,) and (2, 2), and
+Mixtral's MoE layers pinned expert parallel, all on the h100 preset, and prints per plan the estimated
+step time and memory (repr, every digit) and a hash of the plan's JSON. About 2.5 minutes on 2 cores.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+
+import autoshard
+from autoshard.api import plan_captured
+from autoshard.passes.capture.export import capture
+from autoshard.testing import models
+from autoshard.testing.hf_zoo import build
+from autoshard.testing.long_context import cp_pins, seq_attention
+from autoshard.testing.moe_check import expert_pins
+
+
+def show(tag: str, plan) -> None:
+    data = json.dumps(plan.to_json(), sort_keys=True, default=str)
+    print(f"{tag:40s} t={plan.estimated_step_time!r} mem={plan.estimated_memory!r} "
+          f"h={hashlib.sha1(data.encode()).hexdigest()[:12]}", flush=True)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    for name, ctor in (("gpt", lambda: models.gpt(d=64, n_layer=2, seq=32)), ("llama", models.hf_llama),
+                       ("cnn", models.cnn)):
+        model, inputs, target, loss = ctor()
+        for mesh in ((2, 2), (4,), (2, 2, 2)):
+            show(f"{name} {mesh}", autoshard.plan(model, mesh, example_inputs=inputs, loss_fn=loss,
+                                                  example_target=target, hardware="h100", time_limit_s=20))
+        for seed in (0, 1, 2):
+            show(f"{name} random{seed}", autoshard.plan(model, (2, 2), example_inputs=inputs, loss_fn=loss,
+                                                        example_target=target, hardware="h100", random_seed=seed))
+    model, inputs, target, loss = seq_attention(seq=64)
+    captured = capture(model, inputs, loss_fn=loss, target=target)
+    for mesh in ((4,), (2, 2)):
+        for mode in ("ring", "ulysses"):
+            show(f"attn {mode} {mesh}", plan_captured(captured, mesh, hardware="h100", pins=cp_pins(mesh, mode),
+                                                      time_limit_s=20))
+    model, inputs, target, loss = build("mixtral")
+    captured = capture(model, inputs, loss_fn=loss, target=target)
+    for roles, mesh in ((("ep",), (4,)), (("ep_local",), (4,)), (("ep", "dp"), (2, 2))):
+        show(f"mixtral {roles} {mesh}", plan_captured(captured, mesh, hardware="h100",
+                                                      pins=expert_pins(captured, roles), time_limit_s=20))
+    show("mixtral free (4,)", plan_captured(captured, (4,), hardware="h100", time_limit_s=20))
+
+
+if __name__ == "__main__":
+    main()
