@@ -22,17 +22,8 @@ MODELS = (("gpt", ((4,), (2, 2))), ("hf_llama", ((4,), (2, 2))), ("cnn", ((4,),)
 
 
 #: cases the estimate misses today (over by more than 10% or under by more than 5%), named so that
-#: the miss stays visible: strict xfails, which fail the day they start to pass
-_UNDER = ("under by more than 5%: the recompute region's transients on this checkpointed block are not all "
-          "modelled yet (issue 21 report)")
-KNOWN_MISSES = {
-    ("hf_llama", "(2, 2)", "full + reshard"): "-5.8%: " + _UNDER,
-    ("hf:opt", "(4,)", "acc 2 + selective + reshard"): "-6.2%: " + _UNDER,
-    ("hf:gpt_neox", "(4,)", "full + reshard"): "-5.8%: " + _UNDER,
-    ("hf:gpt_neox", "(4,)", "selective"): "-8.0%: " + _UNDER,
-    ("hf:gpt_neox", "(4,)", "acc 2 + selective + reshard"): "-10.5%: " + _UNDER,
-    ("hf:gemma", "(4,)", "acc 2 + selective + reshard"): "-8.3%: " + _UNDER,
-}
+#: the miss stays visible: strict xfails, which fail the day they start to pass. None at present.
+KNOWN_MISSES: dict = {}
 
 
 def peak_worker(rank: int, world: int) -> list:
