@@ -1,0 +1,93 @@
+"""A 2-stage pipeline's whole-step peak, measured by torch's ``MemTracker`` on each stage rank, against
+the stage's estimate (issue 21, item 2).
+
+GPT (4 blocks, vocab 256, d 32) cut before ``blocks.2`` on 2 gloo ranks, 1F1B, 4 microbatches of 4;
+each stage planned by ``plan_sharding`` on its submesh (``make_pipeline_plan``). Around the second
+step plus AdamW's step, ``MicrostepTracker`` tracks the rank's parameters, gradients and optimizer
+state (``runtime.local_module`` over the ``PipelineProgram``). Goal, as for one program
+(``tests/runtime/test_memory_peak.py``): the stage's estimate within 10% of the measure and never
+more than 5% under it. It is not met yet: the stage estimates are the per-stage plan's peak for one
+microbatch, and are far under (strict xfail, figures in the reason).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autoshard.testing.ranks import run_ranks
+
+SCHEDULE, MICROBATCHES = "1f1b", 4
+
+
+def peak_worker(rank: int, world: int) -> tuple:
+    from autoshard.passes.capture.export import capture
+    from autoshard.passes.pipeline.schedule.generators import generate
+    from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+    from autoshard.passes.solve.planner import plan_sharding
+    from autoshard.runtime.groups import broadcast_json
+    from autoshard.runtime.local_module import local_module
+    from autoshard.runtime.pipeline.executor import PipelineProgram
+    from autoshard.runtime.pipeline.split import make_pipeline_plan, stage_nodes_from_prefixes
+    from autoshard.testing.memory_estimates import MicrostepTracker
+    from autoshard.testing.models import gpt
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, _, _, loss_fn = gpt(vocab=256, d=32, n_layer=4, n_head=4, seq=16)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, 256, (16, 16), generator=g), torch.randint(0, 256, (16, 16), generator=g)
+    mb = len(y) // MICROBATCHES
+    captured = capture(model, (x[:mb],), loss_fn=loss_fn, target=y[:mb])
+    payload = None
+    if rank == 0:
+        nodes = stage_nodes_from_prefixes(captured, ["blocks.2"])
+        plan = make_pipeline_plan(captured, nodes, (2,), schedule=SCHEDULE, microbatches=MICROBATCHES,
+                                  solve=lambda sg, sm: plan_sharding(sg.captured, sm, hardware="cpu", time_limit_s=10))
+        payload = plan.to_json()
+    plan = PipelinePlan.from_json(broadcast_json(payload, src=0))
+    program = PipelineProgram(captured, plan, generate(SCHEDULE, 2, MICROBATCHES), model=model)
+    optimizer = torch.optim.AdamW(program.parameters(), lr=1e-3)
+    program.step(x, target=y)  # the first step creates the optimizer state
+    optimizer.step()
+    optimizer.zero_grad()
+    tracker = MicrostepTracker()
+    tracker.track_external(local_module(program), optimizer)
+    with tracker:
+        program.step(x, target=y)
+        optimizer.step()
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    solution = plan.stages[rank].solution
+    state = {"params": sum(p.numel() * p.element_size() for p in program.parameters()),
+             "Parameter": peak["Parameter"], "Optstate": peak["Optstate"]}
+    return rank, peak["Total"], solution.estimated_memory, solution.memory_peak_phase, state
+
+
+@pytest.fixture(scope="module")
+def stage_peaks() -> list:
+    return run_ranks(peak_worker, 2, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "stage estimates are one microbatch's plan: measured (2026-11-26, this test) stage 0 1,178,104 B vs "
+    "estimated 435,328 (-63%): its graph returns activations, not a loss, so GraphFacts prices it as "
+    "forward-only (no gradients 135,680 B, no AdamW state 271,472 B, no backward) and 1F1B holds 2 "
+    "microbatches there; stage 1 1,068,688 vs 791,924 (-26%), not diagnosed"))
+def test_each_stage_estimate_is_within_ten_percent_and_never_five_percent_under(stage_peaks):
+    misses = []
+    for rank, measured, estimated, phase, _ in stage_peaks:
+        gap = (estimated - measured) / measured
+        if gap < -0.05 or abs(gap) > 0.10:
+            misses.append(f"stage {rank}: measured {measured} vs estimated {estimated:.0f} ({gap:+.1%}, {phase})")
+    assert not misses, "\n".join(misses)
+
+
+@pytest.mark.slow
+def test_memtracker_tracks_a_pipeline_programs_state(stage_peaks):
+    """``local_module`` over a ``PipelineProgram`` (its parameters and buffers): MemTracker sees a
+    stage rank's parameters and AdamW's two states, which exist before the tracked step."""
+    assert len(stage_peaks) == 2
+    for rank, measured, estimated, phase, state in stage_peaks:
+        assert state["params"] > 0 and state["Parameter"] == state["params"], (rank, state)
+        assert state["Optstate"] >= 2 * state["params"], (rank, state)
+        assert measured >= 4 * state["params"] and estimated > 0 and phase  # + gradients, + activations
