@@ -43,7 +43,7 @@ from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import TensorMeta
 
 __all__ = ["StageGraph", "split_stages", "stage_nodes_from_prefixes", "stage_nodes_from_starts",
-           "stage_group", "make_pipeline_plan", "match_nodes", "align_nodes", "retrace_stage_nodes", "replan_at_microbatch"]
+           "stage_group", "make_pipeline_plan", "stage_solution", "match_nodes", "align_nodes", "retrace_stage_nodes", "replan_at_microbatch"]
 
 
 @dataclass
@@ -167,7 +167,8 @@ def _build_stage(captured, s, mine, where, consumers, placeholders, user_pos, la
     sub = CapturedGraph(gm, {p: captured.params[p] for p in params}, {b: captured.buffers[b] for b in buffers},
                         users + [a.name for a in received], captured.target if reads_target else None,
                         {k: v for k, v in captured.aliases.items() if v in {captured.params[p] for p in params}},
-                        loss_output=last, method=captured.method)
+                        loss_output=last, method=captured.method,
+                        receives_output_grads=not last and captured.training)
     return StageGraph(s, sub, [(a.name, where[a]) for a in received], sends, [user_pos[u] for u in users],
                       reads_target)
 
@@ -235,8 +236,29 @@ def make_pipeline_plan(captured: CapturedGraph, stage_nodes: Sequence[Sequence[s
         grp = stage_group(schedule, pp, virtual, s)
         ranks = list(range(grp * sub.size, (grp + 1) * sub.size))
         sol = solve(g, sub) if solve is not None else None
-        stages.append(StagePlan(s, list(stage_nodes[s]), grp, ranks, sub, sol))
+        stages.append(StagePlan(s, list(stage_nodes[s]), grp, ranks, sub,
+                                stage_solution(sol, g, schedule, pp, int(microbatches))))
     return PipelinePlan(pp, virtual, stages, schedule, int(microbatches))
+
+
+def stage_solution(solution: Optional[Solution], graph: StageGraph, schedule: str, pp: int,
+                   microbatches: int) -> Optional[Solution]:
+    """A stage's intra-op ``solution`` (one microbatch's walk) with ``estimated_memory`` the stage's
+    whole-step peak under ``schedule`` (``passes.pipeline.stages.stage_peak``): its in-flight
+    microbatches (the schedule's closed form), accumulated gradients, and p2p buffers (the received
+    values and the gradients of the sent ones, at full size: exact on a (1,) submesh, an over-estimate
+    where the stage shards them)."""
+    if solution is None or not graph.captured.training:
+        return solution
+    from autoshard.passes.pipeline.schedule.registry import get_schedule
+    from autoshard.passes.pipeline.stages.stage_peak import with_stage_peak
+    held = get_schedule(schedule).approx_held(pp, microbatches)
+    received = graph.captured.inputs[len(graph.captured.inputs) - len(graph.receives):] if graph.receives else []
+    p2p = 0.0
+    for name in list(received) + [n for n, _ in graph.sends]:
+        meta = graph.captured.node(name).meta.get(META)
+        p2p += meta.nbytes if isinstance(meta, TensorMeta) else 0.0
+    return with_stage_peak(solution, held[min(graph.index, len(held) - 1)], p2p)
 
 
 def match_nodes(full: CapturedGraph, small: CapturedGraph) -> dict[str, str]:
@@ -326,7 +348,9 @@ def replan_at_microbatch(plan: PipelinePlan, full: CapturedGraph, small: Capture
     the values a stage receives."""
     stage_nodes = retrace_stage_nodes(full, small, [s.nodes for s in plan.stages])
     graphs = split_stages(small, stage_nodes)
-    stages = [StagePlan(s.index, stage_nodes[i], s.group, list(s.ranks), s.mesh, solve(graphs[i], s.mesh), s.recompute)
+    stages = [StagePlan(s.index, stage_nodes[i], s.group, list(s.ranks), s.mesh,
+                        stage_solution(solve(graphs[i], s.mesh), graphs[i], plan.schedule, plan.pp, plan.microbatches),
+                        s.recompute)
               for i, s in enumerate(plan.stages)]
     return PipelinePlan(plan.pp, plan.virtual, stages, plan.schedule, plan.microbatches, plan.estimated_step_time,
                         plan.bubble_fraction, list(plan.peak_activation_memory))

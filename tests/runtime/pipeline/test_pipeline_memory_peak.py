@@ -5,9 +5,12 @@ GPT (4 blocks, vocab 256, d 32) cut before ``blocks.2`` on 2 gloo ranks, 1F1B, 4
 each stage planned by ``plan_sharding`` on its submesh (``make_pipeline_plan``). Around the second
 step plus AdamW's step, ``MicrostepTracker`` tracks the rank's parameters, gradients and optimizer
 state (``runtime.local_module`` over the ``PipelineProgram``). Goal, as for one program
-(``tests/runtime/test_memory_peak.py``): the stage's estimate within 10% of the measure and never
-more than 5% under it. It is not met yet: the stage estimates are the per-stage plan's peak for one
-microbatch, and are far under (strict xfail, figures in the reason).
+(``tests/runtime/test_memory_peak.py``): the stage's estimate (``passes.pipeline.stages.stage_peak``:
+one microbatch's walk of the stage's plan, plus the schedule's other in-flight microbatches' saved
+activations, the accumulated gradients and one microbatch's p2p buffers) within 10% of the measure
+and never more than 5% under it. Stage 0 meets it; the last stage does not yet (strict xfail, the
+measured cause in the reason). Before, stage 0's plan priced it as forward-only (its program returns
+activations, not a loss) and the estimate was 63% under.
 """
 from __future__ import annotations
 
@@ -67,22 +70,20 @@ def stage_peaks() -> list:
     return run_ranks(peak_worker, 2, timeout=600)
 
 
+_STAGE_1_MISS = (
+    "-12.6% (measured 2026-11-26: 1,068,688 B vs 934,004; MemTracker's peak at the loss's backward, storages "
+    "tagged by op): cross-entropy's backward holds the log-probabilities' gradient (65,536 B) next to the "
+    "logits' (the walk has one of them); gloo's interpreter posts the receives early: all 4 microbatches' "
+    "received activations are alive (32,768 B; the stage peak counts one, 8,192); the input gradients of 3 "
+    "microbatches wait to be sent (24,576 B)")
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "stage estimates are one microbatch's plan, measured 2026-11-26 (MemTracker, storages tagged by op): "
-    "stage 0 1,178,104 B vs estimated 435,328 (-63%): its graph returns activations, not a loss, so "
-    "GraphFacts prices it forward-only (no gradients 135,680 B, no AdamW state 271,472 B, no backward), "
-    "and 1F1B holds 2 microbatches' saved activations there; stage 1 1,068,688 vs 791,924 (-26%, peak at "
-    "the loss's backward): the gradients accumulated over the earlier microbatches (~133,800 B) are held "
-    "(the plan prices them as made during the backward) and the p2p receive buffers (32,768 B) are not "
-    "counted"))
-def test_each_stage_estimate_is_within_ten_percent_and_never_five_percent_under(stage_peaks):
-    misses = []
-    for rank, measured, estimated, phase, _ in stage_peaks:
-        gap = (estimated - measured) / measured
-        if gap < -0.05 or abs(gap) > 0.10:
-            misses.append(f"stage {rank}: measured {measured} vs estimated {estimated:.0f} ({gap:+.1%}, {phase})")
-    assert not misses, "\n".join(misses)
+@pytest.mark.parametrize("stage", [0, pytest.param(1, marks=pytest.mark.xfail(strict=True, reason=_STAGE_1_MISS))])
+def test_each_stage_estimate_is_within_ten_percent_and_never_five_percent_under(stage_peaks, stage):
+    rank, measured, estimated, phase, _ = stage_peaks[stage]
+    gap = (estimated - measured) / measured
+    assert -0.05 <= gap <= 0.10, f"stage {rank}: measured {measured} vs estimated {estimated:.0f} ({gap:+.1%}, {phase})"
 
 
 @pytest.mark.slow
