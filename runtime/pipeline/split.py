@@ -167,8 +167,7 @@ def _build_stage(captured, s, mine, where, consumers, placeholders, user_pos, la
     sub = CapturedGraph(gm, {p: captured.params[p] for p in params}, {b: captured.buffers[b] for b in buffers},
                         users + [a.name for a in received], captured.target if reads_target else None,
                         {k: v for k, v in captured.aliases.items() if v in {captured.params[p] for p in params}},
-                        loss_output=last, method=captured.method,
-                        receives_output_grads=not last and captured.training)
+                        loss_output=last, method=captured.method)
     return StageGraph(s, sub, [(a.name, where[a]) for a in received], sends, [user_pos[u] for u in users],
                       reads_target)
 
@@ -248,7 +247,7 @@ def stage_solution(solution: Optional[Solution], graph: StageGraph, schedule: st
     microbatches (the schedule's closed form), accumulated gradients, and p2p buffers (the received
     values and the gradients of the sent ones, at full size: exact on a (1,) submesh, an over-estimate
     where the stage shards them)."""
-    if solution is None or not graph.captured.training:
+    if solution is None:
         return solution
     from autoshard.passes.pipeline.schedule.registry import get_schedule
     from autoshard.passes.pipeline.stages.stage_peak import with_stage_peak
