@@ -9,8 +9,8 @@ ranks under the layouts that gather their block weights (ZeRO-3 on (4,), DP x Me
 
 - peak (default): torch's ``MemTracker`` around the second step plus AdamW's step on every rank
   (``autoshard.testing.memory_estimates.peak_against_estimates``) next to ``plan.estimated_memory``
-  (``passes.solve.peak_timeline``) and the phase it says sets the peak; prints rank 0's rows and
-  the worst gap over every rank;
+  (``passes.solve.peak_timeline``), the phase where ``MemTracker`` saw the peak and the phase (and
+  node) the estimate says sets it; prints rank 0's rows and the range of gaps over every rank;
 - ``--parts``: one step measured by ``runtime.memory_probe`` (activation bytes autograd keeps at the
   end of the forward; parameter-copy bytes alive at once) next to ``solution.evaluate``'s figures.
 
@@ -50,17 +50,17 @@ def peak() -> None:
     results = run_ranks(peak_worker, 4, timeout=1800)
     worst = {}
     for rows in results:
-        for model, mesh, case, measured, estimated, _ in rows:
+        for model, mesh, case, measured, estimated, *_ in rows:
             gap = (estimated - measured) / measured
             key = (model, mesh, case)
             worst[key] = (min(worst.get(key, (gap, gap))[0], gap), max(worst.get(key, (gap, gap))[1], gap))
     print("| model | mesh | levers | measured peak (rank 0) | estimated peak | estimate vs measured | "
-          "range over ranks | phase setting the peak |")
-    print("|---|---|---|---|---|---|---|---|")
-    for model, mesh, case, measured, estimated, phase in results[0]:
+          "range over ranks | measured in | estimated phase (node) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for model, mesh, case, measured, estimated, phase, measured_phase in results[0]:
         lo, hi = worst[model, mesh, case]
         print(f"| {model} | {mesh} | {case} | {measured:,} | {estimated:,.0f} | {(estimated - measured) / measured:+.1%} "
-              f"| {lo:+.1%} .. {hi:+.1%} | {phase} |")
+              f"| {lo:+.1%} .. {hi:+.1%} | {measured_phase} | {phase} |")
 
 
 if __name__ == "__main__":

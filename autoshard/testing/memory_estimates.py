@@ -11,7 +11,8 @@ Hugging Face zoo: ``"hf:opt"``, ``"hf:gpt_neox"``, ``"hf:gemma"``, on (4,)), the
 torch's ``MemTracker`` (``MicrostepTracker``) around the second step and AdamW's step, tracking
 the rank's parameters, gradients and optimizer state (``runtime.local_module``), next to
 ``plan.estimated_memory`` (``peak_timeline``) and the phase it says sets it. Returns rows
-``(model, mesh, case, measured_peak, estimated_peak, phase)``.
+``(model, mesh, case, measured_peak, estimated_peak, phase, measured_phase)`` (``measured_phase``:
+where ``MemTracker`` saw the peak: "forward", "backward" or "optimizer step").
 
 Used by ``tests/runtime/test_memory_estimates.py``, ``tests/runtime/test_memory_peak.py`` and
 ``benchmarks/memory_estimates.py``.
@@ -38,7 +39,17 @@ class MicrostepTracker(MemTracker):
     """torch's ``MemTracker`` for a step of several microsteps: the program's GraphModule is called
     once per microstep, which ``MemTracker`` takes for a second iteration of a root module and
     refuses; this one clears its per-module statistics before such a call (the peak and the
-    tracked storages are kept, so the step's peak is whole)."""
+    tracked storages are kept, so the step's peak is whole). ``peak_phase`` names the phase the
+    peak was reached in."""
+
+    peak_phase = ""  #: "forward", "backward" or "optimizer step": where the peak was reached
+
+    def _update_peak_stats(self, peak_state) -> None:
+        before = sum(self._peak_mem.values())
+        super()._update_peak_stats(peak_state)
+        if sum(self._peak_mem.values()) > before:
+            self.peak_phase = ("optimizer step" if self._in_opt else
+                               "backward" if self._mod_tracker.is_bw else "forward")
 
     def _pre_fw_hook(self, module, inputs) -> None:
         tracker = self._mod_tracker
@@ -100,5 +111,6 @@ def peak_against_estimates(rank: int, models, cases=PEAK_CASES) -> list[tuple]:
             measured = next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
             sol = evaluate(captured, Mesh.of(mesh_shape), strategies, "cpu", "adamw", levers=levers,
                            traced_at_microbatch=True)
-            rows.append((model_name, str(mesh_shape), case, measured, sol.estimated_memory, sol.memory_peak_phase))
+            rows.append((model_name, str(mesh_shape), case, measured, sol.estimated_memory, sol.memory_peak_phase,
+                         tracker.peak_phase))
     return rows

@@ -64,6 +64,17 @@ def _floating(meta) -> bool:
     return isinstance(meta, TensorMeta) and (meta.dtype.is_floating_point or meta.dtype.is_complex)
 
 
+
+def _identity_dropout(node: fx.Node, name: str) -> bool:
+    """``dropout(x, p=0)`` (or not training) returns ``x`` itself: ATen's ``dropout`` takes the fused
+    kernel only for ``0 < p < 1`` and otherwise ``_dropout_impl`` returns its input when ``p == 0 or
+    not train`` (aten/src/ATen/native/Dropout.cpp), so it owns no storage and autograd records no node."""
+    if name != "dropout" or len(node.args) < 3:
+        return False
+    p, train = node.args[1], node.args[2]
+    return isinstance(p, (int, float)) and isinstance(train, bool) and (p == 0 or not train)
+
+
 class GraphFacts:
     """Per-node facts the cost model needs: kinds, which values need a gradient, global op cost.
 
@@ -104,7 +115,7 @@ class GraphFacts:
                 continue
             self.kind[node.name] = "op"
             name = op_name(node.target)
-            if name in _VIEWS or (name == "to" and self._same_as_operand(node)):
+            if name in _VIEWS or (name == "to" and self._same_as_operand(node)) or _identity_dropout(node, name):
                 self.views.add(node.name)  # ``x.to(x.dtype)`` returns x itself
             ins = [a for a in node.all_input_nodes if a.name in self.requires_grad]
             metas = outputs(node)

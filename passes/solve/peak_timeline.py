@@ -26,11 +26,18 @@ quantity below is local bytes on one device (``StepTrace``, built by ``passes.so
   block, and autograd runs the group's reduction before the previous block's backward (a later
   forward sequence number runs first): no recompute region is alive then, and the group's own
   gathered copies, which only its block's saved tensors held, are freed (``reduce_frees[i]``: their
-  bytes, out of ``gathered_in_flight``);
+  bytes, out of ``gathered_in_flight``); the backward prefetch of an earlier group is in flight
+  then (``reduce_prefetch[i]``: its flat gather's output and input; the copies alive at the
+  reduction are the larger of the two figures);
 - ``recompute[i]``: what a recomputing block instance re-creates before its backward (the live set
   of the recompute region), alive during the backward of that instance's nodes;
 - ``gathered_in_flight``: gathered parameter copies that are not kept (resharded or recomputing
   blocks' copies, the next block's prefetch), alive while blocks run, forward and backward;
+  ``gathered_backward[i]``: the same at backward position ``i`` from the groups (copies gathered
+  again, alive down to each copy's first reader, and the earlier group's prefetched flat gather,
+  output and input); the backward takes the larger of the two;
+- ``reduce_output[i]``: the shard gradients the reduction after ``i`` makes; with held gradients
+  (accumulation) they are alive next to them before they are added in;
 - ``comm_buffer``: the gradient all-reduce's flat bucket (a copy of the bucket's gradients), alive
   in the backward once gradients exist;
 - ``optimizer_temporaries``: what the optimizer allocates inside its step. torch's AdamW with
@@ -70,6 +77,9 @@ class StepTrace:
     recompute: list[float] = field(default_factory=list)
     reduce_after: list[float] = field(default_factory=list)
     reduce_frees: list[float] = field(default_factory=list)
+    reduce_prefetch: list[float] = field(default_factory=list)
+    gathered_backward: list[float] = field(default_factory=list)
+    reduce_output: list[float] = field(default_factory=list)
     gathered_in_flight: float = 0.0
     comm_buffer: float = 0.0
     optimizer_temporaries: float = 0.0
@@ -120,7 +130,8 @@ def peak_of(trace: StepTrace) -> Peak:
     for j in range(n - 1, -1, -1):
         made_here = trace.param_grads[j]  # with held gradients: the incoming summand, added in place
         bucket = trace.comm_buffer if made + made_here > 0 else 0.0
-        live = (trace.resident + trace.gathered_in_flight + kept_so_far + in_flight[j] + made + made_here
+        gathered = max(trace.gathered_in_flight, trace.gathered_backward[j] if trace.gathered_backward else 0.0)
+        live = (trace.resident + gathered + kept_so_far + in_flight[j] + made + made_here
                 + trace.grad_transient[j] + trace.recompute[j] + bucket)
         note("backward", live, trace.names[j])
         kept_so_far -= trace.kept[j]
@@ -128,7 +139,10 @@ def peak_of(trace: StepTrace) -> Peak:
             made += made_here
         if trace.reduce_after and trace.reduce_after[j]:
             held_summand = made_here if trace.grads_held else 0.0
-            copies = max(0.0, trace.gathered_in_flight - trace.reduce_frees[j])
+            if trace.grads_held and trace.reduce_output:  # the reduced shards, before they are added in
+                held_summand += trace.reduce_output[j]
+            copies = max(trace.gathered_in_flight - trace.reduce_frees[j],
+                         trace.reduce_prefetch[j] if trace.reduce_prefetch else 0.0, 0.0)
             note("backward", trace.resident + copies + kept_so_far + in_flight[j] + made
                  + held_summand + trace.reduce_after[j] + trace.comm_buffer, trace.names[j])
     note("optimizer step", trace.resident + trace.grads + trace.optimizer_temporaries, "")

@@ -22,7 +22,9 @@
 - the gradient buckets (``runtime.gradsync`` packs every replicated parameter's gradient into a
   flat bucket in the reduce dtype and keeps them to the end of the backward): the synced gradients'
   bytes;
-- the gathered copies in flight beyond those kept: ``gathered_peak - kept gathered``.
+- the gathered copies in flight beyond those kept: ``gathered_peak - kept gathered``; in the
+  backward, per position, the copies gathered again and the backward prefetch in flight
+  (``gather_segments``).
 
 Resident bytes: parameters, buffers, optimizer state, the global batch (``step`` takes the whole
 global batch, inputs and target, on every rank: k microbatches; with ``local_batch`` a rank holds
@@ -64,12 +66,17 @@ class TraceBuilder:
         self.last = len(nodes) - 1
         self.trace = StepTrace(names=[n.name for n in nodes])
         for key in ("kept", "outputs", "param_grads", "grad_transient", "recompute", "reduce_after",
-                    "reduce_frees"):
+                    "reduce_frees", "reduce_prefetch", "reduce_output", "gathered_backward"):
             setattr(self.trace, key, [0.0] * len(nodes))
         self._last_reader: dict[tuple[str, int], int] = {}
         self._recompute_at: dict[str, dict[int, float]] = {}  # block instance -> position -> bytes
         self._gather_readers: dict[str, list[int]] = {}  # gathered parameter -> [first, last, copy bytes]
         self._param_grad: dict[str, float] = {}
+        self._instance_span: dict[str, tuple[int, int]] = {}  # block instance -> (first, last position)
+        for name, instance in blocks.instance.items():
+            if name in self.position:
+                lo, hi = self._instance_span.get(instance, (self.position[name], self.position[name]))
+                self._instance_span[instance] = (min(lo, self.position[name]), max(hi, self.position[name]))
         self._param_bytes: list[float] = []
         self._synced_grads = 0.0
         self._kept_gathered = 0.0
@@ -118,29 +125,89 @@ class TraceBuilder:
 
     def gather_segments(self, gathers: dict, staged_reduce_scatter: bool = False) -> None:
         """The gathered copies' groups: ``gathers`` maps (parameter, placement) to ``solution``'s
-        record ``[first reader position, gather segment, copy bytes, ...]``; one group per segment
-        (``passes.layout.gathers.gather_groups``), gathered by one call (``runtime.param_gather``).
-        The group's backward runs once every member's gradient has arrived: each member's copy
-        gradient lives down to the group's first reader, after whose
+        record ``[first reader position, gather segment, copy bytes, kept, regathered, fused]``; one
+        group per segment (``passes.layout.gathers.gather_groups``), gathered by one call
+        (``runtime.param_gather``). The group's backward runs once every member's gradient has
+        arrived: each member's copy gradient lives down to the group's first reader, after whose
         backward the reduce-scatter concatenates the group's gradients into one flat buffer (the group's copy
         bytes again). ``staged_reduce_scatter``: the backend's reduce-scatter copies its whole
         input once more (gloo's ``reduce_scatter_tensor``; measured: a 1 MiB input on 2 ranks
         peaks at input + output + 1 MiB, where ``all_gather_into_tensor`` and ``all_reduce``
-        allocate nothing beyond their tensors)."""
+        allocate nothing beyond their tensors).
+
+        The copies gathered again in the backward (``gathered_backward``), measured with
+        ``MemTracker`` on GPT-NeoX (selective), HF Llama on (2, 2) (full + reshard) and GPT:
+
+        - a group gathered again (reshard, or a recomputing block) is gathered at its last reader's
+          backward, or before its block instance's backward when the instance recomputes; each copy
+          is freed once its own first reader's backward has run (the last saved use);
+        - that regather starts the flat gather of the latest earlier group gathered again with
+          fused members (``ParamGatherer.backward_next``): its output (those members' copy bytes)
+          and its input (their shards, concatenated) stay alive until that group is gathered
+          again, across the reductions of every group in between (``reduce_prefetch``);
+        - with accumulation, a reduction's output (the group's shard gradients) is alive next to
+          the held gradients before it is added in (``reduce_output``)."""
         factor = 2.0 if staged_reduce_scatter else 1.0
-        for members in gather_groups((rec[0], rec[1], (param, rec)) for (param, _), rec in gathers.items()):
-            start, total = members[0][1][0], 0.0
-            for param, (_, _, size, *_rest) in members:
+        # per group: [first position, copy bytes with gradients, copies gathered again, prefetched bytes,
+        #             last position its copies are alive at, shard bytes of the gradients reduced,
+        #             [(first reader, bytes) of each copy gathered again]]
+        groups: list[list] = []
+        for members in gather_groups((rec[0], rec[1], (param, placement, rec))
+                                     for (param, placement), rec in gathers.items()):
+            first, key = members[0][2][0], members[0][2][1]
+            end = max(self._instance_span.get(key, (first, first))[1], first) if isinstance(key, str) else first
+            group = [first, 0.0, 0.0, 0.0, end, 0.0, []]
+            for param, placement, (reader, _key, size, kept, regathered, fused, *_r) in members:
                 entry = self._gather_readers.get(param)
                 if entry is not None:
-                    entry[0] = min(entry[0], start)
-                    total += size
+                    entry[0] = min(entry[0], group[0])
+                    group[1] += size
+                    group[4] = max(group[4], entry[1])
+                    group[5] += size * self._shard_fraction(param, placement)
+                if regathered and not kept:
+                    group[2] += size
+                    group[6].append((reader, size))
+                    if fused:
+                        group[3] += size * (1.0 + self._shard_fraction(param, placement))
+            groups.append(group)
+        alive = [0.0] * (len(self.trace.names) + 1)  # difference array over positions
+        started: set[int] = set()
+        for g in range(len(groups) - 1, -1, -1):  # the backward's order
+            start, total, again, _, end, shard_grads, members = groups[g]
             self._reduce(start, total, factor)
+            self.trace.reduce_output[start] += shard_grads
+            if not again:
+                continue
+            for first, size in members:  # a copy is freed once its first reader's backward has run
+                alive[first] += size
+                alive[end + 1] -= size
+            earlier = [j for j in range(g) if groups[j][2] and groups[j][3]]
+            if earlier and earlier[-1] not in started:  # this group's regather starts that group's gather,
+                j = earlier[-1]                           # used at its own regather
+                started.add(j)
+                alive[groups[j][4] + 1] += groups[j][3]
+                alive[end + 1] -= groups[j][3]
+                for k in range(j + 1, g + 1):
+                    if groups[k][1]:
+                        self.trace.reduce_prefetch[groups[k][0]] += groups[j][3]
+        running = 0.0
+        for i in range(len(self.trace.names)):
+            running += alive[i]
+            self.trace.gathered_backward[i] = running
 
     def _reduce(self, start: int, total: float, factor: float) -> None:
         if total:
             self.trace.reduce_after[start] += factor * total
             self.trace.reduce_frees[start] += total
+
+    def _shard_fraction(self, param: str, placement: tuple) -> float:
+        """Local shard bytes over gathered copy bytes of ``param`` moved from its storage to ``placement``."""
+        storage = self.strategies[param].outputs[0]
+        fraction = 1.0
+        for axis, (s, d) in enumerate(zip(storage, placement)):
+            if s != d:
+                fraction /= self.cm.mesh.shape[axis]
+        return fraction
 
     def finish(self, optimizer, foreach: bool, microsteps: int, gathered_peak: float) -> StepTrace:
         """The trace, with the step-wide terms. ``foreach``: the optimizer runs torch's foreach
@@ -148,6 +215,7 @@ class TraceBuilder:
         others' gradients); ``gathered_peak``: ``gather_timeline.gathered_peak`` of the assignment."""
         t = self.trace
         t.resident += self._input_bytes * microsteps
+        self._extend_through_identity_views()
         spans: dict[tuple[str, int], list] = {}
         for (u, slot), last in self._last_reader.items():
             if u in self.facts.views or self.facts.kind.get(u) != "op":
@@ -179,6 +247,36 @@ class TraceBuilder:
                 t.recompute[i] += running
         return t
 
+    def _extend_through_identity_views(self) -> None:
+        """A view of its operand's whole shape (``x.to(x.dtype)``, ``dropout(x, p=0)``, an alias)
+        is its operand: its gradient is the operand's, one storage, so the operand's gradient lives
+        from the view's last reader on (views have no span of their own). Program order resolves
+        chains of them."""
+        for v in sorted(self.facts.views, key=lambda n: self.position.get(n, -1)):
+            last = self._last_reader.get((v, 0))
+            key = self._identity_operand(v)
+            if last is None or key is None or key not in self._last_reader:
+                continue
+            self._last_reader[key] = max(self._last_reader[key], last)
+
+    def _identity_operand(self, v: str):
+        """(operand, slot) that view ``v`` is whole (same shape), or None."""
+        node = self.facts.nodes.get(v)
+        ops = operands(node) if node is not None and v in self.facts.views else []
+        if not ops or self.facts.kind.get(ops[0].node.name) != "op":
+            return None
+        key = (ops[0].node.name, output_slot(ops[0].node, ops[0].index))
+        metas = self.facts.tensor_outputs(key[0])
+        if key[1] >= len(metas) or metas[key[1]].shape != self.facts.tensor_outputs(v)[0].shape:
+            return None
+        return key
+
+    def _owner(self, key: tuple[str, int]) -> tuple[str, int]:
+        """The value that owns ``key``'s storage through identity views (``_identity_operand``)."""
+        while key[1] == 0 and (up := self._identity_operand(key[0])) is not None:
+            key = up
+        return key
+
     def _merge_pass_through(self, spans: dict) -> None:
         """An ``add`` hands its output's gradient to both operands unchanged (``sub`` to the first):
         an operand whose gradient comes only from it shares that storage, so its span is merged
@@ -193,7 +291,7 @@ class TraceBuilder:
             node = self.facts.nodes[name]
             shape = self.facts.tensor_outputs(name)[0].shape
             for k, op in enumerate(operands(node)[:_PASS_THROUGH[op_name(node.target)]]):
-                key = (op.node.name, output_slot(op.node, op.index))
+                key = self._owner((op.node.name, output_slot(op.node, op.index)))
                 span = spans.get(key)
                 if span is None or span[1] != at or self.facts.tensor_outputs(key[0])[key[1]].shape != shape:
                     continue

@@ -287,6 +287,11 @@ class PipelineProgram:
         return [(self.captured.params[ph], p) for s in sorted(self.stages)
                 for ph, p in zip(self.stages[s].param_names, self.stages[s].params)]
 
+    def named_buffers(self) -> list[tuple[str, torch.Tensor]]:
+        """This rank's stages' buffers under the model's names (``runtime.local_module`` reads them)."""
+        return [(self.captured.buffers.get(b, b), t) for s in sorted(self.stages)
+                for b, t in zip(self.stages[s].buffer_names, self.stages[s].buffers)]
+
     @property
     def timeline(self) -> list[TimelineEvent]:
         """The last step's executed compute actions on this rank, in order, with measured times."""

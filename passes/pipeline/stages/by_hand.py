@@ -15,6 +15,7 @@ from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import stage_rank
 from autoshard.passes.pipeline.stages.stage_graphs import StageGraph, split_stages
+from autoshard.passes.pipeline.stages.stage_peak import stage_solution
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
 from autoshard.passes.solve.solution import Solution
 
@@ -46,5 +47,6 @@ def make_pipeline_plan(captured: CapturedGraph, stage_nodes: Sequence[Sequence[s
         grp = stage_group(schedule, pp, virtual, s)
         ranks = list(range(grp * sub.size, (grp + 1) * sub.size))
         sol = solve(g, sub) if solve is not None else None
-        stages.append(StagePlan(s, list(stage_nodes[s]), grp, ranks, sub, sol))
+        stages.append(StagePlan(s, list(stage_nodes[s]), grp, ranks, sub,
+                                stage_solution(sol, g, schedule, pp, int(microbatches))))
     return PipelinePlan(pp, virtual, stages, schedule, int(microbatches))

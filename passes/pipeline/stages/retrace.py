@@ -23,6 +23,7 @@ from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import MODULE, CapturedGraph
 from autoshard.passes.pipeline.stages.stage_graphs import call_nodes, split_stages
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
+from autoshard.passes.pipeline.stages.stage_peak import stage_solution
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.planner import plan_sharding
 
@@ -132,6 +133,7 @@ def replan_at_microbatch(plan: PipelinePlan, full: CapturedGraph, small: Capture
         solution = plan_sharding(graphs[i].captured, s.mesh, hardware=hardware, memory_limit=memory_limit,
                                  optimizer=optimizer, time_limit_s=time_limit_s,
                                  pins=stage_pins(params, graphs[i].captured))
+        solution = stage_solution(solution, graphs[i], plan.schedule, plan.pp, plan.microbatches)
         stages.append(StagePlan(s.index, stage_nodes[i], s.group, list(s.ranks), s.mesh, solution, s.recompute))
     return PipelinePlan(plan.pp, plan.virtual, stages, plan.schedule, plan.microbatches, plan.estimated_step_time,
                         plan.bubble_fraction, list(plan.peak_activation_memory))

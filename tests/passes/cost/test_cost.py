@@ -156,6 +156,29 @@ def test_views_cost_nothing_and_inputs_need_no_gradient():
     assert not any(facts.value_needs_grad(i, 0) for i in cg.inputs)
 
 
+def test_a_dropout_that_returns_its_input_is_a_view():
+    """``dropout(x, p=0)`` and eval-mode dropout return ``x`` itself (torch does, checked here); one
+    with ``0 < p < 1`` in training makes a new tensor."""
+    from autoshard.passes.capture.export import capture
+
+    class Net(torch.nn.Module):
+        def __init__(self, p: float):
+            super().__init__()
+            self.fc, self.drop = torch.nn.Linear(8, 8), torch.nn.Dropout(p)
+
+        def forward(self, x):
+            return self.drop(torch.relu(self.fc(x)))
+
+    x = torch.randn(4, 8, requires_grad=True)
+    assert torch.dropout(x, 0.0, True) is x and torch.dropout(x, 0.5, False) is x
+    for p, is_view in ((0.0, True), (0.5, False)):
+        cg = capture(Net(p), (torch.randn(4, 8),), loss_fn=lambda out, t: (out - t).pow(2).mean(),
+                     target=torch.randn(4, 8))
+        facts = GraphFacts(cg, HW)
+        drops = [n.name for n in cg.gm.graph.nodes if "dropout" in n.name]
+        assert drops and all((d in facts.views) == is_view for d in drops)
+
+
 def test_presets_cite_datasheet_values_and_load_from_json(tmp_path):
     assert PRESETS["a100"].flops_bf16 == 312e12 and PRESETS["a100"].flops_fp32 == 19.5e12
     assert PRESETS["h100"].flops_bf16 == 989e12 and PRESETS["h100"].memory_bandwidth == 3.35e12

@@ -11,7 +11,8 @@ from autoshard.passes.solve.solution import Solution
 def _trace(**kw) -> StepTrace:
     n = len(kw.get("names", ["a", "b", "c"]))
     base = dict(names=["a", "b", "c"], kept=[0.0] * n, outputs=[0.0] * n, param_grads=[0.0] * n,
-                grad_transient=[0.0] * n, recompute=[0.0] * n)
+                grad_transient=[0.0] * n, recompute=[0.0] * n, reduce_after=[0.0] * n, reduce_frees=[0.0] * n,
+                reduce_prefetch=[0.0] * n, gathered_backward=[0.0] * n, reduce_output=[0.0] * n)
     base.update(kw)
     return StepTrace(**base)
 
@@ -40,6 +41,34 @@ def test_held_gradients_count_for_the_whole_last_microstep_and_the_summand_on_to
     peak = peak_of(t)
     assert peak.phases["forward"] == 30 + 5
     assert peak.phases["backward"] == 30 + 5 + 10
+
+
+def test_a_reduction_counts_the_earlier_groups_backward_prefetch_in_flight():
+    # a gathered group read at a (first reader) and c; its reduce-scatter after a's backward holds
+    # 2 x 40 (flat input and gloo's staging copy); the earlier group's prefetched gather (30 out +
+    # 10 in) is in flight then, more than gathered_in_flight - frees (50 - 40)
+    t = _trace(resident=100.0, kept=[0.0, 0.0, 0.0], reduce_after=[80.0, 0.0, 0.0], reduce_frees=[40.0, 0.0, 0.0],
+               reduce_prefetch=[40.0, 0.0, 0.0], gathered_in_flight=50.0)
+    assert peak_of(t).bytes == 100 + 40 + 80
+    t.reduce_prefetch = [0.0, 0.0, 0.0]
+    assert peak_of(t).bytes == 100 + max(50, 10 + 80)
+
+
+def test_gathered_copies_in_the_backward_follow_the_groups_when_larger():
+    t = _trace(resident=10.0, gathered_in_flight=5.0, gathered_backward=[0.0, 30.0, 0.0])
+    peak = peak_of(t)
+    assert peak.phases["backward"] == 40.0 and peak.phase == "backward (b)"
+    assert peak.phases["forward"] == 15.0  # the forward keeps the step-wide figure
+
+
+def test_with_held_gradients_the_reduced_shards_are_alive_next_to_them():
+    # accumulation: every gradient (30) is held; the reduction after a's backward makes its shards (6)
+    # before they are added in
+    t = _trace(grads=30.0, grads_held=True, reduce_after=[20.0, 0.0, 0.0], reduce_frees=[10.0, 0.0, 0.0],
+               reduce_output=[6.0, 0.0, 0.0])
+    assert peak_of(t).phases["backward"] == 30 + 20 + 6
+    t.grads_held = False
+    assert peak_of(t).phases["backward"] == 20.0
 
 
 def test_the_optimizer_phase_sets_the_peak_when_activations_are_small():

@@ -1,0 +1,104 @@
+"""A 2-stage pipeline's whole-step peak, measured by torch's ``MemTracker`` on each stage rank, against
+the stage's estimate (issue 21, item 2).
+
+GPT (4 blocks, vocab 256, d 32) cut before ``blocks.2`` on 2 gloo ranks, 1F1B, 4 microbatches of 4;
+each stage planned by ``plan_sharding`` on its submesh (``make_pipeline_plan``). Around the second
+step plus AdamW's step, ``MicrostepTracker`` tracks the rank's parameters, gradients and optimizer
+state (``runtime.local_module`` over the ``PipelineProgram``). Goal, as for one program
+(``tests/runtime/test_memory_peak.py``): the stage's estimate (``passes.pipeline.stages.stage_peak``:
+one microbatch's walk of the stage's plan, plus the schedule's other in-flight microbatches' saved
+activations, the accumulated gradients and one microbatch's p2p buffers) within 10% of the measure
+and never more than 5% under it. Neither stage meets it yet: strict xfails, the measured causes in the
+reasons (before the stage peak: stage 0 -63%, stage 1 -26%).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autoshard.testing.ranks import run_ranks
+
+SCHEDULE, MICROBATCHES = "1f1b", 4
+
+
+def peak_worker(rank: int, world: int) -> tuple:
+    from autoshard.passes.capture.export import capture
+    from autoshard.passes.pipeline.schedule.generators import generate
+    from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+    from autoshard.passes.solve.planner import plan_sharding
+    from autoshard.runtime.groups import broadcast_json
+    from autoshard.runtime.local_module import local_module
+    from autoshard.runtime.pipeline.executor import PipelineProgram
+    from autoshard.runtime.pipeline.split import make_pipeline_plan, stage_nodes_from_prefixes
+    from autoshard.testing.memory_estimates import MicrostepTracker
+    from autoshard.testing.models import gpt
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, _, _, loss_fn = gpt(vocab=256, d=32, n_layer=4, n_head=4, seq=16)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randint(0, 256, (16, 16), generator=g), torch.randint(0, 256, (16, 16), generator=g)
+    mb = len(y) // MICROBATCHES
+    captured = capture(model, (x[:mb],), loss_fn=loss_fn, target=y[:mb])
+    payload = None
+    if rank == 0:
+        nodes = stage_nodes_from_prefixes(captured, ["blocks.2"])
+        plan = make_pipeline_plan(captured, nodes, (2,), schedule=SCHEDULE, microbatches=MICROBATCHES,
+                                  solve=lambda sg, sm: plan_sharding(sg.captured, sm, hardware="cpu", time_limit_s=10))
+        payload = plan.to_json()
+    plan = PipelinePlan.from_json(broadcast_json(payload, src=0))
+    program = PipelineProgram(captured, plan, generate(SCHEDULE, 2, MICROBATCHES), model=model)
+    optimizer = torch.optim.AdamW(program.parameters(), lr=1e-3)
+    program.step(x, target=y)  # the first step creates the optimizer state
+    optimizer.step()
+    optimizer.zero_grad()
+    tracker = MicrostepTracker()
+    tracker.track_external(local_module(program), optimizer)
+    with tracker:
+        program.step(x, target=y)
+        optimizer.step()
+    peak = next(iter(tracker.get_tracker_snapshot("peak").values()))
+    solution = plan.stages[rank].solution
+    state = {"params": sum(p.numel() * p.element_size() for p in program.parameters()),
+             "Parameter": peak["Parameter"], "Optstate": peak["Optstate"]}
+    return rank, peak["Total"], solution.estimated_memory, solution.memory_peak_phase, state
+
+
+@pytest.fixture(scope="module")
+def stage_peaks() -> list:
+    return run_ranks(peak_worker, 2, timeout=600)
+
+
+_STAGE_0_MISS = (
+    "-39.7% (measured 2026-11-26: 1,178,104 B vs 709,888): the stage's plan prices it forward-only (its "
+    "program returns activations, not a loss, so GraphFacts.training is False: no gradients 135,680 B, no "
+    "AdamW state 271,472 B, no backward). Pricing such a stage as trained (tried: the estimate is then "
+    "1,174,512, -0.3%) makes compile(pp=...)'s per-stage re-solve infeasible under the tight limit of "
+    "tests/frontdoor/test_pipeline_auto.py, which the stage planner's ILP (adding memory by category, no "
+    "optimizer temporaries) chose: the two must change together")
+_STAGE_1_MISS = (
+    "-12.6% (measured 2026-11-26: 1,068,688 B vs 934,004; MemTracker's peak at the loss's backward, storages "
+    "tagged by op): cross-entropy's backward holds the log-probabilities' gradient (65,536 B) next to the "
+    "logits' (the walk has one of them); gloo's interpreter posts the receives early: all 4 microbatches' "
+    "received activations are alive (32,768 B; the stage peak counts one, 8,192); the input gradients of 3 "
+    "microbatches wait to be sent (24,576 B)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [pytest.param(0, marks=pytest.mark.xfail(strict=True, reason=_STAGE_0_MISS)),
+                                   pytest.param(1, marks=pytest.mark.xfail(strict=True, reason=_STAGE_1_MISS))])
+def test_each_stage_estimate_is_within_ten_percent_and_never_five_percent_under(stage_peaks, stage):
+    rank, measured, estimated, phase, _ = stage_peaks[stage]
+    gap = (estimated - measured) / measured
+    assert -0.05 <= gap <= 0.10, f"stage {rank}: measured {measured} vs estimated {estimated:.0f} ({gap:+.1%}, {phase})"
+
+
+@pytest.mark.slow
+def test_memtracker_tracks_a_pipeline_programs_state(stage_peaks):
+    """``local_module`` over a ``PipelineProgram`` (its parameters and buffers): MemTracker sees a
+    stage rank's parameters and AdamW's two states, which exist before the tracked step."""
+    assert len(stage_peaks) == 2
+    for rank, measured, estimated, phase, state in stage_peaks:
+        assert state["params"] > 0 and state["Parameter"] == state["params"], (rank, state)
+        assert state["Optstate"] >= 2 * state["params"], (rank, state)
+        assert measured >= 4 * state["params"] and estimated > 0 and phase  # + gradients, + activations
