@@ -29,7 +29,8 @@ def peak_worker(rank: int, world: int) -> tuple:
     from autoshard.runtime.groups import broadcast_json
     from autoshard.runtime.local_module import local_module
     from autoshard.runtime.pipeline.executor import PipelineProgram
-    from autoshard.runtime.pipeline.split import make_pipeline_plan, stage_nodes_from_prefixes
+    from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
+    from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
     from autoshard.testing.memory_estimates import MicrostepTracker
     from autoshard.testing.models import gpt
 
