@@ -15,16 +15,20 @@ capture (planning a 1T model on meta takes minutes per row on this machine).
 
 Rows:
 - Megatron-LM 2021 (Narayanan et al., SC21, Table 1): ten GPT models on 32-3072 A100 80GB (Selene,
-  8 per node, 8 x HDR 200 Gb/s), sequence 2048, vocabulary 51200, TP and PP as published, full
-  activation recomputation, 1F1B, fp16 with fp32 main gradients all-reduced after the backward
-  (no overlap in 2021's Megatron), attention unfused (two batched GEMMs + fused softmax + dropout).
+  8 per node, 8 x HDR 200 Gb/s), sequence 2048, vocabulary 51200, full activation recomputation,
+  fp16 (static loss scale), attention unfused (two batched GEMMs + fused softmax + dropout). TP, PP,
+  microbatch size, interleaved virtual stages and the DDP implementation as in the paper's own
+  launch script (Megatron-LM ``examples/sc21/run_table_1.sh``): PyTorch DDP (bucketed all-reduce
+  under the last microbatch's backward) for the pp=1 rows, Megatron's local DDP (all-reduce after the
+  backward) for the others, fp16 gradients all-reduced (no ``--accumulate-allreduce-grads-in-fp32``).
   The measured figure is their TFLOP/s per GPU with their accounting
-  ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` per iteration. Microbatch size 1 (not in Table 1:
-  an assumption).
-- torchtitan (PyTorch, docs/performance.md as quoted in issue 16): Llama-3.1 8B on 8 H100 (FSDP,
-  selective op-level AC: every other matmul output saved), Llama-3 70B on 64 A100 (FSDP, full AC),
-  Llama-3.1 405B on 128 H100 (FSDP 16 x TP 8 with sequence parallel, full AC); bf16 compute, fp32
-  gradient reduction, eager, flash attention through SDPA; tokens/s per GPU.
+  ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` per iteration.
+- torchtitan (PyTorch; docs/performance.md of 2024-12 and benchmarks/llama3_h100_202412_torchtitan.md):
+  Llama-3.1 8B on 8 H100 (FSDP, selective op-level AC: every other matmul output saved), Llama-3 70B
+  on 64 A100 (FSDP, full AC), Llama-3.1 405B on 128 H100 (FSDP 16 x TP 8 with sequence parallel, full
+  AC); bf16 compute, fp32 gradient reduction, eager, SDPA's flash attention; tokens/s per GPU. The
+  eager ops are priced by the bytes torchtitan's own code moves (TT_* below) and the H100 rows on the
+  cards torchtitan names (96 GB HBM2e, 500 W: ``HARDWARE["h100-96gb-500w"]``).
 """
 from __future__ import annotations
 
