@@ -322,8 +322,10 @@ PRESETS: dict[str, Hardware] = {
         op_overhead_s=0.0,             # estimate: asynchronous launches (as A100)
         **_achievable(
             sm_count=132,              # H200: the same GH100 die as H100 SXM, 132 SMs
-            gemm_efficiency=685.1 / 989 * 16 / 15.5,  # as H100 SXM: the same die under the same 700 W limit (H200
-                                       # datasheet); the H100's sustained rate, not measured on an H200
+            gemm_efficiency=672.4 / 989 * 16 / 15.5,  # measured profile, benchmarks/gpu_sustained_gemm.py on one
+                                       # H200 (2026-11-25): 8192^3 bf16 GEMMs back to back for 30 s at the
+                                       # 700 W limit, SM clock 1470-1500 MHz, 672.4 TFLOPS mean (791.5 in
+                                       # the first products); whole-wave cap as for H100
             attention_efficiency=0.305,  # as H100 (same SMs; FlashAttention-2 is compute-bound there)
             intra_node_bus_efficiency=370.8 / 450,  # as H100: NVLink4, 18 links x 20.6 GB/s (NCCL topo.h)
             inter_node_bus_efficiency=48.5 / 50,  # as H100: NDR 400 Gb/s (ASTRA-sim calbusbw.h CX7_BW)
