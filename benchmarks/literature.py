@@ -275,6 +275,11 @@ def step_time(r: Run) -> dict:
         # 1F1B: m slots plus the fill and drain bubble, (p - 1) / v slots with v model chunks per rank
         body = (m + (r.pp - 1) / v) * slot
         grad_sync = collective("all_reduce", dp_g, dp_m, hw, params_local * r.grad_bytes)
+        if r.pp > 1:  # the tied word embedding's gradient, all-reduced between the first and the last
+            # stage after the backward (Megatron-LM 2021 megatron/training.py train_step)
+            same_node = r.tp * r.pp <= hw.devices_per_node
+            grad_sync += collective("all_reduce", 2 if same_node else 1, 1 if same_node else 2, hw,
+                                    r.vocab * r.hidden / r.tp * r.grad_bytes)
         opt = optimizer_seconds(hw, params_local, bytes_per_param=MEGATRON_OPTIMIZER_BYTES)
         hidden = 0.0
         if r.ddp_overlap and r.pp == 1:
