@@ -26,12 +26,13 @@ if "--report" in sys.argv:
     d = json.load(open(sys.argv[sys.argv.index("--report") + 1]))
     hw = lit.HARDWARE["h100"]
     run = dataclasses.replace(lit.RUNS[10], recompute="none", hardware="h100")
-    lt = lit.layer_times(run, hw)
     print(f"{d['dev']}, torch {d['torch']}; h100 preset: gemm_efficiency {hw.gemm_efficiency:.3f}, "
-          f"attention_efficiency {hw.attention_efficiency}")
-    print(f"torchtitan 8B layer, 2 x 8192 tokens: forward {d['layer_fwd_flash'] * 1e3:.2f} ms measured, "
-          f"{lt['fwd'] * 1e3:.2f} predicted; forward + backward {d['layer_fwdbwd_flash'] * 1e3:.2f} measured, "
-          f"{(lt['fwd'] + lt['bwd']) * 1e3:.2f} predicted")
+          f"attention_efficiency {hw.attention_efficiency} (flash kernel: {lit.TORCH_2024_FLASH_ATTENTION_H100})")
+    for key, att in (("flash", lit.TORCH_2024_FLASH_ATTENTION_H100), ("default", hw.attention_efficiency)):
+        lt = lit.layer_times(run, dataclasses.replace(hw, attention_efficiency=att))
+        print(f"torchtitan 8B layer, 2 x 8192 tokens, SDPA {key}: forward {d['layer_fwd_' + key] * 1e3:.2f} ms "
+              f"measured, {lt['fwd'] * 1e3:.2f} predicted; forward + backward {d['layer_fwdbwd_' + key] * 1e3:.2f} "
+              f"measured, {(lt['fwd'] + lt['bwd']) * 1e3:.2f} predicted")
     for heads in (32, 16):
         flops = 4.0 * 2 * heads * 8192 * 8192 * 128 * 0.5   # causal: half the score blocks
         for kernel, key in (("flash (FA2)", "flash"), ("cuDNN first", "default")):

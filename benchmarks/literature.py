@@ -58,10 +58,16 @@ H100_NVL_DENSE, H100_NVL_WATTS = 1671e12 / 2, 400.0
 H100_SXM_DENSE, H100_SXM_WATTS = 989e12, 700.0
 GRAND_TETON_WATTS = 500.0
 HARDWARE = dict(PRESETS)
+#: The attention kernel torchtitan's torch ran: SDPA's priority order in late 2024 put the flash kernel
+#: (FlashAttention-2) first and cuDNN attention last (the order quoted in pytorch/pytorch#138907,
+#: 2024-10); torch 2.11, which the h100 preset's 0.52 describes, picks cuDNN attention first on H100.
+#: Measured with SDPA held to its flash kernel, causal 2 x 32 x 8192 x 128, forward + backward:
+#: 0.305 of peak (benchmarks/gpu_layer_probe.py, benchmarks/gpu_layer_probe_h100.json).
+TORCH_2024_FLASH_ATTENTION_H100 = 0.305
 HARDWARE["h100-96gb-500w"] = dataclasses.replace(
     PRESETS["h100"], name="h100-96gb-500w", memory_bandwidth=2.4e12, memory_bytes=96e9,
     flops_bf16=H100_NVL_DENSE + (H100_SXM_DENSE - H100_NVL_DENSE) * (GRAND_TETON_WATTS - H100_NVL_WATTS)
-    / (H100_SXM_WATTS - H100_NVL_WATTS))
+    / (H100_SXM_WATTS - H100_NVL_WATTS), attention_efficiency=TORCH_2024_FLASH_ATTENTION_H100)
 
 # Bytes each eager op of torchtitan's Llama moves per element (read + written), from its source at the
 # benchmarked commit (pytorch/torchtitan 9dec370, 2024-12-26; torchtitan/models/norms.py RMSNorm,

@@ -293,12 +293,14 @@ PRESETS: dict[str, Hardware] = {
                                        # (792.1, Bekman, ml-engineering) is the rate before the power limit
                                        # pulls the clock down (787 in this run's first GEMMs); a training
                                        # step's GEMMs run back to back, at the sustained rate
-            attention_efficiency=0.305,  # measured profile, benchmarks/gpu_fidelity_probe.py (2026-11-25, same
-                                       # H100): PyTorch SDPA's flash kernel (FlashAttention-2, SDPA's first
-                                       # choice), causal, batch 2 x 32 heads x 8192 x 128, bf16: forward
-                                       # 0.308 and backward 0.304 of peak (causal FLOPs, backward 2.5x the
-                                       # forward's). Non-causal FA2 is published at up to 335 TFLOP/s on H100
-                                       # (FlashAttention-3 paper, Shah et al. 2024: FA2 at ~35%)
+            attention_efficiency=0.52,  # measured profiles: PyTorch SDPA's default kernel on H100 in torch 2.11
+                                       # (cuDNN attention), causal, batch 2 x 32 heads x 8192 x 128, bf16,
+                                       # forward + backward FLOPs (backward 2.5x the forward's) over their
+                                       # time: 0.536 (benchmarks/gpu_layer_probe.py) and 0.499 (lead's
+                                       # benchmarks/gpu_calibration.py, same day, another H100): mean 0.52.
+                                       # One number for both passes: the forward runs at ~0.63, the
+                                       # backward at ~0.48. SDPA held to its flash kernel (FlashAttention-2,
+                                       # first in torch's 2024 priority order) runs at 0.305
             intra_node_bus_efficiency=370.8 / 450,  # NCCL src/graph/topo.h: SM90_NVLINK_BW 20.6 GB/s per
                                        # link x 18 NVLink4 links = 370.8 GB/s
             inter_node_bus_efficiency=48.5 / 50,  # NDR 400 Gb/s ConnectX-7 (50 GB/s) at ASTRA-sim's calbusbw.h
@@ -326,7 +328,7 @@ PRESETS: dict[str, Hardware] = {
                                        # H200 (2026-11-25): 8192^3 bf16 GEMMs back to back for 30 s at the
                                        # 700 W limit, SM clock 1470-1500 MHz, 672.4 TFLOPS mean (791.5 in
                                        # the first products); whole-wave cap as for H100
-            attention_efficiency=0.305,  # as H100 (same SMs; FlashAttention-2 is compute-bound there)
+            attention_efficiency=0.52,  # as H100 (same SMs and SDPA kernels; compute-bound at these shapes)
             intra_node_bus_efficiency=370.8 / 450,  # as H100: NVLink4, 18 links x 20.6 GB/s (NCCL topo.h)
             inter_node_bus_efficiency=48.5 / 50,  # as H100: NDR 400 Gb/s (ASTRA-sim calbusbw.h CX7_BW)
             nvls_bus_factor=475 / 370.8,  # HGX H200: the same NVSwitch and NVLink SHARP as H100
