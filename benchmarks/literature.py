@@ -15,20 +15,25 @@ capture (planning a 1T model on meta takes minutes per row on this machine).
 
 Rows:
 - Megatron-LM 2021 (Narayanan et al., SC21, Table 1): ten GPT models on 32-3072 A100 80GB (Selene,
-  8 per node, 8 x HDR 200 Gb/s), sequence 2048, vocabulary 51200, TP and PP as published, full
-  activation recomputation, 1F1B, fp16 with fp32 main gradients all-reduced after the backward
-  (no overlap in 2021's Megatron), attention unfused (two batched GEMMs + fused softmax + dropout).
+  8 per node, 8 x HDR 200 Gb/s), sequence 2048, vocabulary 51200, full activation recomputation,
+  fp16 (static loss scale), attention unfused (two batched GEMMs + fused softmax + dropout). TP, PP,
+  microbatch size, interleaved virtual stages and the DDP implementation as in the paper's own
+  launch script (Megatron-LM ``examples/sc21/run_table_1.sh``): PyTorch DDP (bucketed all-reduce
+  under the last microbatch's backward) for the pp=1 rows, Megatron's local DDP (all-reduce after the
+  backward) for the others, fp16 gradients all-reduced (no ``--accumulate-allreduce-grads-in-fp32``).
   The measured figure is their TFLOP/s per GPU with their accounting
-  ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` per iteration. Microbatch size 1 (not in Table 1:
-  an assumption).
-- torchtitan (PyTorch, docs/performance.md as quoted in issue 16): Llama-3.1 8B on 8 H100 (FSDP,
-  selective op-level AC: every other matmul output saved), Llama-3 70B on 64 A100 (FSDP, full AC),
-  Llama-3.1 405B on 128 H100 (FSDP 16 x TP 8 with sequence parallel, full AC); bf16 compute, fp32
-  gradient reduction, eager, flash attention through SDPA; tokens/s per GPU.
+  ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` per iteration.
+- torchtitan (PyTorch; docs/performance.md of 2024-12 and benchmarks/llama3_h100_202412_torchtitan.md):
+  Llama-3.1 8B on 8 H100 (FSDP, selective op-level AC: every other matmul output saved), Llama-3 70B
+  on 64 A100 (FSDP, full AC), Llama-3.1 405B on 128 H100 (FSDP 16 x TP 8 with sequence parallel, full
+  AC); bf16 compute, fp32 gradient reduction, eager, SDPA's flash attention; tokens/s per GPU. The
+  eager ops are priced by the bytes torchtitan's own code moves (TT_* below) and the H100 rows on the
+  cards torchtitan names (96 GB HBM2e, 500 W: ``HARDWARE["h100-96gb-500w"]``).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -40,6 +45,58 @@ from autoshard.passes.cost.nccl import nccl_p2p_seconds, nccl_terms
 from autoshard.passes.cost.overlap import compute_slowdown, overlap_step
 
 BF16 = 2
+
+#: The H100s of torchtitan's runs (torchtitan benchmarks/llama3_h100_202412_torchtitan.md, "Hardware"
+#: and footnote 2; docs/performance.md of 2024-12 for the 405B row): Grand Teton hosts, SXM H100 with
+#: 96 GB HBM2e at 2.4 TB/s peak, run at the default 500 W power limit, "the actual peak TFLOPs number
+#: is between SXM and NVL, and we don't know its exact value". We take the dense bf16 peak linear in
+#: the power limit between the two datasheet points, H100 NVL (350-400 W: 1,671 sparse = 835.5 dense
+#: TFLOPS, H100 NVL datasheet) and H100 SXM (700 W: 989), at 500 W: 886.8 TFLOPS. An assumption
+#: inside the range its owners give, not a measurement; the rest (SMs, NVLink, NICs: 400 Gb/s per GPU,
+#: as the same file says) is the h100 preset.
+H100_NVL_DENSE, H100_NVL_WATTS = 1671e12 / 2, 400.0
+H100_SXM_DENSE, H100_SXM_WATTS = 989e12, 700.0
+GRAND_TETON_WATTS = 500.0
+HARDWARE = dict(PRESETS)
+#: The attention kernel torchtitan's torch ran: SDPA's priority order in late 2024 put the flash kernel
+#: (FlashAttention-2) first and cuDNN attention last (the order quoted in pytorch/pytorch#138907,
+#: 2024-10); torch 2.11, which the h100 preset's 0.52 describes, picks cuDNN attention first on H100.
+#: Measured with SDPA held to its flash kernel, causal 2 x 32 x 8192 x 128, forward + backward:
+#: 0.305 of peak (benchmarks/gpu_layer_probe.py, benchmarks/gpu_layer_probe_h100.json).
+TORCH_2024_FLASH_ATTENTION_H100 = 0.305
+HARDWARE["h100-96gb-500w"] = dataclasses.replace(
+    PRESETS["h100"], name="h100-96gb-500w", memory_bandwidth=2.4e12, memory_bytes=96e9,
+    flops_bf16=H100_NVL_DENSE + (H100_SXM_DENSE - H100_NVL_DENSE) * (GRAND_TETON_WATTS - H100_NVL_WATTS)
+    / (H100_SXM_WATTS - H100_NVL_WATTS), attention_efficiency=TORCH_2024_FLASH_ATTENTION_H100)
+
+# Bytes each eager op of torchtitan's Llama moves per element (read + written), from its source at the
+# benchmarked commit (pytorch/torchtitan 9dec370, 2024-12-26; torchtitan/models/norms.py RMSNorm,
+# torchtitan/models/llama/model.py apply_rotary_emb / repeat_kv / Attention.forward, train.py loss):
+#: RMSNorm: x.float() (2+4), pow(2) (4+4), mean (4), x * rsqrt (4+4), type_as (4+2), * weight (2+2)
+TT_RMSNORM_BYTES = 36
+#: RoPE on q and k: .float() (2+4), complex multiply by freqs_cis (4+4), type_as (4+2)
+TT_ROPE_BYTES = 20
+#: repeat_kv's expand().reshape() copy, per element written (2+2), for keys and values
+TT_REPEAT_KV_BYTES = 4
+#: the attention output's transpose(1, 2).contiguous() copy (2+2)
+TT_TRANSPOSE_BYTES = 4
+#: residual add (2+2+2); SwiGLU silu(w1 x) (2+2) * w3 x (2+2+2), per FFN element
+TT_ADD_BYTES, TT_SWIGLU_BYTES = 6, 10
+#: cross entropy over fp32 logits: forward .float() (2+4) + log_softmax (two reads and a write, 4+4+4);
+#: backward nll's zero-filled gradient (4) + log_softmax backward (4+4+4) + the cast back (4+2)
+TT_CE_FWD_BYTES, TT_CE_BWD_BYTES = 18, 22
+#: torch.optim.AdamW(foreach=True), torchtitan's default (``fused = job_config.optimizer.fused``, off):
+#: per fp32 parameter _foreach_mul_ (8), lerp_ (12), mul_ (8), addcmul_ (12), sqrt (8), div_ (8), add_ (8),
+#: addcdiv_ (16) = 80 bytes; clip_grad_norm_(max_norm=1.0, foreach): the norm reads (4), _foreach_mul_ (8)
+TT_OPTIMIZER_BYTES = 80 + 12
+#: FSDP2 (torch.distributed._composable.fsdp, Dec 2024): each all-gather's copy-out into the unsharded
+#: parameters (split_with_sizes_copy, 2+2 bytes per bf16 parameter) and each reduce-scatter's copy-in
+#: (_chunk_cat with the cast to the fp32 reduce dtype, 2+4), on the GPU's memory like any kernel
+FSDP_COPY_OUT_BYTES, FSDP_COPY_IN_BYTES = 4, 6
+#: Megatron-LM 2021 with --fp16 (megatron/optimizer/optimizer.py, apex multi-tensor kernels): fp16 grads
+#: to fp32 main grads (2+4), unscale and inf check (4+4), grad-norm clip (4 + 4+4), FusedAdam (28),
+#: fp32 main params back to the fp16 model (4+2)
+MEGATRON_OPTIMIZER_BYTES = 6 + 8 + 12 + 28 + 6
 
 
 @dataclass
@@ -61,6 +118,11 @@ class Run:
     unit: str           # "TFLOP/s/GPU" (Megatron's accounting) or "tok/s/GPU"
     kv_heads: Optional[int] = None
     microbatch: int = 1
+    virtual_stages: int = 1          # interleaved 1F1B: model chunks per pipeline rank (Megatron's
+                                     # --num-layers-per-virtual-pipeline-stage)
+    ddp_overlap: bool = False        # PyTorch DDP: bucketed gradient all-reduce overlapping the last
+                                     # microbatch's backward (Megatron --DDP-impl torch); False: after it
+    grad_bytes: int = 4              # bytes per gradient element all-reduced (fp16 Megatron 2021: 2)
     gated_mlp: bool = False          # SwiGLU: two up projections
     recompute: str = "full"          # "full", "selective" (torchtitan op-level), "none"
     sequence_parallel: bool = False
@@ -110,8 +172,11 @@ def layer_times(r: Run, hw) -> dict:
     kv = r.kv_heads or r.heads
     hd = h // r.heads
     tok = b * s
-    gemms = [gemm_seconds(hw, 1, tok, (h + 2 * kv * hd) // t, h),       # q, k, v
-             gemm_seconds(hw, 1, tok, h, h // t)]                         # output projection
+    if r.gated_mlp:   # torchtitan: separate wq, wk, wv
+        gemms = [gemm_seconds(hw, 1, tok, h // t, h)] + [gemm_seconds(hw, 1, tok, kv * hd // t, h)] * 2
+    else:             # Megatron: one fused query_key_value
+        gemms = [gemm_seconds(hw, 1, tok, (h + 2 * kv * hd) // t, h)]
+    gemms += [gemm_seconds(hw, 1, tok, h, h // t)]                        # output projection
     ups = 2 if r.gated_mlp else 1
     gemms += [gemm_seconds(hw, 1, tok, r.ffn // t, h)] * ups + [gemm_seconds(hw, 1, tok, h, r.ffn // t)]
     gemm_f = sum(gemms)
@@ -126,9 +191,15 @@ def layer_times(r: Run, hw) -> dict:
         attn_mem = memory_seconds(hw, scores * (4 + (5 if r.dropout else 0)))
     act = tok * h * BF16 / (t if r.sequence_parallel else 1)   # what the norms and residuals stream
     ffn_act = tok * r.ffn // t * BF16
-    if r.gated_mlp:   # eager RMSNorm in fp32 (~6 passes), residual adds (3), RoPE on q, k (4), SwiGLU (5)
-        elementwise = [memory_seconds(hw, 6 * act)] * 2 + [memory_seconds(hw, 3 * act)] * 2 \
-            + [memory_seconds(hw, 4 * tok * (h + kv * hd) // t * BF16)] + [memory_seconds(hw, 5 * ffn_act)]
+    if r.gated_mlp:   # torchtitan's eager ops, bytes per element from its source (TT_* above)
+        n_act = tok * h / (t if r.sequence_parallel else 1)   # elements the norms and residuals stream
+        q_k = tok * heads * hd + tok * max(1, kv // t) * hd
+        elementwise = [memory_seconds(hw, TT_RMSNORM_BYTES * n_act)] * 2 \
+            + [memory_seconds(hw, TT_ADD_BYTES * n_act)] * 2 \
+            + [memory_seconds(hw, TT_ROPE_BYTES * q_k)] \
+            + [memory_seconds(hw, TT_REPEAT_KV_BYTES * tok * heads * hd)] * 2 \
+            + [memory_seconds(hw, TT_TRANSPOSE_BYTES * tok * heads * hd)] \
+            + [memory_seconds(hw, TT_SWIGLU_BYTES * tok * r.ffn / t)]
     else:             # LayerNorm (2), fused bias-dropout-add (3.5), fused bias-GeLU (2)
         elementwise = [memory_seconds(hw, 2 * act)] * 2 + [memory_seconds(hw, 3.5 * act)] * 2 \
             + [memory_seconds(hw, 2 * ffn_act)]
@@ -157,13 +228,18 @@ def head_times(r: Run, hw) -> tuple[float, float]:
     """(forward, backward) seconds of the LM head and the loss for one microbatch on one rank."""
     tok = r.microbatch * r.seq
     logits = gemm_seconds(hw, 1, tok, r.vocab // r.tp, r.hidden)
-    loss = memory_seconds(hw, tok * r.vocab // r.tp * 4 * 4)  # fp32 softmax: read/write twice per pass
+    n = tok * r.vocab // r.tp
+    if r.gated_mlp:   # torchtitan: final RMSNorm, cross entropy over fp32 logits
+        norm = memory_seconds(hw, TT_RMSNORM_BYTES * tok * r.hidden / (r.tp if r.sequence_parallel else 1))
+        return norm + logits + memory_seconds(hw, TT_CE_FWD_BYTES * n), \
+            2 * norm + 2 * logits + memory_seconds(hw, TT_CE_BWD_BYTES * n)
+    loss = memory_seconds(hw, n * 4 * 4)  # fp32 softmax: read/write twice per pass
     return logits + loss, 2 * logits + loss
 
 
 def step_time(r: Run) -> dict:
     """Predicted seconds of one iteration of ``r`` and its parts."""
-    hw = PRESETS[r.hardware]
+    hw = HARDWARE[r.hardware]
     lt = layer_times(r, hw)
     per_stage = r.layers / r.pp
     m = r.batch // (r.dp * r.microbatch)
@@ -181,28 +257,46 @@ def step_time(r: Run) -> dict:
         emb = 2 * r.vocab * r.hidden / (r.tp * r.pp)
         gather_all = per_stage * gather + collective("all_gather", dp_g, dp_m, hw, emb * BF16)
         reduce_all = per_stage * reduce + collective("reduce_scatter", dp_g, dp_m, hw, emb * 4)
-        compute_f = per_stage * lt["fwd"] + head_f
-        compute_b = per_stage * lt["bwd"] + head_b
+        # FSDP2's copy-out after each gather (forward, backward) and copy-in before each reduce-scatter
+        copies = memory_seconds(hw, layer_params * FSDP_COPY_OUT_BYTES)
+        compute_f = per_stage * (lt["fwd"] + copies) + head_f
+        compute_b = per_stage * (lt["bwd"] + copies + memory_seconds(hw, layer_params * FSDP_COPY_IN_BYTES)) + head_b
         tp_comm = per_stage * (lt["tp_fwd"] + lt["tp_bwd"])
         ov = overlap_step(fwd_compute=compute_f * m, bwd_compute=compute_b * m, exposed=tp_comm * m,
                           fwd_prefetch=gather_all * m, bwd_prefetch=gather_all * m, bwd_reduce=reduce_all * m,
                           blocks=int(per_stage) * m, slowdown=slow)
         body = ov.step_time
         grad_sync = 0.0
-        opt = optimizer_seconds(hw, params_local / r.dp)
+        opt = optimizer_seconds(hw, params_local / r.dp, bytes_per_param=TT_OPTIMIZER_BYTES)
         exposed, hidden = ov.exposed, ov.hidden
     else:
         p2p = 0.0
-        if r.pp > 1:  # activations (scattered over the TP ranks, Megatron's scatter/gather) to the next stage
+        v = r.virtual_stages
+        if r.pp > 1:  # activations (scattered over the TP ranks, Megatron's scatter/gather) to the next
+            # stage and gradients back; an interleaved schedule crosses stages v times per microbatch
             msg = r.microbatch * r.seq * r.hidden * BF16 / r.tp
             same_node = r.tp * r.pp <= hw.devices_per_node
-            p2p = 2 * nccl_p2p_seconds(hw, msg, same_node)
+            p2p = 2 * v * nccl_p2p_seconds(hw, msg, same_node)
         slot = f + bwd + p2p
-        body = (m + r.pp - 1) * slot
-        grad_sync = collective("all_reduce", dp_g, dp_m, hw, params_local * 4)   # fp32 main grads
-        opt = optimizer_seconds(hw, params_local, bytes_per_param=28 + 2 + 4)    # + fp16 copy, grad read
-        exposed = (m + r.pp - 1) * (per_stage * (lt["tp_fwd"] + lt["tp_bwd"]) + p2p) + grad_sync
+        # 1F1B: m slots plus the fill and drain bubble, (p - 1) / v slots with v model chunks per rank
+        body = (m + (r.pp - 1) / v) * slot
+        grad_sync = collective("all_reduce", dp_g, dp_m, hw, params_local * r.grad_bytes)
+        if r.pp > 1:  # the tied word embedding's gradient, all-reduced between the first and the last
+            # stage after the backward (Megatron-LM 2021 megatron/training.py train_step)
+            same_node = r.tp * r.pp <= hw.devices_per_node
+            grad_sync += collective("all_reduce", 2 if same_node else 1, 1 if same_node else 2, hw,
+                                    r.vocab * r.hidden / r.tp * r.grad_bytes)
+        opt = optimizer_seconds(hw, params_local, bytes_per_param=MEGATRON_OPTIMIZER_BYTES)
         hidden = 0.0
+        if r.ddp_overlap and r.pp == 1:
+            # DDP's buckets all-reduce during the last microbatch's backward (no_sync before it)
+            tp_last = per_stage * (lt["tp_fwd"] + lt["tp_bwd"])
+            ov = overlap_step(fwd_compute=f - per_stage * lt["tp_fwd"], bwd_compute=bwd - per_stage * lt["tp_bwd"],
+                              exposed=tp_last, bwd_reduce=grad_sync, blocks=int(per_stage), slowdown=slow)
+            body = (m - 1) * slot + ov.step_time
+            hidden = ov.hidden
+            grad_sync = 0.0
+        exposed = (m + (r.pp - 1) / v) * (per_stage * (lt["tp_fwd"] + lt["tp_bwd"]) + p2p) + grad_sync
     total = body + grad_sync + opt
     return {"step": total, "optimizer": opt, "grad_sync": grad_sync, "exposed_comm": exposed,
             "hidden_comm": hidden, "microbatches": m}
@@ -214,30 +308,32 @@ def predicted(r: Run, t: float) -> float:
     return r.batch * r.seq / t / r.gpus
 
 
-def _megatron(name, heads, h, layers, tp, pp, gpus, batch, measured) -> Run:
+def _megatron(name, heads, h, layers, tp, pp, gpus, batch, measured, mbs, virtual, ddp) -> Run:
     return Run(name, "a100", layers, h, heads, 4 * h, 51200, 2048, batch, tp, pp, gpus // (tp * pp), measured,
-               "TFLOP/s/GPU", flash=False, dropout=True, recompute="full",
-               source="Narayanan et al. 2021 (SC21), Table 1")
+               "TFLOP/s/GPU", microbatch=mbs, virtual_stages=virtual, ddp_overlap=ddp == "torch", grad_bytes=2,
+               flash=False, dropout=True, recompute="full",
+               source="Narayanan et al. 2021 (SC21), Table 1; layout, microbatch, virtual stages and DDP as in "
+                      "Megatron-LM examples/sc21/run_table_1.sh")
 
 
 RUNS = [
-    _megatron("Megatron 1.7B", 24, 2304, 24, 1, 1, 32, 512, 137),
-    _megatron("Megatron 3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
-    _megatron("Megatron 7.5B", 32, 4096, 36, 4, 1, 128, 512, 142),
-    _megatron("Megatron 18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135),
-    _megatron("Megatron 39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138),
-    _megatron("Megatron 76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    _megatron("Megatron 145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148),
-    _megatron("Megatron 310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    _megatron("Megatron 529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163),
-    _megatron("Megatron 1T", 160, 25600, 128, 8, 64, 3072, 3072, 163),
-    Run("torchtitan Llama-3.1 8B", "h100", 32, 4096, 32, 14336, 128256, 8192, 16, 1, 1, 8, 5762, "tok/s/GPU",
+    _megatron("Megatron 1.7B", 24, 2304, 24, 1, 1, 32, 512, 137, 16, 1, "torch"),
+    _megatron("Megatron 3.6B", 32, 3072, 30, 2, 1, 64, 512, 138, 16, 1, "torch"),
+    _megatron("Megatron 7.5B", 32, 4096, 36, 4, 1, 128, 512, 142, 16, 1, "torch"),
+    _megatron("Megatron 18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135, 8, 1, "torch"),
+    _megatron("Megatron 39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138, 4, 1, "local"),
+    _megatron("Megatron 76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140, 2, 3, "local"),
+    _megatron("Megatron 145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148, 2, 2, "local"),
+    _megatron("Megatron 310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155, 1, 2, "local"),
+    _megatron("Megatron 529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 3, "local"),
+    _megatron("Megatron 1T", 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, 1, "local"),
+    Run("torchtitan Llama-3.1 8B", "h100-96gb-500w", 32, 4096, 32, 14336, 128256, 8192, 16, 1, 1, 8, 5762, "tok/s/GPU",
         kv_heads=8, microbatch=2, gated_mlp=True, recompute="selective", fsdp=True,
         source="torchtitan docs/performance.md (FSDP 8, selective AC)"),
     Run("torchtitan Llama-3 70B", "a100", 80, 8192, 64, 28672, 128256, 8192, 64, 1, 1, 64, 331, "tok/s/GPU",
         kv_heads=8, microbatch=1, gated_mlp=True, recompute="full", fsdp=True,
         source="torchtitan docs/performance.md (FSDP 64, full AC)"),
-    Run("torchtitan Llama-3.1 405B", "h100", 126, 16384, 128, 53248, 128256, 8192, 32, 8, 1, 16, 109, "tok/s/GPU",
+    Run("torchtitan Llama-3.1 405B", "h100-96gb-500w", 126, 16384, 128, 53248, 128256, 8192, 32, 8, 1, 16, 109, "tok/s/GPU",
         kv_heads=8, microbatch=2, gated_mlp=True, recompute="full", fsdp=True, sequence_parallel=True,
         source="torchtitan docs/performance.md (FSDP 16 x TP 8, full AC)"),
 ]

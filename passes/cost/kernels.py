@@ -22,11 +22,11 @@ peak-rate pricing, ``achievable(hw)`` is False):
 >>> from autoshard.passes.cost.hardware import PRESETS
 >>> h100 = PRESETS["h100"]
 >>> round(gemm_efficiency(h100, 1, 132 * 128, 1024, 8192), 3)  # whole waves of tiles: the measured cap
-0.801
+0.715
 >>> round(gemm_efficiency(h100, 1, 8192, 8192, 8192), 3)        # 2048 tiles of 128x256 = 15.5 waves
-0.777
+0.693
 >>> round(gemm_efficiency(h100, 1, 133 * 128, 1024, 8192), 3)  # 8 tiles over 8 waves: a ninth wave
-0.717
+0.64
 >>> gemm_efficiency(h100, 1, 16, 8192, 8192) < 0.1               # skinny: HBM-bound
 True
 """
