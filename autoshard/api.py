@@ -18,6 +18,7 @@ from typing import Any, Optional, Union
 import torch
 
 from autoshard.compiled import CompiledModel, PipelinedModel
+from autoshard.layout_plans import check_layout_arguments, plan_with_layout
 from autoshard.lever_args import (LEVER_KEYWORDS, block_types, check_block_levers, check_lever_values, lever_pins,
                                   microbatch, pin_levers)
 from autoshard.passes.capture.export import capture
@@ -122,8 +123,13 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
          random_seed: Optional[int] = None, time_limit_s: float = 30.0, pp: Union[None, int, str] = None,
          schedule: Optional[str] = None, microbatches: Optional[int] = None, stages: Optional[list] = None,
          accumulation: Optional[int] = None, checkpoint=None, reshard_after_forward=None,
-         mixed_precision: Optional[MixedPrecision] = None, expert_load=None, **pins) -> Union[Plan, PipelinedPlan]:
+         mixed_precision: Optional[MixedPrecision] = None, expert_load=None, layout=None,
+         **pins) -> Union[Plan, PipelinedPlan]:
     """Trace ``model`` and choose how to shard it over ``mesh``; needs no process group.
+
+    ``layout=autoshard.layouts.megatron(tp=8, ...)`` (or ``layouts.fsdp(...)``): price exactly that
+    layout instead of searching (``autoshard.layout_plans``); pins, levers other than
+    ``mixed_precision`` and pipeline keywords are then refused.
 
     ``mesh``: an int, a tuple of ints, an ``autoshard.Mesh`` or a ``DeviceMesh``. ``example_inputs``:
     a tuple of tensors (or a dict of keyword tensors) holding one GLOBAL batch; meta tensors are fine
@@ -155,6 +161,13 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
     ``PipelinedPlan`` (same surface; ``compile(..., plan=it)`` runs it under torchrun), or a ``Plan``
     when no pipeline is faster. Pass the whole model: repeated blocks are priced once inside.
     """
+    if layout is not None:
+        check_layout_arguments(layout, pp=pp, schedule=schedule, microbatches=microbatches, stages=stages,
+                               accumulation=accumulation, checkpoint=checkpoint, random_seed=random_seed,
+                               reshard_after_forward=reshard_after_forward, expert_load=expert_load, **pins)
+        return plan_with_layout(model, mesh, layout, example_inputs=example_inputs, loss_fn=loss_fn,
+                                example_target=example_target, hardware=hardware, memory_limit=memory_limit,
+                                optimizer=optimizer, time_limit_s=time_limit_s, mixed_precision=mixed_precision)
     if _pipeline_degree(pp) or any(v is not None for v in (schedule, microbatches, stages)):
         return _plan_pipeline(model, mesh, example_inputs=example_inputs, loss_fn=loss_fn,
                               example_target=example_target, hardware=hardware, memory_limit=memory_limit,
