@@ -166,8 +166,9 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
                                accumulation=accumulation, checkpoint=checkpoint, random_seed=random_seed,
                                reshard_after_forward=reshard_after_forward, expert_load=expert_load, **pins)
         return plan_with_layout(model, mesh, layout, example_inputs=example_inputs, loss_fn=loss_fn,
-                                example_target=example_target, hardware=hardware, memory_limit=memory_limit,
-                                optimizer=optimizer, time_limit_s=time_limit_s, mixed_precision=mixed_precision)
+                                example_target=example_target, hardware=resolve_hardware(hardware),
+                                memory_limit=memory_limit, optimizer=optimizer, time_limit_s=time_limit_s,
+                                mixed_precision=mixed_precision)
     if _pipeline_degree(pp) or any(v is not None for v in (schedule, microbatches, stages)):
         return _plan_pipeline(model, mesh, example_inputs=example_inputs, loss_fn=loss_fn,
                               example_target=example_target, hardware=hardware, memory_limit=memory_limit,

@@ -25,15 +25,17 @@ from typing import Any, Optional
 import torch
 
 from autoshard.layouts import Layout, LayoutError
-from autoshard.lever_args import microbatch
+from autoshard.lever_args import block_types, lever_pins, microbatch
 from autoshard.passes.capture.export import capture
 from autoshard.passes.levers import MixedPrecision
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.sharding.layout_placements import layout_pins
+from autoshard.passes.sharding.pins import Pins
+from autoshard.passes.solve.planner import plan_sharding
 from autoshard.pipelined_plans import PipelinedPlan
 from autoshard.pipelines import warn_per_microbatch
-from autoshard.plans import graph_fingerprint, plan_work
+from autoshard.plans import Plan, graph_fingerprint, plan_work
 
 __all__ = ["plan_with_layout", "check_layout_arguments", "global_batch_of"]
 
@@ -63,15 +65,15 @@ def plan_with_layout(model: torch.nn.Module, mesh: Any, layout: Layout, *, examp
                      mixed_precision: Optional[MixedPrecision] = None):
     """The plan of ``model`` run exactly as ``layout`` says (module docstring): a ``Plan``, or a
     ``PipelinedPlan`` when ``layout.pp > 1``. ``LayoutError`` when the layout does not fit the mesh
-    or the model; ``InfeasiblePlanError`` when it does not fit the memory limit."""
-    # imported here: api imports this module for plan(layout=)
-    from autoshard.api import hardware_label, plan_captured, resolve_hardware
+    or the model; ``InfeasiblePlanError`` when it does not fit the memory limit. ``hardware``: resolved
+    (a preset name, a profile path or a ``Hardware``; not "auto")."""
     if loss_fn is None or example_target is None:
         raise LayoutError("a layout is a training layout: pass loss_fn= and example_target=")
     world = Mesh.of(mesh).size
     batch = global_batch_of(example_inputs)
     pmesh, axes = layout.planning_mesh(mesh)
-    hw = resolve_hardware(hardware)
+    hw = hardware
+    label = hw if isinstance(hw, str) else str(getattr(hw, "name", "custom"))
     param_dtype = None if mixed_precision is None else mixed_precision.param_dtype
     if layout.pp > 1:
         if mixed_precision is not None:
@@ -87,22 +89,16 @@ def plan_with_layout(model: torch.nn.Module, mesh: Any, layout: Layout, *, examp
         for stage in chosen.stages:
             if stage.solution is not None:
                 stage.solution.solver_stats["layout"] = layout.describe()
-        return PipelinedPlan(chosen, pmesh, hardware_label(hw), graph_fingerprint(captured), captured,
+        return PipelinedPlan(chosen, pmesh, label, graph_fingerprint(captured), captured,
                              plan_work(captured, hw, pmesh.size), warn_per_microbatch(captured, chosen.microbatches))
     k = layout.accumulation(batch, world)
     inputs, target = microbatch(example_inputs, example_target, k)
     captured = capture(model, inputs, loss_fn=loss_fn, target=target, param_dtype=param_dtype)
     pins = layout_pins(captured, pmesh, axes, sequence_parallel=layout.sequence_parallel)
     reshard = layout.keeps_gathered_parameters if axes.shard else False
-    plan = plan_captured(captured, pmesh, hardware=hw, memory_limit=memory_limit, optimizer=optimizer,
-                         time_limit_s=time_limit_s, pins=pins, accumulation=k,
-                         checkpoint=layout.recompute if _has_blocks(captured) else None,
-                         reshard_after_forward=reshard if _has_blocks(captured) else None,
-                         mixed_precision=mixed_precision)
-    plan.solution.solver_stats["layout"] = layout.describe()
-    return plan
-
-
-def _has_blocks(captured) -> bool:
-    from autoshard.lever_args import block_types
-    return bool(block_types(captured))
+    blocks = bool(block_types(captured))
+    levers = lever_pins(k, layout.recompute if blocks else None, reshard if blocks else None, mixed_precision)
+    solution = plan_sharding(captured, pmesh, hardware=hw, memory_limit=memory_limit, pins=Pins(**pins),
+                             optimizer=optimizer, time_limit_s=time_limit_s, levers=levers, traced_at_microbatch=True)
+    solution.solver_stats["layout"] = layout.describe()
+    return Plan.build(solution, pmesh, hw, captured)
