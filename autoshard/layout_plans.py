@@ -30,7 +30,7 @@ from autoshard.passes.capture.export import capture
 from autoshard.passes.levers import MixedPrecision
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
-from autoshard.passes.sharding.layout_placements import layout_pins
+from autoshard.passes.sharding.layout_placements import check_tensor_parallel, layout_pins, tensor_parallel_roles
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.pipelined_plans import PipelinedPlan
@@ -81,6 +81,7 @@ def plan_with_layout(model: torch.nn.Module, mesh: Any, layout: Layout, *, examp
                               "in the model's dtype); pass pp=1 or drop mixed_precision")
         m = layout.pipeline_microbatches(batch, world)
         captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
+        check_tensor_parallel(captured, tensor_parallel_roles(captured), layout.tp)
         dp = layout.data_parallel(world)
         # the stage planner's pins: pp, the (dp, tp) submesh, schedule, microbatches
         chosen = plan_pipeline(captured, pmesh, hardware=hw, memory_limit=memory_limit, optimizer=optimizer,

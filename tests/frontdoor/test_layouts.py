@@ -165,3 +165,8 @@ def test_layouts_round_trip_through_text_and_json():
         layouts.parse("zero3:tp=2")
     with pytest.raises(LayoutError, match="takes"):
         layouts.parse("fsdp:tpp=2")
+
+
+def test_pipelined_layout_checks_tp_against_the_heads_too():
+    with pytest.raises(LayoutError, match=r"tp=8 does not divide the 4 query heads"):
+        plan_gpt(layouts.megatron(tp=8, pp=2), mesh=16, model=gpt_meta(layers=4))
