@@ -157,8 +157,11 @@ def plan_summary(plan) -> str:
     factors = {} if captured is None else {n.name: capacity_factor_of(n) for n in moe_nodes(captured.gm)}
     out += moe_lines(sol.strategies, mesh, factors)
     stats = getattr(sol, "solver_stats", {}) or {}
-    if stats:
-        out.append("  solver: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
+    if stats.get("layout"):
+        out.insert(1, f"  layout: {stats['layout']} (priced as given: autoshard.layouts, nothing searched)")
+    shown = {k: v for k, v in stats.items() if k not in ("layout", "finalists")}  # each has its own line
+    if shown:
+        out.append("  solver: " + ", ".join(f"{k} {v}" for k, v in shown.items()))
     return "\n".join(out)
 
 

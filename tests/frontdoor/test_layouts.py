@@ -170,3 +170,9 @@ def test_layouts_round_trip_through_text_and_json():
 def test_pipelined_layout_checks_tp_against_the_heads_too():
     with pytest.raises(LayoutError, match=r"tp=8 does not divide the 4 query heads"):
         plan_gpt(layouts.megatron(tp=8, pp=2), mesh=16, model=gpt_meta(layers=4))
+
+
+def test_summary_names_the_layout():
+    layout = layouts.fsdp(checkpoint="full")
+    text = plan_gpt(layout, mesh=8).summary()
+    assert f"layout: {layout.describe()} (priced as given" in text.splitlines()[1]
