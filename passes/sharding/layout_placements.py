@@ -20,7 +20,8 @@ An ``aten.embedding`` whose indices come from a user input (or the target) is vo
 tp); one indexed by computed positions (``arange``) stays replicated, as Megatron keeps its learned
 position embedding. Every other parameter (norm weights, biases of row-parallel layers) is
 replicated over tp. Over the data-parallel axes a parameter is replicated (``axes.replicate``: DDP,
-HSDP replicas) or sharded on its first dim that divides (``axes.shard``: FSDP / ZeRO); over the
+HSDP replicas) or sharded on its first dim that divides, other than tp's (``axes.shard``: FSDP /
+ZeRO; ``_shard_dim`` says why); over the
 context-parallel axis it is replicated.
 
 ``LayoutError`` names what makes a layout impossible for this model: tp not dividing the attention
@@ -188,12 +189,17 @@ def check_tensor_parallel(captured: CapturedGraph, roles: TensorParallelRoles, t
 
 
 def _shard_dim(shape, mesh: Mesh, axes: LayoutAxes, tp_dim: Optional[int]) -> Optional[int]:
-    """The first dim of a parameter that divides over the shard axes (and tp, when tp splits the same dim)."""
+    """The dim of a parameter the shard axes split: the first that divides, other than the one tp splits.
+    Sharding tp's dim again over dp (``(S(0), S(0))``) would nest dp outside tp, and gathering it back
+    to tp's shard is a full reshuffle, not the all-gather FSDP does (torchtitan keeps tp outside with
+    ``_StridedShard``); only when no other dim divides is tp's own dim used."""
     n = math.prod(mesh.shape[a] for a in axes.shard)
     tp = mesh.shape[axes.tp] if axes.tp is not None else 1
     for d, size in enumerate(shape):
-        if size % (n * (tp if d == tp_dim else 1)) == 0:
+        if d != tp_dim and size % n == 0:
             return d
+    if tp_dim is not None and shape[tp_dim] % (n * tp) == 0:
+        return tp_dim
     return None
 
 

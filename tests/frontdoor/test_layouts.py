@@ -90,7 +90,7 @@ def test_megatron_without_sequence_parallel_keeps_norms_replicated_over_tp():
 def test_megatron_distributed_optimizer_shards_over_dp_and_keeps_gathered_copies():
     plan = plan_gpt(layouts.megatron(tp=2, recompute="none", distributed_optimizer=True, microbatch_size=2))
     pls = plan.param_placements
-    assert tuple(pls["blocks.0.q.weight"]) == (S0, S0)  # dp shards dim 0 of the tp shard
+    assert tuple(pls["blocks.0.q.weight"]) == (S1, S0)  # dp shards the dim tp does not
     assert tuple(pls["blocks.0.o.weight"]) == (S0, S1)
     assert tuple(pls["blocks.0.ln1.weight"]) == (S0, R)
     assert all(not p.reshard_after_forward for p in plan.solution.levers.blocks.values())
