@@ -81,6 +81,8 @@ class Layout:
         if self.schedule not in ("1f1b", "gpipe", "interleaved-1f1b"):
             raise LayoutError(f"{self.kind} layout: schedule={self.schedule!r}; choose '1f1b', 'gpipe' or "
                               "'interleaved-1f1b' (with virtual_stages= > 1)")
+        if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
+            raise LayoutError("schedule='interleaved-1f1b' runs several stages per rank: pass virtual_stages= >= 2")
         if self.virtual_stages > 1 and self.pp == 1:
             raise LayoutError(f"virtual_stages={self.virtual_stages} needs a pipeline: pass pp= > 1")
         if self.dp is not None and self.dp % self.replicas:
@@ -150,7 +152,7 @@ class Layout:
         """The pipeline schedule's registry name (``passes/pipeline/schedule/registry.py``)."""
         if self.virtual_stages > 1:
             return f"interleaved-1f1b-v{self.virtual_stages}"
-        return "interleaved-1f1b" if self.schedule == "interleaved-1f1b" else self.schedule
+        return self.schedule
 
     @property
     def keeps_gathered_parameters(self) -> bool:

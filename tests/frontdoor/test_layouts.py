@@ -147,6 +147,8 @@ def test_bad_layouts_name_the_cause():
         plan_gpt(layouts.megatron(tp=2, microbatch_size=4))
     with pytest.raises(LayoutError, match="recompute="):
         layouts.megatron(tp=2, recompute="some")
+    with pytest.raises(LayoutError, match="pass virtual_stages= >= 2"):
+        layouts.megatron(tp=2, pp=2, schedule="interleaved-1f1b")
     with pytest.raises(LayoutError, match="expert parallelism"):
         layouts.megatron(ep=2)
     with pytest.raises(TypeError, match="cannot be combined with layout="):
