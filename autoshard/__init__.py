@@ -32,10 +32,10 @@ _LAZY = {
     "set_moe_capacity_factor": "autoshard.passes.capture.moe_experts",
     "measure_expert_load": "autoshard.expert_load",
 }
-_SUBMODULES = ("presets", "checkpoint", "elastic")
+_SUBMODULES = ("presets", "checkpoint", "elastic", "layouts")
 
 __all__ = ["plan", "compile", "load_plan", "register_sharding", "Plan", "PipelinedPlan", "Mesh", "Shard", "Replicate",
-           "Partial", "MixedPrecision", "presets", "checkpoint", "elastic", "AutoshardError", "TraceError", "MeshError",
+           "Partial", "MixedPrecision", "presets", "checkpoint", "elastic", "layouts", "AutoshardError", "TraceError", "MeshError",
            "InfeasiblePlanError", "StageCutError", "BatchError", "PlanFormatError", "CheckpointError",
            "BatchCouplingWarning", "set_moe_capacity_factor", "measure_expert_load"]
 

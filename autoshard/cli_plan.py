@@ -2,6 +2,7 @@
 
     autoshard plan SPEC --mesh 8x8 --batch 16 --seq 8192 --hardware h100 [--dtype bf16] [--pp auto]
                    [--memory-limit 80GB] [--out plan.json] [--svg plan.svg]
+                   [--layout megatron:tp=8,pp=16 | --compare fsdp:checkpoint=full]
     autoshard explain plan.json NAME        # a parameter or op: its choice, the next best, what binds
     autoshard diff a.json b.json            # placements, collectives, time and memory that differ
 
@@ -14,7 +15,9 @@ strategies with the plan's cost model; for a plan saved from Python, give ``--sp
 ``--seq``, ``--dtype``) to explain. ``plan`` is ``autoshard.plan`` on the built model (memory levers
 chosen the same way); with ``--pp`` it may return a pipelined plan, written as
 ``PipelinedPlan.save`` writes it (``autoshard.load_plan`` and ``compile(..., plan=)`` read it;
-``explain``/``diff`` read plain plans only).
+``explain``/``diff`` read plain plans only). ``--layout`` prices that layout (``autoshard.layouts.parse``)
+instead of searching; ``--compare`` plans both and prints them side by side
+(``autoshard.layout_compare``), writing autoshard's plan.
 
 This module imports nothing heavy at import time (``autoshard solve`` stays torch-free); each command
 loads the planner when it runs.
@@ -105,6 +108,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--time-limit", type=float, default=60.0, help="solver seconds")
     p.add_argument("--out", default="plan.json", help="where to write the plan (JSON)")
     p.add_argument("--svg", default=None, help="also draw the plan here (.svg or .png)")
+    p.add_argument("--layout", default=None, help="price this layout instead of searching, e.g. megatron:tp=8,pp=16 "
+                   "or fsdp:tp=8,checkpoint=full (autoshard.layouts)")
+    p.add_argument("--compare", default=None, metavar="LAYOUT",
+                   help="also price LAYOUT and print it next to autoshard's plan (step, memory, MFU, exposed comm)")
     e = sub.add_parser("explain", help="why a plan placed a parameter or op as it did")
     e.add_argument("plan", help="a plan written by `autoshard plan` (or Plan.save, with --spec)")
     e.add_argument("name", help="a parameter name (model.named_parameters()) or an op node name")
@@ -129,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     import autoshard.api
+    from autoshard.layout_compare import compare_table, row_of
+    from autoshard.layouts import parse as parse_layout
     from autoshard.model_specs import build_model
     from autoshard.passes.mesh import Mesh
     from autoshard.plans import Plan
@@ -141,15 +150,24 @@ def _plan(args: argparse.Namespace) -> int:
         progress.stage("building the model")
         built = build_model(args.spec, batch=args.batch, seq=args.seq, dtype=args.dtype)
         progress.stage("tracing and solving")
-        plan = autoshard.api.plan(built.model, mesh, example_inputs=built.example_inputs, loss_fn=built.loss_fn,
-                                  example_target=built.example_target, hardware=args.hardware, memory_limit=limit,
-                                  optimizer=args.optimizer, time_limit_s=args.time_limit, pp=pp)
+        common = dict(example_inputs=built.example_inputs, loss_fn=built.loss_fn, example_target=built.example_target,
+                      hardware=args.hardware, memory_limit=limit, optimizer=args.optimizer, time_limit_s=args.time_limit)
+        layout = parse_layout(args.layout) if args.layout else None
+        plan = autoshard.api.plan(built.model, mesh, pp=pp, layout=layout, **common)
+        theirs = None
+        if args.compare:
+            compared = parse_layout(args.compare)
+            progress.stage(f"pricing {compared.describe()}")
+            theirs = autoshard.api.plan(built.model, mesh, layout=compared, **common)
     if isinstance(plan, Plan):
         plan.source = {**built.source, "memory_limit": limit, "optimizer": args.optimizer}
     n_params = sum(t.numel() for t in built.model.parameters())
     print(f"{built.description}: {_count(n_params)} parameters, global batch {args.batch}, seq {args.seq}, "
           f"{args.dtype}; planned in {time.perf_counter() - start:.1f} s")
     print(plan.summary())
+    if theirs is not None:
+        print(f"\nside by side, priced by the same cost model; ratios over {compared.describe()}:")
+        print(compare_table([(args.layout or "autoshard", row_of(plan)), (args.compare, row_of(theirs))]))
     plan.save(args.out)
     print(f"plan written to {args.out}")
     if args.svg:

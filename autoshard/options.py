@@ -57,6 +57,8 @@ class PlanOptions:
     microbatches: Optional[int] = None
     stages: Optional[tuple] = None
     expert_load: Any = None
+    #: ``autoshard.layouts.Layout``: price exactly that layout (``autoshard.layout_plans``), no search
+    layout: Any = None
     levers: Mapping[str, Any] = field(default_factory=dict)
     pins: Mapping[str, Any] = field(default_factory=dict)
 
@@ -133,6 +135,9 @@ class PlanOptions:
         takes no pin at all), and a saved pipelined plan (``saved``) runs as saved."""
         if entry not in ENTRIES:
             raise ValueError(f"entry {entry!r}: one of {list(ENTRIES)}")
+        if self.layout is not None and entry != "plan":
+            raise TypeError(f"layout= is taken by autoshard.plan only: price it with plan = autoshard.plan(..., "
+                            f"layout=...), then run that plan with {entry.replace('-', '_')}(..., plan=plan)")
         pipelined_plan = isinstance(saved, PipelinedPlan)
         if pipelined_plan:
             if self.levers:

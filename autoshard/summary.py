@@ -99,10 +99,23 @@ def overlap_lines(sol, hardware=None) -> list[str]:
             band = [error_band_line()]
     except AutoshardError:
         band = []
-    return band + [f"  with overlap (communication on its own stream): step {human_time(est['overlapped_step_s'])}; "
+    return band + _finalists_lines(sol) + [f"  with overlap (communication on its own stream): step {human_time(est['overlapped_step_s'])}; "
             f"communication exposed {human_time(est['exposed_communication_s'])}, hidden under compute "
             f"{human_time(est['hidden_communication_s'])}; compute slowed {human_time(est['overlap_slowdown_s'])} "
             f"by collectives sharing the SMs"]
+
+
+def _finalists_lines(sol) -> list[str]:
+    """How the plan was picked among the lever search's finalists (``passes/solve/finalists.py``)."""
+    rec = (getattr(sol, "solver_stats", None) or {}).get("finalists")
+    if not rec:
+        return []
+    line = (f"  chosen by the overlap model's step among {rec['count']} finalist(s) of the additive search "
+            f"(the ILP minimises the additive sum)")
+    if rec.get("changed"):
+        line += (f": the additive choice would run {human_time(rec['additive_choice_overlapped_s'])} with overlap, "
+                 f"this plan {human_time(rec['chosen_overlapped_s'])}")
+    return [line]
 
 
 def plan_summary(plan) -> str:
@@ -144,8 +157,11 @@ def plan_summary(plan) -> str:
     factors = {} if captured is None else {n.name: capacity_factor_of(n) for n in moe_nodes(captured.gm)}
     out += moe_lines(sol.strategies, mesh, factors)
     stats = getattr(sol, "solver_stats", {}) or {}
-    if stats:
-        out.append("  solver: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
+    if stats.get("layout"):
+        out.insert(1, f"  layout: {stats['layout']} (priced as given: autoshard.layouts, nothing searched)")
+    shown = {k: v for k, v in stats.items() if k not in ("layout", "finalists")}  # each has its own line
+    if shown:
+        out.append("  solver: " + ", ".join(f"{k} {v}" for k, v in shown.items()))
     return "\n".join(out)
 
 

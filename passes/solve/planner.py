@@ -58,6 +58,7 @@ from autoshard.passes.solve.blocks import block_map
 from autoshard.passes.solve.clustering import output_slot
 from autoshard.passes.solve.ilp import ILPResult, lp_bound, solve
 from autoshard.passes.solve.lever_costs import POLICIES, KEEP, LeverPricer
+from autoshard.passes.solve.finalists import pick_finalist
 from autoshard.passes.solve.lever_graph import LeverGraph, build_lever_graph
 from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.strategy_graph import fix_policies
@@ -217,6 +218,7 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
     ks = search.accumulations()
     combos = search.combinations()
     best: Optional[_Found] = None
+    finalists: list[_Found] = []  # every plan that fit and became the additive best, in order
     tried: dict[int, str] = {}
     pruned: dict[tuple, list[int]] = {}  # combination -> k's whose multiples cannot beat the best
     floor = None  # no plan of any lever is faster (see _fastest_bound)
@@ -226,6 +228,7 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
         unlevered = None  # its additive bytes fit, its peak does not: the search below tightens
     if unlevered is not None:
         best = unlevered
+        finalists.append(best)
         tried[ks[0]] = "UNCONSTRAINED/" + unlevered.result.status
         tried.update({k: "NOT_NEEDED" for k in ks[1:]})  # more microsteps only add work
     for k in ([] if unlevered is not None else ks):
@@ -266,9 +269,12 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
                 found = _Found(k, problem, graph, result, result.cost * k)
                 if _evaluated(search, found).estimated_memory <= limit:
                     best = found
+                    finalists.append(best)
             if best is not None and floor is not None and best.step_time <= floor * (1 + 1e-6):
                 break  # provably the fastest plan
         tried[k] = "/".join(statuses)
+    if finalists:  # the ILP ranks by the additive sum; the overlap model picks among what it found
+        best, rescored = pick_finalist(finalists, lambda f: _evaluated(search, f))
     status = None if best is None else best.result.status
     if best is None:
         if last is None:
@@ -290,6 +296,8 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
              "clusters": clustering.num_clusters, "nodes": sum(len(m) for m in clustering.members),
              "ilp_nodes": best.result.stats.get("ilp_nodes"), "ilp_edges": len(best.lever_graph.graph.edges),
              "objective_s": best.step_time, "accumulation_tried": {str(k): v for k, v in tried.items()}}
+    if finalists:
+        stats["finalists"] = rescored
     search.warn_if_coupled(best.k, stats)
     sol.solver_stats = stats
     return sol

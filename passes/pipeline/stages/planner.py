@@ -75,13 +75,14 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                   memory_limit: Optional[float] = None, optimizer: Union[str, float] = "adamw",
                   pp: Optional[int] = None, schedule: Optional[str] = None, microbatches: Optional[int] = None,
                   stages: Optional[Sequence[Union[int, str]]] = None, time_limit_s: float = 60.0,
-                  fold_blocks: bool = True) -> PipelinePlan:
+                  fold_blocks: bool = True, shapes: Optional[Sequence[tuple[int, int]]] = None) -> PipelinePlan:
     """The fastest pipeline plan (simulated step time) that fits ``memory_limit`` bytes per device;
     ``pp == 1`` means "no pipeline": the core plan on the whole mesh (``stages[0].solution``).
 
     ``fold_blocks``: a program with many identical blocks is priced through its shallow copy
     (``shallow.shallow_program``: each kept block counted for the cut ones); the stages, their
-    intra-op plans and the core plan are still the deep program's. False prices every block."""
+    intra-op plans and the core plan are still the deep program's. False prices every block.
+    ``shapes``: only these (dp, tp) submeshes per rank group (a pinned layout's)."""
     t0 = time.perf_counter()
     mesh = Mesh.of(mesh)
     hw = get_hardware(hardware)
@@ -119,7 +120,8 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     profiles = plan_candidates(shallow.captured if shallow else captured, mesh, pps, hardware=hw, optimizer=optimizer,
                                memory_limit=limit, units=shallow.units if shallow else units,
                                blocks=shallow.blocks if shallow else None, quick_s=min(2.0, time_limit_s / 4),
-                               thorough_s=min(30.0, time_limit_s / 2), stats=candidates, deep_chain=True)
+                               thorough_s=min(30.0, time_limit_s / 2), stats=candidates, deep_chain=True,
+                               shapes=shapes)
     left = max(1.0, time_limit_s - (time.perf_counter() - t0))
     best, stats = search_stages(profiles, mesh, hardware=hw, memory_limit=limit, batch=batch, schedules=schedules,
                                 microbatches=microbatches, starts=starts, time_limit_s=left)

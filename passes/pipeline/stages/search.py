@@ -80,20 +80,21 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
 def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, hardware: Hardware, optimizer,
                     memory_limit: float, units: Optional[list[LayerUnit]] = None, blocks: Optional[int] = None,
                     single: bool = False, quick_s: float = 2.0, thorough_s: float = 10.0, finalists: int = 3,
-                    stats: Optional[dict] = None, deep_chain: bool = False
+                    stats: Optional[dict] = None, deep_chain: bool = False,
+                    shapes: Optional[Sequence[tuple[int, int]]] = None
                     ) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
     """``profile_candidates`` in two passes: every candidate's intra-op ILP capped at ``quick_s``,
     then the ``finalists`` whose quick plans rank best (``closed_form_best``: no simulation, a few ms
     each) solved again for up to ``thorough_s`` when the quick solve was not proven optimal; a
     re-solve replaces the quick plan only if it ranks better (``deep_chain``: as in
-    ``profile_candidates``). ``stats``: per-candidate
+    ``profile_candidates``; ``shapes``: only these (dp, tp) submeshes). ``stats``: per-candidate
     wall times and statuses, the finalists, and each pass's seconds."""
     stats = stats if stats is not None else {}
     t0 = time.perf_counter()
     per: dict = {}
     profiles = profile_candidates(captured, mesh, pps, hardware=hardware, optimizer=optimizer,
                                   memory_limit=memory_limit, units=units, blocks=blocks, single=single,
-                                  time_limit_s=quick_s, stats=per, deep_chain=deep_chain)
+                                  time_limit_s=quick_s, stats=per, deep_chain=deep_chain, shapes=shapes)
     batch = global_batch(captured)
     t1 = time.perf_counter()
 

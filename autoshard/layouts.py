@@ -1,0 +1,237 @@
+"""Published layouts as values: price the layout you run today next to autoshard's plan.
+
+>>> L = megatron(tp=2, pp=1, microbatch_size=2, recompute="selective")
+>>> L.describe()
+'megatron:tp=2,pp=1,cp=1,ep=1,virtual_stages=1,microbatch_size=2,schedule=1f1b,recompute=selective,sequence_parallel=True,distributed_optimizer=False'
+>>> parse(L.describe()) == L
+True
+>>> fsdp(tp=8, replicas=2, checkpoint="full").describe()
+'fsdp:tp=8,pp=1,cp=1,virtual_stages=1,schedule=1f1b,recompute=full,reshard_after_forward=True,replicas=2'
+
+``autoshard.plan(model, mesh, ..., layout=L)`` prices exactly ``L`` (``autoshard.layout_plans``):
+
+- ``megatron(tp, pp, dp=None, cp=1, ep=1, virtual_stages=1, microbatch_size=1, schedule="1f1b",
+  recompute="full"|"selective"|"none", sequence_parallel=True, distributed_optimizer=False)``:
+  Megatron-LM's tensor parallel (column/row-parallel matmul pairs found from the graph, vocab-parallel
+  embedding and head, sequence-parallel norms), data parallel with replicated parameters (or, with
+  the distributed optimizer, ZeRO-1's traffic: gradients reduce-scattered and parameters gathered
+  once per step over dp), gradient accumulation of ``batch / (dp x microbatch_size)`` microbatches.
+- ``fsdp(tp=1, pp=1, cp=1, checkpoint="none", reshard_after_forward=True, replicas=1, ...)``:
+  torchtitan's FSDP2 (parameters, gradients and optimizer state sharded over the data-parallel
+  ranks; ``replicas > 1``: HSDP, sharded inside each of ``replicas`` groups, replicated across them)
+  with TP, PP and CP as torchtitan applies them.
+
+The mesh's devices are laid out row-major with tp fastest, then cp, then data parallel, then the
+pipeline (Megatron's and torchtitan's order): the plan's mesh is that logical mesh, of the same
+size as the one given (``planning_mesh``). A layout that does not fit the mesh or the model is a
+``LayoutError`` naming the cause.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Optional
+
+from autoshard.passes.levers import CHECKPOINT_POLICIES
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.sharding.layout_placements import LayoutAxes, LayoutError
+
+__all__ = ["Layout", "LayoutError", "megatron", "fsdp", "parse", "KINDS"]
+
+KINDS = ("megatron", "fsdp")
+_MEGATRON_ONLY = ("ep", "sequence_parallel", "distributed_optimizer")
+_FSDP_ONLY = ("reshard_after_forward", "replicas")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One hand-written layout. ``kind``: "megatron" or "fsdp"; the degrees (``dp`` None: what the
+    mesh leaves); ``microbatch_size``: sequences per data-parallel rank per microbatch (None: the
+    whole local batch at once for FSDP without a pipeline, 1 with one); ``recompute``: the
+    activation-checkpoint policy of every repeated block; the rest as ``megatron`` / ``fsdp`` say.
+    Frozen and JSON-able (``to_json`` / ``from_json``, ``describe`` / ``parse``)."""
+    kind: str
+    tp: int = 1
+    pp: int = 1
+    dp: Optional[int] = None
+    cp: int = 1
+    ep: int = 1
+    virtual_stages: int = 1
+    microbatch_size: Optional[int] = None
+    schedule: str = "1f1b"
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = False
+    reshard_after_forward: bool = True
+    replicas: int = 1
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise LayoutError(f"layout kind {self.kind!r}: choose one of {list(KINDS)}")
+        for name in ("tp", "pp", "cp", "ep", "virtual_stages", "replicas"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise LayoutError(f"{self.kind} layout: {name}={v!r}; pass an int >= 1")
+        for name in ("dp", "microbatch_size"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise LayoutError(f"{self.kind} layout: {name}={v!r}; pass an int >= 1 (or None)")
+        if self.recompute not in CHECKPOINT_POLICIES:
+            raise LayoutError(f"{self.kind} layout: recompute={self.recompute!r}; choose one of "
+                              f"{list(CHECKPOINT_POLICIES)}")
+        if self.schedule not in ("1f1b", "gpipe", "interleaved-1f1b"):
+            raise LayoutError(f"{self.kind} layout: schedule={self.schedule!r}; choose '1f1b', 'gpipe' or "
+                              "'interleaved-1f1b' (with virtual_stages= > 1)")
+        if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
+            raise LayoutError("schedule='interleaved-1f1b' runs several stages per rank: pass virtual_stages= >= 2")
+        if self.virtual_stages > 1 and self.pp == 1:
+            raise LayoutError(f"virtual_stages={self.virtual_stages} needs a pipeline: pass pp= > 1")
+        if self.dp is not None and self.dp % self.replicas:
+            raise LayoutError(f"replicas={self.replicas} does not divide dp={self.dp}")
+
+    # ---- degrees and the logical mesh -------------------------------------------------------------
+    def data_parallel(self, world: int) -> int:
+        """dp for a mesh of ``world`` devices; ``LayoutError`` showing the arithmetic when it does not fit."""
+        rest = self.tp * self.cp * self.pp
+        if self.dp is not None:
+            if rest * self.dp != world:
+                raise LayoutError(f"layout tp*cp*pp*dp = {self.tp}*{self.cp}*{self.pp}*{self.dp} = {rest * self.dp} "
+                                  f"!= mesh size {world}: change a degree or the mesh")
+            return self.dp
+        if world % rest:
+            raise LayoutError(f"layout tp*cp*pp = {self.tp}*{self.cp}*{self.pp} = {rest} does not divide the mesh "
+                              f"size {world}: change a degree or the mesh")
+        dp = world // rest
+        if dp % self.replicas:
+            raise LayoutError(f"replicas={self.replicas} does not divide dp = {world} / {rest} = {dp}")
+        return dp
+
+    def planning_mesh(self, mesh) -> tuple[Mesh, LayoutAxes]:
+        """The logical mesh the layout runs on (same devices as ``mesh``, row-major, tp fastest) and
+        which of its axes carry what. Without a pipeline: (replicas, dp, cp, tp) with axes of size 1
+        dropped; with one: (pp x dp, tp), the stage planner's view (its first axis cut into pp groups)."""
+        world = Mesh.of(mesh).size
+        dp = self.data_parallel(world)
+        if self.pp > 1:
+            if self.cp > 1:
+                raise LayoutError("cp > 1 together with pp > 1 is not priced yet: the stage planner plans each "
+                                  "stage's sequence split itself; pass cp=1 or pp=1")
+            return Mesh((self.pp * dp, self.tp), ("pp_dp", "tp")), LayoutAxes(tp=1)
+        replicate_over_dp = self.kind == "megatron" and not self.distributed_optimizer
+        sizes = [("replica", self.replicas), ("dp", dp // self.replicas), ("cp", self.cp), ("tp", self.tp)]
+        kept = [(n, s) for n, s in sizes if s > 1] or [("dp", 1)]
+        names = [n for n, _ in kept]
+        replicate = tuple(i for i, n in enumerate(names) if n == "replica" or (n == "dp" and replicate_over_dp))
+        shard = tuple(i for i, n in enumerate(names) if n == "dp" and not replicate_over_dp and dp > 1)
+        axes = LayoutAxes(replicate=replicate, shard=shard, cp=names.index("cp") if "cp" in names else None,
+                          tp=names.index("tp") if "tp" in names else None)
+        return Mesh(tuple(s for _, s in kept), tuple(names)), axes
+
+    # ---- levers and schedule --------------------------------------------------------------------
+    def accumulation(self, batch: int, world: int) -> int:
+        """Microsteps of one step without a pipeline: batch / (dp x microbatch_size)."""
+        return self._microbatches(batch, world, default=None)
+
+    def pipeline_microbatches(self, batch: int, world: int) -> int:
+        """Pipeline microbatches of one step: batch / (dp x microbatch_size), microbatch_size 1 by default."""
+        return self._microbatches(batch, world, default=1)
+
+    def _microbatches(self, batch: int, world: int, default: Optional[int]) -> int:
+        dp = self.data_parallel(world)
+        mbs = self.microbatch_size if self.microbatch_size is not None else default
+        if mbs is None:
+            if batch % dp:
+                raise LayoutError(f"the global batch {batch} does not split over dp={dp}")
+            return 1
+        if batch % (dp * mbs):
+            raise LayoutError(f"the global batch {batch} is not a multiple of dp x microbatch_size = {dp} x {mbs} = "
+                              f"{dp * mbs}: change the batch or microbatch_size")
+        return batch // (dp * mbs)
+
+    @property
+    def schedule_name(self) -> str:
+        """The pipeline schedule's registry name (``passes/pipeline/schedule/registry.py``)."""
+        if self.virtual_stages > 1:
+            return f"interleaved-1f1b-v{self.virtual_stages}"
+        return self.schedule
+
+    @property
+    def keeps_gathered_parameters(self) -> bool:
+        """reshard_after_forward's value: FSDP's own; Megatron's distributed optimizer gathers once per step."""
+        return self.reshard_after_forward if self.kind == "fsdp" else False
+
+    # ---- text and JSON ---------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Layout":
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise LayoutError(f"layout fields {unknown} are unknown; fields are {[f.name for f in fields(cls)]}")
+        return cls(**d)
+
+    def describe(self) -> str:
+        """``kind:key=value,...`` with the fields this kind takes (``parse`` reads it back)."""
+        skip = _FSDP_ONLY if self.kind == "megatron" else _MEGATRON_ONLY
+        items = [f"{k}={v}" for k, v in asdict(self).items() if k != "kind" and k not in skip
+                 and not (k == "dp" and v is None) and not (k == "microbatch_size" and v is None)]
+        return f"{self.kind}:" + ",".join(items)
+
+
+def megatron(tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1, ep: int = 1, virtual_stages: int = 1,
+             microbatch_size: int = 1, schedule: str = "1f1b", recompute: str = "full", sequence_parallel: bool = True,
+             distributed_optimizer: bool = False) -> Layout:
+    """Megatron-LM's layout (module docstring). ``recompute``: "full" | "selective" | "none"."""
+    if ep != 1:
+        raise LayoutError(f"megatron(ep={ep}): expert parallelism is not priced by layouts yet; pass ep=1 (or let "
+                          "autoshard.plan choose expert parallelism)")
+    return Layout("megatron", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, virtual_stages=virtual_stages,
+                  microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
+                  sequence_parallel=bool(sequence_parallel and tp > 1), distributed_optimizer=distributed_optimizer)
+
+
+def fsdp(tp: int = 1, pp: int = 1, cp: int = 1, checkpoint: str = "none", reshard_after_forward: bool = True,
+         replicas: int = 1, dp: Optional[int] = None, microbatch_size: Optional[int] = None, schedule: str = "1f1b",
+         virtual_stages: int = 1) -> Layout:
+    """torchtitan's FSDP2 / HSDP (``replicas``) + TP (sequence parallel, as torchtitan applies it) + PP +
+    CP. ``checkpoint``: torchtitan's activation checkpointing ("none" | "selective" | "full")."""
+    return Layout("fsdp", tp=tp, pp=pp, dp=dp, cp=cp, virtual_stages=virtual_stages, microbatch_size=microbatch_size,
+                  schedule=schedule, recompute=checkpoint, sequence_parallel=tp > 1,
+                  reshard_after_forward=reshard_after_forward, replicas=replicas)
+
+
+def _value(key: str, text: str):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if text.lower() == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def parse(text: str) -> Layout:
+    """``"megatron:tp=8,pp=16"`` / ``"fsdp:tp=8,checkpoint=full"`` -> the Layout (the CLI's ``--layout``).
+    Keys are the keywords of ``megatron`` / ``fsdp``; ``LayoutError`` names a bad one."""
+    kind, _, rest = text.partition(":")
+    kind = kind.strip()
+    factories = {"megatron": megatron, "fsdp": fsdp}
+    if kind not in factories:
+        raise LayoutError(f"layout {text!r}: start with one of {[k + ':' for k in KINDS]} (e.g. megatron:tp=8,pp=16)")
+    kwargs = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, val = item.partition("=")
+        if not eq:
+            raise LayoutError(f"layout {text!r}: {item!r} is not key=value")
+        kwargs[key.strip()] = _value(key.strip(), val.strip())
+    if kind == "fsdp" and "recompute" in kwargs:
+        kwargs["checkpoint"] = kwargs.pop("recompute")
+    for key in ("sequence_parallel",) if kind == "fsdp" else ():
+        kwargs.pop(key, None)  # fsdp: sequence parallel follows tp, as torchtitan applies it
+    try:
+        return factories[kind](**kwargs)
+    except TypeError as e:
+        import inspect
+        raise LayoutError(f"layout {text!r}: {e}; {kind} takes {list(inspect.signature(factories[kind]).parameters)}") from e
+

@@ -1,0 +1,180 @@
+"""``autoshard.plan(..., layout=L)`` prices exactly the layout asked for (issue 16 item 5).
+
+Meta-device models, one process: the GPT toy of ``autoshard.testing.models`` and a tiny Hugging Face
+Llama. For a Megatron layout every parameter's placement is checked against what Megatron-LM does
+(column-parallel q/k/v/fc/gate/up and head split on output features, row-parallel o/out/down on
+input features, the token embedding vocab-parallel, everything else replicated over tp, replicated
+over dp), the norms' outputs sequence-split over tp, the levers (microsteps = batch / (dp x
+microbatch size), the recompute policy), and for a pipelined layout pp, the schedule, the microbatch
+count and each stage's (dp, tp) submesh. Bad layouts get a ``LayoutError`` naming the cause.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import autoshard
+from autoshard import layouts
+from autoshard.layouts import LayoutError
+from autoshard.passes.spec import Replicate, Shard
+from autoshard.testing.models import GPT, hf_lm_loss, lm_loss
+
+R, S0, S1 = Replicate(), Shard(0), Shard(1)
+BATCH, SEQ = 8, 16
+
+
+def gpt_meta(layers: int = 2, heads: int = 4):
+    with torch.device("meta"):
+        return GPT(64, 32, layers, heads, SEQ, tied=True)
+
+
+def llama_meta():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256, max_position_embeddings=SEQ, tie_word_embeddings=False,
+                      use_cache=False)
+    cfg._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        return LlamaForCausalLM(cfg)
+
+
+def ids():
+    return torch.empty(BATCH, SEQ, dtype=torch.long, device="meta")
+
+
+def plan_gpt(layout, mesh=(4, 2), model=None):
+    x = ids()
+    return autoshard.plan(model or gpt_meta(), mesh, example_inputs=(x,), loss_fn=lm_loss, example_target=x,
+                          hardware="h100", layout=layout)
+
+
+def megatron_gpt_expected(name: str) -> tuple:
+    """Megatron-LM's tp placement of each GPT toy parameter (dp axis replicated); the head is tied to wte."""
+    leaf = name.split(".")[-2:]
+    if name in ("wte.weight", "head.weight") or leaf in (["q", "weight"], ["k", "weight"], ["v", "weight"], ["fc", "weight"],
+                                        ["fc", "bias"]):
+        return (R, S0)
+    if leaf in (["o", "weight"], ["out", "weight"]):
+        return (R, S1)
+    return (R, R)  # position embedding, norms, row-parallel biases
+
+
+def test_megatron_gpt_placements_levers_exactly_as_asked():
+    layout = layouts.megatron(tp=2, microbatch_size=2, recompute="selective")
+    plan = plan_gpt(layout)
+    assert plan.mesh.shape == (4, 2)
+    placements = plan.param_placements
+    assert set(placements) >= {n for n, _ in gpt_meta().named_parameters()}
+    for name, pls in placements.items():
+        assert tuple(pls) == megatron_gpt_expected(name), name
+    levers = plan.solution.levers
+    assert levers.accumulation == BATCH // (4 * 2)
+    assert {t: p.checkpoint for t, p in levers.blocks.items()} == {"blocks.#": "selective"}
+    # sequence parallel: each norm feeding column-parallel matmuls outputs its sequence split over tp
+    norms = [n for n in plan.captured.gm.graph.nodes if n.op == "call_function" and "layer_norm" in n.name]
+    assert norms
+    for n in norms:
+        assert tuple(plan.strategies[n.name].outputs[0]) == (S0, S1), n.name
+    assert plan.solution.solver_stats["layout"] == layout.describe()
+
+
+def test_megatron_without_sequence_parallel_keeps_norms_replicated_over_tp():
+    plan = plan_gpt(layouts.megatron(tp=2, sequence_parallel=False, recompute="none"))
+    for n in plan.captured.gm.graph.nodes:
+        if n.op == "call_function" and "layer_norm" in n.name:
+            assert tuple(plan.strategies[n.name].outputs[0])[1] != S1, n.name
+    assert plan.solution.levers.accumulation == BATCH // 4
+    assert all(p.checkpoint == "none" for p in plan.solution.levers.blocks.values())
+
+
+def test_megatron_distributed_optimizer_shards_over_dp_and_keeps_gathered_copies():
+    plan = plan_gpt(layouts.megatron(tp=2, recompute="none", distributed_optimizer=True, microbatch_size=2))
+    pls = plan.param_placements
+    assert tuple(pls["blocks.0.q.weight"]) == (S1, S0)  # dp shards the dim tp does not
+    assert tuple(pls["blocks.0.o.weight"]) == (S0, S1)
+    assert tuple(pls["blocks.0.ln1.weight"]) == (S0, R)
+    assert all(not p.reshard_after_forward for p in plan.solution.levers.blocks.values())
+
+
+def test_fsdp_and_hsdp_placements_and_levers():
+    plan = plan_gpt(layouts.fsdp(checkpoint="full"), mesh=8)
+    assert plan.mesh.shape == (8,)
+    for name, pls in plan.param_placements.items():
+        assert tuple(pls) == (S0,), name
+    assert plan.solution.levers.accumulation == 1
+    assert {t: p.checkpoint for t, p in plan.solution.levers.blocks.items()} == {"blocks.#": "full"}
+    hsdp = plan_gpt(layouts.fsdp(replicas=2, reshard_after_forward=False), mesh=(2, 4))
+    assert hsdp.mesh.axis_names == ("replica", "dp")
+    for name, pls in hsdp.param_placements.items():
+        assert tuple(pls) == (R, S0), name
+    assert all(not p.reshard_after_forward for p in hsdp.solution.levers.blocks.values())
+
+
+def test_megatron_on_hf_llama_found_from_the_graph():
+    model = llama_meta()
+    x = ids()
+    plan = autoshard.plan(model, (2, 4), example_inputs=(x,), loss_fn=hf_lm_loss, example_target=x,
+                          hardware="h100", layout=layouts.megatron(tp=2, recompute="full"))
+    assert plan.mesh.shape == (4, 2)
+    pls = plan.param_placements
+    column = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+    for name in pls:
+        if any(f".{c}." in name for c in column) or name in ("lm_head.weight", "model.embed_tokens.weight"):
+            want = (R, S0)
+        elif ".o_proj." in name or ".down_proj." in name:
+            want = (R, S1)
+        else:
+            want = (R, R)
+        assert tuple(pls[name]) == want, name
+    assert plan.solution.levers.accumulation == BATCH // 4
+
+
+def test_pipelined_megatron_pins_pp_schedule_microbatches_and_submesh():
+    layout = layouts.megatron(tp=2, pp=2, virtual_stages=2, microbatch_size=1)
+    plan = plan_gpt(layout, model=gpt_meta(layers=4))
+    assert plan.pp == 2 and plan.virtual == 2
+    assert plan.schedule == "interleaved-1f1b"  # the registry's name of v = 2
+    assert plan.microbatches == BATCH // 2  # batch / (dp x microbatch size), dp = 8 / (tp x pp)
+    assert [s.mesh.shape for s in plan.stages] == [(2, 2)] * 4
+
+
+def test_bad_layouts_name_the_cause():
+    with pytest.raises(LayoutError, match=r"tp=8 does not divide the 4 query heads"):
+        plan_gpt(layouts.megatron(tp=8), mesh=8)
+    with pytest.raises(LayoutError, match=r"tp\*cp\*pp\*dp = 2\*1\*1\*3 = 6 != mesh size 8"):
+        plan_gpt(layouts.megatron(tp=2, dp=3), mesh=8)
+    with pytest.raises(LayoutError, match=r"not a multiple of dp x microbatch_size = 4 x 4"):
+        plan_gpt(layouts.megatron(tp=2, microbatch_size=4))
+    with pytest.raises(LayoutError, match="recompute="):
+        layouts.megatron(tp=2, recompute="some")
+    with pytest.raises(LayoutError, match="pass virtual_stages= >= 2"):
+        layouts.megatron(tp=2, pp=2, schedule="interleaved-1f1b")
+    with pytest.raises(LayoutError, match="expert parallelism"):
+        layouts.megatron(ep=2)
+    with pytest.raises(TypeError, match="cannot be combined with layout="):
+        x = ids()
+        autoshard.plan(gpt_meta(), 8, example_inputs=(x,), loss_fn=lm_loss, example_target=x,
+                       layout=layouts.fsdp(), checkpoint="full")
+
+
+def test_layouts_round_trip_through_text_and_json():
+    for layout in (layouts.megatron(tp=8, pp=16, virtual_stages=4, microbatch_size=1, distributed_optimizer=True),
+                   layouts.fsdp(tp=8, checkpoint="full", replicas=2)):
+        assert layouts.parse(layout.describe()) == layout
+        assert layouts.Layout.from_json(layout.to_json()) == layout
+    assert layouts.parse("megatron:tp=8,pp=16") == layouts.megatron(tp=8, pp=16)
+    with pytest.raises(LayoutError, match="start with one of"):
+        layouts.parse("zero3:tp=2")
+    with pytest.raises(LayoutError, match="takes"):
+        layouts.parse("fsdp:tpp=2")
+
+
+def test_pipelined_layout_checks_tp_against_the_heads_too():
+    with pytest.raises(LayoutError, match=r"tp=8 does not divide the 4 query heads"):
+        plan_gpt(layouts.megatron(tp=8, pp=2), mesh=16, model=gpt_meta(layers=4))
+
+
+def test_summary_names_the_layout():
+    layout = layouts.fsdp(checkpoint="full")
+    text = plan_gpt(layout, mesh=8).summary()
+    assert f"layout: {layout.describe()} (priced as given" in text.splitlines()[1]
