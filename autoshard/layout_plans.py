@@ -98,7 +98,8 @@ def plan_with_layout(model: torch.nn.Module, mesh: Any, layout: Layout, *, examp
     pins = layout_pins(captured, pmesh, axes, sequence_parallel=layout.sequence_parallel)
     reshard = layout.keeps_gathered_parameters if axes.shard else False
     blocks = bool(block_types(captured))
-    levers = lever_pins(k, layout.recompute if blocks else None, reshard if blocks else None, mixed_precision)
+    levers = lever_pins(accumulation=k, checkpoint=layout.recompute if blocks else None,
+                        reshard_after_forward=reshard if blocks else None, mixed_precision=mixed_precision)
     solution = plan_sharding(captured, pmesh, hardware=hw, memory_limit=memory_limit, pins=Pins(**pins),
                              optimizer=optimizer, time_limit_s=time_limit_s, levers=levers, traced_at_microbatch=True)
     solution.solver_stats["layout"] = layout.describe()
