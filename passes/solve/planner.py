@@ -319,7 +319,8 @@ _PAYS = 1e-9
 def _without_levers(search: "_LeverSearch", ks: list[int], combos: list, limit: float, budget: WorkBudget,
                     workers: int) -> Optional[_Found]:
     """The fastest plan without levers (the fewest microsteps, the fastest policies the pins allow),
-    solved without the memory limit, when it fits ``limit``; else None. Every lever only adds work to
+    solved without the memory limit on a lever graph of those policies alone, when it fits
+    ``limit``; else None. Every lever only adds work to
     a plan (``_fastest_bound``), so no lever can beat it: pulling one then would only be an artefact of
     comparing solves that stopped short of their optimum."""
     k = ks[0]

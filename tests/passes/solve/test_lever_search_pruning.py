@@ -51,9 +51,9 @@ def _decisions(sol) -> tuple:
 
 
 @pytest.mark.parametrize("model, mesh, share", [
-    ("activations_heavy", (4,), None),  # nothing needs a lever: the plan without levers, first and last
+    ("activations_heavy", (2, 2), None),  # nothing needs a lever: the plan without levers, first and last
     ("activations_heavy", (4,), 0.5),  # no lever needed after all, found by solving under the limit
-    ("activations_heavy", (2, 2), 0.25),  # checkpointing
+    ("activations_heavy", (8,), 0.25),  # checkpointing
     ("state_heavy", (4,), 0.25),  # accumulation and checkpointing
 ])
 def test_pruned_and_exhaustive_lever_searches_choose_the_same_plan(request, model, mesh, share):
