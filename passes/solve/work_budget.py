@@ -22,8 +22,16 @@ class WorkBudget:
     def next_limit(self, floor: float = 1.0) -> float:
         return max(floor, self.total - self.spent)
 
+    def left(self) -> float:
+        """Deterministic seconds not yet spent (negative once overdrawn)."""
+        return self.total - self.spent
+
     def charge(self, result: ILPResult) -> None:
-        self.spent += float(result.stats.get("work", 0.0))
+        self.spend(float(result.stats.get("work", 0.0)))
+
+    def spend(self, work: float) -> None:
+        """Charge ``work`` deterministic seconds (a solve that is not an ``ILPResult``)."""
+        self.spent += float(work)
 
 
 def solve_gap(result: ILPResult) -> Optional[float]:

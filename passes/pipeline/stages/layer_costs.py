@@ -273,7 +273,8 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, opt
     When no plan fits ``memory_limit`` with activations held ``held`` times, the plan for ONE held
     microbatch (what a recomputing stage keeps), and failing that the least-memory plan (storage
     sharded wherever it can be, e.g. FSDP on the data-parallel axis): the stage ILP then decides
-    whether recompute or more stages make it fit. ``solver_stats["status"]`` says which."""
+    whether recompute or more stages make it fit. ``solver_stats["status"]`` says which;
+    ``solver_stats["work_s"]``: the deterministic seconds its solves spent."""
     left = [float(time_limit_s)]  # deterministic seconds still to spend: never the clock
 
     def budget(floor: float) -> float:
@@ -309,12 +310,13 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, opt
             break
     if result.choice is None:
         result = solve(graph, objective="memory", time_limit_s=budget(1.0))
+        spend(result)
         status = "MEMORY_FALLBACK"
     if result.choice is None:
         raise InfeasiblePlanError(f"the intra-op solver found no plan at all on submesh {mesh.shape} within "
                                   f"{time_limit_s} s ({result.status}); raise time_limit_s")
     stats = {"status": status, "solve_s": round(result.wall_s, 4), "microbatches": microbatches,
-             "held": held, "memory_limit": memory_limit}
+             "held": held, "memory_limit": memory_limit, "work_s": round(float(time_limit_s) - left[0], 4)}
     return problem.solution(result.choice, optimizer=optimizer, solver_stats=stats)
 
 

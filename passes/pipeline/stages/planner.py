@@ -122,7 +122,10 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                                blocks=shallow.blocks if shallow else None, quick_s=min(2.0, time_limit_s / 4),
                                thorough_s=min(30.0, time_limit_s / 2), stats=candidates, deep_chain=True,
                                shapes=shapes)
-    left = max(1.0, time_limit_s - (time.perf_counter() - t0))
+    # what is left of the WORK limit (deterministic seconds, never the clock: the plan must not
+    # depend on the machine's load) after the core plan's and the candidates' solves
+    spent = candidates.get("work_s", 0.0) + (core.solver_stats.get("work_s", 0.0) if core is not None else 0.0)
+    left = max(1.0, time_limit_s - spent)
     best, stats = search_stages(profiles, mesh, hardware=hw, memory_limit=limit, batch=batch, schedules=schedules,
                                 microbatches=microbatches, starts=starts, time_limit_s=left)
     stats["plan_wall_s"] = round(time.perf_counter() - t0, 3)

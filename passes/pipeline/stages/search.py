@@ -20,6 +20,7 @@ from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve.microbatch import global_batch
+from autoshard.passes.solve.work_budget import WorkBudget
 from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, plan_submesh, profile_submesh, submesh_shapes
 from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice, approx_held, held_microbatches, score_stages,
@@ -73,7 +74,7 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
             prof = profile_submesh(captured, sol, hardware=hardware, optimizer=optimizer, units=units)
             out[(p, shape)] = prof.repeat_blocks(blocks) if blocks else prof
             stats[(p, shape)] = {"wall_s": round(time.perf_counter() - t0, 3),
-                                 "status": sol.solver_stats.get("status")}
+                                 "status": sol.solver_stats.get("status"), "work_s": sol.solver_stats["work_s"]}
     return out
 
 
@@ -88,7 +89,8 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
     each) solved again for up to ``thorough_s`` when the quick solve was not proven optimal; a
     re-solve replaces the quick plan only if it ranks better (``deep_chain``: as in
     ``profile_candidates``; ``shapes``: only these (dp, tp) submeshes). ``stats``: per-candidate
-    wall times and statuses, the finalists, and each pass's seconds."""
+    wall times and statuses, the finalists, each pass's seconds, and ``work_s``, the deterministic
+    seconds all the candidates' solves spent."""
     stats = stats if stats is not None else {}
     t0 = time.perf_counter()
     per: dict = {}
@@ -115,8 +117,9 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
         per[key] = dict(again[key], quick=per[key], quick_step=score[key], step=step)
         if step < score[key]:
             profiles[key], score[key] = better[key], step
+    work = sum(row["work_s"] + row.get("quick", {}).get("work_s", 0.0) for row in per.values())
     stats.update(candidates=per, finalists=chosen, quick_s=round(t1 - t0, 3), rank_s=round(t2 - t1, 3),
-                 thorough_s=round(time.perf_counter() - t2, 3))
+                 thorough_s=round(time.perf_counter() - t2, 3), work_s=round(work, 4))
     return profiles
 
 
@@ -167,8 +170,14 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
     Phase 2 runs the stage ILP on the ``refine`` best simulated ones, and on configurations the
     balanced cut could not fit (the ``refine`` with the smallest bounds, while they can still win).
     Phase 3 (unpinned cuts) simulates the even cut of every configuration whose bound can still
-    win, recompute on all stages or none (``_even_cuts``)."""
+    win, recompute on all stages or none (``_even_cuts``).
+
+    ``time_limit_s`` bounds the stage ILP solves together as a WORK limit (CP-SAT deterministic
+    seconds, each solve at most 2), never the clock: the same profiles give the same choice however
+    busy the machine is. The closed-form and simulation phases are bounded by the configurations
+    themselves. ``stats["work_s"]``: the deterministic seconds spent."""
     t0 = time.perf_counter()
+    budget = WorkBudget(time_limit_s)
     configs = []
     for (p, shape), prof in profiles.items():
         for schedule in schedules:
@@ -219,7 +228,7 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
     todo = [(c.step_time, prob, (c.pp, c.profile, c.m, c.schedule), c.stages) for _, _, c, prob in scored[:refine]]
     todo += [(bound, prob, key, None) for bound, prob, key in unfit[:refine]]
     for bound, prob, (p, prof, m, schedule), hint in todo:
-        left = time_limit_s - (time.perf_counter() - t0)
+        left = budget.left()
         if left <= 0:
             stats["timed_out"] = True
             break
@@ -227,7 +236,7 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
             continue
         if hint is None:
             prob = StageProblem(**{**prob.__dict__, "held": list(held_microbatches(schedule, p, m))})
-        sol = solve_stages(prob, time_limit_s=min(2.0, left), hint=hint)
+        sol = solve_stages(prob, time_limit_s=min(2.0, left), hint=hint, budget=budget)
         stats["ilp"] += 1
         if sol is None:
             if hint is None and recompute is not False:
@@ -240,26 +249,24 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
         if best is None or choice.step_time < best.step_time:
             best = choice
     if starts is None:
-        best = _even_cuts(configs, best, stats, mesh, hardware, memory_limit, recompute,
-                          deadline=t0 + time_limit_s)
+        best = _even_cuts(configs, best, stats, mesh, hardware, memory_limit, recompute, budget)
     stats["wall_s"] = round(time.perf_counter() - t0, 3)
+    stats["work_s"] = round(budget.spent, 4)
     return best, stats
 
 
 def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, hardware: Hardware,
-               memory_limit: float, recompute: Optional[bool], deadline: float,
+               memory_limit: float, recompute: Optional[bool], budget: WorkBudget,
                margin: float = EVEN_CUT_MARGIN) -> Optional[Choice]:
     """Every configuration whose bound can still win, cut evenly by unit count with recompute on
     all stages or none, simulated when its closed form is within ``margin`` of the best so far: the
     closed form ranks one schedule against itself well but can misjudge across schedules (zbv's V
-    against 1F1B), and this pass keeps such a miss from hiding a textbook layout that beats the answer."""
+    against 1F1B), and this pass keeps such a miss from hiding a textbook layout that beats the answer.
+    The stage ILP that refines the winner spends from ``budget`` (deterministic work)."""
     stats["even"] = 0
     improved = None
     for bound, p, prof, m, schedule in configs:  # sorted by bound
         if best is not None and bound >= best.step_time:
-            break
-        if time.perf_counter() > deadline:
-            stats["timed_out"] = True
             break
         rough = stage_problem(prof, p, m, schedule, mesh, hardware, memory_limit, approx_held(schedule, p, m), None,
                               recompute)
@@ -276,9 +283,9 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, h
             choice = _choice(prob, sol, p, prof, m, schedule, held)
             if best is None or choice.step_time < best.step_time:
                 best, improved = choice, prob
-    left = deadline - time.perf_counter()
+    left = budget.left()
     if improved is not None and left > 0:  # the stage ILP refines the even cut that won
-        sol = solve_stages(improved, time_limit_s=min(2.0, left), hint=best.stages)
+        sol = solve_stages(improved, time_limit_s=min(2.0, left), hint=best.stages, budget=budget)
         stats["ilp"] += 1
         if sol is not None:
             choice = _choice(improved, sol, best.pp, best.profile, best.m, best.schedule, improved.held)

@@ -38,6 +38,8 @@ from typing import Optional, Sequence
 
 from ortools.sat.python import cp_model
 
+from autoshard.passes.solve.work_budget import WorkBudget
+
 __all__ = ["StageProblem", "StageSolution", "StageILP", "solve_stages", "balanced_stages", "even_stages", "every_group_holds_params", "stage_costs",
            "pipeline_step_time"]
 
@@ -345,8 +347,11 @@ def even_stages(prob: StageProblem, recompute: bool) -> Optional[StageSolution]:
 
 
 def solve_stages(prob: StageProblem, *, time_limit_s: float = 10.0, workers: int = 1,
-                 hint: Optional[StageSolution] = None) -> Optional[StageSolution]:
-    """The cheapest cut of ``prob`` (closed-form step time) that fits its memory limit, or None."""
+                 hint: Optional[StageSolution] = None, budget: Optional[WorkBudget] = None) -> Optional[StageSolution]:
+    """The cheapest cut of ``prob`` (closed-form step time) that fits its memory limit, or None.
+    ``time_limit_s`` is a WORK limit (CP-SAT deterministic seconds, never a clock); ``budget``, when
+    given, is charged the deterministic seconds the solve spent, whatever its outcome; the
+    solution's ``stats["work"]`` holds them too."""
     L, S = len(prob.fwd), prob.num_stages
     if S > L:
         return None
@@ -376,9 +381,13 @@ def solve_stages(prob: StageProblem, *, time_limit_s: float = 10.0, workers: int
     solver.parameters.relative_gap_limit = 1e-4
     status = solver.solve(ilp.model)
     wall = time.perf_counter() - t0
+    work = float(solver.response_proto.deterministic_time)
+    if budget is not None:
+        budget.spend(work)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     starts = [int(solver.value(v)) for v in ilp.start[:-1]]
     recompute = [bool(solver.value(r)) for r in ilp.r]
     return _package(prob, starts, recompute, solver.status_name(status), wall,
-                    {"objective_units": solver.objective_value, "bound_units": solver.best_objective_bound})
+                    {"objective_units": solver.objective_value, "bound_units": solver.best_objective_bound,
+                     "work": work})

@@ -1,0 +1,88 @@
+"""The lever search's bounds never change the plan (issue 17, item 9): the search that skips work by
+bounds (the plan without levers first, priced for its own policies only; each candidate's cheap
+cost floor and LP bound against the best so far; the proven-fastest stop; multiples of a cut-off
+microstep count) chooses what the search that solves every microstep count and policy combination
+to the end chooses. One process, meta models, ample and tight memory on two meshes.
+
+The bounds rest on "a plan of k microsteps is no faster than the same plan in one step". The cost
+model breaks that for GEMMs under 128 rows (``kernels.gemm_efficiency``: below ``SKINNY`` rows no
+wave quantization, 0.80 of the fp32 peak at 96 rows against 0.024 at 128), so a model whose
+microbatches fall under 128 rows per device is made to look faster accumulated; the models here
+keep every GEMM at 128 rows or more, and the last test pins that cost-model defect down (xfail)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from autoshard.passes.capture.export import capture
+from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.solve import planner
+from autoshard.passes.solve.lever_pins import LeverPins
+from autoshard.testing.models import GPT, lm_loss
+
+H100 = get_hardware("h100")
+
+
+def _gpt(d: int, layers: int, seq: int, batch: int):
+    with torch.device("meta"):
+        model = GPT(256, d, layers, 4, seq, False)
+    ids = torch.empty(batch, seq, dtype=torch.long, device="meta")
+    return capture(model, (ids,), loss_fn=lm_loss, target=ids)
+
+
+@pytest.fixture(scope="module")
+def activations_heavy():
+    return _gpt(d=128, layers=4, seq=512, batch=8)
+
+
+@pytest.fixture(scope="module")
+def state_heavy():
+    return _gpt(d=512, layers=2, seq=512, batch=8)
+
+
+def _search(captured, mesh, limit, prune: bool):
+    return planner._plan_within(captured, Mesh.of(mesh), H100, limit, None, "adamw", 30.0, 2, LeverPins(), False,
+                                prune=prune)
+
+
+def _decisions(sol) -> tuple:
+    return (sol.levers, sorted((n, str(s)) for n, s in sol.strategies.items()), sol.estimated_memory)
+
+
+@pytest.mark.parametrize("model, mesh, share", [
+    ("activations_heavy", (2, 2), None),  # nothing needs a lever: the plan without levers, first and last
+    ("activations_heavy", (4,), 0.5),  # no lever needed after all, found by solving under the limit
+    ("activations_heavy", (8,), 0.25),  # checkpointing
+    ("state_heavy", (4,), 0.25),  # accumulation and checkpointing
+])
+def test_pruned_and_exhaustive_lever_searches_choose_the_same_plan(request, model, mesh, share):
+    captured = request.getfixturevalue(model)
+    free = _search(captured, mesh, H100.memory_bytes, prune=True)
+    limit = H100.memory_bytes if share is None else share * free.estimated_memory
+    try:
+        pruned = _search(captured, mesh, limit, prune=True)
+    except planner.InfeasiblePlanError:
+        with pytest.raises(planner.InfeasiblePlanError):
+            _search(captured, mesh, limit, prune=False)
+        return
+    exhaustive = _search(captured, mesh, limit, prune=False)
+    assert pruned.estimated_step_time == pytest.approx(exhaustive.estimated_step_time, rel=1e-9)
+    assert _decisions(pruned) == _decisions(exhaustive)
+    if share is not None:  # the premise: tight memory makes the search run, and the bounds skip some of it
+        assert "UNCONSTRAINED" not in str(pruned.solver_stats["accumulation_tried"])
+    assert exhaustive.solver_stats["work_s"] >= pruned.solver_stats["work_s"]
+
+
+@pytest.mark.xfail(strict=True, reason="cost model: gemm_efficiency has no wave quantization below SKINNY (128) "
+                                       "rows, so microbatches under 128 rows look up to 30x cheaper per FLOP and "
+                                       "accumulating looks faster than one step; the lever search's bounds assume "
+                                       "it never is")
+def test_accumulating_is_never_faster_than_one_step_with_the_same_strategies():
+    from autoshard.passes.levers import Levers
+    from autoshard.passes.solve.solution import evaluate
+    captured = _gpt(d=512, layers=2, seq=64, batch=8)  # 512 tokens: 64 rows per device per microstep of 2
+    mesh = Mesh.of((4,))
+    accumulated = planner.plan_sharding(captured, mesh, hardware=H100, levers=LeverPins(accumulation=2))
+    one_step = evaluate(captured, mesh, accumulated.strategies, H100, "adamw", levers=Levers(1))
+    assert one_step.estimated_step_time <= accumulated.estimated_step_time * (1 + 1e-9)
