@@ -22,7 +22,6 @@ import torch
 
 from autoshard.compiled import CompiledModel, PipelinedModel
 from autoshard.driver import Chosen, ModelBatch, build, choose, hardware_label, resolve_hardware, to_microbatch
-from autoshard.layout_plans import check_layout_arguments, plan_with_layout
 from autoshard.lever_args import block_types, check_lever_values, lever_pins, microbatch, pin_levers
 from autoshard.options import PIN_KEYWORDS, PlanOptions
 from autoshard.passes.errors import PlanFormatError
@@ -98,29 +97,12 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
     when no pipeline is faster. Pass the whole model: repeated blocks are priced once inside.
     """
     opts = PlanOptions.of(**options)
-    if opts.layout is not None:
-        return _plan_layout(model, mesh, opts, example_inputs=example_inputs, loss_fn=loss_fn,
-                            example_target=example_target)
     opts.check_entry("plan")
     if opts.pipelined:
         check_pipeline_inputs(example_inputs)
     return choose(ModelBatch(model, example_inputs, loss_fn, example_target), Mesh.of(mesh), opts).plan
 
 
-
-def _plan_layout(model, mesh, opts: PlanOptions, *, example_inputs, loss_fn, example_target):
-    """``plan(..., layout=L)``: price exactly ``L`` (``autoshard.layout_plans``); the keywords that would
-    also set placements, levers or the pipeline are refused (``mixed_precision`` is kept: a layout runs
-    in the model's dtype unless it is given)."""
-    levers = dict(opts.levers)
-    mixed_precision = levers.pop("mixed_precision", None)
-    check_layout_arguments(opts.layout, pp=opts.pp, schedule=opts.schedule, microbatches=opts.microbatches,
-                           stages=opts.stages, random_seed=opts.random_seed, expert_load=opts.expert_load,
-                           **levers, **dict(opts.pins))
-    return plan_with_layout(model, mesh, opts.layout, example_inputs=example_inputs, loss_fn=loss_fn,
-                            example_target=example_target, hardware=resolve_hardware(opts.hardware),
-                            memory_limit=opts.memory_limit, optimizer=opts.optimizer,
-                            time_limit_s=opts.time_limit_s, mixed_precision=mixed_precision)
 
 def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, example_target=None,
             plan: Union[None, Plan, PipelinedPlan] = None, state_dict: Optional[dict] = None,

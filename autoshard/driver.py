@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from autoshard.compiled import CompiledModel, PipelinedModel
+from autoshard.layout_plans import check_pipelined_layout, layout_pins_and_levers, layout_run, stamp_layout
 from autoshard.lever_args import block_types, check_block_levers, microbatch, pin_levers
 from autoshard.options import PlanOptions
 from autoshard.passes.capture.export import capture
@@ -126,9 +127,39 @@ def choose(batch: ModelBatch, mesh: Mesh, options: PlanOptions) -> Chosen:
     """The plan for ``batch`` on ``mesh``: the stage planner's when ``options.pipelined``, else the
     sharding planner's, levers included (``_choose_sharding``)."""
     hardware = resolve_hardware(options.hardware)
+    if options.layout is not None:
+        return _choose_layout(batch, mesh, options, hardware)
     if options.pipelined:
         return _choose_pipeline(batch, mesh, options, hardware)
     return Chosen(_choose_sharding(batch, mesh, options, hardware))
+
+
+def _choose_layout(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware) -> Chosen:
+    """Exactly ``options.layout`` (``autoshard.layout_plans``): with pp == 1 its microstep program
+    solved with every placement and lever pinned; with pp > 1 the stage planner with pp, the (dp, tp)
+    submesh, the schedule and the microbatch count pinned."""
+    layout = options.layout
+    mixed_precision = options.levers.get("mixed_precision")
+    run = layout_run(layout, mesh, batch.example_inputs, loss_fn=batch.loss_fn, example_target=batch.example_target,
+                     mixed_precision=mixed_precision)
+    if layout.pp > 1:
+        full = trace(batch)
+        check_pipelined_layout(full, run)
+        chosen = plan_pipeline(full, run.mesh, hardware=hardware, memory_limit=options.memory_limit,
+                               optimizer=options.optimizer, pp=layout.pp, schedule=layout.schedule_name,
+                               microbatches=run.microbatches, time_limit_s=options.time_limit_s,
+                               shapes=[run.submesh_shape])
+        stamp_layout([stage.solution for stage in chosen.stages], layout)
+        return Chosen(PipelinedPlan(chosen, run.mesh, hardware_label(hardware), graph_fingerprint(full), full,
+                                    plan_work(full, hardware, run.mesh.size),
+                                    warn_per_microbatch(full, chosen.microbatches)), chosen)
+    captured = trace(batch, run.microsteps, mixed_precision)
+    pins, levers = layout_pins_and_levers(captured, run, mixed_precision)
+    solution = plan_sharding(captured, run.mesh, hardware=hardware, memory_limit=options.memory_limit, pins=pins,
+                             optimizer=options.optimizer, time_limit_s=options.time_limit_s, levers=levers,
+                             traced_at_microbatch=True)
+    stamp_layout([solution], layout)
+    return Chosen(Plan.build(solution, run.mesh, hardware, captured))
 
 
 def _choose_sharding(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware) -> Plan:

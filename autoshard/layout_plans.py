@@ -1,4 +1,5 @@
-"""``autoshard.plan(..., layout=L)``: price exactly the layout ``L`` (``autoshard.layouts``), no search.
+"""``autoshard.plan(..., layout=L)``: what the layout ``L`` (``autoshard.layouts``) fixes, for the driver
+(``autoshard.driver.choose``), which traces, solves and builds the plan as for any other entry path.
 
 Without a pipeline (``L.pp == 1``) everything the layout says is pinned on the program the layout
 runs (one microbatch of ``batch / (dp x microbatch_size)``, traced in the mixed precision given):
@@ -16,7 +17,8 @@ group's (dp, tp) submesh, the schedule (interleaved with ``virtual_stages``) and
 pinned; it still chooses the stage cut (balanced by cost), each stage's intra-op sharding and its
 recompute, since it takes no placement pins yet (say so in what you report).
 
-``plan.solution.solver_stats["layout"]`` (each pipeline stage's solution's) holds ``L.describe()``.
+``plan.solution.solver_stats["layout"]`` (each pipeline stage's solution's) holds ``L.describe()``
+(``stamp_layout``).
 """
 from __future__ import annotations
 
@@ -25,19 +27,16 @@ from typing import Any, Optional
 import torch
 
 from autoshard.layouts import Layout, LayoutError
-from autoshard.lever_args import block_types, lever_pins, microbatch
-from autoshard.passes.capture.export import capture
+from autoshard.lever_args import block_types, lever_pins
+from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import MixedPrecision
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.sharding.layout_placements import check_tensor_parallel, layout_pins, tensor_parallel_roles
 from autoshard.passes.sharding.pins import Pins
-from autoshard.passes.solve.planner import plan_sharding
-from autoshard.pipelined_plans import PipelinedPlan
-from autoshard.pipelines import warn_per_microbatch
-from autoshard.plans import Plan, graph_fingerprint, plan_work
+from autoshard.passes.solve.lever_pins import LeverPins
 
-__all__ = ["plan_with_layout", "check_layout_arguments", "global_batch_of"]
+__all__ = ["check_layout_arguments", "global_batch_of", "LayoutRun", "layout_run", "layout_pins_and_levers",
+           "check_pipelined_layout", "stamp_layout"]
 
 
 def global_batch_of(example_inputs) -> int:
@@ -60,47 +59,53 @@ def check_layout_arguments(layout, **given) -> None:
                         f"the pipeline ({layout.describe()}); drop them, or plan without layout=")
 
 
-def plan_with_layout(model: torch.nn.Module, mesh: Any, layout: Layout, *, example_inputs, loss_fn, example_target,
-                     hardware, memory_limit: Optional[int], optimizer: str, time_limit_s: float,
-                     mixed_precision: Optional[MixedPrecision] = None):
-    """The plan of ``model`` run exactly as ``layout`` says (module docstring): a ``Plan``, or a
-    ``PipelinedPlan`` when ``layout.pp > 1``. ``LayoutError`` when the layout does not fit the mesh
-    or the model; ``InfeasiblePlanError`` when it does not fit the memory limit. ``hardware``: resolved
-    (a preset name, a profile path or a ``Hardware``; not "auto")."""
+class LayoutRun:
+    """How ``layout`` runs on ``mesh`` for a global batch: the planning mesh and its axes roles, the
+    microstep count (pp == 1) or the pipeline's microbatch count and (dp, tp) submesh (pp > 1)."""
+
+    def __init__(self, layout: Layout, mesh: Mesh, global_batch: int):
+        self.layout = layout
+        self.mesh, self.axes = layout.planning_mesh(mesh)
+        world = Mesh.of(mesh).size
+        if layout.pp > 1:
+            self.microbatches = layout.pipeline_microbatches(global_batch, world)
+            self.submesh_shape = (layout.data_parallel(world), layout.tp)
+            self.microsteps = 1
+        else:
+            self.microsteps = layout.accumulation(global_batch, world)
+
+
+def layout_run(layout: Layout, mesh: Any, example_inputs, *, loss_fn, example_target,
+               mixed_precision: Optional[MixedPrecision]) -> LayoutRun:
+    """``LayoutRun`` of ``layout`` (``LayoutError`` for a forward-only program or a pipelined layout
+    with mixed precision, which the stage planner does not price yet)."""
     if loss_fn is None or example_target is None:
         raise LayoutError("a layout is a training layout: pass loss_fn= and example_target=")
-    world = Mesh.of(mesh).size
-    batch = global_batch_of(example_inputs)
-    pmesh, axes = layout.planning_mesh(mesh)
-    hw = hardware
-    label = hw if isinstance(hw, str) else str(getattr(hw, "name", "custom"))
-    param_dtype = None if mixed_precision is None else mixed_precision.param_dtype
-    if layout.pp > 1:
-        if mixed_precision is not None:
-            raise LayoutError("mixed_precision= with a pipelined layout is not priced yet (the stage planner traces "
-                              "in the model's dtype); pass pp=1 or drop mixed_precision")
-        m = layout.pipeline_microbatches(batch, world)
-        captured = capture(model, example_inputs, loss_fn=loss_fn, target=example_target)
-        check_tensor_parallel(captured, tensor_parallel_roles(captured), layout.tp)
-        dp = layout.data_parallel(world)
-        # the stage planner's pins: pp, the (dp, tp) submesh, schedule, microbatches
-        chosen = plan_pipeline(captured, pmesh, hardware=hw, memory_limit=memory_limit, optimizer=optimizer,
-                               pp=layout.pp, schedule=layout.schedule_name, microbatches=m,
-                               time_limit_s=time_limit_s, shapes=[(dp, layout.tp)])
-        for stage in chosen.stages:
-            if stage.solution is not None:
-                stage.solution.solver_stats["layout"] = layout.describe()
-        return PipelinedPlan(chosen, pmesh, label, graph_fingerprint(captured), captured,
-                             plan_work(captured, hw, pmesh.size), warn_per_microbatch(captured, chosen.microbatches))
-    k = layout.accumulation(batch, world)
-    inputs, target = microbatch(example_inputs, example_target, k)
-    captured = capture(model, inputs, loss_fn=loss_fn, target=target, param_dtype=param_dtype)
-    pins = layout_pins(captured, pmesh, axes, sequence_parallel=layout.sequence_parallel)
-    reshard = layout.keeps_gathered_parameters if axes.shard else False
+    if layout.pp > 1 and mixed_precision is not None:
+        raise LayoutError("mixed_precision= with a pipelined layout is not priced yet (the stage planner traces "
+                          "in the model's dtype); pass pp=1 or drop mixed_precision")
+    return LayoutRun(layout, Mesh.of(mesh), global_batch_of(example_inputs))
+
+
+def layout_pins_and_levers(captured: CapturedGraph, run: LayoutRun,
+                           mixed_precision: Optional[MixedPrecision]) -> tuple[Pins, LeverPins]:
+    """Every placement and lever the layout fixes on ``captured`` (one of ``run.microsteps``)."""
+    layout = run.layout
+    pins = layout_pins(captured, run.mesh, run.axes, sequence_parallel=layout.sequence_parallel)
+    reshard = layout.keeps_gathered_parameters if run.axes.shard else False
     blocks = bool(block_types(captured))
-    levers = lever_pins(accumulation=k, checkpoint=layout.recompute if blocks else None,
+    levers = lever_pins(accumulation=run.microsteps, checkpoint=layout.recompute if blocks else None,
                         reshard_after_forward=reshard if blocks else None, mixed_precision=mixed_precision)
-    solution = plan_sharding(captured, pmesh, hardware=hw, memory_limit=memory_limit, pins=Pins(**pins),
-                             optimizer=optimizer, time_limit_s=time_limit_s, levers=levers, traced_at_microbatch=True)
-    solution.solver_stats["layout"] = layout.describe()
-    return Plan.build(solution, pmesh, hw, captured)
+    return Pins(**pins), levers
+
+
+def check_pipelined_layout(captured: CapturedGraph, run: LayoutRun) -> None:
+    """tp must divide the attention heads of ``captured`` (the stage planner would not say why)."""
+    check_tensor_parallel(captured, tensor_parallel_roles(captured), run.layout.tp)
+
+
+def stamp_layout(solutions, layout: Layout) -> None:
+    """Record ``layout.describe()`` in each solution's ``solver_stats["layout"]`` (the summary prints it)."""
+    for solution in solutions:
+        if solution is not None:
+            solution.solver_stats["layout"] = layout.describe()

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional, Union
 from autoshard.passes.levers import LEVER_KEYWORDS, check_lever
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
+from autoshard.layout_plans import check_layout_arguments
 from autoshard.pipelined_plans import PipelinedPlan
 
 __all__ = ["PlanOptions", "PIN_KEYWORDS", "ENTRIES"]
@@ -135,9 +136,15 @@ class PlanOptions:
         takes no pin at all), and a saved pipelined plan (``saved``) runs as saved."""
         if entry not in ENTRIES:
             raise ValueError(f"entry {entry!r}: one of {list(ENTRIES)}")
-        if self.layout is not None and entry != "plan":
-            raise TypeError(f"layout= is taken by autoshard.plan only: price it with plan = autoshard.plan(..., "
-                            f"layout=...), then run that plan with {entry.replace('-', '_')}(..., plan=plan)")
+        if self.layout is not None:
+            if entry != "plan":
+                raise TypeError(f"layout= is taken by autoshard.plan only: price it with plan = autoshard.plan(..., "
+                                f"layout=...), then run that plan with {entry.replace('-', '_')}(..., plan=plan)")
+            levers = {k: v for k, v in self.levers.items() if k != "mixed_precision"}
+            check_layout_arguments(self.layout, pp=self.pp, schedule=self.schedule, microbatches=self.microbatches,
+                                   stages=self.stages, random_seed=self.random_seed, expert_load=self.expert_load,
+                                   **levers, **dict(self.pins))
+            return
         pipelined_plan = isinstance(saved, PipelinedPlan)
         if pipelined_plan:
             if self.levers:
