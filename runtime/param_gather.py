@@ -16,7 +16,9 @@ prefetch only; then the group's own shards).
   travel in ONE flat collective per (axes, dtype): shards cast to the compute dtype, flattened and
   concatenated, gathered, copied out per parameter; other members run their steps one by one;
 - forward prefetch: a group's call starts the next group's flat gathers (async), so they overlap the
-  block's compute; that group's call waits for them (and gathers again if a shard changed since);
+  block's compute; that group's call waits for them (and gathers again if a shard changed since:
+  its shards are matched by memory and version, not as Python objects, since a checkpoint's
+  recomputation hands them back as new tensor objects over the same storage);
 - autograd: backward casts each copy's gradient to ``reduce_dtype``, reduce-scatters it (one flat
   collective per fused set; the adjoint steps otherwise) and returns it in the shard's own dtype;
 - reshard after forward: under ``saved_tensors_hooks()`` (the forward), a tensor autograd saves whose
