@@ -78,3 +78,24 @@ def test_each_group_gathers_once_per_pass(counted, case):
         assert r["counts"] == [expected, expected], (
             f"rank {rank} {case}: {r['counts']} all-gathers per step, expected {expected} "
             f"({r['forward']} in the forward + {r['backward']} regathered in backward)")
+
+
+def test_a_prefetch_matches_the_same_memory_unwritten_and_nothing_else():
+    """One process: aliases of the prefetched shards match (a recomputation's new tensor objects);
+    a shard written since, another tensor with equal values, or another view of the storage do not."""
+    from autoshard.runtime.param_gather import _Pending
+
+    a, b = torch.arange(8.0), torch.ones(2, 3)
+
+    def pending():
+        return _Pending((a, b), (a._version, b._version), [])
+
+    assert pending().matches((a, b))
+    assert pending().matches((a.detach(), b.detach()))
+    assert not pending().matches((a.clone(), b))
+    assert not pending().matches((a[1:], b))
+    assert not pending().matches((a.view(2, 4), b))
+    assert not pending().matches((a,))
+    p = pending()
+    b.detach().add_(1.0)  # written through an alias after the gather started
+    assert not p.matches((b, b)) and not p.matches((a, b))
