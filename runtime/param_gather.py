@@ -16,7 +16,9 @@ prefetch only; then the group's own shards).
   travel in ONE flat collective per (axes, dtype): shards cast to the compute dtype, flattened and
   concatenated, gathered, copied out per parameter; other members run their steps one by one;
 - forward prefetch: a group's call starts the next group's flat gathers (async), so they overlap the
-  block's compute; that group's call waits for them (and gathers again if a shard changed since);
+  block's compute; that group's call waits for them (and gathers again if a shard changed since:
+  its shards are matched by memory and version, not as Python objects, since a checkpoint's
+  recomputation hands them back as new tensor objects over the same storage);
 - autograd: backward casts each copy's gradient to ``reduce_dtype``, reduce-scatters it (one flat
   collective per fused set; the adjoint steps otherwise) and returns it in the shard's own dtype;
 - reshard after forward: under ``saved_tensors_hooks()`` (the forward), a tensor autograd saves whose
@@ -87,12 +89,18 @@ class _Fused:
 @dataclass(eq=False)
 class _Pending:
     """Flat gathers started ahead: (output, work) per fused set, for these shards at these versions."""
-    ids: tuple
+    shards: tuple
     versions: tuple
     sets: list
 
     def matches(self, shards) -> bool:
-        return self.ids == tuple(id(s) for s in shards) and self.versions == tuple(s._version for s in shards)
+        """Whether ``shards`` are the values this prefetch gathered: the same tensors, or other tensor
+        objects over the same memory (a checkpoint's recomputation gets its inputs back as new
+        objects), none written since the gather started."""
+        return (len(shards) == len(self.shards)
+                and all(_same_memory(a, b) for a, b in zip(self.shards, shards))
+                and all(a._version == v and (b is a or b._version == v)
+                        for a, b, v in zip(self.shards, shards, self.versions)))
 
     def wait(self) -> None:
         for _, work in self.sets:
@@ -220,7 +228,7 @@ class ParamGatherer:
         for f in self._fused[index]:
             pieces = [shards[k].detach().to(f.dtype).movedim(d, 0).reshape(-1) for k, d in zip(f.members, f.dims)]
             sets.append(start_flat_gather(torch.cat(pieces), f.comm))
-        return _Pending(tuple(id(s) for s in shards), tuple(s._version for s in shards), sets)
+        return _Pending(tuple(shards), tuple(s._version for s in shards), sets)
 
     def _finish(self, index: int, shards: tuple) -> list:
         pending = self._pending.pop(index, None)
@@ -327,6 +335,15 @@ class ParamGatherer:
         if j is None or j in self._pending or j in self._regathered or j not in self._shards:
             return
         self._pending[j] = self._start(j, self._shards[j])
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` view the same elements of the same storage (the same tensor, or aliases)."""
+    if a is b:
+        return True
+    return (a.dtype == b.dtype and a.device == b.device and a.shape == b.shape and a.stride() == b.stride()
+            and a.storage_offset() == b.storage_offset()
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
 
 
 def _storage_key(t: torch.Tensor) -> Optional[int]:
