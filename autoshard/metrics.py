@@ -103,6 +103,6 @@ def model_work(captured: CapturedGraph, hardware: Hardware, devices: int,
         samples = samples or int(meta.shape[0])
         if tokens is None and len(meta.shape) >= 2 and not meta.dtype.is_floating_point and not meta.dtype.is_complex:
             tokens = int(meta.numel)
-    training = bool(captured.loss_output)
+    training = captured.training  # a pipeline stage before the last trains too
     return ModelWork(forward * (3 if training else 1), tokens, samples or 1, hardware.peak_flops(dtype), devices,
                      training)

@@ -58,6 +58,15 @@ class CapturedGraph:
     #: ModelOutput, a dataclass, a dict): ``rebuild(tensors)`` gives the model's own output object
     #: back from the program's tensors (``passes.capture.outputs.OutputStructure``); else None
     output_structure: Any = None
+    #: a pipeline stage before the last of a training program: it returns activations whose gradients
+    #: arrive from the next stage, so it is trained (gradients, optimizer state, backward) like a
+    #: program returning a loss (``runtime.pipeline.split``)
+    receives_output_grads: bool = False
+
+    @property
+    def training(self) -> bool:
+        """Whether a step of this program runs a backward (it returns a loss, or is a stage before one)."""
+        return bool(self.loss_output or self.receives_output_grads)
 
     def node(self, name: str) -> fx.Node:
         for n in self.gm.graph.nodes:

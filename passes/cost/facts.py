@@ -79,7 +79,8 @@ class GraphFacts:
     """Per-node facts the cost model needs: kinds, which values need a gradient, global op cost.
 
     ``kind[name]``: "param", "buffer", "input" (user inputs, the target, other placeholders) or "op".
-    ``training``: the program returns a loss (a training step); otherwise it is forward-only and
+    ``training``: the program returns a loss (a training step), or is a pipeline stage before the one
+    that does (``CapturedGraph.training``); otherwise it is forward-only and
     nothing carries a gradient. ``requires_grad``: when training, parameters and every floating output
     computed from one (except ops that cut the graph: detach, *_like constructors, ...). ``compute(name)``: (forward seconds, backward
     seconds) of the op on one device holding everything.
@@ -93,7 +94,7 @@ class GraphFacts:
         self.nodes: dict[str, fx.Node] = {n.name: n for n in gm.graph.nodes}
         self.kind: dict[str, str] = {}
         #: a training step (the program returns a loss) or forward-only inference (no gradients at all)
-        self.training = bool(captured.loss_output)
+        self.training = captured.training
         self.requires_grad: set[str] = set(captured.params) if self.training else set()
         self.views: set[str] = set()
         self._compute: dict[str, tuple[float, float]] = {}

@@ -83,13 +83,17 @@ def recompute_limit(model_name: str, mesh, hardware) -> int:
     """A memory limit under which the planner's best plan recomputes some stage (found by lowering the
     limit from what the unconstrained plan needs)."""
     from autoshard.passes.capture.export import capture
+    from autoshard.passes.errors import InfeasiblePlanError
     from autoshard.passes.pipeline.stages.planner import plan_pipeline
     model, inputs, target, loss_fn, _ = build(model_name)
     captured = capture(model, inputs, loss_fn=loss_fn, target=target)
     free = plan_pipeline(captured, mesh, hardware=hardware, time_limit_s=30)
     need = max(s.solution.estimated_memory for s in free.stages)
     for f in (0.6, 0.7, 0.5, 0.8, 0.9):
-        plan = plan_pipeline(captured, mesh, hardware=hardware, memory_limit=int(need * f), time_limit_s=30)
+        try:
+            plan = plan_pipeline(captured, mesh, hardware=hardware, memory_limit=int(need * f), time_limit_s=30)
+        except InfeasiblePlanError:  # below what the leanest plan needs: recomputing cannot help there
+            continue
         if any(s.recompute for s in plan.stages):
             return int(need * f)
     raise AssertionError(f"premise: the planner never chose recomputation for {model_name} between 50% and 90% of "
@@ -203,8 +207,10 @@ def test_compile_pp_auto_4_ranks(tmp_path):
     # the premises the cases rest on (the cost model decides them; say so if it stops doing so)
     assert expected[0][0] > 1 and expected[1][0] == 2, f"premise: the slow network should pipeline: {expected[:2]}"
     assert expected[3][0] == 1, f"premise: the fast network should keep one stage: {expected[3]}"
-    limit = recompute_limit("unet", (4,), slow)
-    tight = dict(label="unet auto, tight memory (recompute)", model="unet", mesh=(4,), hardware=slow,
+    # the GPT, not the U-Net: priced by its whole-step peak, the U-Net's stages peak in the optimizer step
+    # (AdamW's state and temporaries outweigh its activations), where recomputing saves nothing
+    limit = recompute_limit("gpt", (4,), slow)
+    tight = dict(label="gpt auto, tight memory (recompute)", model="gpt", mesh=(4,), hardware=slow,
                  kw={"pp": "auto", "memory_limit": limit}, expect="pipelined")
     cases.append(tight)
     expected += expected_plans([tight])

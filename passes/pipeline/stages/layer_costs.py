@@ -58,7 +58,9 @@ from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.solve.ilp import solve
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins, PinError
+from autoshard.passes.solve.peak_timeline import optimizer_temporaries
 from autoshard.passes.solve.problem import build_problem
+from autoshard.passes.solve.step_trace import STEP_COUNTER_BYTES
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import Replicate
 from autoshard.passes.pipeline.stages.op_cuts import op_graph_units
@@ -109,7 +111,11 @@ class UnitCost:
     gradient all-reduce seconds per step, parameter / gradient / optimizer-state bytes (buffers count
     as parameters), and activation bytes
     per microbatch ``act_fixed + act_batch / m`` (what autograd keeps for the backward); ``param_reads``:
-    how many parameters the unit's ops read (a tied one counts for every unit reading it)."""
+    how many parameters the unit's ops read (a tied one counts for every unit reading it).
+    ``opt_fixed`` / ``opt_peak``: bytes the optimizer step allocates for the unit's parameters
+    (``passes.solve.peak_timeline.optimizer_temporaries``, as ``evaluate``'s step walk counts them):
+    what adds up over a stage (AdamW's step counters; foreach's one copy of every parameter) and what a
+    stage takes the largest of (the for-loop's two copies of its largest parameter)."""
     fwd_fixed: float = 0.0
     fwd_batch: float = 0.0
     bwd_fixed: float = 0.0
@@ -121,6 +127,8 @@ class UnitCost:
     act_fixed: float = 0.0
     act_batch: float = 0.0
     param_reads: float = 0.0
+    opt_fixed: float = 0.0
+    opt_peak: float = 0.0
 
     @property
     def state_bytes(self) -> float:
@@ -198,6 +206,8 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
     unit_of = {name: i for i, u in enumerate(units) for name in u.nodes}
     acc = [dict.fromkeys(UnitCost.__dataclass_fields__, 0.0) for _ in units]
     strategies = solution.strategies
+    foreach = hw.name.lower() != "cpu"  # as ``evaluate``: torch's for-loop optimizer on CPU
+    adam = str(optimizer).lower() in ("adam", "adamw")
     for i, unit in enumerate(units):
         for name in unit.nodes:
             s = strategies[name]
@@ -229,6 +239,11 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
         price = cm.price_node(name, strategies[name], facts)
         for key in ("params", "grads", "optimizer"):
             acc[owner][key] += getattr(price, key)
+        if kind == "param" and price.grads > 0:
+            temporaries = optimizer_temporaries([price.params], optimizer, foreach)
+            acc[owner]["opt_fixed"] += temporaries if foreach else 0.0
+            acc[owner]["opt_peak"] = max(acc[owner]["opt_peak"], 0.0 if foreach else temporaries)
+            acc[owner]["opt_fixed"] += STEP_COUNTER_BYTES if adam else 0.0
         acc[owner]["grad_sync"] += sum(c.seconds for c in price.grad_sync)
     replicated = tuple(Replicate() for _ in mesh.shape)
     for u, slot, v, k in graph_edges(captured):

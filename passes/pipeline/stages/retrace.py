@@ -133,7 +133,7 @@ def replan_at_microbatch(plan: PipelinePlan, full: CapturedGraph, small: Capture
         solution = plan_sharding(graphs[i].captured, s.mesh, hardware=hardware, memory_limit=memory_limit,
                                  optimizer=optimizer, time_limit_s=time_limit_s,
                                  pins=stage_pins(params, graphs[i].captured))
-        solution = stage_solution(solution, graphs[i], plan.schedule, plan.pp, plan.microbatches)
+        solution = stage_solution(solution, graphs[i], plan.schedule, plan.pp, plan.microbatches, s.recompute)
         stages.append(StagePlan(s.index, stage_nodes[i], s.group, list(s.ranks), s.mesh, solution, s.recompute))
     return PipelinePlan(plan.pp, plan.virtual, stages, plan.schedule, plan.microbatches, plan.estimated_step_time,
                         plan.bubble_fraction, list(plan.peak_activation_memory))

@@ -81,7 +81,8 @@ def valid_schedule(schedule: str, p: int, m: int) -> bool:
 def stage_problem(profile: SubmeshProfile, p: int, m: int, schedule: str, mesh: Mesh, hw: Hardware,
                   memory_limit: float, held: Sequence[int], starts=None, recompute=None) -> StageProblem:
     """The ``StageProblem`` of one configuration: ``profile`` at m microbatches, groups of ``schedule``,
-    the pipeline hop priced on the link of the mesh's first axis."""
+    the pipeline hop priced on the link of the mesh's first axis; stage memory is the whole-step stage
+    peak (``stage_ilp`` (3'), the per-unit form of ``stage_peak``)."""
     costs = profile.costs
     bw, lat = hw.axis_link(Mesh((p, mesh.size // p)), 0)
     cut_bytes = profile.cut_bytes(m)
@@ -90,7 +91,8 @@ def stage_problem(profile: SubmeshProfile, p: int, m: int, schedule: str, mesh: 
         state=[c.state_bytes for c in costs], act=[c.act(m) for c in costs],
         cut_seconds=[x / bw + lat if x > 0 else 0.0 for x in cut_bytes], cut_bytes=cut_bytes,
         stage_group=get_schedule(schedule).stage_rank(p), held=list(held), m=m, memory_limit=memory_limit,
-        recompute=recompute, starts=starts, holds_params=[c.param_reads > 0 for c in costs])
+        recompute=recompute, starts=starts, holds_params=[c.param_reads > 0 for c in costs],
+        grads=[c.grads for c in costs], opt_fixed=[c.opt_fixed for c in costs], opt_peak=[c.opt_peak for c in costs])
 
 
 def overlapped_sync(buckets: Iterable[tuple[float, float]]) -> float:

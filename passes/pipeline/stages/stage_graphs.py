@@ -156,7 +156,8 @@ def _build_stage(captured, s, mine, where, consumers, placeholders, user_pos, la
     sub = CapturedGraph(gm, {p: captured.params[p] for p in params}, {b: captured.buffers[b] for b in buffers},
                         users + [a.name for a in received], captured.target if reads_target else None,
                         {k: v for k, v in captured.aliases.items() if v in {captured.params[p] for p in params}},
-                        loss_output=last, method=captured.method)
+                        loss_output=last, method=captured.method,
+                        receives_output_grads=not last and captured.training)
     return StageGraph(s, sub, [(a.name, where[a]) for a in received], sends, [user_pos[u] for u in users],
                       reads_target)
 

@@ -16,6 +16,14 @@ microbatches in flight on stage s at its peak (the schedule simulator's count).
     (3) memory       per group g: sum_{s on g} [ sum_{l in s} w_l + (r_s ? k_s x_{start_s - 1} + A_s : k_s A_s) ] <= M
                      with A_s = sum_{l in s} a_l  (a recomputing stage keeps its inputs, plus one
                      microbatch's activations while it recomputes)
+    (3') step peak   with the step-peak terms given (``StageProblem.grads``, ``opt_fixed``, ``opt_peak``),
+                     each stage's memory is its whole-step peak (``stage_peak.stage_peak``), per group
+                     both sums <= M (its stages' in-step peaks, their optimizer-step peaks):
+                       backward   sum w_l + held_s + sum_{l in s} grad_l + x_{start_s - 1} + x_{start_{s+1} - 1}
+                                  (accumulated gradients next to the microbatch's new ones; the
+                                  received activations and the sent ones' gradients)
+                       optimizer  sum w_l + sum_{l in s} opt_fixed_l + max_{l in s} opt_peak_l + x_{start_s - 1}
+                                  (AdamW's temporaries: ``peak_timeline.optimizer_temporaries``)
     (4) bottleneck   T >= sum_{s on g} t_s,   G >= sum_{s on g} sum_{l in s} g_l      for every group g
     (5) pins         start_s = pinned boundary; r_s = pinned recompute
     (6) parameters   every group's stages read at least one parameter (when any unit does): a rank
@@ -40,7 +48,7 @@ from ortools.sat.python import cp_model
 
 from autoshard.passes.solve.work_budget import WorkBudget
 
-__all__ = ["StageProblem", "StageSolution", "StageILP", "solve_stages", "balanced_stages", "even_stages", "every_group_holds_params", "stage_costs",
+__all__ = ["StageProblem", "StageSolution", "StageILP", "solve_stages", "stage_memory_terms", "group_memory", "balanced_stages", "even_stages", "every_group_holds_params", "stage_costs",
            "pipeline_step_time"]
 
 _UNITS = 1e6
@@ -66,7 +74,10 @@ class StageProblem:
 group running stage s (its length is the number of stages S); ``held[s]``: microbatches whose
 activations stage s holds at its peak under the schedule (k_s). ``recompute``: None lets the
     solver choose per stage; True / False pins every stage. ``starts``: pinned first units of stages
-    1..S-1 (None: free). ``holds_params[l]``: unit l reads a parameter (None: no constraint (6))."""
+    1..S-1 (None: free). ``holds_params[l]``: unit l reads a parameter (None: no constraint (6)).
+    ``grads[l]``, ``opt_fixed[l]``, ``opt_peak[l]``: unit l's gradient bytes, optimizer-step bytes that
+    add up over a stage (step counters; foreach temporaries) and that a stage takes the largest of
+    (for-loop AdamW's two copies of its largest parameter): given, memory is the step peak (3')."""
     fwd: list[float]
     bwd: list[float]
     grad_sync: list[float]
@@ -81,6 +92,14 @@ activations stage s holds at its peak under the schedule (k_s). ``recompute``: N
     recompute: Optional[bool] = None
     starts: Optional[list[int]] = None
     holds_params: Optional[list[bool]] = None
+    grads: Optional[list[float]] = None
+    opt_fixed: Optional[list[float]] = None
+    opt_peak: Optional[list[float]] = None
+
+    @property
+    def step_peak(self) -> bool:
+        """Whether stage memory is the whole-step peak (3') rather than states + held activations (3)."""
+        return self.grads is not None
 
     @property
     def num_stages(self) -> int:
@@ -132,11 +151,37 @@ def stage_costs(prob: StageProblem, starts: Sequence[int], recompute: Sequence[b
         f, bw = sum(prob.fwd[a:b]), sum(prob.bwd[a:b])
         times.append(f + bw + (f if recompute[s] else 0.0) + q_in + q_out)
         syncs.append(sum(prob.grad_sync[a:b]))
-        k = prob.held[s]
-        acts = sum(prob.act[a:b])
-        held = k * (prob.cut_bytes[a - 1] if a > 0 else 0.0) + acts if recompute[s] else k * acts
-        mems.append(sum(prob.state[a:b]) + held)
+        mems.append(max(stage_memory_terms(prob, a, b, recompute[s], s)))
     return times, syncs, mems
+
+
+def stage_memory_terms(prob: StageProblem, a: int, b: int, recompute: bool, s: int) -> tuple[float, float]:
+    """(in-step peak, optimizer-step peak) of stage ``s`` holding units a..b-1: constraint (3), or
+    with the step-peak terms given, the two sides of (3') (the optimizer side 0 without them)."""
+    L = len(prob.fwd)
+    acts = sum(prob.act[a:b])
+    x_in = prob.cut_bytes[a - 1] if a > 0 else 0.0
+    held = prob.held[s] * x_in + acts if recompute else prob.held[s] * acts
+    state = sum(prob.state[a:b])
+    if not prob.step_peak:
+        return state + held, 0.0
+    x_out = prob.cut_bytes[b - 1] if b < L else 0.0
+    return (state + held + sum(prob.grads[a:b]) + x_in + x_out,
+            state + sum(prob.opt_fixed[a:b]) + max(prob.opt_peak[a:b], default=0.0) + x_in)
+
+
+def group_memory(prob: StageProblem, starts: Sequence[int], recompute: Sequence[bool]) -> dict[int, float]:
+    """Per rank group, the peak of its stages together: the larger of their in-step peaks' sum and
+    their optimizer-step peaks' sum (the ILP's constraint (3) / (3'), in floating point)."""
+    ends = list(starts[1:]) + [len(prob.fwd)]
+    in_step: dict[int, float] = {}
+    optimizer: dict[int, float] = {}
+    for s, (a, b) in enumerate(zip(starts, ends)):
+        g = prob.stage_group[s]
+        x, y = stage_memory_terms(prob, a, b, recompute[s], s)
+        in_step[g] = in_step.get(g, 0.0) + x
+        optimizer[g] = optimizer.get(g, 0.0) + y
+    return {g: max(in_step[g], optimizer[g]) for g in in_step}
 
 
 class StageILP:
@@ -152,6 +197,9 @@ class StageILP:
         self.t_scale = _UNITS / max(total_t, 1e-30)
         biggest = sum(prob.state) + max(max(prob.held), 1) * (
             sum(prob.act) + max(prob.cut_bytes, default=0.0))
+        if prob.step_peak:
+            biggest += max(sum(prob.grads) + 2 * max(prob.cut_bytes, default=0.0),
+                           sum(prob.opt_fixed) + max(prob.opt_peak, default=0.0))
         self.b_scale = _UNITS / max(biggest, prob.memory_limit, 1.0)
 
         def prefix(xs, scale):
@@ -168,6 +216,9 @@ class StageILP:
         self.PA = prefix(prob.act, self.b_scale)
         self.Q = [0] + [int(round(q * self.t_scale)) for q in prob.cut_seconds] + [0]  # index start_s
         self.X = [0] + [int(math.ceil(x * self.b_scale)) for x in prob.cut_bytes] + [0]
+        if prob.step_peak:
+            self.PGR = prefix(prob.grads, self.b_scale)
+            self.PO = prefix(prob.opt_fixed, self.b_scale)
         self.start = [self.model.new_constant(0)] + [self.model.new_int_var(1, L - 1, f"start{s}")
                                                      for s in range(1, S)] + [self.model.new_constant(L)]
         self.r = [self.model.new_bool_var(f"recompute{s}") for s in range(S)]
@@ -215,16 +266,47 @@ class StageILP:
         pw = [self._at(self.PW, s, "pw") for s in range(self.S + 1)]
         pa = [self._at(self.PA, s, "pa") for s in range(self.S + 1)]
         x = [self._at(self.X, s, "x") for s in range(self.S)]
+        x_out = x[1:] + [0]
         limit = int(math.floor(prob.memory_limit * self.b_scale))
         per_group: dict[int, list] = {}
+        per_optimizer: dict[int, list] = {}
         for s in range(self.S):
             k = prob.held[s]
             held = self.model.new_int_var(0, (k + 1) * (self.PA[-1] + max(self.X)), f"held{s}")
             self.model.add(held == k * (pa[s + 1] - pa[s])).only_enforce_if(~self.r[s])
             self.model.add(held == k * x[s] + pa[s + 1] - pa[s]).only_enforce_if(self.r[s])
-            per_group.setdefault(prob.stage_group[s], []).append(pw[s + 1] - pw[s] + held)
-        for terms in per_group.values():
+            if prob.step_peak:
+                in_step, optimizer = self._step_peak(s, pw, held, x[s], x_out[s])
+                per_group.setdefault(prob.stage_group[s], []).append(in_step)
+                per_optimizer.setdefault(prob.stage_group[s], []).append(optimizer)
+            else:
+                per_group.setdefault(prob.stage_group[s], []).append(pw[s + 1] - pw[s] + held)
+        for terms in list(per_group.values()) + list(per_optimizer.values()):
             self.model.add(sum(terms) <= limit)
+
+    def _step_peak(self, s: int, pw: list, held, x_in, x_out) -> tuple:
+        """(3'): the stage's in-step and optimizer-step peaks, as linear expressions."""
+        pg = self._at(self.PGR, s, "pgr"), self._at(self.PGR, s + 1, "pgr")
+        po = self._at(self.PO, s, "po"), self._at(self.PO, s + 1, "po")
+        state = pw[s + 1] - pw[s]
+        return (state + held + pg[1] - pg[0] + x_in + x_out,
+                state + po[1] - po[0] + self._largest_opt_peak(s) + x_in)
+
+    def _largest_opt_peak(self, s: int):
+        """max_{l in stage s} opt_peak_l: read from a (start_s, start_{s+1}) table; past 64 units, the
+        largest of all (the safe side, a smaller model)."""
+        values = [int(math.ceil(v * self.b_scale)) for v in self.prob.opt_peak]
+        if not any(values):
+            return 0
+        if self.L > 64:
+            return max(values)
+        n = self.L + 1
+        table = [max(values[a:b]) if a < b else 0 for a in range(n) for b in range(n)]
+        index = self.model.new_int_var(0, n * n - 1, f"range{s}")
+        self.model.add(index == self.start[s] * n + self.start[s + 1])
+        var = self.model.new_int_var(0, max(values), f"optpeak{s}")
+        self.model.add_element(index, table, var)
+        return var
 
     def add_bottleneck(self) -> tuple:
         """(4) T >= every group's time, G >= every group's gradient sync."""
@@ -298,11 +380,8 @@ def every_group_holds_params(prob: StageProblem, starts: Sequence[int]) -> bool:
     return all(held.values())
 
 
-def _fits(prob: StageProblem, mems: list[float]) -> bool:
-    per: dict[int, float] = {}
-    for s, g in enumerate(prob.stage_group):
-        per[g] = per.get(g, 0.0) + mems[s]
-    return max(per.values()) <= prob.memory_limit
+def _fits(prob: StageProblem, sol: StageSolution) -> bool:
+    return max(group_memory(prob, sol.starts, sol.recompute).values()) <= prob.memory_limit
 
 
 def balanced_stages(prob: StageProblem) -> Optional[StageSolution]:
@@ -326,13 +405,10 @@ def balanced_stages(prob: StageProblem) -> Optional[StageSolution]:
             starts.append(min(range(lo, hi + 1), key=lambda i: abs(prefix[i] - want)))
     recompute = [bool(prob.recompute)] * S if prob.recompute is not None else [False] * S
     if prob.recompute is None:
-        _, _, mems = stage_costs(prob, starts, recompute)
-        per: dict[int, float] = {}
-        for s, g in enumerate(prob.stage_group):
-            per[g] = per.get(g, 0.0) + mems[s]
+        per = group_memory(prob, starts, recompute)
         recompute = [per[prob.stage_group[s]] > prob.memory_limit for s in range(S)]
     sol = _package(prob, starts, recompute, "HEURISTIC", time.perf_counter() - t0)
-    return sol if _fits(prob, sol.memory) and every_group_holds_params(prob, starts) else None
+    return sol if _fits(prob, sol) and every_group_holds_params(prob, starts) else None
 
 
 def even_stages(prob: StageProblem, recompute: bool) -> Optional[StageSolution]:
@@ -343,7 +419,7 @@ def even_stages(prob: StageProblem, recompute: bool) -> Optional[StageSolution]:
         return None
     starts = [round(s * L / S) for s in range(S)]
     sol = _package(prob, starts, [recompute] * S, "EVEN", 0.0)
-    return sol if _fits(prob, sol.memory) and every_group_holds_params(prob, starts) else None
+    return sol if _fits(prob, sol) and every_group_holds_params(prob, starts) else None
 
 
 def solve_stages(prob: StageProblem, *, time_limit_s: float = 10.0, workers: int = 1,

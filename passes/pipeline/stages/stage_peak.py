@@ -13,6 +13,10 @@ schedule. On top of one microbatch's walk, at the stage's peak (its backward):
 - point-to-point buffers (``p2p_bytes``): one microbatch's received activations and the gradients
   of the values it sends, which arrive from the next stage.
 
+The optimizer step runs after the last microbatch, when none of these are alive: its peak is the
+walk's. The stage planner's ILP constrains the same peak per layer unit (``stage_ilp`` (3')), so the
+cut it picks is one every stage's own plan fits.
+
 Measured against ``MemTracker`` on each stage rank by ``tests/runtime/pipeline/test_pipeline_memory_peak.py``.
 """
 from __future__ import annotations
@@ -28,34 +32,50 @@ from autoshard.passes.graph import META
 __all__ = ["stage_peak", "with_stage_peak", "stage_solution"]
 
 
-def stage_peak(solution: Solution, held: int, p2p_bytes: float) -> float:
-    """The stage's whole-step peak bytes per device (module docstring)."""
-    saved = float(solution.estimated.get("saved_activation_bytes", solution.memory_breakdown.get("activations", 0.0)))
+def stage_peak(solution: Solution, held: int, p2p_bytes: float, *, recompute: bool = False,
+               received_bytes: float = 0.0) -> float:
+    """The stage's whole-step peak bytes per device (module docstring): the larger of the step's
+    forward / backward peak with the other in-flight microbatches, the accumulated gradients and the
+    p2p buffers added, and the optimizer step's peak (after the last microbatch: none of those alive).
+    A recomputing stage (``recompute``) keeps only its ``received_bytes`` for the other microbatches."""
+    estimated = solution.estimated
+    saved = float(estimated.get("saved_activation_bytes", solution.memory_breakdown.get("activations", 0.0)))
     grads = float(solution.memory_breakdown.get("grads", 0.0))
-    return float(solution.estimated_memory) + max(0, int(held) - 1) * saved + grads + float(p2p_bytes)
+    per_microbatch = float(received_bytes) if recompute else saved
+    added = max(0, int(held) - 1) * per_microbatch + grads + float(p2p_bytes)
+    if "peak_backward_bytes" not in estimated:  # a solution without its phases: all of it, the safe side
+        return float(solution.estimated_memory) + added
+    in_step = max(float(estimated.get("peak_forward_bytes", 0.0)), float(estimated["peak_backward_bytes"]))
+    return max(in_step + added, float(estimated.get("peak_optimizer_step_bytes", 0.0)))
 
 
-def with_stage_peak(solution: Solution, held: int, p2p_bytes: float) -> Solution:
+def with_stage_peak(solution: Solution, held: int, p2p_bytes: float, *, recompute: bool = False,
+                    received_bytes: float = 0.0) -> Solution:
     """``solution`` with ``estimated_memory`` the stage's whole-step peak; one microbatch's walk stays
     in ``estimated["microbatch_peak_bytes"]`` and the terms added in ``estimated``."""
     estimated = dict(solution.estimated, microbatch_peak_bytes=float(solution.estimated_memory),
                      stage_held_microbatches=int(held), stage_p2p_bytes=float(p2p_bytes))
-    return replace(solution, estimated_memory=stage_peak(solution, held, p2p_bytes), estimated=estimated)
+    peak = stage_peak(solution, held, p2p_bytes, recompute=recompute, received_bytes=received_bytes)
+    return replace(solution, estimated_memory=peak, estimated=estimated)
 
 
 def stage_solution(solution: Optional[Solution], graph: StageGraph, schedule: str, pp: int,
-                   microbatches: int) -> Optional[Solution]:
+                   microbatches: int, recompute: bool = False) -> Optional[Solution]:
     """A stage's intra-op ``solution`` (one microbatch's walk) with ``estimated_memory`` the stage's
-    whole-step peak under ``schedule``: its in-flight microbatches (the schedule's closed form),
-    accumulated gradients, and p2p buffers (the received values and the gradients of the sent ones,
-    at full size: exact on a (1,) submesh, an over-estimate where the stage shards them)."""
+    whole-step peak under ``schedule``: its in-flight microbatches (the schedule's closed form; only
+    their received values when the stage ``recompute``s), accumulated gradients, and p2p buffers (the
+    received values and the gradients of the sent ones, at full size: exact on a (1,) submesh, an
+    over-estimate where the stage shards them)."""
     if solution is None:
         return solution
     from autoshard.passes.pipeline.schedule.registry import get_schedule
     held = get_schedule(schedule).approx_held(pp, microbatches)
+
+    def nbytes(names) -> float:
+        metas = [graph.captured.node(n).meta.get(META) for n in names]
+        return float(sum(m.nbytes for m in metas if isinstance(m, TensorMeta)))
+
     received = graph.captured.inputs[len(graph.captured.inputs) - len(graph.receives):] if graph.receives else []
-    p2p = 0.0
-    for name in list(received) + [n for n, _ in graph.sends]:
-        meta = graph.captured.node(name).meta.get(META)
-        p2p += meta.nbytes if isinstance(meta, TensorMeta) else 0.0
-    return with_stage_peak(solution, held[min(graph.index, len(held) - 1)], p2p)
+    got, sent = nbytes(received), nbytes([n for n, _ in graph.sends])
+    return with_stage_peak(solution, held[min(graph.index, len(held) - 1)], got + sent, recompute=recompute,
+                           received_bytes=got)

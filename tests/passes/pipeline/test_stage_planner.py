@@ -21,8 +21,8 @@ from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, approx_
                                                stage_problem, valid_schedule)
 from autoshard.passes.pipeline.stages.search import closed_form_best, microbatch_options, plan_candidates
 from autoshard.passes.pipeline.schedule.simulate import StageCosts, simulate
-from autoshard.passes.pipeline.stages.stage_ilp import (StageProblem, even_stages, pipeline_step_time, solve_stages,
-                                                 stage_costs)
+from autoshard.passes.pipeline.stages.stage_ilp import (StageProblem, even_stages, group_memory, pipeline_step_time,
+                                                 solve_stages, stage_costs)
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.testing.models import GPT, lm_loss
 
@@ -108,6 +108,53 @@ def test_stage_ilp_is_optimal_against_brute_force(groups, limit):
     assert (_brute_force(no_recompute) == float("inf")) == (limit == 20.0)
     assert any(got.recompute) == (limit == 20.0)
     assert (solve_stages(no_recompute) is None) == (limit == 20.0)
+
+
+def _brute_force_step_peak(prob: StageProblem) -> float:
+    """The best step time over every cut and recompute choice whose groups' whole-step peaks fit."""
+    L, S = len(prob.fwd), prob.num_stages
+    best = float("inf")
+    for cuts in itertools.combinations(range(1, L), S - 1):
+        for rec in itertools.product([False, True], repeat=S):
+            starts = [0, *cuts]
+            if max(group_memory(prob, starts, rec).values()) <= prob.memory_limit:
+                times, syncs, _ = stage_costs(prob, starts, rec)
+                best = min(best, pipeline_step_time(times, prob.stage_group, prob.m, prob.v, syncs))
+    return best
+
+
+@pytest.mark.parametrize("groups,limit", [([0, 1, 2], 60.0), ([0, 1, 2], 34.5), ([0, 1, 0, 1], 80.0)])
+def test_stage_ilp_constrains_the_whole_step_stage_peak(groups, limit):
+    """With the step-peak terms (accumulated gradients, optimizer temporaries: a sum and a largest-of
+    per stage), the ILP's answer is the brute force's over ``group_memory``, fits it, and its reported
+    memory is each stage's larger side (in-step or optimizer step), above the additive form."""
+    fwd = [1.0, 2.0, 2.5, 2.0, 1.5, 2.0, 4.0]
+    base = StageProblem(fwd=fwd, bwd=[2 * f for f in fwd], grad_sync=[0.1 * f for f in fwd],
+                        state=[3.0, 4.0, 4.0, 4.0, 4.0, 4.0, 6.0], act=[2.0, 3.0, 3.0, 3.0, 3.0, 3.0, 1.0],
+                        cut_seconds=[0.2] * 6, cut_bytes=[0.5] * 6, stage_group=groups,
+                        held=[len(set(groups)) - g for g in groups], m=8, memory_limit=limit)
+    prob = dataclasses.replace(base, grads=[0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.5], opt_fixed=[0.1] * 7,
+                               opt_peak=[0.5, 6.0, 1.0, 1.0, 1.0, 1.0, 2.0])
+    want = _brute_force_step_peak(prob)
+    got = solve_stages(prob, time_limit_s=20)
+    assert want < float("inf") and got is not None and got.status == "OPTIMAL"
+    assert got.step_time == pytest.approx(want, rel=1e-4)
+    assert max(group_memory(prob, got.starts, got.recompute).values()) <= limit
+    _, _, additive = stage_costs(base, got.starts, got.recompute)
+    assert all(p > a for p, a in zip(got.memory, additive))
+
+
+def test_the_optimizer_step_side_alone_can_refuse_a_cut():
+    """A stage whose states and activations fit but whose optimizer step (AdamW's copies of its largest
+    parameter) does not: the additive form accepts the cut, the step peak refuses it."""
+    base = StageProblem(fwd=[1.0, 1.0], bwd=[2.0, 2.0], grad_sync=[0.0, 0.0], state=[8.0, 8.0], act=[1.0, 1.0],
+                        cut_seconds=[0.0], cut_bytes=[0.0], stage_group=[0, 1], held=[1, 1], m=2,
+                        memory_limit=10.0)
+    assert solve_stages(base) is not None
+    heavy = dataclasses.replace(base, grads=[0.0, 0.0], opt_fixed=[0.0, 0.0], opt_peak=[0.0, 4.0])
+    assert solve_stages(heavy) is None
+    light = dataclasses.replace(heavy, opt_peak=[0.0, 2.0])
+    assert solve_stages(light) is not None
 
 
 def test_infeasible_stage_problem_gives_none():
@@ -383,3 +430,21 @@ def test_search_is_never_worse_than_any_evenly_cut_configuration(big_head):
                         grid = min(grid, score_stages(prob, schedule, sol.starts, sol.recompute)[0])
     assert grid < math.inf and best is not None
     assert best.step_time <= grid * (1 + 1e-9)
+
+
+def test_a_stage_before_the_last_is_planned_as_trained(small):
+    """A stage before the loss returns activations, but its output's gradient arrives from the next
+    stage: its plan prices gradients, AdamW's state and a backward (it was priced forward-only)."""
+    from autoshard.passes.cost.facts import GraphFacts
+    from autoshard.passes.pipeline.stages.stage_graphs import split_stages, stage_nodes_from_prefixes
+
+    first, last = split_stages(small, stage_nodes_from_prefixes(small, ["blocks.2"]))
+    assert not first.captured.loss_output and first.captured.training and last.captured.training
+    assert GraphFacts(first.captured, PEAK_H100).training
+    forward_only = dataclasses.replace(first.captured, receives_output_grads=False)
+    trained = plan_sharding(first.captured, Mesh((1,)), hardware=PEAK_H100, time_limit_s=5)
+    inference = plan_sharding(forward_only, Mesh((1,)), hardware=PEAK_H100, time_limit_s=5)
+    params = trained.memory_breakdown["params"]
+    assert trained.memory_breakdown["grads"] == params > 0 and trained.memory_breakdown["optimizer"] == 2 * params
+    assert inference.memory_breakdown.get("grads", 0.0) == 0.0
+    assert trained.estimated_step_time > 2 * inference.estimated_step_time  # the backward: about twice the forward
