@@ -221,8 +221,8 @@ class LeverPricer:
     def _price(self, reading: tuple, forward: float, total: float, copy: float, src: tuple,
                policy: Optional[int]) -> tuple[float, float, float, float, float]:
         """(seconds, kept, gathered, recompute, gathered_transient): ``LeverPrice``'s fields."""
-        u, slot, _, is_param, _, _, saves, n, _, _ = reading
-        gathered = _is_param_copy(reading, forward)
+        u, slot, _, is_param, _, cast, saves, n, _, _ = reading
+        gathered = is_param and (forward > 0.0 or cast)  # _is_param_copy, inline: the ILP's innermost loop
         if policy is None or policy == KEEP:
             if not saves:
                 return total, 0.0, 0.0, 0.0, 0.0
