@@ -8,8 +8,8 @@
 - Every ``torch.device`` argument (factories traced with ``device=meta``, ``_to_copy``) becomes the
   rank's device.
 
-``written_operands`` says which operands an op updates in place (from its schema, plus the
-composite ops whose schema does not say so, such as batch norm's running stats).
+``written_operands`` (which operands an op updates in place) lives in ``passes.writes``, which
+the cost model reads too; it is re-exported here.
 
 >>> local_size_args(aten.view.default, (x, [8, 6]), {}, (4, 6))
 ((x, [4, 6]), {})
@@ -21,9 +21,8 @@ from typing import Optional, Sequence
 import torch
 import torch.fx as fx
 
-from autoshard.passes.graph import META
-from autoshard.passes.schema import bind_args, schema_of
-from autoshard.passes.spec import TensorMeta
+from autoshard.passes.schema import schema_of
+from autoshard.passes.writes import written_operands
 
 __all__ = ["size_arg", "local_size_args", "rewrite_devices", "written_operands"]
 
@@ -68,49 +67,3 @@ def rewrite_devices(args: tuple, kwargs: dict, device: torch.device) -> tuple[tu
     return tuple(sub(a) for a in args), new_kwargs
 
 
-# Composite ops that update arguments in place without saying so in their schema (training mode).
-_IMPLICIT_WRITES = {
-    torch.ops.aten.batch_norm.default: (("running_mean", "running_var"), "training"),
-    torch.ops.aten.instance_norm.default: (("running_mean", "running_var"), "use_input_stats"),
-}
-
-
-def _written_args(node: fx.Node) -> set:
-    """(position, name) of every argument the op writes in place."""
-    schema = schema_of(node.target)
-    if schema is None:
-        return set()
-    written = {(i, a.name) for i, a in enumerate(schema.arguments)
-               if a.alias_info is not None and a.alias_info.is_write}
-    if node.target in _IMPLICIT_WRITES:
-        names, flag = _IMPLICIT_WRITES[node.target]
-        if bind_args(node.target, node.args, node.kwargs)[flag]:
-            pos = {a.name: i for i, a in enumerate(schema.arguments)}
-            written |= {(pos[n], n) for n in names}
-    return written
-
-
-def written_operands(node: fx.Node) -> list[int]:
-    """Indices (in ``passes.graph.operands`` order) of the tensor operands ``node`` writes in place."""
-    written = _written_args(node)
-    if not written:
-        return []
-    keys = {i for i, _ in written} | {name for _, name in written}
-    origin: list = []  # the top-level argument (position or keyword) each operand comes from
-
-    def visit(a, top):
-        if isinstance(a, fx.Node):
-            if isinstance(a.meta.get(META), TensorMeta):
-                origin.append(top)
-        elif isinstance(a, (list, tuple)):
-            for x in a:
-                visit(x, top)
-        elif isinstance(a, dict):
-            for x in a.values():
-                visit(x, top)
-
-    for i, a in enumerate(node.args):
-        visit(a, i)
-    for k, v in node.kwargs.items():
-        visit(v, k)
-    return [i for i, top in enumerate(origin) if top in keys]

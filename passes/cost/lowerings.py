@@ -26,11 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import torch.fx as fx
+
 from autoshard.passes.cost.attention import ring_attention_seconds, ring_internal_bytes
+from autoshard.passes.cost.collectives import Collective
 from autoshard.passes.cost.moe import dispatch_collectives, dispatch_saved_bytes
 from autoshard.passes.errors import PlanFormatError
+from autoshard.passes.graph import operand_meta, operands
+from autoshard.passes.schema import bind_args
 from autoshard.passes.sharding.rules.moe import EXPERT_DISPATCH, EXPERT_DISPATCH_CAPACITY
-from autoshard.passes.spec import Strategy
+from autoshard.passes.spec import Strategy, TensorMeta
 
 __all__ = ["Lowering", "LOWERINGS", "named_lowerings"]
 
@@ -49,6 +54,45 @@ class Lowering:
 
 _DISPATCH = dict(collectives=dispatch_collectives, saved_bytes=dispatch_saved_bytes)
 
+
+def _group_all_reduce(cm, strategy: Strategy, name: str, nbytes: float, phase: str) -> tuple[Collective, ...]:
+    """One all-reduce of ``nbytes`` over the axes (size > 1) where ``strategy`` names lowering
+    ``name``, flattened into one group as the runtime's emitters call it (``runtime/lowerings.py``,
+    ``emit_lowering``): none when no such axis is left. Its seconds are those of an all-reduce on
+    each axis in turn (reducing over one axis, then the next, sums over the flattened group, so
+    the one call costs no more), plus one op launch."""
+    axes = [a for a, low in enumerate(strategy.lowerings) if low == name and cm.mesh.shape[a] > 1]
+    if not axes:
+        return ()
+    seconds = sum(cm.collective_time("all_reduce", a, nbytes) for a in axes) + cm.hardware.op_overhead_s
+    return (Collective("all_reduce", axes[0], int(nbytes), seconds, phase),)
+
+
+def loss_mean_partial_collectives(cm, node: fx.Node, strategy: Strategy, out: TensorMeta,
+                                  training: bool) -> tuple[Collective, ...]:
+    """With class indices (cross_entropy / nll_loss: ``ignore_index`` and an integer target) the
+    emitter all-reduces the local total weight, one scalar of the loss's dtype, outside autograd
+    (forward only); any other loss divides by a static count and communicates nothing."""
+    bound = bind_args(node.target, node.args, node.kwargs)
+    if "ignore_index" not in bound or operand_meta(operands(node)[1]).dtype.is_floating_point:
+        return ()
+    scalar = TensorMeta((), operand_meta(operands(node)[0]).dtype).nbytes
+    return _group_all_reduce(cm, strategy, "loss_mean_partial", scalar, "fwd")
+
+
+def batch_norm_sync_collectives(cm, node: fx.Node, strategy: Strategy, out: TensorMeta,
+                                training: bool) -> tuple[Collective, ...]:
+    """In training the emitter all-reduces the per-channel sums of ``x - K`` and ``(x - K)^2``
+    (2 x channels of the input's dtype) in one call, differentiably: the backward all-reduces
+    their gradient once more (when the program trains). In eval the op runs as is."""
+    if not bind_args(node.target, node.args, node.kwargs).get("training"):
+        return ()
+    x = operand_meta(operands(node)[0])
+    stats = 2 * x.shape[1] * TensorMeta((), x.dtype).nbytes
+    fwd = _group_all_reduce(cm, strategy, "batch_norm_sync", stats, "fwd")
+    bwd = _group_all_reduce(cm, strategy, "batch_norm_sync", stats, "bwd") if training else ()
+    return fwd + bwd
+
 LOWERINGS: dict[str, Lowering] = {low.name: low for low in (
     Lowering("mean_partial",
              "aten.mean over dims that include a dim sharded on these axes: output P on these axes; each rank "
@@ -58,11 +102,13 @@ LOWERINGS: dict[str, Lowering] = {low.name: low for low in (
              "aten.binary_cross_entropy_with_logits with reduction=mean whose batch (or element) dims are sharded "
              "on these axes: output P; each rank computes its local sum of per-element losses divided by the "
              "GLOBAL number of counted elements (for ignore_index / class weights: the global total weight, "
-             "obtained by an all-reduce of the local total weight over these axes, outside autograd)."),
+             "obtained by an all-reduce of the local total weight over these axes, outside autograd).",
+             collectives=loss_mean_partial_collectives),
     Lowering("batch_norm_sync",
              "aten.batch_norm (training) with the batch/spatial dims of its input sharded on these axes: mean and "
              "variance are computed over the GLOBAL batch (sum, sum of squares and count all-reduced over these "
-             "axes, differentiably), running stats updated with the global statistics; output placed like input."),
+             "axes, differentiably), running stats updated with the global statistics; output placed like input.",
+             collectives=batch_norm_sync_collectives),
     Lowering("embedding_vocab",
              "aten.embedding with weight S(0) (vocabulary rows) on these axes and indices R: each rank looks up "
              "the rows it owns, zeros elsewhere; output P."),

@@ -20,8 +20,10 @@ where nesting allows, else all-gather then chunk), then shard from the first axi
 ``a`` are the tensor's bytes divided by the shard factor of the OTHER axes at that point. Backward
 pays each forward collective's adjoint (all-gather <-> reduce-scatter, all-reduce <-> all-reduce,
 all-to-all <-> all-to-all; chunk <-> free) unless the value needs no gradient. The program's outputs
-are priced as gathered to ``R`` on every rank, forward only (the backward seed, ones for a loss, is
-available in any placement for free).
+are priced as moved to where the runtime leaves them (``passes.solve.clustering.output_placements``:
+a loss ``P`` on every axis, anything else ``R``), forward only (the backward seed, ones for a loss,
+is available in any placement for free). The callers (``passes.solve``) price a copy several
+readers share once and an operand written in place moved back (``passes.writes``).
 
 Memory per rank: parameters, gradients (same dtype) and optimizer state (``optimizer``: "adamw"
 keeps 2 fp32 states per element, "sgd_momentum" 1, "sgd" (no momentum) none) divided by the storage

@@ -29,12 +29,19 @@ from typing import Iterable, Optional
 import torch.fx as fx
 
 from autoshard.passes.graph import META, MODULE, CapturedGraph, operands, outputs
-from autoshard.passes.spec import TensorMeta
+from autoshard.passes.spec import Partial, Placement, Replicate, TensorMeta
 
 __all__ = ["Clustering", "cluster_nodes", "graph_edges", "cluster_edges", "normalize", "block_instance",
-           "module_path", "output_slot", "OUTPUT"]
+           "module_path", "output_slot", "output_placements", "OUTPUT"]
 
 OUTPUT = "output"  # the consumer name used for the graph's outputs in edge lists
+
+
+def output_placements(captured: CapturedGraph, ndim: int) -> tuple[Placement, ...]:
+    """The placements the program leaves its outputs in (what the runtime's ``lower`` fetches them
+    to): a scalar loss ``P`` on every axis (the caller sums the ranks' values, and backward seeds
+    it with ones), anything else gathered to ``R``. The output edge is priced as this move."""
+    return ((Partial(),) if captured.loss_output else (Replicate(),)) * ndim
 
 _NUM = re.compile(r"^\d+$")
 

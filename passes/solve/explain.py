@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from autoshard.passes.cost.model import CostModel
-from autoshard.passes.solve.clustering import OUTPUT, graph_edges
+from autoshard.passes.solve.clustering import OUTPUT, graph_edges, output_placements
 from autoshard.passes.solve.planner import ShardingProblem
-from autoshard.passes.spec import Replicate, Strategy
+from autoshard.passes.spec import Strategy
+from autoshard.passes.writes import written_operands
 
 __all__ = ["Alternative", "Explanation", "explain_node"]
 
@@ -59,14 +60,17 @@ def _local_cost(problem: ShardingProblem, cm: CostModel, chosen: dict, nodes: se
         price = cm.price_node(name, chosen[name], problem.facts)
         seconds += price.seconds
         memory += price.memory
-    replicated = tuple(Replicate() for _ in problem.mesh.shape)
+    out_placements = output_placements(problem.captured, problem.mesh.ndim)
     for u, slot, v, i in edges:
         src = chosen[u].outputs[slot]
-        dst = replicated if v == OUTPUT else chosen[v].inputs[i]
+        dst = out_placements if v == OUTPUT else chosen[v].inputs[i]
         if tuple(src) == tuple(dst):
             continue
         grad = v != OUTPUT and problem.facts.value_needs_grad(u, slot)
-        colls, copy = cm.price_edge(src, dst, problem.facts.tensor_outputs(u)[slot], grad)
+        meta = problem.facts.tensor_outputs(u)[slot]
+        colls, copy = cm.price_edge(src, dst, meta, grad)
+        if v != OUTPUT and i in written_operands(problem.facts.nodes[v]):  # moved back after the op, as the ILP
+            colls = colls + cm.price_edge(dst, src, meta, grad)[0]
         seconds += sum(c.seconds for c in colls)
         memory += copy
     return seconds, memory

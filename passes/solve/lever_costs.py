@@ -25,6 +25,9 @@ Prices per node and edge of a block instance (``LeverPrice``), with the saved-te
   the policy keeps), and the gathered parameter copies of two instances (the prefetch of the next
   block's gathers overlaps this block's use) when gathered copies are not kept.
 
+A parameter copy is one the runtime's gatherer makes: one that communicates, or under mixed
+precision the cast copy even where no collective is needed; either is priced as gathered.
+
 Nodes outside numbered blocks, parameters and inputs have no policy (``policy=None``): they are
 priced as KEEP. Gradient accumulation (``k`` microsteps) and mixed precision enter through the cost
 model and graph facts handed in (``passes.solve.microbatch``; ``CostModel.reduce_dtype``).
@@ -43,6 +46,7 @@ from autoshard.passes.levers import BlockPolicy
 from autoshard.passes.solve.blocks import BlockMap, storage_owner
 from autoshard.passes.solve.clustering import OUTPUT, graph_edges
 from autoshard.passes.spec import Strategy, TensorMeta
+from autoshard.passes.writes import written_operands
 
 __all__ = ["POLICIES", "KEEP", "RESHARD", "SELECTIVE", "FULL", "LeverPrice", "LeverPricer", "policy_index"]
 
@@ -169,7 +173,7 @@ class LeverPricer:
         reading = self._reading(u, slot, v, index)
         colls, copy, forward, total = self._move(reading, src, dst)
         price = LeverPrice(*self._price(reading, forward, total, copy, src, policy))
-        price.gather_copy = copy if reading[3] and forward > 0.0 else 0.0
+        price.gather_copy = copy if _is_param_copy(reading, forward) else 0.0
         return colls, price
 
     def edge_table(self, u: str, slot: int, v: str, index: int, srcs: list, dsts: list,
@@ -196,15 +200,20 @@ class LeverPricer:
         saves = v == OUTPUT or facts.operand_saved(v, index)
         n = self.blocks.num_instances(self.blocks.type_of(v)) if v != OUTPUT else 0
         grad_scale = self.cm.reduce_scale(meta) if is_param else 1.0
-        return u, slot, meta.nbytes, is_param, grad, cast, saves, n, grad_scale
+        written = v != OUTPUT and index in written_operands(facts.nodes[v])
+        return u, slot, meta.nbytes, is_param, grad, cast, saves, n, grad_scale, written
 
     def _move(self, reading: tuple, src: tuple, dst: tuple) -> tuple[tuple[Collective, ...], float, float, float]:
-        """(collectives, copy bytes, forward seconds, all seconds) of one move."""
-        _, _, nbytes, _, grad, cast, _, _, grad_scale = reading
-        key = (src, dst, nbytes, grad, grad_scale, cast)
+        """(collectives, copy bytes, forward seconds, all seconds) of one move. An operand its reader
+        writes in place (``passes.writes``) and that was moved is moved back to ``src`` after the op
+        (the runtime's write-back): those collectives are the move's too."""
+        _, _, nbytes, _, grad, cast, _, _, grad_scale, written = reading
+        key = (src, dst, nbytes, grad, grad_scale, cast, written)
         hit = self._move_sums.get(key)
         if hit is None:
             colls, copy = self.cm.moves(src, dst, nbytes, grad, grad_scale=grad_scale, cast=cast)
+            if written and src != dst:
+                colls = colls + self.cm.moves(dst, src, nbytes, grad)[0]
             hit = self._move_sums[key] = (colls, copy, sum(c.seconds for c in colls if c.phase == "fwd"),
                                           sum(c.seconds for c in colls))
         return hit
@@ -212,8 +221,8 @@ class LeverPricer:
     def _price(self, reading: tuple, forward: float, total: float, copy: float, src: tuple,
                policy: Optional[int]) -> tuple[float, float, float, float, float]:
         """(seconds, kept, gathered, recompute, gathered_transient): ``LeverPrice``'s fields."""
-        u, slot, _, is_param, _, _, saves, n, _ = reading
-        gathered = is_param and forward > 0.0
+        u, slot, _, is_param, _, cast, saves, n, _, _ = reading
+        gathered = is_param and (forward > 0.0 or cast)  # _is_param_copy, inline: the ILP's innermost loop
         if policy is None or policy == KEEP:
             if not saves:
                 return total, 0.0, 0.0, 0.0, 0.0
@@ -238,3 +247,11 @@ class LeverPricer:
         meta: TensorMeta = self.facts.tensor_outputs(u)[slot]
         return self.cm.kept(self.cm.local_bytes(meta.nbytes, src)) / reads
 
+
+def _is_param_copy(reading: tuple, forward: float) -> bool:
+    """Whether a parameter read makes a copy the runtime's ``ParamGatherer`` makes and holds
+    (``runtime.lower.plan_copies``): one that communicates, or, under mixed precision, the cast
+    compute copy even where the placement needs no collective. Either is priced as a gathered copy
+    (kept, or freed and made again under reshard-after-forward), never as an activation."""
+    is_param, cast = reading[3], reading[5]
+    return is_param and (forward > 0.0 or cast)

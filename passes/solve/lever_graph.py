@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from autoshard.passes.layout.redistribution import R_CODE, encode
-from autoshard.passes.solve.clustering import OUTPUT, cluster_edges, graph_edges
+from autoshard.passes.layout.redistribution import encode
+from autoshard.passes.solve.clustering import OUTPUT, cluster_edges, graph_edges, output_placements
 from autoshard.passes.solve.lever_costs import LeverPricer
 from autoshard.passes.solve.strategy_graph import PolicyGroup, SGEdge, SGNode, StrategyGraph
 from autoshard.passes.spec import Strategy
@@ -84,7 +84,7 @@ def build_lever_graph(problem, pricer: LeverPricer, allowed_policies: dict[str, 
         node_types.append(btype if rs != [None] else None)
     out_index = len(nodes)
     nodes.append(SGNode(OUTPUT, [0.0], [0.0]))
-    replicated = (R_CODE,) * cm.mesh.ndim
+    out_codes = encode(output_placements(problem.captured, cm.mesh.ndim))
     codes: dict = {}
 
     def classes(name: str, side: str, k: int) -> tuple[list[int], list[tuple]]:
@@ -101,7 +101,7 @@ def build_lever_graph(problem, pricer: LeverPricer, allowed_policies: dict[str, 
         u_cls, srcs = classes(u, "outputs", slot)
         ru = node_policies[cu]
         if cv == OUTPUT:
-            v_cls, dsts, rv, vi = [0], [replicated], [None], out_index
+            v_cls, dsts, rv, vi = [0], [out_codes], [None], out_index
         else:
             (v_cls, dsts), rv, vi = classes(v, "inputs", i), node_policies[cv], cv
         same_group = cv != OUTPUT and node_types[cu] is not None and node_types[cu] == node_types[cv]

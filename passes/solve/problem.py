@@ -24,10 +24,12 @@ from autoshard.passes.layout.redistribution import R_CODE, encode
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.sharding.strategies import StrategyTable, enumerate_strategies
-from autoshard.passes.solve.clustering import OUTPUT, Clustering, cluster_edges, cluster_nodes, graph_edges
+from autoshard.passes.solve.clustering import (OUTPUT, Clustering, cluster_edges, cluster_nodes, graph_edges,
+                                               output_placements)
 from autoshard.passes.solve.solution import Solution, evaluate
 from autoshard.passes.solve.strategy_graph import SGEdge, SGNode, StrategyGraph
 from autoshard.passes.spec import Strategy
+from autoshard.passes.writes import written_operands
 
 __all__ = ["build_strategy_graph", "ShardingProblem", "build_problem", "strategy_choices"]
 
@@ -42,7 +44,8 @@ def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed:
                          clustering: Clustering, cm: CostModel, facts: GraphFacts,
                          memory_limit: Optional[float]) -> StrategyGraph:
     """One ILP node per cluster (priced by its representative, counted ``len(members)`` times), one
-    ILP edge per distinct cluster edge; the program's outputs are a fixed consumer wanting ``R``."""
+    ILP edge per distinct cluster edge; the program's outputs are a fixed consumer wanting
+    ``output_placements`` (a loss ``P``, anything else ``R``)."""
     nodes: list[SGNode] = []
     for members in clustering.members:
         rep = members[0]
@@ -51,7 +54,7 @@ def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed:
                             allowed.get(rep)))
     out_index = len(nodes)
     nodes.append(SGNode(OUTPUT, [0.0], [0.0]))
-    replicated = (R_CODE,) * cm.mesh.ndim
+    out_codes = encode(output_placements(captured, cm.mesh.ndim))
     codes: dict = {}
 
     def placements_of(name: str, side: str, k: int) -> list[tuple]:
@@ -64,18 +67,21 @@ def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed:
     for (cu, slot, cv, i), (mult, (u, _, v, _)) in cluster_edges(graph_edges(captured), clustering).items():
         u_class, srcs = _classes(placements_of(u, "outputs", slot))
         if cv == OUTPUT:
-            v_class, dsts, vi = [0], [replicated], out_index
+            v_class, dsts, vi = [0], [out_codes], out_index
         else:
             v_class, dsts = _classes(placements_of(v, "inputs", i))
             vi = cv
         nbytes = facts.tensor_outputs(u)[slot].nbytes
         grad = cv != OUTPUT and facts.value_needs_grad(u, slot)  # an output's gradient seed is free
         keeps = cv == OUTPUT or facts.operand_saved(v, i)  # the consumer keeps its copy for backward
+        written = cv != OUTPUT and i in written_operands(facts.nodes[v])  # moved back after the op
         cost, mem = [], []
         for p in srcs:
             row_c, row_m = [], []
             for q in dsts:
                 colls, copy = cm.moves(p, q, nbytes, grad)
+                if written and p != q:
+                    colls = colls + cm.moves(q, p, nbytes, grad)[0]
                 row_c.append(sum(c.seconds for c in colls))
                 row_m.append(copy if keeps else 0.0)
             cost.append(row_c)

@@ -27,13 +27,14 @@ from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.strategies import unruled_ops
 from autoshard.passes.solve.blocks import BlockMap, block_map
-from autoshard.passes.solve.clustering import OUTPUT, graph_edges
+from autoshard.passes.solve.clustering import OUTPUT, graph_edges, output_placements
 from autoshard.passes.solve.gather_timeline import Segment, gathered_peak, segment_of
 from autoshard.passes.solve.lever_costs import LeverPricer, policy_index
 from autoshard.passes.solve.microbatch import MicrobatchCostModel, MicrobatchFacts
 from autoshard.passes.solve.peak_timeline import peak_of
 from autoshard.passes.solve.step_trace import TraceBuilder
-from autoshard.passes.spec import Placement, Replicate, Strategy, fmt, parse_placement
+from autoshard.passes.spec import Placement, Strategy, fmt, parse_placement
+from autoshard.passes.writes import written_operands
 
 __all__ = ["Solution", "Redistribution", "evaluate", "pricing_for", "node_policy", "CLOCK_STATS"]
 
@@ -53,7 +54,12 @@ def _pls_from_json(items) -> tuple[Placement, ...]:
 class Redistribution:
     """Operand ``operand_index`` of ``consumer`` moves from ``src`` (as ``producer`` made it) to
     ``dst`` (as the consumer's strategy needs it) through ``collectives`` (empty: a free local
-    chunk). ``consumer`` is "output" for the program's outputs."""
+    chunk, or a copy an earlier reader already made: the runtime makes one copy per (producer,
+    placement), which every later reader needing that placement shares, so its collectives, and
+    their backward, are listed and priced once, at the first reader). An operand the consumer
+    writes in place (``passes.writes``) is also moved back to ``src`` after the op (the runtime's
+    write-back, e.g. batch norm's running statistics): those collectives follow. ``consumer`` is
+    "output" for the program's outputs, moved to ``clustering.output_placements``."""
     producer: str
     consumer: str
     operand_index: int
@@ -216,12 +222,24 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         if facts.kind[name] == "param":
             syncs[captured.params[name]] = [replace(c, seconds=c.seconds * k) for c in base.grad_sync]
             times["grad_sync"] += sum(c.seconds for c in base.grad_sync)
-    replicated = tuple(Replicate() for _ in mesh.shape)
+    out_placements = output_placements(captured, mesh.ndim)
     moves: list[Redistribution] = []
+    made: set = set()  # (producer, slot, placement): the copies the runtime has made by this edge
+    reader, stale = None, set()  # a reader that writes an operand in place: the runtime then drops its copies
     for u, slot, v, i in graph_edges(captured):
+        if v != reader:
+            made = {key for key in made if key[0] not in stale} if stale else made
+            reader, stale = v, set()
         src = strategies[u].outputs[slot]
-        dst = replicated if v == OUTPUT else strategies[v].inputs[i]
+        dst = out_placements if v == OUTPUT else strategies[v].inputs[i]
         colls, price = pricer.edge(u, slot, v, i, encode(src), encode(dst), policy(v))
+        if v != OUTPUT and i in written_operands(facts.nodes[v]):
+            stale.add(u)  # its move (and move back) is its own: never a shared copy
+        elif colls or price.gather_copy:
+            copy_key = (u, slot, normalize(dst, mesh.shape))
+            if copy_key in made:  # the runtime made this copy for an earlier reader: this one reads it
+                colls, price = (), replace(price, seconds=0.0)
+            made.add(copy_key)
         trace.edge(u, slot, v, price, tuple(src), moved=bool(colls))
         comm = sum(c.seconds for c in colls)
         times["communication"] += comm

@@ -48,9 +48,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence, Union
 
-from autoshard.passes.solve.clustering import OUTPUT, block_instance, cluster_edges, graph_edges, module_path
+from autoshard.passes.solve.clustering import (OUTPUT, block_instance, cluster_edges, graph_edges, module_path,
+                                               output_placements)
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel
+from autoshard.passes.cost.moe import is_moe_node
 from autoshard.passes.errors import InfeasiblePlanError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.cost.hardware import Hardware
@@ -62,7 +64,8 @@ from autoshard.passes.solve.peak_timeline import optimizer_temporaries
 from autoshard.passes.solve.problem import build_problem
 from autoshard.passes.solve.step_trace import STEP_COUNTER_BYTES
 from autoshard.passes.solve.solution import Solution
-from autoshard.passes.spec import Replicate
+from autoshard.passes.layout.shapes import normalize
+from autoshard.passes.writes import written_operands
 from autoshard.passes.pipeline.stages.op_cuts import op_graph_units
 from autoshard.passes.solve.microbatch import (MicrobatchCostModel, MicrobatchFacts, batch_dependent, batch_granularity,
                                                microbatch_strategies)
@@ -216,10 +219,18 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
             part = "batch" if name in batch else "fixed"
             acc[i][f"fwd_{part}"] += fwd / div
             acc[i][f"bwd_{part}"] += bwd / div
-            extra = cm.price_node(name, s, facts).compute - (fwd + bwd) / div  # per-op launch overhead
+            price = cm.price_node(name, s, facts)
+            extra = price.compute - (fwd + bwd) / div  # per-op launch overhead
             share = fwd / (fwd + bwd) if fwd + bwd > 0 else 0.5
             acc[i]["fwd_fixed"] += extra * share
             acc[i]["bwd_fixed"] += extra * (1 - share)
+            # a lowering's own collectives: an MoE layer's all-to-alls carry its tokens (they follow the
+            # batch); batch-norm statistics and a loss's total weight do not
+            moved = part if is_moe_node(facts.nodes[name]) else "fixed"
+            for c in price.collectives:
+                fixed = cm.collective(c.kind, c.axis, 0).seconds
+                acc[i][f"{c.phase}_fixed"] += fixed
+                acc[i][f"{c.phase}_{moved}"] += c.seconds - fixed
             acc[i][f"act_{part}"] += cm.node_activation_bytes(name, s, facts)
     readers: dict[str, list[int]] = {}
     last_reader: dict[tuple[str, int], int] = {}
@@ -245,16 +256,24 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
             acc[owner]["opt_peak"] = max(acc[owner]["opt_peak"], 0.0 if foreach else temporaries)
             acc[owner]["opt_fixed"] += STEP_COUNTER_BYTES if adam else 0.0
         acc[owner]["grad_sync"] += sum(c.seconds for c in price.grad_sync)
-    replicated = tuple(Replicate() for _ in mesh.shape)
+    out_placements = output_placements(captured, mesh.ndim)
+    made: set = set()  # copies made by an earlier reader, shared as ``evaluate`` prices them
     for u, slot, v, k in graph_edges(captured):
         src = strategies[u].outputs[slot]
-        dst = replicated if v == OUTPUT else strategies[v].inputs[k]
+        dst = out_placements if v == OUTPUT else strategies[v].inputs[k]
         if tuple(src) == tuple(dst):
             continue
         i = len(units) - 1 if v == OUTPUT else unit_of[v]
         part = "batch" if u in batch else "fixed"
         grad = v != OUTPUT and facts.value_needs_grad(u, slot)  # as ``evaluate`` prices it
-        colls, copy = cm.price_edge(src, dst, facts.tensor_outputs(u)[slot], grad)
+        meta = facts.tensor_outputs(u)[slot]
+        colls, copy = cm.price_edge(src, dst, meta, grad)
+        if v != OUTPUT and k in written_operands(facts.nodes[v]):  # moved back after the op
+            colls = colls + cm.price_edge(dst, src, meta, grad)[0]
+        elif colls:
+            shared = (u, slot, normalize(dst, mesh.shape))
+            colls = () if shared in made else colls
+            made.add(shared)
         for c in colls:
             fixed = cm.collective(c.kind, c.axis, 0).seconds
             acc[i][f"{c.phase}_fixed"] += fixed
