@@ -1,7 +1,7 @@
 """The plan is chosen among the lever search's finalists by the overlap model's step (issue 16 item 3).
 
-The ranking cases are real plans of one program (a meta Llama, hidden 1024, 4 layers, batch 8 x 1024
-on 8 A100s): autoshard's own plan and four published layouts (Megatron tp=2 and tp=8, FSDP with and
+The ranking cases are real plans of one program (a meta Llama, hidden 4096, 4 layers, batch 8 x 256
+on 8 H100s): autoshard's own plan and four published layouts (Megatron tp=2 and tp=8, FSDP with and
 without reshard-after-forward). Among them, some pairs are ranked one way by the ILP's additive sum
 and the other way by the overlap model (more of one plan's communication hides under compute on the
 communication stream). Fed to ``pick_finalist`` in the order the lever search finds incumbents (each
@@ -24,14 +24,14 @@ from autoshard.testing.models import hf_lm_loss
 @pytest.fixture(scope="module")
 def plans():
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=8,
-                      num_key_value_heads=8, vocab_size=4096, max_position_embeddings=1024, tie_word_embeddings=False,
+    cfg = LlamaConfig(hidden_size=4096, intermediate_size=11264, num_hidden_layers=4, num_attention_heads=8,
+                      num_key_value_heads=8, vocab_size=4096, max_position_embeddings=256, tie_word_embeddings=False,
                       use_cache=False)
     cfg._attn_implementation = "sdpa"
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
-    ids = torch.empty(8, 1024, dtype=torch.long, device="meta")
-    common = dict(example_inputs=(ids,), loss_fn=hf_lm_loss, example_target=ids, hardware="a100")
+    ids = torch.empty(8, 256, dtype=torch.long, device="meta")
+    common = dict(example_inputs=(ids,), loss_fn=hf_lm_loss, example_target=ids, hardware="h100")
     found = {"ours": autoshard.plan(model, 8, **common)}
     for name, layout in {"tp2": layouts.megatron(tp=2, recompute="none", microbatch_size=2),
                          "tp8": layouts.megatron(tp=8, recompute="none", microbatch_size=8),
