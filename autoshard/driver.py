@@ -39,7 +39,8 @@ from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
-from autoshard.passes.solve.planner import plan_sharding, random_solution
+from autoshard.passes.solve.planner import plan_sharding
+from autoshard.passes.solve.random_plans import random_solution
 from autoshard.passes.solve.replicated_ops import describe_replicated, replicated_op_costs
 from autoshard.pipelined_plans import CompiledPipelinePlan, PipelinedPlan
 from autoshard.pipelines import check_pipeline_inputs, microbatch_plan, planner_stage_starts, warn_per_microbatch

@@ -16,7 +16,7 @@ from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.solve.explain import Explanation, explain_node
-from autoshard.passes.solve.planner import build_problem
+from autoshard.passes.solve.problem import build_problem
 from autoshard.passes.spec import fmt_placements
 from autoshard.passes.units import human_bytes, human_time
 

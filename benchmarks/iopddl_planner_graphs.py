@@ -26,7 +26,7 @@ from autoshard.contest.iopddl.problem import IOPDDLFormatError, from_strategy_gr
 from autoshard.contest.iopddl.solver import solve_problem
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve.ilp import solve
-from autoshard.passes.solve.planner import build_problem
+from autoshard.passes.solve.problem import build_problem
 
 
 def loss_fn(out, target):

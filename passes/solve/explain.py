@@ -20,7 +20,7 @@ from typing import Optional
 
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.solve.clustering import OUTPUT, graph_edges, output_placements
-from autoshard.passes.solve.planner import ShardingProblem
+from autoshard.passes.solve.problem import ShardingProblem
 from autoshard.passes.spec import Strategy
 from autoshard.passes.writes import written_operands
 

@@ -31,129 +31,37 @@ Solves are bounded by deterministic work (CP-SAT deterministic time, fixed seed 
 by the clock, so a plan does not depend on the machine's load; ``solver_stats["gap"]`` is the
 chosen solve's relative optimality gap.
 
-``random_solution`` draws a random valid strategy per node, and random levers (for randomized
-equivalence tests of the runtime). Both price the result with ``solution.evaluate``, the same cost
-model the ILP sees, on the hardware and optimizer asked for.
+The plan is priced with ``solution.evaluate``, the same cost model the ILP sees, on the hardware and
+optimizer asked for (as ``random_plans.random_solution`` prices random valid plans). The program's
+planning context (strategy table, blocks, policies, microstep counts) is ``lever_search.LeverSearch``.
 """
 from __future__ import annotations
 
-import itertools
-import random
 import time
-import warnings
 from dataclasses import dataclass, replace
 from typing import Optional, Union
 
-from autoshard.passes.batch_coupling import BatchCouplingWarning, CoupledOp, batch_coupled_ops, describe_coupled
-from autoshard.passes.cost.facts import GraphFacts
-from autoshard.passes.cost.model import CostModel
+from autoshard.passes.batch_coupling import describe_coupled
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.hardware_lookup import get_hardware
-from autoshard.passes.errors import AutoshardError, InfeasiblePlanError
-from autoshard.passes.graph import CapturedGraph, operands
-from autoshard.passes.levers import Levers, MixedPrecision
-from autoshard.passes.mesh import Mesh
+from autoshard.passes.errors import InfeasiblePlanError
+from autoshard.passes.graph import CapturedGraph
+
 from autoshard.passes.sharding.pins import PinError, Pins
-from autoshard.passes.solve.blocks import block_map
-from autoshard.passes.solve.clustering import output_slot
 from autoshard.passes.solve.ilp import ILPResult, lp_bound, solve
-from autoshard.passes.solve.lever_costs import POLICIES, KEEP, LeverPricer
+from autoshard.passes.solve.lever_costs import LeverPricer
 from autoshard.passes.solve.finalists import pick_finalist
+from autoshard.passes.solve.lever_search import LeverSearch
 from autoshard.passes.solve.lever_graph import LeverGraph, build_lever_graph
 from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.strategy_graph import fix_policies
 from autoshard.passes.solve.work_budget import WorkBudget, solve_gap
-from autoshard.passes.solve.microbatch import BatchSplits, batch_divisors, global_batch, strategies_granularity
-from autoshard.passes.solve.problem import ShardingProblem, build_problem, strategy_choices
+from autoshard.passes.solve.problem import ShardingProblem
 from autoshard.passes.solve.solution import Solution, evaluate, node_policy, pricing_for
-from autoshard.passes.spec import Partial, Replicate, Strategy, fmt_placements
+from autoshard.passes.spec import fmt_placements
 from autoshard.passes.units import human_bytes
 
-__all__ = ["plan_sharding", "random_solution"]
-
-
-class _LeverSearch:
-    """One program's planning context: the strategy table (shared by every microstep count), the
-    block structure, the policies each block type may take and the microstep counts to try."""
-
-    def __init__(self, captured: CapturedGraph, mesh, hw: Hardware, optimizer, pins, levers: LeverPins,
-                 traced_at_microbatch: bool):
-        self.captured, self.hw, self.optimizer, self.levers = captured, hw, optimizer, levers
-        self.traced_at_microbatch = traced_at_microbatch
-        self.choices = strategy_choices(captured, mesh, pins)
-        self.mesh: Mesh = self.choices[0]
-        _check_mixed_precision(captured, levers.mixed_precision)
-        facts = GraphFacts(captured, hw)
-        self.blocks = block_map(captured, facts)
-        op_types = sorted({self.blocks.type_of(n) for n in self.blocks.instance if facts.kind.get(n) == "op"})
-        self.policies = levers.policies(op_types)
-        self._splits: Optional[BatchSplits] = None
-        self._moves: dict = {}  # priced moves, shared by every microstep count's cost model
-        self.coupled: list[CoupledOp] = batch_coupled_ops(captured)
-
-    def accumulations(self) -> list[int]:
-        """The microstep counts to try: the pinned one, else the batch's divisors, or only 1 when an
-        op couples the rows of a batch (accumulating would change what the step computes)."""
-        if self.traced_at_microbatch:
-            return [self.levers.accumulation or 1]
-        if self.levers.accumulation is None and self.coupled:
-            return [1]
-        try:
-            batch = global_batch(self.captured)
-        except AutoshardError:
-            if self.levers.accumulation not in (None, 1):
-                raise
-            return [1]
-        return self.levers.accumulations(batch_divisors(self.captured), batch)
-
-    def problem(self, k: int) -> tuple[ShardingProblem, CostModel]:
-        """The problem of one of ``k`` microsteps (strategies that still divide the microbatch) and
-        the cost model that prices it."""
-        facts, cm = pricing_for(self.captured, self.mesh, self.hw, self.optimizer, k, self.levers.mixed_precision,
-                                self.traced_at_microbatch, self._moves)
-
-        def divisible_at_microbatch(table, mesh, allowed):
-            if self._splits is None:
-                self._splits = BatchSplits(self.captured, table, mesh)
-            for name, keep in self._splits.allowed(k).items():
-                allowed[name] = set(allowed.get(name, keep)) & keep
-                if not allowed[name]:
-                    raise PinError(f"the pins on {name!r} split its batch dimension more ways than a microbatch "
-                                   f"of 1/{k} of the batch has rows: pin fewer ways or accumulate less")
-            return allowed
-
-        cut = k > 1 and not self.traced_at_microbatch
-        return build_problem(self.captured, self.mesh, hardware=self.hw, facts=facts,
-                             narrow=divisible_at_microbatch if cut else None, choices=self.choices), cm
-
-    def graph(self, problem: ShardingProblem, cm: CostModel, limit: Optional[float]) -> LeverGraph:
-        return build_lever_graph(problem, LeverPricer(self.captured, problem.facts, cm, self.blocks),
-                                 self.policies, limit)
-
-    def combinations(self) -> list[Optional[tuple]]:
-        """The block-type policy combinations to solve one by one, fastest policies first (each a
-        sorted tuple of (block type, index into ``POLICIES``)); ``[None]``: one joint solve."""
-        types = sorted(self.policies)
-        combos = list(itertools.product(*(self.policies[t] for t in types)))
-        if len(combos) > _MAX_POLICY_COMBINATIONS:
-            return [None]
-        return [tuple(zip(types, c)) for c in sorted(combos, key=lambda c: (sum(c), c))]
-
-    def levers_of(self, k: int, policies: dict[str, int]) -> Levers:
-        return Levers(k, {t: POLICIES[r] for t, r in sorted(policies.items()) if r != KEEP},
-                      self.levers.mixed_precision)
-
-    def warn_if_coupled(self, k: int, stats: dict) -> None:
-        """Record the batch-coupled ops in ``stats``, and warn when the step runs as ``k > 1``
-        microsteps (only ever because the user pinned it)."""
-        if not self.coupled:
-            return
-        stats["batch_coupled"] = describe_coupled(self.coupled, 3)
-        if k > 1:
-            warnings.warn(
-                f"accumulation={k} changes what the step computes: batch-coupled ops see 1/{k} of the batch at a "
-                f"time ({describe_coupled(self.coupled)}). The planner never chooses accumulation for such a model; "
-                "leave accumulation out to keep the maths of one full batch", BatchCouplingWarning, stacklevel=4)
+__all__ = ["plan_sharding"]
 
 
 @dataclass
@@ -217,7 +125,7 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
     t0 = time.perf_counter()
     budget = WorkBudget(time_limit_s)
     levers = LeverPins.off() if levers is None else levers
-    search = _LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch)
+    search = LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch)
     ks = search.accumulations()
     combos = search.combinations()
     best: Optional[_Found] = None
@@ -308,7 +216,7 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
     return sol
 
 
-def _evaluated(search: "_LeverSearch", found: _Found) -> Solution:
+def _evaluated(search: "LeverSearch", found: _Found) -> Solution:
     """``found``'s assignment priced by ``evaluate`` (its peak included), worked out once."""
     if found.solution is None:
         strategies, policies = found.lever_graph.decode(found.result.choice)
@@ -324,7 +232,7 @@ def _evaluated(search: "_LeverSearch", found: _Found) -> Solution:
 _PAYS = 1e-9
 
 
-def _without_levers(search: "_LeverSearch", ks: list[int], combos: list, limit: float, budget: WorkBudget,
+def _without_levers(search: "LeverSearch", ks: list[int], combos: list, limit: float, budget: WorkBudget,
                     workers: int) -> Optional[_Found]:
     """The fastest plan without levers (the fewest microsteps, the fastest policies the pins allow),
     solved without the memory limit on a lever graph of those policies alone, when it fits
@@ -346,12 +254,6 @@ def _without_levers(search: "_LeverSearch", ks: list[int], combos: list, limit: 
             return _Found(k, problem, graph, result, result.cost * k)
     return None
 
-
-# Fixing each block type's policy and solving once per combination is exact, and on these graphs far
-# faster than the one-hot joint ILP (Llama-3 8B on (8,): 4 fixed solves of 0.1-0.25 s each against
-# 4-7 s for the joint solve, whose LP relaxation is fractional in the policy); the joint ILP stays
-# for programs with many block types, where the combinations multiply.
-_MAX_POLICY_COMBINATIONS = 16
 
 
 def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, list[int]], budget: WorkBudget,
@@ -398,21 +300,7 @@ def _fastest_bound(graph: LeverGraph, combos: list, policies: dict[str, list[int
     return lp_bound(part)
 
 
-def _check_mixed_precision(captured: CapturedGraph, mp: Optional[MixedPrecision]) -> None:
-    """The program must compute in ``mp.param_dtype``: captured with ``capture(..., param_dtype=)``."""
-    floating = {n.name: n.meta["autoshard.meta"].dtype for n in captured.gm.graph.nodes
-                if n.name in captured.params and n.meta["autoshard.meta"].dtype.is_floating_point}
-    want = None if mp is None else mp.param_dtype
-    if want is not None and any(d != want for d in floating.values()):
-        have = sorted({str(d) for d in floating.values()})
-        raise AutoshardError(f"mixed_precision asks for compute in {want}, but the program was captured computing "
-                             f"in {', '.join(have)}: capture it with capture(..., param_dtype={want}) (plan() does)")
-    if captured.master_dtypes and (mp is None or mp.param_dtype is None):
-        raise AutoshardError("the program was captured with cast parameters (capture(..., param_dtype=)): pass "
-                             "mixed_precision=MixedPrecision(param_dtype=...) with the same dtype")
-
-
-def _infeasible(search: _LeverSearch, k: int, problem: ShardingProblem, graph: LeverGraph,
+def _infeasible(search: LeverSearch, k: int, problem: ShardingProblem, graph: LeverGraph,
                 smallest: Optional[ILPResult], limit: float) -> InfeasiblePlanError:
     mesh = search.mesh
     if smallest is None:
@@ -454,55 +342,3 @@ def _infeasible(search: _LeverSearch, k: int, problem: ShardingProblem, graph: L
         f"without momentum, keeps no state; 'sgd_momentum' one), a smaller batch, or unpin the memory levers "
         f"(accumulation, checkpoint, reshard_after_forward)."
         + coupled)
-
-
-def random_solution(captured: CapturedGraph, mesh, *, seed: int, pins: Optional[Pins] = None,
-                    hardware: Union[str, Hardware] = "h100", optimizer: Union[str, float] = "adamw",
-                    levers: Optional[LeverPins] = None, traced_at_microbatch: bool = False) -> Solution:
-    """A random valid strategy per node (pins respected), and random memory levers, priced like a
-    solved plan on ``hardware`` with ``optimizer``. ``traced_at_microbatch``: as in ``plan_sharding``
-    (``captured`` holds one microstep of the pinned ``levers.accumulation``).
-
-    Half the time an op takes a strategy whose operand placements match what its producers chose
-    (so sharded chains form); strategies that turn a non-P operand into P are avoided when possible.
-    ``levers`` (None: none pulled): each free block policy is drawn among the allowed ones, and the
-    microstep count among the divisors of the batch that the drawn strategies still divide (a
-    pinned count narrows the strategies first); mixed precision is as given. The levers are drawn
-    after the strategies from a generator of their own, so a seed draws the same strategies with
-    or without them.
-    """
-    levers = LeverPins.off() if levers is None else levers
-    hw = get_hardware(hardware)
-    search = _LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch)
-    mesh, table, allowed = search.choices
-    if levers.accumulation not in (None, 1) and not traced_at_microbatch:
-        allowed = search.problem(levers.accumulation)[0].allowed
-    rng = random.Random(seed)
-    chosen: dict[str, Strategy] = {}
-    replicated = tuple(Replicate() for _ in mesh.shape)  # what a get_attr constant holds
-    for node in captured.gm.graph.nodes:
-        if node.op not in ("placeholder", "call_function"):
-            continue
-        options = [table[node.name][k] for k in sorted(allowed.get(node.name, range(len(table[node.name]))))]
-        if node.op == "call_function" and len(options) > 1:
-            have = [chosen[o.node.name].outputs[output_slot(o.node, o.index)] if o.node.name in chosen
-                    else replicated for o in operands(node)]
-            sane = [s for s in options if not any(isinstance(p, Partial) and not isinstance(h[a], Partial)
-                                                  for pls, h in zip(s.inputs, have) for a, p in enumerate(pls))]
-            options = sane or options
-            match = [s for s in options if all(tuple(a) == tuple(b) for a, b in zip(s.inputs, have))]
-            if match and rng.random() < 0.5:
-                options = match
-        chosen[node.name] = rng.choice(options)
-    draw = random.Random(f"levers-{seed}")
-    policies = {t: draw.choice(allowed_policies) for t, allowed_policies in sorted(search.policies.items())}
-    ks = search.accumulations()
-    if len(ks) > 1:
-        grain = strategies_granularity(captured, chosen, mesh)
-        batch = global_batch(captured)
-        ks = [k for k in ks if (batch // k) % grain == 0]
-    k = draw.choice(ks)
-    stats = {"status": f"RANDOM(seed={seed})"}
-    search.warn_if_coupled(k, stats)
-    return evaluate(captured, mesh, chosen, hw, optimizer, unruled=table.unruled, levers=search.levers_of(k, policies),
-                    solver_stats=stats, traced_at_microbatch=traced_at_microbatch)

@@ -71,7 +71,7 @@ def test_plan_from_a_module_factory_prints_the_summary_and_writes_the_plan(tmp_p
 def test_explain_prints_the_choice_and_deltas_that_repricing_confirms(planned, capsys):
     from autoshard.explain import explain
     from autoshard.passes.capture.export import capture
-    from autoshard.passes.solve.planner import build_problem
+    from autoshard.passes.solve.problem import build_problem
     from autoshard.passes.solve.solution import evaluate
     from autoshard.passes.spec import fmt_placements
     config, outs = planned

@@ -18,7 +18,7 @@ from autoshard.passes.levers import MixedPrecision
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve.clustering import OUTPUT
 from autoshard.passes.solve.lever_pins import LeverPins
-from autoshard.passes.solve.planner import random_solution
+from autoshard.passes.solve.random_plans import random_solution
 from autoshard.passes.solve.solution import pricing_for
 from autoshard.passes.spec import Partial
 from autoshard.runtime.groups import MeshEnv

@@ -59,7 +59,7 @@ def test_tight_memory_never_turns_to_accumulation(limit):
 def test_random_plans_never_draw_accumulation():
     from autoshard.passes.capture.export import capture
     from autoshard.passes.solve.lever_pins import LeverPins
-    from autoshard.passes.solve.planner import random_solution
+    from autoshard.passes.solve.random_plans import random_solution
 
     def drawn(train):
         model, x, y = _cnn(train)

@@ -11,9 +11,10 @@ from autoshard.passes.capture.export import capture
 from autoshard.passes.errors import AutoshardError, InfeasiblePlanError
 from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.solve import planner
+from autoshard.passes.solve import lever_search, planner
 from autoshard.passes.solve.lever_pins import LeverPins
-from autoshard.passes.solve.planner import plan_sharding, random_solution
+from autoshard.passes.solve.planner import plan_sharding
+from autoshard.passes.solve.random_plans import random_solution
 from autoshard.passes.solve.solution import evaluate
 
 from autoshard.testing.models import GPT, lm_loss
@@ -78,7 +79,7 @@ def test_the_solver_objective_is_the_evaluated_step_with_levers(gpt, free):
 def test_per_policy_solves_and_the_joint_ilp_find_the_same_optimum(gpt, free, monkeypatch):
     limit = 0.45 * free.estimated_memory
     fixed = _plan(gpt, limit, accumulation=2)
-    monkeypatch.setattr(planner, "_MAX_POLICY_COMBINATIONS", 0)  # one ILP with the one-hot policy rows
+    monkeypatch.setattr(lever_search, "MAX_POLICY_COMBINATIONS", 0)  # one ILP with the one-hot policy rows
     joint = _plan(gpt, limit, accumulation=2)
     assert joint.estimated_step_time == pytest.approx(fixed.estimated_step_time, rel=1e-5)
     assert joint.estimated_memory <= limit

@@ -19,7 +19,8 @@ from autoshard.passes.solve.ilp import solve
 from autoshard.passes.solve.strategy_graph import SGEdge, SGNode, StrategyGraph, merge_followers
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import PinError, Pins
-from autoshard.passes.solve.planner import plan_sharding, random_solution
+from autoshard.passes.solve.planner import plan_sharding
+from autoshard.passes.solve.random_plans import random_solution
 from autoshard.passes.solve.solution import CLOCK_STATS, Solution, evaluate
 from autoshard.passes.spec import P, R, S, Replicate, Shard, fmt_placements
 from autoshard.passes.sharding.strategies import divides, enumerate_strategies
