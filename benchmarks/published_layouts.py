@@ -29,16 +29,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 import autoshard
 from autoshard import layouts
 from autoshard.api import plan_captured
 from autoshard.passes.capture.export import capture
 from autoshard.passes.units import human_bytes
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from plan_3d import gpt3, loss_fn as lm_loss  # noqa: E402  GPT-3 175B on meta, and the LM loss, as plan_3d builds them
 
 GB = 1e9
 BF16 = autoshard.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -56,20 +59,6 @@ def llama(layers, hidden, intermediate, heads, kv_heads, seq, dtype=None):
     return model.to(dtype) if dtype is not None else model
 
 
-def gpt3(seq):
-    from transformers import GPT2Config, GPT2LMHeadModel
-    cfg = GPT2Config(n_layer=96, n_embd=12288, n_head=96, n_positions=seq, vocab_size=51200, attn_pdrop=0,
-                     resid_pdrop=0, embd_pdrop=0, use_cache=False, bos_token_id=0, eos_token_id=0)
-    cfg._attn_implementation = "sdpa"
-    with torch.device("meta"):
-        return GPT2LMHeadModel(cfg).to(torch.bfloat16)
-
-
-def lm_loss(out, target):
-    logits = out.logits if hasattr(out, "logits") else out
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
-
-
 ROWS = {
     "8b": dict(name="torchtitan Llama-3.1 8B / 8 H100", build=lambda: llama(32, 4096, 14336, 32, 8, 8192),
                mesh=(8,), hw="h100", memory=96 * GB, batch=16, seq=8192, layout=layouts.fsdp(checkpoint="selective")),
@@ -78,7 +67,7 @@ ROWS = {
     "405b": dict(name="torchtitan Llama-3.1 405B / 128 H100", build=lambda: llama(126, 16384, 53248, 128, 8, 8192),
                  mesh=(16, 8), hw="h100", memory=94 * GB, batch=32, seq=8192,
                  layout=layouts.fsdp(tp=8, checkpoint="full")),
-    "175b": dict(name="GPT-3 175B / 1,024 H100", build=lambda: gpt3(2048), mesh=(128, 8), hw="h100", memory=None,
+    "175b": dict(name="GPT-3 175B / 1,024 H100", build=lambda: gpt3(96, 12288, 96, 2048, 51200), mesh=(128, 8), hw="h100", memory=None,
                  batch=1536, seq=2048, layout=layouts.megatron(tp=8, pp=16, recompute="full")),
     "llama3": dict(name="Llama 3 405B / 16,384 H100",
                    build=lambda: llama(126, 16384, 53248, 128, 8, 8192, dtype=torch.bfloat16),
