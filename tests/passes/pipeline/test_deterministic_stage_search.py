@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import multiprocessing as mp
 import time
 
 import torch
@@ -20,6 +19,7 @@ from autoshard.passes.capture.export import capture
 from autoshard.passes.cost.hardware import PRESETS
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.testing.models import GPT, lm_loss
+from autoshard.testing.cpu_load import busy_cores
 
 # one device per node on a slow inter-node link: the gradient all-reduce is dear, so stages pay
 SLOW_LINKS = dataclasses.replace(PRESETS["h100"], name="h100-slow-links", sm_count=0, min_kernel_s=0.0,
@@ -64,23 +64,9 @@ def test_a_clock_that_races_changes_nothing(monkeypatch):
     assert _planned(captured, monkeypatch) == quiet
 
 
-def _spin(stop) -> None:
-    while not stop.is_set():
-        pass
-
-
 def test_same_pipeline_plan_under_cpu_load(monkeypatch):
     captured = _captured()
     quiet = _planned(captured, monkeypatch)
-    ctx = mp.get_context("spawn")
-    stop = ctx.Event()
-    spinners = [ctx.Process(target=_spin, args=(stop,), daemon=True) for _ in range(2)]
-    for p in spinners:
-        p.start()
-    try:
+    with busy_cores(2):
         loaded = _planned(captured, monkeypatch)
-    finally:
-        stop.set()
-        for p in spinners:
-            p.join(timeout=10)
     assert loaded == quiet

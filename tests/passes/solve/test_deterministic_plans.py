@@ -8,17 +8,12 @@ where the machine's load would decide the answer."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 
 import torch
 
 import autoshard
 from autoshard.testing.models import gpt
-
-
-def _spin(stop) -> None:
-    while not stop.is_set():
-        pass
+from autoshard.testing.cpu_load import busy_cores
 
 
 def _plan_json() -> str:
@@ -32,15 +27,6 @@ def _plan_json() -> str:
 
 def test_same_plan_under_cpu_load():
     quiet = _plan_json()
-    ctx = mp.get_context("spawn")
-    stop = ctx.Event()
-    spinners = [ctx.Process(target=_spin, args=(stop,), daemon=True) for _ in range(2)]
-    for p in spinners:
-        p.start()
-    try:
+    with busy_cores(2):
         loaded = _plan_json()
-    finally:
-        stop.set()
-        for p in spinners:
-            p.join(timeout=10)
     assert loaded == quiet
