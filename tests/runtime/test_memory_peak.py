@@ -60,7 +60,7 @@ def test_the_estimated_peak_is_within_ten_percent_and_never_five_percent_under_o
     misses = []
     for rank, measured, estimated, phase, measured_phase in rows:
         assert measured > 0 and estimated > 0 and phase
-        assert phase.split(" (")[0] == measured_phase, (rank, phase, measured_phase)
+        assert phase.split(" (")[0] in measured_phase.split("|"), (rank, phase, measured_phase)
         gap = (estimated - measured) / measured
         if gap < -0.05 or abs(gap) > 0.10:
             misses.append(f"rank {rank}: measured {measured} vs estimated {estimated:.0f} ({gap:+.1%}, {phase})")
