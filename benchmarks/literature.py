@@ -71,15 +71,17 @@ HARDWARE["h100-96gb-500w"] = dataclasses.replace(
 
 #: What the A100 rows' error depends on: the A100's sustained GEMM rate has no measurement here (the
 #: project's devices are H100 / H200), so ``--sensitivity`` reprices every row with each published
-#: A100 figure in turn. None of them is applied: the preset keeps its cited MAMF figure, and picking one
-#: of these because it brings the rows into the band would fit the constant to the validation rows.
+#: A100 figure in turn. The preset uses the one measured as the H100 / H200 presets' figures are
+#: (8192^3, random data, at the power limit); picking another because it brings the rows into the band
+#: would fit the constant to the validation rows.
 A100_GEMM_ALTERNATIVES = (
     # (label, whole-wave GEMM cap as a fraction of 312 TFLOPS, source)
-    ("preset: MAMF burst, 267.9", PRESETS["a100"].gemm_efficiency,
-     "Bekman, ml-engineering compute/accelerator MAMF table (torch 2.x, cuBLAS 12; boost-clock burst)"),
-    ("random data at 400 W, 257", 257 / 312 * 19 / (2048 / 108),
+    ("preset: random data at 400 W, 257", PRESETS["a100"].gemm_efficiency,
      "He 2024, 'Strangely, matrix multiplications on GPUs run faster when given predictable data': "
      "8192^3 with torch.randn inputs on A100 SXM, 257 TFLOPS (295 with zeros); 2048 tiles = 18.96 waves"),
+    ("MAMF burst, 267.9", 267.9 / 312,
+     "Bekman, ml-engineering compute/accelerator MAMF table (torch 2.x, cuBLAS 12): a boost-clock burst, "
+     "the maximum over shapes"),
     ("HPL clock 1305 / 1410 x MAMF", 267.9 / 312 * 1305 / 1410,
      "NVIDIA's HPL Rpeak clock for A100 at its power limit, 1305 MHz (Lockwood, 'peak FLOPS' notes); "
      "Bekman's rule MSMF ~ Theory x saturated/boost clock, applied to the MAMF figure: a lower bound, "
@@ -417,7 +419,7 @@ def summary(rows: list) -> tuple[int, float, dict]:
 
 def sensitivity() -> None:
     """Every row repriced with each figure of ``A100_GEMM_ALTERNATIVES`` as the A100's GEMM cap."""
-    print("\nA100 GEMM sensitivity (not applied; the A100 rows only change):")
+    print("\nA100 GEMM sensitivity (the first is the preset; only the A100 rows change):")
     print(f"{'A100 GEMM cap':<32} {'of peak':>7}  {'within':>6}  {'mean':>6}  Megatron signed errors")
     preset = HARDWARE["a100"]
     try:

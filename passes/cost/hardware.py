@@ -262,8 +262,14 @@ PRESETS: dict[str, Hardware] = {
         op_overhead_s=0.0,             # estimate: CUDA launches are asynchronous, hidden behind earlier kernels
         **_achievable(
             sm_count=108,              # A100 whitepaper (NVIDIA Ampere GA100 architecture): 108 SMs on A100
-            gemm_efficiency=0.859,     # measured max achievable bf16 matmul, 267.9 of 312 TFLOPS (Bekman,
-                                       # ml-engineering, compute/accelerator "MAMF" table, A100 SXM, CUDA 12.1)
+            gemm_efficiency=257 / 312 * 19 / (2048 / 108),  # published microbenchmark (He 2024, "Strangely,
+                                       # matrix multiplications on GPUs run faster when given predictable
+                                       # data", thonking.ai): 8192^3 matmuls with torch.randn inputs on an A100
+                                       # SXM at its 400 W limit, 257 TFLOPS (295 with zeros: the power limit
+                                       # binds); the same measurement as the H100 / H200 presets' (random data,
+                                       # 8192^3, power-limited), 2048 tiles of 128x256 = 18.96 waves, so the
+                                       # whole-wave cap is 19/18.96 of it (0.825). The "MAMF" figure (267.9,
+                                       # Bekman, ml-engineering) is a burst maximum over shapes
             attention_efficiency=0.60,  # FlashAttention-2 (Dao 2023), abstract: 50-73% of peak on A100; the
                                        # backward (2.5x the forward's FLOPs) runs at the low end: 0.60
             intra_node_bus_efficiency=240 / 300,  # NCCL src/graph/topo.h: SM80_NVLINK_BW 20 GB/s per link x 12
