@@ -25,7 +25,8 @@ ZeRO; ``_shard_dim`` says why); over the
 context-parallel axis it is replicated.
 
 ``LayoutError`` names what makes a layout impossible for this model: tp not dividing the attention
-heads (query or key/value) or a tensor-parallel weight's features.
+heads (query or key/value), a tensor-parallel weight's features, or (with sequence parallelism) the
+sequence. A weight dim smaller than tp (a one-output gate) is left replicated (``tensor_parallel_dim``).
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from autoshard.passes.graph import META, MODULE, CapturedGraph
 from autoshard.passes.mesh import Mesh
 
 __all__ = ["LayoutError", "LayoutAxes", "TensorParallelRoles", "tensor_parallel_roles", "layout_pins",
-           "check_tensor_parallel"]
+           "check_tensor_parallel", "tensor_parallel_dim"]
 
 aten = torch.ops.aten
 
@@ -182,10 +183,21 @@ def check_tensor_parallel(captured: CapturedGraph, roles: TensorParallelRoles, t
                                       f"choose tp among {ok}")
     for placeholder, dim in roles.split_dim.items():
         shape = captured.node(placeholder).meta[META].shape
-        if shape[dim] % tp:
+        if tensor_parallel_dim(roles, placeholder, shape, tp) is not None and shape[dim] % tp:
             raise LayoutError(f"tp={tp} does not divide dim {dim} (size {shape[dim]}) of parameter "
                               f"{captured.params[placeholder]!r}, which tensor parallelism splits; choose a tp that "
                               f"divides {shape[dim]}")
+
+
+def tensor_parallel_dim(roles: TensorParallelRoles, placeholder: str, shape, tp: int) -> Optional[int]:
+    """The dim of parameter ``placeholder`` that tensor parallelism splits over ``tp`` ranks, or None.
+    A dim smaller than ``tp`` (a gate or router with one output per token, such as Qwen2-MoE's
+    ``shared_expert_gate``) is not split: frameworks keep such layers replicated, as no tp > 1 could split
+    them. Any other size that ``tp`` does not divide is ``check_tensor_parallel``'s error."""
+    dim = roles.split_dim.get(placeholder) if tp > 1 else None
+    if dim is None or shape[dim] < tp:
+        return None
+    return dim
 
 
 def _shard_dim(shape, mesh: Mesh, axes: LayoutAxes, tp_dim: Optional[int]) -> Optional[int]:
@@ -216,7 +228,7 @@ def layout_pins(captured: CapturedGraph, mesh: Mesh, axes: LayoutAxes, *, sequen
     params: dict[str, tuple] = {}
     for placeholder, fqn in captured.params.items():
         shape = captured.node(placeholder).meta[META].shape
-        tp_dim = roles.split_dim.get(placeholder) if tp > 1 else None
+        tp_dim = tensor_parallel_dim(roles, placeholder, shape, tp)
         sdim = _shard_dim(shape, mesh, axes, tp_dim) if axes.shard else None
         pls = []
         for a in range(mesh.ndim):
@@ -253,7 +265,14 @@ def layout_pins(captured: CapturedGraph, mesh: Mesh, axes: LayoutAxes, *, sequen
             src = node.args[1] if node.target is aten.addmm.default else node.args[0]
             meta = src.meta.get(META) if isinstance(src, fx.Node) else None
             if src.op == "call_function" and meta is not None and hasattr(meta, "shape") and len(meta.shape) >= 3:
-                ops[src.name] = activation(len(meta.shape), seq_on_tp=len(meta.shape) - 2)
+                seq_dim = len(meta.shape) - 2
+                if meta.shape[seq_dim] % tp:
+                    raise LayoutError(
+                        f"sequence parallelism splits the sequence (dim {seq_dim}, length {meta.shape[seq_dim]}) "
+                        f"of {src.name} (module {_module(src)}), the input of the column-parallel {name}, over "
+                        f"tp={tp}: choose a tp that divides {meta.shape[seq_dim]}, or a sequence length that tp "
+                        f"divides (a megatron layout can also pass sequence_parallel=False)")
+                ops[src.name] = activation(len(meta.shape), seq_on_tp=seq_dim)
     if axes.cp is not None and mesh.shape[axes.cp] > 1:
         for node in captured.gm.graph.nodes:
             if node.op == "call_function" and node.target is aten.scaled_dot_product_attention.default:

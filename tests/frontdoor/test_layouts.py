@@ -178,3 +178,33 @@ def test_summary_names_the_layout():
     layout = layouts.fsdp(checkpoint="full")
     text = plan_gpt(layout, mesh=8).summary()
     assert f"layout: {layout.describe()} (priced as given" in text.splitlines()[1]
+
+
+def test_a_one_output_gate_stays_replicated_under_tensor_parallelism():
+    """Qwen2-MoE's ``shared_expert_gate`` (hidden -> 1) cannot be split over tp = 2: it is kept
+    replicated, as Megatron keeps such gates, while the attention and experts around it are split."""
+    from autoshard.testing.hf_zoo import ZOO
+    torch.manual_seed(0)
+    model, inputs, target, loss_fn = ZOO["qwen2_moe"]()
+    plan = autoshard.plan(model, (2, 2), example_inputs=inputs, loss_fn=loss_fn, example_target=target,
+                          hardware="h100", layout=layouts.megatron(tp=2, recompute="none"))
+    pls = plan.param_placements
+    gates = [n for n in pls if n.endswith("shared_expert_gate.weight")]
+    assert gates and all(tuple(pls[n]) == (R, R) for n in gates)
+    assert tuple(pls["model.layers.0.self_attn.q_proj.weight"]) == (R, S0)
+    assert tuple(pls["model.layers.0.self_attn.o_proj.weight"]) == (R, S1)
+
+
+def test_sequence_parallelism_over_a_sequence_tp_does_not_divide_names_the_way_out():
+    """ViT's 17 tokens (16 patches and the class token) do not split over tp = 2: the layout error
+    says so and what to change; without sequence parallelism the same layout plans."""
+    from autoshard.testing.hf_zoo import ZOO
+    torch.manual_seed(0)
+    model, inputs, target, loss_fn = ZOO["vit"]()
+    kwargs = dict(example_inputs=inputs, loss_fn=loss_fn, example_target=target, hardware="h100")
+    with pytest.raises(LayoutError, match=r"sequence parallelism splits the sequence \(dim 1, length 17\).*"
+                                          r"sequence_parallel=False"):
+        autoshard.plan(model, (2, 2), layout=layouts.megatron(tp=2, recompute="none"), **kwargs)
+    plan = autoshard.plan(model, (2, 2), layout=layouts.megatron(tp=2, recompute="none", sequence_parallel=False),
+                          **kwargs)
+    assert tuple(plan.param_placements["vit.layers.0.attention.q_proj.weight"]) == (R, S0)
