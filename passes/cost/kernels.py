@@ -56,7 +56,9 @@ __all__ = ["achievable", "TENSOR_CORE_TILES", "SIMT_TILES", "SPLIT_K", "gemm_eff
 TENSOR_CORE_TILES = ((128, 128), (128, 256), (256, 128), (64, 256), (256, 64))
 #: fp32 GEMMs (no TF32: PyTorch's default ``allow_tf32=False`` for matmuls) run on the CUDA cores, whose
 #: CUTLASS SIMT kernels tile 128x128, 128x64, 64x128, 64x64, 128x32 and 32x128 (generator.py,
-#: ``GenerateSM50_Simt``, the SIMT tile descriptions later architectures reuse).
+#: ``GenerateSM50_Simt``, the SIMT tile descriptions later architectures reuse). All at one per-SM
+#: rate: the CUDA cores run at about 1/15 of the tensor cores' rate (H100 datasheet: 67 against 989
+#: TFLOPS), so even a small tile is fed; an assumption, no fp32 GEMM has been measured here.
 SIMT_TILES = ((128, 128), (128, 64), (64, 128), (64, 64), (128, 32), (32, 128))
 #: K split 1..16 ways when the tiles alone leave SMs idle (CUTLASS ``GemmSplitKParallel``: partial
 #: products per K slice, then a reduction kernel; cuBLAS picks split-K kernels for small M x N,
