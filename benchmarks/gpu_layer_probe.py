@@ -28,8 +28,9 @@ if "--report" in sys.argv:
     run = dataclasses.replace(lit.RUNS[10], recompute="none", hardware="h100")
     print(f"{d['dev']}, torch {d['torch']}; h100 preset: gemm_efficiency {hw.gemm_efficiency:.3f}, "
           f"attention_efficiency {hw.attention_efficiency} (flash kernel: {lit.TORCH_2024_FLASH_ATTENTION_H100})")
-    for key, att in (("flash", lit.TORCH_2024_FLASH_ATTENTION_H100), ("default", hw.attention_efficiency)):
-        lt = lit.layer_times(run, dataclasses.replace(hw, attention_efficiency=att))
+    for key, att, bwd in (("flash", lit.TORCH_2024_FLASH_ATTENTION_H100, lit.TORCH_2024_FLASH_BACKWARD_FACTOR),
+                          ("default", hw.attention_efficiency, hw.attention_backward_factor)):
+        lt = lit.layer_times(run, dataclasses.replace(hw, attention_efficiency=att, attention_backward_factor=bwd))
         print(f"torchtitan 8B layer, 2 x 8192 tokens, SDPA {key}: forward {d['layer_fwd_' + key] * 1e3:.2f} ms "
               f"measured, {lt['fwd'] * 1e3:.2f} predicted; forward + backward {d['layer_fwdbwd_' + key] * 1e3:.2f} "
               f"measured, {(lt['fwd'] + lt['bwd']) * 1e3:.2f} predicted")

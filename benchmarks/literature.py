@@ -60,14 +60,17 @@ GRAND_TETON_WATTS = 500.0
 HARDWARE = dict(PRESETS)
 #: The attention kernel torchtitan's torch ran: SDPA's priority order in late 2024 put the flash kernel
 #: (FlashAttention-2) first and cuDNN attention last (the order quoted in pytorch/pytorch#138907,
-#: 2024-10); torch 2.11, which the h100 preset's 0.52 describes, picks cuDNN attention first on H100.
+#: 2024-10); torch 2.11, which the h100 preset's attention fields describe, picks cuDNN attention first on H100.
 #: Measured with SDPA held to its flash kernel, causal 2 x 32 x 8192 x 128, forward + backward:
-#: 0.305 of peak (benchmarks/gpu_layer_probe.py, benchmarks/gpu_layer_probe_h100.json).
+#: 0.305 of peak (benchmarks/gpu_layer_probe.py, benchmarks/gpu_layer_probe_h100.json), counting the
+#: backward as FlashAttention-2's 2.5x the forward (Dao 2023; the probe's flash kernel took 2.53x).
 TORCH_2024_FLASH_ATTENTION_H100 = 0.305
+TORCH_2024_FLASH_BACKWARD_FACTOR = 2.5
 HARDWARE["h100-96gb-500w"] = dataclasses.replace(
     PRESETS["h100"], name="h100-96gb-500w", memory_bandwidth=2.4e12, memory_bytes=96e9,
     flops_bf16=H100_NVL_DENSE + (H100_SXM_DENSE - H100_NVL_DENSE) * (GRAND_TETON_WATTS - H100_NVL_WATTS)
-    / (H100_SXM_WATTS - H100_NVL_WATTS), attention_efficiency=TORCH_2024_FLASH_ATTENTION_H100)
+    / (H100_SXM_WATTS - H100_NVL_WATTS), attention_efficiency=TORCH_2024_FLASH_ATTENTION_H100,
+    attention_backward_factor=TORCH_2024_FLASH_BACKWARD_FACTOR)
 
 #: What the A100 rows' error depends on: the A100's sustained GEMM rate has no measurement here (the
 #: project's devices are H100 / H200), so ``--sensitivity`` reprices every row with each published

@@ -12,7 +12,8 @@ Parts (each can be skipped):
     layers were traced) and planned for every mesh. A table, and a plot (plan_time.svg next to
     the --out file, written by autoshard/testing/svg_plot.py, no matplotlib needed) linked from it.
   * fidelity: benchmarks/fidelity.py (predicted vs measured step time, 4 gloo ranks).
-  * the existing benchmarks: plan_time.py, memory.py and step_time.py (torchrun, 4 ranks).
+  * the existing benchmarks: plan_time.py, memory.py, step_time.py and gather_prefetch.py (torchrun,
+    4 ranks; the backward prefetch of checkpointed blocks' parameters, about 2 minutes).
   * plan quality: grid_search.py (autoshard's 3D plan against an exhaustive grid, same cost model).
   * pipelines: plan_3d.py (GPT-3 175B on 128 x 8 H100), in_node_layout.py (GPT-3 6.7B on two
     slow-linked nodes, swept over the batch) and pipeline_step_time.py (torchrun, 4 ranks).
@@ -191,7 +192,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-sweep", action="store_true")
     ap.add_argument("--skip-fidelity", action="store_true")
-    ap.add_argument("--skip-existing", action="store_true", help="skip plan_time.py, memory.py, step_time.py")
+    ap.add_argument("--skip-existing", action="store_true",
+                    help="skip plan_time.py, memory.py, step_time.py, gather_prefetch.py")
     ap.add_argument("--skip-grid", action="store_true", help="skip grid_search.py")
     ap.add_argument("--skip-pipeline", action="store_true", help="skip plan_3d.py, in_node_layout.py and pipeline_step_time.py")
     ap.add_argument("--skip-solver", action="store_true", help="skip iopddl.py (about 10 minutes)")
@@ -227,7 +229,8 @@ def main() -> None:
     if not args.skip_existing:
         for title, cmd in (("plan_time.py (Llama-3-8B shape, (8, 8) H100)", [sys.executable, "benchmarks/plan_time.py"]),
                            ("memory.py (torchrun, 4 ranks)", torchrun + ["benchmarks/memory.py"]),
-                           ("step_time.py (torchrun, 4 ranks)", torchrun + ["benchmarks/step_time.py"])):
+                           ("step_time.py (torchrun, 4 ranks)", torchrun + ["benchmarks/step_time.py"]),
+                           ("gather_prefetch.py (torchrun, 4 ranks)", torchrun + ["benchmarks/gather_prefetch.py"])):
             print(f"{title} ...", file=sys.stderr, flush=True)
             sections += [f"### {title}", "", "```", run_script(cmd, timeout=1800), "```", ""]
     scripts = []

@@ -153,7 +153,7 @@ class GraphFacts:
                     b = bind_args(node.target, node.args, node.kwargs)
                     causal = bool(b.get("is_causal")) and b.get("attn_mask") is None
                     fwd = fwd * (0.5 if causal else 1.0) / self.hardware.attention_efficiency
-                    factor = 2.5 if grad_out else 0.0
+                    factor = self.hardware.attention_backward_factor if grad_out else 0.0
             else:
                 main = ops[1:3] if name in ("addmm", "baddbmm") else ops[:2]
                 factor = float(sum(1 for o in main if o.node.name in self.requires_grad))

@@ -92,7 +92,7 @@ class Hardware:
     memory_efficiency: float = 1.0
     min_kernel_s: float = 0.0
     #: fused attention's backward seconds per forward second (FlashAttention-2, Dao 2023, sec. 3.1:
-    #: 2.5x the forward's FLOPs); a measured profile replaces it with what its kernel took
+    #: 2.5x the forward's FLOPs); the H100/H200 presets and a measured profile set what their kernel took
     attention_backward_factor: float = 2.5
     # collectives as NCCL runs them (``passes/cost/nccl.py``); "analytic": the link formulas above
     collective_model: str = "analytic"
@@ -303,14 +303,16 @@ PRESETS: dict[str, Hardware] = {
                                        # pulls the clock down (787 in this run's first GEMMs). Check: a
                                        # measured torchtitan 8B layer (gpu_layer_probe.py) is predicted
                                        # within 2% at this rate, 8% fast at the burst one
-            attention_efficiency=0.52,  # measured profiles: PyTorch SDPA's default kernel on H100 in torch 2.11
-                                       # (cuDNN attention), causal, batch 2 x 32 heads x 8192 x 128, bf16,
-                                       # forward + backward FLOPs (backward 2.5x the forward's) over their
-                                       # time: 0.536 (benchmarks/gpu_layer_probe.py) and 0.499 (lead's
-                                       # benchmarks/gpu_calibration.py, same day, another H100): mean 0.52.
-                                       # One number for both passes: the forward runs at ~0.63, the
-                                       # backward at ~0.48. SDPA held to its flash kernel (FlashAttention-2,
-                                       # first in torch's 2024 priority order) runs at 0.305
+            attention_efficiency=0.602,  # measured: PyTorch SDPA's default kernel on H100 in torch 2.11 (cuDNN
+                                       # attention), bf16, causal, sequence 8192, head_dim 128 at 8, 16 and 32
+                                       # heads (Llama-3 70B / 405B under TP 8, and 8B): the median forward rate
+                                       # of the six such rows of benchmarks/data/h100_calibration.json (lead's
+                                       # gpu_calibration.py) and benchmarks/gpu_layer_probe_h100.json (another
+                                       # H100, same day): 0.50-0.64 of peak. SDPA held to its flash kernel
+                                       # (FlashAttention-2, first in torch's 2024 priority order) runs at 0.305
+            attention_backward_factor=3.05,  # the same rows: median backward / forward time 3.05 (2.74-3.38);
+                                       # more than FlashAttention-2's 2.5x FLOPs (Dao 2023), which the flash
+                                       # kernel matches (2.53 in the probe)
             intra_node_bus_efficiency=370.8 / 450,  # NCCL src/graph/topo.h: SM90_NVLINK_BW 20.6 GB/s per
                                        # link x 18 NVLink4 links = 370.8 GB/s
             inter_node_bus_efficiency=48.5 / 50,  # NDR 400 Gb/s ConnectX-7 (50 GB/s) at ASTRA-sim's calbusbw.h
@@ -338,7 +340,10 @@ PRESETS: dict[str, Hardware] = {
                                        # H200 (2026-11-25): 8192^3 bf16 GEMMs back to back for 30 s at the
                                        # 700 W limit, SM clock 1470-1500 MHz, 672.4 TFLOPS mean (791.5 in
                                        # the first products); whole-wave cap as for H100
-            attention_efficiency=0.52,  # as H100 (same SMs and SDPA kernels; compute-bound at these shapes)
+            attention_efficiency=0.581,  # measured, as H100: the median forward rate of the causal, sequence
+                                       # 8192, head_dim 128 rows (8, 16, 32 heads) of benchmarks/data/
+                                       # h200_profile.json (autoshard profile, torch 2.11, SDPA's default kernel)
+            attention_backward_factor=2.94,  # the same rows: median backward / forward time (2.71-2.99)
             intra_node_bus_efficiency=370.8 / 450,  # as H100: NVLink4, 18 links x 20.6 GB/s (NCCL topo.h)
             inter_node_bus_efficiency=48.5 / 50,  # as H100: NDR 400 Gb/s (ASTRA-sim calbusbw.h CX7_BW)
             nvls_bus_factor=475 / 370.8,  # HGX H200: the same NVSwitch and NVLink SHARP as H100

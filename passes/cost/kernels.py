@@ -5,15 +5,21 @@ the hardware's achievable-efficiency fields (``passes/cost/hardware.py``: each p
 sources; a ``Hardware`` without them, such as ``"cpu"`` or a JSON profile, keeps the plain
 peak-rate pricing, ``achievable(hw)`` is False):
 
-- **GEMM** ``(batch, M, N, K)``: output tiles of ``TILES`` (cuBLAS/CUTLASS pick a tile per shape;
-  the cheapest of the candidates is taken, as a heuristic would), ``ceil(tiles / SMs)`` waves
-  (wave quantisation: a last partial wave costs a whole one), at ``gemm_efficiency`` of the dense
-  peak (the maximum achievable matmul FLOP/s, measured), and never faster than moving its operands
-  and result once through HBM at the achievable bandwidth (roofline: skinny shapes are memory-bound).
+- **GEMM** ``(batch, M, N, K)``, one model for every shape (no threshold): the output is cut into
+  tiles (``TENSOR_CORE_TILES`` for 16-bit operands, ``SIMT_TILES`` for fp32), optionally with K
+  split ``s`` ways (``SPLIT_K``); the ``tiles x s`` thread blocks run in ``ceil(blocks / SMs)``
+  waves (wave quantisation: a last partial wave costs a whole one), each SM at ``gemm_efficiency``
+  of its share of the dense peak. A kernel never beats moving A, B and C once through HBM at the
+  achievable bandwidth (roofline: skinny shapes are memory-bound), and a split K pays for writing
+  and reading back its fp32 partial sums. The cheapest (tile, split) is taken, as a library's
+  heuristic would pick among its kernels. Every candidate's time grows with M, N, K and batch, so
+  the minimum does too: more rows never cost less, and ``k`` microbatches never cost less than one
+  GEMM of all their rows (``ceil(2x) <= 2 ceil(x)``).
 - **fused attention** (flash / cuDNN): ``4 b h L S d`` forward FLOPs, halved for causal attention
   without a mask (the kernel skips the masked blocks), at ``attention_efficiency`` of peak; the
-  backward recomputes the scores and does 2.5x the forward's FLOPs (FlashAttention-2, Dao 2023, sec. 3.1;
-  ``attention_backward_factor``: a measured profile sets it from its own kernel's times).
+  backward recomputes the scores and takes ``attention_backward_factor`` x the forward's time
+  (FlashAttention-2, Dao 2023, sec. 3.1: 2.5x the forward's FLOPs; the H100/H200 presets and a
+  measured profile set it from their kernels' times).
 - **memory-bound ops**: bytes read + written at ``memory_efficiency`` x HBM bandwidth.
 - **fused optimizer step**: memory-bound, ``optimizer_bytes_per_param`` per local parameter.
 - every kernel lasts at least ``min_kernel_s`` (launch and tail latency of a tiny kernel): the
@@ -29,21 +35,36 @@ peak-rate pricing, ``achievable(hw)`` is False):
 0.64
 >>> gemm_efficiency(h100, 1, 16, 8192, 8192) < 0.1               # skinny: HBM-bound
 True
+>>> [round(gemm_seconds(h100, 1, m, 2048, 512, 4) * 1e6, 1) for m in (64, 96, 128, 129)]  # fp32, microseconds
+[4.3, 6.8, 7.2, 11.5]
 """
 from __future__ import annotations
 
+import functools
 import math
 
-__all__ = ["achievable", "TILES", "gemm_efficiency", "gemm_seconds", "attention_seconds", "memory_seconds",
-           "optimizer_seconds", "ADAMW_BYTES_PER_PARAM"]
+__all__ = ["achievable", "TENSOR_CORE_TILES", "SIMT_TILES", "SPLIT_K", "gemm_efficiency", "gemm_seconds",
+           "attention_seconds", "memory_seconds", "optimizer_seconds", "ADAMW_BYTES_PER_PARAM"]
 
-#: Output tile shapes (rows x columns) cuBLAS / CUTLASS use for large 16-bit tensor-core GEMMs on
-#: Ampere and Hopper: 128x128, 128x256 and 256x128 (CUTLASS docs, "Efficient GEMM in CUDA":
-#: threadblock tile sizes; cuBLAS heuristics pick among such tiles per shape). A shape narrower than
-#: ``SKINNY`` in M or N is not tiled that way (cuBLAS dispatches GEMV-like and split-K kernels): it
-#: is priced by the roofline alone, at the cap or the achievable HBM bandwidth.
-TILES = ((128, 128), (128, 256), (256, 128))
-SKINNY = 128
+#: Output tiles (rows x columns per thread block) of 16-bit tensor-core GEMMs: 256x128, 128x256,
+#: 128x128, 256x64 and 64x256 (NVIDIA, "Matrix Multiplication Background User's Guide", DU-09799-001,
+#: sec. 2.3 "Typical tile dimensions in cuBLAS", and CUTLASS's kernel generator,
+#: python/cutlass_library/generator.py, 16-bit TensorOp tile descriptions). The guide's smaller
+#: tiles (128x64, 64x128, 64x64) are left out: it ranks them least efficient (less operand reuse),
+#: and at one per-SM rate they would be priced as efficient as the large ones. 64 rows is also the
+#: smallest M of one Hopper warpgroup MMA (PTX ISA, ``wgmma.mma_async`` shapes m64nNk16).
+TENSOR_CORE_TILES = ((128, 128), (128, 256), (256, 128), (64, 256), (256, 64))
+#: fp32 GEMMs (no TF32: PyTorch's default ``allow_tf32=False`` for matmuls) run on the CUDA cores, whose
+#: CUTLASS SIMT kernels tile 128x128, 128x64, 64x128, 64x64, 128x32 and 32x128 (generator.py,
+#: ``GenerateSM50_Simt``, the SIMT tile descriptions later architectures reuse). All at one per-SM
+#: rate: the CUDA cores run at about 1/15 of the tensor cores' rate (H100 datasheet: 67 against 989
+#: TFLOPS), so even a small tile is fed; an assumption, no fp32 GEMM has been measured here.
+SIMT_TILES = ((128, 128), (128, 64), (64, 128), (64, 64), (128, 32), (32, 128))
+#: K split 1..16 ways when the tiles alone leave SMs idle (CUTLASS ``GemmSplitKParallel``: partial
+#: products per K slice, then a reduction kernel; cuBLAS picks split-K kernels for small M x N,
+#: large K). The set is fixed, not chosen per shape, so the price stays monotone in every dimension.
+SPLIT_K = (1, 2, 4, 8, 16)
+_ACCUMULATOR_BYTES = 4  # split-K partial sums are fp32 (the accumulator type of both kernel families)
 
 #: AdamW with fp32 master weights, one fused (foreach/fused) kernel pass: read parameter (4), gradient
 #: (4), exp_avg (4), exp_avg_sq (4); write parameter (4), exp_avg (4), exp_avg_sq (4) = 28 bytes per
@@ -57,26 +78,33 @@ def achievable(hw) -> bool:
 
 
 def gemm_efficiency(hw, batch: int, m: int, n: int, k: int, itemsize: int = 2) -> float:
-    """Fraction of the dense peak one GEMM (``batch`` independent ``m x k @ k x n``) achieves on ``hw``.
+    """Fraction of the dense peak one GEMM (``batch`` independent ``m x k @ k x n``) achieves on ``hw``,
+    launch overhead aside (``gemm_seconds`` adds it).
 
     1.0 (peak) when ``hw`` has no achievable-throughput model."""
     if not achievable(hw):
         return 1.0
     m, n, k, batch = max(1, int(m)), max(1, int(n)), max(1, int(k)), max(1, int(batch))
-    flops = 2.0 * batch * m * n * k
     peak = hw.flops_bf16 if itemsize <= 2 else hw.flops_fp32
-    if min(m, n) < SKINNY:
-        compute = flops / (peak * hw.gemm_efficiency)
-    else:
-        compute = math.inf
-        for tm, tn in TILES:
-            tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
-            waves = math.ceil(tiles / hw.sm_count)
-            # each wave runs every SM over a full tile of work: what the padded shape costs
-            compute = min(compute, waves * hw.sm_count * tm * tn * k * 2.0 / (peak * hw.gemm_efficiency))
-    moved = (batch * (m * k + k * n + m * n)) * itemsize
-    seconds = max(compute, moved / (hw.memory_bandwidth * hw.memory_efficiency))
-    return flops / peak / seconds
+    seconds = _tiled_gemm_seconds(peak * hw.gemm_efficiency / hw.sm_count, hw.sm_count,
+                                  hw.memory_bandwidth * hw.memory_efficiency, batch, m, n, k, int(itemsize))
+    return 2.0 * batch * m * n * k / peak / seconds
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _tiled_gemm_seconds(sm_flops: float, sms: int, bandwidth: float, batch: int, m: int, n: int, k: int,
+                        itemsize: int) -> float:
+    """Seconds of the cheapest (tile, K split) for the GEMM on ``sms`` SMs of ``sm_flops`` each."""
+    moved = batch * (m * k + k * n + m * n) * itemsize / bandwidth
+    best = math.inf
+    for tm, tn in (TENSOR_CORE_TILES if itemsize <= 2 else SIMT_TILES):
+        tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
+        for split in SPLIT_K:
+            waves = math.ceil(tiles * split / sms)
+            compute = waves * 2.0 * tm * tn * (k / split) / sm_flops  # every block of a wave: one padded tile
+            reduce = 0.0 if split == 1 else 2.0 * split * batch * m * n * _ACCUMULATOR_BYTES / bandwidth
+            best = min(best, max(compute, moved) + reduce)
+    return best
 
 
 def gemm_seconds(hw, batch: int, m: int, n: int, k: int, itemsize: int = 2) -> float:

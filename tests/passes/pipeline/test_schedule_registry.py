@@ -66,16 +66,23 @@ def test_pipeline_plan_checks_the_schedule_and_its_stages_per_rank():
     assert PipelinePlan(2, 3, [None] * 6, "interleaved-1f1b-v3", 5).virtual == 3
 
 
-def _gpt(layers: int, batch: int):
+def _gpt(layers: int, batch: int, seq: int = 128):
     with torch.device("meta"):
-        model = GPT(512, 512, layers, 8, 128, False)
-    ids = torch.empty(batch, 128, dtype=torch.long, device="meta")
+        model = GPT(512, 512, layers, 8, seq, False)
+    ids = torch.empty(batch, seq, dtype=torch.long, device="meta")
     return capture(model, (ids,), loss_fn=lm_loss, target=ids.clone())
 
 
 @pytest.fixture(scope="module")
 def twelve_blocks():
     return _gpt(12, 6)
+
+
+@pytest.fixture(scope="module")
+def twelve_longer_blocks():
+    """Sequences of 256: at 128 tokens a microbatch's fp32 GEMMs take a few microseconds on the h100
+    preset, and the per-stage costs of more virtual stages outweigh the bubbles they save."""
+    return _gpt(12, 6, seq=256)
 
 
 def test_a_schedule_added_to_the_registry_alone_is_usable(monkeypatch, twelve_blocks):
@@ -95,13 +102,13 @@ def _tight():
     return dataclasses.replace(PRESETS["h100"], memory_bytes=2.5e8)  # too small for one stage: pipelining pays
 
 
-def test_auto_pp_picks_interleaved_with_more_virtual_stages_and_odd_microbatches(twelve_blocks):
+def test_auto_pp_picks_interleaved_with_more_virtual_stages_and_odd_microbatches(twelve_longer_blocks):
     """Among the interleaved family (and 1F1B), ``pp=None`` on 4 devices picks pp = 4 with 3 stages
     per rank and 6 microbatches (6 % 4 = 2): fewer bubbles than v = 2, and faster than what the
     search finds when v is held to 2."""
     family = ("1f1b", "interleaved-1f1b", "interleaved-1f1b-v3", "interleaved-1f1b-v4")
-    plan = plan_pipeline(twelve_blocks, (4,), hardware=_tight(), schedule=family, time_limit_s=10)
+    plan = plan_pipeline(twelve_longer_blocks, (4,), hardware=_tight(), schedule=family, time_limit_s=10)
     assert (plan.pp, plan.virtual, plan.schedule, plan.microbatches) == (4, 3, "interleaved-1f1b-v3", 6)
     assert len(plan.stages) == 12 and [s.group for s in plan.stages] == [s % 4 for s in range(12)]
-    two = plan_pipeline(twelve_blocks, (4,), hardware=_tight(), schedule=family[:2], time_limit_s=10)
+    two = plan_pipeline(twelve_longer_blocks, (4,), hardware=_tight(), schedule=family[:2], time_limit_s=10)
     assert plan.estimated_step_time < two.estimated_step_time

@@ -4,11 +4,10 @@ cost floor and LP bound against the best so far; the proven-fastest stop; multip
 microstep count) chooses what the search that solves every microstep count and policy combination
 to the end chooses. One process, meta models, ample and tight memory on two meshes.
 
-The bounds rest on "a plan of k microsteps is no faster than the same plan in one step". The cost
-model breaks that for GEMMs under 128 rows (``kernels.gemm_efficiency``: below ``SKINNY`` rows no
-wave quantization, 0.80 of the fp32 peak at 96 rows against 0.024 at 128), so a model whose
-microbatches fall under 128 rows per device is made to look faster accumulated; the models here
-keep every GEMM at 128 rows or more, and the last test pins that cost-model defect down (xfail)."""
+The bounds rest on "a plan of k microsteps is no faster than the same plan in one step", which the
+cost model keeps for every GEMM size (``kernels.gemm_efficiency`` quantises tiles and waves for
+every M, so k microbatches never cost less than one GEMM of all their rows); the last test checks
+it on microbatches of 64 rows per device, under the 128 rows of one tile."""
 from __future__ import annotations
 
 import pytest
@@ -74,10 +73,6 @@ def test_pruned_and_exhaustive_lever_searches_choose_the_same_plan(request, mode
     assert exhaustive.solver_stats["work_s"] >= pruned.solver_stats["work_s"]
 
 
-@pytest.mark.xfail(strict=True, reason="cost model: gemm_efficiency has no wave quantization below SKINNY (128) "
-                                       "rows, so microbatches under 128 rows look up to 30x cheaper per FLOP and "
-                                       "accumulating looks faster than one step; the lever search's bounds assume "
-                                       "it never is")
 def test_accumulating_is_never_faster_than_one_step_with_the_same_strategies():
     from autoshard.passes.levers import Levers
     from autoshard.passes.solve.solution import evaluate

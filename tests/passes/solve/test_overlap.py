@@ -17,12 +17,19 @@ def gpt():
     return gpt_graph(8, batch=16, seq=128, d=256)
 
 
+@pytest.fixture(scope="module")
+def gpt_many_tokens():
+    """2048 tokens per device: the fp32 GEMMs of 512 rows take a few microseconds on the h100 preset,
+    too little compute to hide FSDP's gathers behind; four times the rows are enough."""
+    return gpt_graph(8, batch=64, seq=128, d=256)
+
+
 def _additive_comm(sol) -> float:
     return sol.time_breakdown["communication"] + sol.time_breakdown["grad_sync"]
 
 
-def test_overlap_hides_most_of_fsdp_communication(gpt):
-    fsdp = plan_sharding(gpt, MESH, hardware="h100", pins=Pins(params={"*": ("S(0)",)}, inputs={0: ("S(0)",)}))
+def test_overlap_hides_most_of_fsdp_communication(gpt_many_tokens):
+    fsdp = plan_sharding(gpt_many_tokens, MESH, hardware="h100", pins=Pins(params={"*": ("S(0)",)}, inputs={0: ("S(0)",)}))
     est = fsdp.estimated
     comm = _additive_comm(fsdp)
     assert comm > 0
@@ -47,7 +54,9 @@ def test_a_tensor_parallel_all_reduce_is_not_hidden(gpt):
     tp_comm = tp.time_breakdown["communication"] - weight_comm
     all_reduces = sum(c.seconds for r in tp.redistributions if r.producer not in gpt.params
                       for c in r.collectives if c.kind == "all_reduce")
-    assert all_reduces > 0.5 * tp_comm > 0
+    # a tensor-parallel plan: all-reduces on activations are a large part of it (with GEMM shards priced
+    # by their tiles the fused qkv stays column-sharded and is all-to-all'ed to heads, the rest of it)
+    assert all_reduces > 0.3 * tp_comm > 0
     assert est["exposed_communication_s"] >= tp_comm * (1 - 1e-9)  # every TP collective exposed
     assert est["hidden_communication_s"] <= (weight_comm + tp.time_breakdown["grad_sync"]) * (1 + 1e-9)
 

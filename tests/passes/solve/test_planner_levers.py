@@ -48,9 +48,10 @@ def test_ample_memory_pulls_no_lever(free):
 
 
 def test_tight_memory_makes_the_planner_checkpoint_or_accumulate_and_the_plan_fits(gpt, free):
-    # a quarter of the fastest plan's memory: that plan keeps the activations of a layout that only
-    # the calibrated GPU cost model finds fastest, so the bound must sit below every lever-less layout
-    limit = 0.25 * free.estimated_memory
+    # under half the fastest plan's memory: below every lever-less layout (the first check), above what
+    # checkpointing alone or accumulation alone needs (a quarter was too tight for checkpointing alone
+    # once the fastest plan stopped keeping a costly layout's activations: 53 MB, was 136 MB)
+    limit = 0.45 * free.estimated_memory
     with pytest.raises(InfeasiblePlanError):  # without levers nothing fits: sharding state is not enough
         plan_sharding(gpt, MESH, hardware="h100", memory_limit=limit)
     chosen = _plan(gpt, limit)
