@@ -189,6 +189,28 @@ class CostModel:
         """Seconds of one ``kind`` over mesh axis ``axis`` with full per-group bytes ``nbytes``."""
         return min(f + p * nbytes for f, p in self._terms[axis][kind])
 
+    def flat_collective_time(self, kind: str, axes: Sequence[int], nbytes: float) -> float:
+        """Seconds of one ``kind`` over mesh axes ``axes`` flattened into one group (the runtime's
+        fused parameter gathers: ``runtime.param_gather``), full per-group bytes ``nbytes``. One
+        axis: ``collective_time``. Several, inside one node, with a measured fit for the flattened
+        group's size: the fit. Otherwise the axis-by-axis steps the one call stands for (gathers from
+        the last axis back, each axis moving the bytes still sharded by the axes before it)."""
+        axes = sorted(a for a in axes if self.mesh.shape[a] > 1)
+        if not axes:
+            return 0.0
+        if len(axes) == 1:
+            return self.collective_time(kind, axes[0], nbytes)
+        n = math.prod(self.mesh.shape[a] for a in axes)
+        fit = self.hardware.collective_fit(kind, n)
+        if fit is not None and all(self.hardware.axis_locality(self.mesh, a)[1] == 1 for a in axes) \
+                and n <= self.hardware.devices_per_node:
+            return fit[0] + fit[1] * nbytes
+        total, before = 0.0, 1
+        for a in axes:
+            total += self.collective_time(kind, a, nbytes / before)
+            before *= self.mesh.shape[a]
+        return total
+
     def collective(self, kind: str, axis: int, nbytes: float, phase: str = "fwd") -> Collective:
         # the runtime dispatches each collective as one op (an autograd function): one launch more
         secs = self.collective_time(kind, axis, nbytes) + self.hardware.op_overhead_s
