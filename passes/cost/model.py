@@ -189,6 +189,14 @@ class CostModel:
         """Seconds of one ``kind`` over mesh axis ``axis`` with full per-group bytes ``nbytes``."""
         return min(f + p * nbytes for f, p in self._terms[axis][kind])
 
+    def _flat_fit(self, kind: str, axes: Sequence[int]) -> Optional[tuple[float, float]]:
+        """The measured (latency_s, seconds_per_byte) of ``kind`` over several mesh axes flattened,
+        when the profile has a fit for the group's size and the group lies inside one node."""
+        n = math.prod(self.mesh.shape[a] for a in axes)
+        if n > self.hardware.devices_per_node or any(self.hardware.axis_locality(self.mesh, a)[1] > 1 for a in axes):
+            return None
+        return self.hardware.collective_fit(kind, n)
+
     def flat_collective_time(self, kind: str, axes: Sequence[int], nbytes: float) -> float:
         """Seconds of one ``kind`` over mesh axes ``axes`` flattened into one group (the runtime's
         fused parameter gathers: ``runtime.param_gather``), full per-group bytes ``nbytes``. One
@@ -201,10 +209,8 @@ class CostModel:
             return 0.0
         if len(axes) == 1:
             return self.collective_time(kind, axes[0], nbytes)
-        n = math.prod(self.mesh.shape[a] for a in axes)
-        fit = self.hardware.collective_fit(kind, n)
-        if fit is not None and all(self.hardware.axis_locality(self.mesh, a)[1] == 1 for a in axes) \
-                and n <= self.hardware.devices_per_node:
+        fit = self._flat_fit(kind, axes)
+        if fit is not None:
             return fit[0] + fit[1] * nbytes
         total, before = 0.0, 1
         for a in axes:
@@ -276,12 +282,14 @@ class CostModel:
         if not axes:
             return ()
         copy_in = self.hardware.op_overhead_s  # the hook copying the gradient into its bucket: one launch
-        if len(axes) == 1:
-            fixed, per_byte = min(self._terms[axes[0]]["all_reduce"], key=lambda t: t[0] + t[1] * local)
-            seconds = per_byte * local + share * fixed
-        else:
-            fixed = self.flat_collective_time("all_reduce", axes, 0.0)
-            seconds = self.flat_collective_time("all_reduce", axes, local) - fixed + share * fixed
+        fit = self._flat_fit("all_reduce", axes) if len(axes) > 1 else None
+        if fit is not None:
+            seconds = fit[1] * local + share * fit[0]
+        else:  # one axis, or no fit for the flattened group: each axis in turn, whole
+            seconds = 0.0
+            for a in axes:
+                fixed, per_byte = min(self._terms[a]["all_reduce"], key=lambda t: t[0] + t[1] * local)
+                seconds += per_byte * local + share * fixed
         return (Collective("all_reduce", axes[0], int(local), seconds + copy_in),)
 
     # ---- whole nodes and edges ----------------------------------------------------------------
