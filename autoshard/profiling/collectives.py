@@ -9,8 +9,19 @@ rank of the whole world, not just of its own group. (On 4 gloo ranks sharing 2 c
 all-gather or reduce-scatter timed on isolated pairs ran 1.3-2.2x faster than inside such a chain,
 and (2, 2) FSDP steps priced with those fits were underestimated by 40-50%.) Sizes are the full
 per-group bytes B of ``passes/cost/collectives.py``.
+
+``local_work``: in a step every collective follows local work (a layer norm, an activation) that
+the ranks run at once, and on ranks sharing cores they reach the collective at different times and
+have gone to sleep in it; back-to-back calls in a loop keep the ranks in lockstep instead. On the
+project's 2-core box (4 gloo ranks), a 128 KiB all-gather, all-reduce or all-to-all took 1.5-2x as
+long after 0.2-0.6 ms of such work than in a loop, and in the fidelity steps (``benchmarks/
+fidelity_breakdown.py``) a call took 2-3x the loop's time. So on a CPU each timed call follows
+``local_work()`` on every rank, and the seconds that work takes alone (timed the same way, every
+rank busy) are subtracted: what remains is what the call adds to a step.
 """
 from __future__ import annotations
+
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -42,10 +53,12 @@ def rank_groups(world: int, n: int, rank: int) -> list:
     return mine
 
 
-def time_collective(timer: Timer, kind: str, n: int, groups: list, rank: int, sizes, device, backend: str) -> list:
+def time_collective(timer: Timer, kind: str, n: int, groups: list, rank: int, sizes, device, backend: str,
+                    local_work: Optional[Callable[[], object]] = None) -> list:
     """[B, seconds per call] for each size. With two groups (``n < world``) the calls alternate
     between them, as collectives on the axes of a 2-D mesh do in a step: every rank then waits for
-    ranks outside its own group too, which groups timed alone in a loop never do."""
+    ranks outside its own group too, which groups timed alone in a loop never do. ``local_work``:
+    run before each call on every rank, its own time subtracted (see the module docstring)."""
     rows = []
     for B in sizes:
         unit = n * n
@@ -76,8 +89,24 @@ def time_collective(timer: Timer, kind: str, n: int, groups: list, rank: int, si
         if kind == "send_recv":
             groups = groups[:1]  # point-to-point: no group
 
-        def fn():
+        iters = calls_per_batch(elems * 4 * len(groups))
+        if local_work is None:
+            def fn():
+                for g in groups:
+                    call(g)
+            rows.append([elems * 4, timer(fn, iters) / len(groups)])
+            continue
+
+        def after_work():
             for g in groups:
+                local_work()
                 call(g)
-        rows.append([elems * 4, timer(fn, calls_per_batch(elems * 4 * len(groups))) / len(groups)])
+
+        def work_alone():
+            for _ in groups:
+                local_work()
+        both = timer(after_work, iters, fence=True)
+        alone = timer(work_alone, iters, fence=True)
+        # the difference of two noisy medians can come out <= 0 for a tiny call; the fits need t > 0
+        rows.append([elems * 4, max(both - alone, 1e-6) / len(groups)])
     return rows

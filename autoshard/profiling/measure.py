@@ -10,7 +10,8 @@ concurrently, and ranks sharing a CPU compete for its cores), timed as the media
 batches of calls, and taken as the slowest rank's median (a step waits for the slowest rank):
 ``timer.py``. The local work (matmuls, copies, elementwise ops, op launches) is in
 ``local_work.py``, the collectives over groups of ``n < world`` ranks, alternating between the
-groups of both axes of an ``(n, world // n)`` mesh, in ``collectives.py``. Each series is measured
+groups of both axes of an ``(n, world // n)`` mesh (on a CPU each call after a little local work,
+as in a step: ``collectives.py``), in ``collectives.py``. Each series is measured
 on ``fit`` sizes, used by the least-squares fits, and on ``held_out`` sizes, used only to report the
 fits' prediction error. This module chooses what to measure (``ProfileConfig``), records the
 machine, runs the series in order and fits them.
@@ -62,6 +63,10 @@ class ProfileConfig:
     collective_fit: tuple = (4 * KiB, 32 * KiB, 256 * KiB, 1 * MiB, 4 * MiB)
     collective_held_out: tuple = (16 * KiB, 512 * KiB, 2 * MiB)
     op_chain: tuple = (1, 4, 8)
+    #: on a CPU, each timed collective call follows a layer norm + GELU over this many bytes of
+    #: float32 activations on every rank, whose own time is subtracted (``collectives.py``): the
+    #: local work a step runs between two collectives. 0: back-to-back calls (as on a GPU)
+    collective_work_bytes: int = 64 * KiB
     kinds: tuple = COLLECTIVE_KINDS
     group_sizes: Optional[tuple] = None
     repeats: int = 5
@@ -122,6 +127,16 @@ def _fitted(samples: list, x_of, held: list) -> dict:
     return {"samples": samples, "held_out": held, "fit": {"latency_s": a, "seconds_per_unit": b}}
 
 
+def _local_work(nbytes: int) -> Optional[Callable[[], object]]:
+    """A layer norm and a GELU over ``nbytes`` of float32 (rows of 256): what a step computes between
+    two collectives; None for 0 bytes."""
+    rows = int(nbytes) // 4 // 256
+    if rows <= 0:
+        return None
+    x = torch.randn(rows, 256)
+    return lambda: torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (256,)))
+
+
 def measure_profile(config: Optional[ProfileConfig] = None, *, name: Optional[str] = None,
                     log: Optional[Callable[[str], None]] = None) -> Optional[dict]:
     """Measure on every rank of the current world (or alone, without torch.distributed); returns
@@ -150,6 +165,7 @@ def measure_profile(config: Optional[ProfileConfig] = None, *, name: Optional[st
     if device.type == "cuda" and config.kernel_tables != "none":
         prof.update(measure_kernel_tables(device, quick=config.kernel_tables == "quick", log=log))
     log(f"compute measured in {time.perf_counter() - t0:.1f} s")
+    local_work = _local_work(config.collective_work_bytes) if device.type == "cpu" else None
     sizes = config.group_sizes or tuple(n for n in (2 ** i for i in range(1, 20)) if n <= world and world % n == 0)
     for n in sizes:
         if n < 2 or world % n:
@@ -159,8 +175,8 @@ def measure_profile(config: Optional[ProfileConfig] = None, *, name: Optional[st
             if kind == "send_recv" and n != 2:
                 continue
             prof["collectives"].append({"kind": kind, "n": n, **_fitted(
-                time_collective(timer, kind, n, groups, rank, config.collective_fit, device, backend), lambda s: s[0],
-                time_collective(timer, kind, n, groups, rank, config.collective_held_out, device, backend))})
+                time_collective(timer, kind, n, groups, rank, config.collective_fit, device, backend, local_work), lambda s: s[0],
+                time_collective(timer, kind, n, groups, rank, config.collective_held_out, device, backend, local_work))})
         log(f"collectives over groups of {n} measured ({time.perf_counter() - t0:.1f} s so far)")
     prof["seconds"] = time.perf_counter() - t0
     if rank != 0:

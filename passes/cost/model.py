@@ -189,6 +189,36 @@ class CostModel:
         """Seconds of one ``kind`` over mesh axis ``axis`` with full per-group bytes ``nbytes``."""
         return min(f + p * nbytes for f, p in self._terms[axis][kind])
 
+    def _flat_fit(self, kind: str, axes: Sequence[int]) -> Optional[tuple[float, float]]:
+        """The measured (latency_s, seconds_per_byte) of ``kind`` over several mesh axes flattened,
+        when the profile has a fit for the group's size and the group lies inside one node."""
+        n = math.prod(self.mesh.shape[a] for a in axes)
+        if n > self.hardware.devices_per_node or any(self.hardware.axis_locality(self.mesh, a)[1] > 1 for a in axes):
+            return None
+        return self.hardware.collective_fit(kind, n)
+
+    def flat_collective_time(self, kind: str, axes: Sequence[int], nbytes: float) -> float:
+        """Seconds of one ``kind`` over mesh axes ``axes`` flattened into one group (the runtime's
+        fused parameter gathers: ``runtime.param_gather``), full per-group bytes ``nbytes``. One
+        axis: ``collective_time``. Several, inside one node, with a measured fit for the flattened
+        group's size: the fit. Otherwise the axis-by-axis steps the one call stands for: an
+        all-reduce on each axis in turn, whole; gathers from the last axis back (reduce-scatters
+        the mirror), each axis moving the bytes still sharded by the axes before it."""
+        axes = sorted(a for a in axes if self.mesh.shape[a] > 1)
+        if not axes:
+            return 0.0
+        if len(axes) == 1:
+            return self.collective_time(kind, axes[0], nbytes)
+        fit = self._flat_fit(kind, axes)
+        if fit is not None:
+            return fit[0] + fit[1] * nbytes
+        total, before = 0.0, 1
+        for a in axes:
+            total += self.collective_time(kind, a, nbytes / before)
+            if kind != "all_reduce":
+                before *= self.mesh.shape[a]
+        return total
+
     def collective(self, kind: str, axis: int, nbytes: float, phase: str = "fwd") -> Collective:
         # the runtime dispatches each collective as one op (an autograd function): one launch more
         secs = self.collective_time(kind, axis, nbytes) + self.hardware.op_overhead_s
@@ -236,7 +266,9 @@ class CostModel:
 
     def grad_sync(self, meta: TensorMeta, storage: Sequence[Placement],
                   total_bytes: Optional[float] = None) -> tuple[Collective, ...]:
-        """All-reduce of a parameter's gradient over every axis (size > 1) where it is stored R.
+        """All-reduce of a parameter's gradient over the axes (size > 1) where it is stored R: one
+        collective over those axes flattened, as the runtime calls it (``runtime.gradsync``, one
+        bucket per group of axes), priced by ``flat_collective_time``.
 
         The runtime buckets gradients (``grad_bucket_bytes``, DDP's 25 MiB default), so a gradient
         pays the latency and launch cost of one all-reduce only in proportion to the bucket share it
@@ -246,15 +278,19 @@ class CostModel:
         total = None if not total_bytes else total_bytes * self.reduce_scale(meta)  # in the reduce dtype too
         bucket = self.grad_bucket_bytes if not total else max(1.0, min(self.grad_bucket_bytes, total))
         share = min(1.0, local / bucket)
-        found = []
+        axes = [a for a, p in enumerate(storage) if placement_code(p) == R_CODE and self.mesh.shape[a] > 1]
+        if not axes:
+            return ()
         copy_in = self.hardware.op_overhead_s  # the hook copying the gradient into its bucket: one launch
-        for a, p in enumerate(storage):
-            n = self.mesh.shape[a]
-            if placement_code(p) == R_CODE and n > 1:
+        fit = self._flat_fit("all_reduce", axes) if len(axes) > 1 else None
+        if fit is not None:
+            seconds = fit[1] * local + share * fit[0]
+        else:  # one axis, or no fit for the flattened group: each axis in turn, whole
+            seconds = 0.0
+            for a in axes:
                 fixed, per_byte = min(self._terms[a]["all_reduce"], key=lambda t: t[0] + t[1] * local)
-                found.append(Collective("all_reduce", a, int(local), per_byte * local + share * fixed + copy_in))
-                copy_in = 0.0
-        return tuple(found)
+                seconds += per_byte * local + share * fixed
+        return (Collective("all_reduce", axes[0], int(local), seconds + copy_in),)
 
     # ---- whole nodes and edges ----------------------------------------------------------------
     def price_node(self, name: str, strategy: Strategy, facts: GraphFacts) -> NodePrice:

@@ -12,7 +12,8 @@
      "elementwise": {"samples": [[bytes, seconds], ...], ...}   # GELU/layer norm/softmax/mul/add, bytes read + written
      "op_overhead": {"samples": [[ops, seconds], ...], "fit": {...}}            # per-op launch cost
      "collectives": [{"kind", "n", "samples": [[B, seconds], ...], "held_out": [...], "fit": {...}}, ...]
-                    # n < world: per call, alternating over both axes of an (n, world // n) mesh
+                    # n < world: per call, alternating over both axes of an (n, world // n) mesh;
+                    # on a CPU each call timed after a little local work, that work's time subtracted
      "hardware":    {the fields of passes.cost.hardware.Hardware}}
 
 ``samples`` feed the fits; ``held_out`` points never do: ``held_out_errors`` predicts them from the

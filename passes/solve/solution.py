@@ -28,6 +28,7 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.strategies import unruled_ops
 from autoshard.passes.solve.blocks import BlockMap, block_map
 from autoshard.passes.solve.clustering import OUTPUT, graph_edges, output_placements
+from autoshard.passes.solve.fused_gathers import fused_gather_correction
 from autoshard.passes.solve.gather_timeline import Segment, gathered_peak, segment_of
 from autoshard.passes.solve.lever_costs import LeverPricer, policy_index
 from autoshard.passes.solve.microbatch import MicrobatchCostModel, MicrobatchFacts
@@ -184,7 +185,10 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
 
     With ``levers.accumulation = k > 1`` the step is k microsteps of ``1/k`` of the batch each
     (``captured`` holds the global batch; ``traced_at_microbatch``: it holds one microstep already),
-    the gradient syncs once per step; block policies as ``passes.solve.lever_costs`` prices them."""
+    the gradient syncs once per step; block policies as ``passes.solve.lever_costs`` prices them.
+    Parameter copies the runtime gathers fused are priced as its flat collectives, one per segment
+    and (axes, dtype) (``passes.solve.fused_gathers``): ``time_breakdown["communication"]`` is then
+    less than the sum of the per-parameter ``redistributions`` it lists."""
     mesh = Mesh.of(mesh)
     hw = get_hardware(hardware)
     levers = levers or Levers()
@@ -225,6 +229,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
     out_placements = output_placements(captured, mesh.ndim)
     moves: list[Redistribution] = []
     made: set = set()  # (producer, slot, placement): the copies the runtime has made by this edge
+    fused_moves: dict[tuple, tuple] = {}  # (parameter, placement) -> (flat gather axes, dtype, collectives)
     reader, stale = None, set()  # a reader that writes an operand in place: the runtime then drops its copies
     for u, slot, v, i in graph_edges(captured):
         if v != reader:
@@ -253,7 +258,10 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         mem["gathered_weights"] += price.gathered + price.gathered_transient
         if price.gather_copy:
             need = normalize(dst, mesh.shape)  # the runtime's copies are per placement, size-1 axes made R
-            fused = fused_gather(plan_redistribute(src, need, mesh.shape)) is not None
+            flat = fused_gather(plan_redistribute(src, need, mesh.shape))
+            fused = flat is not None
+            if fused and colls:  # the copy's first maker: what its move was priced with
+                fused_moves[(u, need)] = (flat[0], facts.tensor_outputs(u)[0].dtype, colls)
             entry = gathers.setdefault((u, need), [position[v], segment[v], price.gather_copy, False, False, fused])
             if position[v] < entry[0]:  # the runtime makes one copy per placement, at its first reader
                 entry[:2] = position[v], segment[v]
@@ -261,6 +269,13 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
             entry[4] = entry[4] or bool(price.gathered_transient)
         if tuple(src) != tuple(dst):
             moves.append(Redistribution(u, v, i, tuple(src), tuple(dst), colls))
+    # the runtime gathers a segment's fused copies in one flat collective per (axes, dtype), not one each
+    fwd_less, bwd_less = fused_gather_correction(cm, (
+        [fused_moves[key] for key in members if key in fused_moves]
+        for members in gather_groups((e[0], e[1], key) for key, e in gathers.items())))
+    times["communication"] -= fwd_less + bwd_less
+    weights["fwd"] -= fwd_less
+    weights["bwd"] -= bwd_less
     overlap = step_overlap(hw, facts, blocks, times, weights)
     times = {key: value * k for key, value in times.items()}  # grad syncs were priced 1/k per microstep
     estimated = {"saved_activation_bytes": mem["activations"],

@@ -127,3 +127,35 @@ def test_loss_output_is_priced_as_the_program_returns_it():
         solution = random_solution(captured, mesh, seed=seed, hardware="cpu", levers=LeverPins.off())
         out = [m for m in solution.redistributions if m.consumer == OUTPUT]
         assert all(m.dst == (Partial(), Partial()) and not m.collectives for m in out), (seed, out)
+
+
+@pytest.mark.parametrize("shape", [(4,), (2, 2)])
+def test_fused_parameter_gathers_are_priced_as_the_flat_collectives_run(shape):
+    """The runtime gathers a segment's fused parameter copies in one flat all-gather (and reduces
+    their gradients in one flat reduce-scatter) per (mesh axes, dtype): with every collective
+    costing a fixed 1 ms, the step's communication is the per-parameter moves' less 1 ms for each
+    call the flat collectives save, counted from the lowered program's gather groups."""
+    import dataclasses
+    from autoshard.passes.cost.hardware import COLLECTIVE_KINDS
+    from autoshard.passes.sharding.pins import Pins
+    from autoshard.passes.solve.planner import plan_sharding
+
+    captured, _ = _capture("gpt")
+    mesh = Mesh.of(shape)
+    fits = tuple((k, n, 1e-3, 0.0) for k in COLLECTIVE_KINDS for n in (2, 4))
+    hw = dataclasses.replace(get_hardware("cpu"), collective_fits=fits, op_overhead_s=0.0, devices_per_node=4)
+    pins = Pins(params={"*": ("S(0)",) * len(shape)}, inputs={0: ("S(0)",) + ("R",) * (len(shape) - 1)})
+    solution = plan_sharding(captured, mesh, hardware=hw, pins=pins, levers=LeverPins.off())
+    program = lower(captured, solution.strategies, MeshEnv.offline(mesh, rank=0), solution.levers)
+    members = flat = 0
+    for group in program.param_gatherer.groups:
+        sets = {(m.fused_gather()[0], m.dtype) for m in group.members if m.fused_gather() is not None}
+        flat += len(sets)
+        members += sum(len(m.fused_gather()[0]) for m in group.members if m.fused_gather() is not None)
+    assert members > flat > 0, "no fused set of several members: the case tests nothing"
+    facts, cm = pricing_for(captured, mesh, hw, "adamw", 1)
+    per_move = sum(c.seconds for move in solution.redistributions for c in move.collectives)
+    own = sum(c.seconds for op, s in solution.strategies.items() if facts.kind[op] == "op" and any(s.lowerings)
+              for c in cm.price_node(op, s, facts).collectives)
+    saved_calls = 2 * (members - flat)  # forward gathers and backward reduce-scatters alike
+    assert solution.time_breakdown["communication"] == pytest.approx(per_move + own - saved_calls * 1e-3, abs=1e-9)

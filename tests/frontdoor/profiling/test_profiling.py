@@ -56,3 +56,25 @@ def test_sub_group_collectives_alternate_over_both_axes_of_a_2d_mesh():
     assert [m for m, _, _ in out] == [[[0, 1], [0, 2]], [[0, 1], [1, 3]], [[2, 3], [0, 2]], [[2, 3], [1, 3]]]
     for _, rows, n_world in out:
         assert n_world == 1 and len(rows) == 1 and rows[0][0] == 4096 and rows[0][1] > 0
+
+
+def _after_work_rank(rank: int, world: int):
+    import time
+    from autoshard.profiling.collectives import rank_groups, time_collective
+    from autoshard.profiling.timer import Timer
+    ran = [0]
+
+    def work():  # 20 ms of "local work" that leaves the cores free, so its subtraction is exact
+        ran[0] += 1
+        time.sleep(0.02)
+    timer = Timer(torch.device("cpu"), 2, world)
+    rows = time_collective(timer, "all_reduce", world, rank_groups(world, world, rank), rank, (4096,),
+                           torch.device("cpu"), "gloo", local_work=work)
+    return rows, ran[0]
+
+
+def test_a_collective_timed_after_local_work_counts_only_what_the_call_adds():
+    """Each timed call follows the local work on every rank; the work's own time is subtracted."""
+    for rows, ran in run_ranks(_after_work_rank, 2):
+        assert ran > 0 and len(rows) == 1 and rows[0][0] == 4096
+        assert 0 < rows[0][1] < 0.01, rows  # a 4 KiB all-reduce, not the 20 ms of work before it

@@ -200,3 +200,19 @@ def test_presets_cite_datasheet_values_and_load_from_json(tmp_path):
     with pytest.raises(AutoshardError, match="positive"):
         Hardware.from_json({**HW.to_json(), "memory_bandwidth": -1})
     assert math.isfinite(PRESETS["cpu"].intra_node_bandwidth)
+
+
+def test_a_gradient_replicated_on_two_axes_is_all_reduced_once_over_both():
+    """The runtime all-reduces such a gradient in one call over the axes flattened (one bucket per
+    group of axes): with a measured fit for the flattened group it pays that fit's latency once,
+    not one all-reduce per axis; without one, the axis-by-axis price is kept."""
+    import dataclasses
+    meta = TensorMeta((1024, 1024), torch.float32)
+    fits = (("all_reduce", 2, 1e-3, 0.0), ("all_reduce", 4, 3e-3, 1e-9))
+    hw = dataclasses.replace(get_hardware("cpu"), collective_fits=fits, op_overhead_s=0.0, devices_per_node=4)
+    cm = CostModel(Mesh.of((2, 2)), hw, grad_bucket_bytes=meta.nbytes)
+    (sync,) = cm.grad_sync(meta, (R, R))
+    assert sync.seconds == pytest.approx(3e-3 + 1e-9 * meta.nbytes)   # the 4-rank fit, once
+    plain = CostModel(Mesh.of((2, 2)), dataclasses.replace(hw, collective_fits=fits[:1]), grad_bucket_bytes=meta.nbytes)
+    (sync,) = plain.grad_sync(meta, (R, R))
+    assert sync.seconds == pytest.approx(2 * 1e-3)                     # no 4-rank fit: each axis in turn
