@@ -55,6 +55,7 @@ from autoshard.passes.cost.kernels import gemm_efficiency
 from autoshard.passes.cost.nccl import nccl_p2p_seconds, nccl_terms
 from autoshard.passes.cost.lowerings import named_lowerings
 from autoshard.passes.cost.moe import is_moe_node, work_factor
+from autoshard.passes.layout.gathers import fused_gather
 from autoshard.passes.layout.redistribution import P_CODE, R_CODE, encode, placement_code, redistribution_steps
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Placement, Strategy, TensorMeta
@@ -115,14 +116,21 @@ class CostModel:
         self.opt_bytes = optimizer_state_bytes(optimizer)
         self.links = [hardware.axis_link(mesh, a) for a in range(mesh.ndim)]
         self._terms = [self._axis_terms(a) for a in range(mesh.ndim)]
+        self._flat_terms: dict[tuple[int, ...], dict] = {}  # several axes flattened -> their terms
         # (collectives, copy) per move; cost models of one mesh, hardware and collective settings may
         # share it (``move_cache``): a move's price does not depend on anything else
         self._reshard_cache: dict = {} if move_cache is None else move_cache
 
-    def _axis_terms(self, axis: int) -> dict[str, list[tuple[float, float]]]:
-        """kind -> candidate (fixed seconds incl. launch, seconds per byte); a call costs the cheapest."""
-        hw, n = self.hardware, self.mesh.shape[axis]
-        g, m = hw.axis_locality(self.mesh, axis)
+    def _axis_terms(self, axis) -> dict[str, list[tuple[float, float]]]:
+        """kind -> candidate (fixed seconds incl. launch, seconds per byte); a call costs the cheapest.
+        ``axis``: one mesh axis, or a tuple of axes flattened into one group (``Hardware.group_locality``)."""
+        hw = self.hardware
+        if isinstance(axis, int):
+            n, (g, m), link = self.mesh.shape[axis], hw.axis_locality(self.mesh, axis), self.links[axis]
+        else:
+            n, (g, m) = math.prod(self.mesh.shape[a] for a in axis), hw.group_locality(self.mesh, axis)
+            link = ((hw.intra_node_bandwidth, hw.intra_node_latency) if m == 1
+                    else (hw.inter_node_bandwidth, hw.inter_node_latency))
         algos = ("ring", "tree") if hw.collective_algorithm == "auto" else (hw.collective_algorithm,)
         intra = (hw.intra_node_bandwidth, hw.intra_node_latency)
         inter = (hw.inter_node_bandwidth, hw.inter_node_latency)
@@ -139,7 +147,7 @@ class CostModel:
             elif m > 1 and g > 1 and self.hierarchical:
                 cands = [hierarchical_terms(kind, g, m, intra, inter, a) for a in algos]
             else:
-                bw, lat = self.links[axis]
+                bw, lat = link
                 cands = [collective_terms(kind, n, bw, lat, a) for a in algos]
             if n > 1 and fit is None:
                 cands = [(f + hw.collective_launch_s, p) for f, p in cands]
@@ -164,10 +172,11 @@ class CostModel:
         """How many pieces ``pls`` cuts a tensor into (ignoring axis ``skip``)."""
         return self._factor(encode(pls), skip)
 
-    def _factor(self, codes: Sequence[int], skip: Optional[int] = None) -> int:
+    def _factor(self, codes: Sequence[int], skip=None) -> int:
+        skip = () if skip is None else (skip,) if isinstance(skip, int) else skip
         f = 1
         for a, c in enumerate(codes):
-            if c >= 0 and a != skip:
+            if c >= 0 and a not in skip:
                 f *= self.mesh.shape[a]
         return f
 
@@ -185,11 +194,20 @@ class CostModel:
         return math.prod(self.mesh.shape[a] for a in split)
 
     # ---- collectives ---------------------------------------------------------------------------
-    def collective_time(self, kind: str, axis: int, nbytes: float) -> float:
-        """Seconds of one ``kind`` over mesh axis ``axis`` with full per-group bytes ``nbytes``."""
-        return min(f + p * nbytes for f, p in self._terms[axis][kind])
+    def collective_time(self, kind: str, axis, nbytes: float) -> float:
+        """Seconds of one ``kind`` over mesh axis ``axis`` (or a tuple of axes flattened into one
+        group) with full per-group bytes ``nbytes``."""
+        return min(f + p * nbytes for f, p in self._terms_of(axis)[kind])
 
-    def collective(self, kind: str, axis: int, nbytes: float, phase: str = "fwd") -> Collective:
+    def _terms_of(self, axis) -> dict[str, list[tuple[float, float]]]:
+        if isinstance(axis, int):
+            return self._terms[axis]
+        terms = self._flat_terms.get(axis)
+        if terms is None:
+            terms = self._flat_terms[axis] = self._axis_terms(axis)
+        return terms
+
+    def collective(self, kind: str, axis, nbytes: float, phase: str = "fwd") -> Collective:
         # the runtime dispatches each collective as one op (an autograd function): one launch more
         secs = self.collective_time(kind, axis, nbytes) + self.hardware.op_overhead_s
         return Collective(kind, axis, int(nbytes), secs, phase)
@@ -224,6 +242,10 @@ class CostModel:
         steps = self._reshard_cache.get(("steps", src, dst))
         if steps is None:
             steps = self._reshard_cache[("steps", src, dst)] = redistribution_steps(src, dst, self.mesh.shape)
+        flat = fused_gather(steps)
+        if flat is not None and len(flat[0]) > 1:  # one all-gather over the axes flattened, as the runtime runs it
+            steps = ()
+            fwd.append(self.collective("all_gather", flat[0], nbytes / self._factor(cur, skip=flat[0])))
         for step in steps:
             kind, a = step.kind, step.axis
             if kind in ADJOINT:
@@ -236,7 +258,9 @@ class CostModel:
 
     def grad_sync(self, meta: TensorMeta, storage: Sequence[Placement],
                   total_bytes: Optional[float] = None) -> tuple[Collective, ...]:
-        """All-reduce of a parameter's gradient over every axis (size > 1) where it is stored R.
+        """All-reduce of a parameter's gradient over the axes (size > 1) where it is stored R: ONE
+        all-reduce over them flattened when there are several, as the runtime's ``GradSync`` runs it
+        (``Collective.axis`` a tuple then).
 
         The runtime buckets gradients (``grad_bucket_bytes``, DDP's 25 MiB default), so a gradient
         pays the latency and launch cost of one all-reduce only in proportion to the bucket share it
@@ -246,15 +270,13 @@ class CostModel:
         total = None if not total_bytes else total_bytes * self.reduce_scale(meta)  # in the reduce dtype too
         bucket = self.grad_bucket_bytes if not total else max(1.0, min(self.grad_bucket_bytes, total))
         share = min(1.0, local / bucket)
-        found = []
         copy_in = self.hardware.op_overhead_s  # the hook copying the gradient into its bucket: one launch
-        for a, p in enumerate(storage):
-            n = self.mesh.shape[a]
-            if placement_code(p) == R_CODE and n > 1:
-                fixed, per_byte = min(self._terms[a]["all_reduce"], key=lambda t: t[0] + t[1] * local)
-                found.append(Collective("all_reduce", a, int(local), per_byte * local + share * fixed + copy_in))
-                copy_in = 0.0
-        return tuple(found)
+        axes = tuple(a for a, p in enumerate(storage) if placement_code(p) == R_CODE and self.mesh.shape[a] > 1)
+        if not axes:
+            return ()
+        axis = axes[0] if len(axes) == 1 else axes
+        fixed, per_byte = min(self._terms_of(axis)["all_reduce"], key=lambda t: t[0] + t[1] * local)
+        return (Collective("all_reduce", axis, int(local), per_byte * local + share * fixed + copy_in),)
 
     # ---- whole nodes and edges ----------------------------------------------------------------
     def price_node(self, name: str, strategy: Strategy, facts: GraphFacts) -> NodePrice:

@@ -50,6 +50,50 @@ def test_axis_locality_splits_axes_over_nodes():
     assert HW.axis_locality(Mesh.of((2, 4)), 1) == (4, 1)
 
 
+def test_group_locality_of_axes_flattened():
+    assert HW.group_locality(Mesh.of((2, 4)), 1) == HW.axis_locality(Mesh.of((2, 4)), 1)
+    assert HW.group_locality(Mesh.of((2, 4)), (0, 1)) == (4, 2)      # all 8 ranks: 4 per node, 2 nodes
+    assert HW.group_locality(Mesh.of((2, 2, 2)), (1, 2)) == (4, 1)   # ranks 0-3: one node
+    assert HW.group_locality(Mesh.of((2, 2, 2)), (0, 2)) == (2, 2)   # ranks 0, 1, 4, 5: 2 per node
+    assert HW.group_locality(Mesh.of((2, 2, 2)), (0, 1)) == (2, 2)   # ranks 0, 2, 4, 6 (stride 2)
+
+
+def test_fsdp_gather_over_two_axes_is_one_flat_collective():
+    """(S(0), S(0)) -> (R, R) is one all-gather over both axes flattened (what the runtime runs):
+    on (2, 4) with 4 per node, a hierarchical gather of 1/4 of B across the 2 nodes, then B inside
+    the node -- not an inter-node gather of the whole B on axis 0 after an intra-node one on axis 1."""
+    mesh = Mesh.of((2, 4))
+    cm = CostModel(mesh, HW)
+    meta = TensorMeta((8, 1000 * 1000), torch.float32)  # B = 32 MB
+    nb = meta.nbytes
+    got = cm.reshard((S(0), S(0)), (R, R), meta, needs_grad=True)
+    assert [(c.kind, c.axis, c.bytes, c.phase) for c in got] == [
+        ("all_gather", (0, 1), nb, "fwd"), ("reduce_scatter", (0, 1), nb, "bwd")]
+    across = 0.5 * nb / 4 / 1e9 + 1e-5   # 2 nodes, B/g per group
+    inside = 0.75 * nb / 1e10 + 3e-6     # 4 members, all of B
+    assert got[0].seconds == pytest.approx(across + inside + 2e-6)
+    assert got[1].seconds == pytest.approx(across + inside + 2e-6)
+    per_axis = cm.collective_time("all_gather", 1, nb / 2) + cm.collective_time("all_gather", 0, nb)
+    assert got[0].seconds < per_axis / 2  # the whole B over the NIC is what the flat gather avoids
+    # one axis, or gathers that end in a chunk, stay per axis
+    assert [c.axis for c in cm.reshard((S(0), R), (R, R), meta, False)] == [0]
+    assert [c.axis for c in cm.reshard((S(0), S(0)), (R, S(1)), meta, False)] == [1, 0]
+
+
+def test_gradient_replicated_on_two_axes_is_one_flat_all_reduce():
+    """The runtime all-reduces a gradient once over every axis its parameter is replicated on,
+    flattened (``GradSync`` over ``comm_for(axes)``): priced as that one all-reduce."""
+    mesh = Mesh.of((2, 4))
+    cm = CostModel(mesh, HW, grad_bucket_bytes=1.0)   # a gradient fills its buckets: full fixed cost
+    meta = TensorMeta((8, 1000 * 1000), torch.float32)
+    (sync,) = cm.grad_sync(meta, (R, R))
+    assert (sync.kind, sync.axis, sync.bytes) == ("all_reduce", (0, 1), meta.nbytes)
+    assert sync.seconds == pytest.approx(cm.collective_time("all_reduce", (0, 1), meta.nbytes))
+    # hierarchical over 4 per node x 2 nodes: the NIC carries a quarter of what axis 0 alone would
+    assert sync.seconds < cm.collective_time("all_reduce", 0, meta.nbytes)
+    assert [c.axis for c in cm.grad_sync(meta, (S(0), R))] == [1]
+
+
 def test_hierarchical_all_reduce_by_hand_and_against_flat():
     mesh = Mesh.of((8,))  # 4 per node x 2 nodes
     hier, flat = CostModel(mesh, HW), CostModel(mesh, HW, hierarchical=False)
