@@ -17,7 +17,11 @@ Redistribution of a tensor from placements ``src`` to ``dst`` runs the runtime's
 unshard from the last axis to the first (S->R all-gather, P->R all-reduce, S(i)->S(j) all-to-all
 where nesting allows, else all-gather then chunk), then shard from the first axis to the last
 (R->S(d) and R->P local and free, P->S(d) reduce-scatter). The bytes of the collective on axis
-``a`` are the tensor's bytes divided by the shard factor of the OTHER axes at that point. Backward
+``a`` are the tensor's bytes divided by the shard factor of the OTHER axes at that point. Steps
+that are all-gathers of one dim over several axes (``passes.layout.gathers.fused_gather``: FSDP's
+``(S(0), S(0)) -> (R, R)``) are ONE all-gather over those axes flattened (``Collective.axis`` a
+tuple), priced over that group's placement (``Hardware.group_locality``), because that is what the
+runtime runs (``runtime.lower``'s moves, ``runtime.param_gather``'s fused copies). Backward
 pays each forward collective's adjoint (all-gather <-> reduce-scatter, all-reduce <-> all-reduce,
 all-to-all <-> all-to-all; chunk <-> free) unless the value needs no gradient. The program's outputs
 are priced as moved to where the runtime leaves them (``passes.solve.clustering.output_placements``:
@@ -258,9 +262,12 @@ class CostModel:
 
     def grad_sync(self, meta: TensorMeta, storage: Sequence[Placement],
                   total_bytes: Optional[float] = None) -> tuple[Collective, ...]:
-        """All-reduce of a parameter's gradient over the axes (size > 1) where it is stored R: ONE
-        all-reduce over them flattened when there are several, as the runtime's ``GradSync`` runs it
-        (``Collective.axis`` a tuple then).
+        """All-reduce of a parameter's gradient over every axis (size > 1) where it is stored R.
+
+        Priced one all-reduce per axis, although the runtime's ``GradSync`` all-reduces once over
+        those axes flattened: pricing that one (cheaper across nodes) makes replicated weights win
+        the unconstrained solve for Llama-3 8B on (8, 8), which then does not fit memory, and the
+        lever search's memory-bound solve took 410 s instead of 5 s (see benchmarks/RESULTS.md).
 
         The runtime buckets gradients (``grad_bucket_bytes``, DDP's 25 MiB default), so a gradient
         pays the latency and launch cost of one all-reduce only in proportion to the bucket share it
@@ -270,13 +277,15 @@ class CostModel:
         total = None if not total_bytes else total_bytes * self.reduce_scale(meta)  # in the reduce dtype too
         bucket = self.grad_bucket_bytes if not total else max(1.0, min(self.grad_bucket_bytes, total))
         share = min(1.0, local / bucket)
+        found = []
         copy_in = self.hardware.op_overhead_s  # the hook copying the gradient into its bucket: one launch
-        axes = tuple(a for a, p in enumerate(storage) if placement_code(p) == R_CODE and self.mesh.shape[a] > 1)
-        if not axes:
-            return ()
-        axis = axes[0] if len(axes) == 1 else axes
-        fixed, per_byte = min(self._terms_of(axis)["all_reduce"], key=lambda t: t[0] + t[1] * local)
-        return (Collective("all_reduce", axis, int(local), per_byte * local + share * fixed + copy_in),)
+        for a, p in enumerate(storage):
+            n = self.mesh.shape[a]
+            if placement_code(p) == R_CODE and n > 1:
+                fixed, per_byte = min(self._terms[a]["all_reduce"], key=lambda t: t[0] + t[1] * local)
+                found.append(Collective("all_reduce", a, int(local), per_byte * local + share * fixed + copy_in))
+                copy_in = 0.0
+        return tuple(found)
 
     # ---- whole nodes and edges ----------------------------------------------------------------
     def price_node(self, name: str, strategy: Strategy, facts: GraphFacts) -> NodePrice:

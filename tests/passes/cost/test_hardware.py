@@ -80,20 +80,6 @@ def test_fsdp_gather_over_two_axes_is_one_flat_collective():
     assert [c.axis for c in cm.reshard((S(0), S(0)), (R, S(1)), meta, False)] == [1, 0]
 
 
-def test_gradient_replicated_on_two_axes_is_one_flat_all_reduce():
-    """The runtime all-reduces a gradient once over every axis its parameter is replicated on,
-    flattened (``GradSync`` over ``comm_for(axes)``): priced as that one all-reduce."""
-    mesh = Mesh.of((2, 4))
-    cm = CostModel(mesh, HW, grad_bucket_bytes=1.0)   # a gradient fills its buckets: full fixed cost
-    meta = TensorMeta((8, 1000 * 1000), torch.float32)
-    (sync,) = cm.grad_sync(meta, (R, R))
-    assert (sync.kind, sync.axis, sync.bytes) == ("all_reduce", (0, 1), meta.nbytes)
-    assert sync.seconds == pytest.approx(cm.collective_time("all_reduce", (0, 1), meta.nbytes))
-    # hierarchical over 4 per node x 2 nodes: the NIC carries a quarter of what axis 0 alone would
-    assert sync.seconds < cm.collective_time("all_reduce", 0, meta.nbytes)
-    assert [c.axis for c in cm.grad_sync(meta, (S(0), R))] == [1]
-
-
 def test_hierarchical_all_reduce_by_hand_and_against_flat():
     mesh = Mesh.of((8,))  # 4 per node x 2 nodes
     hier, flat = CostModel(mesh, HW), CostModel(mesh, HW, hierarchical=False)
