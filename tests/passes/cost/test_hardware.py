@@ -2,12 +2,13 @@
 each against a value computed by hand."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 
-from autoshard.passes.cost.collectives import collective_seconds, collective_terms, hierarchical_terms, p2p_seconds
+from autoshard.passes.cost.collectives import Collective, collective_seconds, collective_terms, hierarchical_terms, p2p_seconds
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.errors import AutoshardError
@@ -73,6 +74,7 @@ def test_fsdp_gather_over_two_axes_is_one_flat_collective():
     inside = 0.75 * nb / 1e10 + 3e-6     # 4 members, all of B
     assert got[0].seconds == pytest.approx(across + inside + 2e-6)
     assert got[1].seconds == pytest.approx(across + inside + 2e-6)
+    assert Collective.from_json(json.loads(json.dumps(got[0].to_json()))) == got[0]   # plans save it
     per_axis = cm.collective_time("all_gather", 1, nb / 2) + cm.collective_time("all_gather", 0, nb)
     assert got[0].seconds < per_axis / 2  # the whole B over the NIC is what the flat gather avoids
     # one axis, or gathers that end in a chunk, stay per axis
