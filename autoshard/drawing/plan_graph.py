@@ -106,8 +106,8 @@ def plan_to_dot(plan) -> str:
         node_name = next((n for n, fqn in param_of.items() if fqn == pname), None)
         if node_name is None:
             continue
-        label = "grad " + "\n".join(f"{c.kind}({axis_label(c.axis, names)}) {human_bytes(c.bytes)} {human_time(c.seconds)}"
-                                     for c in syncs)
+        label = "grad " + "\n".join(
+            f"{c.kind}({axis_label(c.axis, names)}) {human_bytes(c.bytes)} {human_time(c.seconds)}" for c in syncs)
         lines.append(f'  "gsync_{k}" [label="{escape(label)}", shape=note, fillcolor="#fee0d2", fontsize=7];')
         lines.append(f'  "{node_name}" -> "gsync_{k}" [style=dotted, arrowhead=none];')
     lines.append("}")

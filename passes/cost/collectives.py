@@ -53,8 +53,8 @@ class Collective:
     phase: str = "fwd"
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "axis": self.axis if isinstance(self.axis, int) else list(self.axis), "bytes": self.bytes, "seconds": self.seconds,
-                "phase": self.phase}
+        axis = self.axis if isinstance(self.axis, int) else list(self.axis)
+        return {"kind": self.kind, "axis": axis, "bytes": self.bytes, "seconds": self.seconds, "phase": self.phase}
 
     @classmethod
     def from_json(cls, d: dict) -> "Collective":

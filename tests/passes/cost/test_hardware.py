@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from autoshard.passes.cost.collectives import Collective, collective_seconds, collective_terms, hierarchical_terms, p2p_seconds
+from autoshard.passes.cost.collectives import (Collective, collective_seconds, collective_terms, hierarchical_terms,
+                                                p2p_seconds)
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.errors import AutoshardError
