@@ -325,8 +325,9 @@ class RankProgram:
     # ---- inspecting ----------------------------------------------------------------------------
     def collective_counts(self) -> dict[str, int]:
         """Collective steps in the forward program by kind (a parameter gather counts its members'
-        steps, fused or not), plus ``grad_sync`` (parameters whose gradient is all-reduced) and
-        ``grad_sync_buckets`` (the all-reduce calls doing it)."""
+        steps; a fused member, gathered over several axes flattened, one all-gather), plus
+        ``grad_sync`` (parameters whose gradient is all-reduced) and ``grad_sync_buckets`` (the
+        all-reduce calls doing it)."""
         counts: dict[str, int] = {}
         for module in self.program.modules():
             if not isinstance(module, fx.GraphModule):

@@ -7,7 +7,9 @@
   placement, which costs nothing);
 - before each op, for each operand whose producer's placement differs from what the op's strategy
   needs, the redistribution steps (``redistribute.plan_redistribute``) as explicit calls such as
-  ``all_gather(linear, 0, comm_tp)``; a redistributed value is reused by every consumer needing it;
+  ``all_gather(linear, 0, comm_tp)``; steps that are all-gathers of one dim over several axes
+  (``passes.layout.gathers.fused_gather``) run as ONE all-gather over those axes flattened, as the
+  cost model prices them; a redistributed value is reused by every consumer needing it;
 - for parameters, instead: one ``param_gather.gather_params`` call per group of parameter copies
   (every parameter whose redistribution from its storage communicates, or that mixed precision
   casts, grouped by the block segment of its first use), run by the program's ``param_gatherer`` (fused flat collectives,
@@ -23,7 +25,8 @@
   backward from it with seed 1 follows the gradient convention), anything else gathered to ``R``.
 
 Collective calls carry ``node.meta["autoshard.collective"]`` (their kind), parameter gathers
-``node.meta["autoshard.param_steps"]`` (the kinds of their members' steps), so they can be counted.
+``node.meta["autoshard.param_steps"]`` (the kinds of their members' steps; a fused member counts as
+one all-gather), so they can be counted.
 Every emitted node carries ``node.meta[regions.BLOCK]``: the block instance of the captured op it
 was emitted for (None outside numbered blocks), which ``regions`` cuts checkpoint regions by.
 """
@@ -38,13 +41,14 @@ import torch.nn as nn
 
 from autoshard.passes.errors import BatchError, PlanFormatError
 from autoshard.passes.graph import META, MODULE, CapturedGraph, exact_placeholder, is_getitem, operands
-from autoshard.passes.layout.gathers import SegmentKeys, segment_op
+from autoshard.passes.layout.gathers import SegmentKeys, fused_gather, segment_op
 from autoshard.passes.layout.redistribution import COMMUNICATING, plan_redistribute
 from autoshard.passes.layout.shapes import local_shape, normalize
 from autoshard.passes.levers import Levers
 from autoshard.passes.solve.clustering import block_instance, module_path
 from autoshard.passes.spec import Partial, Replicate, Strategy, TensorMeta
 
+from . import collectives as C
 from .groups import MeshEnv
 from .localize import local_size_args, rewrite_devices, written_operands
 from .lowerings import emit_lowering
@@ -115,7 +119,13 @@ class _Lowering:
         return node
 
     def move(self, value: fx.Node, src, dst, ndim: int) -> fx.Node:
-        for step in plan_redistribute(src, dst, self.mesh.shape, ndim):
+        steps = plan_redistribute(src, dst, self.mesh.shape, ndim)
+        flat = fused_gather(steps)
+        if flat is not None and len(flat[0]) > 1:  # all-gathers of one dim: ONE over the axes flattened
+            value = self.collective(C.all_gather, (value, flat[1]), flat[0])
+            value.meta[MOVE_META] = True
+            return value
+        for step in steps:
             fn, static = step_call(step)
             value = self.collective(fn, (value,) + static, (step.axis,))
             value.meta[MOVE_META] = True
@@ -180,7 +190,9 @@ class _Lowering:
         if index + 1 < len(self.groups):
             following = [self.value[self.captured.node(r.placeholder)] for r in self.groups[index + 1].members]
         call = self.graph.call_function(gather_params, (self.gatherer_node, index, tuple(following), *own))
-        call.meta[PARAM_STEPS_META] = [s.kind for r in group.members for s in r.steps]
+        # a fused member is one all-gather over its axes flattened (what the plan prices per member)
+        call.meta[PARAM_STEPS_META] = [k for r in group.members
+                                       for k in (["all_gather"] if r.fused_gather() else [s.kind for s in r.steps])]
         for k, key in enumerate(self.group_keys[index]):
             self.cache[key] = self.graph.call_function(operator.getitem, (call, k))
 

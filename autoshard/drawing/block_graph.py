@@ -17,6 +17,7 @@ import html
 from autoshard.drawing.dot import axes_label, escape, placement_colour
 from autoshard.drawing.segments import (DrawnUnit, Traffic, fold, segments, traffic, unit_params, unit_signature,
                                         value_bytes)
+from autoshard.passes.cost.collectives import axis_label
 from autoshard.passes.graph import META
 from autoshard.passes.solve.clustering import OUTPUT
 from autoshard.passes.units import human_bytes, human_time
@@ -41,9 +42,9 @@ def _collective_lines(table: dict, axis_names, suffix: str = "", phases: bool = 
     adjoint with the same count and bytes (all-gather / reduce-scatter) share one line."""
     def head(kind, axis, s):
         times = f" \u00d7{s.count:.3g}" if abs(s.count - 1) > 1e-9 else ""
-        return f"{_KIND.get(kind, kind)}({axis_names[axis]}){times}"
+        return f"{_KIND.get(kind, kind)}({axis_label(axis, axis_names)}){times}"
 
-    rows = sorted(table.items(), key=lambda kv: (kv[0][0] != "fwd", -kv[1].seconds, kv[0]))
+    rows = sorted(table.items(), key=lambda kv: (kv[0][0] != "fwd", -kv[1].seconds, kv[0][:2], str(kv[0][2])))
     used, lines = set(), []
     for key, s in rows:
         if key in used:

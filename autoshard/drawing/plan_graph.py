@@ -9,6 +9,7 @@ as one box of ops.
 from __future__ import annotations
 
 from autoshard.drawing.dot import axes_label, escape, is_view_op, op_name, placement_colour
+from autoshard.passes.cost.collectives import axis_label
 from autoshard.passes.graph import MODULE, outputs
 from autoshard.passes.units import human_bytes, human_time
 
@@ -93,7 +94,7 @@ def plan_to_dot(plan) -> str:
                 continue
             for k, r in hops:
                 cid = f"comm_{k}"
-                items = [f"{c.kind}({names[c.axis]}) {human_bytes(c.bytes)} {human_time(c.seconds)}"
+                items = [f"{c.kind}({axis_label(c.axis, names)}) {human_bytes(c.bytes)} {human_time(c.seconds)}"
                          for c in r.collectives] or ["local chunk"]
                 label = "\n".join(items)
                 lines.append(f'  "{cid}" [label="{escape(label)}", shape=cds, fillcolor="#fc9272", fontsize=8];')
@@ -105,8 +106,8 @@ def plan_to_dot(plan) -> str:
         node_name = next((n for n, fqn in param_of.items() if fqn == pname), None)
         if node_name is None:
             continue
-        label = "grad " + "\n".join(f"{c.kind}({names[c.axis]}) {human_bytes(c.bytes)} {human_time(c.seconds)}"
-                                     for c in syncs)
+        label = "grad " + "\n".join(
+            f"{c.kind}({axis_label(c.axis, names)}) {human_bytes(c.bytes)} {human_time(c.seconds)}" for c in syncs)
         lines.append(f'  "gsync_{k}" [label="{escape(label)}", shape=note, fillcolor="#fee0d2", fontsize=7];')
         lines.append(f'  "{node_name}" -> "gsync_{k}" [style=dotted, arrowhead=none];')
     lines.append("}")

@@ -35,27 +35,41 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Union
 
-__all__ = ["Collective", "collective_seconds", "collective_terms", "hierarchical_terms", "p2p_seconds"]
+__all__ = ["Collective", "axis_label", "collective_seconds", "collective_terms", "hierarchical_terms", "p2p_seconds"]
 
 
 @dataclass(frozen=True)
 class Collective:
     """One collective a plan inserts: ``kind`` over mesh axis ``axis`` moving ``bytes`` (the full
-    per-group bytes B), taking ``seconds``; ``phase`` is "fwd" or "bwd" (the backward adjoint)."""
+    per-group bytes B), taking ``seconds``; ``phase`` is "fwd" or "bwd" (the backward adjoint).
+    ``axis`` is a tuple of mesh axes when the collective runs over them flattened into one group
+    (a parameter's FSDP gather over every axis it is sharded on: ``passes.layout.gathers.fused_gather``)."""
     kind: str
-    axis: int
+    axis: Union[int, tuple[int, ...]]
     bytes: int
     seconds: float
     phase: str = "fwd"
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "axis": self.axis, "bytes": self.bytes, "seconds": self.seconds,
-                "phase": self.phase}
+        axis = self.axis if isinstance(self.axis, int) else list(self.axis)
+        return {"kind": self.kind, "axis": axis, "bytes": self.bytes, "seconds": self.seconds, "phase": self.phase}
 
     @classmethod
     def from_json(cls, d: dict) -> "Collective":
-        return cls(str(d["kind"]), int(d["axis"]), int(d["bytes"]), float(d["seconds"]), str(d.get("phase", "fwd")))
+        axis = d["axis"]
+        axis = tuple(int(a) for a in axis) if isinstance(axis, (list, tuple)) else int(axis)
+        return cls(str(d["kind"]), axis, int(d["bytes"]), float(d["seconds"]), str(d.get("phase", "fwd")))
+
+
+def axis_label(axis: Union[int, tuple[int, ...]], axis_names) -> str:
+    """A collective's mesh axis by name; axes flattened into one group join with "*".
+
+    >>> axis_label((0, 1), ("dp", "tp"))
+    'dp*tp'
+    """
+    return axis_names[axis] if isinstance(axis, int) else "*".join(axis_names[a] for a in axis)
 
 
 _STEPS = {"all_reduce": 2.0, "all_gather": 1.0, "reduce_scatter": 1.0, "all_to_all": 1.0}

@@ -160,6 +160,39 @@ class Hardware:
             return 1, n
         return g, n // g
 
+    def group_locality(self, mesh: Mesh, axes) -> tuple[int, int]:
+        """(members per node g, nodes m) of one group over mesh ``axes`` flattened (an int: one axis,
+        ``axis_locality``); g * m == the product of their sizes.
+
+        Adjacent axes flatten into one axis of the merged mesh. Otherwise the group of rank 0 is
+        counted node by node; members spread unevenly over nodes count as (1, n), as in
+        ``axis_locality``.
+
+        >>> h = PRESETS["h100"]                        # 8 GPUs per node
+        >>> h.group_locality(Mesh.of((8, 8)), (0, 1))  # all 64 ranks: 8 per node, 8 nodes
+        (8, 8)
+        >>> h.group_locality(Mesh.of((4, 2, 8)), (0, 2))
+        (8, 4)
+        """
+        axes = (axes,) if isinstance(axes, int) else tuple(sorted(axes))
+        if len(axes) == 1:
+            return self.axis_locality(mesh, axes[0])
+        shape = mesh.shape
+        if axes == tuple(range(axes[0], axes[-1] + 1)):
+            merged = shape[:axes[0]] + (math.prod(shape[a] for a in axes),) + shape[axes[-1] + 1:]
+            return self.axis_locality(Mesh.of(merged), axes[0])
+        ranks = [0]
+        for a in axes:
+            stride = math.prod(shape[a + 1:])
+            ranks = [r + i * stride for r in ranks for i in range(shape[a])]
+        per_node: dict[int, int] = {}
+        for r in ranks:
+            per_node[r // self.devices_per_node] = per_node.get(r // self.devices_per_node, 0) + 1
+        counts = set(per_node.values())
+        if len(counts) != 1:
+            return 1, len(ranks)
+        return counts.pop(), len(per_node)
+
     def peak_flops(self, dtype: torch.dtype) -> float:
         """Dense peak for matmuls in ``dtype`` (16-bit floats use the bf16 tensor-core peak)."""
         if dtype in (torch.bfloat16, torch.float16) or (dtype.is_floating_point and dtype.itemsize == 1):

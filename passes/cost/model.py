@@ -17,7 +17,11 @@ Redistribution of a tensor from placements ``src`` to ``dst`` runs the runtime's
 unshard from the last axis to the first (S->R all-gather, P->R all-reduce, S(i)->S(j) all-to-all
 where nesting allows, else all-gather then chunk), then shard from the first axis to the last
 (R->S(d) and R->P local and free, P->S(d) reduce-scatter). The bytes of the collective on axis
-``a`` are the tensor's bytes divided by the shard factor of the OTHER axes at that point. Backward
+``a`` are the tensor's bytes divided by the shard factor of the OTHER axes at that point. Steps
+that are all-gathers of one dim over several axes (``passes.layout.gathers.fused_gather``: FSDP's
+``(S(0), S(0)) -> (R, R)``) are ONE all-gather over those axes flattened (``Collective.axis`` a
+tuple), priced over that group's placement (``Hardware.group_locality``), because that is what the
+runtime runs (``runtime.lower``'s moves, ``runtime.param_gather``'s fused copies). Backward
 pays each forward collective's adjoint (all-gather <-> reduce-scatter, all-reduce <-> all-reduce,
 all-to-all <-> all-to-all; chunk <-> free) unless the value needs no gradient. The program's outputs
 are priced as moved to where the runtime leaves them (``passes.solve.clustering.output_placements``:
@@ -55,6 +59,7 @@ from autoshard.passes.cost.kernels import gemm_efficiency
 from autoshard.passes.cost.nccl import nccl_p2p_seconds, nccl_terms
 from autoshard.passes.cost.lowerings import named_lowerings
 from autoshard.passes.cost.moe import is_moe_node, work_factor
+from autoshard.passes.layout.gathers import fused_gather
 from autoshard.passes.layout.redistribution import P_CODE, R_CODE, encode, placement_code, redistribution_steps
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Placement, Strategy, TensorMeta
@@ -115,14 +120,21 @@ class CostModel:
         self.opt_bytes = optimizer_state_bytes(optimizer)
         self.links = [hardware.axis_link(mesh, a) for a in range(mesh.ndim)]
         self._terms = [self._axis_terms(a) for a in range(mesh.ndim)]
+        self._flat_terms: dict[tuple[int, ...], dict] = {}  # several axes flattened -> their terms
         # (collectives, copy) per move; cost models of one mesh, hardware and collective settings may
         # share it (``move_cache``): a move's price does not depend on anything else
         self._reshard_cache: dict = {} if move_cache is None else move_cache
 
-    def _axis_terms(self, axis: int) -> dict[str, list[tuple[float, float]]]:
-        """kind -> candidate (fixed seconds incl. launch, seconds per byte); a call costs the cheapest."""
-        hw, n = self.hardware, self.mesh.shape[axis]
-        g, m = hw.axis_locality(self.mesh, axis)
+    def _axis_terms(self, axis) -> dict[str, list[tuple[float, float]]]:
+        """kind -> candidate (fixed seconds incl. launch, seconds per byte); a call costs the cheapest.
+        ``axis``: one mesh axis, or a tuple of axes flattened into one group (``Hardware.group_locality``)."""
+        hw = self.hardware
+        if isinstance(axis, int):
+            n, (g, m), link = self.mesh.shape[axis], hw.axis_locality(self.mesh, axis), self.links[axis]
+        else:
+            n, (g, m) = math.prod(self.mesh.shape[a] for a in axis), hw.group_locality(self.mesh, axis)
+            link = ((hw.intra_node_bandwidth, hw.intra_node_latency) if m == 1
+                    else (hw.inter_node_bandwidth, hw.inter_node_latency))
         algos = ("ring", "tree") if hw.collective_algorithm == "auto" else (hw.collective_algorithm,)
         intra = (hw.intra_node_bandwidth, hw.intra_node_latency)
         inter = (hw.inter_node_bandwidth, hw.inter_node_latency)
@@ -139,7 +151,7 @@ class CostModel:
             elif m > 1 and g > 1 and self.hierarchical:
                 cands = [hierarchical_terms(kind, g, m, intra, inter, a) for a in algos]
             else:
-                bw, lat = self.links[axis]
+                bw, lat = link
                 cands = [collective_terms(kind, n, bw, lat, a) for a in algos]
             if n > 1 and fit is None:
                 cands = [(f + hw.collective_launch_s, p) for f, p in cands]
@@ -164,10 +176,11 @@ class CostModel:
         """How many pieces ``pls`` cuts a tensor into (ignoring axis ``skip``)."""
         return self._factor(encode(pls), skip)
 
-    def _factor(self, codes: Sequence[int], skip: Optional[int] = None) -> int:
+    def _factor(self, codes: Sequence[int], skip=None) -> int:
+        skip = () if skip is None else (skip,) if isinstance(skip, int) else skip
         f = 1
         for a, c in enumerate(codes):
-            if c >= 0 and a != skip:
+            if c >= 0 and a not in skip:
                 f *= self.mesh.shape[a]
         return f
 
@@ -185,9 +198,10 @@ class CostModel:
         return math.prod(self.mesh.shape[a] for a in split)
 
     # ---- collectives ---------------------------------------------------------------------------
-    def collective_time(self, kind: str, axis: int, nbytes: float) -> float:
-        """Seconds of one ``kind`` over mesh axis ``axis`` with full per-group bytes ``nbytes``."""
-        return min(f + p * nbytes for f, p in self._terms[axis][kind])
+    def collective_time(self, kind: str, axis, nbytes: float) -> float:
+        """Seconds of one ``kind`` over mesh axis ``axis`` (or a tuple of axes flattened into one
+        group) with full per-group bytes ``nbytes``."""
+        return min(f + p * nbytes for f, p in self._terms_of(axis)[kind])
 
     def _flat_fit(self, kind: str, axes: Sequence[int]) -> Optional[tuple[float, float]]:
         """The measured (latency_s, seconds_per_byte) of ``kind`` over several mesh axes flattened,
@@ -199,27 +213,30 @@ class CostModel:
 
     def flat_collective_time(self, kind: str, axes: Sequence[int], nbytes: float) -> float:
         """Seconds of one ``kind`` over mesh axes ``axes`` flattened into one group (the runtime's
-        fused parameter gathers: ``runtime.param_gather``), full per-group bytes ``nbytes``. One
-        axis: ``collective_time``. Several, inside one node, with a measured fit for the flattened
-        group's size: the fit. Otherwise the axis-by-axis steps the one call stands for: an
-        all-reduce on each axis in turn, whole; gathers from the last axis back (reduce-scatters
-        the mirror), each axis moving the bytes still sharded by the axes before it."""
+        fused parameter gathers: ``runtime.param_gather``), full per-group bytes ``nbytes``: one
+        collective over the flattened group (``collective_time`` of the axes' tuple: a measured fit
+        for the group's size inside one node, else NCCL's or the link model's price for the group's
+        members per node and nodes). An all-reduce without a fit is priced one axis after the other,
+        whole, as ``grad_sync`` prices gradient syncs (its docstring says why)."""
         axes = sorted(a for a in axes if self.mesh.shape[a] > 1)
         if not axes:
             return 0.0
         if len(axes) == 1:
             return self.collective_time(kind, axes[0], nbytes)
-        fit = self._flat_fit(kind, axes)
-        if fit is not None:
-            return fit[0] + fit[1] * nbytes
-        total, before = 0.0, 1
-        for a in axes:
-            total += self.collective_time(kind, a, nbytes / before)
-            if kind != "all_reduce":
-                before *= self.mesh.shape[a]
-        return total
+        if kind == "all_reduce" and self._flat_fit(kind, axes) is None:
+            # as ``grad_sync`` prices a gradient replicated on several axes: each axis in turn, whole
+            return sum(self.collective_time(kind, a, nbytes) for a in axes)
+        return self.collective_time(kind, tuple(axes), nbytes)
 
-    def collective(self, kind: str, axis: int, nbytes: float, phase: str = "fwd") -> Collective:
+    def _terms_of(self, axis) -> dict[str, list[tuple[float, float]]]:
+        if isinstance(axis, int):
+            return self._terms[axis]
+        terms = self._flat_terms.get(axis)
+        if terms is None:
+            terms = self._flat_terms[axis] = self._axis_terms(axis)
+        return terms
+
+    def collective(self, kind: str, axis, nbytes: float, phase: str = "fwd") -> Collective:
         # the runtime dispatches each collective as one op (an autograd function): one launch more
         secs = self.collective_time(kind, axis, nbytes) + self.hardware.op_overhead_s
         return Collective(kind, axis, int(nbytes), secs, phase)
@@ -254,6 +271,10 @@ class CostModel:
         steps = self._reshard_cache.get(("steps", src, dst))
         if steps is None:
             steps = self._reshard_cache[("steps", src, dst)] = redistribution_steps(src, dst, self.mesh.shape)
+        flat = fused_gather(steps)
+        if flat is not None and len(flat[0]) > 1:  # one all-gather over the axes flattened, as the runtime runs it
+            steps = ()
+            fwd.append(self.collective("all_gather", flat[0], nbytes / self._factor(cur, skip=flat[0])))
         for step in steps:
             kind, a = step.kind, step.axis
             if kind in ADJOINT:
@@ -266,9 +287,13 @@ class CostModel:
 
     def grad_sync(self, meta: TensorMeta, storage: Sequence[Placement],
                   total_bytes: Optional[float] = None) -> tuple[Collective, ...]:
-        """All-reduce of a parameter's gradient over the axes (size > 1) where it is stored R: one
-        collective over those axes flattened, as the runtime calls it (``runtime.gradsync``, one
-        bucket per group of axes), priced by ``flat_collective_time``.
+        """All-reduce of a parameter's gradient over the axes (size > 1) where it is stored R, as one
+        collective: the runtime's ``GradSync`` all-reduces once over those axes flattened (one bucket
+        per group of axes). With a measured fit for the flattened group (inside one node) that fit
+        prices it; otherwise it is priced one axis after the other, whole, which overstates it across
+        nodes on purpose: pricing the flat call makes replicated weights win the unconstrained solve
+        for Llama-3 8B on (8, 8), which then does not fit memory, and the lever search's memory-bound
+        solve took 410 s instead of 5 s (see benchmarks/RESULTS.md).
 
         The runtime buckets gradients (``grad_bucket_bytes``, DDP's 25 MiB default), so a gradient
         pays the latency and launch cost of one all-reduce only in proportion to the bucket share it

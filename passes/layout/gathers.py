@@ -4,7 +4,9 @@ gathers this way and the planner's memory timeline (``passes.solve.gather_timeli
 
 A parameter's copy is made by the steps ``plan_redistribute(storage, need)``. When those are
 all-gathers of one tensor dim, from the last sharding axis back (FSDP's case), one gather over the
-axes flattened does the same: ``fused_gather`` gives (axes, dim). Fused copies of a segment travel
+axes flattened does the same: ``fused_gather`` gives (axes, dim). Such a redistribution, of a
+parameter or of any other value, is one all-gather over the axes flattened in the program
+(``runtime.lower``) and in its price (``passes.cost.model``). Fused copies of a segment travel
 together and the runtime starts them ahead (forward and backward prefetch); other copies run their
 steps one by one when needed.
 

@@ -86,9 +86,11 @@ def test_reshard_itemizes_each_axis_with_bytes_of_that_point():
 
 
 def test_reshard_runs_the_runtime_steps_for_every_placement_pair():
-    """The cost model's collectives are the steps the runtime runs (``runtime.redistribute``
-    executes ``passes.layout.redistribution.plan_redistribute``), in order, on every pair of
-    placements of a 2-D tensor over (2, 2) and (2, 1, 2) meshes."""
+    """The cost model's collectives are the steps the runtime runs (``runtime.lower`` emits
+    ``passes.layout.redistribution.plan_redistribute``'s steps, all-gathers of one dim over several
+    axes as one over them flattened: ``fused_gather``), in order, on every pair of placements of a
+    2-D tensor over (2, 2) and (2, 1, 2) meshes."""
+    from autoshard.passes.layout.gathers import fused_gather
     from autoshard.runtime.redistribute import plan_redistribute
     meta = TensorMeta((8, 8), torch.float32)
     for shape in ((2, 2), (2, 1, 2)):
@@ -97,7 +99,9 @@ def test_reshard_runs_the_runtime_steps_for_every_placement_pair():
         pairs = 0
         for src in itertools.product(options, repeat=len(shape)):
             for dst in itertools.product(options, repeat=len(shape)):
-                steps = [(s.kind, s.axis) for s in plan_redistribute(src, dst, shape, 2)]
+                planned = plan_redistribute(src, dst, shape, 2)
+                flat = fused_gather(planned)
+                steps = [("all_gather", flat[0])] if flat and len(flat[0]) > 1 else [(s.kind, s.axis) for s in planned]
                 comm = [st for st in steps if st[0] not in ("chunk", "to_partial")]
                 got = cm.reshard(src, dst, meta, needs_grad=True)
                 assert [(c.kind, c.axis) for c in got if c.phase == "fwd"] == comm, (src, dst)

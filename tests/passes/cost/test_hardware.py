@@ -2,12 +2,14 @@
 each against a value computed by hand."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 
-from autoshard.passes.cost.collectives import collective_seconds, collective_terms, hierarchical_terms, p2p_seconds
+from autoshard.passes.cost.collectives import (Collective, collective_seconds, collective_terms, hierarchical_terms,
+                                                p2p_seconds)
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.errors import AutoshardError
@@ -48,6 +50,37 @@ def test_axis_locality_splits_axes_over_nodes():
     assert HW.axis_locality(Mesh.of((4, 2)), 0) == (2, 2)   # stride 2: 2 members per node
     assert HW.axis_locality(Mesh.of((2, 4)), 0) == (1, 2)   # stride 4: each member on its own node
     assert HW.axis_locality(Mesh.of((2, 4)), 1) == (4, 1)
+
+
+def test_group_locality_of_axes_flattened():
+    assert HW.group_locality(Mesh.of((2, 4)), 1) == HW.axis_locality(Mesh.of((2, 4)), 1)
+    assert HW.group_locality(Mesh.of((2, 4)), (0, 1)) == (4, 2)      # all 8 ranks: 4 per node, 2 nodes
+    assert HW.group_locality(Mesh.of((2, 2, 2)), (1, 2)) == (4, 1)   # ranks 0-3: one node
+    assert HW.group_locality(Mesh.of((2, 2, 2)), (0, 2)) == (2, 2)   # ranks 0, 1, 4, 5: 2 per node
+    assert HW.group_locality(Mesh.of((2, 2, 2)), (0, 1)) == (2, 2)   # ranks 0, 2, 4, 6 (stride 2)
+
+
+def test_fsdp_gather_over_two_axes_is_one_flat_collective():
+    """(S(0), S(0)) -> (R, R) is one all-gather over both axes flattened (what the runtime runs):
+    on (2, 4) with 4 per node, a hierarchical gather of 1/4 of B across the 2 nodes, then B inside
+    the node -- not an inter-node gather of the whole B on axis 0 after an intra-node one on axis 1."""
+    mesh = Mesh.of((2, 4))
+    cm = CostModel(mesh, HW)
+    meta = TensorMeta((8, 1000 * 1000), torch.float32)  # B = 32 MB
+    nb = meta.nbytes
+    got = cm.reshard((S(0), S(0)), (R, R), meta, needs_grad=True)
+    assert [(c.kind, c.axis, c.bytes, c.phase) for c in got] == [
+        ("all_gather", (0, 1), nb, "fwd"), ("reduce_scatter", (0, 1), nb, "bwd")]
+    across = 0.5 * nb / 4 / 1e9 + 1e-5   # 2 nodes, B/g per group
+    inside = 0.75 * nb / 1e10 + 3e-6     # 4 members, all of B
+    assert got[0].seconds == pytest.approx(across + inside + 2e-6)
+    assert got[1].seconds == pytest.approx(across + inside + 2e-6)
+    assert Collective.from_json(json.loads(json.dumps(got[0].to_json()))) == got[0]   # plans save it
+    per_axis = cm.collective_time("all_gather", 1, nb / 2) + cm.collective_time("all_gather", 0, nb)
+    assert got[0].seconds < per_axis / 2  # the whole B over the NIC is what the flat gather avoids
+    # one axis, or gathers that end in a chunk, stay per axis
+    assert [c.axis for c in cm.reshard((S(0), R), (R, R), meta, False)] == [0]
+    assert [c.axis for c in cm.reshard((S(0), S(0)), (R, S(1)), meta, False)] == [1, 0]
 
 
 def test_hierarchical_all_reduce_by_hand_and_against_flat():

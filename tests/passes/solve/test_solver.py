@@ -129,6 +129,23 @@ def test_small_weights_large_batch_is_data_parallel(shape):
     assert all(len(v) == 1 and v[0].kind == "all_reduce" for v in sol.param_grad_syncs.values() if v)
 
 
+def test_fsdp_over_a_mesh_that_crosses_nodes_shards_over_both_axes():
+    """(2, 8) A100 nodes, batch-parallel compute, weights too big to replicate: the planner stores
+    them sharded over BOTH axes and gathers them with one collective over the 16 ranks flattened
+    (as the runtime does), so the plan is as fast as on (16,). Priced one gather per axis, the whole
+    weight crossed nodes through one NIC on axis 0, and it chose (R, S(0)) (HSDP), 0.6% slower."""
+    cg = mlp_graph(2048, 8192, 64 * 1024, out=2048)
+    sols = {mesh: plan_sharding(cg, Mesh.of(mesh), hardware="a100", memory_limit=2.0e9, time_limit_s=10,
+                                pins=Pins(inputs={0: tuple(S(0) for _ in mesh)}))
+            for mesh in ((2, 8), (16,))}
+    two = sols[(2, 8)]
+    assert two.param_placements["fc1.weight"] == (S(0), S(0)), two.param_placements
+    assert two.param_placements["fc2.weight"] == (S(0), S(0)), two.param_placements
+    gathers = {(c.kind, c.axis) for m in two.redistributions for c in m.collectives}
+    assert gathers == {("all_gather", (0, 1)), ("reduce_scatter", (0, 1))}, gathers
+    assert two.estimated_step_time <= sols[(16,)].estimated_step_time * 1.001
+
+
 def test_large_weights_tiny_batch_is_megatron_column_then_row():
     cg = mlp_graph(4096, 16384, 2)
     sol = plan_sharding(cg, Mesh.of(4), hardware="h100")
@@ -181,7 +198,9 @@ def test_two_axes_are_decided_jointly_tp_on_nvlink_dp_across_nodes():
     dp = plan_sharding(cg, mesh, hardware=hw, pins=Pins(params={"*": ("R", "R")}, inputs={0: ("S(0)", "S(0)")}))
     tp_only = Pins(params={"fc1.*": ("S(0)", "S(0)"), "fc2.weight": ("S(1)", "S(1)")}, inputs={0: ("R", "R")})
     tp = plan_sharding(cg, mesh, hardware=hw, pins=tp_only)
-    assert sol.estimated_step_time < 0.95 * min(dp.estimated_step_time, tp.estimated_step_time)
+    # the pure-TP plan's weight gathers are priced as the runtime's fused flat calls (one over both
+    # axes): its step fell from 0.79 to 0.69 ms, so the joint plan wins by 4.5% there, not 13%
+    assert sol.estimated_step_time < 0.97 * min(dp.estimated_step_time, tp.estimated_step_time)
 
 
 def test_objective_equals_evaluated_step_time_and_beats_random_plans():
