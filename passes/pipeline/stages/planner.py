@@ -121,7 +121,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                                memory_limit=limit, units=shallow.units if shallow else units,
                                blocks=shallow.blocks if shallow else None, quick_s=min(2.0, time_limit_s / 4),
                                thorough_s=min(30.0, time_limit_s / 2), stats=candidates, deep_chain=True,
-                               shapes=shapes)
+                               shapes=shapes, schedules=schedules, microbatches=microbatches)
     # what is left of the WORK limit (deterministic seconds, never the clock: the plan must not
     # depend on the machine's load) after the core plan's and the candidates' solves
     spent = candidates.get("work_s", 0.0) + (core.solver_stats.get("work_s", 0.0) if core is not None else 0.0)
@@ -251,7 +251,9 @@ def _infeasible(mesh, limit, pps, schedules, microbatches, starts, stats, core_e
         f"with pp in {pps}, schedules {list(schedules)}{smallest}. To relax: raise memory_limit, allow more pipeline "
         f"stages (a mesh with a longer first axis, or pp=None), a lighter optimizer (optimizer='sgd'), a smaller "
         f"batch" + (f", or drop the pins {', '.join(pins)}" if pins else "") + "." +
-        (" The search ran out of time_limit_s; raise it." if stats.get("timed_out") else "") + core)
+        (" The search ran out of time_limit_s; raise it." if stats.get("timed_out") else "") +
+        (f" The stage ILP ran out of work on {stats['ilp_unknown']} configuration(s) before finding any cut (not a "
+         f"proof that none fits); raise time_limit_s." if stats.get("ilp_unknown") else "") + core)
 
 
 def _core_plan(core: Solution, step: float, captured: CapturedGraph, mesh: Mesh, stats: dict) -> PipelinePlan:
