@@ -147,8 +147,10 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
         if step < score[key]:
             profiles[key], score[key] = better[key], step
     for key in chosen:  # the proxy budget is looser than the stages' constraint: try a leaner plan too
+        scale = SHRINK
+        if any(row["budget"] == round(scale * key[0] * memory_limit) for row in per[key].get("replans", ())):
+            continue  # the re-plan loop solved that budget already
         lean: dict = {}
-        scale = SHRINK ** (1 + len(per[key].get("replans", ())))
         leaner = profile_candidates(captured, mesh, [key[0]], hardware=hardware, optimizer=optimizer,
                                     memory_limit=memory_limit, units=units, blocks=blocks, single=single,
                                     time_limit_s=quick_s, stats=lean, shapes=[key[1]], deep_chain=deep_chain,
