@@ -130,3 +130,23 @@ def test_the_infeasible_message_names_what_the_busiest_group_needs():
         plan_pipeline(captured, (2, 2), hardware=two_per_node(), memory_limit=200_000, pp=2)
     need = float(str(err.value).split("needs ")[1].split(" KiB")[0]) * 1024
     assert need > 200_000, f"the message says {need:.0f} bytes fit under the limit of 200000: {err.value}"
+
+
+# ---- the stages re-solved at the microbatch: their whole-step peak within the limit ---------------------
+
+def test_a_stage_re_solved_at_the_microbatch_keeps_its_whole_step_peak_within_the_limit():
+    """``replan_at_microbatch`` used to bound one microbatch's walk only: at 400 KB the last stage's
+    walk fit (382 KB) and its peak with the schedule's in-flight microbatches did not (493 KB)."""
+    from autoshard.passes.pipeline.stages.retrace import replan_at_microbatch
+    torch.manual_seed(0)
+    model, inputs, target, loss_fn = gpt(n_layer=4, d=32, n_head=2, seq=8)
+    full = capture(model, inputs, loss_fn=loss_fn, target=target)
+    limit = 400_000
+    plan = plan_pipeline(full, (2, 2), hardware=two_per_node(), memory_limit=limit, pp=2)
+    k = inputs[0].shape[0] // plan.microbatches
+    small = capture(model, (inputs[0][:k],), loss_fn=loss_fn, target=target[:k])
+    staged = replan_at_microbatch(plan, full, small, hardware=two_per_node(), memory_limit=limit, time_limit_s=20)
+    peaks = [s.solution.estimated_memory for s in staged.stages]
+    walks = [s.solution.estimated["microbatch_peak_bytes"] for s in staged.stages]
+    assert all(w < p for w, p in zip(walks, peaks)), "premise: the stage peak adds to the walk"
+    assert max(peaks) <= limit, peaks
