@@ -21,7 +21,9 @@ The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-o
    (``layer_costs.plan_submesh``); then priced per unit (``layer_costs.profile_submesh``).
    Identical blocks share costs and decisions. Every candidate's ILP first runs with a short cap;
    the few whose plans search best are re-solved with a longer one (``search.plan_candidates``).
-   A candidate nothing fits gets the least-memory plan (never replicated weights).
+   A candidate nothing fits gets the least-memory plan (never replicated weights); one whose plan
+   no balanced stage cut fits is planned again leaner (``stage_fit``), and the best-ranked finalist
+   is also tried under a tighter budget, so more memory never turns a candidate infeasible.
 4. Per (pp, shape, microbatches m, schedule): ``stage_ilp.solve_stages`` picks the contiguous unit
    ranges and per-stage recompute minimizing the closed-form step time under the memory limit, with
    the activations the schedule keeps in flight (the simulator's peak per stage). Every
