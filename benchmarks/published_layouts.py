@@ -1,7 +1,7 @@
 """Published layouts priced through ``autoshard.plan(layout=...)`` next to autoshard's own plan, under
 the same cost model (issue 16 item 7).
 
-    python benchmarks/published_layouts.py [--only 8b,70b,405b,175b,llama3] [--time-limit 60]
+    python benchmarks/published_layouts.py [--only 8b,70b,405b,175b,llama3,llama3-v4] [--time-limit 60]
 
 Each row is a meta-device model (nothing allocated), its published layout as an ``autoshard.layouts``
 value, and autoshard's plan of the same program:
@@ -13,6 +13,7 @@ value, and autoshard's plan of the same program:
 | 405b | torchtitan Llama-3.1 405B | (16, 8) h100, 94 GB | 32 x 8192 | ``fsdp(tp=8, checkpoint="full")`` |
 | 175b | GPT-3 175B (Narayanan et al. 2021's configuration class: TP 8, PP 8-16, batch 1536) | (128, 8) h100 | 1536 x 2048 | ``megatron(tp=8, pp=16, recompute="full")`` |
 | llama3 | Llama 3 405B (Llama 3 paper, Table 4: TP 8, CP 1, PP 16, DP 128, 16M tokens) | (2048, 8) h100 | 2048 x 8192 | ``megatron(tp=8, pp=16, virtual_stages=2, distributed_optimizer=True)`` |
+| llama3-v4 | the same, 4 virtual stages per rank | (2048, 8) h100 | 2048 x 8192 | ``megatron(tp=8, pp=16, virtual_stages=4, distributed_optimizer=True)`` |
 
 The torchtitan rows train with bf16 compute and fp32 masters (``MixedPrecision``), as
 ``torchtitan_recipes.py`` does, and autoshard plans them without a pipeline (``plan_captured``). The
@@ -73,6 +74,10 @@ ROWS = {
                    build=lambda: llama(126, 16384, 53248, 128, 8, 8192, dtype=torch.bfloat16),
                    mesh=(2048, 8), hw="h100", memory=None, batch=2048, seq=8192,
                    layout=layouts.megatron(tp=8, pp=16, virtual_stages=2, distributed_optimizer=True)),
+    "llama3-v4": dict(name="Llama 3 405B / 16,384 H100, 4 virtual stages",
+                      build=lambda: llama(126, 16384, 53248, 128, 8, 8192, dtype=torch.bfloat16),
+                      mesh=(2048, 8), hw="h100", memory=None, batch=2048, seq=8192,
+                      layout=layouts.megatron(tp=8, pp=16, virtual_stages=4, distributed_optimizer=True)),
 }
 
 
@@ -91,7 +96,7 @@ def line(tag: str, plan, tokens: float, gpus: int, seconds: float) -> dict:
     return {"step": step, "overlap": over}
 
 
-def run(key: str, time_limit: float) -> None:
+def run(key: str, time_limit: float, layout_only: bool = False) -> None:
     r = ROWS[key]
     gpus = 1
     for s in r["mesh"]:
@@ -104,14 +109,16 @@ def run(key: str, time_limit: float) -> None:
     common = dict(hardware=r["hw"], memory_limit=r["memory"], time_limit_s=time_limit)
     pipelined = r["layout"].pp > 1
     t0 = time.perf_counter()
-    if pipelined:
+    if layout_only:
+        ours = None
+    elif pipelined:
         ours = autoshard.plan(model, r["mesh"], example_inputs=(ids,), loss_fn=lm_loss, example_target=ids,
                               pp="auto", **common)
     else:
         captured = capture(model, (ids,), loss_fn=lm_loss, target=ids, param_dtype=torch.bfloat16)
         ours = plan_captured(captured, r["mesh"], mixed_precision=BF16, **common)
     t1 = time.perf_counter()
-    a = line("autoshard", ours, tokens, gpus, t1 - t0)
+    a = line("autoshard", ours, tokens, gpus, t1 - t0) if ours is not None else None
     try:
         theirs = autoshard.plan(model, r["mesh"], example_inputs=(ids,), loss_fn=lm_loss, example_target=ids,
                                 layout=r["layout"], mixed_precision=None if pipelined else BF16, **common)
@@ -119,6 +126,8 @@ def run(key: str, time_limit: float) -> None:
         print(f"  layout: {type(e).__name__}: {str(e)[:400]}")
         return
     b = line("layout", theirs, tokens, gpus, time.perf_counter() - t1)
+    if a is None:
+        return
     print(f"  autoshard / layout: {_ratio(a, b)} [goal <= 1.00]", flush=True)
     logical = theirs.mesh.shape
     if not pipelined and logical != tuple(r["mesh"]):
@@ -139,11 +148,12 @@ def _ratio(a: dict, b: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default=",".join(ROWS))
+    ap.add_argument("--layout-only", action="store_true", help="price the layouts, not autoshard's own plans")
     ap.add_argument("--time-limit", type=float, default=60.0, help="solver seconds per plan")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     for key in args.only.split(","):
-        run(key.strip(), args.time_limit)
+        run(key.strip(), args.time_limit, args.layout_only)
         print()
 
 

@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Iterator, Union
 
+import torch
+
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.errors import AutoshardError
@@ -46,12 +48,34 @@ def global_batch(captured: CapturedGraph) -> int:
 
 
 def batch_dependent(captured: CapturedGraph) -> set[str]:
-    """Names of the nodes computed from a user input or the target (their size follows the batch)."""
+    """Names of the nodes computed from a user input or the target, or broadcast to the batch, and
+    what is computed from them (their size follows the batch).
+
+    Broadcast to the batch: an ``expand`` of a size-1 dim 0 to the global batch. HF's causal mask is
+    built from positions alone and expanded to the input's batch size; traced at a microbatch it is
+    expanded to the microbatch's, so it follows the batch like the inputs do (priced as fixed, a
+    Llama's (batch, 1, seq, seq) mask crossed every pipeline cut at the global batch's size)."""
     found = set(captured.inputs) | ({captured.target} if captured.target else set())
+    batch = None
     for node in captured.gm.graph.nodes:
-        if node.op == "call_function" and any(a.name in found for a in node.all_input_nodes):
+        if node.op != "call_function":
+            continue
+        if any(a.name in found for a in node.all_input_nodes):
             found.add(node.name)
+        elif node.target is torch.ops.aten.expand.default:
+            batch = global_batch(captured) if batch is None else batch
+            if _broadcasts_to(node, batch):
+                found.add(node.name)
     return found
+
+
+def _broadcasts_to(node, batch: int) -> bool:
+    """Whether ``node`` (an expand) turns a size-1 dim 0 into ``batch``."""
+    src = node.args[0].meta.get("autoshard.meta") if hasattr(node.args[0], "meta") else None
+    out = node.meta.get("autoshard.meta")
+    shape_in, shape_out = getattr(src, "shape", None), getattr(out, "shape", None)
+    return (batch > 1 and bool(shape_in) and bool(shape_out) and len(shape_in) == len(shape_out)
+            and int(shape_in[0]) == 1 and int(shape_out[0]) == batch)
 
 
 @dataclass(frozen=True)

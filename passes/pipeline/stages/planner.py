@@ -21,7 +21,9 @@ The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-o
    (``layer_costs.plan_submesh``); then priced per unit (``layer_costs.profile_submesh``).
    Identical blocks share costs and decisions. Every candidate's ILP first runs with a short cap;
    the few whose plans search best are re-solved with a longer one (``search.plan_candidates``).
-   A candidate nothing fits gets the least-memory plan (never replicated weights).
+   A candidate nothing fits gets the least-memory plan (never replicated weights); one whose plan
+   no balanced stage cut fits is planned again leaner (``stage_fit``), and the best-ranked finalist
+   is also tried under a tighter budget, so more memory never turns a candidate infeasible.
 4. Per (pp, shape, microbatches m, schedule): ``stage_ilp.solve_stages`` picks the contiguous unit
    ranges and per-stage recompute minimizing the closed-form step time under the memory limit, with
    the activations the schedule keeps in flight (the simulator's peak per stage). Every
@@ -121,7 +123,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                                memory_limit=limit, units=shallow.units if shallow else units,
                                blocks=shallow.blocks if shallow else None, quick_s=min(2.0, time_limit_s / 4),
                                thorough_s=min(30.0, time_limit_s / 2), stats=candidates, deep_chain=True,
-                               shapes=shapes)
+                               shapes=shapes, schedules=schedules, microbatches=microbatches)
     # what is left of the WORK limit (deterministic seconds, never the clock: the plan must not
     # depend on the machine's load) after the core plan's and the candidates' solves
     spent = candidates.get("work_s", 0.0) + (core.solver_stats.get("work_s", 0.0) if core is not None else 0.0)
@@ -251,7 +253,9 @@ def _infeasible(mesh, limit, pps, schedules, microbatches, starts, stats, core_e
         f"with pp in {pps}, schedules {list(schedules)}{smallest}. To relax: raise memory_limit, allow more pipeline "
         f"stages (a mesh with a longer first axis, or pp=None), a lighter optimizer (optimizer='sgd'), a smaller "
         f"batch" + (f", or drop the pins {', '.join(pins)}" if pins else "") + "." +
-        (" The search ran out of time_limit_s; raise it." if stats.get("timed_out") else "") + core)
+        (" The search ran out of time_limit_s; raise it." if stats.get("timed_out") else "") +
+        (f" The stage ILP ran out of work on {stats['ilp_unknown']} configuration(s) before finding any cut (not a "
+         f"proof that none fits); raise time_limit_s." if stats.get("ilp_unknown") else "") + core)
 
 
 def _core_plan(core: Solution, step: float, captured: CapturedGraph, mesh: Mesh, stats: dict) -> PipelinePlan:

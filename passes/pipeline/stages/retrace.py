@@ -19,7 +19,8 @@ from typing import Any, Optional, Sequence
 
 import torch.fx as fx
 
-from autoshard.passes.errors import PlanFormatError
+from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.errors import InfeasiblePlanError, PlanFormatError
 from autoshard.passes.graph import MODULE, CapturedGraph
 from autoshard.passes.pipeline.stages.stage_graphs import call_nodes, split_stages
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
@@ -125,15 +126,56 @@ def replan_at_microbatch(plan: PipelinePlan, full: CapturedGraph, small: Capture
     stage's submesh (``hardware``, ``memory_limit``, ``optimizer``, ``time_limit_s`` as it takes them;
     ``params``: the user's parameter pins, applied to the stages they concern). A Solution made at
     global shapes cannot be reused: its sizes differ, and it has no strategies for the values a stage
-    receives."""
+    receives. ``memory_limit`` bounds each stage's whole-step peak (``stage_peak``), not only the
+    microbatch walk ``plan_sharding`` constrains: ``_fitted_stage``."""
     stage_nodes = retrace_stage_nodes(full, small, [s.nodes for s in plan.stages])
     graphs = split_stages(small, stage_nodes)
+    limit = float(memory_limit) if memory_limit is not None else get_hardware(hardware).memory_bytes
     stages = []
     for i, s in enumerate(plan.stages):
-        solution = plan_sharding(graphs[i].captured, s.mesh, hardware=hardware, memory_limit=memory_limit,
+        def solve(walk_limit: float, i=i, s=s):
+            return plan_sharding(graphs[i].captured, s.mesh, hardware=hardware, memory_limit=walk_limit,
                                  optimizer=optimizer, time_limit_s=time_limit_s,
                                  pins=stage_pins(params, graphs[i].captured))
-        solution = stage_solution(solution, graphs[i], plan.schedule, plan.pp, plan.microbatches, s.recompute)
+        solution = _fitted_stage(solve, lambda sol, i=i, s=s: stage_solution(
+            sol, graphs[i], plan.schedule, plan.pp, plan.microbatches, s.recompute), _stage_budget(plan, i, limit))
         stages.append(StagePlan(s.index, stage_nodes[i], s.group, list(s.ranks), s.mesh, solution, s.recompute))
     return PipelinePlan(plan.pp, plan.virtual, stages, plan.schedule, plan.microbatches, plan.estimated_step_time,
                         plan.bubble_fraction, list(plan.peak_activation_memory))
+
+
+#: re-solves of a stage whose whole-step peak overshoots its budget
+REFITS = 2
+
+
+def _stage_budget(plan: PipelinePlan, i: int, limit: float) -> float:
+    """Stage ``i``'s share of ``limit`` on its rank group: what the planner's other stages of the group
+    (virtual stages) leave of it (``limit / v`` if they leave nothing)."""
+    mine = plan.stages[i]
+    group = [s for s in plan.stages if s.group == mine.group]
+    others = sum(float(s.solution.estimated_memory) for s in group if s.index != mine.index and s.solution is not None)
+    return limit - others if limit - others > 0 else limit / len(group)
+
+
+def _fitted_stage(solve, peak_of, budget: float):
+    """The stage's Solution with its whole-step peak (``peak_of``) within ``budget``: ``solve(limit)``
+    bounds one microbatch's walk only, so a stage whose peak (in-flight microbatches, accumulated
+    gradients, p2p buffers) overshoots is solved again under a walk limit lowered by the overshoot,
+    up to ``REFITS`` times; the leanest peak if none fits (an ``InfeasiblePlanError`` of the first
+    solve is raised)."""
+    walk_limit, best = budget, None
+    for _ in range(1 + REFITS):
+        try:
+            solution = peak_of(solve(walk_limit))
+        except InfeasiblePlanError:
+            if best is None:
+                raise
+            break
+        if best is None or solution.estimated_memory < best.estimated_memory:
+            best = solution
+        if solution.estimated_memory <= budget:
+            return solution
+        walk_limit -= float(solution.estimated_memory) - budget
+        if walk_limit <= 0:
+            break
+    return best

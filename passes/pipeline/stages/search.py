@@ -25,19 +25,22 @@ from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfi
 from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice, approx_held, held_microbatches, score_stages,
                       stage_problem, valid_schedule)
-from autoshard.passes.pipeline.stages.stage_ilp import StageProblem, StageSolution, balanced_stages, even_stages, solve_stages
+from autoshard.passes.pipeline.stages.stage_fit import SHRINK, fitting_profile
+from autoshard.passes.pipeline.stages.stage_ilp import (StageProblem, StageSolution, balanced_stages, balanced_starts, even_stages,
+                                                        leanest_memory, solve_stages)
 
-__all__ = ["global_batch", "profile_candidates", "plan_candidates", "closed_form_best", "microbatch_options",
+__all__ = ["global_batch", "profile_candidates", "plan_candidates", "closed_form_best", "fit_check", "microbatch_options",
            "search_stages"]
 
-_UNBOUNDED = 1e30
 
 
 def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, hardware: Hardware,
                        optimizer, memory_limit: float, units: Optional[list[LayerUnit]] = None,
                        blocks: Optional[int] = None, single: bool = False, time_limit_s: float = 30.0,
                        stats: Optional[dict] = None, shapes: Optional[Sequence[tuple[int, int]]] = None,
-                       deep_chain: bool = False) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
+                       deep_chain: bool = False, schedules: Sequence[str] = DEFAULT_SCHEDULES,
+                       microbatches: Optional[int] = None, budget_scale: float = 1.0
+                       ) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
     """``(pp, (dp, tp)) -> SubmeshProfile`` for every pp > 1 in ``pps`` and every submesh shape of
     its rank groups: the intra-op plan of ``layer_costs.plan_submesh`` for one sequence per data-
     parallel rank per microbatch and a 1F1B stage's average in-flight count, priced per unit.
@@ -51,7 +54,11 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
     ``deep_chain``: count the ILP edges from one traced block to the next as often as the deep model
     has them, (blocks - 1) / (traced - 1) times; by default they count blocks / traced times, like the
     edges inside a block (the approximation ``profile_candidates(blocks=...)`` has always made: with 2
-    traced blocks of 32, 16 block-to-block edges instead of 31). ``plan_pipeline``'s shallow copy sets it."""
+    traced blocks of 32, 16 block-to-block edges instead of 31). ``plan_pipeline``'s shallow copy sets it.
+    A pp > 1 candidate whose plan no balanced cut of ``schedules`` (at ``microbatches``, if pinned)
+    fits is planned again, leaner (``stage_fit.fitting_profile``): more memory never leaves a
+    candidate with only a plan its stages cannot hold. ``budget_scale``: the intra-op budget is
+    ``budget_scale`` x pp x ``memory_limit`` (``plan_candidates``' leaner finalists)."""
     units = units if units is not None else layer_units(captured)
     traced = sum(1 for u in units if u.block is not None)
     repeat = blocks / traced if blocks and traced else 1.0
@@ -67,14 +74,29 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
                 continue
             t0 = time.perf_counter()
             m_ref = max(1, batch // shape[0]) if batch % shape[0] == 0 else 1
-            sol = plan_submesh(captured, Mesh(shape), hardware=hardware, optimizer=optimizer, microbatches=m_ref,
-                               held=math.ceil((p + 1) / 2), memory_limit=p * memory_limit, repeat=repeat,
-                               chain_repeat=chain,
-                               time_limit_s=time_limit_s)
-            prof = profile_submesh(captured, sol, hardware=hardware, optimizer=optimizer, units=units)
-            out[(p, shape)] = prof.repeat_blocks(blocks) if blocks else prof
+            work = [0.0]
+
+            def plan(budget, shape=shape, m_ref=m_ref, p=p):
+                sol = plan_submesh(captured, Mesh(shape), hardware=hardware, optimizer=optimizer, microbatches=m_ref,
+                                   held=math.ceil((p + 1) / 2), memory_limit=budget, repeat=repeat,
+                                   chain_repeat=chain, time_limit_s=time_limit_s)
+                work[0] += sol.solver_stats["work_s"]
+                prof = profile_submesh(captured, sol, hardware=hardware, optimizer=optimizer, units=units)
+                return sol, prof.repeat_blocks(blocks) if blocks else prof
+
+            def check(prof, p=p):
+                return fit_check(prof, p, mesh, hardware=hardware, memory_limit=memory_limit, batch=batch,
+                                 schedules=schedules, microbatches=microbatches)
+
+            if p > 1:
+                sol, out[(p, shape)], replans = fitting_profile(plan, budget_scale * p * memory_limit, check,
+                                                                memory_limit)
+            else:
+                (sol, out[(p, shape)]), replans = plan(budget_scale * p * memory_limit), []
             stats[(p, shape)] = {"wall_s": round(time.perf_counter() - t0, 3),
-                                 "status": sol.solver_stats.get("status"), "work_s": sol.solver_stats["work_s"]}
+                                 "status": sol.solver_stats.get("status"), "work_s": round(work[0], 4)}
+            if replans:
+                stats[(p, shape)]["replans"] = replans
     return out
 
 
@@ -82,13 +104,18 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
                     memory_limit: float, units: Optional[list[LayerUnit]] = None, blocks: Optional[int] = None,
                     single: bool = False, quick_s: float = 2.0, thorough_s: float = 10.0, finalists: int = 3,
                     stats: Optional[dict] = None, deep_chain: bool = False,
-                    shapes: Optional[Sequence[tuple[int, int]]] = None
-                    ) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
+                    shapes: Optional[Sequence[tuple[int, int]]] = None, schedules: Sequence[str] = DEFAULT_SCHEDULES,
+                    microbatches: Optional[int] = None) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
     """``profile_candidates`` in two passes: every candidate's intra-op ILP capped at ``quick_s``,
     then the ``finalists`` whose quick plans rank best (``closed_form_best``: no simulation, a few ms
     each) solved again for up to ``thorough_s`` when the quick solve was not proven optimal; a
-    re-solve replaces the quick plan only if it ranks better (``deep_chain``: as in
-    ``profile_candidates``; ``shapes``: only these (dp, tp) submeshes). ``stats``: per-candidate
+    re-solve replaces the quick plan only if it ranks better. The best-ranked finalist is also planned
+    under a budget ``stage_fit.SHRINK`` times tighter (capped at ``quick_s``), kept if it ranks better:
+    the proxy budget is looser than the stages' constraint (``stage_fit``), so the plan it picks can
+    spend memory the stages then pay for in more microbatches or recompute (one solve, not one per
+    finalist: on the 405B it costs 5 deterministic seconds, 2 minutes of wall time on busy cores; ``deep_chain``: as in
+    ``profile_candidates``; ``shapes``: only these (dp, tp) submeshes; ``schedules`` / ``microbatches``:
+    the ones searched, which rank the candidates and decide whether a plan fits). ``stats``: per-candidate
     wall times and statuses, the finalists, each pass's seconds, and ``work_s``, the deterministic
     seconds all the candidates' solves spent."""
     stats = stats if stats is not None else {}
@@ -96,12 +123,14 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
     per: dict = {}
     profiles = profile_candidates(captured, mesh, pps, hardware=hardware, optimizer=optimizer,
                                   memory_limit=memory_limit, units=units, blocks=blocks, single=single,
-                                  time_limit_s=quick_s, stats=per, deep_chain=deep_chain, shapes=shapes)
+                                  time_limit_s=quick_s, stats=per, deep_chain=deep_chain, shapes=shapes,
+                                  schedules=schedules, microbatches=microbatches)
     batch = global_batch(captured)
     t1 = time.perf_counter()
 
     def searched(key, prof):
-        return closed_form_best(prof, key[0], mesh, hardware=hardware, memory_limit=memory_limit, batch=batch)
+        return fit_check(prof, key[0], mesh, hardware=hardware, memory_limit=memory_limit, batch=batch,
+                         schedules=schedules, microbatches=microbatches)[0]
 
     score = {key: searched(key, prof) for key, prof in profiles.items()}
     t2 = time.perf_counter()
@@ -112,12 +141,27 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
         again: dict = {}
         better = profile_candidates(captured, mesh, [key[0]], hardware=hardware, optimizer=optimizer,
                                     memory_limit=memory_limit, units=units, blocks=blocks, single=single,
-                                    time_limit_s=thorough_s, stats=again, shapes=[key[1]], deep_chain=deep_chain)
+                                    time_limit_s=thorough_s, stats=again, shapes=[key[1]], deep_chain=deep_chain,
+                                    schedules=schedules, microbatches=microbatches)
         step = searched(key, better[key])
         per[key] = dict(again[key], quick=per[key], quick_step=score[key], step=step)
         if step < score[key]:
             profiles[key], score[key] = better[key], step
-    work = sum(row["work_s"] + row.get("quick", {}).get("work_s", 0.0) for row in per.values())
+    for key in chosen[:1]:  # the proxy budget is looser than the stages' constraint: try a leaner plan too
+        scale = SHRINK
+        if any(row["budget"] == round(scale * key[0] * memory_limit) for row in per[key].get("replans", ())):
+            continue  # the re-plan loop solved that budget already
+        lean: dict = {}
+        leaner = profile_candidates(captured, mesh, [key[0]], hardware=hardware, optimizer=optimizer,
+                                    memory_limit=memory_limit, units=units, blocks=blocks, single=single,
+                                    time_limit_s=quick_s, stats=lean, shapes=[key[1]], deep_chain=deep_chain,
+                                    schedules=schedules, microbatches=microbatches, budget_scale=scale)
+        step = searched(key, leaner[key])
+        per[key] = dict(per[key], leaner=dict(lean[key], budget_scale=round(scale, 4), step=step))
+        if step < score[key]:
+            profiles[key], score[key] = leaner[key], step
+    work = sum(row["work_s"] + row.get("quick", {}).get("work_s", 0.0) + row.get("leaner", {}).get("work_s", 0.0)
+               for row in per.values())
     stats.update(candidates=per, finalists=chosen, quick_s=round(t1 - t0, 3), rank_s=round(t2 - t1, 3),
                  thorough_s=round(time.perf_counter() - t2, 3), work_s=round(work, 4))
     return profiles
@@ -128,18 +172,27 @@ def closed_form_best(prof: SubmeshProfile, p: int, mesh: Mesh, *, hardware: Hard
     """The smallest closed-form step time (``stage_ilp.pipeline_step_time`` of the balanced cut, in-
     flight counts from ``approx_held``) over microbatch counts and ``schedules``; inf if none fits.
     A ranking, not a simulation: it prices every configuration in microseconds."""
-    best = math.inf
+    return fit_check(prof, p, mesh, hardware=hardware, memory_limit=memory_limit, batch=batch, schedules=schedules)[0]
+
+
+def fit_check(prof: SubmeshProfile, p: int, mesh: Mesh, *, hardware: Hardware, memory_limit: float, batch: int,
+              schedules: Sequence[str], microbatches: Optional[int] = None) -> tuple[float, float]:
+    """(the smallest closed-form step of a balanced cut that fits ``memory_limit``, inf if none; the
+    least busiest-group memory of the balanced cuts, each stage recomputing where that is leaner)
+    over ``schedules`` and the microbatch counts searched (``microbatches``: only that one)."""
+    best, need = math.inf, math.inf
     for schedule in schedules:
         if p * get_schedule(schedule).virtual_stages > len(prof.units):
             continue
-        for m in microbatch_options(batch, prof.batch_shard, p):
+        for m in microbatch_options(batch, prof.batch_shard, p, microbatches):
             if not valid_schedule(schedule, p, m):
                 continue
             prob = stage_problem(prof, p, m, schedule, mesh, hardware, memory_limit, approx_held(schedule, p, m))
             sol = balanced_stages(prob)
             if sol is not None:
                 best = min(best, sol.step_time)
-    return best
+            need = min(need, leanest_memory(prob, balanced_starts(prob)))
+    return best, need
 
 
 def microbatch_options(batch: int, shard: int, p: int, pinned: Optional[int] = None) -> list[int]:
@@ -202,6 +255,7 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
         stats["heuristic"] += 1
         sol = balanced_stages(prob)
         if sol is None:
+            _note_memory(stats, leanest_memory(prob, balanced_starts(prob)))
             unfit.append((bound, prob, (p, prof, m, schedule)))
         else:
             ranked.setdefault(get_schedule(schedule).ranking_family, []).append(
@@ -236,14 +290,12 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
             continue
         if hint is None:
             prob = StageProblem(**{**prob.__dict__, "held": list(held_microbatches(schedule, p, m))})
-        sol = solve_stages(prob, time_limit_s=min(2.0, left), hint=hint, budget=budget)
+        outcome: dict = {}
+        sol = solve_stages(prob, time_limit_s=min(2.0, left), hint=hint, budget=budget, outcome=outcome)
         stats["ilp"] += 1
         if sol is None:
-            if hint is None and recompute is not False:
-                relaxed = balanced_stages(StageProblem(**{**prob.__dict__, "memory_limit": _UNBOUNDED,
-                                                          "recompute": True}))
-                if relaxed is not None:
-                    _note_memory(stats, max(relaxed.memory))
+            if outcome.get("status") == "UNKNOWN":  # out of work before any cut: not a proof that none fits
+                stats["ilp_unknown"] = stats.get("ilp_unknown", 0) + 1
             continue
         choice = _choice(prob, sol, p, prof, m, schedule, prob.held)
         if best is None or choice.step_time < best.step_time:
@@ -300,6 +352,9 @@ def _choice(prob: StageProblem, sol: StageSolution, p: int, prof: SubmeshProfile
     return Choice(p, prof, m, schedule, sol, step, bubble, list(held))
 
 
-def _note_memory(stats: dict, need: float) -> None:
+def _note_memory(stats: dict, need: Optional[float]) -> None:
+    """Keep the least busiest-group memory any configuration needs (for the infeasible message)."""
+    if need is None:
+        return
     if stats["smallest_memory"] is None or need < stats["smallest_memory"]:
         stats["smallest_memory"] = need

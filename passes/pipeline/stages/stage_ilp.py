@@ -48,7 +48,8 @@ from ortools.sat.python import cp_model
 
 from autoshard.passes.solve.work_budget import WorkBudget
 
-__all__ = ["StageProblem", "StageSolution", "StageILP", "solve_stages", "stage_memory_terms", "group_memory", "balanced_stages", "even_stages", "every_group_holds_params", "stage_costs",
+__all__ = ["StageProblem", "StageSolution", "StageILP", "solve_stages", "stage_memory_terms", "group_memory", "balanced_starts", "leanest_memory",
+           "balanced_stages", "even_stages", "every_group_holds_params", "stage_costs",
            "pipeline_step_time"]
 
 _UNITS = 1e6
@@ -384,25 +385,50 @@ def _fits(prob: StageProblem, sol: StageSolution) -> bool:
     return max(group_memory(prob, sol.starts, sol.recompute).values()) <= prob.memory_limit
 
 
-def balanced_stages(prob: StageProblem) -> Optional[StageSolution]:
-    """A fast heuristic answer (the ILP's warm start): cut where the running work crosses multiples of
-    total / S, then recompute on every stage that would not fit otherwise. None if that does not fit."""
-    t0 = time.perf_counter()
+def balanced_starts(prob: StageProblem) -> Optional[list[int]]:
+    """The first unit of every stage (``starts[0] == 0``) of the balanced cut: where the running work
+    crosses multiples of total / S (the pinned boundaries if any); None with more stages than units."""
     L, S = len(prob.fwd), prob.num_stages
     if S > L:
         return None
     if prob.starts is not None:
-        starts = [0] + list(prob.starts)
-    else:
-        run, prefix = 0.0, [0.0]
-        for f, b in zip(prob.fwd, prob.bwd):
-            run += f + b
-            prefix.append(run)
-        starts = [0]
-        for s in range(1, S):
-            want = run * s / S
-            lo, hi = starts[-1] + 1, L - (S - s)
-            starts.append(min(range(lo, hi + 1), key=lambda i: abs(prefix[i] - want)))
+        return [0] + list(prob.starts)
+    run, prefix = 0.0, [0.0]
+    for f, b in zip(prob.fwd, prob.bwd):
+        run += f + b
+        prefix.append(run)
+    starts = [0]
+    for s in range(1, S):
+        want = run * s / S
+        lo, hi = starts[-1] + 1, L - (S - s)
+        starts.append(min(range(lo, hi + 1), key=lambda i: abs(prefix[i] - want)))
+    return starts
+
+
+def leanest_memory(prob: StageProblem, starts: Sequence[int]) -> float:
+    """The busiest rank group's memory (``group_memory``, what constraint (3) / (3') compares with the
+    limit) of the cut ``starts`` when every stage recomputes or not, whichever makes its in-step peak
+    smaller (as pinned, if ``prob.recompute`` is): the least this cut needs per device."""
+    ends = list(starts[1:]) + [len(prob.fwd)]
+    in_step: dict[int, float] = {}
+    optimizer: dict[int, float] = {}
+    for s, (a, b) in enumerate(zip(starts, ends)):
+        g = prob.stage_group[s]
+        options = (False, True) if prob.recompute is None else (bool(prob.recompute),)
+        terms = [stage_memory_terms(prob, a, b, r, s) for r in options]
+        in_step[g] = in_step.get(g, 0.0) + min(x for x, _ in terms)
+        optimizer[g] = optimizer.get(g, 0.0) + terms[0][1]
+    return max(max(in_step[g], optimizer[g]) for g in in_step)
+
+
+def balanced_stages(prob: StageProblem) -> Optional[StageSolution]:
+    """A fast heuristic answer (the ILP's warm start): cut where the running work crosses multiples of
+    total / S, then recompute on every stage that would not fit otherwise. None if that does not fit."""
+    t0 = time.perf_counter()
+    S = prob.num_stages
+    starts = balanced_starts(prob)
+    if starts is None:
+        return None
     recompute = [bool(prob.recompute)] * S if prob.recompute is not None else [False] * S
     if prob.recompute is None:
         per = group_memory(prob, starts, recompute)
@@ -423,11 +449,13 @@ def even_stages(prob: StageProblem, recompute: bool) -> Optional[StageSolution]:
 
 
 def solve_stages(prob: StageProblem, *, time_limit_s: float = 10.0, workers: int = 1,
-                 hint: Optional[StageSolution] = None, budget: Optional[WorkBudget] = None) -> Optional[StageSolution]:
+                 hint: Optional[StageSolution] = None, budget: Optional[WorkBudget] = None,
+                 outcome: Optional[dict] = None) -> Optional[StageSolution]:
     """The cheapest cut of ``prob`` (closed-form step time) that fits its memory limit, or None.
     ``time_limit_s`` is a WORK limit (CP-SAT deterministic seconds, never a clock); ``budget``, when
     given, is charged the deterministic seconds the solve spent, whatever its outcome; the
-    solution's ``stats["work"]`` holds them too."""
+    solution's ``stats["work"]`` holds them too. ``outcome``, when given, gets the solver's status
+    (None is returned for INFEASIBLE, a proof, and for UNKNOWN, out of work before any cut)."""
     L, S = len(prob.fwd), prob.num_stages
     if S > L:
         return None
@@ -460,6 +488,8 @@ def solve_stages(prob: StageProblem, *, time_limit_s: float = 10.0, workers: int
     work = float(solver.response_proto.deterministic_time)
     if budget is not None:
         budget.spend(work)
+    if outcome is not None:
+        outcome["status"] = solver.status_name(status)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
     starts = [int(solver.value(v)) for v in ilp.start[:-1]]

@@ -74,3 +74,28 @@ def test_plans_for_a_microbatch_are_valid_at_it_and_report_their_granularity():
     # plain data parallel over 4 splits the sequences themselves: microbatches of a multiple of 4
     dp = plan_sharding(captured, Mesh((4,)), pins=Pins(params={"*": ("R",)}, inputs={0: ("S(0)",)}))
     assert batch_granularity(captured, dp) == 4
+
+
+def test_a_mask_broadcast_to_the_batch_follows_the_batch():
+    """HF's causal mask is built from positions and expanded to the input's batch size: traced at a
+    microbatch it has the microbatch's rows, so a pipeline cut carries one microbatch's mask, not the
+    global batch's (Llama 3 405B: a 1 GiB mask per device crossed every cut, 4x its hidden state)."""
+    from autoshard.passes.pipeline.stages.layer_costs import profile_submesh
+    from autoshard.testing.hf_zoo import ZOO
+    torch.manual_seed(0)
+    model, inputs, target, loss_fn = ZOO["llama"]()
+    ids = torch.randint(0, 96, (8, 64))  # 64 positions: the (8, 1, 64, 64) mask outweighs the rotary tables
+    captured = capture(model, {"input_ids": ids}, loss_fn=loss_fn, target=ids.clone())
+    batch = global_batch(captured)
+    meta = lambda n: n.meta.get("autoshard.meta")  # noqa: E731
+    calls = [n for n in captured.gm.graph.nodes if n.op == "call_function"]
+    broadcasts = [n for n in calls if n.target is torch.ops.aten.expand.default and meta(n.args[0]).shape[0] == 1
+                  and meta(n).shape[0] == batch > 1]
+    masks = [n for n in calls if getattr(meta(n), "dtype", None) == torch.bool and tuple(meta(n).shape) == (batch, 1, 64, 64)]
+    assert broadcasts and masks, "premise: the traced Llama expands positions to the batch and builds its mask from them"
+    found = batch_dependent(captured)
+    assert all(n.name in found for n in broadcasts + masks)
+    profile = profile_submesh(captured, plan_sharding(captured, (1,), hardware="cpu"), hardware="cpu")
+    mask_bytes = meta(masks[-1]).nbytes
+    assert profile.cut_batch[1] >= mask_bytes  # the cut after the first block carries it, per microbatch
+    assert all(fixed < mask_bytes for fixed in profile.cut_fixed), profile.cut_fixed
