@@ -108,8 +108,9 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     core, core_error = None, None
     if 1 in pps and starts is None and microbatches in (None, 1):
         try:
+            # the reason is priced only if the error is shown (below): seconds on a deep model
             core = plan_sharding(captured, mesh, hardware=hw, memory_limit=limit, optimizer=optimizer,
-                                 time_limit_s=min(30.0, time_limit_s))
+                                 time_limit_s=min(30.0, time_limit_s), explain=False)
         except InfeasiblePlanError as e:
             core_error = e
     core_step = None
@@ -135,6 +136,12 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     if core is not None and (best is None or core_step <= best.step_time):
         return _core_plan(core, core_step, captured, mesh, stats)
     if best is None:
+        if core_error is not None:  # the same solve again, now saying what the smallest plan needs
+            try:
+                plan_sharding(captured, mesh, hardware=hw, memory_limit=limit, optimizer=optimizer,
+                              time_limit_s=min(30.0, time_limit_s))
+            except InfeasiblePlanError as e:
+                core_error = e
         raise _infeasible(mesh, limit, pps, schedules, microbatches, starts, stats, core_error)
     return _build(best, captured, mesh, stats, shallow)
 
