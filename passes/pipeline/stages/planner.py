@@ -20,7 +20,8 @@ The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-o
    with activations held as a 1F1B stage holds them, under pp x the memory limit
    (``layer_costs.plan_submesh``); then priced per unit (``layer_costs.profile_submesh``).
    Identical blocks share costs and decisions. Every candidate's ILP first runs with a short cap;
-   the few whose plans search best are re-solved with a longer one (``search.plan_candidates``).
+   the few whose plans search best are re-solved with a longer one, from what is left of half of
+   ``time_limit_s`` (deterministic work) after the first pass (``search.plan_candidates``).
    A candidate nothing fits gets the least-memory plan (never replicated weights).
 4. Per (pp, shape, microbatches m, schedule): ``stage_ilp.solve_stages`` picks the contiguous unit
    ranges and per-stage recompute minimizing the closed-form step time under the memory limit, with
@@ -122,7 +123,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                                memory_limit=limit, units=shallow.units if shallow else units,
                                blocks=shallow.blocks if shallow else None, quick_s=min(2.0, time_limit_s / 4),
                                thorough_s=min(30.0, time_limit_s / 2), stats=candidates, deep_chain=True,
-                               shapes=shapes)
+                               shapes=shapes, total_s=time_limit_s / 2)
     # what is left of the WORK limit (deterministic seconds, never the clock: the plan must not
     # depend on the machine's load) after the core plan's and the candidates' solves
     spent = candidates.get("work_s", 0.0) + (core.solver_stats.get("work_s", 0.0) if core is not None else 0.0)
@@ -153,6 +154,7 @@ def _candidate_stats(stats: dict) -> dict:
     out = {k: v for k, v in stats.items() if k not in ("candidates", "finalists")}
     out["candidates"] = {key(k): v for k, v in stats.get("candidates", {}).items()}
     out["finalists"] = [key(k) for k in stats.get("finalists", [])]
+    out["not_resolved"] = [key(k) for k in stats.get("not_resolved", [])]
     return out
 
 
