@@ -273,8 +273,10 @@ class ShardingILP:
                 r = group.policy_of(hint)
                 if r is not None:
                     on.add(self.y[g][r])
-            for k, var in enumerate(v):
-                model.add_hint(var, k in on)
+            # what add_hint does var by var (a positive literal: its index, its value), in one call each:
+            # a million Python calls across the stage planner's solves
+            model.proto.solution_hint.vars.extend(var.index for var in v)
+            model.proto.solution_hint.values.extend(int(k in on) for k in range(len(v)))
         solver = cp_model.CpSolver()
         # A work limit, not a clock: the same model gives the same answer however busy the machine
         # is. CP-SAT's deterministic time counts its own work units, about one second of a quiet core

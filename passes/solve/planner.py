@@ -78,7 +78,7 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                   memory_limit: Optional[float] = None, pins: Optional[Pins] = None,
                   optimizer: Union[str, float] = "adamw", time_limit_s: float = 30.0,
                   workers: int = 2, levers: Optional[LeverPins] = None,
-                  traced_at_microbatch: bool = False) -> Solution:
+                  traced_at_microbatch: bool = False, explain: bool = True) -> Solution:
     """The cheapest plan (estimated step time) whose whole-step memory peak fits ``memory_limit``
     bytes per device.
 
@@ -101,11 +101,13 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     and block-policy combination) is evaluated; one whose peak exceeds the limit is solved again
     with the ILP's limit below that answer's additive bytes by the excess (at least ``_PEAK_STEP``
     of the limit), up to ``_PEAK_RETRIES`` times. Only a plan whose peak fits is returned
-    (else ``InfeasiblePlanError``)."""
+    (else ``InfeasiblePlanError``, which says what the smallest plan needs and its largest items;
+    ``explain=False`` skips pricing that (seconds on a deep model) for a caller that only needs to
+    know nothing fits)."""
     hw = get_hardware(hardware)
     limit = float(hw.memory_bytes if memory_limit is None else memory_limit)
     return _plan_within(captured, mesh, hw, limit, pins, optimizer, time_limit_s, workers, levers,
-                        traced_at_microbatch)
+                        traced_at_microbatch, explain=explain)
 
 
 #: how many times one policy combination is solved again with a tighter ILP limit when its plan's
@@ -117,7 +119,7 @@ _PEAK_STEP = 0.01
 
 def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins: Optional[Pins],
                  optimizer: Union[str, float], time_limit_s: float, workers: int, levers: Optional[LeverPins],
-                 traced_at_microbatch: bool, prune: bool = True) -> Solution:
+                 traced_at_microbatch: bool, prune: bool = True, explain: bool = True) -> Solution:
     """``plan_sharding`` with its hardware resolved and its limit in bytes. ``prune=False`` (for
     tests): no bound skips anything (no plan without levers first, no cutoff, no proven-fastest stop,
     no multiples of a cut-off microstep count): every microstep count and policy combination is
@@ -197,10 +199,10 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
                                                objective="memory") if r.choice is not None]
         smallest = min(found, key=lambda r: r.memory) if found else None
         if smallest is None or smallest.memory > limit:
-            raise _infeasible(search, k, problem, graph, smallest, limit)
+            raise _infeasible(search, k, problem, graph, smallest, limit, explain)
         best, status = _Found(k, problem, graph, smallest, smallest.cost * k), "MEMORY_FALLBACK"
         if _evaluated(search, best).estimated_memory > limit:
-            raise _infeasible(search, k, problem, graph, smallest, limit)
+            raise _infeasible(search, k, problem, graph, smallest, limit, explain)
     sol = _evaluated(search, best)
     clustering = best.problem.clustering
     stats = {"status": status, "wall_s": round(time.perf_counter() - t0, 4), "solve_s": round(best.result.wall_s, 4),
@@ -301,8 +303,11 @@ def _fastest_bound(graph: LeverGraph, combos: list, policies: dict[str, list[int
 
 
 def _infeasible(search: LeverSearch, k: int, problem: ShardingProblem, graph: LeverGraph,
-                smallest: Optional[ILPResult], limit: float) -> InfeasiblePlanError:
+                smallest: Optional[ILPResult], limit: float, explain: bool = True) -> InfeasiblePlanError:
     mesh = search.mesh
+    if not explain:
+        return InfeasiblePlanError(f"no plan fits memory_limit={int(limit)} bytes ({human_bytes(limit)}) per device on "
+                                   f"mesh {mesh.shape} (plan_sharding(explain=True) says what the smallest plan needs)")
     if smallest is None:
         return InfeasiblePlanError(
             f"no plan fits memory_limit={int(limit)} bytes ({human_bytes(limit)}) per device on mesh {mesh.shape}, "

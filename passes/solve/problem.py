@@ -12,7 +12,7 @@ prices the same problem per microbatch (``passes.pipeline.stages.layer_costs.pla
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Collection, Optional, Union
 
 from autoshard.passes.cost.facts import GraphFacts
@@ -42,10 +42,15 @@ def _classes(items: list) -> tuple[list[int], list]:
 
 def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed: dict[str, list[int]],
                          clustering: Clustering, cm: CostModel, facts: GraphFacts,
-                         memory_limit: Optional[float]) -> StrategyGraph:
+                         memory_limit: Optional[float], edges_from: Optional[StrategyGraph] = None) -> StrategyGraph:
     """One ILP node per cluster (priced by its representative, counted ``len(members)`` times), one
     ILP edge per distinct cluster edge; the program's outputs are a fixed consumer wanting
-    ``output_placements`` (a loss ``P``, anything else ``R``)."""
+    ``output_placements`` (a loss ``P``, anything else ``R``).
+
+    ``edges_from``: a graph of the same problem whose edges ``cm`` prices alike (a cost model that
+    differs only in what it counts for nodes, e.g. ``MicrobatchCostModel``'s held activations): its
+    edges are copied as they are (multiplicities included) instead of priced again; most of a graph's cost is
+    its edges."""
     nodes: list[SGNode] = []
     for members in clustering.members:
         rep = members[0]
@@ -54,6 +59,11 @@ def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed:
                             allowed.get(rep)))
     out_index = len(nodes)
     nodes.append(SGNode(OUTPUT, [0.0], [0.0]))
+    if edges_from is not None:
+        if len(edges_from.nodes) != len(nodes):
+            raise ValueError(f"edges_from has {len(edges_from.nodes)} nodes, this problem {len(nodes)}: not the "
+                             "same problem")
+        return StrategyGraph(nodes, [replace(e) for e in edges_from.edges], memory_limit)
     out_codes = encode(output_placements(captured, cm.mesh.ndim))
     codes: dict = {}
 
@@ -118,10 +128,12 @@ class ShardingProblem:
     facts: GraphFacts
     clustering: Clustering
 
-    def strategy_graph(self, cost_model: CostModel, memory_limit: Optional[float]) -> StrategyGraph:
-        """The ILP's input, priced by ``cost_model`` under ``memory_limit`` bytes per device."""
+    def strategy_graph(self, cost_model: CostModel, memory_limit: Optional[float],
+                       edges_from: Optional[StrategyGraph] = None) -> StrategyGraph:
+        """The ILP's input, priced by ``cost_model`` under ``memory_limit`` bytes per device
+        (``edges_from``: see ``build_strategy_graph``)."""
         return build_strategy_graph(self.captured, self.table, self.allowed, self.clustering, cost_model,
-                                    self.facts, memory_limit)
+                                    self.facts, memory_limit, edges_from)
 
     def strategies(self, choice: list[int]) -> dict[str, Strategy]:
         """Node -> strategy for the ILP's ``choice`` (one strategy index per cluster), as chosen."""

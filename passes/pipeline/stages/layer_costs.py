@@ -333,7 +333,8 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, opt
     graph, result, status = None, None, None
     for k in dict.fromkeys((held, 1)):
         cm = MicrobatchCostModel(mesh, hardware, optimizer, microbatches, k)
-        graph = problem.strategy_graph(cm, memory_limit)
+        # the held count changes what nodes keep, not what edges cost: the second graph reuses the first's edges
+        graph = problem.strategy_graph(cm, memory_limit, edges_from=graph)
         if repeat != 1.0:
             _repeat(graph, problem.clustering, nodes, captured, repeat,
                     repeat if chain_repeat is None else chain_repeat)

@@ -20,7 +20,8 @@ The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-o
    with activations held as a 1F1B stage holds them, under pp x the memory limit
    (``layer_costs.plan_submesh``); then priced per unit (``layer_costs.profile_submesh``).
    Identical blocks share costs and decisions. Every candidate's ILP first runs with a short cap;
-   the few whose plans search best are re-solved with a longer one (``search.plan_candidates``).
+   the few whose plans search best are re-solved with a longer one, from what is left of half of
+   ``time_limit_s`` (deterministic work) after the first pass (``search.plan_candidates``).
    A candidate nothing fits gets the least-memory plan (never replicated weights); one whose plan
    no balanced stage cut fits is planned again leaner (``stage_fit``), and the best-ranked finalist
    is also tried under a tighter budget, so more memory never turns a candidate infeasible.
@@ -110,8 +111,9 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     core, core_error = None, None
     if 1 in pps and starts is None and microbatches in (None, 1):
         try:
+            # the reason is priced only if the error is shown (below): seconds on a deep model
             core = plan_sharding(captured, mesh, hardware=hw, memory_limit=limit, optimizer=optimizer,
-                                 time_limit_s=min(30.0, time_limit_s))
+                                 time_limit_s=min(30.0, time_limit_s), explain=False)
         except InfeasiblePlanError as e:
             core_error = e
     core_step = None
@@ -123,7 +125,8 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                                memory_limit=limit, units=shallow.units if shallow else units,
                                blocks=shallow.blocks if shallow else None, quick_s=min(2.0, time_limit_s / 4),
                                thorough_s=min(30.0, time_limit_s / 2), stats=candidates, deep_chain=True,
-                               shapes=shapes, schedules=schedules, microbatches=microbatches)
+                               shapes=shapes, schedules=schedules, microbatches=microbatches,
+                               total_s=time_limit_s / 2)
     # what is left of the WORK limit (deterministic seconds, never the clock: the plan must not
     # depend on the machine's load) after the core plan's and the candidates' solves
     spent = candidates.get("work_s", 0.0) + (core.solver_stats.get("work_s", 0.0) if core is not None else 0.0)
@@ -137,6 +140,12 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     if core is not None and (best is None or core_step <= best.step_time):
         return _core_plan(core, core_step, captured, mesh, stats)
     if best is None:
+        if core_error is not None:  # the same solve again, now saying what the smallest plan needs
+            try:
+                plan_sharding(captured, mesh, hardware=hw, memory_limit=limit, optimizer=optimizer,
+                              time_limit_s=min(30.0, time_limit_s))
+            except InfeasiblePlanError as e:
+                core_error = e
         raise _infeasible(mesh, limit, pps, schedules, microbatches, starts, stats, core_error)
     return _build(best, captured, mesh, stats, shallow)
 
@@ -148,6 +157,7 @@ def _candidate_stats(stats: dict) -> dict:
     out = {k: v for k, v in stats.items() if k not in ("candidates", "finalists")}
     out["candidates"] = {key(k): v for k, v in stats.get("candidates", {}).items()}
     out["finalists"] = [key(k) for k in stats.get("finalists", [])]
+    out["not_resolved"] = [key(k) for k in stats.get("not_resolved", [])]
     return out
 
 

@@ -105,7 +105,8 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
                     single: bool = False, quick_s: float = 2.0, thorough_s: float = 10.0, finalists: int = 3,
                     stats: Optional[dict] = None, deep_chain: bool = False,
                     shapes: Optional[Sequence[tuple[int, int]]] = None, schedules: Sequence[str] = DEFAULT_SCHEDULES,
-                    microbatches: Optional[int] = None) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
+                    microbatches: Optional[int] = None, total_s: Optional[float] = None
+                    ) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
     """``profile_candidates`` in two passes: every candidate's intra-op ILP capped at ``quick_s``,
     then the ``finalists`` whose quick plans rank best (``closed_form_best``: no simulation, a few ms
     each) solved again for up to ``thorough_s`` when the quick solve was not proven optimal; a
@@ -117,7 +118,14 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
     ``profile_candidates``; ``shapes``: only these (dp, tp) submeshes; ``schedules`` / ``microbatches``:
     the ones searched, which rank the candidates and decide whether a plan fits). ``stats``: per-candidate
     wall times and statuses, the finalists, each pass's seconds, and ``work_s``, the deterministic
-    seconds all the candidates' solves spent."""
+    seconds all the candidates' solves spent.
+
+    ``total_s``: the work (deterministic seconds) both passes may spend together (None: no bound).
+    The first pass always runs (every candidate needs a plan); the re-solves share what it leaves,
+    each capped at ``thorough_s``, and a finalist is not re-solved when what is left is no more than
+    ``quick_s`` (it would get no more work than it had). Many candidates (Llama 3 405B on (2048, 8):
+    28, 37 work-s in the first pass) then leave nothing to re-solve with, which bounds plan time by
+    the limit the caller was given instead of by the number of candidates."""
     stats = stats if stats is not None else {}
     t0 = time.perf_counter()
     per: dict = {}
@@ -135,14 +143,21 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
     score = {key: searched(key, prof) for key, prof in profiles.items()}
     t2 = time.perf_counter()
     chosen = sorted((k for k in score if score[k] < math.inf), key=score.get)[:finalists]
+    left = math.inf if total_s is None else total_s - sum(row["work_s"] for row in per.values())
+    skipped = []
     for key in chosen:
         if str(per[key]["status"]).startswith("OPTIMAL"):
+            continue
+        limit = min(thorough_s, left)
+        if limit <= quick_s:
+            skipped.append(key)
             continue
         again: dict = {}
         better = profile_candidates(captured, mesh, [key[0]], hardware=hardware, optimizer=optimizer,
                                     memory_limit=memory_limit, units=units, blocks=blocks, single=single,
-                                    time_limit_s=thorough_s, stats=again, shapes=[key[1]], deep_chain=deep_chain,
+                                    time_limit_s=limit, stats=again, shapes=[key[1]], deep_chain=deep_chain,
                                     schedules=schedules, microbatches=microbatches)
+        left -= again[key]["work_s"]
         step = searched(key, better[key])
         per[key] = dict(again[key], quick=per[key], quick_step=score[key], step=step)
         if step < score[key]:
@@ -163,7 +178,7 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
     work = sum(row["work_s"] + row.get("quick", {}).get("work_s", 0.0) + row.get("leaner", {}).get("work_s", 0.0)
                for row in per.values())
     stats.update(candidates=per, finalists=chosen, quick_s=round(t1 - t0, 3), rank_s=round(t2 - t1, 3),
-                 thorough_s=round(time.perf_counter() - t2, 3), work_s=round(work, 4))
+                 thorough_s=round(time.perf_counter() - t2, 3), work_s=round(work, 4), not_resolved=skipped)
     return profiles
 
 

@@ -1,0 +1,108 @@
+"""The stage planner's candidate phase spends what it is given, and its exact savings change nothing.
+
+- ``plan_candidates(total_s=...)``: the finalists' re-solves share what the first pass leaves of
+  ``total_s`` (deterministic work); with nothing left a finalist keeps its first-pass plan.
+- ``build_strategy_graph(edges_from=...)`` (the held-1 graph reusing the held-k graph's edges) gives
+  the graph built from scratch.
+- ``plan_sharding(explain=False)`` still refuses what does not fit, with a short message, and
+  ``plan_pipeline``'s own refusal still carries the core plan's explanation.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from autoshard.passes.capture.export import capture
+from autoshard.passes.cost.hardware import PRESETS
+from autoshard.passes.errors import InfeasiblePlanError
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.pipeline.stages import search
+from autoshard.passes.pipeline.stages.planner import plan_pipeline
+from autoshard.passes.solve.microbatch import MicrobatchCostModel, MicrobatchFacts
+from autoshard.passes.solve.planner import plan_sharding
+from autoshard.passes.solve.problem import build_problem
+from autoshard.passes.solve.strategy_graph import StrategyGraph
+from autoshard.testing.models import GPT, lm_loss
+
+HW = PRESETS["h100"]
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    with torch.device("meta"):
+        model = GPT(1024, 128, 4, 2, 64, False)
+    ids = torch.empty(16, 64, dtype=torch.long, device="meta")
+    return capture(model, (ids,), loss_fn=lm_loss, target=ids.clone())
+
+
+def _unproven(monkeypatch):
+    """The first pass's answers reported as not proven optimal (these small ILPs always are), so the
+    re-solve rule is exercised; returns the list of (pp, shape, time limit) of every solve."""
+    real = search.profile_candidates
+    calls = []
+
+    def wrapped(*args, time_limit_s, stats, **kwargs):
+        out = real(*args, time_limit_s=time_limit_s, stats=stats, **kwargs)
+        for key in out:
+            calls.append((key, time_limit_s))
+            stats[key]["status"] = "FEASIBLE"
+        return out
+
+    monkeypatch.setattr(search, "profile_candidates", wrapped)
+    return calls
+
+
+def _candidates(gpt, **kwargs):
+    stats = {}
+    profiles = search.plan_candidates(gpt, Mesh((4,)), [2, 4], hardware=HW, optimizer="adamw",
+                                      memory_limit=HW.memory_bytes, quick_s=0.5, thorough_s=3.0, finalists=2,
+                                      stats=stats, **kwargs)
+    return profiles, stats
+
+
+def test_finalists_are_re_solved_from_what_the_first_pass_leaves(gpt, monkeypatch):
+    calls = _unproven(monkeypatch)
+    _, free = _candidates(gpt)  # no total: every finalist re-solved with thorough_s
+    first = len([c for c in calls if c[1] == 0.5])
+    assert first == len(free["candidates"]) and len(free["finalists"]) == 2
+    assert [c[1] for c in calls[first:]] == [3.0, 3.0] and free["not_resolved"] == []
+
+    calls.clear()
+    _, tight = _candidates(gpt, total_s=0.0)  # the first pass already spent more than the total
+    assert len(calls) == len(tight["candidates"])  # no re-solve
+    assert tight["not_resolved"] == tight["finalists"]
+    assert all("quick" not in row for row in tight["candidates"].values())
+
+    calls.clear()
+    spent = sum(row["work_s"] for row in tight["candidates"].values())
+    _, some = _candidates(gpt, total_s=spent + 2.0)  # room for one re-solve of at most 2 work-s
+    limits = [c[1] for c in calls[len(some["candidates"]):]]
+    assert limits and limits[0] == pytest.approx(2.0)
+    assert all(limit > 0.5 for limit in limits)  # a re-solve never gets less than the first pass had
+
+
+def test_graph_reusing_edges_equals_the_graph_built_from_scratch(gpt):
+    mesh = Mesh((2, 2))
+    problem = build_problem(gpt, mesh, hardware=HW, facts=MicrobatchFacts(gpt, HW, 4))
+    held3 = problem.strategy_graph(MicrobatchCostModel(mesh, HW, "adamw", 4, 3), 1e9)
+    fresh = problem.strategy_graph(MicrobatchCostModel(mesh, HW, "adamw", 4, 1), 2e9)
+    reused = problem.strategy_graph(MicrobatchCostModel(mesh, HW, "adamw", 4, 1), 2e9, edges_from=held3)
+    assert reused.memory_limit == fresh.memory_limit == 2e9
+    assert reused.nodes == fresh.nodes
+    assert reused.edges == fresh.edges
+    assert [n.memory for n in held3.nodes] != [n.memory for n in fresh.nodes]  # held does change the nodes
+    with pytest.raises(ValueError, match="not the same problem"):
+        problem.strategy_graph(MicrobatchCostModel(mesh, HW, "adamw", 4, 1), None,
+                               edges_from=StrategyGraph(held3.nodes[:-1], held3.edges))
+
+
+def test_core_plan_refusal_without_explanation_and_the_pipeline_error_with_it(gpt):
+    with pytest.raises(InfeasiblePlanError, match="explain=True") as short:
+        plan_sharding(gpt, (2, 2), hardware=HW, memory_limit=1e5, explain=False)
+    assert not re.search(r"smallest plan needs \d", str(short.value))
+    with pytest.raises(InfeasiblePlanError, match=r"smallest plan needs \d"):
+        plan_sharding(gpt, (2, 2), hardware=HW, memory_limit=1e5)
+    with pytest.raises(InfeasiblePlanError, match=r"The plan without a pipeline failed too: .*smallest plan needs \d"):
+        plan_pipeline(gpt, (2, 2), hardware="h100", memory_limit=1e5)
