@@ -13,9 +13,11 @@ runs (one microbatch of ``batch / (dp x microbatch_size)``, traced in the mixed 
 
 The ILP then only decides how activations move between those fixed points (it still prices the
 collectives that implies). With a pipeline (``pp > 1``) the stage planner runs with pp, each rank
-group's (dp, tp) submesh, the schedule (interleaved with ``virtual_stages``) and the microbatch count
-pinned; it still chooses the stage cut (balanced by cost), each stage's intra-op sharding and its
-recompute, since it takes no placement pins yet (say so in what you report).
+group's (dp, tp) submesh, the schedule (interleaved with ``virtual_stages``), the microbatch count
+and the recompute pinned (``recompute="full"``: every stage recomputes its forward; ``"none"``: none
+does; ``"selective"`` has no stage-level form, so each stage's is the planner's); it still chooses
+the stage cut (balanced by cost) and each stage's intra-op sharding, since it takes no placement pins
+yet (say so in what you report).
 
 ``plan.solution.solver_stats["layout"]`` (each pipeline stage's solution's) holds ``L.describe()``
 (``stamp_layout``).
@@ -61,7 +63,8 @@ def check_layout_arguments(layout, **given) -> None:
 
 class LayoutRun:
     """How ``layout`` runs on ``mesh`` for a global batch: the planning mesh and its axes roles, the
-    microstep count (pp == 1) or the pipeline's microbatch count and (dp, tp) submesh (pp > 1)."""
+    microstep count (pp == 1) or the pipeline's microbatch count, (dp, tp) submesh and stage
+    recompute pin (pp > 1: True, False, or None when the layout's policy has no stage-level form)."""
 
     def __init__(self, layout: Layout, mesh: Mesh, global_batch: int):
         self.layout = layout
@@ -71,8 +74,12 @@ class LayoutRun:
             self.microbatches = layout.pipeline_microbatches(global_batch, world)
             self.submesh_shape = (layout.data_parallel(world), layout.tp)
             self.microsteps = 1
+            # the stage planner recomputes whole stages: "full" and "none" pin that; "selective" (a
+            # policy inside each block) has no stage-level form, so the stage planner still chooses
+            self.stage_recompute = {"full": True, "none": False}.get(layout.recompute)
         else:
             self.microsteps = layout.accumulation(global_batch, world)
+            self.stage_recompute = None
 
 
 def layout_run(layout: Layout, mesh: Any, example_inputs, *, loss_fn, example_target,

@@ -208,3 +208,13 @@ def test_sequence_parallelism_over_a_sequence_tp_does_not_divide_names_the_way_o
     plan = autoshard.plan(model, (2, 2), layout=layouts.megatron(tp=2, recompute="none", sequence_parallel=False),
                           **kwargs)
     assert tuple(plan.param_placements["vit.layers.0.attention.q_proj.weight"]) == (R, S0)
+
+
+@pytest.mark.parametrize("recompute, every_stage", [("full", True), ("none", False)])
+def test_pipelined_layout_pins_its_recompute_on_every_stage(recompute, every_stage):
+    """The stage planner recomputes whole stages: a pipelined layout's "full" / "none" pins that on
+    every stage, so the layout is priced as it runs (GPT-3 175B's recompute="full" layout had been
+    priced with recompute on 0 of 16 stages, the stage planner's own choice)."""
+    plan = plan_gpt(layouts.megatron(tp=2, pp=2, recompute=recompute), model=gpt_meta(layers=4))
+    assert plan.pp == 2
+    assert [bool(s.recompute) for s in plan.stages] == [every_stage] * len(plan.stages)

@@ -78,14 +78,16 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                   memory_limit: Optional[float] = None, optimizer: Union[str, float] = "adamw",
                   pp: Optional[int] = None, schedule: Optional[str] = None, microbatches: Optional[int] = None,
                   stages: Optional[Sequence[Union[int, str]]] = None, time_limit_s: float = 60.0,
-                  fold_blocks: bool = True, shapes: Optional[Sequence[tuple[int, int]]] = None) -> PipelinePlan:
+                  fold_blocks: bool = True, shapes: Optional[Sequence[tuple[int, int]]] = None,
+                  recompute: Optional[bool] = None) -> PipelinePlan:
     """The fastest pipeline plan (simulated step time) that fits ``memory_limit`` bytes per device;
     ``pp == 1`` means "no pipeline": the core plan on the whole mesh (``stages[0].solution``).
 
     ``fold_blocks``: a program with many identical blocks is priced through its shallow copy
     (``shallow.shallow_program``: each kept block counted for the cut ones); the stages, their
     intra-op plans and the core plan are still the deep program's. False prices every block.
-    ``shapes``: only these (dp, tp) submeshes per rank group (a pinned layout's)."""
+    ``shapes``: only these (dp, tp) submeshes per rank group (a pinned layout's). ``recompute``: every
+    stage recomputes its forward in the backward (True) or none does (False); None lets each stage choose."""
     t0 = time.perf_counter()
     mesh = Mesh.of(mesh)
     hw = get_hardware(hardware)
@@ -132,7 +134,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     spent = candidates.get("work_s", 0.0) + (core.solver_stats.get("work_s", 0.0) if core is not None else 0.0)
     left = max(1.0, time_limit_s - spent)
     best, stats = search_stages(profiles, mesh, hardware=hw, memory_limit=limit, batch=batch, schedules=schedules,
-                                microbatches=microbatches, starts=starts, time_limit_s=left)
+                                microbatches=microbatches, starts=starts, recompute=recompute, time_limit_s=left)
     stats["plan_wall_s"] = round(time.perf_counter() - t0, 3)
     stats["candidates"] = _candidate_stats(candidates)
     if shallow is not None:
