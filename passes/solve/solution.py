@@ -280,6 +280,9 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
     times = {key: value * k for key, value in times.items()}  # grad syncs were priced 1/k per microstep
     estimated = {"saved_activation_bytes": mem["activations"],
                  "gathered_peak_bytes": gathered_peak(_segments(gathers.values())),
+                 # what pricing the fused gathers as the runtime's flat calls took off the ILP's
+                 # per-parameter price (the ILP objective is this much above the step)
+                 "fused_gather_saving_s": (fwd_less + bwd_less) * k,
                  **{key: value * k for key, value in overlap.to_json().items()}}
     cpu = hw.name.lower() == "cpu"  # gloo's collectives, torch's for-loop optimizer
     trace.gather_segments(gathers, staged_reduce_scatter=cpu)

@@ -71,7 +71,11 @@ def test_tight_memory_makes_the_planner_checkpoint_or_accumulate_and_the_plan_fi
 def test_the_solver_objective_is_the_evaluated_step_with_levers(gpt, free):
     for pins in ({}, {"accumulation": 1}, {"checkpoint": "selective"}, {"checkpoint": "none"}):
         sol = _plan(gpt, 0.45 * free.estimated_memory, **pins)
-        assert sol.solver_stats["objective_s"] == pytest.approx(sol.estimated_step_time, rel=1e-9)
+        # the ILP prices each fused parameter gather on its own (an upper bound); the step prices the
+        # runtime's flat calls (``passes.solve.fused_gathers``): the objective is above by exactly that
+        saving = sol.estimated["fused_gather_saving_s"]
+        assert saving >= 0
+        assert sol.solver_stats["objective_s"] == pytest.approx(sol.estimated_step_time + saving, rel=1e-9)
         again = evaluate(gpt, MESH, sol.strategies, "h100", "adamw", levers=sol.levers)
         assert again.estimated_step_time == pytest.approx(sol.estimated_step_time, rel=1e-12)
         assert again.estimated_memory == pytest.approx(sol.estimated_memory, rel=1e-12)
