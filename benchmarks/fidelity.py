@@ -209,11 +209,17 @@ def main() -> None:
     ap.add_argument("--profile-after", action="store_true",
                     help="measure the profile again after the steps and price with both pooled (load drift)")
     args = ap.parse_args()
-    if "WORLD_SIZE" not in os.environ:  # start ourselves under torchrun
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
-               os.path.abspath(__file__), *sys.argv[1:]]
-        sys.exit(subprocess.call(cmd))
+    relaunch_under_torchrun(__file__, args.nproc)
     run(args)
+
+
+def relaunch_under_torchrun(script: str, nproc: int) -> None:
+    """Outside torchrun, run ``script`` again under it on ``nproc`` local ranks (same arguments) and
+    exit with its status; under torchrun, return."""
+    if "WORLD_SIZE" not in os.environ:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               os.path.abspath(script), *sys.argv[1:]]
+        sys.exit(subprocess.call(cmd))
 
 
 if __name__ == "__main__":

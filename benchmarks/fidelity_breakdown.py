@@ -16,13 +16,12 @@ import argparse
 import collections
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from fidelity import CASES, _pins  # noqa: E402
+from fidelity import CASES, _pins, relaunch_under_torchrun  # noqa: E402
 
 
 class _Recorder:
@@ -171,10 +170,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=7)
     ap.add_argument("--nproc", type=int, default=4)
     args = ap.parse_args()
-    if "WORLD_SIZE" not in os.environ:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
-               os.path.abspath(__file__), *sys.argv[1:]]
-        sys.exit(subprocess.call(cmd))
+    relaunch_under_torchrun(__file__, args.nproc)
     run(args)
 
 

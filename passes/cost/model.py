@@ -60,7 +60,7 @@ from autoshard.passes.cost.nccl import nccl_p2p_seconds, nccl_terms
 from autoshard.passes.cost.lowerings import named_lowerings
 from autoshard.passes.cost.moe import is_moe_node, work_factor
 from autoshard.passes.layout.gathers import fused_gather
-from autoshard.passes.layout.redistribution import P_CODE, R_CODE, encode, placement_code, redistribution_steps
+from autoshard.passes.layout.redistribution import R_CODE, encode, placement_code, redistribution_steps
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Placement, Strategy, TensorMeta
 
