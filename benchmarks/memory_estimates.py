@@ -7,7 +7,7 @@ The test models of ``autoshard.testing.levers`` (GPT with tied embeddings, HF Ll
 CNN with BatchNorm and dropout) and tiny Hugging Face zoo models (OPT, GPT-NeoX, Gemma) on 4 gloo
 ranks under the layouts that gather their block weights (ZeRO-3 on (4,), DP x Megatron TP on (2, 2)).
 
-- peak (default): torch's ``MemTracker`` around the second step plus AdamW's step on every rank
+- peak (default): torch's ``MemTracker`` around a step plus AdamW's step (the least of three) on every rank
   (``autoshard.testing.memory_estimates.peak_against_estimates``) next to ``plan.estimated_memory``
   (``passes.solve.peak_timeline``), the phase where ``MemTracker`` saw the peak and the phase (and
   node) the estimate says sets it; prints rank 0's rows and the range of gaps over every rank;

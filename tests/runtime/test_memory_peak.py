@@ -2,8 +2,9 @@
 estimate (issue 21).
 
 Each model runs on 4 gloo ranks under the layout ``autoshard.testing.levers`` gathers (ZeRO-3 on
-(4,), DP x Megatron TP on (2, 2); Hugging Face zoo models on (4,)), per lever case: the second
-step plus AdamW's step inside ``MemTracker`` (``testing.memory_estimates.peak_against_estimates``),
+(4,), DP x Megatron TP on (2, 2); Hugging Face zoo models on (4,)), per lever case: a step
+plus AdamW's step inside ``MemTracker`` after the first, the least of ``REPEATS`` such steps (late
+frees by gloo's thread only add; ``testing.memory_estimates.peak_against_estimates``),
 parameters, gradients and optimizer state tracked through ``runtime.local_module``. The estimate
 (``plan.estimated_memory``: ``passes.solve.peak_timeline``) must be within 10% of the measure and
 never more than 5% below it (an under-estimate is an out-of-memory crash), on every rank, and name
