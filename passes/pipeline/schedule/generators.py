@@ -19,9 +19,10 @@ from typing import Optional
 
 from autoshard.passes.pipeline.schedule.actions import Action
 from autoshard.passes.pipeline.schedule.registry import get_schedule, schedule_names
-from autoshard.passes.pipeline.schedule.simulate import PreparedSchedule, ScheduleError, StageCosts, prepare, simulate
+from autoshard.passes.pipeline.schedule.simulate import (PreparedSchedule, ScheduleError, StageCosts, in_flight_peaks,
+                                                         prepare, simulate)
 
-__all__ = ["SCHEDULE_NAMES", "generate", "prepared", "stage_rank", "with_comms"]
+__all__ = ["SCHEDULE_NAMES", "generate", "held_per_stage", "prepared", "stage_rank", "with_comms"]
 
 #: the registered schedule names (``interleaved-1f1b-v<N>`` for other N is accepted too)
 SCHEDULE_NAMES = schedule_names()
@@ -48,6 +49,20 @@ def generate(schedule: str, n_stages_physical: int, n_microbatches: int, virtual
     if problem:
         raise ScheduleError(problem)
     return with_comms(desc.order(p, m, desc.virtual_stages), desc.stage_rank(p))
+
+
+@functools.lru_cache(maxsize=1024)
+def held_per_stage(schedule: str, n_stages_physical: int, n_microbatches: int) -> tuple[int, ...]:
+    """Per stage, the most microbatches whose activations it holds at once: what
+    ``prepared(schedule, p, m).peak_stage`` says, counted on the compute order alone (the transfers
+    ``with_comms`` adds change no count), without building, validating and compiling the schedule
+    with its transfers, which takes most of a second on GPT-3 175B's p = 16, m = 1536 / 16."""
+    p, m = n_stages_physical, n_microbatches
+    desc = get_schedule(schedule)
+    problem = desc.problem(p, m)
+    if problem:
+        raise ScheduleError(problem)
+    return tuple(in_flight_peaks(desc.order(p, m, desc.virtual_stages), p * desc.virtual_stages)[0])
 
 
 @functools.lru_cache(maxsize=512)

@@ -347,8 +347,18 @@ def prepare(schedule: dict) -> PreparedSchedule:
             deps.append(((sends[_transfer_key(a)], True),))
         else:
             deps.append(())
+    peak_stage, peak_rank = in_flight_peaks(schedule, n_stages)
+    return PreparedSchedule(n_stages, ranks, flat, [base[r] + i for r, i in run_order], prev, deps,
+                            peak_stage, peak_rank)
+
+
+def in_flight_peaks(schedule: dict, n_stages: int) -> tuple[list[int], list[int]]:
+    """(per stage, per rank in rank order) the most microbatches whose activations are held at once:
+    a microbatch is held from its ``F`` until its ``W`` or ``BW``. Only each rank's own order of
+    compute actions matters (sends and receives change no count), so a compute-only order gives the
+    same peaks as the schedule with its transfers."""
     peak_stage, peak_rank = [0] * n_stages, []
-    for r in ranks:
+    for r in sorted(schedule):
         held, per, top = 0, {}, 0
         for a in schedule[r]:
             if a.kind == "F":
@@ -360,8 +370,7 @@ def prepare(schedule: dict) -> PreparedSchedule:
                 held -= 1
                 per[a.stage] -= 1
         peak_rank.append(top)
-    return PreparedSchedule(n_stages, ranks, flat, [base[r] + i for r, i in run_order], prev, deps,
-                            peak_stage, peak_rank)
+    return peak_stage, peak_rank
 
 
 def simulate(schedule: Union[dict, PreparedSchedule], costs: Optional[StageCosts] = None) -> SimResult:

@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.schedule.generators import prepared
+from autoshard.passes.pipeline.schedule.generators import held_per_stage, prepared
 from autoshard.passes.pipeline.schedule.registry import get_schedule, searched_schedules
 from autoshard.passes.pipeline.stages.layer_costs import SubmeshProfile
 from autoshard.passes.pipeline.schedule.simulate import StageCosts, simulate
@@ -62,8 +62,8 @@ class Choice:
 @functools.lru_cache(maxsize=1024)
 def held_microbatches(schedule: str, p: int, m: int) -> tuple[int, ...]:
     """Per stage, the most microbatches whose activations it holds at once under ``schedule``
-    (the simulator's ``peak_stage``; a pure function of the schedule, so memoized)."""
-    return tuple(prepared(schedule, p, m).peak_stage)
+    (the simulator's ``peak_stage``, counted by ``generators.held_per_stage``; memoized)."""
+    return held_per_stage(schedule, p, m)
 
 
 def approx_held(schedule: str, p: int, m: int) -> list[int]:

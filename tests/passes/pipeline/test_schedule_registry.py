@@ -41,6 +41,8 @@ def test_every_descriptor_matches_its_generator():
                 assert ("B" in kinds) == desc.split_backward, (name, p, m)
                 assert len(desc.approx_held(p, m)) == len(owner)
                 assert len(held_microbatches(name, p, m)) == len(owner)
+                # counted on the compute order alone, as the simulator counts the whole schedule
+                assert list(held_microbatches(name, p, m)) == simulate(sched).peak_stage, (name, p, m)
 
 
 def test_interleaved_family_takes_any_v():
