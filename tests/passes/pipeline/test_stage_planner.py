@@ -144,6 +144,31 @@ def test_stage_ilp_constrains_the_whole_step_stage_peak(groups, limit):
     assert all(p > a for p, a in zip(got.memory, additive))
 
 
+@pytest.mark.parametrize("groups", [[0, 1, 2], [0, 1, 0, 1], [0, 1, 1, 0]])
+@pytest.mark.parametrize("step_peak", [False, True])
+def test_the_memory_lower_bound_is_below_every_cut_and_proves_what_the_ilp_proves(groups, step_peak):
+    """``memory_lower_bound`` is at most the busiest group's memory of every cut and recompute choice,
+    and tight enough to matter: above the limit, the brute force finds no cut either."""
+    rng = __import__("random").Random(len(groups) * 2 + step_peak)
+    for trial in range(20):
+        L = 6
+        prob = StageProblem(fwd=[1.0] * L, bwd=[2.0] * L, grad_sync=[0.0] * L,
+                            state=[rng.uniform(0, 5) for _ in range(L)], act=[rng.uniform(0, 5) for _ in range(L)],
+                            cut_seconds=[0.1] * (L - 1), cut_bytes=[rng.uniform(0, 2) for _ in range(L - 1)],
+                            stage_group=groups, held=[rng.randint(1, 4) for _ in groups], m=4, memory_limit=1e9)
+        if step_peak:
+            prob = dataclasses.replace(prob, grads=[rng.uniform(0, 2) for _ in range(L)],
+                                       opt_fixed=[rng.uniform(0, 1) for _ in range(L)],
+                                       opt_peak=[rng.uniform(0, 3) for _ in range(L)])
+        bound = prob.memory_lower_bound()
+        least = min(max(group_memory(prob, [0, *cuts], rec).values())
+                    for cuts in itertools.combinations(range(1, L), len(groups) - 1)
+                    for rec in itertools.product([False, True], repeat=len(groups)))
+        assert 0 < bound <= least * (1 + 1e-12), (trial, bound, least)
+        tight = dataclasses.replace(prob, memory_limit=0.999 * bound)
+        assert _brute_force_step_peak(tight) == float("inf") and solve_stages(tight) is None
+
+
 def test_the_optimizer_step_side_alone_can_refuse_a_cut():
     """A stage whose states and activations fit but whose optimizer step (AdamW's copies of its largest
     parameter) does not: the additive form accepts the cut, the step peak refuses it."""
