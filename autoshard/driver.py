@@ -42,6 +42,7 @@ from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.random_plans import random_solution
 from autoshard.passes.solve.replicated_ops import describe_replicated, replicated_op_costs
+from autoshard.passes.gc_pauses import fewer_gc_pauses
 from autoshard.pipelined_plans import CompiledPipelinePlan, PipelinedPlan
 from autoshard.pipelines import check_pipeline_inputs, microbatch_plan, planner_stage_starts, warn_per_microbatch
 from autoshard.plan_format import PIPELINED_FORMAT, graph_fingerprint
@@ -124,6 +125,7 @@ class Chosen:
                    None if data.get("planner") is None else PipelinePlan.from_json(data["planner"]))
 
 
+@fewer_gc_pauses
 def choose(batch: ModelBatch, mesh: Mesh, options: PlanOptions) -> Chosen:
     """The plan for ``batch`` on ``mesh``: the stage planner's when ``options.pipelined``, else the
     sharding planner's, levers included (``_choose_sharding``)."""

@@ -60,6 +60,7 @@ from autoshard.passes.solve.problem import ShardingProblem
 from autoshard.passes.solve.solution import Solution, evaluate, node_policy, pricing_for
 from autoshard.passes.spec import fmt_placements
 from autoshard.passes.units import human_bytes
+from autoshard.passes.gc_pauses import fewer_gc_pauses
 
 __all__ = ["plan_sharding"]
 
@@ -74,6 +75,7 @@ class _Found:
     solution: Optional[Solution] = None  # evaluated (its whole-step peak), once
 
 
+@fewer_gc_pauses
 def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardware] = "h100",
                   memory_limit: Optional[float] = None, pins: Optional[Pins] = None,
                   optimizer: Union[str, float] = "adamw", time_limit_s: float = 30.0,
