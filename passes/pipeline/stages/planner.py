@@ -23,8 +23,7 @@ The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-o
    the few whose plans search best are re-solved with a longer one, from what is left of half of
    ``time_limit_s`` (deterministic work) after the first pass (``search.plan_candidates``).
    A candidate nothing fits gets the least-memory plan (never replicated weights); one whose plan
-   no balanced stage cut fits is planned again leaner (``stage_fit``) while it can still win (its
-   memory-blind closed form beats the best fitting candidate's), and the best-ranked finalist
+   no balanced stage cut fits is planned again leaner (``stage_fit``), and the best-ranked finalist
    is also tried under a tighter budget, so more memory never turns a candidate infeasible.
 4. Per (pp, shape, microbatches m, schedule): ``stage_ilp.solve_stages`` picks the contiguous unit
    ranges and per-stage recompute minimizing the closed-form step time under the memory limit, with

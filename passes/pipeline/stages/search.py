@@ -56,9 +56,8 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
     edges inside a block (the approximation ``profile_candidates(blocks=...)`` has always made: with 2
     traced blocks of 32, 16 block-to-block edges instead of 31). ``plan_pipeline``'s shallow copy sets it.
     A pp > 1 candidate whose plan no balanced cut of ``schedules`` (at ``microbatches``, if pinned)
-    fits is planned again, leaner (``stage_fit.fitting_profile``), unless its plan's memory-blind
-    closed form already loses to a candidate that fits (``stats[key]["replan_skipped"]``): more
-    memory never leaves the search with only plans their stages cannot hold. ``budget_scale``: the intra-op budget is
+    fits is planned again, leaner (``stage_fit.fitting_profile``): more memory never leaves a
+    candidate with only a plan its stages cannot hold. ``budget_scale``: the intra-op budget is
     ``budget_scale`` x pp x ``memory_limit`` (``plan_candidates``' leaner finalists)."""
     units = units if units is not None else layer_units(captured)
     traced = sum(1 for u in units if u.block is not None)
@@ -67,8 +66,6 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
     batch = global_batch(captured)
     stats = stats if stats is not None else {}
     out: dict = {}
-    unfit: list = []  # (memory-blind closed form, key, plan, check, budget, first plan's (sol, prof, step, need))
-    best_fit = math.inf
     for p in pps:
         if p == 1 and not single:
             continue  # plan_pipeline prices "no pipeline" with the core plan on the physical mesh
@@ -79,7 +76,7 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
             m_ref = max(1, batch // shape[0]) if batch % shape[0] == 0 else 1
             work = [0.0]
 
-            def plan(budget, shape=shape, m_ref=m_ref, p=p, work=work):
+            def plan(budget, shape=shape, m_ref=m_ref, p=p):
                 sol = plan_submesh(captured, Mesh(shape), hardware=hardware, optimizer=optimizer, microbatches=m_ref,
                                    held=math.ceil((p + 1) / 2), memory_limit=budget, repeat=repeat,
                                    chain_repeat=chain, time_limit_s=time_limit_s)
@@ -87,36 +84,19 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
                 prof = profile_submesh(captured, sol, hardware=hardware, optimizer=optimizer, units=units)
                 return sol, prof.repeat_blocks(blocks) if blocks else prof
 
-            def check(prof, p=p, limit=memory_limit):
-                return fit_check(prof, p, mesh, hardware=hardware, memory_limit=limit, batch=batch,
+            def check(prof, p=p):
+                return fit_check(prof, p, mesh, hardware=hardware, memory_limit=memory_limit, batch=batch,
                                  schedules=schedules, microbatches=microbatches)
 
-            key = (p, shape)
-            budget = budget_scale * p * memory_limit
-            sol, out[key] = plan(budget)
             if p > 1:
-                step, need = check(out[key])
-                if step == math.inf:
-                    blind = check(out[key], limit=math.inf)[0]
-                    unfit.append((blind, len(unfit), key, plan, check, budget, (sol, out[key], step, need), work))
-                best_fit = min(best_fit, step)
-            stats[key] = {"wall_s": round(time.perf_counter() - t0, 3), "status": sol.solver_stats.get("status"),
-                          "work_s": round(work[0], 4)}
-    # Candidates no balanced cut fits are planned again, leaner (stage_fit), most promising first, and
-    # only while they can still win: a leaner plan is no faster than the memory-blind closed form of
-    # this one, so one at or above the best fitting candidate's closed form is left as it is (on GPT-3
-    # 175B those re-plans were 24 of the first pass's 33 s of work, for candidates that then lost).
-    for blind, _, key, plan, check, budget, first, work in sorted(unfit, key=lambda u: u[:2]):
-        if blind >= best_fit:
-            stats[key]["replan_skipped"] = {"blind_step": round(blind, 6), "best_fitting": round(best_fit, 6)}
-            continue
-        t0 = time.perf_counter()
-        sol, out[key], replans = fitting_profile(plan, budget, check, memory_limit, first=first)
-        best_fit = min(best_fit, check(out[key])[0])
-        stats[key].update(wall_s=round(stats[key]["wall_s"] + time.perf_counter() - t0, 3),
-                          status=sol.solver_stats.get("status"), work_s=round(work[0], 4))
-        if replans:
-            stats[key]["replans"] = replans
+                sol, out[(p, shape)], replans = fitting_profile(plan, budget_scale * p * memory_limit, check,
+                                                                memory_limit)
+            else:
+                (sol, out[(p, shape)]), replans = plan(budget_scale * p * memory_limit), []
+            stats[(p, shape)] = {"wall_s": round(time.perf_counter() - t0, 3),
+                                 "status": sol.solver_stats.get("status"), "work_s": round(work[0], 4)}
+            if replans:
+                stats[(p, shape)]["replans"] = replans
     return out
 
 

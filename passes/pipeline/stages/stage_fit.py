@@ -19,7 +19,7 @@ planned exactly as before. Everything here is deterministic: budgets come from b
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable
 
 from autoshard.passes.pipeline.stages.layer_costs import SubmeshProfile
 from autoshard.passes.solve.solution import Solution
@@ -34,18 +34,13 @@ SHRINK = 0.9
 
 
 def fitting_profile(plan: Callable[[float], tuple[Solution, SubmeshProfile]], budget: float,
-                    check: Callable[[SubmeshProfile], tuple[float, float]], memory_limit: float,
-                    first: Optional[tuple[Solution, SubmeshProfile, float, float]] = None
+                    check: Callable[[SubmeshProfile], tuple[float, float]], memory_limit: float
                     ) -> tuple[Solution, SubmeshProfile, list[dict]]:
     """The intra-op plan and profile of one candidate (module docstring): ``plan(budget)`` plans it
     under a whole-program budget (0: nothing fits, so the least-memory plan), ``check`` is
-    ``search.fit_check`` bound to the candidate. ``first``: ``plan(budget)`` and its ``check``,
-    when the caller has them already. Also one row per re-plan (budget, status, need)."""
-    if first is None:
-        sol, prof = plan(budget)
-        step, need = check(prof)
-    else:
-        sol, prof, step, need = first
+    ``search.fit_check`` bound to the candidate. Also one row per re-plan (budget, status, need)."""
+    sol, prof = plan(budget)
+    step, need = check(prof)
     tries: list[dict] = []
     leanest = (need, sol, prof)
     while step == math.inf and budget > 0 and sol.solver_stats.get("status") != "MEMORY_FALLBACK":
