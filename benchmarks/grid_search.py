@@ -31,7 +31,7 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.planner import (global_batch, held_microbatches, profile_candidates,
                                                score_stages, search_stages, stage_problem)
-from autoshard.passes.pipeline.stages.stage_ilp import stage_costs
+from autoshard.passes.pipeline.stages.stage_problem import stage_costs
 
 # name: (blocks, width, heads, seq, gpus, global batch)
 ALPA = {"760M": (24, 1536, 16, 1024, 2, 1024), "1.3B": (24, 2048, 32, 1024, 4, 1024),

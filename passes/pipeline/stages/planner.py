@@ -28,7 +28,7 @@ The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-o
 4. Per (pp, shape, microbatches m, schedule): ``stage_ilp.solve_stages`` picks the contiguous unit
    ranges and per-stage recompute minimizing the closed-form step time under the memory limit, with
    the activations the schedule keeps in flight (the simulator's peak per stage). Every
-   configuration first gets the balanced cut (``stage_ilp.balanced_stages``); the ILP refines the
+   configuration first gets the balanced cut (``stage_cuts.balanced_stages``); the ILP refines the
    best few and those the balanced cut cannot fit; every configuration whose closed form can still
    win is also tried with the even cut by unit count, simulated (``search_stages``).
 5. Every answer is re-timed by the schedule simulator (``scoring.score_stages``): the plan with

@@ -25,7 +25,7 @@ from autoshard.passes.pipeline.schedule.generators import held_per_stage, prepar
 from autoshard.passes.pipeline.schedule.registry import get_schedule, searched_schedules
 from autoshard.passes.pipeline.stages.layer_costs import SubmeshProfile
 from autoshard.passes.pipeline.schedule.simulate import StageCosts, simulate
-from autoshard.passes.pipeline.stages.stage_ilp import StageProblem, StageSolution
+from autoshard.passes.pipeline.stages.stage_problem import StageProblem, StageSolution
 
 __all__ = ["DEFAULT_SCHEDULES", "Choice", "held_microbatches", "approx_held", "valid_schedule", "stage_problem",
            "score_stages", "overlapped_sync", "single_stage_step"]

@@ -26,8 +26,9 @@ from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice, approx_held, held_microbatches, score_stages,
                       stage_problem, valid_schedule)
 from autoshard.passes.pipeline.stages.stage_fit import SHRINK, fitting_profile
-from autoshard.passes.pipeline.stages.stage_ilp import (StageProblem, StageSolution, balanced_stages, balanced_starts, even_stages,
-                                                        leanest_memory, solve_stages)
+from autoshard.passes.pipeline.stages.stage_cuts import balanced_stages, balanced_starts, even_stages, leanest_memory
+from autoshard.passes.pipeline.stages.stage_ilp import solve_stages
+from autoshard.passes.pipeline.stages.stage_problem import StageProblem, StageSolution
 
 __all__ = ["global_batch", "profile_candidates", "plan_candidates", "closed_form_best", "fit_check", "microbatch_options",
            "search_stages"]
@@ -184,7 +185,7 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
 
 def closed_form_best(prof: SubmeshProfile, p: int, mesh: Mesh, *, hardware: Hardware, memory_limit: float,
                      batch: int, schedules: Sequence[str] = DEFAULT_SCHEDULES) -> float:
-    """The smallest closed-form step time (``stage_ilp.pipeline_step_time`` of the balanced cut, in-
+    """The smallest closed-form step time (``stage_problem.pipeline_step_time`` of the balanced cut, in-
     flight counts from ``approx_held``) over microbatch counts and ``schedules``; inf if none fits.
     A ranking, not a simulation: it prices every configuration in microseconds."""
     return fit_check(prof, p, mesh, hardware=hardware, memory_limit=memory_limit, batch=batch, schedules=schedules)[0]
@@ -230,7 +231,7 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
     """The best ``Choice`` over ``profiles`` (from ``profile_candidates`` or ``repeat_blocks``) x
     microbatch counts x ``schedules`` (None if nothing fits), and search statistics.
 
-    Phase 1 prices every configuration's balanced cut (``stage_ilp.balanced_stages``) in closed form
+    Phase 1 prices every configuration's balanced cut (``stage_cuts.balanced_stages``) in closed form
     (activations in flight from the 1F1B / GPipe / interleaved formulas); the ``shortlist`` best of
     every schedule family (``Schedule.ranking_family``: interleaved 1F1B's v's share one) are then
     re-cut with the simulator's in-flight counts and simulated, skipping those whose bound

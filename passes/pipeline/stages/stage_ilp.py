@@ -41,165 +41,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional
 
 from ortools.sat.python import cp_model
 
+from autoshard.passes.pipeline.stages.stage_problem import StageProblem, StageSolution, priced_solution
 from autoshard.passes.solve.work_budget import WorkBudget
 
-__all__ = ["StageProblem", "StageSolution", "StageILP", "solve_stages", "stage_memory_terms", "group_memory", "balanced_starts", "leanest_memory",
-           "balanced_stages", "even_stages", "every_group_holds_params", "stage_costs",
-           "pipeline_step_time"]
+__all__ = ["StageILP", "solve_stages"]
 
 _UNITS = 1e6
-
-
-def pipeline_step_time(stage_times: Sequence[float], stage_group: Sequence[int], m: int, v: int,
-                       grad_sync: Sequence[float] = ()) -> float:
-    """Closed-form step time: (m - 1/v) max_g T_g + sum_s t_s / v + max_g G_g, where T_g / G_g sum
-    the per-microbatch times / per-step gradient syncs of the stages on group g (``stage_group[s]``)."""
-    groups: dict[int, float] = {}
-    syncs: dict[int, float] = {0: 0.0}
-    for s, g in enumerate(stage_group):
-        groups[g] = groups.get(g, 0.0) + stage_times[s]
-        if grad_sync:
-            syncs[g] = syncs.get(g, 0.0) + grad_sync[s]
-    return (m - 1.0 / v) * max(groups.values()) + sum(stage_times) / v + max(syncs.values())
-
-
-@dataclass
-class StageProblem:
-    """One configuration to cut (see module docstring for the symbols). ``cut_seconds[c]`` /
-    ``cut_bytes[c]`` belong to the cut after unit c (L - 1 entries). ``stage_group[s]``: the rank
-group running stage s (its length is the number of stages S); ``held[s]``: microbatches whose
-activations stage s holds at its peak under the schedule (k_s). ``recompute``: None lets the
-    solver choose per stage; True / False pins every stage. ``starts``: pinned first units of stages
-    1..S-1 (None: free). ``holds_params[l]``: unit l reads a parameter (None: no constraint (6)).
-    ``grads[l]``, ``opt_fixed[l]``, ``opt_peak[l]``: unit l's gradient bytes, optimizer-step bytes that
-    add up over a stage (step counters; foreach temporaries) and that a stage takes the largest of
-    (for-loop AdamW's two copies of its largest parameter): given, memory is the step peak (3')."""
-    fwd: list[float]
-    bwd: list[float]
-    grad_sync: list[float]
-    state: list[float]
-    act: list[float]
-    cut_seconds: list[float]
-    cut_bytes: list[float]
-    stage_group: list[int]
-    held: list[int]
-    m: int
-    memory_limit: float
-    recompute: Optional[bool] = None
-    starts: Optional[list[int]] = None
-    holds_params: Optional[list[bool]] = None
-    grads: Optional[list[float]] = None
-    opt_fixed: Optional[list[float]] = None
-    opt_peak: Optional[list[float]] = None
-
-    @property
-    def step_peak(self) -> bool:
-        """Whether stage memory is the whole-step peak (3') rather than states + held activations (3)."""
-        return self.grads is not None
-
-    @property
-    def num_stages(self) -> int:
-        return len(self.stage_group)
-
-    @property
-    def p(self) -> int:
-        return len(set(self.stage_group))
-
-    @property
-    def v(self) -> int:
-        return self.num_stages // self.p
-
-    def lower_bound(self) -> float:
-        """A step time no cut can beat: perfectly balanced groups, no recompute, free p2p."""
-        work = sum(self.fwd) + sum(self.bwd)
-        return (self.m - 1.0 / self.v) * work / self.p + work / self.v + sum(self.grad_sync) / self.p
-
-    def memory_lower_bound(self) -> float:
-        """Bytes per device that the busiest rank group needs under every cut and recompute choice
-        (``group_memory``'s terms, dropping only non-negative ones): a stage holds at least its
-        units' states (and, for (3'), gradients) and, holding a microbatch, one microbatch's
-        activations of them, recomputing or not; the optimizer side at least its states and fixed
-        temporaries. Every unit sits on some group, so the busiest holds at least the average over
-        the p groups and at least any one unit's share. Above the limit, no cut fits: a proof, for
-        free, where the stage ILP can spend seconds finding it."""
-        acts = self.act if min(self.held, default=0) >= 1 else [0.0] * len(self.act)
-        grads = self.grads if self.step_peak else [0.0] * len(self.act)
-        per_unit = [w + a + g for w, a, g in zip(self.state, acts, grads)]
-        bound = max(sum(per_unit) / self.p, max(per_unit, default=0.0))
-        if self.step_peak:
-            opt = [w + o for w, o in zip(self.state, self.opt_fixed)]
-            bound = max(bound, sum(opt) / self.p, max((o + k for o, k in zip(opt, self.opt_peak)), default=0.0))
-        return bound
-
-
-@dataclass
-class StageSolution:
-    """Result for one configuration: ``starts[s]`` first unit of stage s; per-stage recompute,
-    per-microbatch time, per-step gradient sync, peak memory (bytes of the stage's group share)."""
-    starts: list[int]
-    recompute: list[bool]
-    stage_time: list[float]
-    stage_sync: list[float]
-    memory: list[float]
-    step_time: float
-    status: str
-    wall_s: float
-    stats: dict = field(default_factory=dict)
-
-    def ranges(self, num_units: int) -> list[range]:
-        ends = self.starts[1:] + [num_units]
-        return [range(a, b) for a, b in zip(self.starts, ends)]
-
-
-def stage_costs(prob: StageProblem, starts: Sequence[int], recompute: Sequence[bool]
-                ) -> tuple[list[float], list[float], list[float]]:
-    """(per-microbatch time, per-step gradient sync, memory) of every stage of a given cut, in
-    floating point: the same formulas as the ILP's constraints (2)-(3)."""
-    L, S = len(prob.fwd), len(starts)
-    ends = list(starts[1:]) + [L]
-    times, syncs, mems = [], [], []
-    for s, (a, b) in enumerate(zip(starts, ends)):
-        q_in = prob.cut_seconds[a - 1] if a > 0 else 0.0
-        q_out = prob.cut_seconds[b - 1] if b < L else 0.0
-        f, bw = sum(prob.fwd[a:b]), sum(prob.bwd[a:b])
-        times.append(f + bw + (f if recompute[s] else 0.0) + q_in + q_out)
-        syncs.append(sum(prob.grad_sync[a:b]))
-        mems.append(max(stage_memory_terms(prob, a, b, recompute[s], s)))
-    return times, syncs, mems
-
-
-def stage_memory_terms(prob: StageProblem, a: int, b: int, recompute: bool, s: int) -> tuple[float, float]:
-    """(in-step peak, optimizer-step peak) of stage ``s`` holding units a..b-1: constraint (3), or
-    with the step-peak terms given, the two sides of (3') (the optimizer side 0 without them)."""
-    L = len(prob.fwd)
-    acts = sum(prob.act[a:b])
-    x_in = prob.cut_bytes[a - 1] if a > 0 else 0.0
-    held = prob.held[s] * x_in + acts if recompute else prob.held[s] * acts
-    state = sum(prob.state[a:b])
-    if not prob.step_peak:
-        return state + held, 0.0
-    x_out = prob.cut_bytes[b - 1] if b < L else 0.0
-    return (state + held + sum(prob.grads[a:b]) + x_in + x_out,
-            state + sum(prob.opt_fixed[a:b]) + max(prob.opt_peak[a:b], default=0.0) + x_in)
-
-
-def group_memory(prob: StageProblem, starts: Sequence[int], recompute: Sequence[bool]) -> dict[int, float]:
-    """Per rank group, the peak of its stages together: the larger of their in-step peaks' sum and
-    their optimizer-step peaks' sum (the ILP's constraint (3) / (3'), in floating point)."""
-    ends = list(starts[1:]) + [len(prob.fwd)]
-    in_step: dict[int, float] = {}
-    optimizer: dict[int, float] = {}
-    for s, (a, b) in enumerate(zip(starts, ends)):
-        g = prob.stage_group[s]
-        x, y = stage_memory_terms(prob, a, b, recompute[s], s)
-        in_step[g] = in_step.get(g, 0.0) + x
-        optimizer[g] = optimizer.get(g, 0.0) + y
-    return {g: max(in_step[g], optimizer[g]) for g in in_step}
 
 
 class StageILP:
@@ -379,92 +230,6 @@ class StageILP:
             prev = a
 
 
-def _package(prob: StageProblem, starts: list[int], recompute: list[bool], status: str, wall: float,
-             stats: Optional[dict] = None) -> StageSolution:
-    times, syncs, mems = stage_costs(prob, starts, recompute)
-    step = pipeline_step_time(times, prob.stage_group, prob.m, prob.v, syncs)
-    return StageSolution(list(starts), list(recompute), times, syncs, mems, step, status, wall, stats or {})
-
-
-def every_group_holds_params(prob: StageProblem, starts: Sequence[int]) -> bool:
-    """Constraint (6) for a given cut (``starts[0] == 0``)."""
-    flags = prob.holds_params
-    if not flags or not any(flags):
-        return True
-    bounds = list(starts) + [len(prob.fwd)]
-    held = {g: False for g in prob.stage_group}
-    for s, g in enumerate(prob.stage_group):
-        held[g] = held[g] or any(flags[bounds[s]:bounds[s + 1]])
-    return all(held.values())
-
-
-def _fits(prob: StageProblem, sol: StageSolution) -> bool:
-    return max(group_memory(prob, sol.starts, sol.recompute).values()) <= prob.memory_limit
-
-
-def balanced_starts(prob: StageProblem) -> Optional[list[int]]:
-    """The first unit of every stage (``starts[0] == 0``) of the balanced cut: where the running work
-    crosses multiples of total / S (the pinned boundaries if any); None with more stages than units."""
-    L, S = len(prob.fwd), prob.num_stages
-    if S > L:
-        return None
-    if prob.starts is not None:
-        return [0] + list(prob.starts)
-    run, prefix = 0.0, [0.0]
-    for f, b in zip(prob.fwd, prob.bwd):
-        run += f + b
-        prefix.append(run)
-    starts = [0]
-    for s in range(1, S):
-        want = run * s / S
-        lo, hi = starts[-1] + 1, L - (S - s)
-        starts.append(min(range(lo, hi + 1), key=lambda i: abs(prefix[i] - want)))
-    return starts
-
-
-def leanest_memory(prob: StageProblem, starts: Sequence[int]) -> float:
-    """The busiest rank group's memory (``group_memory``, what constraint (3) / (3') compares with the
-    limit) of the cut ``starts`` when every stage recomputes or not, whichever makes its in-step peak
-    smaller (as pinned, if ``prob.recompute`` is): the least this cut needs per device."""
-    ends = list(starts[1:]) + [len(prob.fwd)]
-    in_step: dict[int, float] = {}
-    optimizer: dict[int, float] = {}
-    for s, (a, b) in enumerate(zip(starts, ends)):
-        g = prob.stage_group[s]
-        options = (False, True) if prob.recompute is None else (bool(prob.recompute),)
-        terms = [stage_memory_terms(prob, a, b, r, s) for r in options]
-        in_step[g] = in_step.get(g, 0.0) + min(x for x, _ in terms)
-        optimizer[g] = optimizer.get(g, 0.0) + terms[0][1]
-    return max(max(in_step[g], optimizer[g]) for g in in_step)
-
-
-def balanced_stages(prob: StageProblem) -> Optional[StageSolution]:
-    """A fast heuristic answer (the ILP's warm start): cut where the running work crosses multiples of
-    total / S, then recompute on every stage that would not fit otherwise. None if that does not fit."""
-    t0 = time.perf_counter()
-    S = prob.num_stages
-    starts = balanced_starts(prob)
-    if starts is None:
-        return None
-    recompute = [bool(prob.recompute)] * S if prob.recompute is not None else [False] * S
-    if prob.recompute is None:
-        per = group_memory(prob, starts, recompute)
-        recompute = [per[prob.stage_group[s]] > prob.memory_limit for s in range(S)]
-    sol = _package(prob, starts, recompute, "HEURISTIC", time.perf_counter() - t0)
-    return sol if _fits(prob, sol) and every_group_holds_params(prob, starts) else None
-
-
-def even_stages(prob: StageProblem, recompute: bool) -> Optional[StageSolution]:
-    """The textbook cut: stage s starts at unit round(s L / S) (Megatron's even split by layer count),
-    with recompute on every stage or none. None if it does not fit."""
-    L, S = len(prob.fwd), prob.num_stages
-    if S > L or prob.starts is not None:
-        return None
-    starts = [round(s * L / S) for s in range(S)]
-    sol = _package(prob, starts, [recompute] * S, "EVEN", 0.0)
-    return sol if _fits(prob, sol) and every_group_holds_params(prob, starts) else None
-
-
 def solve_stages(prob: StageProblem, *, time_limit_s: float = 10.0, workers: int = 1,
                  hint: Optional[StageSolution] = None, budget: Optional[WorkBudget] = None,
                  outcome: Optional[dict] = None) -> Optional[StageSolution]:
@@ -514,6 +279,6 @@ def solve_stages(prob: StageProblem, *, time_limit_s: float = 10.0, workers: int
         return None
     starts = [int(solver.value(v)) for v in ilp.start[:-1]]
     recompute = [bool(solver.value(r)) for r in ilp.r]
-    return _package(prob, starts, recompute, solver.status_name(status), wall,
+    return priced_solution(prob, starts, recompute, solver.status_name(status), wall,
                     {"objective_units": solver.objective_value, "bound_units": solver.best_objective_bound,
                      "work": work})

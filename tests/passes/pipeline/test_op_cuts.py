@@ -74,8 +74,9 @@ def test_every_rank_group_gets_a_parameter():
     """The stage ILP and its heuristics give no rank group a cut without parameters (its optimizer
     would get an empty list): the balanced cut of these units puts the parameterless last unit alone
     on group 1, which constraint (6) forbids."""
-    from autoshard.passes.pipeline.stages.stage_ilp import (StageProblem, balanced_stages, every_group_holds_params,
-                                                            even_stages, solve_stages)
+    from autoshard.passes.pipeline.stages.stage_cuts import balanced_stages, even_stages
+    from autoshard.passes.pipeline.stages.stage_ilp import solve_stages
+    from autoshard.passes.pipeline.stages.stage_problem import StageProblem, every_group_holds_params
 
     fwd = [1.0, 1.0, 4.0, 4.0]
     free = StageProblem(fwd=fwd, bwd=[2 * f for f in fwd], grad_sync=[0.0] * 4, state=[1.0, 1.0, 1.0, 0.0],

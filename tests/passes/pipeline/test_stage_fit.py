@@ -1,5 +1,5 @@
 """More memory never makes the stage planner's answer infeasible (``stage_fit``), and when nothing fits
-the message's "needs" is what the busiest rank group needs (``stage_ilp.leanest_memory``).
+the message's "needs" is what the busiest rank group needs (``stage_cuts.leanest_memory``).
 
 One process. The sweep is the case that broke: a GPT with pp = 2 on (2, 2), two ranks per node,
 planned at 330 KB and 360 KB but not at 400 KB (the intra-op plan at the looser budget kept weights
@@ -16,7 +16,8 @@ from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.errors import InfeasiblePlanError
 from autoshard.passes.pipeline.stages import stage_fit
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
-from autoshard.passes.pipeline.stages.stage_ilp import StageProblem, group_memory, leanest_memory, stage_memory_terms
+from autoshard.passes.pipeline.stages.stage_cuts import leanest_memory
+from autoshard.passes.pipeline.stages.stage_problem import StageProblem, group_memory, stage_memory_terms
 from autoshard.testing.models import gpt
 
 #: the limits of the case that broke (KB), and two past them

@@ -21,8 +21,9 @@ from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, approx_
                                                stage_problem, valid_schedule)
 from autoshard.passes.pipeline.stages.search import closed_form_best, microbatch_options, plan_candidates
 from autoshard.passes.pipeline.schedule.simulate import StageCosts, simulate
-from autoshard.passes.pipeline.stages.stage_ilp import (StageProblem, even_stages, group_memory, pipeline_step_time,
-                                                 solve_stages, stage_costs)
+from autoshard.passes.pipeline.stages.stage_cuts import even_stages
+from autoshard.passes.pipeline.stages.stage_ilp import solve_stages
+from autoshard.passes.pipeline.stages.stage_problem import StageProblem, group_memory, pipeline_step_time, stage_costs
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.testing.models import GPT, lm_loss
 
