@@ -51,10 +51,12 @@ def batch_dependent(captured: CapturedGraph) -> set[str]:
     """Names of the nodes computed from a user input or the target, or broadcast to the batch, and
     what is computed from them (their size follows the batch).
 
-    Broadcast to the batch: an ``expand`` of a size-1 dim 0 to the global batch. HF's causal mask is
-    built from positions alone and expanded to the input's batch size; traced at a microbatch it is
-    expanded to the microbatch's, so it follows the batch like the inputs do (priced as fixed, a
-    Llama's (batch, 1, seq, seq) mask crossed every pipeline cut at the global batch's size)."""
+    Broadcast to the batch: an ``expand`` (or a ``repeat``) of a size-1 dim 0 to the global batch.
+    HF's causal mask is built from positions alone and expanded to the input's batch size; traced at
+    a microbatch it is expanded to the microbatch's, so it follows the batch like the inputs do
+    (priced as fixed, a Llama's (batch, 1, seq, seq) mask crossed every pipeline cut at the global
+    batch's size). A tensor made with a literal batch size (``torch.ones(batch, seq)``) is not
+    recognised: after tracing, its size is a number like any other."""
     found = set(captured.inputs) | ({captured.target} if captured.target else set())
     batch = None
     for node in captured.gm.graph.nodes:
@@ -62,15 +64,19 @@ def batch_dependent(captured: CapturedGraph) -> set[str]:
             continue
         if any(a.name in found for a in node.all_input_nodes):
             found.add(node.name)
-        elif node.target is torch.ops.aten.expand.default:
+        elif node.target in _TO_THE_BATCH:
             batch = global_batch(captured) if batch is None else batch
             if _broadcasts_to(node, batch):
                 found.add(node.name)
     return found
 
 
+#: ops that can copy or broadcast one row to every row of the batch (dim 0: 1 -> batch)
+_TO_THE_BATCH = (torch.ops.aten.expand.default, torch.ops.aten.repeat.default)
+
+
 def _broadcasts_to(node, batch: int) -> bool:
-    """Whether ``node`` (an expand) turns a size-1 dim 0 into ``batch``."""
+    """Whether ``node`` (an expand or a repeat) turns a size-1 dim 0 into ``batch``."""
     src = node.args[0].meta.get("autoshard.meta") if hasattr(node.args[0], "meta") else None
     out = node.meta.get("autoshard.meta")
     shape_in, shape_out = getattr(src, "shape", None), getattr(out, "shape", None)

@@ -99,3 +99,28 @@ def test_a_mask_broadcast_to_the_batch_follows_the_batch():
     mask_bytes = meta(masks[-1]).nbytes
     assert profile.cut_batch[1] >= mask_bytes  # the cut after the first block carries it, per microbatch
     assert all(fixed < mask_bytes for fixed in profile.cut_fixed), profile.cut_fixed
+
+
+def test_a_mask_repeated_to_the_batch_follows_the_batch():
+    """A mask built without the input and repeated (not expanded) to the batch follows it too, and so
+    does what is computed from it; the mask it was repeated from does not."""
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            base = torch.ones(1, x.shape[1], x.shape[1]).tril()
+            mask = base.repeat(x.shape[0], 1, 1)
+            return self.lin(torch.bmm(mask, x))
+
+    x = torch.randn(8, 12, 16)
+    captured = capture(Masked(), (x,), loss_fn=torch.nn.functional.mse_loss, target=torch.randn(8, 12, 16))
+    calls = {n.name: n for n in captured.gm.graph.nodes if n.op == "call_function"}
+    repeats = [n for n in calls.values() if n.target is torch.ops.aten.repeat.default]
+    assert repeats, "premise: the traced program repeats the mask to the batch"
+    found = batch_dependent(captured)
+    assert all(n.name in found for n in repeats)
+    assert all(n.args[0].name not in found for n in repeats)  # the one-row mask stays fixed
+    bmm = [n for n in calls.values() if n.target is torch.ops.aten.bmm.default]
+    assert bmm and all(n.name in found for n in bmm)
