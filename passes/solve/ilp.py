@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ortools.linear_solver import pywraplp
+from ortools.linear_solver import linear_solver_pb2, pywraplp
 from ortools.sat.python import cp_model
 
 from autoshard.passes.solve.strategy_graph import SGEdge, StrategyGraph, greedy, merge_followers
@@ -229,26 +229,38 @@ class ShardingILP:
         lp = pywraplp.Solver.CreateSolver("GLOP")
         if lp is None:
             return "UNKNOWN", None, None, False
-        v = [lp.NumVar(0.0, 1.0, "") for _ in range(self.num_vars)]
-        for _, ids, coefs, lo, hi in self.rows:
-            row = lp.RowConstraint(-lp.infinity() if lo == -math.inf else lo, hi, "")
-            for k, c in zip(ids, coefs):
-                row.SetCoefficient(v[k], c)
-        obj = lp.Objective()
+        # built as one proto (repeated fields filled in bulk), not a Python call per variable and per
+        # coefficient: on GPT-3 175B's pipeline plan those calls were 4.8 s against GLOP's 6.3 s
+        model = linear_solver_pb2.MPModelProto()
+        costs = [0.0] * self.num_vars
         for k, c in zip(*self.objective):
-            obj.SetCoefficient(v[k], c)
-        obj.SetMinimization()
+            costs[k] += c
+        for c in costs:
+            var = model.variable.add()
+            var.lower_bound, var.upper_bound = 0.0, 1.0
+            var.objective_coefficient = c
+        for _, ids, coefs, lo, hi in self.rows:
+            row = model.constraint.add()
+            row.var_index.extend(ids)
+            row.coefficient.extend(coefs)
+            row.lower_bound = lo
+            row.upper_bound = hi
+        error = lp.LoadModelFromProto(model)
+        if error:
+            return "UNKNOWN", None, None, False
         status = lp.Solve()
         if status == pywraplp.Solver.INFEASIBLE:
             return "INFEASIBLE", None, None, False
         if status != pywraplp.Solver.OPTIMAL:
             return "UNKNOWN", None, None, False
-        values = [var.solution_value() for var in v]
+        response = linear_solver_pb2.MPSolutionResponse()
+        lp.FillSolutionResponseProto(response)
+        values = list(response.variable_value)
         integral = all(min(values[k], 1 - values[k]) < 1e-6 for xs in self.x for k in xs)
         if self.memory_row is not None:
             _, ids, coefs, _, hi = self.rows[self.memory_row]
             self.memory_binding = sum(values[k] * c for k, c in zip(ids, coefs)) > hi * (1 - 1e-6)
-        return "OPTIMAL", self.choice_from(lambda k: values[k]), obj.Value(), integral
+        return "OPTIMAL", self.choice_from(lambda k: values[k]), response.objective_value, integral
 
     def solve_cpsat(self, work_limit: float, workers: int, hint: Optional[list[int]] = None,
                     lower_bound: Optional[float] = None) -> ILPResult:
