@@ -15,7 +15,6 @@ pipeline (one stage, one microbatch), so "pipeline or not" compares like with li
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -59,10 +58,9 @@ class Choice:
                 f"recompute={sum(self.stages.recompute)}/{len(sizes)} step={self.step_time:.4g}s")
 
 
-@functools.lru_cache(maxsize=1024)
 def held_microbatches(schedule: str, p: int, m: int) -> tuple[int, ...]:
     """Per stage, the most microbatches whose activations it holds at once under ``schedule``
-    (the simulator's ``peak_stage``, counted by ``generators.held_per_stage``; memoized)."""
+    (the simulator's ``peak_stage``, counted by ``generators.held_per_stage``, which memoizes it)."""
     return held_per_stage(schedule, p, m)
 
 
