@@ -140,7 +140,7 @@ def choose(batch: ModelBatch, mesh: Mesh, options: PlanOptions) -> Chosen:
 def _choose_layout(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware) -> Chosen:
     """Exactly ``options.layout`` (``autoshard.layout_plans``): with pp == 1 its microstep program
     solved with every placement and lever pinned; with pp > 1 the stage planner with pp, the (dp, tp)
-    submesh, the schedule, the microbatch count and (full or none) recompute pinned."""
+    submesh, the schedule, the microbatch count, (full or none) recompute and every placement pinned."""
     layout = options.layout
     mixed_precision = options.levers.get("mixed_precision")
     run = layout_run(layout, mesh, batch.example_inputs, loss_fn=batch.loss_fn, example_target=batch.example_target,
@@ -151,7 +151,8 @@ def _choose_layout(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware
         chosen = plan_pipeline(full, run.mesh, hardware=hardware, memory_limit=options.memory_limit,
                                optimizer=options.optimizer, pp=layout.pp, schedule=layout.schedule_name,
                                microbatches=run.microbatches, time_limit_s=options.time_limit_s,
-                               shapes=[run.submesh_shape], recompute=run.stage_recompute)
+                               shapes=[run.submesh_shape], recompute=run.stage_recompute,
+                               pins_for=run.stage_pins)
         stamp_layout([stage.solution for stage in chosen.stages], layout)
         return Chosen(PipelinedPlan(chosen, run.mesh, hardware_label(hardware), graph_fingerprint(full), full,
                                     plan_work(full, hardware, run.mesh.size),

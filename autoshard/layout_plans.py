@@ -15,9 +15,12 @@ The ILP then only decides how activations move between those fixed points (it st
 collectives that implies). With a pipeline (``pp > 1``) the stage planner runs with pp, each rank
 group's (dp, tp) submesh, the schedule (interleaved with ``virtual_stages``), the microbatch count
 and the recompute pinned (``recompute="full"``: every stage recomputes its forward; ``"none"``: none
-does; ``"selective"`` has no stage-level form, so each stage's is the planner's); it still chooses
-the stage cut (balanced by cost) and each stage's intra-op sharding, since it takes no placement pins
-yet (say so in what you report).
+does; ``"selective"`` has no stage-level form, so each stage's is the planner's), and the same
+placements pinned on the submesh (``LayoutRun.stage_pins``: tp over its second axis, the data-
+parallel axis replicating or sharding as the layout does). It still chooses the stage cut (balanced
+by cost, as Megatron splits layers evenly) and how activations move between the pinned points; a
+tensor crossing a cut is sent as the stage that makes it holds it (under sequence parallelism the
+residual stream is sequence-split over tp, which is how Megatron-LM sends it between stages).
 
 ``plan.solution.solver_stats["layout"]`` (each pipeline stage's solution's) holds ``L.describe()``
 (``stamp_layout``).
@@ -33,7 +36,8 @@ from autoshard.lever_args import block_types, lever_pins
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import MixedPrecision
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.sharding.layout_placements import check_tensor_parallel, layout_pins, tensor_parallel_roles
+from autoshard.passes.sharding.layout_placements import (LayoutAxes, check_tensor_parallel, layout_pins,
+                                                         tensor_parallel_roles)
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
 
@@ -77,9 +81,22 @@ class LayoutRun:
             # the stage planner recomputes whole stages: "full" and "none" pin that; "selective" (a
             # policy inside each block) has no stage-level form, so the stage planner still chooses
             self.stage_recompute = {"full": True, "none": False}.get(layout.recompute)
+            dp = self.submesh_shape[0]
+            replicate = layout.kind == "megatron" and not layout.distributed_optimizer
+            self.stage_axes = LayoutAxes(replicate=(0,) if replicate or dp == 1 else (),
+                                         shard=() if replicate or dp == 1 else (0,), tp=1)
         else:
             self.microsteps = layout.accumulation(global_batch, world)
             self.stage_recompute = None
+            self.stage_axes = None
+
+    def stage_pins(self, captured: CapturedGraph, submesh: Mesh) -> Pins:
+        """The layout's placements on ``captured`` (the stage planner's program, or a stage's) over one
+        rank group's (dp, tp) ``submesh`` (``passes.sharding.pins.PinsFor``)."""
+        if self.stage_axes is None:
+            raise LayoutError("stage_pins: this layout has no pipeline (pp == 1)")
+        return Pins(**layout_pins(captured, submesh, self.stage_axes,
+                                  sequence_parallel=self.layout.sequence_parallel))
 
 
 def layout_run(layout: Layout, mesh: Any, example_inputs, *, loss_fn, example_target,

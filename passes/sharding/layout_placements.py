@@ -243,7 +243,7 @@ def layout_pins(captured: CapturedGraph, mesh: Mesh, axes: LayoutAxes, *, sequen
     def activation(ndim: int, seq_on_tp: Optional[int] = None, seq: int = 1) -> tuple:
         pls = []
         for a in range(mesh.ndim):
-            if a in axes.data:
+            if a in axes.data and mesh.shape[a] > 1:
                 pls.append("S(0)")
             elif a == axes.cp and ndim > seq:
                 pls.append(f"S({seq})")

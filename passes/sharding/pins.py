@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Callable, Optional, Union
 
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.graph import META, CapturedGraph, operand_meta, operands, outputs
@@ -26,7 +26,7 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Placement, Strategy, TensorMeta, fmt_placements, parse_placement
 from autoshard.passes.sharding.strategies import StrategyTable, why_not_divisible
 
-__all__ = ["Pins", "PinError", "parse_placements"]
+__all__ = ["Pins", "PinError", "parse_placements", "PinsFor"]
 
 
 class PinError(AutoshardError, ValueError):
@@ -179,3 +179,10 @@ class Pins:
                         raise PinError(f"{what}: {kind} {k} of shape {tuple(m.shape)}: {why}")
             lst.append(strat)
             restrict(name, {len(lst) - 1}, what)
+
+
+#: Pins that depend on the program and mesh they apply to: the stage planner calls it on each
+#: program it solves (the shallow copy of a deep model, a stage traced at the microbatch) with the
+#: rank group's submesh, e.g. a hand-written layout's placements (``autoshard.layout_plans``).
+#: None from it: nothing pinned there.
+PinsFor = Callable[[CapturedGraph, Mesh], Optional["Pins"]]

@@ -136,6 +136,28 @@ def test_pipelined_megatron_pins_pp_schedule_microbatches_and_submesh():
     assert plan.schedule == "interleaved-1f1b"  # the registry's name of v = 2
     assert plan.microbatches == BATCH // 2  # batch / (dp x microbatch size), dp = 8 / (tp x pp)
     assert [s.mesh.shape for s in plan.stages] == [(2, 2)] * 4
+    # every stage's placements are Megatron's on its (dp, tp) submesh, as without a pipeline
+    assert set(plan.param_placements) >= {n for n, _ in gpt_meta(layers=4).named_parameters()}
+    for name, pls in plan.param_placements.items():
+        assert tuple(pls) == megatron_gpt_expected(name), name
+    captured, stage_of = plan.captured, {n: s for s in plan.stages for n in s.nodes}
+    for stage in plan.stages:
+        for name in stage.nodes:
+            if "layer_norm" in name:  # sequence parallel: each norm's output sequence-split over tp
+                assert tuple(stage.solution.strategies[name].outputs[0]) == (S0, S1), name
+            crosses = {stage_of[u.name].index for u in captured.node(name).users if u.name in stage_of}
+            if crosses - {stage.index}:  # the residual stream is sent sequence-split, as Megatron sends it
+                assert tuple(stage.solution.strategies[name].outputs[0]) == (S0, S1), name
+
+
+def test_pipelined_fsdp_and_distributed_optimizer_shard_over_dp_in_every_stage():
+    for layout in (layouts.fsdp(tp=2, pp=2, checkpoint="full"),
+                   layouts.megatron(tp=2, pp=2, recompute="none", distributed_optimizer=True)):
+        plan = plan_gpt(layout, model=gpt_meta(layers=4))
+        pls = plan.param_placements
+        assert tuple(pls["blocks.3.q.weight"]) == (S1, S0), layout
+        assert tuple(pls["blocks.1.o.weight"]) == (S0, S1), layout
+        assert tuple(pls["blocks.2.ln1.weight"]) == (S0, R), layout
 
 
 def test_bad_layouts_name_the_cause():

@@ -23,7 +23,7 @@ from autoshard.passes.capture.export import capture
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
-from autoshard.passes.spec import Shard
+from autoshard.passes.spec import Replicate, Shard
 from autoshard.testing.equivalence import Tolerance, adamw, failures_of, train_against_one_device
 from autoshard.testing.models import PIPELINE_BUILDERS, gpt
 from autoshard.testing.ranks import run_ranks
@@ -144,7 +144,9 @@ BUILDERS = {"gpt": lambda: build("gpt"), "wider gpt": wider_gpt}
 #: weights and recompute (the premises are checked when the plans are made)
 CASES = [("gpt, pp=2 on (4,)", "gpt", (4,), {"hardware": "slow"}),
          ("wider gpt, pp=2 on (2, 2), sharded stages", "wider gpt", (2, 2),
-          {"hardware": "two-per-node", "memory_limit": 330_000})]
+          {"hardware": "two-per-node", "memory_limit": 330_000}),
+         ("wider gpt, megatron(tp=2, pp=2) layout", "wider gpt", (2, 2),
+          {"hardware": "slow", "layout": autoshard.layouts.megatron(tp=2, pp=2, recompute="full")})]
 HARDWARE = {"slow": slow_network, "two-per-node": two_per_node}
 
 
@@ -192,8 +194,9 @@ def test_compile_runs_a_saved_3d_plan_on_4_ranks(tmp_path):
     paths = []
     for label, name, mesh, kw in CASES:
         model, inputs, target, loss_fn, _ = BUILDERS[name]()
-        plan = autoshard.plan(model, mesh, example_inputs=inputs, loss_fn=loss_fn, example_target=target, pp=2,
-                              **{**kw, "hardware": HARDWARE[kw["hardware"]]()})
+        pipeline = {} if "layout" in kw else {"pp": 2}
+        plan = autoshard.plan(model, mesh, example_inputs=inputs, loss_fn=loss_fn, example_target=target,
+                              **pipeline, **{**kw, "hardware": HARDWARE[kw["hardware"]]()})
         assert isinstance(plan, autoshard.PipelinedPlan) and plan.pp == 2, f"premise: {label} pipelines"
         path = tmp_path / f"plan{len(paths)}.json"
         plan.save(str(path))
@@ -202,5 +205,10 @@ def test_compile_runs_a_saved_3d_plan_on_4_ranks(tmp_path):
     # premises of the second case: its stages shard weights on their submesh, and one recomputes
     assert any(isinstance(x, Shard) for pls in sharded.param_placements.values() for x in pls), sharded.summary()
     assert any(s.recompute for s in sharded.stages) and sharded.microbatches > 2, sharded.summary()
+    # premises of the third: Megatron's tensor parallelism inside each stage, sequence-parallel norms
+    megatron = autoshard.load_plan(paths[2])
+    assert tuple(megatron.param_placements["blocks.0.q.weight"]) == (Replicate(), Shard(0)), megatron.summary()
+    assert tuple(megatron.param_placements["blocks.3.out.weight"]) == (Replicate(), Shard(1)), megatron.summary()
+    assert all(s.recompute for s in megatron.stages) and megatron.microbatches == 8, megatron.summary()
     failures = failures_of(run_ranks(saved_plan_worker, 4, paths, timeout=600))
     assert not failures, "\n".join(failures)

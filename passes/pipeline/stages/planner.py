@@ -55,6 +55,7 @@ from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.mesh import Mesh
+from autoshard.passes.sharding.pins import PinsFor
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.pipeline.schedule.generators import stage_rank
@@ -81,7 +82,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                   pp: Optional[int] = None, schedule: Optional[str] = None, microbatches: Optional[int] = None,
                   stages: Optional[Sequence[Union[int, str]]] = None, time_limit_s: float = 60.0,
                   fold_blocks: bool = True, shapes: Optional[Sequence[tuple[int, int]]] = None,
-                  recompute: Optional[bool] = None) -> PipelinePlan:
+                  recompute: Optional[bool] = None, pins_for: Optional[PinsFor] = None) -> PipelinePlan:
     """The fastest pipeline plan (simulated step time) that fits ``memory_limit`` bytes per device;
     ``pp == 1`` means "no pipeline": the core plan on the whole mesh (``stages[0].solution``).
 
@@ -89,7 +90,9 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     (``shallow.shallow_program``: each kept block counted for the cut ones); the stages, their
     intra-op plans and the core plan are still the deep program's. False prices every block.
     ``shapes``: only these (dp, tp) submeshes per rank group (a pinned layout's). ``recompute``: every
-    stage recomputes its forward in the backward (True) or none does (False); None lets each stage choose."""
+    stage recomputes its forward in the backward (True) or none does (False); None lets each stage choose.
+    ``pins_for(program, submesh)``: decisions fixed on every intra-op solve (each candidate's, on the
+    shallow copy when there is one, and the core plan's on the whole mesh), e.g. a layout's placements."""
     t0 = time.perf_counter()
     mesh = Mesh.of(mesh)
     hw = get_hardware(hardware)
@@ -117,7 +120,8 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
         try:
             # the reason is priced only if the error is shown (below): seconds on a deep model
             core = plan_sharding(captured, mesh, hardware=hw, memory_limit=limit, optimizer=optimizer,
-                                 time_limit_s=min(30.0, time_limit_s), explain=False)
+                                 time_limit_s=min(30.0, time_limit_s), explain=False,
+                                 pins=pins_for(captured, mesh) if pins_for is not None else None)
         except InfeasiblePlanError as e:
             core_error = e
     core_step = None
@@ -130,7 +134,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                                blocks=shallow.blocks if shallow else None, quick_s=min(2.0, time_limit_s / 4),
                                thorough_s=min(30.0, time_limit_s / 2), stats=candidates, deep_chain=True,
                                shapes=shapes, schedules=schedules, microbatches=microbatches,
-                               total_s=time_limit_s / 2)
+                               total_s=time_limit_s / 2, pins_for=pins_for)
     # what is left of the WORK limit (deterministic seconds, never the clock: the plan must not
     # depend on the machine's load) after the core plan's and the candidates' solves
     spent = candidates.get("work_s", 0.0) + (core.solver_stats.get("work_s", 0.0) if core is not None else 0.0)
@@ -147,7 +151,8 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
         if core_error is not None:  # the same solve again, now saying what the smallest plan needs
             try:
                 plan_sharding(captured, mesh, hardware=hw, memory_limit=limit, optimizer=optimizer,
-                              time_limit_s=min(30.0, time_limit_s))
+                              time_limit_s=min(30.0, time_limit_s),
+                              pins=pins_for(captured, mesh) if pins_for is not None else None)
             except InfeasiblePlanError as e:
                 core_error = e
         raise _infeasible(mesh, limit, pps, schedules, microbatches, starts, stats, core_error)
