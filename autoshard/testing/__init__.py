@@ -11,7 +11,9 @@
 - ``levers``: for the memory-lever tests and benchmarks: batch makers, ZeRO-3 layouts, the one-device
   reference of gradient accumulation, wrappers that step twice or measure memory;
   ``memory_estimates``: one step per lever case measured next to the plan's estimate.
-- ``rule_numerics``: checks every strategy a sharding rule claims against the unsharded op.
+- ``rule_numerics``: checks every strategy a sharding rule claims against the unsharded op, with
+  ``op_calls`` (a tiny function traced and its ATen calls recorded) and ``rank_simulation`` (n ranks
+  of one mesh axis simulated in one process: split by placement, run, reassemble).
 - ``hf_zoo``: tiny configs of Hugging Face models (``ZOO``: 21 of them), each with a batch and a loss;
   ``zoo_check``: runs them through autoshard on gloo ranks against one device, per architecture.
 - ``custom_ops``: ``torch.library`` custom ops and a model calling them (``register_sharding``'s tests).
