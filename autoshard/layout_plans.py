@@ -16,8 +16,11 @@ collectives that implies). With a pipeline (``pp > 1``) the stage planner runs w
 group's (dp, tp) submesh, the schedule (interleaved with ``virtual_stages``), the microbatch count
 and the recompute pinned (``recompute="full"``: every stage recomputes its forward; ``"none"``: none
 does; ``"selective"`` has no stage-level form, so each stage's is the planner's), and the same
-placements pinned on the submesh (``LayoutRun.stage_pins``: tp over its second axis, the data-
-parallel axis replicating or sharding as the layout does). It still chooses the stage cut (balanced
+placements pinned on the submesh (``LayoutRun.stage_pins``: tp over its second axis; over the data-
+parallel axis FSDP shards, gathering for every microbatch as the stage planner prices sharded
+storage, and Megatron replicates, its distributed optimizer included: the stage planner has no
+ZeRO-1 form, so that is priced with DDP's traffic, the same bytes, and memory, which over-states
+the optimizer state by a factor of dp). It still chooses the stage cut (balanced
 by cost, as Megatron splits layers evenly) and how activations move between the pinned points; a
 tensor crossing a cut is sent as the stage that makes it holds it (under sequence parallelism the
 residual stream is sequence-split over tp, which is how Megatron-LM sends it between stages).
@@ -82,7 +85,11 @@ class LayoutRun:
             # policy inside each block) has no stage-level form, so the stage planner still chooses
             self.stage_recompute = {"full": True, "none": False}.get(layout.recompute)
             dp = self.submesh_shape[0]
-            replicate = layout.kind == "megatron" and not layout.distributed_optimizer
+            # Megatron's distributed optimizer computes with replicated parameters and shards only the
+            # optimizer state (ZeRO-1). The stage planner prices sharded storage as FSDP's, gathered for
+            # every microbatch, and has no ZeRO-1 form: replicated prices its traffic (reduce-scatter +
+            # all-gather moves the all-reduce's bytes) and over-states its memory by the optimizer state
+            replicate = layout.kind == "megatron"
             self.stage_axes = LayoutAxes(replicate=(0,) if replicate or dp == 1 else (),
                                          shard=() if replicate or dp == 1 else (0,), tp=1)
         else:

@@ -110,11 +110,12 @@ def test_fsdp_and_hsdp_placements_and_levers():
     assert all(not p.reshard_after_forward for p in hsdp.solution.levers.blocks.values())
 
 
-def test_megatron_on_hf_llama_found_from_the_graph():
+@pytest.mark.parametrize("pp", [1, 2])
+def test_megatron_on_hf_llama_found_from_the_graph(pp):
     model = llama_meta()
     x = ids()
     plan = autoshard.plan(model, (2, 4), example_inputs=(x,), loss_fn=hf_lm_loss, example_target=x,
-                          hardware="h100", layout=layouts.megatron(tp=2, recompute="full"))
+                          hardware="h100", layout=layouts.megatron(tp=2, pp=pp, recompute="full"))
     assert plan.mesh.shape == (4, 2)
     pls = plan.param_placements
     column = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -126,7 +127,10 @@ def test_megatron_on_hf_llama_found_from_the_graph():
         else:
             want = (R, R)
         assert tuple(pls[name]) == want, name
-    assert plan.solution.levers.accumulation == BATCH // 4
+    if pp == 1:
+        assert plan.solution.levers.accumulation == BATCH // 4
+    else:  # each stage on a (dp, tp) = (2, 2) submesh, microbatches of one sequence per dp rank
+        assert [s.mesh.shape for s in plan.stages] == [(2, 2)] * 2 and plan.microbatches == BATCH // 2
 
 
 def test_pipelined_megatron_pins_pp_schedule_microbatches_and_submesh():
@@ -150,14 +154,19 @@ def test_pipelined_megatron_pins_pp_schedule_microbatches_and_submesh():
                 assert tuple(stage.solution.strategies[name].outputs[0]) == (S0, S1), name
 
 
-def test_pipelined_fsdp_and_distributed_optimizer_shard_over_dp_in_every_stage():
-    for layout in (layouts.fsdp(tp=2, pp=2, checkpoint="full"),
-                   layouts.megatron(tp=2, pp=2, recompute="none", distributed_optimizer=True)):
-        plan = plan_gpt(layout, model=gpt_meta(layers=4))
-        pls = plan.param_placements
-        assert tuple(pls["blocks.3.q.weight"]) == (S1, S0), layout
-        assert tuple(pls["blocks.1.o.weight"]) == (S0, S1), layout
-        assert tuple(pls["blocks.2.ln1.weight"]) == (S0, R), layout
+def test_pipelined_fsdp_shards_over_dp_in_every_stage_and_megatron_replicates():
+    """FSDP's storage is sharded over dp in every stage. Megatron computes with replicated parameters,
+    its distributed optimizer included (the stage planner has no ZeRO-1 form: sharded storage there
+    would be priced as FSDP's gather for every microbatch)."""
+    plan = plan_gpt(layouts.fsdp(tp=2, pp=2, checkpoint="full"), model=gpt_meta(layers=4))
+    pls = plan.param_placements
+    assert tuple(pls["blocks.3.q.weight"]) == (S1, S0)
+    assert tuple(pls["blocks.1.o.weight"]) == (S0, S1)
+    assert tuple(pls["blocks.2.ln1.weight"]) == (S0, R)
+    plan = plan_gpt(layouts.megatron(tp=2, pp=2, recompute="none", distributed_optimizer=True),
+                    model=gpt_meta(layers=4))
+    for name, pls in plan.param_placements.items():
+        assert tuple(pls) == megatron_gpt_expected(name), name
 
 
 def test_bad_layouts_name_the_cause():
