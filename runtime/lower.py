@@ -22,7 +22,8 @@
   stats), and any other value is simply read from the updated copy by every later op (so the
   update keeps its gradient: Mixtral's ``weights /= weights.sum()``);
 - the output: a scalar loss turned ``P`` on every axis (its local values sum to the loss, so
-  backward from it with seed 1 follows the gradient convention), anything else gathered to ``R``.
+  backward from it with seed 1 follows the gradient convention), anything else gathered to ``R``
+  unless ``departures`` places it otherwise.
 
 Collective calls carry ``node.meta["autoshard.collective"]`` (their kind), parameter gathers
 ``node.meta["autoshard.param_steps"]`` (the kinds of their members' steps; a fused member counts as
@@ -85,10 +86,12 @@ class _Lowering:
     """State of one lowering pass (also the ``ctx`` the lowering emitters receive)."""
 
     def __init__(self, captured: CapturedGraph, strategies: dict[str, Strategy], env: MeshEnv,
-                 levers: Optional[Levers], arrivals: Optional[dict] = None):
+                 levers: Optional[Levers], arrivals: Optional[dict] = None,
+                 departures: Optional[dict] = None):
         self.captured, self.strategies, self.env = captured, strategies, env
         self.levers = levers if levers is not None else Levers()
         self.arrivals = arrivals or {}
+        self.departures = departures or {}
         self.mesh = env.mesh
         self.graph = fx.Graph()
         self.root = nn.Module()
@@ -374,19 +377,22 @@ class _Lowering:
 
         def out(a):
             if isinstance(a.meta.get(META), TensorMeta):
-                return self.fetch(a, dst, len(a.meta[META].shape))
+                return self.fetch(a, self.departures.get(a.name, dst), len(a.meta[META].shape))
             return self.value[a]
 
         self.graph.output(fx.node.map_arg(node.args[0], out))
 
 
 def lower(captured: CapturedGraph, strategies: dict[str, Strategy], env: MeshEnv,
-          levers: Optional[Levers] = None, arrivals: Optional[dict] = None) -> fx.GraphModule:
+          levers: Optional[Levers] = None, arrivals: Optional[dict] = None,
+          departures: Optional[dict] = None) -> fx.GraphModule:
     """This rank's program: ``program(*local_params, *local_buffers, *full_inputs[, full_target])``.
 
     ``arrivals`` (input name -> placements) says how an input arrives when it is not full: a rank
     passing only its slice of the batch (``local_batch``) hands in ``S(0)`` on the data-parallel axes,
     and each reader of the input redistributes from there (a free chunk where it reads a finer slice).
+    ``departures`` (output node name -> placements) says how an output leaves when it is not full: a
+    pipeline stage sends each value at its planned placement (``pipeline.boundaries``).
 
     Returns the loss as ``P`` on every mesh axis when ``captured.loss_output`` (sum the local values
     over all ranks for the loss), else the full outputs. ``levers`` (default: none pulled) decide
@@ -395,5 +401,5 @@ def lower(captured: CapturedGraph, strategies: dict[str, Strategy], env: MeshEnv
     Raises ``PlanFormatError`` when the plan does not cover the graph and ``BatchError`` when an
     input does not divide over the axes sharding it.
     """
-    return _Lowering(captured, strategies, env, levers, arrivals).run()
+    return _Lowering(captured, strategies, env, levers, arrivals, departures).run()
 

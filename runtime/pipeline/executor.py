@@ -32,6 +32,7 @@ from autoshard.passes.spec import Replicate, Strategy, TensorMeta
 
 from ..groups import choose_device_backend
 from ..layout import shard_tensor
+from .boundaries import boundary_placements, boundary_shape
 from ..local_batch import DataLayout, InputCheck, arrivals_for, data_layout, local_shapes
 from ..redistribute import redistribute
 from ..state_dict import ModelState
@@ -64,8 +65,8 @@ def _microbatch(label: str) -> int:
 
 def stage_strategies(graph: StageGraph, strategies: dict[str, Strategy]) -> dict[str, Strategy]:
     """The stage's strategies, completed for received values: a Solution planned on the whole program
-    (the pipeline planner's, restricted to the stage) has none for them; each arrives full (``R``) and
-    is placed as its first reader in the stage wants it (chunking costs nothing)."""
+    (the pipeline planner's, restricted to the stage) has none for them; each is placed as its first
+    reader in the stage wants it (it arrives as ``boundaries`` says, and readers redistribute from there)."""
     out = dict(strategies)
     gm = graph.captured.gm
     for name in graph.captured.inputs:
@@ -126,11 +127,13 @@ class PipelineProgram:
                                           f"{a.stage} on group {plan.stages[a.stage].group}")
         trainable = ({n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
                      if model is not None else {})
-        self.stages = {s.index: StageProgram(self.graphs[s.index], stage_strategies(self.graphs[s.index],
-                                                                                     s.solution.strategies),
-                                             self.env, model=model, state_dict=state_dict, seed=seed,
-                                             microbatches=plan.microbatches, trainable=trainable,
-                                             recompute=s.recompute)
+        strategies = {g.index: stage_strategies(g, plan.stages[g.index].solution.strategies) for g in self.graphs}
+        self.boundaries = boundary_placements(plan, self.graphs, strategies)
+        self.stages = {s.index: StageProgram(self.graphs[s.index], strategies[s.index], self.env, model=model,
+                                             state_dict=state_dict, seed=seed, microbatches=plan.microbatches,
+                                             trainable=trainable, recompute=s.recompute,
+                                             arrivals={n: self.boundaries[n] for n, _ in self.graphs[s.index].receives},
+                                             departures={n: self.boundaries[n] for n, _ in self.graphs[s.index].sends})
                        for s in plan.stages if s.group == self.group}
         self.wiring = self._wiring()
         gloo = "gloo" in str(dist.get_backend())
@@ -160,9 +163,10 @@ class PipelineProgram:
         for g in self.graphs:
             receives[g.index] = [index[name] for name, _ in g.receives]
         meta = []
-        for name, _ in values:
+        for name, producer in values:
             m = self.captured.node(name).meta[META]
-            meta.append((tuple(m.shape), m.dtype))
+            shape = boundary_shape(m.shape, self.boundaries[name], self.plan.stages[producer].mesh.shape)
+            meta.append((shape, m.dtype))
         return Wiring([s.group for s in self.plan.stages], {g: r for g, (_, r) in self.layout.items()},
                       values, sends, receives, meta, self.plan.microbatches)
 

@@ -1,14 +1,11 @@
 """Point-to-point transfers between pipeline stages, in one canonical order per pair of rank groups.
 
-Boundary layout: a value crossing stages travels REPLICATED. The sending stage's program gathers each
-output to ``R`` inside its rank group (the core lowering's rule for program outputs), and the k-th
-rank of the sending group sends its full copy to the k-th rank of the receiving group (groups have
-equal sizes: they split the mesh's first axis). The receiver feeds the full value to its program as
-an entry input, which chunks it to whatever placement its plan wants, for free. Gradients go back on
-the same pairs: under the gradient convention the receiver's local gradient of an ``R`` value is a
-summand (the group's local gradients sum to the true one), and so is what the sender needs, since
-the gather that made the output ``R`` reduces summands in its backward. Costlier on the wire than a
-batch-sharded ``S(0)`` boundary, but correct for every pair of intra-stage plans.
+Boundary layout: a value crosses stages at the placement its producer's plan gives it
+(``boundaries``): the k-th rank of the sending group sends its own piece to the k-th rank of the
+receiving group (groups split the mesh's first axis; those of one submesh shape put their k-th ranks
+at the same coordinate), which feeds it to its program as an arrival. A value read by a group of
+another submesh shape travels full (``R``). Gradients go back on the same pairs, in the gradient
+convention's terms (``boundaries``).
 
 Order. NCCL ignores tags: it matches the n-th send from A to B with the n-th receive B posts from A,
 and a send may block its stream until the receive is posted. ``plan_transfers`` therefore fixes, from

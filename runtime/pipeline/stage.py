@@ -48,16 +48,20 @@ class _Saved:
 
 
 class StageProgram:
-    """Stage ``graph.index`` on this rank. ``strategies``: the stage Solution's strategies."""
+    """Stage ``graph.index`` on this rank. ``strategies``: the stage Solution's strategies;
+    ``arrivals`` / ``departures``: the placements its received and sent values travel at (received
+    placeholder / sent node name -> placements, ``boundaries.boundary_placements``; absent: full)."""
 
     def __init__(self, graph: StageGraph, strategies: dict[str, Strategy], env: SubmeshEnv, *,
                  model: Optional[nn.Module] = None, state_dict: Optional[dict] = None, seed: int = 0,
-                 microbatches: int = 1, trainable: Optional[dict] = None, recompute: bool = False):
+                 microbatches: int = 1, trainable: Optional[dict] = None, recompute: bool = False,
+                 arrivals: Optional[dict] = None, departures: Optional[dict] = None):
         self.graph, self.strategies, self.env = graph, strategies, env
         self.recompute = recompute
         self.index = graph.index
         captured = graph.captured
-        self.program = lower(captured, strategies, env)
+        self.received_at, self.sent_at = dict(arrivals or {}), dict(departures or {})
+        self.program = lower(captured, strategies, env, arrivals=self.received_at, departures=self.sent_at)
         self._programs = {False: self.program}
         local = materialize(captured, strategies, env, model=model, state_dict=state_dict, seed=seed)
         trainable = trainable or {}
@@ -75,7 +79,8 @@ class StageProgram:
         """Run the program that takes this rank's slice of the batch inputs (``on``; lowered on first use
         with ``arrivals``, see ``local_batch.arrivals_for``) or the one taking full inputs."""
         if on not in self._programs:
-            self._programs[on] = lower(self.graph.captured, self.strategies, self.env, arrivals=arrivals)
+            self._programs[on] = lower(self.graph.captured, self.strategies, self.env,
+                                       arrivals={**self.received_at, **(arrivals or {})}, departures=self.sent_at)
         self.program = self._programs[on]
 
     def grad_layout(self, ph: str) -> tuple:
@@ -96,8 +101,9 @@ class StageProgram:
 
     # ---- per microbatch ------------------------------------------------------------------------
     def forward(self, mb: int, user: list, received: list, target=None) -> list:
-        """Run on microbatch ``mb``: ``user`` inputs the stage reads, ``received`` values (full), the
-        target on the last stage. Returns the outputs (full ``R`` values; the local loss piece last)."""
+        """Run on microbatch ``mb``: ``user`` inputs the stage reads, ``received`` values (this rank's
+        pieces, as ``arrivals`` places them), the target on the last stage. Returns the outputs (this
+        rank's pieces, as ``departures`` places them; on the last stage the local loss piece)."""
         leaves = []
         for t in received:
             if t.is_floating_point():

@@ -22,6 +22,8 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 import autoshard
 from autoshard.passes.capture.export import capture
+from autoshard.passes.graph import META
+from autoshard.passes.layout.shapes import local_shape, normalize
 from autoshard.passes.spec import Shard
 from autoshard.driver import build_pipelined_model
 
@@ -95,8 +97,16 @@ def test_a_rank_of_the_175b_plan_builds_its_own_program(planned, rank):
         s = stage.index
         if s > 0:
             assert wiring.peer(k, s - 1) == plan.stages[s - 1].ranks[k]
-            received = [wiring.meta[v] for v in wiring.receives[s]]
-            assert ((BATCH // plan.microbatches, SEQ, D), torch.bfloat16) in received  # the residual stream
+            # each value arrives as the piece its producer's plan holds, the bytes the stage planner priced
+            for v in wiring.receives[s]:
+                name, producer = wiring.values[v]
+                sender = cm.plan.stages[producer]
+                placed = normalize(sender.solution.strategies[name].outputs[0], sender.mesh.shape)
+                full = program.captured.node(name).meta[META].shape
+                assert wiring.meta[v][0] == local_shape(full, placed, sender.mesh.shape), (name, placed)
+            residual = [shape for shape, dtype in (wiring.meta[v] for v in wiring.receives[s])
+                        if dtype == torch.bfloat16 and shape[-1] == D]
+            assert residual and all(math.prod(x) < BATCH // plan.microbatches * SEQ * D for x in residual), residual
         else:
             assert wiring.receives[s] == []
         if s < len(plan.stages) - 1:

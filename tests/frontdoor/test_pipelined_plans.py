@@ -23,6 +23,8 @@ from autoshard.passes.capture.export import capture
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
+from autoshard.passes.graph import META
+from autoshard.passes.layout.shapes import local_shape, normalize
 from autoshard.passes.spec import Replicate, Shard
 from autoshard.testing.equivalence import Tolerance, adamw, failures_of, train_against_one_device
 from autoshard.testing.models import PIPELINE_BUILDERS, gpt
@@ -160,7 +162,7 @@ def saved_plan_worker(rank: int, world: int, paths: list) -> list:
     import autoshard.passes.solve.planner as core
     from autoshard.compiled import PipelinedModel
     core.solve = layer_costs.solve = _no_planning
-    failures = []
+    failures, pieces = [], []
     for (label, name, mesh, _), path in zip(CASES, paths):
         saved = autoshard.load_plan(path)
         model, inputs, target, loss_fn, _ = BUILDERS[name]()
@@ -185,8 +187,18 @@ def saved_plan_worker(rank: int, world: int, paths: list) -> list:
             mine = cm._program.stages.get(a.index)
             if mine is not None and bool(getattr(mine, "recompute", False)) != b.recompute:
                 failures.append(f"{label}: stage {a.index} on rank {rank} does not recompute as planned")
+        program = cm._program  # each value crosses stages at its planned placement, as the plan prices it
+        for v, (name, producer) in enumerate(program.wiring.values):
+            planned = normalize(got.stages[producer].solution.strategies[name].outputs[0], got.stages[producer].mesh.shape)
+            full = tuple(program.captured.node(name).meta[META].shape)
+            sent = tuple(program.wiring.meta[v][0])
+            if sent != local_shape(full, planned, got.stages[producer].mesh.shape):
+                failures.append(f"{label}: {name} planned {planned}, sent as {sent} of {full}")
+            pieces.append(sent != full)
         failures += train_against_one_device(label, cm, copy.deepcopy(model), (inputs, target), loss_fn=loss_fn,
                                              steps=3, tol=Tolerance(rtol=1e-4, atol=2e-5), optimizer=adamw(eps=1e-6))
+    if not any(pieces):
+        failures.append("premise: no value crosses stages as a piece (every case sends full values)")
     return failures
 
 

@@ -1,0 +1,52 @@
+"""How a value crosses pipeline stages: at the placement its producer's plan gives it.
+
+The stage planner prices a stage boundary at the bytes one device holds under the producer's
+placement (``passes.pipeline.stages.layer_costs``: ``cut_batch`` / ``cut_fixed``), as Megatron-LM
+sends it: each rank sends its own piece to the rank at the same submesh coordinate of the next
+group (with sequence parallelism, the sequence-split residual stream; over data parallelism, its
+own rows). ``boundary_placements`` gives every sent value that placement, so the program sends what
+was priced: the sending program keeps the value as its plan placed it (a partial sum stays a
+summand, as the plan prices it: the reduction is the receiving stage's), and the receiving program
+takes the piece as an arrival (``lower(..., arrivals=)``), each reader redistributing from there.
+
+Pieces line up only between rank groups whose submeshes have the same shape (the k-th rank of each
+sits at the same coordinate); a value consumed by a group of another shape travels full (``R``)
+and is chunked on arrival, for free.
+
+Gradients go back on the same pairs and need nothing more: under the gradient convention
+(``passes/spec.py``) the receiver's local gradient of an ``S`` piece is that piece of the true
+gradient, of an ``R`` value a summand, of a ``P`` summand the whole gradient, and that is the seed
+the sender's backward wants for an output so placed.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from autoshard.passes.layout.shapes import local_shape, normalize
+from autoshard.passes.pipeline.stages.stage_graphs import StageGraph
+from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+from autoshard.passes.spec import Placement, Replicate, Strategy
+
+__all__ = ["boundary_placements", "boundary_shape"]
+
+
+def boundary_placements(plan: PipelinePlan, graphs: Sequence[StageGraph],
+                        strategies: Mapping[int, Mapping[str, Strategy]]) -> dict[str, tuple[Placement, ...]]:
+    """Sent value's node name -> the placements it travels at (module docstring). ``strategies[s]``:
+    stage s's strategies (``executor.stage_strategies``). A value without a planned strategy, or read
+    by a rank group whose submesh differs from its producer's, travels ``R``."""
+    out: dict[str, tuple[Placement, ...]] = {}
+    for g in graphs:
+        mesh = plan.stages[g.index].mesh
+        full = normalize((Replicate(),) * mesh.ndim, mesh.shape)
+        for name, consumers in g.sends:
+            st = strategies[g.index].get(name)
+            aligned = all(plan.stages[c].mesh.shape == mesh.shape for c in consumers)
+            out[name] = normalize(st.outputs[0], mesh.shape) if st is not None and aligned else full
+    return out
+
+
+def boundary_shape(global_shape: Sequence[int], placements: Sequence[Placement],
+                   mesh_shape: Sequence[int]) -> tuple[int, ...]:
+    """The shape of the piece one rank sends and its peer receives."""
+    return local_shape(global_shape, placements, mesh_shape, what="pipeline boundary value")
