@@ -37,10 +37,15 @@ __all__ = ["Clustering", "cluster_nodes", "graph_edges", "cluster_edges", "norma
 OUTPUT = "output"  # the consumer name used for the graph's outputs in edge lists
 
 
-def output_placements(captured: CapturedGraph, ndim: int) -> tuple[Placement, ...]:
+def output_placements(captured: CapturedGraph, ndim: int) -> Optional[tuple[Placement, ...]]:
     """The placements the program leaves its outputs in (what the runtime's ``lower`` fetches them
     to): a scalar loss ``P`` on every axis (the caller sums the ranks' values, and backward seeds
-    it with ones), anything else gathered to ``R``. The output edge is priced as this move."""
+    it with ones), anything else gathered to ``R``. The output edge is priced as this move. None for
+    a pipeline stage before the last (``captured.receives_output_grads``): it sends each output on
+    where its producer placed it (``runtime/pipeline/boundaries.py``), so its output edges move
+    nothing (the hop itself is the stage planner's to price)."""
+    if captured.receives_output_grads:
+        return None
     return ((Partial(),) if captured.loss_output else (Replicate(),)) * ndim
 
 _NUM = re.compile(r"^\d+$")

@@ -63,7 +63,7 @@ def _local_cost(problem: ShardingProblem, cm: CostModel, chosen: dict, nodes: se
     out_placements = output_placements(problem.captured, problem.mesh.ndim)
     for u, slot, v, i in edges:
         src = chosen[u].outputs[slot]
-        dst = out_placements if v == OUTPUT else chosen[v].inputs[i]
+        dst = (out_placements or src) if v == OUTPUT else chosen[v].inputs[i]
         if tuple(src) == tuple(dst):
             continue
         grad = v != OUTPUT and problem.facts.value_needs_grad(u, slot)

@@ -84,7 +84,8 @@ def build_lever_graph(problem, pricer: LeverPricer, allowed_policies: dict[str, 
         node_types.append(btype if rs != [None] else None)
     out_index = len(nodes)
     nodes.append(SGNode(OUTPUT, [0.0], [0.0]))
-    out_codes = encode(output_placements(problem.captured, cm.mesh.ndim))
+    out_placements = output_placements(problem.captured, cm.mesh.ndim)
+    out_codes = encode(out_placements) if out_placements is not None else None
     codes: dict = {}
 
     def classes(name: str, side: str, k: int) -> tuple[list[int], list[tuple]]:
@@ -98,6 +99,8 @@ def build_lever_graph(problem, pricer: LeverPricer, allowed_policies: dict[str, 
     edges: list[SGEdge] = []
     for (cu, slot, cv, i), (mult, (u, _, v, _)) in cluster_edges(graph_edges(problem.captured),
                                                                 problem.clustering).items():
+        if cv == OUTPUT and out_codes is None:
+            continue  # a pipeline stage's outputs leave as placed: nothing moves
         u_cls, srcs = classes(u, "outputs", slot)
         ru = node_policies[cu]
         if cv == OUTPUT:

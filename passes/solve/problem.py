@@ -45,7 +45,8 @@ def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed:
                          memory_limit: Optional[float], edges_from: Optional[StrategyGraph] = None) -> StrategyGraph:
     """One ILP node per cluster (priced by its representative, counted ``len(members)`` times), one
     ILP edge per distinct cluster edge; the program's outputs are a fixed consumer wanting
-    ``output_placements`` (a loss ``P``, anything else ``R``).
+    ``output_placements`` (a loss ``P``, anything else ``R``; a pipeline stage's sent values want
+    nothing: no edge).
 
     ``edges_from``: a graph of the same problem whose edges ``cm`` prices alike (a cost model that
     differs only in what it counts for nodes, e.g. ``MicrobatchCostModel``'s held activations): its
@@ -64,7 +65,8 @@ def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed:
             raise ValueError(f"edges_from has {len(edges_from.nodes)} nodes, this problem {len(nodes)}: not the "
                              "same problem")
         return StrategyGraph(nodes, [replace(e) for e in edges_from.edges], memory_limit)
-    out_codes = encode(output_placements(captured, cm.mesh.ndim))
+    out_placements = output_placements(captured, cm.mesh.ndim)
+    out_codes = encode(out_placements) if out_placements is not None else None
     codes: dict = {}
 
     def placements_of(name: str, side: str, k: int) -> list[tuple]:
@@ -75,6 +77,8 @@ def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed:
 
     edges: list[SGEdge] = []
     for (cu, slot, cv, i), (mult, (u, _, v, _)) in cluster_edges(graph_edges(captured), clustering).items():
+        if cv == OUTPUT and out_codes is None:
+            continue  # outputs leave as placed: nothing moves
         u_class, srcs = _classes(placements_of(u, "outputs", slot))
         if cv == OUTPUT:
             v_class, dsts, vi = [0], [out_codes], out_index

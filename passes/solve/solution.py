@@ -236,7 +236,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
             made = {key for key in made if key[0] not in stale} if stale else made
             reader, stale = v, set()
         src = strategies[u].outputs[slot]
-        dst = out_placements if v == OUTPUT else strategies[v].inputs[i]
+        dst = (out_placements or src) if v == OUTPUT else strategies[v].inputs[i]
         colls, price = pricer.edge(u, slot, v, i, encode(src), encode(dst), policy(v))
         if v != OUTPUT and i in written_operands(facts.nodes[v]):
             stale.add(u)  # its move (and move back) is its own: never a shared copy

@@ -22,28 +22,22 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from autoshard.passes.layout.shapes import local_shape, normalize
+from autoshard.passes.layout.shapes import local_shape
+from autoshard.passes.pipeline.stages.boundary_pieces import sent_placement
 from autoshard.passes.pipeline.stages.stage_graphs import StageGraph
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
-from autoshard.passes.spec import Placement, Replicate, Strategy
+from autoshard.passes.spec import Placement, Strategy
 
 __all__ = ["boundary_placements", "boundary_shape"]
 
 
 def boundary_placements(plan: PipelinePlan, graphs: Sequence[StageGraph],
                         strategies: Mapping[int, Mapping[str, Strategy]]) -> dict[str, tuple[Placement, ...]]:
-    """Sent value's node name -> the placements it travels at (module docstring). ``strategies[s]``:
-    stage s's strategies (``executor.stage_strategies``). A value without a planned strategy, or read
-    by a rank group whose submesh differs from its producer's, travels ``R``."""
-    out: dict[str, tuple[Placement, ...]] = {}
-    for g in graphs:
-        mesh = plan.stages[g.index].mesh
-        full = normalize((Replicate(),) * mesh.ndim, mesh.shape)
-        for name, consumers in g.sends:
-            st = strategies[g.index].get(name)
-            aligned = all(plan.stages[c].mesh.shape == mesh.shape for c in consumers)
-            out[name] = normalize(st.outputs[0], mesh.shape) if st is not None and aligned else full
-    return out
+    """Sent value's node name -> the placements it travels at (``boundary_pieces.sent_placement``).
+    ``strategies[s]``: stage s's strategies (``executor.stage_strategies``)."""
+    return {name: sent_placement(strategies[g.index].get(name), plan.stages[g.index].mesh,
+                                 [plan.stages[c].mesh for c in consumers])
+            for g in graphs for name, consumers in g.sends}
 
 
 def boundary_shape(global_shape: Sequence[int], placements: Sequence[Placement],

@@ -14,6 +14,7 @@ from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import stage_rank
+from autoshard.passes.pipeline.stages.boundary_pieces import sent_placements
 from autoshard.passes.pipeline.stages.stage_graphs import StageGraph, split_stages
 from autoshard.passes.pipeline.stages.stage_peak import stage_solution
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
@@ -42,11 +43,14 @@ def make_pipeline_plan(captured: CapturedGraph, stage_nodes: Sequence[Sequence[s
                               "list per stage")
     sub = Mesh(mesh.shape[1:], mesh.axis_names[1:]) if mesh.ndim > 1 else Mesh((1,))
     graphs = split_stages(captured, stage_nodes)
-    stages = []
+    stages, sent = [], {}
     for s, g in enumerate(graphs):
         grp = stage_group(schedule, pp, virtual, s)
         ranks = list(range(grp * sub.size, (grp + 1) * sub.size))
         sol = solve(g, sub) if solve is not None else None
+        arrivals = {n: sent[n] for n, _ in g.receives if n in sent}
         stages.append(StagePlan(s, list(stage_nodes[s]), grp, ranks, sub,
-                                stage_solution(sol, g, schedule, pp, int(microbatches))))
+                                stage_solution(sol, g, schedule, pp, int(microbatches), arrivals=arrivals)))
+        if sol is not None:
+            sent.update(sent_placements(g, sol, [sub] * n))
     return PipelinePlan(pp, virtual, stages, schedule, int(microbatches))

@@ -260,7 +260,7 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
     made: set = set()  # copies made by an earlier reader, shared as ``evaluate`` prices them
     for u, slot, v, k in graph_edges(captured):
         src = strategies[u].outputs[slot]
-        dst = out_placements if v == OUTPUT else strategies[v].inputs[k]
+        dst = (out_placements or src) if v == OUTPUT else strategies[v].inputs[k]
         if tuple(src) == tuple(dst):
             continue
         i = len(units) - 1 if v == OUTPUT else unit_of[v]

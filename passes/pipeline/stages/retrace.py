@@ -22,6 +22,7 @@ import torch.fx as fx
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.errors import InfeasiblePlanError, PlanFormatError
 from autoshard.passes.graph import MODULE, CapturedGraph
+from autoshard.passes.pipeline.stages.boundary_pieces import sent_placements
 from autoshard.passes.pipeline.stages.stage_graphs import call_nodes, split_stages
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
 from autoshard.passes.pipeline.stages.stage_peak import stage_solution
@@ -131,14 +132,17 @@ def replan_at_microbatch(plan: PipelinePlan, full: CapturedGraph, small: Capture
     stage_nodes = retrace_stage_nodes(full, small, [s.nodes for s in plan.stages])
     graphs = split_stages(small, stage_nodes)
     limit = float(memory_limit) if memory_limit is not None else get_hardware(hardware).memory_bytes
-    stages = []
+    stages, sent = [], {}
     for i, s in enumerate(plan.stages):
         def solve(walk_limit: float, i=i, s=s):
             return plan_sharding(graphs[i].captured, s.mesh, hardware=hardware, memory_limit=walk_limit,
                                  optimizer=optimizer, time_limit_s=time_limit_s,
                                  pins=stage_pins(params, graphs[i].captured))
-        solution = _fitted_stage(solve, lambda sol, i=i, s=s: stage_solution(
-            sol, graphs[i], plan.schedule, plan.pp, plan.microbatches, s.recompute), _stage_budget(plan, i, limit))
+        arrivals = {n: sent[n] for n, _ in graphs[i].receives if n in sent}
+        solution = _fitted_stage(solve, lambda sol, i=i, s=s, arrivals=arrivals: stage_solution(
+            sol, graphs[i], plan.schedule, plan.pp, plan.microbatches, s.recompute, arrivals=arrivals),
+            _stage_budget(plan, i, limit))
+        sent.update(sent_placements(graphs[i], solution, [st.mesh for st in plan.stages]))
         stages.append(StagePlan(s.index, stage_nodes[i], s.group, list(s.ranks), s.mesh, solution, s.recompute))
     return PipelinePlan(plan.pp, plan.virtual, stages, plan.schedule, plan.microbatches, plan.estimated_step_time,
                         plan.bubble_fraction, list(plan.peak_activation_memory))

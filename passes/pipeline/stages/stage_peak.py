@@ -11,7 +11,7 @@ schedule. On top of one microbatch's walk, at the stage's peak (its backward):
   the second microbatch on all of them are alive through its backward (the walk makes them as its
   backward goes: the gradients it already counts at its peak are counted twice, the safe side);
 - point-to-point buffers (``p2p_bytes``): one microbatch's received activations and the gradients
-  of the values it sends, which arrive from the next stage.
+  of the values it sends, which arrive from the next stage (each rank's piece: ``boundary_pieces``).
 
 The optimizer step runs after the last microbatch, when none of these are alive: its peak is the
 walk's. The stage planner's ILP constrains the same peak per layer unit (``stage_ilp`` (3')), so the
@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
+from autoshard.passes.pipeline.stages.boundary_pieces import piece_bytes
 from autoshard.passes.pipeline.stages.stage_graphs import StageGraph
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.spec import TensorMeta
@@ -60,22 +61,30 @@ def with_stage_peak(solution: Solution, held: int, p2p_bytes: float, *, recomput
 
 
 def stage_solution(solution: Optional[Solution], graph: StageGraph, schedule: str, pp: int,
-                   microbatches: int, recompute: bool = False) -> Optional[Solution]:
+                   microbatches: int, recompute: bool = False,
+                   arrivals: Optional[dict] = None) -> Optional[Solution]:
     """A stage's intra-op ``solution`` (one microbatch's walk) with ``estimated_memory`` the stage's
     whole-step peak under ``schedule``: its in-flight microbatches (the schedule's closed form; only
-    their received values when the stage ``recompute``s), accumulated gradients, and p2p buffers (the
-    received values and the gradients of the sent ones, at full size: exact on a (1,) submesh, an
-    over-estimate where the stage shards them)."""
+    their received values when the stage ``recompute``s), accumulated gradients, and p2p buffers:
+    the received values and the gradients of the sent ones, each the piece one rank holds
+    (``boundary_pieces``): a sent value at ``solution``'s placement, a received one at ``arrivals``'
+    (received name -> placements; absent: the whole value)."""
     if solution is None:
         return solution
     from autoshard.passes.pipeline.schedule.registry import get_schedule
     held = get_schedule(schedule).approx_held(pp, microbatches)
+    shape = solution.mesh.shape
 
-    def nbytes(names) -> float:
-        metas = [graph.captured.node(n).meta.get(META) for n in names]
-        return float(sum(m.nbytes for m in metas if isinstance(m, TensorMeta)))
+    def nbytes(names, placements) -> float:
+        metas = [(graph.captured.node(n).meta.get(META), placements(n)) for n in names]
+        return float(sum(piece_bytes(m, p, shape) for m, p in metas if isinstance(m, TensorMeta)))
+
+    def sent_at(name):
+        st = solution.strategies.get(name)
+        return st.outputs[0] if st is not None else None
 
     received = graph.captured.inputs[len(graph.captured.inputs) - len(graph.receives):] if graph.receives else []
-    got, sent = nbytes(received), nbytes([n for n, _ in graph.sends])
+    got = nbytes(received, lambda n: (arrivals or {}).get(n))
+    sent = nbytes([n for n, _ in graph.sends], sent_at)
     return with_stage_peak(solution, held[min(graph.index, len(held) - 1)], got + sent, recompute=recompute,
                            received_bytes=got)
