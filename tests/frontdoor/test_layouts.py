@@ -140,6 +140,7 @@ def test_pipelined_megatron_pins_pp_schedule_microbatches_and_submesh():
     assert plan.schedule == "interleaved-1f1b"  # the registry's name of v = 2
     assert plan.microbatches == BATCH // 2  # batch / (dp x microbatch size), dp = 8 / (tp x pp)
     assert [s.mesh.shape for s in plan.stages] == [(2, 2)] * 4
+    assert f"layout: {layout.describe()}" in plan.summary()
     # every stage's placements are Megatron's on its (dp, tp) submesh, as without a pipeline
     assert set(plan.param_placements) >= {n for n, _ in gpt_meta(layers=4).named_parameters()}
     for name, pls in plan.param_placements.items():
