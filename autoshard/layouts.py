@@ -13,9 +13,13 @@ True
 - ``megatron(tp, pp, dp=None, cp=1, ep=1, virtual_stages=1, microbatch_size=1, schedule="1f1b",
   recompute="full"|"selective"|"none", sequence_parallel=True, distributed_optimizer=False)``:
   Megatron-LM's tensor parallel (column/row-parallel matmul pairs found from the graph, vocab-parallel
-  embedding and head, sequence-parallel norms), data parallel with replicated parameters (or, with
-  the distributed optimizer, ZeRO-1's traffic: gradients reduce-scattered and parameters gathered
-  once per step over dp), gradient accumulation of ``batch / (dp x microbatch_size)`` microbatches.
+  embedding and head, sequence-parallel norms), data parallel with replicated parameters, gradient
+  accumulation of ``batch / (dp x microbatch_size)`` microbatches. There is no ZeRO-1 form (compute
+  copies replicated, optimizer state sharded) to price Megatron's distributed optimizer exactly:
+  without a pipeline it is priced and run as storage sharded over dp and kept gathered from forward
+  to backward (gathered and reduce-scattered once per accumulation microstep, where Megatron does
+  both once per step); with one, as replicated parameters (DDP's traffic, the same bytes once per
+  step, and its memory: the optimizer state not divided by dp).
 - ``fsdp(tp=1, pp=1, cp=1, checkpoint="none", reshard_after_forward=True, replicas=1, ...)``:
   torchtitan's FSDP2 (parameters, gradients and optimizer state sharded over the data-parallel
   ranks; ``replicas > 1``: HSDP, sharded inside each of ``replicas`` groups, replicated across them)
@@ -156,7 +160,8 @@ class Layout:
 
     @property
     def keeps_gathered_parameters(self) -> bool:
-        """reshard_after_forward's value: FSDP's own; Megatron's distributed optimizer gathers once per step."""
+        """reshard_after_forward's value: FSDP's own; Megatron's distributed optimizer keeps its gathered copies
+        from forward to backward (it gathers once per step; here once per accumulation microstep)."""
         return self.reshard_after_forward if self.kind == "fsdp" else False
 
     # ---- text and JSON ---------------------------------------------------------------------------
