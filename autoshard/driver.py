@@ -25,7 +25,8 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from autoshard.compiled import CompiledModel, PipelinedModel
-from autoshard.layout_plans import check_pipelined_layout, layout_pins_and_levers, layout_run, stamp_layout
+from autoshard.layout_plans import (check_pipelined_layout, layout_pins_and_levers, layout_run, layout_stage_starts,
+                                    stamp_layout)
 from autoshard.lever_args import block_types, check_block_levers, microbatch, pin_levers
 from autoshard.options import PlanOptions
 from autoshard.passes.capture.export import capture
@@ -140,7 +141,8 @@ def choose(batch: ModelBatch, mesh: Mesh, options: PlanOptions) -> Chosen:
 def _choose_layout(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware) -> Chosen:
     """Exactly ``options.layout`` (``autoshard.layout_plans``): with pp == 1 its microstep program
     solved with every placement and lever pinned; with pp > 1 the stage planner with pp, the (dp, tp)
-    submesh, the schedule, the microbatch count, (full or none) recompute and every placement pinned."""
+    submesh, the schedule, the microbatch count, (full or none) recompute, every placement and the even
+    stage cut pinned."""
     layout = options.layout
     mixed_precision = options.levers.get("mixed_precision")
     run = layout_run(layout, mesh, batch.example_inputs, loss_fn=batch.loss_fn, example_target=batch.example_target,
@@ -151,6 +153,7 @@ def _choose_layout(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware
         chosen = plan_pipeline(full, run.mesh, hardware=hardware, memory_limit=options.memory_limit,
                                optimizer=options.optimizer, pp=layout.pp, schedule=layout.schedule_name,
                                microbatches=run.microbatches, time_limit_s=options.time_limit_s,
+                               stages=layout_stage_starts(full, layout),
                                shapes=[run.submesh_shape], recompute=run.stage_recompute,
                                pins_for=run.stage_pins)
         stamp_layout([stage.solution for stage in chosen.stages], layout)

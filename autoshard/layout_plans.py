@@ -20,10 +20,12 @@ placements pinned on the submesh (``LayoutRun.stage_pins``: tp over its second a
 parallel axis FSDP shards, gathering for every microbatch as the stage planner prices sharded
 storage, and Megatron replicates, its distributed optimizer included: the stage planner has no
 ZeRO-1 form, so that is priced with DDP's traffic, the same bytes, and memory, which over-states
-the optimizer state by a factor of dp). It still chooses the stage cut (balanced
-by cost, as Megatron splits layers evenly) and how activations move between the pinned points; a
-tensor crossing a cut is sent as the stage that makes it holds it (under sequence parallelism the
-residual stream is sequence-split over tp, which is how Megatron-LM sends it between stages).
+the optimizer state by a factor of dp). The stage cut is Megatron's and torchtitan's too: the
+numbered blocks split evenly over the stages (``layout_stage_starts``; a program without numbered
+blocks is cut by the stage planner, balanced by cost). The planner still chooses how activations
+move between the pinned points; a tensor crossing a cut is sent as the stage that makes it holds it
+(under sequence parallelism the residual stream is sequence-split over tp, which is how Megatron-LM
+sends it between stages).
 
 ``plan.solution.solver_stats["layout"]`` (each pipeline stage's solution's) holds ``L.describe()``
 (``stamp_layout``).
@@ -36,16 +38,17 @@ import torch
 
 from autoshard.layouts import Layout, LayoutError
 from autoshard.lever_args import block_types, lever_pins
-from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.graph import META, CapturedGraph
 from autoshard.passes.levers import MixedPrecision
 from autoshard.passes.mesh import Mesh
+from autoshard.passes.pipeline.stages.layer_costs import layer_units
 from autoshard.passes.sharding.layout_placements import (LayoutAxes, check_tensor_parallel, layout_pins,
                                                          tensor_parallel_roles)
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
 
 __all__ = ["check_layout_arguments", "global_batch_of", "LayoutRun", "layout_run", "layout_pins_and_levers",
-           "check_pipelined_layout", "stamp_layout"]
+           "check_pipelined_layout", "layout_stage_starts", "stamp_layout"]
 
 
 def global_batch_of(example_inputs) -> int:
@@ -102,8 +105,36 @@ class LayoutRun:
         rank group's (dp, tp) ``submesh`` (``passes.sharding.pins.PinsFor``)."""
         if self.stage_axes is None:
             raise LayoutError("stage_pins: this layout has no pipeline (pp == 1)")
-        return Pins(**layout_pins(captured, submesh, self.stage_axes,
-                                  sequence_parallel=self.layout.sequence_parallel))
+        pins = layout_pins(captured, submesh, self.stage_axes, sequence_parallel=self.layout.sequence_parallel)
+        pins["ops"].update(_residual_stream_between_units(captured, pins["ops"]))
+        return Pins(**pins)
+
+
+def _residual_stream_between_units(captured: CapturedGraph, norm_pins: dict) -> dict:
+    """Under sequence parallelism Megatron keeps the residual stream sequence-split over tp outside
+    its tensor-parallel regions, so what passes from one block to the next (and crosses a stage cut)
+    is that split. Pins for each residual add (``aten.add``) whose value crosses a layer-unit boundary
+    and has a pinned norm output's shape (the residual stream's), placed as that norm output is; empty
+    without such pins. Another op there (OPT reshapes its hidden states after the add) is left to the
+    solver: not every op can output a sequence split."""
+    placed = {}
+    for name, pls in norm_pins.items():
+        meta = captured.node(name).meta.get(META)
+        if meta is not None and hasattr(meta, "shape"):
+            placed.setdefault(tuple(meta.shape), pls)
+    if not placed:
+        return {}
+    unit_of = {n: i for i, u in enumerate(layer_units(captured)) for n in u.nodes}
+    out = {}
+    for node in captured.gm.graph.nodes:
+        if node.name not in unit_of:
+            continue
+        meta = node.meta.get(META)
+        shape = tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else None
+        later = any(unit_of.get(u.name, -1) > unit_of[node.name] for u in node.users)
+        if later and shape in placed and node.target is torch.ops.aten.add.Tensor:
+            out[node.name] = placed[shape]
+    return out
 
 
 def layout_run(layout: Layout, mesh: Any, example_inputs, *, loss_fn, example_target,
@@ -133,6 +164,30 @@ def layout_pins_and_levers(captured: CapturedGraph, run: LayoutRun,
 def check_pipelined_layout(captured: CapturedGraph, run: LayoutRun) -> None:
     """tp must divide the attention heads of ``captured`` (the stage planner would not say why)."""
     check_tensor_parallel(captured, tensor_parallel_roles(captured), run.layout.tp)
+
+
+def layout_stage_starts(captured: CapturedGraph, layout: Layout) -> Optional[list[int]]:
+    """Megatron-LM's and torchtitan's stage cut: the numbered blocks split evenly over the pp x
+    virtual_stages stages, the first stage also holding what comes before the blocks and the last
+    what comes after (the embedding; the final norm, head and loss). Returned as the layer-unit
+    indices (``layer_units(captured)``) where stages 1.. start. Where the stage count does not divide
+    the blocks (Megatron refuses that), the extra blocks go to the stages nearest the middle, so the
+    first and last stages, which also hold the embedding and the head, get one fewer: Llama 3 405B's
+    126 layers on 32 stages as Meta ran them (3, 4, ..., 4, 3). None for a program without numbered
+    blocks: the stage planner then cuts it, balanced by cost. ``LayoutError`` for fewer blocks than
+    stages."""
+    units = layer_units(captured)
+    blocks = [i for i, u in enumerate(units) if u.block is not None]
+    stages = layout.pp * layout.virtual_stages
+    if not blocks:
+        return None
+    if len(blocks) < stages:
+        raise LayoutError(f"pp x virtual_stages = {layout.pp} x {layout.virtual_stages} = {stages} stages, but the "
+                          f"model has {len(blocks)} numbered blocks to split among them: lower pp or virtual_stages")
+    base, extra = divmod(len(blocks), stages)
+    middle_first = sorted(range(stages), key=lambda k: (abs(2 * k - (stages - 1)), k))
+    sizes = [base + (k in middle_first[:extra]) for k in range(stages)]
+    return [blocks[sum(sizes[:k])] for k in range(1, stages)]
 
 
 def stamp_layout(solutions, layout: Layout) -> None:

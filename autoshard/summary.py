@@ -235,7 +235,7 @@ def pipelined_summary(plan) -> str:
            throughput_line(plan)]
     layout = next((s.solution.solver_stats.get("layout") for s in pipe.stages if s.solution is not None), None)
     if layout:
-        out.insert(1, f"  layout: {layout} (priced as given: autoshard.layouts; the stage cut is balanced by cost)")
+        out.insert(1, f"  layout: {layout} (priced as given: autoshard.layouts, blocks split evenly over the stages)")
     coupled = getattr(plan, "batch_coupled", None)
     if coupled and pipe.microbatches > 1:
         shown = "; ".join(coupled[:3]) + (f"; and {len(coupled) - 3} more" if len(coupled) > 3 else "")

@@ -135,14 +135,19 @@ def test_megatron_on_hf_llama_found_from_the_graph(pp):
 
 def test_pipelined_megatron_pins_pp_schedule_microbatches_and_submesh():
     layout = layouts.megatron(tp=2, pp=2, virtual_stages=2, microbatch_size=1)
-    plan = plan_gpt(layout, model=gpt_meta(layers=4))
+    plan = plan_gpt(layout, model=gpt_meta(layers=6))
     assert plan.pp == 2 and plan.virtual == 2
     assert plan.schedule == "interleaved-1f1b"  # the registry's name of v = 2
     assert plan.microbatches == BATCH // 2  # batch / (dp x microbatch size), dp = 8 / (tp x pp)
     assert [s.mesh.shape for s in plan.stages] == [(2, 2)] * 4
     assert f"layout: {layout.describe()}" in plan.summary()
+    # the stage cut: 6 blocks over 4 stages, the two extra ones in the middle stages (the first also holds
+    # the embedding, the last the head and loss), as Llama 3 split 126 layers over 32 stages
+    blocks = [sorted({n.meta["autoshard.module"].split(".")[1] for n in (plan.captured.node(x) for x in s.nodes)
+                      if str(n.meta.get("autoshard.module", "")).startswith("blocks.")}) for s in plan.stages]
+    assert blocks == [["0"], ["1", "2"], ["3", "4"], ["5"]], blocks
     # every stage's placements are Megatron's on its (dp, tp) submesh, as without a pipeline
-    assert set(plan.param_placements) >= {n for n, _ in gpt_meta(layers=4).named_parameters()}
+    assert set(plan.param_placements) >= {n for n, _ in gpt_meta(layers=6).named_parameters()}
     for name, pls in plan.param_placements.items():
         assert tuple(pls) == megatron_gpt_expected(name), name
     captured, stage_of = plan.captured, {n: s for s in plan.stages for n in s.nodes}
