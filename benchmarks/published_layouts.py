@@ -24,7 +24,9 @@ plan seconds (wall, capture included), and autoshard / layout (goal <= 1.00). A 
 logical mesh (tp fastest, then data parallel: torchtitan's FSDP over 64 GPUs is one 64-rank dim);
 where that differs from the given mesh, autoshard is also planned on it. The layout's virtual
 stage count for Llama 3 (2) and Megatron's microbatch size (1) are assumptions where the papers do
-not give them.
+not give them. A pipelined layout is priced with its placements in every stage, Megatron's even
+stage cut and its sequence-split residual stream (``autoshard.layout_plans``); its distributed
+optimizer as replicated parameters (no ZeRO-1 form: the optimizer state's memory is over-stated).
 """
 from __future__ import annotations
 
