@@ -22,25 +22,17 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from autoshard.passes.layout.shapes import local_shape
-from autoshard.passes.pipeline.stages.boundary_pieces import sent_placement
+from autoshard.passes.pipeline.stages.boundary_pieces import sent_placements
 from autoshard.passes.pipeline.stages.stage_graphs import StageGraph
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
 from autoshard.passes.spec import Placement, Strategy
 
-__all__ = ["boundary_placements", "boundary_shape"]
+__all__ = ["boundary_placements"]
 
 
 def boundary_placements(plan: PipelinePlan, graphs: Sequence[StageGraph],
                         strategies: Mapping[int, Mapping[str, Strategy]]) -> dict[str, tuple[Placement, ...]]:
     """Sent value's node name -> the placements it travels at (``boundary_pieces.sent_placement``).
     ``strategies[s]``: stage s's strategies (``executor.stage_strategies``)."""
-    return {name: sent_placement(strategies[g.index].get(name), plan.stages[g.index].mesh,
-                                 [plan.stages[c].mesh for c in consumers])
-            for g in graphs for name, consumers in g.sends}
-
-
-def boundary_shape(global_shape: Sequence[int], placements: Sequence[Placement],
-                   mesh_shape: Sequence[int]) -> tuple[int, ...]:
-    """The shape of the piece one rank sends and its peer receives."""
-    return local_shape(global_shape, placements, mesh_shape, what="pipeline boundary value")
+    meshes = [s.mesh for s in plan.stages]
+    return {name: pls for g in graphs for name, pls in sent_placements(g, strategies[g.index], meshes).items()}

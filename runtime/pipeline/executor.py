@@ -27,12 +27,13 @@ import torch.nn as nn
 
 from autoshard.passes.errors import BatchError, PlanFormatError
 from autoshard.passes.graph import META, CapturedGraph, operands
+from autoshard.passes.layout.shapes import local_shape
 from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
 from autoshard.passes.spec import Replicate, Strategy, TensorMeta
 
 from ..groups import choose_device_backend
 from ..layout import shard_tensor
-from .boundaries import boundary_placements, boundary_shape
+from .boundaries import boundary_placements
 from ..local_batch import DataLayout, InputCheck, arrivals_for, data_layout, local_shapes
 from ..redistribute import redistribute
 from ..state_dict import ModelState
@@ -127,9 +128,10 @@ class PipelineProgram:
                                           f"{a.stage} on group {plan.stages[a.stage].group}")
         trainable = ({n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
                      if model is not None else {})
-        strategies = {g.index: stage_strategies(g, plan.stages[g.index].solution.strategies) for g in self.graphs}
-        self.boundaries = boundary_placements(plan, self.graphs, strategies)
-        self.stages = {s.index: StageProgram(self.graphs[s.index], strategies[s.index], self.env, model=model,
+        self._strategies = {g.index: stage_strategies(g, plan.stages[g.index].solution.strategies)
+                            for g in self.graphs}
+        self.boundaries = boundary_placements(plan, self.graphs, self._strategies)
+        self.stages = {s.index: StageProgram(self.graphs[s.index], self._strategies[s.index], self.env, model=model,
                                              state_dict=state_dict, seed=seed, microbatches=plan.microbatches,
                                              trainable=trainable, recompute=s.recompute,
                                              arrivals={n: self.boundaries[n] for n, _ in self.graphs[s.index].receives},
@@ -165,7 +167,8 @@ class PipelineProgram:
         meta = []
         for name, producer in values:
             m = self.captured.node(name).meta[META]
-            shape = boundary_shape(m.shape, self.boundaries[name], self.plan.stages[producer].mesh.shape)
+            shape = local_shape(m.shape, self.boundaries[name], self.plan.stages[producer].mesh.shape,
+                                what=f"pipeline boundary value {name!r}")
             meta.append((shape, m.dtype))
         return Wiring([s.group for s in self.plan.stages], {g: r for g, (_, r) in self.layout.items()},
                       values, sends, receives, meta, self.plan.microbatches)
@@ -185,7 +188,7 @@ class PipelineProgram:
         groups' submesh on which every stage reading a batch input shards it on dim 0
         (``local_batch.data_layout``). Rank groups with different submeshes have none."""
         if self._data_layout is None:
-            readers = [(g.captured, stage_strategies(g, self.plan.stages[g.index].solution.strategies),
+            readers = [(g.captured, self._strategies[g.index],
                         g.captured.inputs[:len(g.user_inputs)] + ([g.captured.target] if g.reads_target else []))
                        for g in self.graphs if g.user_inputs or g.reads_target]
             if len({tuple(self.layout[g][0].shape) for g in self.layout}) > 1:

@@ -255,3 +255,24 @@ def test_pipelined_layout_pins_its_recompute_on_every_stage(recompute, every_sta
     plan = plan_gpt(layouts.megatron(tp=2, pp=2, recompute=recompute), model=gpt_meta(layers=4))
     assert plan.pp == 2
     assert [bool(s.recompute) for s in plan.stages] == [every_stage] * len(plan.stages)
+
+
+def test_layout_stage_cut_splits_blocks_evenly_with_the_extra_ones_in_the_middle():
+    """Megatron's cut: blocks split evenly; where the stages do not divide them, the first and last
+    stages (which also hold the embedding and the head) get one fewer, as Llama 3's 126 layers on 32."""
+    from autoshard.layout_plans import layout_stage_starts
+    from autoshard.passes.capture.export import capture
+    from autoshard.passes.pipeline.stages.layer_costs import layer_units
+    x = ids()
+    captured = capture(gpt_meta(layers=10), (x,), loss_fn=lm_loss, target=x)
+    blocks = [i for i, u in enumerate(layer_units(captured)) if u.block is not None]
+
+    def sizes(pp, v):
+        starts = [blocks[0]] + layout_stage_starts(captured, layouts.megatron(tp=2, pp=pp, virtual_stages=v)) \
+            + [blocks[-1] + 1]
+        return [b - a for a, b in zip(starts, starts[1:])]
+    assert sizes(2, 1) == [5, 5]
+    assert sizes(2, 2) == [2, 3, 3, 2]
+    assert sizes(3, 1) == [3, 4, 3]
+    with pytest.raises(LayoutError, match="12 stages, but the model has 10 numbered blocks"):
+        layout_stage_starts(captured, layouts.megatron(tp=2, pp=6, virtual_stages=2))

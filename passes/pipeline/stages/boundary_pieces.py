@@ -8,7 +8,7 @@ submeshes have the same shape; a value read by a group of another shape travels 
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from autoshard.passes.layout.shapes import local_shape, normalize
 from autoshard.passes.mesh import Mesh
@@ -26,11 +26,12 @@ def sent_placement(strategy: Optional[Strategy], producer: Mesh,
     return normalize(strategy.outputs[0], producer.shape)
 
 
-def sent_placements(graph, solution, meshes: Sequence[Mesh]) -> dict[str, tuple[Placement, ...]]:
+def sent_placements(graph, strategies: Mapping[str, Strategy],
+                    meshes: Sequence[Mesh]) -> dict[str, tuple[Placement, ...]]:
     """Each value ``graph`` (a ``StageGraph``) sends -> ``sent_placement`` under its stage's
-    ``solution``; ``meshes[s]``: stage s's submesh."""
+    ``strategies``; ``meshes[s]``: stage s's submesh."""
     mine = meshes[graph.index]
-    return {name: sent_placement(solution.strategies.get(name), mine, [meshes[c] for c in consumers])
+    return {name: sent_placement(strategies.get(name), mine, [meshes[c] for c in consumers])
             for name, consumers in graph.sends}
 
 

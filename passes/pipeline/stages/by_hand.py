@@ -52,5 +52,5 @@ def make_pipeline_plan(captured: CapturedGraph, stage_nodes: Sequence[Sequence[s
         stages.append(StagePlan(s, list(stage_nodes[s]), grp, ranks, sub,
                                 stage_solution(sol, g, schedule, pp, int(microbatches), arrivals=arrivals)))
         if sol is not None:
-            sent.update(sent_placements(g, sol, [sub] * n))
+            sent.update(sent_placements(g, sol.strategies, [sub] * n))
     return PipelinePlan(pp, virtual, stages, schedule, int(microbatches))

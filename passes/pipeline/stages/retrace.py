@@ -142,7 +142,7 @@ def replan_at_microbatch(plan: PipelinePlan, full: CapturedGraph, small: Capture
         solution = _fitted_stage(solve, lambda sol, i=i, s=s, arrivals=arrivals: stage_solution(
             sol, graphs[i], plan.schedule, plan.pp, plan.microbatches, s.recompute, arrivals=arrivals),
             _stage_budget(plan, i, limit))
-        sent.update(sent_placements(graphs[i], solution, [st.mesh for st in plan.stages]))
+        sent.update(sent_placements(graphs[i], solution.strategies, [st.mesh for st in plan.stages]))
         stages.append(StagePlan(s.index, stage_nodes[i], s.group, list(s.ranks), s.mesh, solution, s.recompute))
     return PipelinePlan(plan.pp, plan.virtual, stages, plan.schedule, plan.microbatches, plan.estimated_step_time,
                         plan.bubble_fraction, list(plan.peak_activation_memory))
