@@ -21,6 +21,7 @@ from autoshard.passes.sharding.rules.moe import moe_role
 from autoshard.passes.solve.replicated_ops import REGISTER_HINT, replicated_op_costs
 from autoshard.passes.spec import fmt_placements
 from autoshard.passes.units import human_bytes, human_time
+from autoshard.verdict import pipelined_verdict, plan_verdict
 
 __all__ = ["plan_summary", "pipelined_summary", "throughput_line", "fold_name", "fold_names", "placement_lines",
            "moe_lines"]
@@ -162,7 +163,7 @@ def plan_summary(plan) -> str:
     shown = {k: v for k, v in stats.items() if k not in ("layout", "finalists")}  # each has its own line
     if shown:
         out.append("  solver: " + ", ".join(f"{k} {v}" for k, v in shown.items()))
-    return "\n".join(out)
+    return "\n".join([plan_verdict(plan)] + out)
 
 
 def moe_lines(strategies: dict, mesh, capacity_factors: Optional[dict] = None) -> list[str]:
@@ -285,7 +286,7 @@ def pipelined_summary(plan) -> str:
     if search:
         keep = ("configs", "simulated", "ilp", "plan_wall_s", "shallow_copy", "timed_out")
         out.append("  planner: " + ", ".join(f"{k} {search[k]}" for k in keep if k in search))
-    return "\n".join(out)
+    return "\n".join([pipelined_verdict(plan)] + out)
 def _replicated_lines(plan) -> list[str]:
     """The ops without a rule: per op, its outputs on every device and its seconds per step (needs the
     captured graph and a known hardware; a loaded plan lists the names only), and the remedy."""
