@@ -24,7 +24,6 @@ naming (``p_*`` parameters, ``b_*`` buffers, ``target``; ``passes.capture.normal
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from autoshard.passes.spec import Shard
 
