@@ -36,6 +36,7 @@ from typing import Any, Optional
 
 import torch
 
+from autoshard.layout_meshes import stage_submesh
 from autoshard.layouts import Layout, LayoutError
 from autoshard.lever_args import block_types, lever_pins
 from autoshard.passes.graph import META, CapturedGraph
@@ -82,19 +83,17 @@ class LayoutRun:
         world = Mesh.of(mesh).size
         if layout.pp > 1:
             self.microbatches = layout.pipeline_microbatches(global_batch, world)
-            self.submesh_shape = (layout.data_parallel(world), layout.tp)
+            submesh, self.stage_axes = stage_submesh(layout, world)
+            self.submesh_shape = submesh.shape
             self.microsteps = 1
             # the stage planner recomputes whole stages: "full" and "none" pin that; "selective" (a
             # policy inside each block) has no stage-level form, so the stage planner still chooses
             self.stage_recompute = {"full": True, "none": False}.get(layout.recompute)
-            dp = self.submesh_shape[0]
             # Megatron's distributed optimizer computes with replicated parameters and shards only the
             # optimizer state (ZeRO-1). The stage planner prices sharded storage as FSDP's, gathered for
             # every microbatch, and has no ZeRO-1 form: replicated prices its traffic (reduce-scatter +
             # all-gather moves the all-reduce's bytes) and over-states its memory by the optimizer state
-            replicate = layout.kind == "megatron"
-            self.stage_axes = LayoutAxes(replicate=(0,) if replicate or dp == 1 else (),
-                                         shard=() if replicate or dp == 1 else (0,), tp=1)
+            # (``layout_meshes.stage_submesh``: Megatron replicates over the data axes, FSDP shards)
         else:
             self.microsteps = layout.accumulation(global_batch, world)
             self.stage_recompute = None

@@ -42,7 +42,7 @@ from autoshard.passes.sharding.layout_placements import LayoutAxes, LayoutError
 __all__ = ["Layout", "LayoutError", "megatron", "fsdp", "parse", "KINDS"]
 
 KINDS = ("megatron", "fsdp")
-_MEGATRON_ONLY = ("ep", "sequence_parallel", "distributed_optimizer")
+_MEGATRON_ONLY = ("sequence_parallel", "distributed_optimizer")
 _FSDP_ONLY = ("reshard_after_forward", "replicas")
 
 
@@ -59,6 +59,7 @@ class Layout:
     dp: Optional[int] = None
     cp: int = 1
     ep: int = 1
+    etp: Optional[int] = None
     virtual_stages: int = 1
     microbatch_size: Optional[int] = None
     schedule: str = "1f1b"
@@ -75,7 +76,7 @@ class Layout:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise LayoutError(f"{self.kind} layout: {name}={v!r}; pass an int >= 1")
-        for name in ("dp", "microbatch_size"):
+        for name in ("dp", "microbatch_size", "etp"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise LayoutError(f"{self.kind} layout: {name}={v!r}; pass an int >= 1 (or None)")
@@ -94,7 +95,8 @@ class Layout:
 
     # ---- degrees and the logical mesh -------------------------------------------------------------
     def data_parallel(self, world: int) -> int:
-        """dp for a mesh of ``world`` devices; ``LayoutError`` showing the arithmetic when it does not fit."""
+        """dp for a mesh of ``world`` devices (all stages'); ``LayoutError`` showing the arithmetic when it
+        does not fit."""
         rest = self.tp * self.cp * self.pp
         if self.dp is not None:
             if rest * self.dp != world:
@@ -112,23 +114,17 @@ class Layout:
     def planning_mesh(self, mesh) -> tuple[Mesh, LayoutAxes]:
         """The logical mesh the layout runs on (same devices as ``mesh``, row-major, tp fastest) and
         which of its axes carry what. Without a pipeline: (replicas, dp, cp, tp) with axes of size 1
-        dropped; with one: (pp x dp, tp), the stage planner's view (its first axis cut into pp groups)."""
+        dropped, dp, cp and tp cut further where the experts' groups (etp, ep) start
+        (``autoshard.layout_meshes``); with one: (pp x submesh[0], *submesh[1:]), the stage planner's
+        view (its first axis cut into pp groups, each a stage's submesh: (dp, tp) unless cp or expert
+        groups fold it further)."""
+        from autoshard.layout_meshes import single_stage_mesh, stage_submesh
         world = Mesh.of(mesh).size
-        dp = self.data_parallel(world)
         if self.pp > 1:
-            if self.cp > 1:
-                raise LayoutError("cp > 1 together with pp > 1 is not priced yet: the stage planner plans each "
-                                  "stage's sequence split itself; pass cp=1 or pp=1")
-            return Mesh((self.pp * dp, self.tp), ("pp_dp", "tp")), LayoutAxes(tp=1)
-        replicate_over_dp = self.kind == "megatron" and not self.distributed_optimizer
-        sizes = [("replica", self.replicas), ("dp", dp // self.replicas), ("cp", self.cp), ("tp", self.tp)]
-        kept = [(n, s) for n, s in sizes if s > 1] or [("dp", 1)]
-        names = [n for n, _ in kept]
-        replicate = tuple(i for i, n in enumerate(names) if n == "replica" or (n == "dp" and replicate_over_dp))
-        shard = tuple(i for i, n in enumerate(names) if n == "dp" and not replicate_over_dp and dp > 1)
-        axes = LayoutAxes(replicate=replicate, shard=shard, cp=names.index("cp") if "cp" in names else None,
-                          tp=names.index("tp") if "tp" in names else None)
-        return Mesh(tuple(s for _, s in kept), tuple(names)), axes
+            sub, axes = stage_submesh(self, world)
+            return Mesh((self.pp * sub.shape[0],) + sub.shape[1:], ("pp_" + sub.axis_names[0],) + sub.axis_names[1:]), \
+                axes
+        return single_stage_mesh(self, world)
 
     # ---- levers and schedule --------------------------------------------------------------------
     def accumulation(self, batch: int, world: int) -> int:
@@ -176,32 +172,35 @@ class Layout:
         return cls(**d)
 
     def describe(self) -> str:
-        """``kind:key=value,...`` with the fields this kind takes (``parse`` reads it back)."""
+        """``kind:key=value,...`` with the fields this kind takes (``parse`` reads it back); ``etp`` only
+        when given, and for fsdp ``ep`` only when > 1."""
         skip = _FSDP_ONLY if self.kind == "megatron" else _MEGATRON_ONLY
         items = [f"{k}={v}" for k, v in asdict(self).items() if k != "kind" and k not in skip
-                 and not (k == "dp" and v is None) and not (k == "microbatch_size" and v is None)]
+                 and not (k in ("dp", "microbatch_size", "etp") and v is None)
+                 and not (k == "ep" and v == 1 and self.kind == "fsdp")]
         return f"{self.kind}:" + ",".join(items)
 
 
 def megatron(tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1, ep: int = 1, virtual_stages: int = 1,
              microbatch_size: int = 1, schedule: str = "1f1b", recompute: str = "full", sequence_parallel: bool = True,
-             distributed_optimizer: bool = False) -> Layout:
-    """Megatron-LM's layout (module docstring). ``recompute``: "full" | "selective" | "none"."""
-    if ep != 1:
-        raise LayoutError(f"megatron(ep={ep}): expert parallelism is not priced by layouts yet; pass ep=1 (or let "
-                          "autoshard.plan choose expert parallelism)")
-    return Layout("megatron", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, virtual_stages=virtual_stages,
+             distributed_optimizer: bool = False, etp: Optional[int] = None) -> Layout:
+    """Megatron-LM's layout (module docstring). ``recompute``: "full" | "selective" | "none". ``ep`` /
+    ``etp``: the MoE layers' expert-parallel and expert-tensor-parallel sizes (``etp`` None: tp, Megatron's
+    default), carved from the same tp x cp x dp ranks (parallel folding: ``autoshard.layout_meshes``)."""
+    return Layout("megatron", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, virtual_stages=virtual_stages,
                   microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
                   sequence_parallel=bool(sequence_parallel and tp > 1), distributed_optimizer=distributed_optimizer)
 
 
 def fsdp(tp: int = 1, pp: int = 1, cp: int = 1, checkpoint: str = "none", reshard_after_forward: bool = True,
          replicas: int = 1, dp: Optional[int] = None, microbatch_size: Optional[int] = None, schedule: str = "1f1b",
-         virtual_stages: int = 1) -> Layout:
+         virtual_stages: int = 1, ep: int = 1, etp: Optional[int] = None) -> Layout:
     """torchtitan's FSDP2 / HSDP (``replicas``) + TP (sequence parallel, as torchtitan applies it) + PP +
-    CP. ``checkpoint``: torchtitan's activation checkpointing ("none" | "selective" | "full")."""
-    return Layout("fsdp", tp=tp, pp=pp, dp=dp, cp=cp, virtual_stages=virtual_stages, microbatch_size=microbatch_size,
-                  schedule=schedule, recompute=checkpoint, sequence_parallel=tp > 1,
+    CP. ``checkpoint``: torchtitan's activation checkpointing ("none" | "selective" | "full"). ``ep`` /
+    ``etp``: expert parallel as torchtitan applies it (experts split over ep ranks taken from the data-
+    parallel, cp and, with ``etp=1``, tp ranks; their weights FSDP-sharded over the rest)."""
+    return Layout("fsdp", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, virtual_stages=virtual_stages,
+                  microbatch_size=microbatch_size, schedule=schedule, recompute=checkpoint, sequence_parallel=tp > 1,
                   reshard_after_forward=reshard_after_forward, replicas=replicas)
 
 

@@ -186,8 +186,8 @@ def test_bad_layouts_name_the_cause():
         layouts.megatron(tp=2, recompute="some")
     with pytest.raises(LayoutError, match="pass virtual_stages= >= 2"):
         layouts.megatron(tp=2, pp=2, schedule="interleaved-1f1b")
-    with pytest.raises(LayoutError, match="expert parallelism"):
-        layouts.megatron(ep=2)
+    with pytest.raises(LayoutError, match=r"ep x etp = 3 x 2 = 6 does not divide the 8 ranks"):
+        plan_gpt(layouts.megatron(tp=2, ep=3), mesh=8)
     with pytest.raises(TypeError, match="cannot be combined with layout="):
         x = ids()
         autoshard.plan(gpt_meta(), 8, example_inputs=(x,), loss_fn=lm_loss, example_target=x,

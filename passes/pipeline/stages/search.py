@@ -77,10 +77,13 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
         group = mesh.size // p
         # shapes asked for by name are planned even with tp across nodes (a layout that runs so is priced
         # so); the search's own keep tp inside a node
-        for shape in ([tuple(x) for x in shapes if x[0] * x[1] == group] if shapes is not None
+        for shape in ([tuple(x) for x in shapes if math.prod(x) == group] if shapes is not None
                       else submesh_shapes(group, hardware)):
             t0 = time.perf_counter()
-            m_ref = max(1, batch // shape[0]) if batch % shape[0] == 0 else 1
+            # a pinned layout (``pins_for``) prices its own microbatch count: its submesh's first axis need not
+            # be all of its data parallelism (expert-parallel folding); else one sequence per first-axis rank
+            m_ref = (microbatches if pins_for is not None and microbatches else
+                     max(1, batch // shape[0]) if batch % shape[0] == 0 else 1)
             work = [0.0]
             pins = pins_for(captured, Mesh(shape)) if pins_for is not None else None
 
