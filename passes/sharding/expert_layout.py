@@ -60,7 +60,7 @@ class Fold:
     experts: tuple[str, ...]
 
     def without_ones(self) -> "Fold":
-        """The axes of size > 1 (at least one: a size-1 "dp")."""
+        """The axes of size > 1, or one size-1 "dp" axis when there are none."""
         keep = [i for i, s in enumerate(self.shape) if s > 1]
         if not keep:
             return Fold((1,), ("dp",), ("dp",), ("edp",))
@@ -97,8 +97,8 @@ def _role_at(blocks: list[tuple[str, int, int]], lo: int, hi: int) -> str:
 def fold_axes(tp: int, cp: int, dp: int, ep: int = 1, etp: Optional[int] = None, replicas: int = 1) -> Fold:
     """The axes of ``tp x cp x dp`` ranks (``replicas`` of the dp groups slowest) carrying the attention's
     groups and the experts' ``etp x ep x edp`` (module docstring). ``etp`` None: tp (Megatron's default).
-    Size-1 axes are kept (``Fold.without_ones`` drops them). ``LayoutError`` shows the arithmetic when
-    the experts' groups do not fit."""
+    A group of one rank has no axis (one rank in all: no axis at all, which ``Fold.without_ones`` makes
+    a size-1 "dp"). ``LayoutError`` shows the arithmetic when the experts' groups do not fit."""
     etp = tp if etp is None else etp
     world = tp * cp * dp
     inner = world // replicas

@@ -154,6 +154,9 @@ def tensor_parallel_roles(captured: CapturedGraph) -> TensorParallelRoles:
                 want(node.args[0].name, 0)
             continue
         weight, out_dim, bias = found
+        if weight.meta[META].shape[out_dim] == 1:  # one output per token (Qwen2-MoE's shared_expert_gate): no
+            kinds[node.name] = frozenset()  # tp splits it, so its value is whole, as a router's
+            continue
         upstream = kinds.get(node.args[0].name, frozenset()) if isinstance(node.args[0], fx.Node) else frozenset()
         if node.target is aten.addmm.default:
             upstream = kinds.get(node.args[1].name, frozenset())

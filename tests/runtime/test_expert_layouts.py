@@ -81,6 +81,7 @@ def _moe_layers(plan) -> int:
     return sum(1 for n in plan.captured.gm.graph.nodes if str(n.target).startswith("autoshard.moe_experts"))
 
 
+@pytest.mark.slow
 def test_expert_parallel_layouts_train_as_one_device(tmp_path):
     paths, dispatched = [], []
     for i, (name, layout) in enumerate(CASES):
