@@ -11,7 +11,7 @@ True
 ``autoshard.plan(model, mesh, ..., layout=L)`` prices exactly ``L`` (``autoshard.layout_plans``):
 
 - ``megatron(tp, pp, dp=None, cp=1, ep=1, virtual_stages=1, microbatch_size=1, schedule="1f1b",
-  recompute="full"|"selective"|"none", sequence_parallel=True, distributed_optimizer=False)``:
+  recompute="full"|"selective"|"none", sequence_parallel=True, distributed_optimizer=False, etp=None)``:
   Megatron-LM's tensor parallel (column/row-parallel matmul pairs found from the graph, vocab-parallel
   embedding and head, sequence-parallel norms), data parallel with replicated parameters, gradient
   accumulation of ``batch / (dp x microbatch_size)`` microbatches. There is no ZeRO-1 form (compute
@@ -20,15 +20,25 @@ True
   to backward (gathered and reduce-scattered once per accumulation microstep, where Megatron does
   both once per step); with one, as replicated parameters (DDP's traffic, the same bytes once per
   step, and its memory: the optimizer state not divided by dp).
-- ``fsdp(tp=1, pp=1, cp=1, checkpoint="none", reshard_after_forward=True, replicas=1, ...)``:
+- ``fsdp(tp=1, pp=1, cp=1, checkpoint="none", reshard_after_forward=True, replicas=1, ..., ep=1, etp=None)``:
   torchtitan's FSDP2 (parameters, gradients and optimizer state sharded over the data-parallel
   ranks; ``replicas > 1``: HSDP, sharded inside each of ``replicas`` groups, replicated across them)
-  with TP, PP and CP as torchtitan applies them.
+  with TP, PP, CP and EP as torchtitan applies them.
+
+Mixture-of-experts layers (``autoshard::moe_experts``) run over their own groups of the same ranks:
+``ep`` experts split (tokens dispatched by all-to-all), each expert split ``etp`` ways inside (its
+intermediate dim; None: tp, Megatron's default; torchtitan's EP takes ``etp=1``), and expert data
+parallel over the rest, sharded where the layout shards (FSDP, the distributed optimizer without a
+pipeline). The expert groups may cut across the attention's tp, cp and dp groups: Megatron-Core's
+parallel folding (``autoshard.layout_meshes``, ``passes.sharding.expert_layout``). Routers stay
+replicated over tp. On a dense model ep and etp change nothing but the mesh's axis names.
 
 The mesh's devices are laid out row-major with tp fastest, then cp, then data parallel, then the
-pipeline (Megatron's and torchtitan's order): the plan's mesh is that logical mesh, of the same
-size as the one given (``planning_mesh``). A layout that does not fit the mesh or the model is a
-``LayoutError`` naming the cause.
+pipeline (Megatron's and torchtitan's order; etp fastest, then ep, for the experts): the plan's
+mesh is that logical mesh, of the same size as the one given (``planning_mesh``), cut further
+where an expert group starts inside an attention group. With a pipeline, each stage's submesh is
+(dp, tp), or its folded axes under cp or expert groups (ring attention inside the stages). A layout
+that does not fit the mesh or the model is a ``LayoutError`` naming the cause.
 """
 from __future__ import annotations
 

@@ -9,10 +9,12 @@ gradients, the full state after 3 AdamW steps), for small Hugging Face MoE model
 - Mixtral, ``megatron(tp=2, ep=2, distributed_optimizer=True)``: experts split over dp and inside
   each expert over tp (etp = tp, Megatron's default), weights sharded over dp;
 - Qwen2-MoE (a shared expert next to the routed ones), ``fsdp(ep=2)``: torchtitan's EP x FSDP;
-- Mixtral, ``megatron(pp=2, ep=2)``: a pipeline whose stages dispatch over their own two ranks.
+- Mixtral, ``megatron(pp=2, ep=2)``: a pipeline whose stages dispatch over their own two ranks;
+- the GPT toy, ``megatron(cp=2, pp=2)``: context parallelism inside pipeline stages (ring attention on
+  each stage's two ranks), which layouts used to refuse.
 
-Each program has one pair of uneven all-to-alls (dispatch, combine) per MoE layer it holds, as priced.
-All cases run in one spawn of 4 ranks.
+Each MoE program has one pair of uneven all-to-alls (dispatch, combine) per MoE layer it holds, as
+priced. All cases run in one spawn of 4 ranks.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ import autoshard  # noqa: E402
 from autoshard import layouts  # noqa: E402
 from autoshard.testing.equivalence import (Tolerance, adamw, compiled_gradient_mismatches,  # noqa: E402
                                            failures_of, train_against_one_device)
-from autoshard.testing.hf_zoo import build  # noqa: E402
+from autoshard.testing.hf_zoo import ZOO  # noqa: E402
+from autoshard.testing.models import gpt  # noqa: E402
 from autoshard.testing.ranks import run_ranks  # noqa: E402
 
 CASES = [
@@ -37,8 +40,13 @@ CASES = [
     ("mixtral", layouts.megatron(tp=2, ep=2, recompute="none", distributed_optimizer=True)),
     ("qwen2_moe", layouts.fsdp(ep=2)),
     ("mixtral", layouts.megatron(pp=2, ep=2, recompute="none")),
+    ("gpt", layouts.megatron(cp=2, pp=2, recompute="none")),
 ]
 TOL = Tolerance(rtol=1e-4, atol=2e-5, grad_atol=1e-6)
+
+
+def build(name: str):
+    return gpt(n_layer=4) if name == "gpt" else ZOO[name]()
 
 
 def _plan(name: str, layout):
@@ -88,7 +96,11 @@ def test_expert_parallel_layouts_train_as_one_device(tmp_path):
         plan = _plan(name, layout)
         stages = plan.stages if layout.pp > 1 else [plan]
         moe = [st for s in stages for n, st in s.solution.strategies.items() if n.startswith("moe_experts")]
-        assert moe and all("expert_dispatch" in st.lowerings for st in moe), (layout.describe(), moe)
+        assert all("expert_dispatch" in st.lowerings for st in moe), (layout.describe(), moe)
+        assert bool(moe) == (name != "gpt")
+        if layout.cp > 1:  # premise: ring attention over each stage's cp ranks
+            rings = [st for s in stages for n, st in s.solution.strategies.items() if n.startswith("scaled_dot")]
+            assert rings and all("ring_attention" in st.lowerings for st in rings), rings
         dispatched.append(2 * _moe_layers(plan) // layout.pp)  # one dispatch + one combine per layer a rank holds
         path = tmp_path / f"plan{i}.json"
         plan.save(str(path))
