@@ -8,7 +8,7 @@ follow ``autoshard.metrics``' conventions.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Union
 
 from autoshard.drawing import block_plan_to_dot, plan_to_dot
@@ -37,14 +37,21 @@ def hardware_label(hardware) -> str:
 def plan_work(captured: CapturedGraph, hardware: Any, devices: int, solution: Optional[Solution] = None
               ) -> Optional[ModelWork]:
     """``metrics.model_work`` for a plan of ``captured``; the matmuls run in the mixed-precision compute
-    dtype when ``solution``'s levers cast. None when ``hardware`` names no known hardware."""
+    dtype when ``solution``'s levers cast. A plan's ``captured`` is one of its ``accumulation`` microsteps
+    (``plan_captured``'s contract; ``plan`` traces it so), so the step's FLOPs, tokens and samples are
+    that many times the program's. None when ``hardware`` names no known hardware."""
     try:
         hw = get_hardware(hardware)
     except AutoshardError:
         return None
     levers = getattr(solution, "levers", None)
     mp = getattr(levers, "mixed_precision", None)
-    return model_work(captured, hw, devices, compute_dtype=getattr(mp, "param_dtype", None))
+    work = model_work(captured, hw, devices, compute_dtype=getattr(mp, "param_dtype", None))
+    k = int(getattr(levers, "accumulation", 1) or 1)
+    if k == 1:
+        return work
+    return replace(work, flops=work.flops * k, tokens=None if work.tokens is None else work.tokens * k,
+                   samples=work.samples * k)
 
 
 @dataclass
