@@ -49,7 +49,7 @@ from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
 
 __all__ = ["check_layout_arguments", "global_batch_of", "LayoutRun", "layout_run", "layout_pins_and_levers",
-           "check_pipelined_layout", "layout_stage_starts", "stamp_layout"]
+           "check_pipelined_layout", "layout_stage_starts", "stamp_layout", "published_layout_hints"]
 
 
 def global_batch_of(example_inputs) -> int:
@@ -194,3 +194,25 @@ def stamp_layout(solutions, layout: Layout) -> None:
     for solution in solutions:
         if solution is not None:
             solution.solver_stats["layout"] = layout.describe()
+
+
+def published_layout_hints(captured: CapturedGraph, submesh: Mesh) -> list[Pins]:
+    """The placements of the published layouts that fit a stage planner candidate's (dp, tp) ``submesh``,
+    as pins on ``captured`` (``passes.sharding.pins.HintsFor``): Megatron's (replicated over dp, tensor
+    and sequence parallel over tp, the residual stream sequence-split between blocks) and FSDP's
+    (sharded over dp, the same over tp). The stage planner seeds each candidate's intra-op solve with
+    them, so the candidate is never priced worse than these layouts of its shape. A layout the model
+    cannot take (tp not dividing the heads or the sequence) gives no hint."""
+    if submesh.ndim != 2:
+        return []
+    dp, tp = submesh.shape
+    hints = []
+    for sharded in (False, True) if dp > 1 else (False,):
+        axes = LayoutAxes(replicate=() if sharded else (0,), shard=(0,) if sharded else (), tp=1)
+        try:
+            pins = layout_pins(captured, submesh, axes, sequence_parallel=tp > 1)
+        except LayoutError:
+            continue
+        pins["ops"].update(_residual_stream_between_units(captured, pins["ops"]))
+        hints.append(Pins(params=pins["params"], inputs=pins["inputs"], ops=pins["ops"]))
+    return hints

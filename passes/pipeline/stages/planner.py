@@ -55,7 +55,7 @@ from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.sharding.pins import PinsFor
+from autoshard.passes.sharding.pins import HintsFor, PinsFor
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.pipeline.schedule.generators import stage_rank
@@ -82,7 +82,8 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                   pp: Optional[int] = None, schedule: Optional[str] = None, microbatches: Optional[int] = None,
                   stages: Optional[Sequence[Union[int, str]]] = None, time_limit_s: float = 60.0,
                   fold_blocks: bool = True, shapes: Optional[Sequence[tuple[int, int]]] = None,
-                  recompute: Optional[bool] = None, pins_for: Optional[PinsFor] = None) -> PipelinePlan:
+                  recompute: Optional[bool] = None, pins_for: Optional[PinsFor] = None,
+                  hints_for: Optional[HintsFor] = None) -> PipelinePlan:
     """The fastest pipeline plan (simulated step time) that fits ``memory_limit`` bytes per device;
     ``pp == 1`` means "no pipeline": the core plan on the whole mesh (``stages[0].solution``).
 
@@ -92,7 +93,9 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     ``shapes``: only these (dp, tp) submeshes per rank group (a pinned layout's). ``recompute``: every
     stage recomputes its forward in the backward (True) or none does (False); None lets each stage choose.
     ``pins_for(program, submesh)``: decisions fixed on every intra-op solve (each candidate's, on the
-    shallow copy when there is one, and the core plan's on the whole mesh), e.g. a layout's placements."""
+    shallow copy when there is one, and the core plan's on the whole mesh), e.g. a layout's placements.
+    ``hints_for(program, submesh)``: pins of known plans (the published layouts of each candidate's
+    shape) that every candidate's intra-op solve starts from and never prices worse than."""
     t0 = time.perf_counter()
     mesh = Mesh.of(mesh)
     hw = get_hardware(hardware)
@@ -134,7 +137,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                                blocks=shallow.blocks if shallow else None, quick_s=min(2.0, time_limit_s / 4),
                                thorough_s=min(30.0, time_limit_s / 2), stats=candidates, deep_chain=True,
                                shapes=shapes, schedules=schedules, microbatches=microbatches,
-                               total_s=time_limit_s / 2, pins_for=pins_for)
+                               total_s=time_limit_s / 2, pins_for=pins_for, hints_for=hints_for)
     # what is left of the WORK limit (deterministic seconds, never the clock: the plan must not
     # depend on the machine's load) after the core plan's and the candidates' solves
     spent = candidates.get("work_s", 0.0) + (core.solver_stats.get("work_s", 0.0) if core is not None else 0.0)
