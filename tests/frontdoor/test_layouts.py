@@ -276,3 +276,42 @@ def test_layout_stage_cut_splits_blocks_evenly_with_the_extra_ones_in_the_middle
     assert sizes(3, 1) == [3, 4, 3]
     with pytest.raises(LayoutError, match="12 stages, but the model has 10 numbered blocks"):
         layout_stage_starts(captured, layouts.megatron(tp=2, pp=6, virtual_stages=2))
+
+
+def test_uneven_pipeline_with_megatron_cores_options():
+    """Megatron-Core's uneven pipeline: the embedding / the head counted as a block of the split (with
+    blocks + 2 stages the first holds only the embedding and the last only the head, Llama 3 405B's
+    layout), or the first / last rank's block counts given, the other stages sharing the rest."""
+    from autoshard.layout_plans import layout_stage_starts, stage_block_counts
+    from autoshard.passes.capture.export import capture
+    from autoshard.passes.pipeline.stages.layer_costs import layer_units
+    x = ids()
+    captured = capture(gpt_meta(layers=10), (x,), loss_fn=lm_loss, target=x)
+    units = layer_units(captured)
+    blocks = [i for i, u in enumerate(units) if u.block is not None]
+    head = len(units) - 1
+
+    def blocks_per_stage(layout):
+        starts = [0] + layout_stage_starts(captured, layout) + [len(units)]
+        return [sum(1 for i in range(a, b) if i in blocks) for a, b in zip(starts, starts[1:])], starts
+    counted = layouts.megatron(tp=2, pp=4, virtual_stages=3, account_for_embedding_in_pipeline_split=True,
+                               account_for_loss_in_pipeline_split=True)
+    per_stage, starts = blocks_per_stage(counted)
+    assert per_stage == [0] + [1] * 10 + [0]
+    assert starts[1] == blocks[0] and starts[-2] == head  # stage 0: the embedding alone; the last: the head alone
+    per_stage, _ = blocks_per_stage(layouts.megatron(tp=2, pp=4, decoder_first_pipeline_num_layers=1,
+                                                     decoder_last_pipeline_num_layers=1))
+    assert per_stage == [1, 4, 4, 1]
+    # rank 0's two blocks over its two virtual stages; the other 8 over the other four stages
+    assert stage_block_counts(10, layouts.megatron(pp=3, virtual_stages=2, decoder_first_pipeline_num_layers=2)) \
+        == [1, 2, 2, 1, 2, 2]
+    assert stage_block_counts(128, layouts.megatron(pp=16, virtual_stages=8)) == [1] * 128  # 126 + embedding + head
+    with pytest.raises(LayoutError, match="not both"):
+        layouts.megatron(pp=4, decoder_first_pipeline_num_layers=2, account_for_embedding_in_pipeline_split=True)
+    with pytest.raises(LayoutError, match="pass pp= > 1"):
+        layouts.megatron(account_for_loss_in_pipeline_split=True)
+    with pytest.raises(LayoutError, match="remaining"):
+        layout_stage_starts(captured, layouts.megatron(tp=2, pp=2, decoder_first_pipeline_num_layers=11))
+    with pytest.raises(LayoutError, match="14 stages"):
+        layout_stage_starts(captured, layouts.megatron(tp=2, pp=2, virtual_stages=7, account_for_loss_in_pipeline_split=True))
+    assert layouts.parse(counted.describe()) == counted
