@@ -106,7 +106,9 @@ class LayoutRun:
         if self.stage_axes is None:
             raise LayoutError("stage_pins: this layout has no pipeline (pp == 1)")
         pins = layout_pins(captured, submesh, self.stage_axes, sequence_parallel=self.layout.sequence_parallel)
-        pins["ops"].update(_residual_stream_between_units(captured, pins["ops"]))
+        if self.layout.sequence_parallel:  # the residual stream placed as the sequence-split norms' outputs
+            norms = {name: pls for name, pls in pins["ops"].items() if "P" not in pls}
+            pins["ops"].update(_residual_stream_between_units(captured, norms))
         return Pins(**pins)
 
 

@@ -184,6 +184,25 @@ ROWS = [
 ]
 
 
+def _mt_nlg(nodes: int, step_s: float, measured: float) -> Row:
+    """Megatron-Turing NLG 530B (Smith et al. 2022, sec. 2.4): 105 blocks of 20480, 128 heads, sequence
+    2048, batch 1920 on DGX A100 nodes, tensor 8 x pipeline 35 x data (nodes x 8 / 280), microbatch 1,
+    DeepSpeed's 1F1B pipeline sending whole activations, its gradients reduced after the backward, full
+    recomputation; the paper's iteration time and TFLOP/s per GPU (its accounting, eq. 3 above)."""
+    layers, h, heads, seq, vocab, batch = 105, 20480, 128, 2048, 50272, 1920
+    gpus = nodes * 8
+    layout = layouts.megatron(tp=8, pp=35, microbatch_size=1, recompute="full", sequence_parallel=False,
+                              scatter_gather_tensors_in_pipeline=False)
+    return Row(f"MT-NLG 530B, {nodes} nodes ({step_s} s)", gpus, lambda: megatron_gpt(layers, h, heads, seq, vocab),
+               megatron_loss, batch, seq, (gpus // 8, 8), layout, "a100", measured, "TFLOP/s/GPU",
+               optimizer="megatron_adam", flops=megatron_flops(batch, seq, layers, h, vocab),
+               source="Smith et al. 2022, 'Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B', sec. 2.4")
+
+
+#: Held out: published runs not used while building the cost model (``--held-out``).
+HELD_OUT = [_mt_nlg(280, 60.1, 126), _mt_nlg(420, 44.4, 113)]
+
+
 def price(row: Row, hardware: Union[str, Hardware, None] = None) -> dict:
     """Plan ``row``'s layout through ``autoshard.plan`` and return its step and what makes it up."""
     model = row.build()
@@ -212,10 +231,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="", help="comma-separated substrings of row names")
     ap.add_argument("--json", default="", help="write the residuals here")
+    ap.add_argument("--held-out", action="store_true", help="price the held-out published runs instead (HELD_OUT)")
     ap.add_argument("--sensitivity", action="store_true",
                     help="also reprice the A100 rows with each published A100 GEMM figure (none is applied)")
     args = ap.parse_args()
-    rows = [r for r in ROWS if not args.only or any(k.strip() in r.name for k in args.only.split(","))]
+    rows = [r for r in (HELD_OUT if args.held_out else ROWS)
+            if not args.only or any(k.strip() in r.name for k in args.only.split(","))]
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
           "every row through autoshard.plan(layout=...)")
     print(f"{'run':<27} {'GPUs':>5} {'measured':>17} {'predicted':>9} {'error':>7}  {'step s (meas.)':>16}  "

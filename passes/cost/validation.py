@@ -1,10 +1,11 @@
 """How far the calibrated GPU cost model is from published measurements: the residuals of
 ``benchmarks/literature.py`` (Megatron-LM 2021 Table 1, 10 rows on A100; torchtitan's 3 Llama
-recipes on A100 / H100), predicted throughput / measured - 1, per row.
+recipes on A100 / H100), each run's layout priced through ``autoshard.plan(layout=...)``, predicted
+throughput / measured - 1, per row.
 
 These figures are copied from that script's output (its last run is in benchmarks/RESULTS.md) and
-must be updated with it; ``tests/passes/cost/test_validation.py`` recomputes them and fails when they
-drift. The plan summary prints the band so that an estimate is read with its known error.
+must be updated with it; ``tests/passes/cost/test_validation.py`` reprices one row (slow) and fails
+when it drifts. The plan summary prints the band so that an estimate is read with its known error.
 """
 from __future__ import annotations
 
