@@ -163,18 +163,16 @@ def score_stages(prob: StageProblem, schedule: str, starts: Sequence[int], recom
         if action.kind in _BACKWARD and finish > last[action.stage]:
             last[action.stage] = finish
     groups: dict[int, list] = {}
+    backward_done: dict[int, float] = {}
+    after: dict[int, float] = {}  # the group's optimizer step and gradient accumulations, after its sync
     frac = (0.5 if split else 1.0) if prob.overlap_sync else 0.0
     for s, (a, e) in enumerate(zip(starts, ends)):
-        groups.setdefault(prob.stage_group[s], []).extend(
-            _stage_buckets(prob.bwd, prob.grad_sync, range(a, e), last[s], frac))
-    ends_at = []
-    for g, buckets in groups.items():
-        mine = [s for s in range(len(starts)) if prob.stage_group[s] == g]
-        done = max(overlapped_sync(buckets), max(last[s] for s in mine))
-        # then the group's optimizer step and, spread over the step, its gradient accumulations
-        ends_at.append(done + sum(prob.opt_step[a] for s in mine for a in range(starts[s], ends[s]))
-                       if prob.opt_step else done)
-    return max(result.step_time, max(ends_at)), result.bubble_fraction
+        g = prob.stage_group[s]
+        groups.setdefault(g, []).extend(_stage_buckets(prob.bwd, prob.grad_sync, range(a, e), last[s], frac))
+        backward_done[g] = max(backward_done.get(g, 0.0), last[s])
+        after[g] = after.get(g, 0.0) + (sum(prob.opt_step[a:e]) if prob.opt_step else 0.0)
+    ends_at = max(max(overlapped_sync(buckets), backward_done[g]) + after[g] for g, buckets in groups.items())
+    return max(result.step_time, ends_at), result.bubble_fraction
 
 
 def single_stage_step(profile: SubmeshProfile) -> float:
