@@ -98,7 +98,10 @@ def test_plan_pp_is_the_stage_planners_choice_with_the_plan_surface(tmp_path):
 
 
 def test_plan_pp_auto_keeps_a_plain_plan_when_no_pipeline_is_faster():
-    plan = _plan("unet", (4,), fast_network(), pp="auto")
+    # the known answer weighs the bubble against near-free collectives: with an optimizer step priced
+    # (issue 27; on the cpu preset AdamW's update of this toy dwarfs its forward and backward) pp = 4 wins
+    # by updating a quarter of the parameters per rank, so the toy plans with no optimizer step
+    plan = _plan("unet", (4,), fast_network(), pp="auto", optimizer="none")
     assert isinstance(plan, autoshard.Plan)
     assert "tokens/s" not in plan.summary() and "samples/s per device" in plan.summary()
 
