@@ -34,10 +34,10 @@ def _hash(obj) -> str:
 
 
 def decisions(plan) -> list:
-    """The plan's decisions whatever its type: one entry per stage (a plan without stages is one),
-    then the schedule and microbatch count when it pipelines."""
-    stages = getattr(plan, "stages", None)
-    if not stages:
+    """The plan's decisions whatever its type: its Solution when it has one stage (or none), else one
+    entry per stage, then the schedule and microbatch count."""
+    stages = getattr(plan, "stages", None) or []
+    if len(stages) <= 1:
         return [plan.solution.to_json()]
     out = [[s.nodes, s.group, s.ranks, list(s.mesh.shape), bool(s.recompute), s.solution.to_json()] for s in stages]
     if len(stages) > 1:
