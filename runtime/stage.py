@@ -1,42 +1,58 @@
-"""One pipeline stage on one rank: the core runtime's lowered program for the stage's sub-graph and
-Solution on its group's submesh, its local parameter shards, and per-microbatch F / B / W.
+"""One stage of a plan on one rank: its lowered program with every memory lever, its local shards,
+and per-microbatch F / B / W.
 
-``forward(mb, args)`` runs the program on one microbatch (received values arrive as leaves that
-require grad) and keeps what backward needs. ``backward_input(mb, grads)`` (B) returns the gradients
+A plan without a pipeline has one stage, the whole program on the whole mesh; a pipeline's stages
+are sub-programs on their rank groups' submeshes (``passes.pipeline.stages.stage_graphs``). Either
+way the stage is lowered the same way (``lower``): its strategies, its levers
+(``passes.levers.Levers``: checkpointed block instances outlined as ``regions.CheckpointRegion``,
+parameter groups resharded after forward and prefetched by the program's
+``param_gather.ParamGatherer``, parameter copies cast for mixed precision), MoE and ring-attention
+lowerings, and the values it receives and sends placed as ``arrivals`` / ``departures``. A variant
+taking only this rank's slice of the batch (``local_batch``) is lowered on first use.
+
+``forward(mb, user, received, target)`` runs the program on one microbatch (received values arrive
+as leaves that require grad) and keeps what backward needs; the forward runs under the gatherer's
+saved-tensor hooks (reshard after forward). ``backward_input(mb, grads)`` (B) returns the gradients
 of the received values, keeping the graph for W; ``backward_weight(mb)`` (W) then accumulates the
 weight gradients into ``.grad``, restarting autograd where B stopped (``split_backward``: nothing
-runs twice); ``backward(mb, grads)`` (BW) does both in one pass. With ``recompute``, F runs without
-autograd and keeps only its inputs; the first B or BW of that microbatch runs the forward again with
-autograd through ``recompute.Replay``, the same helper the plain path's checkpoint regions use (same
-random numbers; buffers such as BatchNorm's running statistics read as the first run read them and
-updated once), so a stage holds one microbatch's activations at a time. The stage does not use
+runs twice); ``backward(mb, grads)`` (BW) does both in one pass. On the last stage the output is the
+loss as ``P`` and its seed is ``seed_scale`` (1 / the microbatches of the step), so gradients summed
+over the microbatches equal the full-batch mean loss's.
+
+With ``recompute`` (the stage planner's per-stage choice), F runs without autograd and keeps only
+its inputs; the first B or BW of that microbatch runs the forward again with autograd through
+``recompute.Replay``, the same helper the checkpoint regions use (same random numbers; buffers such
+as BatchNorm's running statistics read as the first run read them and updated once), so a stage
+holds one microbatch's activations at a time. The stage recompute does not use
 ``recompute.checkpointed`` (``torch.utils.checkpoint``) itself: that recomputes once per backward
 graph task, and a zero-bubble B then W are two, so the forward (and its collectives) would run three
-times instead of two. On the last
-stage the output is the loss as ``P`` and its seed is ``1 / microbatches``, so gradients summed over
-microbatches equal the full-batch mean loss's.
+times instead of two. Block checkpoint regions inside the program do use it: under a split backward
+their blocks are recomputed for B and again for W (correct; the price of combining the two).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
-import torch.distributed as dist
+import torch.fx as fx
 import torch.nn as nn
 
 from autoshard.passes.graph import META
 from autoshard.passes.layout.shapes import normalize
+from autoshard.passes.levers import Levers
+from autoshard.passes.pipeline.stages.stage_graphs import StageGraph
 from autoshard.passes.spec import Replicate, Strategy
 
-from ..lower import lower
-from ..materialize import materialize
-from ..recompute import Replay
-from .groups import SubmeshEnv
-from autoshard.passes.pipeline.stages.stage_graphs import StageGraph
-from .split_backward import SplitBackward
+from .groups import MeshEnv
+from .lower import lower
+from .materialize import materialize
+from .pipeline.split_backward import SplitBackward
+from .recompute import Replay
+from .regions import outline_regions
 
-__all__ = ["StageProgram", "StageGradSync"]
+__all__ = ["LoweredStage"]
 
 
 @dataclass(eq=False)
@@ -47,22 +63,28 @@ class _Saved:
     replay: Optional[tuple] = None  # (Replay, its arguments) while the forward awaits its recompute
 
 
-class StageProgram:
-    """Stage ``graph.index`` on this rank. ``strategies``: the stage Solution's strategies;
-    ``arrivals`` / ``departures``: the placements its received and sent values travel at (received
-    placeholder / sent node name -> placements, ``boundaries.boundary_placements``; absent: full)."""
+class LoweredStage:
+    """Stage ``graph.index`` on this rank (see the module docstring). ``strategies``: the stage
+    Solution's strategies; ``levers``: its memory levers (default: none pulled); ``arrivals`` /
+    ``departures``: the placements its received and sent values travel at (received placeholder / sent
+    node name -> placements, ``pipeline.boundaries``; absent: full). Initial values come from
+    ``state_dict`` (full tensors, original names), else ``model``'s real tensors, else, for a
+    meta-device model, initialization replayed with ``seed`` (``materialize``); ``trainable``: FQN ->
+    requires_grad."""
 
-    def __init__(self, graph: StageGraph, strategies: dict[str, Strategy], env: SubmeshEnv, *,
-                 model: Optional[nn.Module] = None, state_dict: Optional[dict] = None, seed: int = 0,
-                 microbatches: int = 1, trainable: Optional[dict] = None, recompute: bool = False,
+    def __init__(self, graph: StageGraph, strategies: dict[str, Strategy], env: MeshEnv, *,
+                 levers: Optional[Levers] = None, model: Optional[nn.Module] = None,
+                 state_dict: Optional[dict] = None, seed: int = 0, seed_scale: float = 1.0,
+                 trainable: Optional[dict] = None, recompute: bool = False,
                  arrivals: Optional[dict] = None, departures: Optional[dict] = None):
         self.graph, self.strategies, self.env = graph, strategies, env
+        self.levers = levers if levers is not None else Levers()
         self.recompute = recompute
         self.index = graph.index
         captured = graph.captured
         self.received_at, self.sent_at = dict(arrivals or {}), dict(departures or {})
-        self.program = lower(captured, strategies, env, arrivals=self.received_at, departures=self.sent_at)
-        self._programs = {False: self.program}
+        self._programs = {False: self._build_program()}
+        self.program, self.gatherer = self._programs[False]
         local = materialize(captured, strategies, env, model=model, state_dict=state_dict, seed=seed)
         trainable = trainable or {}
         self.param_names = list(captured.params)
@@ -70,18 +92,26 @@ class StageProgram:
         self.params = [nn.Parameter(local[ph], requires_grad=trainable.get(captured.params[ph], True))
                        for ph in self.param_names]
         self.buffers = [local[b] for b in self.buffer_names]
-        self.input_meta = [captured.node(n).meta.get(META) for n in captured.inputs]
-        self.n_user = len(graph.user_inputs)
-        self.seed_scale = 1.0 / microbatches
+        self.seed_scale = seed_scale
         self.saved: dict[int, _Saved] = {}
+        self.memory_probe = None  # a ``memory_probe.MemoryProbe`` while one measures the step
+
+    # ---- the program ---------------------------------------------------------------------------
+    def _build_program(self, arrivals: Optional[dict] = None) -> tuple[fx.GraphModule, object]:
+        """(program, its parameter gatherer or None): lowered with the levers, checkpointed block
+        instances outlined as regions; ``arrivals`` on top of the received values' (``local_batch``)."""
+        captured = self.graph.captured
+        flat = lower(captured, self.strategies, self.env, self.levers, arrivals={**self.received_at, **(arrivals or {})},
+                     departures=self.sent_at)
+        program = outline_regions(flat, lambda b: self.levers.policy(b).checkpoint, set(captured.buffers))
+        return program, getattr(flat, "param_gatherer", None)
 
     def local_inputs(self, on: bool, arrivals: Optional[dict] = None) -> None:
         """Run the program that takes this rank's slice of the batch inputs (``on``; lowered on first use
-        with ``arrivals``, see ``local_batch.arrivals_for``) or the one taking full inputs."""
+        with ``arrivals``, ``local_batch.arrivals_for``) or the one taking full inputs."""
         if on not in self._programs:
-            self._programs[on] = lower(self.graph.captured, self.strategies, self.env,
-                                       arrivals={**self.received_at, **(arrivals or {})}, departures=self.sent_at)
-        self.program = self._programs[on]
+            self._programs[on] = self._build_program(arrivals)
+        self.program, self.gatherer = self._programs[on]
 
     def grad_layout(self, ph: str) -> tuple:
         """Placements of a parameter's gradient: its storage, with ``P`` read as ``R`` (a ``P``-stored
@@ -89,21 +119,44 @@ class StageProgram:
         storage = normalize(self.strategies[ph].outputs[0], self.env.mesh.shape)
         return tuple(Replicate() if p.is_partial() else p for p in storage)
 
-    def sync_list(self) -> list:
-        """(param, comm over its replicated axes) for the gradient all-reduce inside the group."""
+    def sync_order(self) -> list:
+        """(param, comm over its replicated axes) for the gradient all-reduce over the stage's mesh, in
+        the order gradients become ready: reverse order of first use."""
+        first_use: dict[str, int] = {}
+        for i, node in enumerate(self.graph.captured.gm.graph.nodes):
+            for a in node.all_input_nodes:
+                if a.name in self.graph.captured.params:
+                    first_use.setdefault(a.name, i)
+        order = sorted(range(len(self.param_names)), key=lambda k: -first_use.get(self.param_names[k], -1))
+        shape = self.env.mesh.shape
         out = []
-        for ph, p in zip(self.param_names, self.params):
-            storage = normalize(self.strategies[ph].outputs[0], self.env.mesh.shape)
-            axes = [a for a, pl in enumerate(storage) if isinstance(pl, Replicate) and self.env.mesh.shape[a] > 1]
-            if axes and p.requires_grad:
-                out.append((p, self.env.comm_for(axes)))
+        for k in order:
+            storage = normalize(self.strategies[self.param_names[k]].outputs[0], shape)
+            axes = [a for a, p in enumerate(storage) if isinstance(p, Replicate) and shape[a] > 1]
+            if axes:
+                out.append((self.params[k], self.env.comm_for(axes)))
         return out
+
+    def _run(self, full: list):
+        """The program on ``full`` (parameters, buffers, arguments) under the reshard hooks (and the
+        memory probe, if any)."""
+        probe = (self.memory_probe.forward(full) if self.memory_probe is not None else contextlib.nullcontext())
+        hooks = self.gatherer.saved_tensors_hooks() if self.gatherer is not None else contextlib.nullcontext()
+        with probe, hooks:
+            return self.program(*full)
+
+    def end_step(self) -> None:
+        """After the step's last backward: drop what the parameter gatherer still holds."""
+        if self.gatherer is not None:
+            self.gatherer.end()
 
     # ---- per microbatch ------------------------------------------------------------------------
     def forward(self, mb: int, user: list, received: list, target=None) -> list:
         """Run on microbatch ``mb``: ``user`` inputs the stage reads, ``received`` values (this rank's
         pieces, as ``arrivals`` places them), the target on the last stage. Returns the outputs (this
         rank's pieces, as ``departures`` places them; on the last stage the local loss piece)."""
+        if self.gatherer is not None and not self.saved:  # nothing in flight: a fresh forward
+            self.gatherer.begin()
         leaves = []
         for t in received:
             if t.is_floating_point():
@@ -112,7 +165,7 @@ class StageProgram:
         args = list(user) + leaves + ([target] if self.graph.reads_target else [])
         full = [*self.params, *self.buffers, *args]
         if not self.recompute:
-            self.saved[mb] = _Saved(self._outputs(self.program(*full)), leaves)
+            self.saved[mb] = _Saved(self._outputs(self._run(full)), leaves)
             return self.saved[mb].outputs
         buffers = range(len(self.params), len(self.params) + len(self.buffers))
         replay = Replay(self.program, writable=buffers)
@@ -120,6 +173,11 @@ class StageProgram:
             outs = self._outputs(replay(*full))
         self.saved[mb] = _Saved(outs, leaves, replay=(replay, full))
         return outs
+
+    def forward_only(self, args: list):
+        """The program on one microbatch's ``args`` without autograd (inference): its raw outputs."""
+        with torch.no_grad():
+            return self.program(*self.params, *self.buffers, *args)
 
     def _outputs(self, out) -> list:
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
@@ -178,75 +236,8 @@ class StageProgram:
             torch.autograd.backward(outs, seeds)
         return self._input_grads(saved.leaves, [t.grad if t.requires_grad else None for t in saved.leaves])
 
-
-class StageGradSync:
-    """All-reduce one stage's replicated gradients inside its group, overlapped with the stage's last
-    weight-gradient action of the step.
-
-    ``pairs``: (parameter, comm over its replicated axes), as ``StageProgram.sync_list`` gives. Buckets
-    follow the parameters in reverse (the order backward finishes them), split by comm and dtype and
-    capped at ``bucket_bytes``. ``arm()`` right before the last action that adds to the stage's weight
-    gradients; each parameter's post-accumulate-grad hook then marks its gradient final, and full buckets
-    launch async all-reduces strictly in order, so every rank of the group issues the same collectives in
-    the same order; a zero-bubble W, which sets gradients without hooks, reports them through
-    ``mark_ready``. ``launch_rest()`` after that action launches what is left (a parameter without
-    gradient contributes zeros); ``finish()`` waits and
-    writes the sums into ``.grad``. ``overlapped``: buckets launched from hooks in the last step."""
-
-    def __init__(self, pairs: list, bucket_bytes: int = 4 * 2**20):
-        self.buckets: list[tuple] = []
-        for p, comm in reversed(pairs):
-            last = self.buckets[-1] if self.buckets else None
-            if (last is None or last[0] is not comm or last[1][0].dtype != p.dtype
-                    or (sum(q.numel() for q in last[1]) + p.numel()) * p.element_size() > bucket_bytes):
-                self.buckets.append((comm, []))
-            self.buckets[-1][1].append(p)
-        self._bucket_of = {id(p): k for k, (_, ps) in enumerate(self.buckets) for p in ps}
-        self.armed = False
-        self.overlapped = 0
-        self._ready: set = set()
-        self._next = 0
-        self._works: list = []
-        for _, ps in self.buckets:
-            for p in ps:
-                p.register_post_accumulate_grad_hook(self._hook)
-
-    def arm(self) -> None:
-        self.armed, self._ready, self._next, self._works = True, set(), 0, []
-
-    def _hook(self, p) -> None:
-        self.mark_ready(p)
-
-    def mark_ready(self, p) -> None:
-        """``p``'s gradient is final for this step (a zero-bubble W reports what no hook sees)."""
-        if self.armed and id(p) in self._bucket_of:
-            self._ready.add(id(p))
-            self._launch(False)
-
-    def _launch(self, everything: bool) -> None:
-        while self._next < len(self.buckets):
-            comm, ps = self.buckets[self._next]
-            if not everything and any(id(p) not in self._ready for p in ps):
-                return
-            for p in ps:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            flat = torch.cat([p.grad.reshape(-1) for p in ps])
-            self._works.append((dist.all_reduce(flat, group=comm.pg(), async_op=True), flat, ps))
-            self._next += 1
-
-    def launch_rest(self) -> None:
-        if self.armed:
-            self.overlapped = self._next  # buckets the hooks launched during the action
-        self._launch(True)
-        self.armed = False
-
-    def finish(self) -> None:
-        self.launch_rest()
-        for work, flat, ps in self._works:
-            work.wait()
-            off = 0
-            for p in ps:
-                p.grad.copy_(flat[off:off + p.numel()].view_as(p))
-                off += p.numel()
-        self._works = []
+    # ---- state ---------------------------------------------------------------------------------
+    def input_meta(self) -> list:
+        """The stage's placeholder metas of its inputs, in order."""
+        captured = self.graph.captured
+        return [captured.node(n).meta.get(META) for n in captured.inputs]

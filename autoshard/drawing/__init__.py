@@ -9,6 +9,9 @@
 - ``pipeline_graph``: ``pipeline_to_dot(pipeline_plan, captured)``, op by op, one cluster per stage.
 - ``dot``: what all share (labels, placement colours, op names) and ``render_dot``.
 
+``plan_dot(plan, detail)`` is the one entry ``Plan.to_dot`` calls: blocks or ops, the pipeline's
+stages drawn only when the plan has several.
+
 May import: ``autoshard.passes`` (graph, spec, units) and graphviz. Never the runtime.
 """
 from autoshard.drawing.block_graph import block_pipeline_to_dot, block_plan_to_dot
@@ -16,4 +19,11 @@ from autoshard.drawing.dot import render_dot
 from autoshard.drawing.pipeline_graph import pipeline_to_dot
 from autoshard.drawing.plan_graph import plan_to_dot
 
-__all__ = ["plan_to_dot", "pipeline_to_dot", "block_plan_to_dot", "block_pipeline_to_dot", "render_dot"]
+__all__ = ["plan_dot", "plan_to_dot", "pipeline_to_dot", "block_plan_to_dot", "block_pipeline_to_dot", "render_dot"]
+
+
+def plan_dot(plan, detail: str = "blocks") -> str:
+    """Graphviz dot text of ``plan`` at ``detail`` ("blocks" or "ops"; see ``Plan.to_dot``)."""
+    if detail == "blocks":
+        return block_pipeline_to_dot(plan) if plan.pipelined else block_plan_to_dot(plan)
+    return pipeline_to_dot(plan, plan.captured) if plan.pipelined else plan_to_dot(plan)

@@ -1,6 +1,6 @@
 """The default plan picture: one box per module segment, repeated blocks folded, readable at a glance.
 
-``block_plan_to_dot(plan)`` draws a ``Plan``; ``block_pipeline_to_dot(plan)`` a ``PipelinedPlan``,
+``block_plan_to_dot(plan)`` draws a plan of one stage; ``block_pipeline_to_dot(plan)`` a pipelined one,
 one cluster per stage with consecutive identical stages folded ("stages 1-14, x14"). Each box
 (``segments.DrawnUnit``) lists the parameters its ops read with their shape and storage placement
 per mesh axis (coloured as the op-level drawing colours values), the collectives inside it (per
@@ -206,9 +206,9 @@ def _cut_bytes(captured, stage_of: dict, boundary: int) -> float:
 
 
 def block_pipeline_to_dot(plan) -> str:
-    """Block-level graphviz dot text for a ``PipelinedPlan`` carrying its captured graph: one cluster per
+    """Block-level graphviz dot text for a pipelined ``Plan`` carrying its captured graph: one cluster per
     stage (consecutive identical stages folded), each drawn as ``block_plan_to_dot`` draws a plan."""
-    captured, pipe, mesh = plan.captured, plan.pipeline, plan.mesh
+    captured, pipe, mesh = plan.captured, plan, plan.mesh
     stage_units = [fold(segments(captured, st.nodes), st.solution, captured) for st in pipe.stages]
     stage_of = {n: st.index for st in pipe.stages for n in st.nodes}
     runs: list[tuple[list[int], tuple]] = []

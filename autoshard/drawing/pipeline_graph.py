@@ -17,7 +17,7 @@ __all__ = ["pipeline_to_dot"]
 
 
 def pipeline_to_dot(plan, captured) -> str:
-    """Graphviz dot text for the PipelinePlan ``plan`` over ``captured`` (the program it was cut from)."""
+    """Graphviz dot text for the pipelined ``Plan`` ``plan`` over ``captured`` (the program it was cut from)."""
     stage_of = {name: s.index for s in plan.stages for name in s.nodes}
     stage_by_index = {s.index: s for s in plan.stages}
     param_of = captured.params

@@ -62,8 +62,8 @@ def register_view(name: str, fn: Callable) -> None:
 
 def _view(name: str) -> Callable:
     if name not in VIEWS:
-        raise RuntimeError(f"no plan view {name!r} is registered: import autoshard (its front door registers the "
-                           "summary, the pictures and explain)")
+        raise RuntimeError(f"no plan view {name!r} is registered: import autoshard.plans (the front door registers "
+                           "the summary, the pictures and explain there)")
     return VIEWS[name]
 
 

@@ -29,11 +29,11 @@ def data_parallel_pipeline(model, inputs, target, loss_fn, prefixes, microbatche
     from autoshard.passes.capture.export import capture
     from autoshard.passes.mesh import Mesh
     from autoshard.passes.pipeline.schedule.generators import generate
-    from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+    from autoshard.passes.pipeline.plan import Plan
     from autoshard.passes.sharding.pins import Pins
     from autoshard.passes.solve.planner import plan_sharding
     from autoshard.runtime.groups import broadcast_json
-    from autoshard.runtime.pipeline.executor import PipelineProgram
+    from autoshard.runtime.executor import RankProgram
     from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
     from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
     mb = target.shape[0] // microbatches
@@ -46,8 +46,8 @@ def data_parallel_pipeline(model, inputs, target, loss_fn, prefixes, microbatche
             return plan_sharding(g.captured, sm, hardware="cpu", time_limit_s=10, pins=pins)
         payload = make_pipeline_plan(captured, stage_nodes_from_prefixes(captured, prefixes[2]), Mesh.of((2, 2)),
                                      schedule="1f1b", microbatches=microbatches, solve=solve).to_json()
-    plan = PipelinePlan.from_json(broadcast_json(payload))
-    program = PipelineProgram(captured, plan, generate("1f1b", 2, microbatches), model=model)
+    plan = Plan.from_json(broadcast_json(payload))
+    program = RankProgram(plan.attach(captured), schedule=generate("1f1b", 2, microbatches), model=model)
     return PipelinedModel(plan, program)
 
 
