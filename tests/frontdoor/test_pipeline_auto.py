@@ -134,7 +134,7 @@ def auto_worker(rank: int, world: int, cases: list, expected: list, trace_path: 
     """Each case: compile with its keywords; check the kind of result, the plan and the training (and,
     for the first pipelined case, the measured timeline written as a Chrome trace)."""
     import autoshard
-    from autoshard.compiled import CompiledModel, PipelinedModel
+    from autoshard.compiled import CompiledModel
 
     torch.set_num_threads(1)
     failures = []
@@ -155,8 +155,8 @@ def auto_worker(rank: int, world: int, cases: list, expected: list, trace_path: 
             if not isinstance(cm, CompiledModel) or cm.planner_plan.pp != 1:
                 failures.append(f"{label}: expected a CompiledModel (pp=1), got {type(cm).__name__}")
         else:
-            if not isinstance(cm, PipelinedModel):
-                failures.append(f"{label}: expected a PipelinedModel, got {type(cm).__name__}")
+            if not cm.plan.pipelined:
+                failures.append(f"{label}: expected a pipelined CompiledModel, got one of {len(cm.plan.stages)} stage")
                 continue
             plan, auto = cm.plan, cm.planner_plan
             runtime = (plan.pp, plan.schedule, plan.microbatches,

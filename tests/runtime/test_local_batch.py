@@ -25,7 +25,6 @@ def _slice(t: torch.Tensor, cm) -> torch.Tensor:
 def data_parallel_pipeline(model, inputs, target, loss_fn, prefixes, microbatches: int = 2):
     """A 2-stage pipeline over 4 ranks, each stage data parallel on its 2-rank submesh (every stage's
     inputs pinned ``S(0)``, parameters ``R``), built by hand from the captured microbatch program."""
-    from autoshard.compiled import PipelinedModel
     from autoshard.passes.capture.export import capture
     from autoshard.passes.mesh import Mesh
     from autoshard.passes.pipeline.schedule.generators import generate
@@ -48,7 +47,8 @@ def data_parallel_pipeline(model, inputs, target, loss_fn, prefixes, microbatche
                                      schedule="1f1b", microbatches=microbatches, solve=solve).to_json()
     plan = Plan.from_json(broadcast_json(payload))
     program = RankProgram(plan.attach(captured), schedule=generate("1f1b", 2, microbatches), model=model)
-    return PipelinedModel(plan, program)
+    from autoshard.compiled import CompiledModel
+    return CompiledModel(None, program.plan, program=program)
 
 
 def local_batch_worker(rank: int, world: int) -> list:

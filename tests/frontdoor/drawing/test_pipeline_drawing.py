@@ -53,19 +53,18 @@ def test_stage_clusters_submeshes_and_p2p_edges(tmp_path):
 
 
 def test_pipelined_model_draws_itself(monkeypatch, tmp_path):
-    """PipelinedModel.render writes the drawing (here through the .dot fallback, without graphviz)."""
-    from autoshard.compiled import PipelinedModel
+    """A compiled pipeline's render writes the drawing of the plan it runs (here through the .dot
+    fallback, without graphviz)."""
+    from autoshard.compiled import CompiledModel
 
     plan, captured = _unet_plan()
 
-    class Program:  # what PipelinedModel reads for drawing: the program it was cut from
-        pass
-    program = Program()
-    program.captured = captured
-    cm = PipelinedModel(plan, program)
+    class Program:  # what the compiled model reads here: nothing but its env
+        env = None
+    cm = CompiledModel(None, plan, program=Program())
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="graphviz"):
-        cm.render(str(tmp_path / "p.svg"))
+        cm.render(str(tmp_path / "p.svg"), detail="ops")
     assert "cluster_stage_3" in (tmp_path / "p.dot").read_text()
 
 
