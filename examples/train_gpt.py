@@ -167,7 +167,7 @@ def main() -> None:
             checkpoint.save(training_state(cm, opt, sched, step + 1, world),
                             os.path.join(args.checkpoint_dir, f"step_{step + 1}"))
     if pipelined:
-        from autoshard.runtime.pipeline.executor import write_chrome_trace
+        from autoshard.runtime.pipeline.timelines import write_chrome_trace
         from autoshard.runtime.pipeline.timelines import draw_measured_timeline
         timelines = cm.gather_timelines()  # every rank takes part
         if rank == 0:

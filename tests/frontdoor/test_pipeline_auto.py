@@ -103,7 +103,7 @@ def recompute_limit(model_name: str, mesh, hardware) -> int:
 def _check_trace(label: str, cm, path: str) -> list:
     """Rank 0 writes its measured timeline as Chrome trace JSON; the events are the timeline's."""
     import json
-    from autoshard.runtime.pipeline.executor import write_chrome_trace
+    from autoshard.runtime.pipeline.timelines import write_chrome_trace
     if torch.distributed.get_rank() != 0 or not write_chrome_trace({0: cm.timeline}, path):
         return []
     names = [e["name"] for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]

@@ -70,7 +70,7 @@ def test_plan_pp_is_the_stage_planners_choice_with_the_plan_surface(tmp_path):
         per_group[s.group] = per_group.get(s.group, 0.0) + s.solution.estimated_memory
     assert plan.estimated_memory == int(max(per_group.values()))
     assert set(plan.param_placements) == {n for n, _ in model.named_parameters(remove_duplicate=False)}
-    # throughput and MFU follow autoshard.metrics: tokens = batch x sequence, matmul FLOPs x3
+    # throughput and MFU follow passes.pipeline.plan_work: tokens = batch x sequence, matmul FLOPs x3
     tokens = inputs[0].numel()
     assert plan.tokens_per_second_per_device == pytest.approx(tokens / plan.estimated_step_time / 4)
     assert plan.mfu == pytest.approx(plan.model_flops / (plan.estimated_step_time * 4 * slow.flops_fp32))

@@ -26,10 +26,10 @@ def _unet_plan():
 
 
 def test_stage_clusters_submeshes_and_p2p_edges(tmp_path):
-    from autoshard.drawing import pipeline_to_dot
+    from autoshard.drawing import plan_to_dot
 
     plan, captured = _unet_plan()
-    dot = pipeline_to_dot(plan, captured)
+    dot = plan_to_dot(plan)
     clusters = re.findall(r'subgraph cluster_stage_(\d+) \{ label="([^"]*)"', dot)
     assert [int(i) for i, _ in clusters] == [0, 1, 2, 3]
     for (i, label), stage in zip(clusters, plan.stages):
