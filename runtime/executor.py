@@ -66,6 +66,7 @@ from .redistribute import redistribute
 from .stage import LoweredStage
 from .state_dict import ModelState
 from .step_inputs import StepInputs
+from .step_results import LossReduction, assembled
 
 __all__ = ["RankProgram"]
 
@@ -128,7 +129,8 @@ class RankProgram:
         self._holders = self._shared_params()
         self._ties = (TieGroups(self.layout, sorted({k for _, k in self._holders.values()}), dist.get_rank())
                       if plan.pp > 1 else None)
-        self._inputs = StepInputs(self.captured, n, self.device, cast=self._levers().mixed_precision is not None)
+        cast = any(st.levers.mixed_precision is not None for st in self.stages.values())
+        self._inputs = StepInputs(self.captured, n, self.device, cast=cast)
         self.model = model  # its state_dict hooks name the checkpoint's tensors (``state_dict.ModelState``)
         self._model_state: Optional[ModelState] = None
         self._data_layout: Optional[DataLayout] = None
@@ -188,9 +190,6 @@ class RankProgram:
             if len(holders) > 1:
                 out[ph] = (holders, tuple(sorted({self.plan.stages[s].group for s in holders})))
         return out
-
-    def _levers(self):
-        return self.plan.stages[min(self.stages)].solution.levers if self.stages else self.plan._levers()
 
     # ---- what it runs ----------------------------------------------------------------------------
     def _only(self) -> LoweredStage:
@@ -284,7 +283,8 @@ class RankProgram:
         stashed = self._set_aside()
         holds_loss = self.group == self.plan.stages[-1].group
         losses: list = []
-        loss = _LossReduction(self, holds_loss)
+        loss = LossReduction(self.rounds * self.microbatches, self.device, self._loss_comm, holds_loss,
+                             early=self._early_loss)
         m = self.microbatches
         last_stage = self.plan.stages[-1].index
 
@@ -357,7 +357,7 @@ class RankProgram:
         outs = [stage.forward_only([u[i] for u in user] + ([targets[i]] if reads_target else []))
                 for i in range(self._inputs.n)]
         stage.end_step()
-        return _assembled(self, outs)
+        return assembled(self.captured, outs, self._loss_comm)
 
     __call__ = forward
 
@@ -410,72 +410,3 @@ class RankProgram:
             counts["grad_sync"] = synced
             counts["grad_sync_buckets"] = sum(len(sync.buckets) for sync in self._syncs.values())
         return counts
-
-
-class _LossReduction:
-    """The step's mean loss on every rank. Without a pipeline: this rank's loss pieces summed and
-    divided by the microbatches when the last weight-gradient action starts (``start_alone``), then
-    carried in a gradient bucket reduced over every axis, or all-reduced alone. A pipeline: the last
-    stage's group sums its pieces in float64 and all-reduces over the world with the other ranks' zero
-    share (posted when the step begins on gloo)."""
-
-    def __init__(self, program: RankProgram, holds_loss: bool):
-        self.program, self.holds = program, holds_loss
-        self.n = program.rounds * program.microbatches
-        self.total, self.work, self.sync = None, None, None
-        if program.plan.pp > 1:
-            self.total = torch.zeros((), dtype=torch.float64, device=program.device)
-            if program._early_loss and not holds_loss:
-                self.work = dist.all_reduce(self.total, async_op=True)
-
-    def start_alone(self, losses: list, sync: GradSync) -> None:
-        total = losses[0].detach().clone()
-        for x in losses[1:]:
-            total = total + x.detach()
-        self.total = total / self.n if self.n > 1 else total
-        comm = self.program._loss_comm
-        if sync.carries:  # the loss rides in a gradient bucket reduced over every axis
-            self.sync = sync
-            sync.carry(self.total)
-        elif comm.size > 1:
-            self.work = dist.all_reduce(self.total, group=comm.group, async_op=True)
-
-    def result(self, losses: list) -> float:
-        if self.program.plan.pp == 1:
-            if self.total is None:  # no backward armed the reduction (a stage without weights)
-                self.start_alone(losses, GradSync([]))
-            total = self.sync.carried() if self.sync is not None else self.total
-            if self.work is not None:
-                self.work.wait()
-            return total.item()
-        if self.holds:
-            for x in losses:
-                self.total += x.double()
-            self.work = dist.all_reduce(self.total, async_op=self.program._early_loss)
-        elif self.work is None:  # NCCL: the zero share joins at the end
-            self.work = dist.all_reduce(self.total, async_op=False)
-        if self.work is not None:
-            self.work.wait()
-        return self.total.item() / self.n
-
-
-def _assembled(program: RankProgram, outs: list):
-    """A forward's microbatch outputs as the model returns them (see ``RankProgram.forward``)."""
-    captured = program.captured
-    structure = captured.output_structure
-    if not captured.loss_output and structure is not None:  # the model's own output object
-        parts = [list(o) if isinstance(o, (tuple, list)) else [o] for o in outs]
-        return structure.rebuild(p[0] if len(parts) == 1 else torch.cat(p) for p in zip(*parts))
-    if not captured.loss_output:
-        outs = [o[0] if isinstance(o, (tuple, list)) and len(o) == 1 else o for o in outs]
-        if len(outs) == 1:
-            return outs[0]
-        if isinstance(outs[0], (tuple, list)):
-            return type(outs[0])(torch.cat(parts) for parts in zip(*outs))
-        return torch.cat(outs)
-    local = [o[0] if isinstance(o, (tuple, list)) else o for o in outs]
-    loss = (sum(local) / len(local) if len(local) > 1 else local[0]).clone()
-    comm = program._loss_comm
-    if comm.size > 1:
-        dist.all_reduce(loss, group=comm.group)
-    return loss

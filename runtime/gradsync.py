@@ -94,7 +94,7 @@ class GradSync:
                 self._flat_view[p] = b.flat[off:off + p.numel()]
                 self._grad_view[p] = self._flat_view[p].view_as(p)
         for p in self._where:
-            p.register_post_accumulate_grad_hook(self._ready)
+            p.register_post_accumulate_grad_hook(self.mark_ready)
 
     @property
     def num_params(self) -> int:
@@ -120,9 +120,6 @@ class GradSync:
         self._next = 0
         self._copied = set()
         self.active = True
-
-    def _ready(self, p: nn.Parameter) -> None:
-        self.mark_ready(p)
 
     def mark_ready(self, p: nn.Parameter) -> None:
         """``p``'s gradient is final for this step: copy it into its bucket (after ``arm``; the hooks call
