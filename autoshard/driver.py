@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from autoshard.batch_fit import check_batch_uses_mesh
 from autoshard.compiled import CompiledModel
 from autoshard.layout_plans import (check_pipelined_layout, layout_pins_and_levers, layout_run, layout_stage_starts,
                                     stamp_layout)
@@ -131,7 +132,10 @@ def choose(batch: ModelBatch, mesh: Mesh, options: PlanOptions, *, for_runtime: 
         return _choose_layout(batch, mesh, options, hardware)
     if options.pipelined:
         return _choose_pipeline(batch, mesh, options, hardware, for_runtime)
-    return Chosen(_choose_sharding(batch, mesh, options, hardware))
+    plan = _choose_sharding(batch, mesh, options, hardware)
+    if options.random_seed is None and not any(options.pins.values()):  # what was asked for runs as asked
+        check_batch_uses_mesh(plan)
+    return Chosen(plan)
 
 
 def _choose_layout(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware) -> Chosen:

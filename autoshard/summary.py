@@ -21,6 +21,7 @@ from autoshard.passes.sharding.rules.moe import moe_role
 from autoshard.passes.solve.replicated_ops import REGISTER_HINT, replicated_op_costs
 from autoshard.passes.spec import fmt_placements
 from autoshard.passes.units import human_bytes, human_time
+from autoshard.verdict import plan_verdict
 
 __all__ = ["plan_summary", "throughput_line", "fold_name", "fold_names", "placement_lines",
            "moe_lines"]
@@ -162,7 +163,7 @@ def plan_summary(plan) -> str:
         factors = {} if captured is None else {n.name: capacity_factor_of(n) for n in moe_nodes(captured.gm)}
         out += moe_lines(plan.solution.strategies, mesh, factors)
     out += _search_lines(plan, solutions)
-    return "\n".join(out)
+    return "\n".join([plan_verdict(plan)] + out)
 
 
 def _lever_lines(plan) -> list[str]:
