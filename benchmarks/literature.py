@@ -213,7 +213,7 @@ def price(row: Row, hardware: Union[str, Hardware, None] = None) -> dict:
                           layout=row.layout, hardware=hw, optimizer=row.optimizer,
                           mixed_precision=row.mixed_precision, memory_limit=1e15)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    if isinstance(plan, autoshard.PipelinedPlan):
+    if plan.pipelined:
         step = plan.estimated_step_time
         parts = {"bubble": plan.bubble_fraction}
         how = f"pp {plan.pp} x v{plan.virtual} {plan.schedule}, m {plan.microbatches}, simulated"
