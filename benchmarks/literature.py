@@ -239,8 +239,8 @@ def main() -> None:
             if not args.only or any(k.strip() in r.name for k in args.only.split(","))]
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
           "every row through autoshard.plan(layout=...)")
-    print(f"{'run':<27} {'GPUs':>5} {'measured':>17} {'predicted':>9} {'error':>7}  {'step s (meas.)':>16}  "
-          f"{'plan s (CPU)':>13} {'peak GiB':>8}  how")
+    print(f"{'run':<27} {'GPUs':>5} {'measured':>17} {'predicted':>9} {'error':>7}  {'step s (meas.)':>16} "
+          f"{'step err':>8}  {'plan s (CPU)':>13} {'peak GiB':>8}  how")
     out, t_all, c_all = [], time.perf_counter(), time.process_time()
     for r in rows:
         got = price(r)
@@ -248,15 +248,19 @@ def main() -> None:
         err = pred / r.measured - 1
         out.append((r, pred, err, got))
         print(f"{r.name:<27} {r.gpus:>5} {r.measured:>7g} {r.unit:<9} {pred:>9.1f} {100 * err:>+6.1f}%  "
-              f"{got['step']:>7.3f} ({r.measured_step():>6.3f})  {got['plan_s']:>6.1f} ({got['cpu_s']:>4.0f}) "
+              f"{got['step']:>7.3f} ({r.measured_step():>6.3f}) {100 * (got['step'] / r.measured_step() - 1):>+7.1f}%  "
+              f"{got['plan_s']:>6.1f} ({got['cpu_s']:>4.0f}) "
               f"{got['memory'] / GiB:>8.1f}  "
               f"{r.layout.describe().split(':', 1)[0]} {got['how']}", flush=True)
     total, cpu = time.perf_counter() - t_all, time.process_time() - c_all
     within, mean_abs, rhos = summary([(r, p, e) for r, p, e, _ in out])
     errs = [e for _, _, e, _ in out]
-    print(f"\nrows within +-15%: {within}/{len(out)} [goal: all]; mean |error| {100 * mean_abs:.1f}% [goal <= 10%]; "
+    step_errs = [g["step"] / r.measured_step() - 1 for r, _, _, g in out]
+    print(f"\nstep time: rows within +-15%: {sum(abs(e) <= 0.15 for e in step_errs)}/{len(out)} [goal: all]; "
+          f"mean |error| {100 * sum(abs(e) for e in step_errs) / len(out):.1f}% [goal <= 10%]")
+    print(f"throughput: rows within +-15%: {within}/{len(out)}; mean |error| {100 * mean_abs:.1f}%; "
           "Spearman (measured vs predicted) " + ", ".join(f"{u} {v:.2f}" for u, v in rhos.items()) + " [goal >= 0.9]")
-    print(f"signed errors: median {100 * sorted(errs)[len(errs) // 2]:+.1f}%, min {100 * min(errs):+.1f}%, "
+    print(f"throughput signed errors: median {100 * sorted(errs)[len(errs) // 2]:+.1f}%, min {100 * min(errs):+.1f}%, "
           f"max {100 * max(errs):+.1f}%; all rows planned in {total:.0f} s wall, {cpu:.0f} CPU s of this process "
           f"[goal <= 600 s on 2 quiet cores; load average now {os.getloadavg()[0]:.1f}]")
     if args.sensitivity:
