@@ -264,7 +264,9 @@ def fsdp(tp: int = 1, pp: int = 1, cp: int = 1, checkpoint: str = "none", reshar
          replicas: int = 1, dp: Optional[int] = None, microbatch_size: Optional[int] = None, schedule: str = "1f1b",
          virtual_stages: int = 1) -> Layout:
     """torchtitan's FSDP2 / HSDP (``replicas``) + TP (sequence parallel, as torchtitan applies it) + PP +
-    CP. ``checkpoint``: torchtitan's activation checkpointing ("none" | "selective" | "full")."""
+    CP. ``checkpoint``: torchtitan's activation checkpointing ("none" | "selective" | "full"); "selective"
+    is the planner's selective policy (every matmul and attention output kept, the rest recomputed), not
+    torchtitan's op-level policy, which also recomputes every second matmul (``passes/solve/lever_costs.py``)."""
     return Layout("fsdp", tp=tp, pp=pp, dp=dp, cp=cp, virtual_stages=virtual_stages, microbatch_size=microbatch_size,
                   schedule=schedule, recompute=checkpoint, sequence_parallel=tp > 1,
                   reshard_after_forward=reshard_after_forward, replicas=replicas)

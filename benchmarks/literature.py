@@ -23,8 +23,10 @@ Rows:
   The measured figure is their TFLOP/s per GPU with their accounting
   ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` per iteration.
 - torchtitan (PyTorch; docs/performance.md of 2024-12 and benchmarks/llama3_h100_202412_torchtitan.md):
-  Llama-3.1 8B on 8 H100 (FSDP, selective AC), Llama-3 70B on 64 A100 (FSDP, full AC), Llama-3.1 405B
-  on 128 H100 (FSDP 16 x TP 8 with sequence parallel, full AC); the model ``torchtitan_llama_2024.py``
+  Llama-3.1 8B on 8 H100 (FSDP, selective AC: torchtitan's op policy also recomputes every second
+  matmul, which the planner's selective policy does not, so this row is priced without that
+  recomputation), Llama-3 70B on 64 A100 (FSDP, full AC), Llama-3.1 405B on 128 H100 (FSDP 16 x TP 8
+  with sequence parallel, full AC); the model ``torchtitan_llama_2024.py``
   builds, bf16 compute with fp32 masters and reductions (``MixedPrecision``), foreach AdamW; tokens/s
   per GPU. The H100 rows run on the cards torchtitan names (96 GB HBM2e, 500 W:
   ``HARDWARE["h100-96gb-500w"]``) with the attention kernel its torch ran.
