@@ -48,7 +48,7 @@ from autoshard.passes.errors import InfeasiblePlanError
 from autoshard.passes.graph import CapturedGraph
 
 from autoshard.passes.sharding.pins import PinError, Pins
-from autoshard.passes.solve.ilp import ILPResult, lp_bound, solve
+from autoshard.passes.solve.ilp import ILPResult, cost_floor, lp_bound, solve
 from autoshard.passes.solve.lever_costs import LeverPricer
 from autoshard.passes.solve.finalists import pick_finalist
 from autoshard.passes.solve.lever_search import LeverSearch
@@ -162,6 +162,11 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
                 raise
             tried[k] = "PINNED_OUT"
             continue
+        if prune and best is not None and k != ks[0] and _cut_off_unpriced(search, problem, cm, best.step_time, k):
+            tried[k] = "/".join("CUTOFF" for _ in todo)  # what solving each combination would answer
+            for combo in todo:
+                pruned.setdefault(combo, []).append(k)
+            continue
         graph = search.graph(problem, cm, limit)
         last = (k, problem, graph)
         if prune and k == ks[0] and ks[0] == 1:
@@ -249,16 +254,35 @@ def _solve_unlevered(search: "LeverSearch", ks: list[int], budget: WorkBudget, w
         problem, cm = search.problem(k)
     except PinError:
         return None
-    fastest = tuple((t, allowed[0]) for t, allowed in sorted(search.policies.items()))  # KEEP unless pinned
-    # priced for the fastest policies only: the graph of every policy costs each block type's ops and
-    # edges once per policy (3.6 of 9.6 profiled seconds for Llama-3 8B on (8, 8)), to solve one slice
-    only = {t: [r] for t, r in fastest}
-    graph = build_lever_graph(problem, LeverPricer(search.captured, problem.facts, cm, search.blocks), only, None)
+    fastest, only, graph = _fastest_graph(search, problem, cm)
     for _, result in _solve_policies(graph, [fastest], only, budget, workers, lambda: None):
         if result.choice is not None:
             return _Found(k, problem, graph, result, result.cost * k)
     return None
 
+def _fastest_graph(search: "LeverSearch", problem: ShardingProblem, cm) -> tuple[tuple, dict, LeverGraph]:
+    """(the fastest policy combination, its policies as ``build_lever_graph`` takes them, the lever
+    graph of those policies alone, without a memory limit)."""
+    fastest = tuple((t, allowed[0]) for t, allowed in sorted(search.policies.items()))  # KEEP unless pinned
+    # priced for the fastest policies only: the graph of every policy costs each block type's ops and
+    # edges once per policy (3.6 of 9.6 profiled seconds for Llama-3 8B on (8, 8)), to solve one slice
+    only = {t: [r] for t, r in fastest}
+    graph = build_lever_graph(problem, LeverPricer(search.captured, problem.facts, cm, search.blocks), only, None)
+    return fastest, only, graph
+
+
+def _cut_off_unpriced(search: "LeverSearch", problem: ShardingProblem, cm, best_step: float, k: int) -> bool:
+    """Whether no plan of ``k`` microsteps, of any policy, can beat ``best_step``, shown by the
+    solver-free cost floor (``ilp.cost_floor``: every node and edge at its cheapest) of the graph
+    of the fastest policies alone, priced at a fraction of the cost of the graph of every policy.
+    Every policy after the first allowed one only adds work to each node and edge
+    (``lever_costs.LeverPricer``: recomputation, gathers and collectives issued again), so that floor
+    is at most the floor of every policy combination's graph, with which ``ilp.solve`` would answer
+    each combination "CUTOFF" (its memory bound ignored: no multiple of ``k`` can beat the best)."""
+    if any(list(allowed) != sorted(allowed) for allowed in search.policies.values()):
+        return False  # the first allowed policy is not the cheapest: no claim
+    _, _, graph = _fastest_graph(search, problem, cm)
+    return cost_floor(graph.graph) >= best_step / k * (1 - 1e-6)
 
 
 def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, list[int]], budget: WorkBudget,

@@ -81,3 +81,28 @@ def test_accumulating_is_never_faster_than_one_step_with_the_same_strategies():
     accumulated = planner.plan_sharding(captured, mesh, hardware=H100, levers=LeverPins(accumulation=2))
     one_step = evaluate(captured, mesh, accumulated.strategies, H100, "adamw", levers=Levers(1))
     assert one_step.estimated_step_time <= accumulated.estimated_step_time * (1 + 1e-9)
+
+
+def test_a_microstep_count_cut_off_by_the_fastest_policies_floor_is_never_priced_for_every_policy(monkeypatch):
+    """Under a binding limit, a microstep count whose fastest-policy cost floor cannot beat the best is
+    answered "CUTOFF" without building its graph of every policy, with the plan and the record of the
+    search unchanged (issue 31, item 10: the plan time under memory_limit)."""
+    captured = _gpt(d=64, layers=2, seq=64, batch=8)
+    mesh = (2, 2)
+    limit = 0.55 * _search(captured, mesh, H100.memory_bytes, prune=True).estimated_memory
+    built = []
+    graph = planner.LeverSearch.graph
+
+    def counted(self, problem, cm, memory_limit):
+        built.append(problem)
+        return graph(self, problem, cm, memory_limit)
+    monkeypatch.setattr(planner.LeverSearch, "graph", counted)
+    skipping = _search(captured, mesh, limit, prune=True)
+    skipping_built = len(built)
+    monkeypatch.setattr(planner, "_cut_off_unpriced", lambda *a: False)
+    built.clear()
+    pricing = _search(captured, mesh, limit, prune=True)
+    assert "CUTOFF" in str(pricing.solver_stats["accumulation_tried"])  # the premise: a count was cut off
+    assert skipping_built < len(built)
+    assert _decisions(skipping) == _decisions(pricing)
+    assert skipping.solver_stats["accumulation_tried"] == pricing.solver_stats["accumulation_tried"]
