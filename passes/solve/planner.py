@@ -17,7 +17,9 @@ Memory levers (``levers=LeverPins(...)``; None: none pulled, as the pipeline pla
 - gradient accumulation ``k`` is searched outside it: for every divisor of the global batch the
   pins allow, the problem is priced per microstep (``microbatch``: batch-dependent work and bytes
   divided by k, gradient syncs once per step, only strategies that still divide the microbatch) and
-  solved; a candidate whose LP bound cannot beat the best step so far is skipped (status CUTOFF);
+  solved; a candidate whose LP bound cannot beat the best step so far is skipped (status CUTOFF),
+  and a count whose fastest policies' cost floor cannot is skipped before its graph of every policy
+  is priced (``_cut_off_unpriced``);
   the fastest plan that fits wins. Never for a program with batch-coupled ops (BatchNorm in
   training, reductions over the batch: ``passes.batch_coupling``), whose maths microsteps would
   change; a pinned count there warns (``BatchCouplingWarning``);
