@@ -1,7 +1,7 @@
 """A plan in one line: what each mesh axis does, derived from the placements alone.
 
-``plan_verdict(plan)`` opens ``Plan.summary()``; ``pipelined_verdict(plan)`` opens
-``PipelinedPlan.summary()``. Each mesh axis of more than one device gets a role (``axis_roles``):
+``plan_verdict(plan)`` opens ``Plan.summary()`` (``pipelined_verdict`` for a plan with a pipeline).
+Each mesh axis of more than one device gets a role (``axis_roles``):
 
 - the batch split (an input ``S(0)`` on it, not gathered before use) with every parameter stored
   whole: data parallel;
@@ -165,15 +165,18 @@ def _levers_text(solution) -> str:
 
 
 def plan_verdict(plan) -> str:
-    """``verdict: ...``: one line for a ``Plan`` (axes' roles, then the memory levers pulled)."""
+    """``verdict: ...``: one line for a ``Plan`` (axes' roles, then the memory levers pulled; a
+    pipelined plan's is ``pipelined_verdict``)."""
+    if getattr(plan, "pipelined", False):
+        return pipelined_verdict(plan)
     return "verdict: " + solution_verdict(plan.solution, plan.mesh, getattr(plan, "captured", None)) \
         + _levers_text(plan.solution)
 
 
 def pipelined_verdict(plan) -> str:
-    """``verdict: pipeline of 4 stages ...``: one line for a ``PipelinedPlan`` (the pipeline, then what
+    """``verdict: pipeline of 4 stages ...``: one line for a pipelined ``Plan`` (the pipeline, then what
     runs inside its stages, once when every stage does the same)."""
-    pipe = plan.pipeline
+    pipe = plan
     inside = []
     for stage in pipe.stages:
         if stage.solution is None:

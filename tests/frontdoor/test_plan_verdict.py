@@ -93,7 +93,7 @@ def test_a_pipeline_names_its_stages_and_what_runs_inside_them():
     model, inputs, target, loss_fn, _ = PIPELINE_BUILDERS["gpt"]()
     plan = autoshard.plan(model, (4,), example_inputs=inputs, loss_fn=loss_fn, example_target=target,
                           hardware=slow, pp=2)
-    pipe = plan.pipeline
+    pipe = plan
     first = plan.summary().splitlines()[0]
     assert first.startswith(f"verdict: pipeline of {pipe.pp * pipe.virtual} stages over 2 rank groups")
     assert f"{pipe.schedule}, {pipe.microbatches} microbatches; inside every stage: " in first
