@@ -23,7 +23,6 @@ Conventions (every plan summary uses these):
 """
 from __future__ import annotations
 
-
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Optional

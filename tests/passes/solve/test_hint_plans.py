@@ -80,14 +80,16 @@ def test_a_real_solve_is_never_worse_than_its_hints():
 def test_a_pipeline_candidate_is_never_priced_above_the_layout_it_contains(solver_stops_short):
     captured = gpt_graph(2, batch=4, seq=32, d=1024)  # wide and a small batch: Megatron's kind of model
     submesh = Mesh((2, 2))
-    common = dict(hardware=get_hardware("h100"), optimizer="adamw", microbatches=2, held=2, memory_limit=2 * 80e9, time_limit_s=2.0)
+    common = dict(hardware=get_hardware("h100"), optimizer="adamw", microbatches=2, held=2, memory_limit=2 * 80e9,
+                  time_limit_s=2.0)
     hints = published_layout_hints(captured, submesh)
     assert len(hints) == 2  # Megatron's and FSDP's placements on (dp, tp) = (2, 2)
     layouts = [plan_submesh(captured, submesh, pins=h, **common).estimated_step_time for h in hints]
-    blind = plan_submesh(captured, submesh, **common).estimated_step_time  # nothing found: greedy
     seeded = plan_submesh(captured, submesh, hints=hints, **common).estimated_step_time
     assert seeded <= min(layouts) * (1 + 1e-9)
-    assert blind > min(layouts)  # premise: without the hints the candidate loses to a layout of its shape
+    # Since main's Megatron pricing (issue 27) the greedy plan's step time beats both layouts' on this model,
+    # so this no longer shows the hints winning by themselves (on the ILP that is
+    # test_a_hint_better_than_a_short_real_solve_is_returned).
 
 
 def _hard_graph(seed: int, n: int = 80, k: int = 5) -> StrategyGraph:
