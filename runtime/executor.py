@@ -52,6 +52,7 @@ from .lower import COLLECTIVE_META, PARAM_STEPS_META, lower
 from .materialize import materialize
 from .regions import outline_regions
 from .state_dict import ModelState
+from .zero import zero_sync_for
 
 __all__ = ["RankProgram"]
 
@@ -96,10 +97,14 @@ class RankProgram:
         self._inputs = [(name, captured.node(name).meta.get(META)) for name in entries]
         self._loss_comm = self.env.comm_for([a for a, s in enumerate(mesh.shape) if s > 1])
         mp = self.levers.mixed_precision
+        reduce_dtype = None if mp is None else (mp.reduce_dtype or mp.param_dtype)
+        # parameters in ZeRO forms: the optimizer steps their slices, ``zero`` reduces and gathers them
+        self._zero = zero_sync_for(captured, strategies, mesh.shape, dict(zip(self._param_names, self._params)),
+                                   self.env.comm_for, reduce_dtype=reduce_dtype, bucket_bytes=int(bucket_mb * 2**20))
         # a forward-only program never has gradients: no buckets for them
         self._sync = GradSync(self._sync_order() if captured.loss_output else [], bucket_bytes=int(bucket_mb * 2**20),
                               first_bucket_bytes=int(first_bucket_mb * 2**20), carry_comm=self._loss_comm,
-                              reduce_dtype=None if mp is None else (mp.reduce_dtype or mp.param_dtype))
+                              reduce_dtype=reduce_dtype)
 
     # ---- construction helpers ------------------------------------------------------------------
     def _trainable(self, model) -> dict[str, bool]:
@@ -125,7 +130,10 @@ class RankProgram:
         order = sorted(range(len(self._param_names)),
                        key=lambda k: -first_use.get(self._param_names[k], -1))
         out = []
+        zero = self._zero.optimizer_parameter if self._zero is not None else (lambda p: p)
         for k in order:
+            if zero(self._params[k]) is not self._params[k]:
+                continue  # a ZeRO parameter: reduced by ``zero``
             storage = normalize(self.strategies[self._param_names[k]].outputs[0], self.mesh.shape)
             axes = [a for a, p in enumerate(storage) if isinstance(p, Replicate) and self.mesh.shape[a] > 1]
             if axes:
@@ -231,10 +239,14 @@ class RankProgram:
         micro = self._prepared(inputs, target, local_batch)
         k = len(micro)
         self._sync.set_aside()
+        if self._zero is not None:
+            self._zero.begin_step()
         local_sum = None
         try:
             for i, args in enumerate(micro):
                 last = i == k - 1
+                if self._zero is not None:
+                    self._zero.arm(last)
                 loss = self._local_loss(self._run(args))
                 local_sum = loss.detach().clone() if local_sum is None else local_sum + loss.detach()
                 work = None
@@ -252,6 +264,8 @@ class RankProgram:
                         self._sync.finish()
                 else:
                     self._backward(loss, k)
+                if self._zero is not None:
+                    self._zero.finish(last)
         finally:
             if self.gatherer is not None:
                 self.gatherer.end()
@@ -273,6 +287,7 @@ class RankProgram:
         in the model's own output object when capture recorded one (``captured.output_structure``).
         ``local_batch``: as in ``step``; the outputs are still the full batch's."""
         micro = self._prepared(inputs, target, local_batch)
+        self.sync_parameters()
         outs = []
         with torch.no_grad():
             for args in micro:
@@ -300,10 +315,27 @@ class RankProgram:
 
     # ---- state ---------------------------------------------------------------------------------
     def parameters(self) -> list[nn.Parameter]:
-        return list(self._params)
+        """What the optimizer steps: the local parameters, each ZeRO parameter's slice in its place
+        (``zero.ZeroSync``)."""
+        return [p for _, p in self.named_parameters()]
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        return [(self.captured.params[ph], p) for ph, p in zip(self._param_names, self._params)]
+        zero = self._zero.optimizer_parameter if self._zero is not None else (lambda p: p)
+        return [(self.captured.params[ph], zero(p)) for ph, p in zip(self._param_names, self._params)]
+
+    def local_parameters(self) -> list[nn.Parameter]:
+        """The parameters the program computes with (a ZeRO parameter whole), in placeholder order."""
+        return list(self._params)
+
+    def optimizer_parameter(self, param: nn.Parameter) -> nn.Parameter:
+        """What the optimizer steps in place of local parameter ``param`` (its ZeRO slice, or itself)."""
+        return self._zero.optimizer_parameter(param) if self._zero is not None else param
+
+    def sync_parameters(self) -> None:
+        """Gather the ZeRO parameters the optimizer changed (``zero.ZeroSync.gather``; a collective when
+        any did, on every rank alike): ``step``, ``forward`` and the state dicts call it."""
+        if self._zero is not None:
+            self._zero.gather()
 
     def buffers(self) -> list[torch.Tensor]:
         return list(self._buffers)
@@ -312,7 +344,9 @@ class RankProgram:
         return [(self.captured.buffers[ph], b) for ph, b in zip(self._buffer_names, self._buffers)]
 
     def model_state(self) -> ModelState:
-        """The model's state over this program under ``model.state_dict()``'s names (built once)."""
+        """The model's state over this program under ``model.state_dict()``'s names (built once; the ZeRO
+        parameters gathered first)."""
+        self.sync_parameters()
         if self._model_state is None:
             self._model_state = ModelState(self, self.model)
         return self._model_state

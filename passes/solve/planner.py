@@ -80,7 +80,8 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                   memory_limit: Optional[float] = None, pins: Optional[Pins] = None,
                   optimizer: Union[str, float] = "adamw", time_limit_s: float = 30.0,
                   workers: int = 2, levers: Optional[LeverPins] = None,
-                  traced_at_microbatch: bool = False, explain: bool = True) -> Solution:
+                  traced_at_microbatch: bool = False, explain: bool = True,
+                  storage_forms: Optional[bool] = None) -> Solution:
     """The cheapest plan (estimated step time) whose whole-step memory peak fits ``memory_limit``
     bytes per device.
 
@@ -105,11 +106,17 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     of the limit), up to ``_PEAK_RETRIES`` times. Only a plan whose peak fits is returned
     (else ``InfeasiblePlanError``, which says what the smallest plan needs and its largest items;
     ``explain=False`` skips pricing that (seconds on a deep model) for a caller that only needs to
-    know nothing fits)."""
+    know nothing fits).
+
+    ``storage_forms``: the parameters may also take ZeRO-1/2 and reduce-once storage forms
+    (``passes.sharding.storage_forms``), chosen per parameter and axis like placements; None: when
+    ``levers`` is given (``levers=None`` plans as before levers existed, as the pipeline planner's
+    stages want: their runtime runs plain forms only)."""
     hw = get_hardware(hardware)
     limit = float(hw.memory_bytes if memory_limit is None else memory_limit)
+    forms = levers is not None if storage_forms is None else storage_forms
     return _plan_within(captured, mesh, hw, limit, pins, optimizer, time_limit_s, workers, levers,
-                        traced_at_microbatch, explain=explain)
+                        traced_at_microbatch, explain=explain, storage_forms=forms)
 
 
 #: how many times one policy combination is solved again with a tighter ILP limit when its plan's
@@ -121,7 +128,8 @@ _PEAK_STEP = 0.01
 
 def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins: Optional[Pins],
                  optimizer: Union[str, float], time_limit_s: float, workers: int, levers: Optional[LeverPins],
-                 traced_at_microbatch: bool, prune: bool = True, explain: bool = True) -> Solution:
+                 traced_at_microbatch: bool, prune: bool = True, explain: bool = True,
+                 storage_forms: bool = False) -> Solution:
     """``plan_sharding`` with its hardware resolved and its limit in bytes. ``prune=False`` (for
     tests): no bound skips anything (no plan without levers first, no cutoff, no proven-fastest stop,
     no multiples of a cut-off microstep count): every microstep count and policy combination is
@@ -129,7 +137,7 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
     t0 = time.perf_counter()
     budget = WorkBudget(time_limit_s)
     levers = LeverPins.off() if levers is None else levers
-    search = LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch)
+    search = LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch, storage_forms)
     ks = search.accumulations()
     combos = search.combinations()
     best: Optional[_Found] = None
