@@ -98,15 +98,12 @@ class NodePrice:
     optimizer: float = 0.0
     activations: float = 0.0
     # a parameter's storage form (``passes.cost.storage_prices``): unreduced gradients held over the
-    # microsteps (bytes), and the per-microstep price of reductions its form runs once per step
-    # instead (seconds, <= 0: for the ILP, whose edges price them every microstep)
+    # microsteps (bytes)
     held_grads: float = 0.0
-    held_reduction: float = 0.0
 
     @property
     def seconds(self) -> float:
-        return (self.compute + sum(c.seconds for c in self.grad_sync) + sum(c.seconds for c in self.collectives)
-                + self.held_reduction)
+        return self.compute + sum(c.seconds for c in self.grad_sync) + sum(c.seconds for c in self.collectives)
 
     @property
     def memory(self) -> float:

@@ -8,8 +8,8 @@ product ``z``, one of ``m`` microsteps per step (``MicrobatchCostModel.microbatc
 
 - memory: the parameter ``B / f`` (whole over the ZeRO axes: it is computed with), optimizer state
   ``numel * state bytes / (f z)``, reduced gradient ``B / (f z)``; ``zero1`` also holds the unreduced
-  gradient ``B / f`` over the microsteps (``held_grads``), and a form reducing its sharded axes once
-  per step the gradients of its gathered copies, ``G`` (gathered over every sharded axis, FSDP's case);
+  gradient ``B / f`` over the microsteps (``held_grads``), and ``once`` the gradients of its gathered
+  copies, ``G`` (gathered over every sharded axis, FSDP's case: an upper bound);
 - ``zero1`` / ``zero2``: a reduce-scatter of ``G / f`` over the ZeRO axes flattened (``zero1`` once
   per step: ``1/m`` of it per microstep; ``zero2`` every microstep), an all-reduce of the reduced
   slice ``G / (f z)`` over the other ``R`` axes (once per step, as ``grad_sync`` prices it), and an
@@ -17,10 +17,10 @@ product ``z``, one of ``m`` microsteps per step (``MicrobatchCostModel.microbatc
   runtime gathers before the next step's forward; ``phase="step"``). The reductions are bucketed, so
   each pays its share of a collective's fixed cost (``CostModel.bucketed_seconds``); ``runtime.zero``
   runs them and ``passes.solve.storage_buckets`` prices its exact buckets for the plan's estimate;
-- reducing the sharded axes once per step: the gathered copies' gradient reduce-scatters (priced by
-  the edges from the parameter, every microstep) run once, which the node credits to the ILP as
-  ``held_reduction = -(1 - 1/m)`` of one gather's reduce-scatter to ``R`` over those axes;
-  ``solution.evaluate`` prices the edges' reductions once per step instead.
+- ``once``: the gathered copies' gradient reduce-scatters are priced by the edges from the
+  parameter, every microstep, here as in the ILP (which never chooses ``once`` itself: which copies a
+  plan gathers is the edges' choice, so ``passes.solve.held_reductions`` adds it to a finished plan);
+  ``solution.evaluate`` prices those reductions once per step.
 """
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ import math
 from typing import TYPE_CHECKING
 
 from autoshard.passes.cost.collectives import Collective
-from autoshard.passes.layout.redistribution import R_CODE, encode
 from autoshard.passes.sharding.storage_forms import form_of
 from autoshard.passes.spec import Shard, Strategy, TensorMeta
 
@@ -36,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from autoshard.passes.cost.facts import GraphFacts
     from autoshard.passes.cost.model import CostModel
 
-__all__ = ["storage_price", "held_copy_reduction"]
+__all__ = ["storage_price"]
 
 
 def storage_price(cm: "CostModel", name: str, strategy: Strategy, facts: "GraphFacts") -> dict:
@@ -59,32 +58,21 @@ def storage_price(cm: "CostModel", name: str, strategy: Strategy, facts: "GraphF
         axes = form.zero_axes
         launch = cm.hardware.op_overhead_s
         scatter = cm.bucketed_seconds("reduce_scatter", axes, grad_bytes, total * cm.reduce_scale(meta)) + launch
-        syncs.append(Collective("reduce_scatter", _axis(axes), int(grad_bytes), scatter / m if form.once else scatter,
+        syncs.append(Collective("reduce_scatter", _axis(axes), int(grad_bytes), scatter / m if form.zero_once else scatter,
                                 "bwd"))
         sliced = tuple(Shard(form.zero_dim) if a in axes else p for a, p in enumerate(storage))
         syncs.extend(cm.grad_sync(meta, sliced, total))  # the other R axes: the slice, once per step
         gather = cm.bucketed_seconds("all_gather", axes, own / f, total) + launch
         collectives = (Collective("all_gather", _axis(axes), int(own / f), gather / m, "step"),)
         grads = own / (f * z)
-        held = own / f if form.once else 0.0
+        held = own / f if form.zero_once else 0.0
     else:
         grads = own / f
         syncs.extend(cm.grad_sync(meta, storage, total))
-    credit = 0.0
-    if form.once and any(isinstance(p, Shard) and mesh[a] > 1 for a, p in enumerate(storage)):
+    if form.held_copies:
         held += meta.nbytes * cm.reduce_scale(meta)
-        credit = -(1.0 - 1.0 / m) * held_copy_reduction(cm, meta, storage)
     return {"grad_sync": tuple(syncs), "collectives": collectives, "params": own / f, "grads": grads,
-            "optimizer": meta.numel * cm.opt_bytes / (f * z), "held_grads": held, "held_reduction": credit}
-
-
-def held_copy_reduction(cm: "CostModel", meta: TensorMeta, storage) -> float:
-    """Seconds of the backward reduce-scatter of a copy gathered from ``storage`` to ``R`` on its sharded
-    axes (what one microstep's reduction of that copy's gradient costs)."""
-    src = encode(storage)
-    dst = tuple(R_CODE if c >= 0 else c for c in src)
-    colls, _ = cm.moves(src, dst, meta.nbytes, True, grad_scale=cm.reduce_scale(meta))
-    return sum(c.seconds for c in colls if c.phase == "bwd")
+            "optimizer": meta.numel * cm.opt_bytes / (f * z), "held_grads": held}
 
 
 def _axis(axes: tuple[int, ...]):

@@ -20,8 +20,11 @@ storage    form        what it is
                        the microsteps and reduce-scattered after the last one
 =========  ==========  ===================================================================================
 
-One parameter reduces either once per step or every microstep: ``zero1`` and ``once`` go together
-(every ZeRO axis ``zero1`` and every sharded axis ``once``), ``zero2`` with the plain ``S(d)``. The
+A parameter's ZeRO axes all take one form (``zero1`` or ``zero2``), and its sharded axes are all
+``once`` or all plain; the two choices are independent. The ILP chooses among the plain forms,
+``zero1`` and ``zero2``, whose prices are the parameter's own (``passes.cost.storage_prices``); whether
+a parameter's gathered copies reduce once per step depends on which copies the plan gathers, so
+``passes.solve.held_reductions`` decides ``once`` after the ILP, where memory allows. The
 ZeRO axes of a parameter (its ``zero1`` / ``zero2`` axes, ``StorageForm.zero_axes``) split its
 optimizer state along one dim, ``zero_dim``: the first dim whose local size the ZeRO axes divide and
 that no storage axis after the first ZeRO axis already splits, so the optimizer's slice is a slice of
@@ -30,8 +33,8 @@ axes, DTensor's left-to-right nesting) describes it exactly for checkpoints.
 
 >>> from autoshard.passes.spec import R, S
 >>> f = storage_form((S(0), R), ("once", "zero1"), (8, 4096), (2, 2))
->>> f.zero_axes, f.zero_dim, f.once, optimizer_placements((S(0), R), f)
-((1,), 0, True, (Shard(dim=0), Shard(dim=0)))
+>>> f.zero_axes, f.zero_dim, f.zero_once, f.held_copies, optimizer_placements((S(0), R), f)
+((1,), 0, True, True, (Shard(dim=0), Shard(dim=0)))
 >>> fmt_storage((S(0), R), ("once", "zero1"))
 '(S(0)/once, R/zero1)'
 
@@ -49,7 +52,8 @@ from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.spec import Replicate, Shard, Strategy, fmt, parse_placement
 
 __all__ = ["ZERO1", "ZERO2", "ONCE", "FORMS", "StorageForm", "storage_form", "form_of", "zero_dim",
-           "optimizer_placements", "form_variants", "fmt_storage", "parse_storage", "reduces_once"]
+           "optimizer_placements", "form_variants", "fmt_storage", "parse_storage", "reduces_once", "holds_copies",
+           "with_held_copies"]
 
 ZERO1, ZERO2, ONCE = "zero1", "zero2", "once"
 FORMS = (ZERO1, ZERO2, ONCE)
@@ -59,10 +63,12 @@ FORMS = (ZERO1, ZERO2, ONCE)
 class StorageForm:
     """A parameter's form, read from its strategy: ``zero_axes`` (mesh axes, size > 1, over which the
     optimizer state is sharded though the parameter is ``R``), ``zero_dim`` (the dim they split; None
-    without ZeRO axes), ``once`` (every reduction of its gradient runs once per step)."""
+    without ZeRO axes), ``zero_once`` (``zero1``: the ZeRO reduce-scatter runs once per step),
+    ``held_copies`` (``once``: the gathered copies' gradients are reduced once per step)."""
     zero_axes: tuple[int, ...] = ()
     zero_dim: Optional[int] = None
-    once: bool = False
+    zero_once: bool = False
+    held_copies: bool = False
 
     @property
     def zero(self) -> bool:
@@ -70,7 +76,7 @@ class StorageForm:
 
     @property
     def plain(self) -> bool:
-        return not self.zero_axes and not self.once
+        return not self.zero_axes and not self.held_copies
 
 
 PLAIN = StorageForm()
@@ -102,7 +108,7 @@ def storage_form(storage: Sequence, lowerings: Sequence, shape: Sequence[int],
     to split the optimizer state along)."""
     if not any(lowerings):
         return PLAIN
-    zero, once_marks, per_step = [], [], []
+    zero, kinds, held = [], set(), []
     for a, (p, form) in enumerate(zip(storage, lowerings)):
         if form is None or mesh_shape[a] == 1:
             continue
@@ -114,17 +120,18 @@ def storage_form(storage: Sequence, lowerings: Sequence, shape: Sequence[int],
             raise PlanFormatError(f"storage form 'once' needs S(d) storage on axis {a}, got {fmt(p)}")
         if form in (ZERO1, ZERO2):
             zero.append(a)
-        (once_marks if form in (ZERO1, ONCE) else per_step).append(a)
-    once = bool(once_marks)
+            kinds.add(form)
+        else:
+            held.append(a)
     sharded = [a for a, p in enumerate(storage) if isinstance(p, Shard) and mesh_shape[a] > 1]
-    if once and (per_step or any(lowerings[a] != ONCE for a in sharded)):
-        raise PlanFormatError(f"storage {fmt_storage(storage, lowerings)}: a parameter reduces its gradient once per "
-                              "step on every axis or on none: zero1 goes with S(d)/once, zero2 with plain S(d)")
+    if len(kinds) > 1 or (held and len(held) != len(sharded)):
+        raise PlanFormatError(f"storage {fmt_storage(storage, lowerings)}: a parameter's ZeRO axes take one form "
+                              "(zero1 or zero2), and its sharded axes are all 'once' or none is")
     d = zero_dim(shape, storage, zero, mesh_shape)
     if zero and d is None:
         raise PlanFormatError(f"storage {fmt_storage(storage, lowerings)} of a parameter of shape {tuple(shape)}: no dim "
                               f"splits over the ZeRO axes {zero}")
-    return StorageForm(tuple(zero), d, once)
+    return StorageForm(tuple(zero), d, ZERO1 in kinds, bool(held))
 
 
 def form_of(strategy: Strategy, shape: Sequence[int], mesh_shape: Sequence[int]) -> StorageForm:
@@ -134,8 +141,23 @@ def form_of(strategy: Strategy, shape: Sequence[int], mesh_shape: Sequence[int])
 
 
 def reduces_once(strategy: Strategy) -> bool:
-    """Whether a parameter's strategy names a form reduced once per step (``zero1`` / ``once``)."""
+    """Whether a parameter's strategy reduces something once per step that its twin reduces every
+    microstep (``zero1`` against ``zero2``, ``once`` against the plain ``S(d)``)."""
     return any(f in (ZERO1, ONCE) for f in strategy.lowerings)
+
+
+def holds_copies(strategy: Strategy) -> bool:
+    """Whether a parameter's strategy holds its gathered copies' gradients over the microsteps (``once``)."""
+    return ONCE in strategy.lowerings
+
+
+def with_held_copies(strategy: Strategy, mesh_shape: Sequence[int]) -> Strategy:
+    """``strategy`` with ``once`` on its sharded axes (size > 1)."""
+    lowerings = tuple(strategy.lowerings) or (None,) * len(mesh_shape)
+    storage = strategy.outputs[0]
+    new = tuple(ONCE if isinstance(p, Shard) and mesh_shape[a] > 1 else f
+                for a, (p, f) in enumerate(zip(storage, lowerings)))
+    return Strategy(strategy.inputs, strategy.outputs, new)
 
 
 def optimizer_placements(storage: Sequence, form: StorageForm) -> tuple:
@@ -147,21 +169,20 @@ def optimizer_placements(storage: Sequence, form: StorageForm) -> tuple:
 def form_variants(shape: Sequence[int], storage: Sequence, mesh_shape: Sequence[int]) -> list[tuple]:
     """Every form a parameter of ``shape`` stored as ``storage`` may take, as ``lowerings`` tuples,
     the plain form first: for every non-empty set of its ``R`` axes (size > 1) with a dim to split,
-    ``zero2`` there (sharded axes plain) and ``zero1`` there (sharded axes ``once``); and, when it has
-    sharded axes, ``once`` on them alone."""
-    none = (None,) * len(mesh_shape)
+    ``zero2`` and ``zero1`` there; each of these (and the plain form) also with ``once`` on its sharded
+    axes, when it has some."""
+    ndim = len(mesh_shape)
     r_axes = [a for a, p in enumerate(storage) if isinstance(p, Replicate) and mesh_shape[a] > 1]
     s_axes = [a for a, p in enumerate(storage) if isinstance(p, Shard) and mesh_shape[a] > 1]
-    out = [none]
-    if s_axes:
-        out.append(tuple(ONCE if a in s_axes else None for a in range(len(mesh_shape))))
+    zeros = [(None,) * ndim]
     for size in range(1, len(r_axes) + 1):
         for axes in itertools.combinations(r_axes, size):
-            if zero_dim(shape, storage, axes, mesh_shape) is None:
-                continue
-            out.append(tuple(ZERO2 if a in axes else None for a in range(len(mesh_shape))))
-            out.append(tuple(ZERO1 if a in axes else ONCE if a in s_axes else None for a in range(len(mesh_shape))))
-    return out
+            if zero_dim(shape, storage, axes, mesh_shape) is not None:
+                zeros += [tuple(form if a in axes else None for a in range(ndim)) for form in (ZERO2, ZERO1)]
+    if not s_axes:
+        return zeros
+    held = [tuple(ONCE if a in s_axes else f for a, f in enumerate(z)) for z in zeros]
+    return [zeros[0], held[0]] + [v for pair in zip(zeros[1:], held[1:]) for v in pair]
 
 
 def fmt_storage(storage: Sequence, lowerings: Sequence = ()) -> str:

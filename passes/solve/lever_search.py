@@ -18,7 +18,7 @@ from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import Levers, MixedPrecision
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import PinError
-from autoshard.passes.sharding.storage_forms import reduces_once
+from autoshard.passes.sharding.storage_forms import holds_copies, reduces_once
 from autoshard.passes.solve.blocks import block_map
 from autoshard.passes.solve.lever_costs import KEEP, POLICIES, LeverPricer
 from autoshard.passes.solve.lever_graph import LeverGraph, build_lever_graph
@@ -89,7 +89,7 @@ class LeverSearch:
         def narrow(table, mesh, allowed):
             if k > 1 and not self.traced_at_microbatch:
                 allowed = divisible_at_microbatch(table, mesh, allowed)
-            return allowed if k > 1 else once_forms_out(self.captured, table, allowed)
+            return free_forms(self.captured, table, allowed, k)
 
         return build_problem(self.captured, self.mesh, hardware=self.hw, facts=facts, narrow=narrow,
                              choices=self.choices), cm
@@ -124,14 +124,15 @@ class LeverSearch:
                 "leave accumulation out to keep the maths of one full batch", BatchCouplingWarning, stacklevel=4)
 
 
-def once_forms_out(captured: CapturedGraph, table, allowed: dict) -> dict:
-    """``allowed`` without the parameters' reduce-once storage forms (``zero1``, ``S(d)/once``) where
-    they are free: with one microstep a step reduces once either way, so each equals its per-microstep
-    twin (``zero2``, plain ``S(d)``) and only doubles the ILP's choices. A pinned form stays."""
+def free_forms(captured: CapturedGraph, table, allowed: dict, k: int) -> dict:
+    """``allowed`` with the storage forms the ILP does not choose taken out where they are free (a
+    pinned form stays): ``once`` (the held copies' price depends on the copies the plan gathers:
+    ``held_reductions`` adds it to a finished plan), and with one microstep ``zero1``, which then runs
+    exactly as its twin ``zero2`` and would only double the ILP's choices."""
     for name in captured.params:
         if name in allowed or name not in table:
             continue
-        keep = {i for i, s in enumerate(table[name]) if not reduces_once(s)}
+        keep = {i for i, s in enumerate(table[name]) if not holds_copies(s) and (k > 1 or not reduces_once(s))}
         if len(keep) < len(table[name]):
             allowed[name] = keep
     return allowed

@@ -35,7 +35,7 @@ from autoshard.passes.solve.microbatch import MicrobatchCostModel, MicrobatchFac
 from autoshard.passes.solve.peak_timeline import peak_of
 from autoshard.passes.solve.step_trace import TraceBuilder
 from autoshard.passes.solve.storage_buckets import bucket_collectives
-from autoshard.passes.sharding.storage_forms import reduces_once
+from autoshard.passes.sharding.storage_forms import holds_copies
 from autoshard.passes.spec import Placement, Strategy, fmt, parse_placement
 from autoshard.passes.writes import written_operands
 
@@ -207,8 +207,9 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
     blocks = block_map(captured, facts)
     pricer = LeverPricer(captured, facts, cm, blocks)
     # parameters whose gathered copies' gradients are reduced once per step (storage form ``once``)
-    once = {n for n in captured.params if k > 1 and reduces_once(strategies[n])}
+    once = {n for n in captured.params if k > 1 and holds_copies(strategies[n])}
     zero_priced = {"grad_sync": 0.0, "communication": 0.0}  # per-parameter ZeRO prices, replaced by buckets'
+    ilp_less = 0.0  # what the ILP's node-local storage-form prices differ from this evaluation by, per microstep
 
     def policy(name: str) -> Optional[int]:
         return node_policy(name, levers, blocks, facts)
@@ -251,7 +252,9 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         src = strategies[u].outputs[slot]
         dst = (out_placements or src) if v == OUTPUT else strategies[v].inputs[i]
         colls, price = pricer.edge(u, slot, v, i, encode(src), encode(dst), policy(v))
+        priced = colls
         if u in once:  # the copy's gradient is reduced once per step, after the last microstep
+            ilp_less += sum(c.seconds for c in colls if c.phase == "bwd") * (1 - 1 / k)
             colls = tuple(replace(c, seconds=c.seconds / k) if c.phase == "bwd" else c for c in colls)
         if v != OUTPUT and i in written_operands(facts.nodes[v]):
             stale.add(u)  # its move (and move back) is its own: never a shared copy
@@ -276,7 +279,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
             flat = fused_gather(plan_redistribute(src, need, mesh.shape))
             fused = flat is not None
             if fused and colls:  # the copy's first maker: what its move was priced with
-                fused_moves[(u, need)] = (flat[0], (facts.tensor_outputs(u)[0].dtype, u in once), colls)
+                fused_moves[(u, need)] = (flat[0], facts.tensor_outputs(u)[0].dtype, priced)
             entry = gathers.setdefault((u, need), [position[v], segment[v], price.gather_copy, False, False, fused])
             if position[v] < entry[0]:  # the runtime makes one copy per placement, at its first reader
                 entry[:2] = position[v], segment[v]
@@ -285,18 +288,23 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         if tuple(src) != tuple(dst):
             moves.append(Redistribution(u, v, i, tuple(src), tuple(dst), colls))
     # the runtime gathers a segment's fused copies in one flat collective per (axes, dtype), not one each
-    fwd_less, bwd_less = fused_gather_correction(cm, (
-        [fused_moves[key] for key in members if key in fused_moves]
-        for members in gather_groups((e[0], e[1], key) for key, e in gathers.items())))
+    # (fused sets reduced once per step are the runtime's own sets: their reductions run once, 1/k each)
+    fwd_less = bwd_less = 0.0
+    for held in (False, True):
+        f, b = fused_gather_correction(cm, (
+            [fused_moves[key] for key in members if key in fused_moves and (key[0] in once) == held]
+            for members in gather_groups((e[0], e[1], key) for key, e in gathers.items())))
+        fwd_less, bwd_less = fwd_less + f, bwd_less + (b / k if held else b)
     times["communication"] -= fwd_less + bwd_less
     weights["fwd"] -= fwd_less
     weights["bwd"] -= bwd_less
     # the ZeRO parameters' reductions and gathers run per bucket (``storage_buckets``): priced as called
     zero_calls = bucket_collectives(cm, captured, strategies, k, _reduce_dtype(levers.mixed_precision)) \
         if zero_priced["communication"] else []
-    times["grad_sync"] += sum(c.seconds for c in zero_calls if c.phase == "bwd") / k - zero_priced["grad_sync"]
-    times["communication"] += sum(c.seconds for c in zero_calls if c.phase == "step") / k \
-        - zero_priced["communication"]
+    by_bucket = {phase: sum(c.seconds for c in zero_calls if c.phase == phase) / k for phase in ("bwd", "step")}
+    times["grad_sync"] += by_bucket["bwd"] - zero_priced["grad_sync"]
+    times["communication"] += by_bucket["step"] - zero_priced["communication"]
+    ilp_less += sum(zero_priced.values()) - sum(by_bucket.values())
     overlap = step_overlap(hw, facts, blocks, times, weights)
     times = {key: value * k for key, value in times.items()}  # grad syncs were priced 1/k per microstep
     estimated = {"saved_activation_bytes": mem["activations"],
@@ -304,6 +312,9 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
                  # what pricing the fused gathers as the runtime's flat calls took off the ILP's
                  # per-parameter price (the ILP objective is this much above the step)
                  "fused_gather_saving_s": (fwd_less + bwd_less) * k,
+                 # and what the storage forms' node-local prices differ from their buckets' and edges'
+                 # (``passes.cost.storage_prices``): the objective is this much above the step too
+                 "storage_form_difference_s": ilp_less * k,
                  **{key: value * k for key, value in overlap.to_json().items()}}
     cpu = hw.name.lower() == "cpu"  # gloo's collectives, torch's for-loop optimizer
     trace.gather_segments(gathers, staged_reduce_scatter=cpu)

@@ -101,7 +101,8 @@ class TraceBuilder:
                 z = math.prod(self.cm.mesh.shape[a] for a in form.zero_axes)
                 meta = self.facts.tensor_outputs(name)[0]
                 reduced = meta.nbytes * self._reduce_scale(name) / self.cm.shard_factor(self.strategies[name].outputs[0])
-                self.storage.parameter(name, base, z, reduced)
+                copies = meta.nbytes * self._reduce_scale(name) if form.held_copies else 0.0
+                self.storage.parameter(name, base, z, reduced, copies)
                 self._param_bytes.append(self.storage.optimizer_sizes(name, base.params))
             else:
                 self._param_bytes.append(base.params)
@@ -248,7 +249,8 @@ class TraceBuilder:
         t.optimizer_temporaries = optimizer_temporaries(self._param_bytes, optimizer, foreach) if t.grads > 0 else 0.0
         t.grads_held = microsteps > 1
         t.comm_buffer = self._synced_grads
-        self.storage.apply(t, {u: j for (u, _), j in self._last_reader.items()}, microsteps)
+        self.storage.apply(t, {u: j for (u, _), j in self._last_reader.items()}, microsteps,
+                           {u: e[2] * self._reduce_scale(u) for u, e in self._gather_readers.items()})
         t.gathered_in_flight = max(0.0, gathered_peak - self._kept_gathered)
         members: dict[str, list[int]] = {}
         for name, instance in self.blocks.instance.items():

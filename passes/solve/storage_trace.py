@@ -39,11 +39,16 @@ class StorageTrace:
     reduced: float = 0.0  # ZeRO gradients in the reduce dtype, summed
     gathered: float = 0.0  # ZeRO parameters' local bytes, summed
     smallest_group: Optional[int] = None
+    held_copies: set = field(default_factory=set)  # parameters whose copies' gradients are held (``once``)
 
-    def parameter(self, name: str, base, zero_ways: int, reduced_bytes: float) -> None:
+    def parameter(self, name: str, base, zero_ways: int, reduced_bytes: float, copies: float = 0.0) -> None:
         """Parameter ``name``'s ``NodePrice`` ``base`` in a non-plain form; ``zero_ways``: the product of its
-        ZeRO axes (1: none); ``reduced_bytes``: its local gradient in the reduce dtype."""
-        self.held += base.held_grads
+        ZeRO axes (1: none); ``reduced_bytes``: its local gradient in the reduce dtype; ``copies``: what
+        ``base.held_grads`` counts for its held copies' gradients (an upper bound: ``apply`` takes the
+        copies the plan gathers instead)."""
+        self.held += base.held_grads - copies
+        if copies:
+            self.held_copies.add(name)
         if zero_ways == 1:
             return
         self.slices[name] = base.params / zero_ways
@@ -56,14 +61,14 @@ class StorageTrace:
         """The bytes the optimizer steps of parameter ``name`` (its slice under ZeRO)."""
         return self.slices.get(name, params)
 
-    def apply(self, trace, last_reader: dict, microsteps: int) -> None:
+    def apply(self, trace, last_reader: dict, microsteps: int, copies: dict) -> None:
         """Add the terms to ``trace`` (a ``StepTrace``); ``last_reader``: parameter -> its last reader's
-        position."""
+        position; ``copies``: parameter -> the bytes of its gathered copies' gradients in the reduce dtype."""
         for name, nbytes in self.whole_grads.items():
             at = last_reader.get(name, len(trace.names) - 1)
             trace.grad_transient[at] += nbytes
         if microsteps > 1:
-            trace.held_unreduced += self.held
+            trace.held_unreduced += self.held + sum(copies.get(n, 0.0) for n in self.held_copies)
         if self.reduced:  # one bucket reducing, the next filling
             trace.comm_buffer += min(2 * self.bucket_bytes, self.reduced) * (2.0 if self.staged else 1.0)
         if self.gathered:
