@@ -241,12 +241,16 @@ class RankProgram:
         self._sync.set_aside()
         if self._zero is not None:
             self._zero.begin_step()
+        if self.gatherer is not None:
+            self.gatherer.begin_step()
         local_sum = None
         try:
             for i, args in enumerate(micro):
                 last = i == k - 1
                 if self._zero is not None:
                     self._zero.arm(last)
+                if self.gatherer is not None:
+                    self.gatherer.final = last  # storage form ``once``: copies' gradients reduced in the last
                 loss = self._local_loss(self._run(args))
                 local_sum = loss.detach().clone() if local_sum is None else local_sum + loss.detach()
                 work = None
@@ -269,6 +273,7 @@ class RankProgram:
         finally:
             if self.gatherer is not None:
                 self.gatherer.end()
+                self.gatherer.final = True
         if self._sync.carries:
             total = self._sync.carried()
         elif work is not None:

@@ -58,7 +58,7 @@ def storage_price(cm: "CostModel", name: str, strategy: Strategy, facts: "GraphF
         axes = form.zero_axes
         launch = cm.hardware.op_overhead_s
         scatter = cm.bucketed_seconds("reduce_scatter", axes, grad_bytes, total * cm.reduce_scale(meta)) + launch
-        syncs.append(Collective("reduce_scatter", _axis(axes), int(grad_bytes), scatter / m if form.zero_once else scatter,
+        syncs.append(Collective("reduce_scatter", _axis(axes), int(grad_bytes), scatter / m if form.zero_reduced_once else scatter,
                                 "bwd"))
         sliced = tuple(Shard(form.zero_dim) if a in axes else p for a, p in enumerate(storage))
         syncs.extend(cm.grad_sync(meta, sliced, total))  # the other R axes: the slice, once per step

@@ -75,6 +75,12 @@ class StorageForm:
         return bool(self.zero_axes)
 
     @property
+    def zero_reduced_once(self) -> bool:
+        """The ZeRO reduce-scatter runs once per step: ``zero1``, or any ZeRO form whose gradient only
+        arrives after the last microstep (its copies' gradients held: ``once``)."""
+        return self.zero_once or self.held_copies
+
+    @property
     def plain(self) -> bool:
         return not self.zero_axes and not self.held_copies
 

@@ -44,6 +44,7 @@ class LeverSearch:
                  traced_at_microbatch: bool, storage_forms: bool = False):
         self.captured, self.hw, self.optimizer, self.levers = captured, hw, optimizer, levers
         self.traced_at_microbatch = traced_at_microbatch
+        self.storage_forms = storage_forms
         self.choices = strategy_choices(captured, mesh, pins, storage_forms)
         self.mesh: Mesh = self.choices[0]
         check_mixed_precision(captured, levers.mixed_precision)

@@ -23,6 +23,9 @@ Memory levers (``levers=LeverPins(...)``; None: none pulled, as the pipeline pla
   change; a pinned count there warns (``BatchCouplingWarning``);
 - no lever is pulled when the plan without levers fits: it is solved first, without the memory
   limit (``_without_levers``);
+- storage forms (``storage_forms=``): ZeRO-1/2 per parameter and axis in the ILP, with placements;
+  FSDP gradients reduced once per step under accumulation after it, where memory allows
+  (``held_reductions``);
 - mixed precision is the user's: the program must have been captured computing in its
   ``param_dtype`` (``capture(..., param_dtype=)``); the cost model keeps parameters, gradients and
   optimizer state in the parameters' own dtype and reduces gradients in ``reduce_dtype``.
@@ -51,6 +54,7 @@ from autoshard.passes.sharding.pins import PinError, Pins
 from autoshard.passes.solve.ilp import ILPResult, lp_bound, solve
 from autoshard.passes.solve.lever_costs import LeverPricer
 from autoshard.passes.solve.finalists import pick_finalist
+from autoshard.passes.solve.held_reductions import hold_reductions
 from autoshard.passes.solve.lever_search import LeverSearch
 from autoshard.passes.solve.lever_graph import LeverGraph, build_lever_graph
 from autoshard.passes.solve.lever_pins import LeverPins
@@ -214,6 +218,12 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
         if _evaluated(search, best).estimated_memory > limit:
             raise _infeasible(search, k, problem, graph, smallest, limit, explain)
     sol = _evaluated(search, best)
+    if search.storage_forms:  # FSDP gradients reduced once per step where memory allows
+        sol = hold_reductions(sol, search.captured, set(search.choices[2]) & set(search.captured.params), limit,
+                              lambda strategies: evaluate(search.captured, search.mesh, strategies, search.hw,
+                                                          search.optimizer, unruled=best.problem.table.unruled,
+                                                          levers=sol.levers,
+                                                          traced_at_microbatch=search.traced_at_microbatch))
     clustering = best.problem.clustering
     stats = {"status": status, "wall_s": round(time.perf_counter() - t0, 4), "solve_s": round(best.result.wall_s, 4),
              "work_s": round(budget.spent, 4), "gap": solve_gap(best.result),
@@ -224,7 +234,7 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
     if finalists:
         stats["finalists"] = rescored
     search.warn_if_coupled(best.k, stats)
-    sol.solver_stats = stats
+    sol.solver_stats = dict(stats, **{k: v for k, v in sol.solver_stats.items() if k == "held_reductions"})
     return sol
 
 

@@ -78,7 +78,7 @@ def zero_members(captured: CapturedGraph, strategies: dict[str, Strategy], mesh_
                        and a not in form.zero_axes)
         master = captured.master_dtypes.get(name, meta.dtype)
         reduce = reduce_dtype if reduce_dtype is not None and meta.dtype.is_floating_point else meta.dtype
-        key = BucketKey(form.zero_axes, others, form.zero_once, str(master), str(reduce))
+        key = BucketKey(form.zero_axes, others, form.zero_reduced_once, str(master), str(reduce))
         out.append((name, key, form, float(_local_numel(captured, strategies, name, mesh_shape) * reduce.itemsize)))
     return out
 
