@@ -7,11 +7,15 @@ optimizer state is sharded: after the steps, the bytes of the optimizer's state 
 within a few bytes per tensor of 1/4 of the same model's replicated (DDP) run's (AdamW keeps two
 moments of each parameter's shape: the slices' here; a 0-d ``step`` per tensor either way), and
 that the program's ZeRO parameters are the optimizer's slices (their numel sums to 1/4 of the
-model's). One spawn for all cases.
+model's). The collectives ``runtime.zero`` called in the 3 steps (``ZeroSync.calls``: reduce-scatters,
+all-reduces, the all-gathers after each optimizer step, the last one when the state dict is read)
+are 3 times the ones the plan priced for one step (``Solution.storage_collectives`` of ``autoshard.plan`` with the same arguments), by kind.
+One spawn for all cases.
 """
 from __future__ import annotations
 
 import copy
+from collections import Counter
 
 import torch
 
@@ -55,6 +59,14 @@ def zero_worker(rank: int, world: int, cases) -> dict:
         whole = sum(p.numel() for p in model.parameters())
         measured[form or "replicated", model_name] = {"optimizer_bytes": _optimizer_bytes(kept[0]),
                                                       "stepped_numel": stepped, "model_numel": whole}
+        zero = cm._program._zero
+        called = dict(zero.calls) if zero is not None else {}
+        # a plan received as JSON keeps no storage collectives: plan again here (same inputs, same plan)
+        planned = autoshard.plan(model, (4,), example_inputs=inputs, loss_fn=loss_fn, example_target=target,
+                                 hardware="cpu", accumulation=K, params=params)
+        priced = Counter(c.kind for c in planned.stages[0].solution.storage_collectives)
+        if called != {kind: 3 * n for kind, n in priced.items()}:
+            failures.append(f"{case}: called {called} in 3 steps, priced {dict(priced)} per step")
     return {"failures": failures, "measured": measured}
 
 
