@@ -166,6 +166,7 @@ class ParamGatherer:
         # fused set) or (group, loose member); ``final``: the executor sets it in the last microstep
         self._held: dict[tuple, torch.Tensor] = {}
         self.final = True
+        self.held = 0  # gradients held over a microstep instead of reduced, in all
 
     @property
     def reshards(self) -> bool:
@@ -320,6 +321,7 @@ class ParamGatherer:
         if self.final:
             return total
         self._held[key] = total if held is not None else total.clone()
+        self.held += 1
         return None
 
     # ---- reshard after forward -------------------------------------------------------------------
