@@ -254,24 +254,26 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         dst = (out_placements or src) if v == OUTPUT else strategies[v].inputs[i]
         colls, price = pricer.edge(u, slot, v, i, encode(src), encode(dst), policy(v))
         priced = colls
+        held_less = 0.0  # the price's seconds the held copy does not spend (not recompute either)
         if u in once:  # the copy's gradient is reduced once per step, after the last microstep
-            ilp_less += sum(c.seconds for c in colls if c.phase == "bwd") * (1 - 1 / k)
+            held_less = sum(c.seconds for c in colls if c.phase == "bwd") * (1 - 1 / k)
+            ilp_less += held_less
             colls = tuple(replace(c, seconds=c.seconds / k) if c.phase == "bwd" else c for c in colls)
         if v != OUTPUT and i in written_operands(facts.nodes[v]):
             stale.add(u)  # its move (and move back) is its own: never a shared copy
         elif colls or price.gather_copy:
             copy_key = (u, slot, normalize(dst, mesh.shape))
             if copy_key in made:  # the runtime made this copy for an earlier reader: this one reads it
-                colls, price = (), replace(price, seconds=0.0)
+                colls, price, held_less = (), replace(price, seconds=0.0), 0.0
             made.add(copy_key)
         trace.edge(u, slot, v, price, tuple(src), moved=bool(colls))
         comm = sum(c.seconds for c in colls)
         times["communication"] += comm
-        times["recompute"] += price.seconds - comm
+        times["recompute"] += price.seconds - comm - held_less
         if facts.kind[u] == "param":
             for c in colls:
                 weights[c.phase] += c.seconds
-            weights["regather"] += price.seconds - comm
+            weights["regather"] += price.seconds - comm - held_less
         mem["activations"] += price.kept
         mem["recompute"] += price.recompute
         mem["gathered_weights"] += price.gathered + price.gathered_transient
