@@ -163,4 +163,5 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
                     optimizer=opts.optimizer, time_limit_s=opts.time_limit_s, params=opts.pins.get("params")
                 ).to_json(), env=env))
     runtime = to_microbatch(plan, batch, mesh, levers=levers, replan=replan)
-    return build(runtime, batch, env, state_dict=state_dict, planner=planner, started=started)
+    return build(runtime, batch, env, state_dict=state_dict, planner=planner, started=started,
+                 compile=opts.compile_options)

@@ -105,14 +105,19 @@ def ordered_inputs(captured, inputs: tuple, named: dict) -> tuple:
 
 class CompiledModel(_TrainingState):
     def __init__(self, model: torch.nn.Module, plan: Plan, env, *, state_dict: Optional[dict] = None,
-                 compile_seconds: float = 0.0, planner_plan=None):
+                 compile_seconds: float = 0.0, planner_plan=None, compile=None):
         self.plan = plan
         self.env = env
         self.compile_seconds = compile_seconds
         #: with ``pp="auto"``: the stage planner's ``PipelinePlan`` (here pp == 1: it chose no pipeline)
         self.planner_plan = planner_plan
         self._program = RankProgram(plan.captured, plan.solution.strategies, plan.mesh, env=env,
-                                    model=model, state_dict=state_dict, levers=plan.solution.levers)
+                                    model=model, state_dict=state_dict, levers=plan.solution.levers,
+                                    compile=compile)
+        #: with ``compile=``: what was compiled, what stayed eager and why, what compiling cost (also in
+        #: ``plan.summary()``); filled in as regions compile at the first step
+        self.compile_report = self._program.compile_report
+        plan.compile_report = self.compile_report
         self._held = None
         self._local_module = None
 

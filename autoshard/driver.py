@@ -273,13 +273,14 @@ def to_microbatch(plan: Union[Plan, PipelinedPlan], batch: ModelBatch, mesh: Mes
 
 def build(runtime: Union[Plan, CompiledPipelinePlan], batch: ModelBatch, env: Any, *,
           state_dict: Optional[dict] = None, device: Any = None, planner: Optional[PipelinePlan] = None,
-          started: Optional[float] = None) -> Union[CompiledModel, PipelinedModel]:
+          started: Optional[float] = None, compile: Any = None) -> Union[CompiledModel, PipelinedModel]:
     """This rank's program for ``runtime`` (``to_microbatch``'s result). ``planner``: the stage
-    planner's choice it came from, kept on the result; ``started``: when compiling began."""
+    planner's choice it came from, kept on the result; ``started``: when compiling began; ``compile``:
+    ``CompileOptions`` to run the program through ``torch.compile`` (a plain plan only)."""
     started = time.perf_counter() if started is None else started
     if isinstance(runtime, Plan):
         return CompiledModel(batch.model, runtime, env, state_dict=state_dict, planner_plan=planner,
-                             compile_seconds=time.perf_counter() - started)
+                             compile_seconds=time.perf_counter() - started, compile=compile)
     small = trace(batch, runtime.microbatches, keyword="microbatches")
     program = PipelineProgram(small, runtime, generate(runtime.schedule, runtime.pp, runtime.microbatches,
                                                        runtime.virtual),

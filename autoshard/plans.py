@@ -72,6 +72,9 @@ class Plan(PlanSurface):
     #: how the model was built and planned when ``autoshard plan`` made it (spec, batch, seq, dtype,
     #: memory limit, optimizer): ``autoshard explain`` builds the same model again from it. JSON data.
     source: Optional[dict] = None
+    #: under ``compile(..., compile=True)``: the rank's ``runtime.compiled_regions.CompileReport``, which
+    #: ``summary()`` prints (never saved)
+    compile_report: Any = field(default=None, repr=False, compare=False)
 
     # ---- the decisions -------------------------------------------------------------------------
     @property

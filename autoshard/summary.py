@@ -162,6 +162,9 @@ def plan_summary(plan) -> str:
     shown = {k: v for k, v in stats.items() if k not in ("layout", "finalists")}  # each has its own line
     if shown:
         out.append("  solver: " + ", ".join(f"{k} {v}" for k, v in shown.items()))
+    report = getattr(plan, "compile_report", None)
+    if report is not None:
+        out += report.lines()
     return "\n".join(out)
 
 

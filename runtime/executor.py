@@ -26,6 +26,10 @@ The plan's memory levers (``passes.levers.Levers``) act here:
   gradients are all-reduced in ``reduce_dtype`` (``param_dtype`` when None), sharded ones
   reduce-scattered in it by the parameter gathers.
 
+``compile`` (a ``compile_backend.CompileOptions``): the program's collectives become functional
+(``functional_collectives``) and its traceable runs ``torch.compile``'d regions (``compiled_regions``);
+``compile_report`` says what was compiled, what stayed eager and why, and what compiling cost.
+
 ``memory_probe`` (a ``memory_probe.MemoryProbe`` while one is active) measures a step.
 """
 from __future__ import annotations
@@ -45,6 +49,9 @@ from autoshard.passes.levers import Levers
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Replicate, Strategy, TensorMeta
 
+from .compile_backend import CompileOptions, RegionCompiler
+from .compiled_regions import compile_regions
+from .functional_collectives import functionalize
 from .gradsync import GradSync
 from .groups import MeshEnv, setup_distributed
 from .local_batch import DataLayout, InputCheck, arrivals_for, data_layout, local_shapes, user_inputs
@@ -69,7 +76,8 @@ class RankProgram:
     def __init__(self, captured: CapturedGraph, strategies: dict[str, Strategy], mesh: Any, *,
                  env: Optional[MeshEnv] = None, model: Optional[nn.Module] = None,
                  state_dict: Optional[dict] = None, seed: int = 0, bucket_mb: float = 25.0,
-                 first_bucket_mb: float = 1.0, levers: Optional[Levers] = None):
+                 first_bucket_mb: float = 1.0, levers: Optional[Levers] = None,
+                 compile: Optional[CompileOptions] = None):
         mesh = Mesh.of(mesh)
         self.env = env if env is not None else setup_distributed(mesh)
         if self.env.mesh.shape != mesh.shape:
@@ -77,6 +85,7 @@ class RankProgram:
                             f"{self.env.mesh.shape}; call setup_distributed with the plan's mesh")
         self.captured, self.strategies, self.mesh = captured, strategies, mesh
         self.levers = levers if levers is not None else Levers()
+        self.compiler = RegionCompiler(compile, self.env.device) if compile is not None else None
         self.program, self.gatherer = self._build_program()
         self._full = (self.program, self.gatherer)
         self._local: Optional[tuple] = None  # the program taking this rank's slice (``local_batch``)
@@ -112,8 +121,18 @@ class RankProgram:
         """(program, its parameter gatherer or None): lowered with the levers, checkpointed block
         instances outlined as regions; ``arrivals`` for the ``local_batch`` variant."""
         flat = lower(self.captured, self.strategies, self.env, self.levers, arrivals=arrivals)
+        gatherer = getattr(flat, "param_gatherer", None)
+        if self.compiler is not None:
+            functionalize(flat)
         program = outline_regions(flat, lambda b: self.levers.policy(b).checkpoint, set(self.captured.buffers))
-        return program, getattr(flat, "param_gatherer", None)
+        if self.compiler is not None:
+            compile_regions(program, self.compiler)
+        return program, gatherer
+
+    @property
+    def compile_report(self):
+        """The current program's ``compiled_regions.CompileReport`` (None when not compiled)."""
+        return getattr(self.program, "compile_report", None)
 
     def _sync_order(self) -> list:
         """(param, comm over its R axes) in the order gradients become ready: reverse first use."""
