@@ -9,6 +9,8 @@ it outlines each maximal run of traceable nodes into a ``CompiledRegion``:
 - traceable: ATen and prims ops, the functional collectives (compiled into the graph, where
   inductor sees and schedules them), and the lowering helpers written in plain tensor ops
   (``_TRACEABLE_HELPERS``);
+- left where they are, outside any region: the chunks of the program's inputs this rank takes (a
+  slice, free eagerly; out of the graph, the regions after it do not depend on the rank);
 - eager, between regions, each kind with its reason in the report (``CompileReport.lines``): the
   parameter gathers (the ``ParamGatherer``'s fused flat all-gathers, its forward/backward prefetch and
   reshard-after-forward hooks, which keep state across the step), the write-back of in-place updates
@@ -25,7 +27,9 @@ checkpoint keeps matmul outputs only of eager ops (its policy sees the dispatche
 inductor's kernels reuse their buffers), so its compiled regions are recomputed in full; the report
 says so.
 
-A data-parallel plan has no gathers: its forward is one region (one forward and one backward graph).
+A data-parallel plan has no gathers: its forward is one region (one forward and one backward graph),
+cut where the parameters it first uses pass a gradient bucket's bytes (``compile_regions``' ``synced``),
+so the all-reduce of each bucket can overlap the backward of the regions before it.
 Regions compile at their first call (``compile_backend.RegionCompiler``).
 """
 from __future__ import annotations
@@ -119,21 +123,37 @@ def _why_eager(node: fx.Node) -> str:
     return f"{name} (a lowering helper with Python state or data-dependent communication)"
 
 
+def _slices_an_input(node: fx.Node) -> bool:
+    """This rank's chunk of a program input: kept eager, where it is free, so the regions after it are the
+    same graph on every rank of the axis (one compile serves them all through the cache)."""
+    return (node.op == "call_function" and node.target in (FC.chunk, FC.to_partial)
+            and isinstance(node.args[0], fx.Node) and node.args[0].op == "placeholder")
+
+
 def _is_view_only(run: list) -> bool:
     return all(n.target is operator.getitem or (isinstance(n.target, torch._ops.OpOverload) and n.target.is_view)
                for n in run)
 
 
-def _runs(graph: fx.Graph, eager: Counter) -> list:
+def _runs(graph: fx.Graph, eager: Counter, synced: dict, cap: int) -> list:
     """Maximal runs of traceable call_function nodes, in graph order; what stops them is counted in
     ``eager`` by reason (a getitem of an eager node's result, a get_attr and the placeholders and output
-    stop nothing)."""
+    stop nothing). A run also ends before a node whose first use of gradient-synchronized parameters
+    (``synced``: placeholder name -> bytes) would take the run's share past ``cap`` bytes."""
     runs, current, traceable = [], [], set()
+    seen, size = set(), 0
     for node in graph.nodes:
-        if node.op in ("placeholder", "get_attr", "output"):
+        if node.op in ("placeholder", "get_attr", "output") or _slices_an_input(node):
             continue
         if node.op == "call_function" and _is_traceable(node) and not (
                 node.target is operator.getitem and node.args[0] not in traceable):
+            new = {a.name for a in node.all_input_nodes if a.op == "placeholder" and a.name in synced} - seen
+            grow = sum(synced[name] for name in new)
+            if current and size and size + grow > cap:
+                runs.append(current)
+                current, size = [], 0
+            seen |= new
+            size += grow
             current.append(node)
             traceable.add(node)
             continue
@@ -146,7 +166,7 @@ def _runs(graph: fx.Graph, eager: Counter) -> list:
             eager[_why_eager(node)] += 1
         if current:
             runs.append(current)
-            current = []
+            current, size = [], 0
     if current:
         runs.append(current)
     return runs
@@ -228,10 +248,15 @@ class CompileReport:
         return out
 
 
-def compile_regions(program: fx.GraphModule, compiler: RegionCompiler) -> CompileReport:
+def compile_regions(program: fx.GraphModule, compiler: RegionCompiler, synced: Optional[dict] = None,
+                    bucket_bytes: int = 25 * 2**20) -> CompileReport:
     """Outline ``program``'s traceable runs into ``CompiledRegion``s (in place, in its top graph and in
     every ``CheckpointRegion``'s body; see the module docstring) and return the report, which is also
-    kept as ``program.compile_report``."""
+    kept as ``program.compile_report``. ``synced``: the parameters whose gradients are all-reduced after
+    backward (placeholder name -> bytes): regions are cut so each first uses at most ``bucket_bytes`` of
+    them, as torch's DDP cuts compiled graphs at its buckets, so a region's gradients reach their bucket
+    while the earlier regions' backward still runs (one region's backward returns all its gradients
+    at its end)."""
     report = CompileReport(compiler)
     # the top graph, the partitions outline_regions made of it, and the checkpointed blocks' bodies
     graphs = [(program, None)] + [(m, None) for m in program.children() if isinstance(m, fx.GraphModule)]
@@ -239,7 +264,7 @@ def compile_regions(program: fx.GraphModule, compiler: RegionCompiler) -> Compil
     selective = sorted({m.block for m in program.modules() if isinstance(m, CheckpointRegion) and m.policy == "selective"})
     for gm, where in graphs:
         report.ops_total += sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
-        for k, run in enumerate(_runs(gm.graph, report.eager)):
+        for k, run in enumerate(_runs(gm.graph, report.eager, synced or {}, bucket_bytes)):
             if _is_view_only(run):
                 continue
             name = f"compiled_region_{k}"

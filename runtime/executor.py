@@ -35,6 +35,7 @@ The plan's memory levers (``passes.levers.Levers``) act here:
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any, Optional
 
 import torch
@@ -44,7 +45,7 @@ import torch.nn as nn
 
 from autoshard.passes.errors import BatchError, MeshError
 from autoshard.passes.graph import META, CapturedGraph
-from autoshard.passes.layout.shapes import normalize
+from autoshard.passes.layout.shapes import local_shape, normalize
 from autoshard.passes.levers import Levers
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Replicate, Strategy, TensorMeta
@@ -86,6 +87,7 @@ class RankProgram:
         self.captured, self.strategies, self.mesh = captured, strategies, mesh
         self.levers = levers if levers is not None else Levers()
         self.compiler = RegionCompiler(compile, self.env.device) if compile is not None else None
+        self._bucket_bytes = int(bucket_mb * 2**20)
         self.program, self.gatherer = self._build_program()
         self._full = (self.program, self.gatherer)
         self._local: Optional[tuple] = None  # the program taking this rank's slice (``local_batch``)
@@ -126,8 +128,19 @@ class RankProgram:
             functionalize(flat)
         program = outline_regions(flat, lambda b: self.levers.policy(b).checkpoint, set(self.captured.buffers))
         if self.compiler is not None:
-            compile_regions(program, self.compiler)
+            compile_regions(program, self.compiler, self._synced_bytes(), self._bucket_bytes)
         return program, gatherer
+
+    def _synced_bytes(self) -> dict:
+        """Placeholder name -> local bytes of each parameter whose gradient ``GradSync`` all-reduces."""
+        out = {}
+        for ph in self.captured.params:
+            storage = normalize(self.strategies[ph].outputs[0], self.mesh.shape)
+            if any(isinstance(p, Replicate) and self.mesh.shape[a] > 1 for a, p in enumerate(storage)):
+                meta = self.captured.node(ph).meta[META]
+                shape = local_shape(meta.shape, storage, self.mesh.shape)
+                out[ph] = math.prod(shape) * meta.dtype.itemsize
+        return out
 
     @property
     def compile_report(self):

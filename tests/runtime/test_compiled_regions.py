@@ -3,8 +3,8 @@ fake process group of 4 ranks (``torch.testing``'s "fake" backend: collectives d
 
 - every ATen op of a random (2, 2) plan with checkpointing and reshard-after-forward ends up inside
   a compiled region, its collectives inside as functional collectives; outside the regions stay only
-  the parts the report names (parameter gathers, ring attention), the checkpoint wrappers and the
-  partitions between them;
+  the parts the report names (parameter gathers, ring attention), this rank's slices of the inputs,
+  the checkpoint wrappers and the partitions between them;
 - a data-parallel program is one region: the whole forward (and so its backward) in one graph;
 - ``compile=`` is checked at the front door.
 """
@@ -65,7 +65,10 @@ def test_every_op_of_a_random_plan_is_compiled_between_gathers_and_checkpoints(r
     assert {r.where for r in regions} == {None, "blocks.0", "blocks.1"}  # inside the checkpointed blocks too
     left = [n for g in _graphs_outside_regions(program) for n in g.graph.nodes
             if n.op == "call_function" and n.target is not operator.getitem]
-    assert left and {n.target for n in left} <= {gather_params, ring_attention}, sorted({str(n.target) for n in left})
+    slices = [n for n in left if n.target in (FC.chunk, FC.to_partial)]  # this rank's piece of an input
+    assert all(n.args[0].op == "placeholder" for n in slices)
+    assert {n.target for n in left if n not in slices} == {gather_params, ring_attention}, \
+        sorted({str(n.target) for n in left})
     inside = [n.target for r in regions for n in r.body.graph.nodes if n.op == "call_function"]
     assert not set(inside) & set(C.COLLECTIVES.values())  # no eager collective anywhere
     assert {FC.all_gather, FC.all_to_all} <= set(inside)
@@ -80,8 +83,8 @@ def test_a_data_parallel_program_is_one_region():
     cm = _compiled((4,), **autoshard.presets.data_parallel((4,)))
     regions = [m for m in cm.program.modules() if isinstance(m, CompiledRegion)]
     assert len(regions) == 1
-    top = [n for n in cm.program.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
-    assert top == [] and not cm.compile_report.eager
+    top = [n.target for n in cm.program.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
+    assert set(top) == {FC.chunk} and not cm.compile_report.eager  # this rank's rows of the batch
     ops = [n for n in regions[0].body.graph.nodes if n.op == "call_function"]
     assert any(n.target is torch.ops.aten.scaled_dot_product_attention.default for n in ops)
     assert any(n.target is torch.ops.aten.cross_entropy_loss.default for n in ops)
@@ -110,3 +113,29 @@ def test_compile_options_are_checked_and_plan_refuses_them():
         autoshard.plan(model, (2,), compile=True, **kw)
     with pytest.raises(TypeError, match=r"compile= cannot be combined with a pipeline"):
         autoshard.compile(model, (2,), pp=2, compile=True, **kw)
+
+
+def test_data_parallel_regions_are_cut_at_gradient_buckets():
+    """As torch's DDP cuts compiled graphs at its buckets: each region's backward hands its gradients to
+    their bucket while the earlier regions' backward still runs."""
+    from autoshard.runtime.executor import RankProgram
+    torch.manual_seed(0)
+    model, batch, loss_fn, _ = build("gpt")
+    inputs, target = batch(8, 0)
+    plan = autoshard.plan(model, (4,), example_inputs=inputs, loss_fn=loss_fn, example_target=target, hardware="cpu",
+                          **autoshard.presets.data_parallel((4,)))
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
+    try:
+        cap_mb = 0.02  # the small GPT's 2 blocks hold about 0.1 MB of parameters
+        rp = RankProgram(plan.captured, plan.solution.strategies, (4,), model=model, bucket_mb=cap_mb, compile=FAST)
+    finally:
+        dist.destroy_process_group()
+    regions = [m for m in rp.program.modules() if isinstance(m, CompiledRegion)]
+    assert len(regions) >= 4
+    sizes = {ph: p.numel() * p.element_size() for ph, p in zip(rp._param_names, rp.parameters())}
+    seen = set()
+    for region in regions:
+        first = {n.name for n in region.body.graph.nodes if n.op == "placeholder" and n.name in sizes} - seen
+        seen |= first
+        assert sum(sizes[ph] for ph in first) <= cap_mb * 2**20 or len(first) == 1, first
+    assert seen == set(sizes)
