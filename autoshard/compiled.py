@@ -174,6 +174,13 @@ class PipelinedModel(_TrainingState):
     def __init__(self, plan, program, *, compile_seconds: float = 0.0, planner_plan=None):
         self.plan, self._program, self.compile_seconds = plan, program, compile_seconds
         self.planner_plan = planner_plan
+        plan.compile_report = program.compile_report
+
+    @property
+    def compile_report(self):
+        """With ``compile=``: what was compiled over this rank's stages, what stayed eager and why, what
+        compiling cost (``runtime.compiled_regions.CompileReport``); None otherwise."""
+        return self._program.compile_report
         self._held = None
 
     def step(self, *inputs, target=None, local_batch: bool = False, **named_inputs) -> float:

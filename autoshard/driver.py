@@ -276,7 +276,7 @@ def build(runtime: Union[Plan, CompiledPipelinePlan], batch: ModelBatch, env: An
           started: Optional[float] = None, compile: Any = None) -> Union[CompiledModel, PipelinedModel]:
     """This rank's program for ``runtime`` (``to_microbatch``'s result). ``planner``: the stage
     planner's choice it came from, kept on the result; ``started``: when compiling began; ``compile``:
-    ``CompileOptions`` to run the program through ``torch.compile`` (a plain plan only)."""
+    ``CompileOptions`` to run the programs through ``torch.compile`` (each pipeline stage's too)."""
     started = time.perf_counter() if started is None else started
     if isinstance(runtime, Plan):
         return CompiledModel(batch.model, runtime, env, state_dict=state_dict, planner_plan=planner,
@@ -284,7 +284,7 @@ def build(runtime: Union[Plan, CompiledPipelinePlan], batch: ModelBatch, env: An
     small = trace(batch, runtime.microbatches, keyword="microbatches")
     program = PipelineProgram(small, runtime, generate(runtime.schedule, runtime.pp, runtime.microbatches,
                                                        runtime.virtual),
-                              model=batch.model, state_dict=state_dict, device=device)
+                              model=batch.model, state_dict=state_dict, device=device, compile=compile)
     return PipelinedModel(runtime, program, compile_seconds=time.perf_counter() - started, planner_plan=planner)
 
 

@@ -150,9 +150,6 @@ class PlanOptions:
             if entry != "compile":
                 raise TypeError(f"compile= is taken by autoshard.compile only: it compiles each rank's program and does "
                                 f"not change the plan; drop it from {entry.replace('-', '_')}()")
-            if self.pipelined or isinstance(saved, PipelinedPlan):
-                raise TypeError("compile= cannot be combined with a pipeline (pp= or a pipelined plan) yet: compile "
-                                "the plain plan, or run the pipeline eagerly")
         if self.layout is not None:
             if entry != "plan":
                 raise TypeError(f"layout= is taken by autoshard.plan only: price it with plan = autoshard.plan(..., "

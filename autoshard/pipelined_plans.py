@@ -161,5 +161,7 @@ class CompiledPipelinePlan(PipelinePlan):
         """Mesh, pipeline, estimates, stages and placements (``PipelinedPlan.summary``), and the
         batch-coupled ops that see one microbatch at a time."""
         plain = PipelinePlan(**{f.name: getattr(self, f.name) for f in fields(PipelinePlan)})
-        return PipelinedPlan(plain, self.mesh, self.hardware, "", work=self.work,
+        text = PipelinedPlan(plain, self.mesh, self.hardware, "", work=self.work,
                              batch_coupled=list(self.batch_coupled)).summary()
+        report = getattr(self, "compile_report", None)  # set by PipelinedModel under compile=
+        return text if report is None else "\n".join([text, *report.lines()])

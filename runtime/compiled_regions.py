@@ -216,6 +216,17 @@ class CompileReport:
     notes: list = field(default_factory=list)
     ops_total: int = 0
 
+    @classmethod
+    def combined(cls, reports: list) -> "CompileReport":
+        """One report over several programs compiled by the same compiler (a rank's pipeline stages)."""
+        out = cls(reports[0].compiler)
+        for r in reports:
+            out.regions += r.regions
+            out.eager.update(r.eager)
+            out.notes += [n for n in r.notes if n not in out.notes]
+            out.ops_total += r.ops_total
+        return out
+
     @property
     def stats(self) -> CompileStats:
         """Every compile so far on this rank, backward graphs included."""

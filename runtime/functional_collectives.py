@@ -77,7 +77,7 @@ def to_partial(x: torch.Tensor, rank: int) -> torch.Tensor:
     """R -> P: coordinate 0 keeps the value, the others hold zeros (their gradient is zero too)."""
     if rank == 0:
         return x
-    return torch.where(torch.zeros((), dtype=torch.bool, device=x.device), x, 0.0)
+    return torch.where(torch.zeros((), dtype=torch.bool, device=x.device), x, x.new_zeros(()))
 
 
 #: eager collective -> (functional call, how its comm argument becomes static arguments)

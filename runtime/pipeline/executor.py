@@ -99,8 +99,9 @@ class PipelineProgram:
 
     def __init__(self, captured: CapturedGraph, plan: PipelinePlan, schedule: dict, *,
                  model: Optional[nn.Module] = None, state_dict: Optional[dict] = None, seed: int = 0,
-                 device=None):
+                 device=None, compile=None):
         from autoshard.passes.pipeline.schedule.simulate import check_deadlock
+        from ..compile_backend import RegionCompiler
         if not dist.is_initialized():
             raise PlanFormatError("a PipelineProgram needs torch.distributed initialized (torchrun, or "
                                   "init_process_group) with as many ranks as the plan's groups hold")
@@ -131,11 +132,15 @@ class PipelineProgram:
         self._strategies = {g.index: stage_strategies(g, plan.stages[g.index].solution.strategies)
                             for g in self.graphs}
         self.boundaries = boundary_placements(plan, self.graphs, self._strategies)
+        #: with ``compile`` (``compile_backend.CompileOptions``): each stage's program compiled by regions;
+        #: the schedule's sends and receives stay outside them
+        self.compiler = RegionCompiler(compile, self.device) if compile is not None else None
         self.stages = {s.index: StageProgram(self.graphs[s.index], self._strategies[s.index], self.env, model=model,
                                              state_dict=state_dict, seed=seed, microbatches=plan.microbatches,
                                              trainable=trainable, recompute=s.recompute,
                                              arrivals={n: self.boundaries[n] for n, _ in self.graphs[s.index].receives},
-                                             departures={n: self.boundaries[n] for n, _ in self.graphs[s.index].sends})
+                                             departures={n: self.boundaries[n] for n, _ in self.graphs[s.index].sends},
+                                             compiler=self.compiler)
                        for s in plan.stages if s.group == self.group}
         self.wiring = self._wiring()
         gloo = "gloo" in str(dist.get_backend())
@@ -286,6 +291,15 @@ class PipelineProgram:
                     p.grad = shard_tensor(total, st.grad_layout(ph), self.env.mesh.shape, self.env.coordinate).clone()
 
     # ---- state ---------------------------------------------------------------------------------
+    @property
+    def compile_report(self):
+        """With ``compile``: one ``compiled_regions.CompileReport`` over this rank's stage programs (None
+        otherwise)."""
+        if self.compiler is None:
+            return None
+        from ..compiled_regions import CompileReport
+        return CompileReport.combined([st.program.compile_report for st in self.stages.values()])
+
     def parameters(self) -> list[nn.Parameter]:
         """Every local parameter (a weight shared by two local stages appears once per copy)."""
         return [p for s in sorted(self.stages) for p in self.stages[s].params]

@@ -29,6 +29,8 @@ from autoshard.passes.graph import META
 from autoshard.passes.layout.shapes import normalize
 from autoshard.passes.spec import Replicate, Strategy
 
+from ..compiled_regions import compile_regions
+from ..functional_collectives import functionalize
 from ..lower import lower
 from ..materialize import materialize
 from ..recompute import Replay
@@ -55,13 +57,14 @@ class StageProgram:
     def __init__(self, graph: StageGraph, strategies: dict[str, Strategy], env: SubmeshEnv, *,
                  model: Optional[nn.Module] = None, state_dict: Optional[dict] = None, seed: int = 0,
                  microbatches: int = 1, trainable: Optional[dict] = None, recompute: bool = False,
-                 arrivals: Optional[dict] = None, departures: Optional[dict] = None):
+                 arrivals: Optional[dict] = None, departures: Optional[dict] = None, compiler=None):
         self.graph, self.strategies, self.env = graph, strategies, env
+        self.compiler = compiler  # a ``compile_backend.RegionCompiler``: the program's regions compiled
         self.recompute = recompute
         self.index = graph.index
         captured = graph.captured
         self.received_at, self.sent_at = dict(arrivals or {}), dict(departures or {})
-        self.program = lower(captured, strategies, env, arrivals=self.received_at, departures=self.sent_at)
+        self.program = self._lowered(self.received_at)
         self._programs = {False: self.program}
         local = materialize(captured, strategies, env, model=model, state_dict=state_dict, seed=seed)
         trainable = trainable or {}
@@ -79,9 +82,17 @@ class StageProgram:
         """Run the program that takes this rank's slice of the batch inputs (``on``; lowered on first use
         with ``arrivals``, see ``local_batch.arrivals_for``) or the one taking full inputs."""
         if on not in self._programs:
-            self._programs[on] = lower(self.graph.captured, self.strategies, self.env,
-                                       arrivals={**self.received_at, **(arrivals or {})}, departures=self.sent_at)
+            self._programs[on] = self._lowered({**self.received_at, **(arrivals or {})})
         self.program = self._programs[on]
+
+    def _lowered(self, arrivals: dict):
+        """The stage's program taking its inputs as ``arrivals`` places them; with a ``compiler``, its
+        collectives functional and its traceable runs compiled regions (``compiled_regions``)."""
+        program = lower(self.graph.captured, self.strategies, self.env, arrivals=arrivals, departures=self.sent_at)
+        if self.compiler is not None:
+            functionalize(program)
+            compile_regions(program, self.compiler)
+        return program
 
     def grad_layout(self, ph: str) -> tuple:
         """Placements of a parameter's gradient: its storage, with ``P`` read as ``R`` (a ``P``-stored

@@ -111,8 +111,6 @@ def test_compile_options_are_checked_and_plan_refuses_them():
     kw = dict(example_inputs=inputs, loss_fn=loss_fn, example_target=target, hardware="cpu")
     with pytest.raises(TypeError, match=r"compile= is taken by autoshard.compile only"):
         autoshard.plan(model, (2,), compile=True, **kw)
-    with pytest.raises(TypeError, match=r"compile= cannot be combined with a pipeline"):
-        autoshard.compile(model, (2,), pp=2, compile=True, **kw)
 
 
 def test_data_parallel_regions_are_cut_at_gradient_buckets():

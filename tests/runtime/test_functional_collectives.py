@@ -3,7 +3,7 @@
 Every step (all-gather, reduce-scatter, all-reduce, all-to-all, chunk, to-partial), on each axis of a
 (2, 2) mesh and on both axes flattened, every dim, must give the eager call's output and, for an
 upstream gradient, the eager call's input gradient bit for bit (the same c10d collectives on the same
-data), run eagerly; and all of them at once (their outputs, and the input gradient of their
+data), run eagerly, on float64 and on bool and int64 tensors (masks and indices keep their dtype); and all of them at once (their outputs, and the input gradient of their
 outputs' weighted sum) inside ``torch.compile(backend="aot_eager", fullgraph=True)``, where dynamo
 traces them and AOTAutograd differentiates them with torch's registered formulas, with no graph break.
 ``functionalize`` rewrites a lowered program's collective calls into them.
@@ -63,6 +63,11 @@ def _worker(rank: int, world: int) -> list:
             _compare(bad, f"{comm.name} {name}", _run(functional, x, 7), _run(eager, x, 7))
         compiled = torch.compile(_all([f for _, _, f in pairs]), backend="aot_eager", fullgraph=True)
         _compare(bad, f"{comm.name} every step compiled", _run(compiled, x, 8), _run(_all([e for _, e, _ in pairs]), x, 8))
+        for mask in ((x > 0), (x * 10).long()):  # masks and indices move too, in their own dtype
+            for name, eager, functional in pairs:
+                want, got = eager(mask), functional(mask)
+                if got.dtype != want.dtype or not torch.equal(got, want):
+                    bad.append(f"{comm.name} {name} on {mask.dtype}: differs from the eager collective's")
     return bad
 
 
