@@ -36,33 +36,40 @@ __all__ = ["all_gather", "reduce_scatter", "all_reduce", "all_to_all", "chunk", 
 _ops = torch.ops._c10d_functional
 
 
-def _wait(x: torch.Tensor) -> torch.Tensor:
-    return _ops.wait_tensor(x)
+def _wait(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    out = _ops.wait_tensor(x)
+    return out != 0 if dtype == torch.bool else out
+
+
+def _bytes(x: torch.Tensor) -> torch.Tensor:
+    """A bool tensor travels as uint8 (its sums read back as ``!= 0``): inductor (torch 2.13) hands back
+    a bool tensor all-gathered or reduce-scattered as int64."""
+    return x.to(torch.uint8) if x.dtype == torch.bool else x
 
 
 def all_gather(x: torch.Tensor, dim: int, group: str, size: int) -> torch.Tensor:
     """S(dim) -> R over the group of ``size`` ranks named ``group``."""
-    src = x.movedim(dim, 0).contiguous() if dim else x.contiguous()
-    out = _wait(_ops.all_gather_into_tensor(src, size, group))
+    src = _bytes(x.movedim(dim, 0).contiguous() if dim else x.contiguous())
+    out = _wait(_ops.all_gather_into_tensor(src, size, group), x.dtype)
     return out.movedim(0, dim).contiguous() if dim else out
 
 
 def reduce_scatter(x: torch.Tensor, dim: int, group: str, size: int) -> torch.Tensor:
     """P -> S(dim): the sum over the group, this rank's chunk of ``dim``."""
-    src = x.movedim(dim, 0).contiguous() if dim else x.contiguous()
-    out = _wait(_ops.reduce_scatter_tensor(src, "sum", size, group))
+    src = _bytes(x.movedim(dim, 0).contiguous() if dim else x.contiguous())
+    out = _wait(_ops.reduce_scatter_tensor(src, "sum", size, group), x.dtype)
     return out.movedim(0, dim).contiguous() if dim else out
 
 
 def all_reduce(x: torch.Tensor, group: str) -> torch.Tensor:
     """P -> R: the sum over the group (a new tensor)."""
-    return _wait(_ops.all_reduce(x.contiguous(), "sum", group))
+    return _wait(_ops.all_reduce(_bytes(x.contiguous()), "sum", group), x.dtype)
 
 
 def all_to_all(x: torch.Tensor, gather_dim: int, scatter_dim: int, group: str, size: int) -> torch.Tensor:
     """S(gather_dim) -> S(scatter_dim) in one exchange."""
     pieces = x.unflatten(scatter_dim, (size, x.shape[scatter_dim] // size)).movedim(scatter_dim, 0).contiguous()
-    out = _wait(_ops.all_to_all_single(pieces, [1] * size, [1] * size, group))
+    out = _wait(_ops.all_to_all_single(_bytes(pieces), [1] * size, [1] * size, group), x.dtype)
     # out[k] is rank k's piece of gather_dim: put the rank index right before gather_dim and merge.
     return out.movedim(0, gather_dim).flatten(gather_dim, gather_dim + 1).contiguous()
 

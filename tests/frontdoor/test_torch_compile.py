@@ -8,6 +8,9 @@
   packed by the gatherer and gathered again (``regathered``).
 - A second process compiling the same program with the same ``cache_dir`` loads inductor's
   compiled graphs from it (FX graph cache hits, no miss).
+- A 2-stage pipeline (1F1B, and zero-bubble ZB-H1, which splits each backward into B and W) with
+  each stage's program compiled trains as one device does: with AOTAutograd only (fast tier) and
+  with inductor (slow tier).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 import autoshard
@@ -82,3 +86,39 @@ def test_a_second_process_reuses_the_compile_cache(tmp_path):
     assert first["misses"] >= 2 and first["hits"] == 0, first  # forward and backward graphs compiled
     assert second["misses"] == 0 and second["hits"] == first["misses"], second
     assert (tmp_path / "cache").is_dir()
+
+
+def _pipeline_worker(rank: int, world: int, backend: str) -> list:
+    torch.set_num_threads(1)
+    failures = []
+    for schedule in ("1f1b", "zb-h1"):  # zb-h1 splits each backward into B and W
+        torch.manual_seed(0)
+        model, batch, loss_fn, _ = build("gpt")
+        inputs, target = batch(8, 0)
+        ref = copy.deepcopy(model)
+        cm = autoshard.compile(model, (world,), example_inputs=inputs, loss_fn=loss_fn, example_target=target,
+                               hardware="cpu", pp=2, schedule=schedule, microbatches=2,
+                               compile=autoshard.CompileOptions(backend=backend))
+        failures += train_against_one_device(f"pp=2 {schedule} {backend}", cm, ref, (inputs, target), loss_fn=loss_fn,
+                                             steps=2, optimizer=sgd, tol=TOL)
+        report = cm.compile_report
+        regions = [r for st in cm._program.stages.values() for r in st.program.modules() if isinstance(r, CompiledRegion)]
+        if not regions or any(not r.stats.compiles for r in regions) or sum(report.graph_breaks.values()):
+            failures.append(f"pp=2 {schedule}: regions {[r.stats.compiles for r in regions]}, "
+                            f"breaks {dict(report.graph_breaks)}")
+        if f"compiled (torch.compile, {backend})" not in cm.plan.summary():
+            failures.append(f"pp=2 {schedule}: the summary does not say what was compiled")
+    return failures
+
+
+def test_pipeline_stages_compiled_aot_eager():
+    """Each stage's program through torch.compile (AOTAutograd, no code generation: quick), sends and
+    receives outside; 1F1B and zero-bubble schedules train as one device does."""
+    failures = failures_of(run_ranks(_pipeline_worker, 2, "aot_eager", timeout=900))
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.slow
+def test_pipeline_stages_compiled_inductor():
+    failures = failures_of(run_ranks(_pipeline_worker, 2, "inductor", timeout=1800))
+    assert not failures, "\n".join(failures)

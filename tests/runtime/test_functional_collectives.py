@@ -5,7 +5,8 @@ Every step (all-gather, reduce-scatter, all-reduce, all-to-all, chunk, to-partia
 upstream gradient, the eager call's input gradient bit for bit (the same c10d collectives on the same
 data), run eagerly, on float64 and on bool and int64 tensors (masks and indices keep their dtype); and all of them at once (their outputs, and the input gradient of their
 outputs' weighted sum) inside ``torch.compile(backend="aot_eager", fullgraph=True)``, where dynamo
-traces them and AOTAutograd differentiates them with torch's registered formulas, with no graph break.
+traces them and AOTAutograd differentiates them with torch's registered formulas, with no graph break;
+and a bool mask gathered, scattered and reduced by inductor's code stays bool with the same values.
 ``functionalize`` rewrites a lowered program's collective calls into them.
 """
 from __future__ import annotations
@@ -68,6 +69,16 @@ def _worker(rank: int, world: int) -> list:
                 want, got = eager(mask), functional(mask)
                 if got.dtype != want.dtype or not torch.equal(got, want):
                     bad.append(f"{comm.name} {name} on {mask.dtype}: differs from the eager collective's")
+    # inductor: a bool mask must come back bool (torch 2.13's inductor returns bool all-gathers and
+    # reduce-scatters as int64 unless they travel as uint8)
+    comm = env.comm_for((0, 1))
+    g, n = comm.group.group_name, comm.size
+    steps = lambda m: (FC.all_gather(m, 2, g, n), FC.reduce_scatter(m, 1, g, n), FC.all_reduce(m, g))
+    mask = x > 0
+    for got, want, name in zip(torch.compile(steps)(mask), (C.all_gather(mask, 2, comm), C.reduce_scatter(mask, 1, comm),
+                                                            C.all_reduce(mask, comm)), ("gather", "scatter", "reduce")):
+        if got.dtype != torch.bool or not torch.equal(got, want):
+            bad.append(f"inductor: bool {name} comes back as {got.dtype} or other values")
     return bad
 
 
