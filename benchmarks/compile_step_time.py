@@ -14,13 +14,18 @@ Contenders, on mesh (4,), 4 gloo ranks (CPU, one thread each), the same model va
 - autoshard eager: ``autoshard.compile(model, (4,), ...)``, the solver's plan for ``hardware="cpu"``;
 - autoshard compiled: the same plan with ``compile=True`` (its program's regions through inductor);
 - FSDP2 + torch.compile: torchtitan's recipe, every block ``torch.compile``'d then ``fully_shard``'d,
-  then the root ``fully_shard``'d (reshard after forward); each rank steps on its quarter of the batch.
+  then the root ``fully_shard``'d (reshard after forward); each rank steps on its quarter of the batch;
+- autoshard zero3 compiled: FSDP2's layout in autoshard (the data-parallel plan with every parameter
+  stored sharded, ``testing.levers.zero3_plan``, reshard after forward), compiled: the same layout as
+  FSDP2, for the like-for-like ratio.
 
 A step is forward + backward + ``torch.optim.AdamW`` step (not compiled, on every contender). Each
 contender is warmed up first (its compiles happen there), then rounds interleave the contenders
 (``BENCH_ROUNDS`` rounds of ``BENCH_ITERS`` steps, default 5 x 3), so machine noise hits all alike;
-rank 0 prints medians and the ratios compiled / eager and compiled / FSDP2 + compile. Timing on a
-loaded machine moves every contender; the ratios are what this script is for.
+rank 0 prints medians and the ratios compiled / eager and compiled / FSDP2 + compile, of wall time and
+of CPU time (``time.process_time`` summed over the ranks: the work done, which other processes on a
+loaded machine disturb less than the clock). Timing on a loaded machine moves every contender; the
+ratios are what this script is for.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import autoshard
+from autoshard.testing.levers import zero3_plan
 from autoshard.testing.models import GPT
 
 SEQ, BATCH, VOCAB = 128, 16, 2048
@@ -78,22 +84,29 @@ def fsdp2_compiled(model: torch.nn.Module, blocks, world: int) -> torch.nn.Modul
     return model
 
 
-def timed(step, iters: int) -> float:
+def timed(step, iters: int) -> tuple:
+    """(wall seconds per step, CPU seconds per step summed over the ranks)."""
     dist.barrier()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for _ in range(iters):
         step()
+    cpu = torch.tensor([time.process_time() - cpu], dtype=torch.float64)
     dist.barrier()
-    return (time.perf_counter() - started) / iters
+    wall = (time.perf_counter() - started) / iters
+    dist.all_reduce(cpu)
+    return wall, cpu.item() / iters
 
 
 def contenders(name: str, ids: torch.Tensor, target: torch.Tensor) -> list:
-    """(label, step function, warm-up seconds) of the three contenders for model ``name``."""
+    """(label, step function, compiled model or None) of the four contenders for model ``name``."""
     rank, world = dist.get_rank(), dist.get_world_size()
     model, _ = build(name)
     kw = dict(example_inputs=(ids,), loss_fn=lm_loss, example_target=target, hardware="cpu")
     eager = autoshard.compile(copy.deepcopy(model), (world,), **kw)
     compiled = autoshard.compile(copy.deepcopy(model), (world,), plan=eager.plan, compile=True, **kw)
+    base = autoshard.plan(model, (world,), **kw, **autoshard.presets.data_parallel((world,)))
+    zero3_plan(base)
+    zero3 = autoshard.compile(copy.deepcopy(model), (world,), plan=base, reshard_after_forward=True, compile=True, **kw)
     ref, blocks = build(name)
     ref = fsdp2_compiled(ref, blocks, world)
     local_ids, local_target = ids.chunk(world)[rank], target.chunk(world)[rank]
@@ -115,6 +128,14 @@ def contenders(name: str, ids: torch.Tensor, target: torch.Tensor) -> list:
         opt.zero_grad(set_to_none=True)
 
     out.append(("FSDP2 + torch.compile", torch_step, None))
+    opt_z = torch.optim.AdamW(zero3.parameters(), lr=1e-3)
+
+    def zero3_step():
+        zero3.step(ids, target=target)
+        opt_z.step()
+        opt_z.zero_grad(set_to_none=True)
+
+    out.append(("autoshard zero3 compiled", zero3_step, zero3))
     return out
 
 
@@ -133,20 +154,25 @@ def main() -> None:
             step()
             step()
             warm.append(time.perf_counter() - started)
-        times = [[] for _ in runs]
+        times, cpus = [[] for _ in runs], [[] for _ in runs]
         for _ in range(rounds):
             for k, (_, step, _) in enumerate(runs):
-                times[k].append(timed(step, iters))
+                wall, cpu = timed(step, iters)
+                times[k].append(wall)
+                cpus[k].append(cpu)
         med = [statistics.median(t) for t in times]
+        cpu = [statistics.median(c) for c in cpus]
         if rank == 0:
             cm = runs[1][2]
             print(f"{name}: {sum(p.numel() for p in build(name)[0].parameters()) / 1e6:.1f} M parameters, batch "
                   f"{BATCH} x {SEQ}, mesh ({dist.get_world_size()},), plan: {_layout(cm)}; {rounds} rounds x {iters} "
                   "steps interleaved, medians")
-            for (label, _, _), t, w in zip(runs, med, warm):
-                print(f"  {label:24s} {t * 1e3:8.1f} ms/step   (first two steps {w:6.1f} s)")
-            print(f"  compiled / eager:                 {med[1] / med[0]:.3f}")
-            print(f"  compiled / FSDP2 + torch.compile: {med[1] / med[2]:.3f}")
+            for (label, _, _), t, c, w in zip(runs, med, cpu, warm):
+                print(f"  {label:24s} {t * 1e3:8.1f} ms/step  {c:6.2f} CPU s/step (all ranks)  "
+                      f"(first two steps {w:6.1f} s)")
+            print(f"  compiled / eager:                 {med[1] / med[0]:.3f}   CPU time {cpu[1] / cpu[0]:.3f}")
+            print(f"  compiled / FSDP2 + torch.compile: {med[1] / med[2]:.3f}   CPU time {cpu[1] / cpu[2]:.3f}")
+            print(f"  zero3 compiled / FSDP2 + compile: {med[3] / med[2]:.3f}   CPU time {cpu[3] / cpu[2]:.3f}")
             print("\n".join(line for line in cm.plan.summary().splitlines() if line.startswith(("  compiled", "    "))
                             and ("compiled" in line or "eager between" in line or "graph break" in line
                                  or "note" in line)))

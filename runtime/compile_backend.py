@@ -108,6 +108,7 @@ class _HostLock:
 
     def __init__(self, path: Optional[str]):
         self.path, self._fd, self._depth = path, None, 0
+        self.waited = 0.0  # seconds spent blocked acquiring it
 
     @contextlib.contextmanager
     def held(self):
@@ -116,7 +117,9 @@ class _HostLock:
             return
         if self._depth == 0:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            started = time.perf_counter()
             fcntl.flock(self._fd, fcntl.LOCK_EX)
+            self.waited += time.perf_counter() - started
         self._depth += 1
         try:
             yield
@@ -151,6 +154,11 @@ class RegionCompiler:
         self._backend_started: Optional[float] = None
         self._in_call = False
         self._pending: Optional[CompileStats] = None
+
+    @property
+    def waited(self) -> float:
+        """Seconds this rank spent waiting for the host's other ranks to finish compiling."""
+        return self._lock.waited
 
     @staticmethod
     def cache_dir() -> str:

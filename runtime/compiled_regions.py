@@ -252,7 +252,9 @@ class CompileReport:
             stats, breaks = self.stats, self.graph_breaks
             out = [head + f"; {len(compiled)} compiled so far, graph breaks {sum(breaks.values())}, "
                           f"{stats.graphs} graph(s); compile {stats.seconds:.1f} s on this rank (FX graph cache "
-                          f"{stats.cache_hits} hit / {stats.cache_misses} miss)"]
+                          f"{stats.cache_hits} hit / {stats.cache_misses} miss)"
+                          + (f", {self.compiler.waited:.1f} s waiting for this host's other ranks to compile"
+                             if self.compiler.waited >= 0.05 else "")]
             out += [f"    graph break x{n}: {' '.join(str(reason).split())[:200]}" for reason, n in breaks.most_common(5)]
         out += [f"    eager between regions: {n} x {reason}" for reason, n in sorted(self.eager.items())]
         out += [f"    note: {note}" for note in self.notes]
