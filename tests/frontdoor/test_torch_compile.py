@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -56,9 +57,10 @@ def test_compiled_steps_equal_one_device_with_checkpointing_and_resharding():
         for failures, regions, compiles, breaks, recompiles, regathered, summary in results:
             assert regions >= 3 and all(c == 1 for c in compiles), (levers, compiles)  # each region compiled once
             assert breaks == 0 and recompiles == 0, levers
-            assert regathered > 0, levers  # saved copies packed, gathered again for the backward
+            if "checkpoint" not in levers:  # saved copies packed as handles, gathered again for the backward
+                assert regathered > 0, levers  # (a checkpointed block gathers again when it recomputes)
             assert "compiled (torch.compile, inductor)" in summary and "graph breaks 0" in summary
-            assert "eager between regions: 3 x parameter gathers" in summary
+            assert re.search(r"eager between regions: \d x parameter gathers", summary), summary
 
 
 _SCRIPT = textwrap.dedent("""
