@@ -4,68 +4,26 @@ model's regions in C++ on first use).
 The GPT, an HF Llama, a BatchNorm CNN (``BlockCNN``: BatchNorm in numbered blocks, statistics synchronized
 across ranks by ``batch_norm_sync``) and an HF Mixtral (experts as one ``moe_experts`` op), each under the
 solver's plan and a random plan, every block checkpointed and resharded after forward: two steps within
-the measured noise floor (``zoo_check.TOL``, plain SGD, first-step gradients compared), in one spawn.
-Every compiled region compiles; the GPT's and the Llama's with no graph break. And the GPT under the
+the measured noise floor (``zoo_check.TOL``, plain SGD, first-step gradients compared), in one spawn
+(``autoshard.testing.compile_check``; ``benchmarks/compile_exactness.py`` prints the same sweep's
+figures). Every compiled region compiles; the GPT's and the Llama's with no graph break. And the GPT under the
 other levers: 2 accumulation microsteps with "selective" checkpointing, and bf16 mixed precision, whose
 losses must stay within bf16 rounding of the eager program's.
 """
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
 import autoshard
-from autoshard.runtime.compiled_regions import CompiledRegion
-from autoshard.testing.equivalence import compiled_gradient_mismatches, failures_of, train_against_one_device
+from autoshard.testing.compile_check import CASES, compile_worker
 from autoshard.testing.ranks import run_ranks
-from autoshard.testing.zoo_check import TOL, sgd
-
-CASES = [(name, seed) for name in ("gpt", "hf_llama", "cnn", "mixtral") for seed in (None, 5)]
-NO_BREAKS = ("gpt", "hf_llama")
-
-
-def _model(name: str):
-    """(model, inputs, target, loss_fn, reference loss or None) seeded alike on every rank."""
-    torch.manual_seed(0)
-    if name == "mixtral":
-        from autoshard.testing.hf_zoo import build as zoo
-        model, inputs, target, loss_fn = zoo("mixtral")
-        return model, inputs, target, loss_fn
-    from autoshard.testing.levers import build
-    model, batch, loss_fn, _ = build(name)
-    inputs, target = batch(8, 0)
-    return model, inputs, target, loss_fn
-
-
-def _sweep(rank: int, world: int) -> list:
-    torch.set_num_threads(1)
-    out = []
-    for name, seed in CASES:
-        label = f"{name} {'solver' if seed is None else f'random plan {seed}'}"
-        model, inputs, target, loss_fn = _model(name)
-        ref = copy.deepcopy(model)
-        cm = autoshard.compile(model, (2, 2), example_inputs=inputs, loss_fn=loss_fn, example_target=target,
-                               hardware="cpu", random_seed=seed, checkpoint="full", reshard_after_forward=True,
-                               compile=True, time_limit_s=10)
-        failures = train_against_one_device(label, cm, ref, (inputs, target), loss_fn=loss_fn, steps=2, tol=TOL,
-                                            optimizer=sgd, gradients=compiled_gradient_mismatches)
-        regions = [m for m in cm.program.modules() if isinstance(m, CompiledRegion)]
-        uncompiled = [r for r in regions if not r.stats.compiles]
-        if not regions or uncompiled:
-            failures.append(f"{label}: {len(uncompiled)} of {len(regions)} regions never compiled")
-        breaks = sum(cm.compile_report.graph_breaks.values())
-        if name in NO_BREAKS and breaks:
-            failures.append(f"{label}: {breaks} graph breaks: {dict(cm.compile_report.graph_breaks)}")
-        out.append((label, failures, len(regions), breaks, cm.compile_report.stats.seconds))
-    return out
 
 
 @pytest.mark.slow
 def test_compiled_steps_equal_one_device_on_4_ranks():
-    results = run_ranks(_sweep, 4, timeout=3600)
-    failures = failures_of([f for per_rank in results for _, f, *_ in per_rank])
+    results = run_ranks(compile_worker, 4, CASES, timeout=3600)
+    failures = sorted({f for per_rank in results for r in per_rank for f in r.failures})
     assert not failures, "\n".join(failures)
 
 
