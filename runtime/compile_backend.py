@@ -16,7 +16,8 @@ replays them) and the ``mode``'s settings, and records per compile:
 
 Inductor's caches live under ``cache_dir`` (default: inductor's own, ``/tmp/torchinductor_<user>``;
 set, it becomes ``TORCHINDUCTOR_CACHE_DIR`` for this process). ``one_compile_at_a_time`` (default: on
-when the ranks run on CPU) makes the ranks of one host compile in turn, holding a file lock in the
+for inductor when the ranks run on CPU) makes the ranks of one host (every process using the same
+cache directory) compile in turn, holding a file lock in the
 cache directory while they compile (never while they run a collective): the ranks' graphs and kernels
 are mostly the same, so the first compiles them and the others load them from the cache instead of
 compiling the same C++ side by side on the same cores.
@@ -45,7 +46,7 @@ class CompileOptions:
     """``autoshard.compile(..., compile=CompileOptions(...))``; ``compile=True`` is ``CompileOptions()``.
     ``backend``: one of ``BACKENDS``. ``mode``: ``torch.compile``'s mode for inductor (None, "default",
     "max-autotune-no-cudagraphs", ...). ``cache_dir``: inductor's cache directory (None: inductor's
-    default). ``one_compile_at_a_time``: ranks of a host compile in turn (None: when on CPU)."""
+    default). ``one_compile_at_a_time``: ranks of a host compile in turn (None: inductor on CPU)."""
     backend: str = "inductor"
     mode: Optional[str] = None
     cache_dir: Optional[str] = None
@@ -147,8 +148,8 @@ class RegionCompiler:
         if options.cache_dir is not None:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(os.fspath(options.cache_dir))
         serial = options.one_compile_at_a_time
-        if serial is None:
-            serial = torch.device(device).type == "cpu"
+        if serial is None:  # inductor on CPU: the ranks' C++ compiles would share the same cores
+            serial = torch.device(device).type == "cpu" and options.backend == "inductor"
         self._lock = _HostLock(os.path.join(self.cache_dir(), "autoshard_compile.lock") if serial else None)
         self.totals = CompileStats()
         self._backend_started: Optional[float] = None
