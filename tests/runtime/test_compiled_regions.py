@@ -125,12 +125,12 @@ def test_data_parallel_regions_are_cut_at_gradient_buckets():
     dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
     try:
         cap_mb = 0.02  # the small GPT's 2 blocks hold about 0.1 MB of parameters
-        rp = RankProgram(plan.captured, plan.solution.strategies, (4,), model=model, bucket_mb=cap_mb, compile=FAST)
+        rp = RankProgram(plan, model=model, bucket_mb=cap_mb, compile=FAST)
     finally:
         dist.destroy_process_group()
     regions = [m for m in rp.program.modules() if isinstance(m, CompiledRegion)]
     assert len(regions) >= 4
-    sizes = {ph: p.numel() * p.element_size() for ph, p in zip(rp._param_names, rp.parameters())}
+    sizes = {ph: p.numel() * p.element_size() for ph, p in zip(rp._only().param_names, rp.parameters())}
     seen = set()
     for region in regions:
         first = {n.name for n in region.body.graph.nodes if n.op == "placeholder" and n.name in sizes} - seen
