@@ -300,11 +300,13 @@ def to_microbatch(plan: Plan, batch: ModelBatch, mesh: Mesh, *, levers: Optional
 # ---- build ----------------------------------------------------------------------------------------
 
 def build(runtime: Plan, batch: ModelBatch, env: Any, *, state_dict: Optional[dict] = None, device: Any = None,
-          planner: Optional[Plan] = None, started: Optional[float] = None) -> CompiledModel:
+          planner: Optional[Plan] = None, started: Optional[float] = None, compile: Any = None) -> CompiledModel:
     """This rank's ``CompiledModel`` for ``runtime`` (``to_microbatch``'s result). ``planner``: the stage
-    planner's choice it came from, kept on the result; ``started``: when compiling began."""
+    planner's choice it came from, kept on the result; ``started``: when compiling began; ``compile``:
+    ``CompileOptions`` to run every stage's program through ``torch.compile`` by regions."""
     started = time.perf_counter() if started is None else started
-    model = CompiledModel(batch.model, runtime, env, state_dict=state_dict, device=device, planner_plan=planner)
+    model = CompiledModel(batch.model, runtime, env, state_dict=state_dict, device=device, planner_plan=planner,
+                          compile=compile)
     model.compile_seconds = time.perf_counter() - started
     return model
 
