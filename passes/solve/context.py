@@ -1,8 +1,8 @@
 """One planning context: the settings every planner on the chain reads, resolved once.
 
 ``PlanContext.of`` is called once at the front door (``autoshard.driver``) and the context is handed
-down the planner chain in place of loose ``hardware=``, ``memory_limit=``, ``optimizer=`` and
-``time_limit_s=`` keywords, so each setting has one default (here) and hardware is looked up once.
+down the planner chain in place of loose hardware, memory limit, optimizer and
+time limit keywords, so each setting has one default (here) and hardware is looked up once.
 """
 from __future__ import annotations
 
