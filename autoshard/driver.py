@@ -39,6 +39,7 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.pipeline.stages.retrace import microbatch_plan, replan_at_microbatch
 from autoshard.passes.sharding.pins import Pins
+from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.random_plans import random_solution
@@ -49,7 +50,7 @@ from autoshard.plans import Plan, graph_fingerprint, hardware_label
 from autoshard.runtime.groups import run_and_broadcast
 
 __all__ = ["ModelBatch", "Chosen", "trace", "choose", "compile_plan", "to_microbatch", "build", "build_from_plan",
-           "resolve_hardware", "hardware_label"]
+           "resolve_hardware", "hardware_label", "planning_context"]
 
 
 def resolve_hardware(hardware):
@@ -63,6 +64,11 @@ def resolve_hardware(hardware):
             if preset in name:
                 return preset.lower()
     return "cpu"
+
+
+def planning_context(options: PlanOptions, hardware) -> PlanContext:
+    """The one ``PlanContext`` of ``options`` with ``hardware`` already resolved (``resolve_hardware``)."""
+    return PlanContext.of(hardware, options.memory_limit, options.optimizer, options.time_limit_s)
 
 
 # ---- trace ----------------------------------------------------------------------------------------
@@ -255,8 +261,7 @@ def _choose_pipeline(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardwa
     block_levers_given = any(k not in ("accumulation",) for k in options.levers)
     if block_levers_given or for_runtime:
         small = trace(batch, rounds * plan.microbatches, mixed_precision, keyword="microbatches")
-        plan = replan_at_microbatch(plan, full, small, hardware=hardware, memory_limit=options.memory_limit,
-                                    optimizer=options.optimizer, time_limit_s=options.time_limit_s,
+        plan = replan_at_microbatch(plan, full, small, planning_context(options, hardware),
                                     params=options.pins.get("params"),
                                     levers=options.lever_pins(accumulation=1) if block_levers_given else None)
     return Chosen(plan, chosen)

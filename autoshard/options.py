@@ -18,6 +18,7 @@ from typing import Any, Mapping, Optional, Union
 from autoshard.passes.levers import LEVER_KEYWORDS, check_lever
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
+from autoshard.passes.solve.context import DEFAULT_OPTIMIZER, DEFAULT_TIME_LIMIT_S
 from autoshard.layout_plans import check_layout_arguments
 from autoshard.runtime.compile_backend import CompileOptions
 
@@ -50,9 +51,9 @@ class PlanOptions:
     A new option is one field here (and its check in ``__post_init__``)."""
     hardware: Any = "auto"
     memory_limit: Optional[int] = None
-    optimizer: str = "adamw"
+    optimizer: str = DEFAULT_OPTIMIZER
     random_seed: Optional[int] = None
-    time_limit_s: float = 30.0
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S
     pp: Union[None, int, str] = None
     schedule: Optional[str] = None
     microbatches: Optional[int] = None
