@@ -15,7 +15,8 @@ stage 0 and the last stage each keep a copy, Megatron's embedding group) across 
 copies stay equal under any optimizer; and all-reduces the loss over the world (the last stage's
 group holds it; on gloo the other ranks post their zero share when the step begins, so nobody waits
 for it at the end), returning the same float everywhere: the mean over microbatches, whose
-gradients equal one device's full-batch mean loss's.
+gradients equal one device's full-batch mean loss's. Random ops draw what one device running the
+microbatches in order draws (``runtime.rng_streams``).
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ from ..layout import shard_tensor
 from .boundaries import boundary_placements
 from ..local_batch import DataLayout, InputCheck, arrivals_for, data_layout, local_shapes
 from ..redistribute import redistribute
+from ..rng_streams import MicrobatchStreams
 from ..state_dict import ModelState
 from .groups import TieGroups, build_pipeline_envs, group_layout
 from .interpreter import Interpreter, TimelineEvent, executed_schedule
@@ -145,6 +147,9 @@ class PipelineProgram:
         self.interpreter = Interpreter(self.stages, self.wiring, self.group, self.env.rank, self.rank, self.device,
                                        schedule, prefetch=1 if gloo else 0)
         self._grad_sync = {s: StageGradSync(st.sync_list()) for s, st in self.stages.items()}
+        # random ops draw what one device running the microbatches in order draws (rng_streams)
+        self._streams = MicrobatchStreams([g.captured for g in self.graphs], list(self.stages), plan.microbatches,
+                                          self.device)
         self._holders = self._shared_params()
         self._ties = TieGroups(self.layout, sorted({k for _, k in self._holders.values()}), self.rank)
         self.model = model  # its state_dict hooks name the checkpoint's tensors (``state_dict.ModelState``)
@@ -251,9 +256,12 @@ class PipelineProgram:
         loss_work = None
         if self._early_loss and not holds_loss:
             loss_work = dist.all_reduce(total, async_op=True)
+        self._streams.begin()
         losses = self.interpreter.run(user, target_mbs, before_weights=lambda s: self._grad_sync[s].arm(),
                                       after_weights=lambda s: self._grad_sync[s].launch_rest(),
-                                      weight_ready=lambda s, p: self._grad_sync[s].mark_ready(p))
+                                      weight_ready=lambda s, p: self._grad_sync[s].mark_ready(p),
+                                      before_forward=self._streams.enter)
+        self._streams.end()
         if holds_loss:
             for loss in losses:
                 total += loss.double()

@@ -72,6 +72,7 @@ class Interpreter:
         self.stages, self.w, self.group, self.index, self.rank, self.device = stages, wiring, group, index, rank, device
         self.prefetch = int(prefetch)
         self._weight_ready: Optional[Callable[[int, torch.Tensor], None]] = None
+        self._before_forward: Optional[Callable[[int, int], None]] = None
         self.timeline: list[TimelineEvent] = []
         plan = plan_transfers(executed_schedule(schedule), wiring).get(group, [])
         for t in plan:
@@ -99,13 +100,15 @@ class Interpreter:
     def run(self, user_mbs: list[list], target_mbs: list, *,
             before_weights: Optional[Callable[[int], None]] = None,
             after_weights: Optional[Callable[[int], None]] = None,
-            weight_ready: Optional[Callable[[int, torch.Tensor], None]] = None) -> list[torch.Tensor]:
+            weight_ready: Optional[Callable[[int, torch.Tensor], None]] = None,
+            before_forward: Optional[Callable[[int, int], None]] = None) -> list[torch.Tensor]:
         """Run one step; returns the last stage's local loss pieces per microbatch (if it lives here).
         ``before_weights(s)`` / ``after_weights(s)`` are called once per local stage s, right before /
         after the last action of the step that adds to its weight gradients (BW or W; the last action
         if none does): the same points on every rank of the group. ``weight_ready(s, p)``: during a
-        W of stage s, as parameter p's gradient lands (a full backward's land through autograd hooks)."""
-        self._weight_ready = weight_ready
+        W of stage s, as parameter p's gradient lands (a full backward's land through autograd hooks).
+        ``before_forward(s, i)``: right before the forward of stage s on microbatch i (``rng_streams``)."""
+        self._weight_ready, self._before_forward = weight_ready, before_forward
         tp = Transport(self.device)
         ready: dict[Message, torch.Tensor] = {}
         self.timeline = []
@@ -148,6 +151,8 @@ class Interpreter:
         a = step.action
         st, s, i = self.stages[a.stage], a.stage, a.microbatch
         if a.kind == "F":
+            if self._before_forward is not None:
+                self._before_forward(s, i)
             user = [user_mbs[k][i] for k in st.graph.user_inputs]
             outs = st.forward(i, user, got, target_mbs[i] if st.graph.reads_target else None)
             if st.graph.is_last:
