@@ -32,6 +32,7 @@ from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
 from autoshard.pipelined_plans import PipelinedPlan
 from autoshard.pipelines import check_pipeline_inputs, planner_stage_starts
 from autoshard.plans import Plan
+from autoshard.rank_traces import same_program_as_rank0
 from autoshard.passes.pipeline.stages.retrace import replan_at_microbatch
 from autoshard.runtime.groups import run_and_broadcast, setup_distributed
 
@@ -162,5 +163,6 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
                     pipeline, full, small, hardware=resolve_hardware(opts.hardware), memory_limit=opts.memory_limit,
                     optimizer=opts.optimizer, time_limit_s=opts.time_limit_s, params=opts.pins.get("params")
                 ).to_json(), env=env))
+    batch.agree = same_program_as_rank0(env)  # from here on every rank traces; each runs rank 0's program
     runtime = to_microbatch(plan, batch, mesh, levers=levers, replan=replan)
     return build(runtime, batch, env, state_dict=state_dict, planner=planner, started=started)
