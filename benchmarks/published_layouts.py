@@ -91,7 +91,7 @@ def line(tag: str, plan, tokens: float, gpus: int, seconds: float) -> dict:
     shape = (f"pp {plan.pp} x v{plan.virtual}, {plan.schedule}, m {plan.microbatches}, submesh "
              f"{plan.stages[0].mesh.shape}, bubble {100 * plan.bubble_fraction:.1f}%, recompute "
              f"{sum(bool(s.recompute) for s in plan.stages)}/{len(plan.stages)} stages"
-             if isinstance(plan, autoshard.PipelinedPlan) else
+             if plan.pipelined else
              f"mesh {plan.mesh.shape}, levers {plan.solution.levers}")
     print(f"  {tag:<12} step {step:.3f} s ({tokens / gpus / step:,.0f} tok/s/GPU){extra}; memory "
           f"{human_bytes(plan.estimated_memory)}; planned in {seconds:.1f} s; {shape}", flush=True)

@@ -13,7 +13,7 @@ Compute actions drive everything; communication follows the data, not the SEND/R
   queued behind it could wait on its own reply.
 
 The schedule's ``SEND_*``/``RECV_*`` actions are therefore ignored. What runs is exactly
-``executed_schedule(schedule)``, which ``PipelineProgram`` proves deadlock-free with
+``executed_schedule(schedule)``, which ``RankProgram`` proves deadlock-free with
 ``simulate.check_deadlock`` in its dependency-only mode before running: sends never wait and receives
 are posted before their consumers, so no wait is added. Long skips add no new waits: ``F(s-1, i)`` done implies ``F(a, i)`` done for every ``a < s``
 (and likewise for backward).
@@ -28,8 +28,9 @@ import torch
 
 from autoshard.passes.pipeline.schedule.actions import COMPUTE_KINDS, Action
 
+from ..collective_watch import watching
+from ..stage import LoweredStage
 from .p2p import Message, Transport, Wiring, action_messages, plan_transfers
-from .stage import StageProgram
 
 __all__ = ["Wiring", "Interpreter", "TimelineEvent", "executed_schedule"]
 
@@ -64,10 +65,10 @@ class _Step:
 
 class Interpreter:
     """Runs rank group ``group``'s part of ``schedule`` over the local ``stages`` (stage index ->
-    StageProgram); ``index``: this rank's position in its group. ``prefetch``: actions ahead whose
-    receives are posted early (0 on NCCL)."""
+    ``stage.LoweredStage``); ``index``: this rank's position in its group. ``prefetch``: actions ahead
+    whose receives are posted early (0 on NCCL)."""
 
-    def __init__(self, stages: dict[int, StageProgram], wiring: Wiring, group: int, index: int, rank: int,
+    def __init__(self, stages: dict[int, LoweredStage], wiring: Wiring, group: int, index: int, rank: int,
                  device: torch.device, schedule: dict, *, prefetch: int = 0):
         self.stages, self.w, self.group, self.index, self.rank, self.device = stages, wiring, group, index, rank, device
         self.prefetch = int(prefetch)
@@ -101,8 +102,10 @@ class Interpreter:
             before_weights: Optional[Callable[[int], None]] = None,
             after_weights: Optional[Callable[[int], None]] = None,
             weight_ready: Optional[Callable[[int, torch.Tensor], None]] = None,
+            losses: Optional[list] = None,
             before_forward: Optional[Callable[[int, int], None]] = None) -> list[torch.Tensor]:
-        """Run one step; returns the last stage's local loss pieces per microbatch (if it lives here).
+        """Run the schedule once; returns the last stage's local loss pieces per microbatch (if it lives
+        here), appended to ``losses`` when given (the callbacks may read it).
         ``before_weights(s)`` / ``after_weights(s)`` are called once per local stage s, right before /
         after the last action of the step that adds to its weight gradients (BW or W; the last action
         if none does): the same points on every rank of the group. ``weight_ready(s, p)``: during a
@@ -112,38 +115,45 @@ class Interpreter:
         tp = Transport(self.device)
         ready: dict[Message, torch.Tensor] = {}
         self.timeline = []
-        losses: list = []
+        losses = [] if losses is None else losses
         steps, ahead = self.steps, self.prefetch
         posted = 0
         t0 = time.perf_counter()
-        try:
-            for j, step in enumerate(steps):
+        # A failed action raises out of here without draining the sends: waiting for them could only
+        # wait for the timeout again (collective_watch).
+        for j, step in enumerate(steps):
+            with watching(rank=self.rank, stage=step.action.stage, action=str(step.action)):
                 while posted < len(steps) and posted <= j + ahead:
                     for m, shape, dtype, src, tag in steps[posted].posts:
                         tp.post_recv(m, shape, dtype, src, tag)
                     posted += 1
-                if before_weights is not None:
-                    for s in self._weights_done.get(j, ()):
-                        before_weights(s)
-                start = time.perf_counter()
-                got = [tp.take(m) if src is None else tp.recv(m) for m, _, src in step.needs]
-                waited = time.perf_counter() - start
-                outs = self._compute(step, got, user_mbs, target_mbs, losses)
-                for (m, _, remote), o in zip(step.makes, outs):
-                    if remote:
-                        ready[m] = o
-                    else:
-                        tp.put(m, o)
-                for m, dst, tag in step.sends:
-                    tp.send(ready.pop(m), dst, tag)
-                self.timeline.append(TimelineEvent(self.group, str(step.action), start - t0,
-                                                   time.perf_counter() - t0, waited))
-                if after_weights is not None:
-                    for s in self._weights_done.get(j, ()):
-                        after_weights(s)
-        finally:
+                self._run_step(j, step, tp, ready, user_mbs, target_mbs, losses, t0, before_weights, after_weights)
+        with watching(rank=self.rank, action="the step's last sends"):
             tp.drain()
         return losses
+
+    def _run_step(self, j: int, step: "_Step", tp: Transport, ready: dict, user_mbs, target_mbs, losses, t0: float,
+                  before_weights, after_weights) -> None:
+        """One scheduled action: its receives, its compute, its sends, and the weight callbacks around it."""
+        if before_weights is not None:
+            for s in self._weights_done.get(j, ()):
+                before_weights(s)
+        start = time.perf_counter()
+        got = [tp.take(m) if src is None else tp.recv(m) for m, _, src in step.needs]
+        waited = time.perf_counter() - start
+        outs = self._compute(step, got, user_mbs, target_mbs, losses)
+        for (m, _, remote), o in zip(step.makes, outs):
+            if remote:
+                ready[m] = o
+            else:
+                tp.put(m, o)
+        for m, dst, tag in step.sends:
+            tp.send(ready.pop(m), dst, tag)
+        self.timeline.append(TimelineEvent(self.group, str(step.action), start - t0,
+                                           time.perf_counter() - t0, waited))
+        if after_weights is not None:
+            for s in self._weights_done.get(j, ()):
+                after_weights(s)
 
     # ---- one compute action --------------------------------------------------------------------
     def _compute(self, step: _Step, got: list, user_mbs, target_mbs, losses) -> list:

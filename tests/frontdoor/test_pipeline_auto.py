@@ -103,7 +103,7 @@ def recompute_limit(model_name: str, mesh, hardware) -> int:
 def _check_trace(label: str, cm, path: str) -> list:
     """Rank 0 writes its measured timeline as Chrome trace JSON; the events are the timeline's."""
     import json
-    from autoshard.runtime.pipeline.executor import write_chrome_trace
+    from autoshard.runtime.pipeline.timelines import write_chrome_trace
     if torch.distributed.get_rank() != 0 or not write_chrome_trace({0: cm.timeline}, path):
         return []
     names = [e["name"] for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
@@ -134,7 +134,7 @@ def auto_worker(rank: int, world: int, cases: list, expected: list, trace_path: 
     """Each case: compile with its keywords; check the kind of result, the plan and the training (and,
     for the first pipelined case, the measured timeline written as a Chrome trace)."""
     import autoshard
-    from autoshard.compiled import CompiledModel, PipelinedModel
+    from autoshard.compiled import CompiledModel
 
     torch.set_num_threads(1)
     failures = []
@@ -155,8 +155,8 @@ def auto_worker(rank: int, world: int, cases: list, expected: list, trace_path: 
             if not isinstance(cm, CompiledModel) or cm.planner_plan.pp != 1:
                 failures.append(f"{label}: expected a CompiledModel (pp=1), got {type(cm).__name__}")
         else:
-            if not isinstance(cm, PipelinedModel):
-                failures.append(f"{label}: expected a PipelinedModel, got {type(cm).__name__}")
+            if not cm.plan.pipelined:
+                failures.append(f"{label}: expected a pipelined CompiledModel, got one of {len(cm.plan.stages)} stage")
                 continue
             plan, auto = cm.plan, cm.planner_plan
             runtime = (plan.pp, plan.schedule, plan.microbatches,

@@ -5,7 +5,7 @@ order, cut wherever a new numbered block instance begins (``blocks.3``, ``model.
 ``passes.solve.clustering.block_instance``). Nodes outside numbered blocks join the unit before them,
 except that the nodes after the last block form their own unit (final norm, head, loss), and those
 before the first block form the embedding unit. Every unit is a contiguous slice of the graph, so
-any cut between units is a valid stage boundary (``PipelinePlan`` wants contiguous node slices).
+any cut between units is a valid stage boundary (a ``Plan``'s stages are contiguous node slices).
 A program with no numbered block (a U-Net of named modules, an encoder-decoder written out) is cut
 where the op graph allows it instead: ``op_cuts.op_graph_units`` picks boundaries whose live values
 are few and single tensors, balancing compute.

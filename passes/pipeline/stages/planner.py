@@ -39,7 +39,8 @@ The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-o
    backward by the same rule (``scoring.single_stage_step``), so both sides are timed alike.
 
 The search lives in ``search.py`` (candidates, stage search) and ``scoring.py`` (simulated step
-time); this module is the front door: pins, the pp = 1 comparison, and building the ``PipelinePlan``.
+time); this module is the front door: pins, the pp = 1 comparison, and building the ``Plan``
+(``passes.pipeline.plan``: its stages, schedule and simulated estimates).
 
 Pins: ``pp``, ``schedule``, ``microbatches``, ``stages`` (the first unit of every stage after the
 first, as unit indices or node names; its length + 1 is the number of stages). Nothing fits ->
@@ -67,7 +68,9 @@ from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice,
                       stage_problem, valid_schedule)
 from autoshard.passes.pipeline.stages.search import global_batch, microbatch_options, plan_candidates, profile_candidates, search_stages
 from autoshard.passes.pipeline.stages.shallow import ShallowProgram, shallow_program
-from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
+from autoshard.passes.pipeline.plan import Plan, Stage
+from autoshard.passes.pipeline.plan_file import graph_fingerprint
+from autoshard.passes.pipeline.plan_work import hardware_label, plan_work
 from autoshard.passes.units import human_bytes
 from autoshard.passes.gc_pauses import fewer_gc_pauses
 
@@ -82,9 +85,10 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                   pp: Optional[int] = None, schedule: Optional[str] = None, microbatches: Optional[int] = None,
                   stages: Optional[Sequence[Union[int, str]]] = None, time_limit_s: float = 60.0,
                   fold_blocks: bool = True, shapes: Optional[Sequence[tuple[int, int]]] = None,
-                  recompute: Optional[bool] = None, pins_for: Optional[PinsFor] = None) -> PipelinePlan:
-    """The fastest pipeline plan (simulated step time) that fits ``memory_limit`` bytes per device;
-    ``pp == 1`` means "no pipeline": the core plan on the whole mesh (``stages[0].solution``).
+                  recompute: Optional[bool] = None, pins_for: Optional[PinsFor] = None) -> Plan:
+    """The fastest plan (simulated step time) that fits ``memory_limit`` bytes per device, a ``Plan`` of
+    ``captured`` on ``mesh``: ``pp == 1`` means "no pipeline": one stage, the core plan on the whole mesh
+    (``stages[0].solution``), its step time with the gradient sync overlapped (``simulated_step_time``).
 
     ``fold_blocks``: a program with many identical blocks is priced through its shallow copy
     (``shallow.shallow_program``: each kept block counted for the cut ones); the stages, their
@@ -146,7 +150,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     if shallow is not None:
         stats["shallow_copy"] = {"blocks": shallow.blocks, "kept": len(shallow.units) - len(units) + shallow.blocks}
     if core is not None and (best is None or core_step <= best.step_time):
-        return _core_plan(core, core_step, captured, mesh, stats)
+        return _core_plan(core, core_step, captured, mesh, stats, hardware)
     if best is None:
         if core_error is not None:  # the same solve again, now saying what the smallest plan needs
             try:
@@ -156,7 +160,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
             except InfeasiblePlanError as e:
                 core_error = e
         raise _infeasible(mesh, limit, pps, schedules, microbatches, starts, stats, core_error)
-    return _build(best, captured, mesh, stats, shallow)
+    return _build(best, captured, mesh, stats, shallow, hardware)
 
 
 def _candidate_stats(stats: dict) -> dict:
@@ -277,17 +281,23 @@ def _infeasible(mesh, limit, pps, schedules, microbatches, starts, stats, core_e
          f"proof that none fits); raise time_limit_s." if stats.get("ilp_unknown") else "") + core)
 
 
-def _core_plan(core: Solution, step: float, captured: CapturedGraph, mesh: Mesh, stats: dict) -> PipelinePlan:
+def _plan(stages: list, captured: CapturedGraph, mesh: Mesh, hardware, **fields) -> Plan:
+    return Plan(stages, mesh, hardware=hardware_label(hardware), fingerprint=graph_fingerprint(captured),
+                captured=captured, work=plan_work(captured, hardware, mesh.size), **fields)
+
+
+def _core_plan(core: Solution, step: float, captured: CapturedGraph, mesh: Mesh, stats: dict, hardware) -> Plan:
     """No pipeline: one stage, the core plan; its step time with the gradient sync overlapped (the
     core ``Solution`` keeps its own, fully exposed, estimate)."""
     nodes = [n.name for n in captured.gm.graph.nodes if n.op == "call_function"]
     core.solver_stats = dict(core.solver_stats, pipeline_search=stats, overlapped_step_time=step)
-    stage = StagePlan(0, nodes, 0, list(range(mesh.size)), mesh, core)
-    return PipelinePlan(1, 1, [stage], "1f1b", 1, step, 0.0, [core.memory_breakdown.get("activations", 0.0)])
+    stage = Stage(0, nodes, 0, list(range(mesh.size)), mesh, core)
+    return _plan([stage], captured, mesh, hardware, simulated_step_time=step,
+                 peak_activation_memory=[core.memory_breakdown.get("activations", 0.0)])
 
 
 def _build(best: Choice, captured: CapturedGraph, mesh: Mesh, stats: dict,
-           shallow: Optional[ShallowProgram]) -> PipelinePlan:
+           shallow: Optional[ShallowProgram], hardware) -> Plan:
     prof, sol = best.profile, best.stages
     units, full = prof.units, prof.solution
     if shallow is not None:  # the profile's units stand for the deep program's, one for one
@@ -303,11 +313,12 @@ def _build(best: Choice, captured: CapturedGraph, mesh: Mesh, stats: dict,
         nodes = [n for i in rng for n in units[i].nodes]
         g = groups[s]
         part = _stage_solution(prof, full, rng, nodes, captured, best, s, stats)
-        plans.append(StagePlan(s, nodes, g, list(range(g * group_size, (g + 1) * group_size)), prof.mesh, part,
-                               sol.recompute[s]))
+        plans.append(Stage(s, nodes, g, list(range(g * group_size, (g + 1) * group_size)), prof.mesh, part,
+                           sol.recompute[s]))
     act = [sol.memory[s] - sum(prof.costs[i].state_bytes for i in rng)
            for s, rng in enumerate(sol.ranges(len(prof.units)))]
-    return PipelinePlan(best.pp, best.virtual, plans, best.schedule, best.m, best.step_time, best.bubble_fraction, act)
+    return _plan(plans, captured, mesh, hardware, schedule=best.schedule, microbatches=best.m,
+                 simulated_step_time=best.step_time, bubble_fraction=best.bubble_fraction, peak_activation_memory=act)
 
 
 def _stage_solution(prof: SubmeshProfile, full: Optional[Solution], rng: range, nodes: list[str],
