@@ -101,13 +101,16 @@ def is_communication_failure(error: BaseException) -> bool:
 
 @contextlib.contextmanager
 def watching(*, rank: Optional[int] = None, stage: Optional[int] = None, action: Optional[str] = None) -> Iterator[None]:
-    """Run the block; a communication failure inside becomes ``CollectiveError`` naming ``rank``,
-    ``stage``, ``action`` and the last op this rank entered (anything else passes through)."""
+    """Run the block; a communication failure inside becomes ``CollectiveError`` naming ``rank`` (by
+    default this process's rank in the world), ``stage``, ``action`` and the last op this rank entered
+    (anything else passes through)."""
     try:
         yield
     except RuntimeError as e:
         if not is_communication_failure(e):
             raise
+        if rank is None and dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank()
         place = ", ".join(p for p in (None if rank is None else f"rank {rank}",
                                       None if stage is None else f"stage {stage}",
                                       None if action is None else f"action {action}") if p)

@@ -317,7 +317,7 @@ class RankProgram:
         finally:
             for st in self.stages.values():
                 st.end_step()
-        with watching(rank=self.env.rank, action="the step's gradient and loss reductions"):
+        with watching(action=f"the gradient and loss reductions after the step of stages {sorted(self.stages)}"):
             for sync in self._syncs.values():
                 sync.finish()
             self._sync_tied()
