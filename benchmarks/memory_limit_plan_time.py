@@ -5,12 +5,15 @@
 Tiny models (under 150 K parameters) are planned through ``autoshard.plan`` twice in one process (after
 one untimed warm-up plan), one right after the other: without a memory limit, then with ``memory_limit`` at ``--fraction`` of the
 unconstrained plan's estimated memory, which forces levers and sharding the plan without them does not
-pull. Prints both wall times, their ratio (the goal: within 3x), and the constrained plan's solver
-status, gap and CP-SAT work. Wall times on a busy machine are inflated alike: read the ratio.
+pull. Prints both wall times, their ratio (the goal: within 3x), the constrained plan's solver
+status, gap and CP-SAT work, and a hash of each plan's decisions (``d``: its Solution's JSON, as
+``plan_estimates.py`` hashes one stage) to check that a faster planner chose the same plans. Wall times on a busy machine are inflated alike: read the ratio.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import time
 
 import torch
@@ -62,6 +65,10 @@ def _plan(built, mesh, hardware, memory_limit=None):
     return plan, time.perf_counter() - started
 
 
+def _decisions(plan) -> str:
+    return hashlib.sha1(json.dumps(plan.solution.to_json(), sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="llama,gpt,mlp")
@@ -85,7 +92,8 @@ def main() -> None:
             print(f"{name:<7} {params:>7} {free_s:>8.2f} {limited_s:>10.2f} {limited_s / free_s:>6.2f}  "
                   f"{limit} B, status {stats.get('status')}, gap {stats.get('gap')}, work {stats.get('work_s')} s, "
                   f"step {limited.estimated_step_time * 1e6:.1f} us vs {free.estimated_step_time * 1e6:.1f} us free, "
-                  f"memory {limited.estimated_memory} B; tried {stats.get('accumulation_tried')}", flush=True)
+                  f"memory {limited.estimated_memory} B; tried {stats.get('accumulation_tried')}; "
+                  f"d free {_decisions(free)} limited {_decisions(limited)}", flush=True)
 
 
 if __name__ == "__main__":

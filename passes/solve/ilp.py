@@ -48,7 +48,7 @@ from ortools.sat.python import cp_model
 from autoshard.passes.solve.memory_search import cutoff_units, lagrangian_hint, reduced_cost_fixings
 from autoshard.passes.solve.strategy_graph import SGEdge, StrategyGraph, greedy, merge_followers
 
-__all__ = ["ILPResult", "ShardingILP", "solve", "lp_bound", "CPSAT_SEED"]
+__all__ = ["ILPResult", "ShardingILP", "solve", "lp_bound", "cost_floor", "CPSAT_SEED"]
 
 _SCALE_TARGET = 1e9
 CPSAT_SEED = 0  # fixed: the same inputs give the same plan
@@ -370,6 +370,12 @@ def _floors(graph: StrategyGraph) -> tuple[float, float]:
             if e.memory is not None:
                 memory += e.multiplicity * min(e.memory[p][q] for p, q in pairs)
     return cost, memory
+
+
+def cost_floor(graph: StrategyGraph) -> float:
+    """A lower bound on the cost of every choice of ``graph``, memory ignored, that needs no solver:
+    every node and edge at its cheapest (``solve`` answers "CUTOFF" from it)."""
+    return _floors(graph)[0]
 
 
 def lp_bound(graph: StrategyGraph) -> Optional[float]:

@@ -23,7 +23,7 @@ from autoshard.passes.capture.export import capture
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
-from autoshard.passes.graph import META
+from autoshard.passes.graph import META, MODULE
 from autoshard.passes.layout.shapes import local_shape, normalize
 from autoshard.passes.spec import Replicate, Shard
 from autoshard.testing.equivalence import Tolerance, adamw, failures_of, train_against_one_device
@@ -98,7 +98,10 @@ def test_plan_pp_is_the_stage_planners_choice_with_the_plan_surface(tmp_path):
 
 
 def test_plan_pp_auto_keeps_a_plain_plan_when_no_pipeline_is_faster():
-    plan = _plan("unet", (4,), fast_network(), pp="auto")
+    # the known answer weighs the bubble against near-free collectives: with an optimizer step priced
+    # (issue 27; on the cpu preset AdamW's update of this toy dwarfs its forward and backward) pp = 4 wins
+    # by updating a quarter of the parameters per rank, so the toy plans with no optimizer step
+    plan = _plan("unet", (4,), fast_network(), pp="auto", optimizer="none")
     assert isinstance(plan, autoshard.Plan) and not plan.pipelined
     assert "tokens/s" not in plan.summary() and "samples/s per device" in plan.summary()
 
@@ -151,7 +154,11 @@ CASES = [("gpt, pp=2 on (4,)", "gpt", (4,), {"hardware": "slow"}),
          ("wider gpt, pp=2 on (2, 2), sharded stages", "wider gpt", (2, 2),
           {"hardware": "two-per-node", "memory_limit": 330_000}),
          ("wider gpt, megatron(tp=2, pp=2) layout", "wider gpt", (2, 2),
-          {"hardware": "slow", "layout": autoshard.layouts.megatron(tp=2, pp=2, recompute="full")})]
+          {"hardware": "slow", "layout": autoshard.layouts.megatron(tp=2, pp=2, recompute="full")}),
+         ("wider gpt, megatron(tp=2, pp=2, 3 virtual stages) with the embedding and the head alone", "wider gpt",
+          (2, 2), {"hardware": "slow", "layout": autoshard.layouts.megatron(
+              tp=2, pp=2, virtual_stages=3, recompute="none", account_for_embedding_in_pipeline_split=True,
+              account_for_loss_in_pipeline_split=True)})]
 HARDWARE = {"slow": slow_network, "two-per-node": two_per_node}
 
 
@@ -224,5 +231,14 @@ def test_compile_runs_a_saved_3d_plan_on_4_ranks(tmp_path):
     assert tuple(megatron.param_placements["blocks.0.q.weight"]) == (Replicate(), Shard(0)), megatron.summary()
     assert tuple(megatron.param_placements["blocks.3.out.weight"]) == (Replicate(), Shard(1)), megatron.summary()
     assert all(s.recompute for s in megatron.stages) and megatron.microbatches == 8, megatron.summary()
+    # premises of the fourth: Megatron-Core's uneven pipeline, the first stage the embedding alone, the last
+    # the head alone, four blocks on the four stages between
+    uneven = autoshard.load_plan(paths[3])
+    assert uneven.pp == 2 and uneven.virtual == 3 and len(uneven.stages) == 6, uneven.summary()
+    model, inputs, target, loss_fn, _ = wider_gpt()
+    traced = capture(model, inputs, loss_fn=loss_fn, target=target)
+    module_of = {n.name: str(n.meta.get(MODULE) or "") for n in traced.gm.graph.nodes}
+    in_block = [[module_of.get(n, "").startswith("blocks.") for n in s.nodes] for s in uneven.stages]
+    assert not any(in_block[0]) and not any(in_block[-1]) and all(any(b) for b in in_block[1:-1]), uneven.summary()
     failures = failures_of(run_ranks(saved_plan_worker, 4, paths, timeout=600))
     assert not failures, "\n".join(failures)

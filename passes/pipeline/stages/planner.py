@@ -33,8 +33,8 @@ The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-o
    win is also tried with the even cut by unit count, simulated (``search_stages``).
 5. Every answer is re-timed by the schedule simulator (``scoring.score_stages``): the plan with
    the smallest SIMULATED step time, each group's gradient all-reduce overlapped with the backward
-   still running after its last microbatch's gradients are ready, wins, and that is the plan's
-   ``estimated_step_time``. Configurations whose bound m * work / pp already exceeds the best are
+   still running after its last microbatch's gradients are ready, then its optimizer step and
+   gradient accumulations, wins, and that is the plan's ``estimated_step_time``. Configurations whose bound m * work / pp already exceeds the best are
    skipped. ``pp = 1`` is the core plan on the whole mesh, its gradient sync overlapped with its
    backward by the same rule (``scoring.single_stage_step``), so both sides are timed alike.
 
@@ -85,7 +85,8 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                   pp: Optional[int] = None, schedule: Optional[str] = None, microbatches: Optional[int] = None,
                   stages: Optional[Sequence[Union[int, str]]] = None, time_limit_s: float = 60.0,
                   fold_blocks: bool = True, shapes: Optional[Sequence[tuple[int, int]]] = None,
-                  recompute: Optional[bool] = None, pins_for: Optional[PinsFor] = None) -> Plan:
+                  recompute: Optional[bool] = None, pins_for: Optional[PinsFor] = None,
+                  overlap_grad_sync: bool = True, scatter_gather: bool = False) -> Plan:
     """The fastest plan (simulated step time) that fits ``memory_limit`` bytes per device, a ``Plan`` of
     ``captured`` on ``mesh``: ``pp == 1`` means "no pipeline": one stage, the core plan on the whole mesh
     (``stages[0].solution``), its step time with the gradient sync overlapped (``simulated_step_time``).
@@ -96,7 +97,11 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     ``shapes``: only these (dp, tp) submeshes per rank group (a pinned layout's). ``recompute``: every
     stage recomputes its forward in the backward (True) or none does (False); None lets each stage choose.
     ``pins_for(program, submesh)``: decisions fixed on every intra-op solve (each candidate's, on the
-    shallow copy when there is one, and the core plan's on the whole mesh), e.g. a layout's placements."""
+    shallow copy when there is one, and the core plan's on the whole mesh), e.g. a layout's placements.
+    ``overlap_grad_sync``: the runtime starts gradient all-reduces under the backward still running
+    (DDP's buckets: the default); False, after each rank group's backward (a layout run so).
+    ``scatter_gather``: a value crossing a stage cut whole on tp is sent as 1/tp pieces and all-gathered
+    by the receiving group (Megatron-LM's ``scatter_gather_tensors_in_pipeline``; ``scoring.cut_seconds``)."""
     t0 = time.perf_counter()
     mesh = Mesh.of(mesh)
     hw = get_hardware(hardware)
@@ -130,7 +135,10 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
             core_error = e
     core_step = None
     if core is not None:
-        core_step = single_stage_step(profile_submesh(captured, core, hardware=hw, optimizer=optimizer, units=units))
+        core_profile = profile_submesh(captured, core, hardware=hw, optimizer=optimizer, units=units)
+        core_profile.overlap_grad_sync = overlap_grad_sync
+        core_profile.scatter_gather = scatter_gather
+        core_step = single_stage_step(core_profile)
     shallow = shallow_program(captured, units) if fold_blocks else None
     candidates: dict = {}
     profiles = plan_candidates(shallow.captured if shallow else captured, mesh, pps, hardware=hw, optimizer=optimizer,
@@ -139,6 +147,8 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                                thorough_s=min(30.0, time_limit_s / 2), stats=candidates, deep_chain=True,
                                shapes=shapes, schedules=schedules, microbatches=microbatches,
                                total_s=time_limit_s / 2, pins_for=pins_for)
+    for profile in profiles.values():
+        profile.overlap_grad_sync, profile.scatter_gather = overlap_grad_sync, scatter_gather
     # what is left of the WORK limit (deterministic seconds, never the clock: the plan must not
     # depend on the machine's load) after the core plan's and the candidates' solves
     spent = candidates.get("work_s", 0.0) + (core.solver_stats.get("work_s", 0.0) if core is not None else 0.0)
