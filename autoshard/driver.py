@@ -27,7 +27,7 @@ import torch
 from autoshard.batch_fit import check_batch_uses_mesh
 from autoshard.compiled import CompiledModel
 from autoshard.layout_plans import (check_pipelined_layout, layout_pins_and_levers, layout_run, layout_stage_starts,
-                                    stamp_layout)
+                                    published_layout_hints, stamp_layout)
 from autoshard.lever_args import block_types, check_block_levers, microbatch, pin_levers
 from autoshard.options import PlanOptions
 from autoshard.passes.capture.export import capture
@@ -242,7 +242,7 @@ def _choose_pipeline(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardwa
     chosen = plan_pipeline(full, mesh, hardware=hardware, memory_limit=options.memory_limit,
                            optimizer=options.optimizer, pp=options.pp_pin, schedule=options.schedule,
                            microbatches=options.microbatches, stages=planner_stage_starts(full, options.stages),
-                           time_limit_s=options.time_limit_s)
+                           time_limit_s=options.time_limit_s, hints_for=published_layout_hints)
     if not chosen.pipelined:
         if options.levers:
             return Chosen(_choose_sharding(batch, mesh, options, hardware), chosen)
