@@ -30,6 +30,7 @@ from autoshard.passes.levers import LEVER_KEYWORDS
 from autoshard.passes.mesh import Mesh
 from autoshard.pipelines import check_pipeline_inputs, planner_stage_starts
 from autoshard.plans import Plan
+from autoshard.rank_traces import same_program_as_rank0
 from autoshard.runtime.groups import setup_distributed
 
 __all__ = ["plan", "compile", "plan_captured", "resolve_hardware", "hardware_label", "planner_stage_starts",
@@ -156,6 +157,7 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
         plan, planner, levers = chosen.plan, chosen.planner, None
     else:
         planner, levers = (plan if plan.pipelined else None), dict(opts.levers)
+    batch.agree = same_program_as_rank0(env)  # from here on every rank traces; each runs rank 0's program
     runtime = to_microbatch(plan, batch, mesh, levers=levers)
     return build(runtime, batch, env, state_dict=state_dict, planner=planner, started=started,
                  compile=opts.compile_options)

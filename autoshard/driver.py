@@ -76,12 +76,16 @@ def planning_context(options: PlanOptions, hardware) -> PlanContext:
 @dataclass
 class ModelBatch:
     """What is traced: ``model`` on one GLOBAL batch (``example_inputs``, ``example_target``) with
-    ``loss_fn``. ``traces``: the programs traced so far, by (microsteps, compute dtype name)."""
+    ``loss_fn``. ``traces``: the programs traced so far, by (microsteps, compute dtype name).
+    ``agree``: applied once to every program ``trace`` returns from then on (``compile`` sets it once the
+    plan is chosen: ``rank_traces.same_program_as_rank0``, a collective every rank calls alike)."""
     model: Optional[torch.nn.Module]
     example_inputs: Any = None
     loss_fn: Optional[Callable] = None
     example_target: Any = None
     traces: dict = field(default_factory=dict, repr=False)
+    agree: Optional[Callable[[CapturedGraph], CapturedGraph]] = field(default=None, repr=False)
+    agreed: set = field(default_factory=set, repr=False)
 
     @classmethod
     def of_captured(cls, captured: CapturedGraph, microsteps: int = 1,
@@ -108,6 +112,9 @@ def trace(batch: ModelBatch, microsteps: int = 1, mixed_precision: Optional[Mixe
         inputs, target = microbatch(batch.example_inputs, batch.example_target, microsteps, keyword=keyword)
         batch.traces[key] = capture(batch.model, inputs, loss_fn=batch.loss_fn, target=target,
                                     param_dtype=None if mixed_precision is None else mixed_precision.param_dtype)
+    if batch.agree is not None and key not in batch.agreed:
+        batch.traces[key] = batch.agree(batch.traces[key])
+        batch.agreed.add(key)
     return batch.traces[key]
 
 

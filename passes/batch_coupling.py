@@ -22,7 +22,9 @@ What is detected (conservative: when in doubt an op is reported):
   normalised dims reach the batch dimension), unless it is a MEAN over the batch on the way to the
   scalar loss through linear ops only (``mean``, the loss functions' default mean reduction,
   ``add``/``sub``/``neg``, multiplying or dividing by a value not computed from the batch, views):
-  that is the usual loss and averages exactly over equal microbatches.
+  that is the usual loss and averages exactly over equal microbatches;
+- an opaque call (``passes.capture.opaque``: a custom ``autograd.Function``, a loss run as written)
+  that reads a value carrying the batch: autoshard cannot see inside it.
 
 The batch dimension of a value follows ``microbatch.py``'s convention (dim 0, when it is a multiple
 of the global batch) and is carried through ``transpose`` / ``permute`` / ``movedim``; a value whose
@@ -132,6 +134,11 @@ def _coupling(node: fx.Node, packet: Optional[str], axis: dict) -> Optional[str]
         if training is False:
             return None
         return "BatchNorm in training mode (batch statistics)"
+    if _opaque_call(node) is not None:
+        if any(axis.get(a.name) is not None for a in node.all_input_nodes):
+            return (f"an opaque call ({_opaque_call(node)}) on the batch: autoshard cannot see whether it mixes "
+                    "the rows")
+        return None
     src = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
     if src is None or axis.get(src.name) is None:
         return None
@@ -165,6 +172,15 @@ def _coupling(node: fx.Node, packet: Optional[str], axis: dict) -> Optional[str]
     if packet in ("mean", "nanmean"):
         return _LINEAR_MEAN
     return f"{packet} over the batch dimension mixes the rows of the batch"
+
+
+def _opaque_call(node: fx.Node) -> Optional[str]:
+    """What an ``autoshard::opaque`` node calls (its key without the digest), else None. By name: the op
+    is defined in ``passes.capture.opaque``, a later stage than this module."""
+    name = getattr(node.target, "name", None)
+    if not callable(name) or name() != "autoshard::opaque" or not node.args:
+        return None
+    return str(node.args[0]).split(":")[0]
 
 
 def _reaches_loss_linearly(node: fx.Node, axis: dict, captured: CapturedGraph) -> bool:

@@ -35,6 +35,17 @@ class CheckpointError(AutoshardError):
     a checkpoint cannot store without pickle."""
 
 
+class TraceMismatchError(TraceError):
+    """Two ranks traced the model into different programs (names the first op without a counterpart):
+    the model's forward depends on the process (its rank, or values drawn when it is traced)."""
+
+
+class CollectiveError(AutoshardError, RuntimeError):
+    """A collective or point-to-point transfer failed or ran past its process group's timeout (names the
+    op, its group, the rank and, in a pipeline, the stage and action): ranks waiting in different
+    collectives, or a peer that died."""
+
+
 class OptionError(AutoshardError, TypeError):
     """A keyword of ``plan``/``compile`` (or a value of the plan's data) has a value of the wrong kind;
     the message names the keyword and what it takes. Also a ``TypeError``, as Python's own keyword

@@ -28,6 +28,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from autoshard.runtime.collective_watch import note
+
 __all__ = ["AxisComm", "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "chunk", "to_partial",
            "COLLECTIVES", "raw_step", "raw_adjoint", "start_flat_gather", "start_flat_reduce_scatter",
            "flat_reduce_scatter"]
@@ -64,6 +66,7 @@ def _gather(x: torch.Tensor, dim: int, comm: AxisComm) -> torch.Tensor:
     n = comm.size
     src = x.movedim(dim, 0).contiguous() if dim else x.contiguous()
     out = src.new_empty((n * src.shape[0],) + tuple(src.shape[1:]))
+    note("all_gather", comm)
     _all_gather_single(out, src, group=comm.pg())
     return out.movedim(0, dim).contiguous() if dim else out
 
@@ -72,12 +75,14 @@ def _scatter_sum(x: torch.Tensor, dim: int, comm: AxisComm) -> torch.Tensor:
     n = comm.size
     src = x.movedim(dim, 0).contiguous() if dim else x.contiguous()
     out = src.new_empty((src.shape[0] // n,) + tuple(src.shape[1:]))
+    note("reduce_scatter", comm)
     _reduce_scatter_single(out, src, group=comm.pg())
     return out.movedim(0, dim).contiguous() if dim else out
 
 
 def _sum(x: torch.Tensor, comm: AxisComm) -> torch.Tensor:
     out = x.contiguous().clone()
+    note("all_reduce", comm)
     dist.all_reduce(out, group=comm.pg())
     return out
 
@@ -86,6 +91,7 @@ def _exchange(x: torch.Tensor, gather_dim: int, scatter_dim: int, comm: AxisComm
     n = comm.size
     pieces = x.unflatten(scatter_dim, (n, x.shape[scatter_dim] // n)).movedim(scatter_dim, 0).contiguous()
     out = torch.empty_like(pieces)
+    note("all_to_all", comm)
     dist.all_to_all_single(out, pieces, group=comm.pg())
     # out[k] is rank k's piece of gather_dim: put the rank index right before gather_dim and merge.
     return out.movedim(0, gather_dim).flatten(gather_dim, gather_dim + 1).contiguous()
@@ -284,6 +290,7 @@ def start_flat_gather(flat: torch.Tensor, comm: AxisComm) -> tuple[torch.Tensor,
     """Start gathering a 1-d tensor from every rank of ``comm``: (output of ``comm.size * len(flat)``
     elements, rank order; the async work to ``wait()`` before reading it)."""
     out = flat.new_empty((comm.size * flat.numel(),))
+    note("all_gather (flat parameters)", comm)
     work = _all_gather_single(out, flat, group=comm.pg(), async_op=True)
     return out, work
 
@@ -299,5 +306,6 @@ def start_flat_reduce_scatter(flat: torch.Tensor, comm: AxisComm) -> tuple[torch
 def flat_reduce_scatter(flat: torch.Tensor, comm: AxisComm) -> torch.Tensor:
     """Sum a 1-d tensor over ``comm`` and keep this rank's ``1 / comm.size`` chunk (rank order)."""
     out = flat.new_empty((flat.numel() // comm.size,))
+    note("reduce_scatter (flat gradients)", comm)
     _reduce_scatter_single(out, flat.contiguous(), group=comm.pg())
     return out

@@ -35,7 +35,10 @@ One program type runs every plan (``passes.pipeline.plan.Plan``: a list of stage
 
 Gradients already present when a step begins (accumulation across steps without ``zero_grad``) are
 set aside and added back after the reduction, so they are not summed twice. ``memory_probe`` (a
-``memory_probe.MemoryProbe`` while one is active) measures a step.
+``memory_probe.MemoryProbe`` while one is active) measures a step. Random ops of a pipeline draw what
+one device running the microbatches in order draws (``rng_streams``). Every collective and transfer of
+a step runs under ``collective_watch``'s timeout, armed when the program is built: a rank left waiting
+raises ``CollectiveError`` naming its rank, stage, action and op.
 
 ``compile`` (a ``compile_backend.CompileOptions``): each stage's collectives become functional
 (``functional_collectives``) and its traceable runs ``torch.compile``'d regions (``compiled_regions``);
@@ -58,6 +61,7 @@ from autoshard.passes.pipeline.schedule.simulate import check_deadlock
 from autoshard.passes.pipeline.stages.stage_graphs import split_stages, whole_program
 from autoshard.passes.spec import Replicate
 
+from .collective_watch import arm_timeout, watching
 from .compile_backend import CompileOptions, RegionCompiler
 from .gradsync import GradSync
 from .groups import MeshEnv, choose_device_backend, setup_distributed
@@ -68,6 +72,7 @@ from .pipeline.boundaries import boundary_placements, stage_strategies, wiring
 from .pipeline.groups import TieGroups, build_pipeline_envs, group_layout
 from .pipeline.interpreter import Interpreter, TimelineEvent, executed_schedule
 from .redistribute import redistribute
+from .rng_streams import MicrobatchStreams
 from .stage import LoweredStage
 from .state_dict import ModelState
 from .zero import zero_sync_for
@@ -145,6 +150,11 @@ class RankProgram:
                       if plan.pp > 1 else None)
         cast = any(st.levers.mixed_precision is not None for st in self.stages.values())
         self._inputs = StepInputs(self.captured, n, self.device, cast=cast)
+        # random ops draw what one device running the microbatches in order draws (rng_streams); one
+        # stage runs them in that order already
+        self._streams = (MicrobatchStreams([g.captured for g in self.graphs], list(self.stages), self.microbatches,
+                                           self.device) if plan.pipelined else None)
+        arm_timeout()  # from here a collective that waits past the timeout is an error (collective_watch)
         self.model = model  # its state_dict hooks name the checkpoint's tensors (``state_dict.ModelState``)
         self._model_state: Optional[ModelState] = None
         self._data_layout: Optional[DataLayout] = None
@@ -351,8 +361,12 @@ class RankProgram:
                     self._zero.arm(final)
                 for g in gatherers:
                     g.final = final  # storage form ``once``: the copies' gradients are reduced in the last round
+                if self._streams is not None:
+                    self._streams.begin()
                 self.interpreter.run([u[r * m:(r + 1) * m] for u in user], targets[r * m:(r + 1) * m],
-                                     losses=losses, **hooks)
+                                     losses=losses, before_forward=self._streams and self._streams.enter, **hooks)
+                if self._streams is not None:
+                    self._streams.end()
                 if self._zero is not None:
                     self._zero.finish(final)
         finally:
@@ -360,11 +374,12 @@ class RankProgram:
                 st.end_step()
             for g in gatherers:
                 g.final = True
-        for sync in self._syncs.values():
-            sync.finish()
-        self._sync_tied()
-        self._restore(stashed)
-        return loss.result(losses)
+        with watching(action=f"the gradient and loss reductions after the step of stages {sorted(self.stages)}"):
+            for sync in self._syncs.values():
+                sync.finish()
+            self._sync_tied()
+            self._restore(stashed)
+            return loss.result(losses)
 
     def _set_aside(self) -> dict:
         """Take the gradients present before the step off the parameters (a copy where the gradient is a

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from .collective_watch import note
 from .collectives import AxisComm
 
 __all__ = ["GradSync"]
@@ -160,6 +161,7 @@ class GradSync:
         its reduced bucket."""
         self.launch_rest()
         for b in self.buckets:
+            note(f"all_reduce of a gradient bucket ({b.flat.numel()} elements)", b.comm)
             b.work.wait()
             for p in b.params:
                 if p.grad is None:

@@ -41,6 +41,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from autoshard.passes.errors import BatchError, PlanFormatError
+from autoshard.passes.capture.opaque import is_opaque, run_opaque
 from autoshard.passes.graph import META, MODULE, CapturedGraph, exact_placeholder, is_getitem, operands
 from autoshard.passes.layout.gathers import SegmentKeys, fused_gather, segment_op
 from autoshard.passes.layout.redistribution import COMMUNICATING, plan_redistribute
@@ -324,7 +325,9 @@ class _Lowering:
             if isinstance(metas, TensorMeta) and outs:
                 shape = local_shape(metas.shape, outs[0], self.mesh.shape, what=f"output of {node.name!r}")
                 args, kwargs = local_size_args(node.target, args, kwargs, shape)
-            new = self.graph.create_node("call_function", node.target, args, kwargs, name=node.name)
+            # an opaque call (a custom autograd.Function, a data-dependent loss) runs the user's code itself
+            target = run_opaque if is_opaque(node.target) else node.target
+            new = self.graph.create_node("call_function", target, args, kwargs, name=node.name)
         if MODULE in node.meta:
             new.meta[MODULE] = node.meta[MODULE]
         self.value[node] = new

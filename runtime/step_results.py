@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from autoshard.passes.graph import CapturedGraph
 
+from .collective_watch import note
 from .collectives import AxisComm
 from .gradsync import GradSync
 
@@ -55,9 +56,11 @@ class LossReduction:
             if self.total is None:  # no backward armed the reduction (a stage without weights)
                 self.start_alone(losses, GradSync([]))
             total = self.sync.carried() if self.sync is not None else self.total
+            note("all_reduce of the step's loss", self.comm)
             if self.work is not None:
                 self.work.wait()
             return total.item()
+        note("all_reduce of the step's loss", "over the world")
         if self.holds:
             for x in losses:
                 self.total += x.double()

@@ -42,6 +42,7 @@ import torch.nn as nn
 from autoshard.passes.capture.arguments import check_loss_arguments, check_loss_output
 from autoshard.passes.capture.moe_experts import fused_experts
 from autoshard.passes.capture.normalize import DEVICE_KWARG, normalize_export
+from autoshard.passes.capture.opaque import data_dependent, opaque_functions, opaque_loss
 from autoshard.passes.capture.outputs import OutputStructure, flatten_output
 from autoshard.passes.capture.tracers import LossFnError, trace
 from autoshard.passes.errors import TraceError
@@ -240,11 +241,18 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
     flat = call.tensors + ([target] if target is not None else [])
     make_program = lambda m: _Program(m, call, loss_fn, target is not None)  # noqa: E731
     traced, masters = (model, {}) if param_dtype is None else _with_cast_parameters(model, param_dtype)
-    with fused_experts(traced) if fuse_experts else contextlib.nullcontext():
+    with fused_experts(traced) if fuse_experts else contextlib.nullcontext(), opaque_functions():
         try:
             ep, method = trace(traced, make_program, flat, call.constants)
         except TraceError as e:
-            raise _blame_the_loss(model, example_inputs, loss_fn, target, e) or e
+            if loss_fn is None or not data_dependent(e):
+                raise _blame_the_loss(model, example_inputs, loss_fn, target, e) or e
+            # the loss's internals have data-dependent shapes (F.ctc_loss): it runs as written, one opaque op
+            make_program = lambda m: _Program(m, call, opaque_loss(loss_fn), target is not None)  # noqa: E731
+            try:
+                ep, method = trace(traced, make_program, flat, call.constants)
+            except TraceError as again:
+                raise _blame_the_loss(model, example_inputs, loss_fn, target, again) or again
     captured = normalize_export(ep, traced, call.names, has_target=target is not None,
                                 loss_fn_given=loss_fn is not None, method=method)
     if loss_fn is not None:

@@ -28,6 +28,7 @@ import torch
 
 from autoshard.passes.pipeline.schedule.actions import COMPUTE_KINDS, Action
 
+from ..collective_watch import watching
 from ..stage import LoweredStage
 from .p2p import Message, Transport, Wiring, action_messages, plan_transfers
 
@@ -72,6 +73,7 @@ class Interpreter:
         self.stages, self.w, self.group, self.index, self.rank, self.device = stages, wiring, group, index, rank, device
         self.prefetch = int(prefetch)
         self._weight_ready: Optional[Callable[[int, torch.Tensor], None]] = None
+        self._before_forward: Optional[Callable[[int, int], None]] = None
         self.timeline: list[TimelineEvent] = []
         plan = plan_transfers(executed_schedule(schedule), wiring).get(group, [])
         for t in plan:
@@ -100,14 +102,16 @@ class Interpreter:
             before_weights: Optional[Callable[[int], None]] = None,
             after_weights: Optional[Callable[[int], None]] = None,
             weight_ready: Optional[Callable[[int, torch.Tensor], None]] = None,
-            losses: Optional[list] = None) -> list[torch.Tensor]:
+            losses: Optional[list] = None,
+            before_forward: Optional[Callable[[int, int], None]] = None) -> list[torch.Tensor]:
         """Run the schedule once; returns the last stage's local loss pieces per microbatch (if it lives
         here), appended to ``losses`` when given (the callbacks may read it).
         ``before_weights(s)`` / ``after_weights(s)`` are called once per local stage s, right before /
         after the last action of the step that adds to its weight gradients (BW or W; the last action
         if none does): the same points on every rank of the group. ``weight_ready(s, p)``: during a
-        W of stage s, as parameter p's gradient lands (a full backward's land through autograd hooks)."""
-        self._weight_ready = weight_ready
+        W of stage s, as parameter p's gradient lands (a full backward's land through autograd hooks).
+        ``before_forward(s, i)``: right before the forward of stage s on microbatch i (``rng_streams``)."""
+        self._weight_ready, self._before_forward = weight_ready, before_forward
         tp = Transport(self.device)
         ready: dict[Message, torch.Tensor] = {}
         self.timeline = []
@@ -115,34 +119,41 @@ class Interpreter:
         steps, ahead = self.steps, self.prefetch
         posted = 0
         t0 = time.perf_counter()
-        try:
-            for j, step in enumerate(steps):
+        # A failed action raises out of here without draining the sends: waiting for them could only
+        # wait for the timeout again (collective_watch).
+        for j, step in enumerate(steps):
+            with watching(rank=self.rank, stage=step.action.stage, action=str(step.action)):
                 while posted < len(steps) and posted <= j + ahead:
                     for m, shape, dtype, src, tag in steps[posted].posts:
                         tp.post_recv(m, shape, dtype, src, tag)
                     posted += 1
-                if before_weights is not None:
-                    for s in self._weights_done.get(j, ()):
-                        before_weights(s)
-                start = time.perf_counter()
-                got = [tp.take(m) if src is None else tp.recv(m) for m, _, src in step.needs]
-                waited = time.perf_counter() - start
-                outs = self._compute(step, got, user_mbs, target_mbs, losses)
-                for (m, _, remote), o in zip(step.makes, outs):
-                    if remote:
-                        ready[m] = o
-                    else:
-                        tp.put(m, o)
-                for m, dst, tag in step.sends:
-                    tp.send(ready.pop(m), dst, tag)
-                self.timeline.append(TimelineEvent(self.group, str(step.action), start - t0,
-                                                   time.perf_counter() - t0, waited))
-                if after_weights is not None:
-                    for s in self._weights_done.get(j, ()):
-                        after_weights(s)
-        finally:
+                self._run_step(j, step, tp, ready, user_mbs, target_mbs, losses, t0, before_weights, after_weights)
+        with watching(rank=self.rank, action="the step's last sends"):
             tp.drain()
         return losses
+
+    def _run_step(self, j: int, step: "_Step", tp: Transport, ready: dict, user_mbs, target_mbs, losses, t0: float,
+                  before_weights, after_weights) -> None:
+        """One scheduled action: its receives, its compute, its sends, and the weight callbacks around it."""
+        if before_weights is not None:
+            for s in self._weights_done.get(j, ()):
+                before_weights(s)
+        start = time.perf_counter()
+        got = [tp.take(m) if src is None else tp.recv(m) for m, _, src in step.needs]
+        waited = time.perf_counter() - start
+        outs = self._compute(step, got, user_mbs, target_mbs, losses)
+        for (m, _, remote), o in zip(step.makes, outs):
+            if remote:
+                ready[m] = o
+            else:
+                tp.put(m, o)
+        for m, dst, tag in step.sends:
+            tp.send(ready.pop(m), dst, tag)
+        self.timeline.append(TimelineEvent(self.group, str(step.action), start - t0,
+                                           time.perf_counter() - t0, waited))
+        if after_weights is not None:
+            for s in self._weights_done.get(j, ()):
+                after_weights(s)
 
     # ---- one compute action --------------------------------------------------------------------
     def _compute(self, step: _Step, got: list, user_mbs, target_mbs, losses) -> list:
@@ -150,6 +161,8 @@ class Interpreter:
         a = step.action
         st, s, i = self.stages[a.stage], a.stage, a.microbatch
         if a.kind == "F":
+            if self._before_forward is not None:
+                self._before_forward(s, i)
             user = [user_mbs[k][i] for k in st.graph.user_inputs]
             outs = st.forward(i, user, got, target_mbs[i] if st.graph.reads_target else None)
             if st.graph.is_last:

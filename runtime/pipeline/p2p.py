@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from autoshard.passes.pipeline.schedule.actions import COMPUTE_KINDS, Action
+from autoshard.runtime.collective_watch import note
 
 __all__ = ["Message", "Wiring", "ActionTransfers", "action_messages", "plan_transfers", "message_tag",
            "Transport"]
@@ -172,17 +173,21 @@ class Transport:
     local: dict = field(default_factory=dict)
     posted: dict = field(default_factory=dict)
     pending: list = field(default_factory=list)
+    sources: dict = field(default_factory=dict)
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
         t = tensor.detach().contiguous()
+        note(f"send (tag {tag})", f"to rank {dst}")
         self.pending.append((dist.isend(t, dst, tag=tag), t))
 
     def post_recv(self, key, shape, dtype, src: int, tag: int) -> None:
         buf = torch.empty(shape, dtype=dtype, device=self.device)
         self.posted[key] = (dist.irecv(buf, src, tag=tag), buf)
+        self.sources[key] = src
 
     def recv(self, key) -> torch.Tensor:
         work, buf = self.posted.pop(key)
+        note(f"recv of {key}", f"from rank {self.sources.get(key, '?')}")
         work.wait()
         return buf
 
@@ -197,6 +202,7 @@ class Transport:
 
     def drain(self) -> None:
         """Wait for every send (each tensor stays referenced until its send completes)."""
+        note(f"waiting for {len(self.pending)} sends to complete")
         for work, _ in self.pending:
             work.wait()
         self.pending.clear()
