@@ -5,7 +5,8 @@ the plan to its trace by node names. A model whose Python visits independent com
 order set by the process (ModernBERT loops over ``set(config.layer_types)``, and every process torchrun
 starts has its own string hash seed) traces into the same ops in another order under other names on
 another rank, so the ranks of one stage would place different computations and wait in different
-collectives. ``same_program_as_rank0(env)`` is the hook ``driver.trace`` applies on every rank once
+collectives. (Under torch's "fake" backend, whose collectives move nothing, traces are kept as they
+are.) ``same_program_as_rank0(env)`` is the hook ``driver.trace`` applies on every rank once
 planning is done: rank 0 sends ``passes.capture.align.structural_keys`` of its trace, each rank
 rebuilds its own in rank 0's order under rank 0's names (``align``), and every rank learns whether
 every other one could: a trace that is a different program raises ``TraceMismatchError`` on every
@@ -32,6 +33,8 @@ def same_program_as_rank0(env: Any) -> Callable[[CapturedGraph], CapturedGraph]:
 
     def agree(captured: CapturedGraph) -> CapturedGraph:
         if env is None or not getattr(env, "distributed", False):
+            return captured
+        if dist.get_backend() == "fake":  # torch's fake process group moves no data: there is no peer to agree with
             return captured
         reference = run_and_broadcast(lambda: structural_keys(captured), env=env)
         failure = None
