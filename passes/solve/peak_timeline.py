@@ -38,8 +38,15 @@ quantity below is local bytes on one device (``StepTrace``, built by ``passes.so
   output and input); the backward takes the larger of the two;
 - ``reduce_output[i]``: the shard gradients the reduction after ``i`` makes; with held gradients
   (accumulation) they are alive next to them before they are added in;
-- ``comm_buffer``: the gradient all-reduce's flat bucket (a copy of the bucket's gradients), alive
-  in the backward once gradients exist;
+- ``comm_buffer``: the gradient all-reduce's flat buckets (room for a copy of every synced
+  gradient). ``runtime.gradsync`` allocates them once, when the program is built, and keeps them, as
+  DDP's reducer does: alive the whole step, forward and loss included. Measured (issue 27): a 7.3 M
+  Llama on (4,) peaks in the loss's backward (the log-softmax's gradient next to every saved
+  activation), before any parameter gradient exists, with its 21 MB of buckets alive; the walk had
+  counted them only once a gradient was made, and was 6% under the process's heap there;
+- ``grads_in_buckets``: the synced gradients that are views into those buckets after the step
+  (``GradSync.finish`` points each ``.grad`` at its reduced slice when the bucket holds the
+  parameter's dtype): at the optimizer step they are not bytes of their own;
 - ``optimizer_temporaries``: what the optimizer allocates inside its step. torch's AdamW with
   ``foreach`` (its default for CUDA tensors, ``torch/optim/optimizer.py
   _default_to_fused_or_foreach``) runs ``_multi_tensor_adam`` (``torch/optim/adam.py``), whose
@@ -49,10 +56,11 @@ quantity below is local bytes on one device (``StepTrace``, built by ``passes.so
   the default for CPU tensors) makes ``exp_avg_sq.sqrt()`` and its quotient for one parameter at a
   time: twice the largest parameter.
 
-Phases: ``forward`` (live at each forward position: resident + held gradients + gathered in flight
-+ kept so far + the node's outputs), ``backward`` (at each backward position: resident + gathered in
-flight + kept by nodes not yet back-propagated + value gradients alive + parameter gradients so far
-+ the node's transients + the bucket), ``optimizer step`` (resident + gradients + temporaries).
+Phases: ``forward`` (live at each forward position: resident + the buckets + held gradients +
+gathered in flight + kept so far + the node's outputs), ``backward`` (at each backward position:
+resident + gathered in flight + kept by nodes not yet back-propagated + value gradients alive +
+parameter gradients so far + the node's transients + the buckets), ``optimizer step`` (resident +
+the buckets + the gradients that are not views into them + temporaries).
 ``peak`` is the largest, ``phase`` where it is (with the node, for forward and backward).
 """
 from __future__ import annotations
@@ -82,6 +90,7 @@ class StepTrace:
     reduce_output: list[float] = field(default_factory=list)
     gathered_in_flight: float = 0.0
     comm_buffer: float = 0.0
+    grads_in_buckets: float = 0.0
     optimizer_temporaries: float = 0.0
 
 
@@ -114,8 +123,8 @@ def peak_of(trace: StepTrace) -> Peak:
     kept_so_far = 0.0
     for i in range(n):
         kept_so_far += trace.kept[i]
-        note("forward", trace.resident + held + trace.gathered_in_flight + kept_so_far + trace.outputs[i],
-             trace.names[i])
+        note("forward", trace.resident + trace.comm_buffer + held + trace.gathered_in_flight + kept_so_far
+             + trace.outputs[i], trace.names[i])
     grads_alive = [0.0] * (n + 1)  # difference array over backward positions
     for producer, last, nbytes in trace.value_grads:
         if last >= producer:
@@ -129,7 +138,7 @@ def peak_of(trace: StepTrace) -> Peak:
     made = held
     for j in range(n - 1, -1, -1):
         made_here = trace.param_grads[j]  # with held gradients: the incoming summand, added in place
-        bucket = trace.comm_buffer if made + made_here > 0 else 0.0
+        bucket = trace.comm_buffer
         gathered = max(trace.gathered_in_flight, trace.gathered_backward[j] if trace.gathered_backward else 0.0)
         live = (trace.resident + gathered + kept_so_far + in_flight[j] + made + made_here
                 + trace.grad_transient[j] + trace.recompute[j] + bucket)
@@ -145,7 +154,8 @@ def peak_of(trace: StepTrace) -> Peak:
                          trace.reduce_prefetch[j] if trace.reduce_prefetch else 0.0, 0.0)
             note("backward", trace.resident + copies + kept_so_far + in_flight[j] + made
                  + held_summand + trace.reduce_after[j] + trace.comm_buffer, trace.names[j])
-    note("optimizer step", trace.resident + trace.grads + trace.optimizer_temporaries, "")
+    note("optimizer step", trace.resident + trace.comm_buffer + trace.grads - trace.grads_in_buckets
+         + trace.optimizer_temporaries, "")
     phase, (peak, where) = max(best.items(), key=lambda kv: kv[1][0])
     label = f"{phase} ({where})" if where else phase
     return Peak(peak, label, {p: v for p, (v, _) in best.items()})
