@@ -15,6 +15,8 @@
   reduce-scatter buffer there (``gather_segments``);
 - a redistributed activation's gradient moved back to the producer's layout (the collectives'
   adjoints make a new tensor) at the reader's backward;
+- a value read by several ops: at each reader's backward but the last, its new gradient
+  contribution and autograd's out-of-place sum (``_accumulations``);
 - what a node's backward allocates beyond its operands' gradients, at its backward
   (``passes.capture.backward_workspace``: the intermediate gradients of the ops it is made of, e.g.
   cross entropy's log-probability gradient, the size of the logits), split as its largest operand;
@@ -82,6 +84,7 @@ class TraceBuilder:
                     "reduce_frees", "reduce_prefetch", "reduce_output", "gathered_backward"):
             setattr(self.trace, key, [0.0] * len(nodes))
         self._last_reader: dict[tuple[str, int], int] = {}
+        self._readers: dict[tuple[str, int], set[int]] = {}  # value -> positions of the ops differentiating it
         self._recompute_at: dict[str, dict[int, float]] = {}  # block instance -> position -> bytes
         self._gather_readers: dict[str, list[int]] = {}  # gathered parameter -> [first, last, copy bytes]
         self._param_grad: dict[str, float] = {}
@@ -130,6 +133,9 @@ class TraceBuilder:
         self.trace.kept[j] += price.kept + price.gathered
         self._kept_gathered += price.gathered
         kind = self.facts.kind.get(u)
+        if v != OUTPUT and v in self.facts.requires_grad and not price.gather_copy and (
+                kind == "param" or (kind == "op" and self.facts.value_needs_grad(u, slot))):
+            self._readers.setdefault((u, slot), set()).add(j)
         if kind == "param":
             self._last_reader[(u, slot)] = max(self._last_reader.get((u, slot), j), j)
             if price.gather_copy and self.facts.value_needs_grad(u, slot):
@@ -243,6 +249,7 @@ class TraceBuilder:
             spans[(u, slot)] = [self.position[u], last, nbytes]
         self._merge_pass_through(spans)
         t.value_grads.extend(tuple(span) for span in spans.values())
+        self._accumulations()
         for ph, nbytes in self._param_grad.items():
             t.param_grads[self._last_reader.get((ph, 0), self.last)] += nbytes
         for first, last, nbytes in self._gather_readers.values():
@@ -265,6 +272,32 @@ class TraceBuilder:
                 running += at.get(i, 0.0)
                 t.recompute[i] += running
         return t
+
+    def _accumulations(self) -> None:
+        """A value read by several ops gets one gradient contribution per reader. The last reader's
+        backward makes the gradient's storage (its span, or the parameter's gradient); each earlier
+        reader's backward makes a new contribution and autograd's ``InputBuffer`` adds it, out of
+        place unless it holds the only reference to a dense old sum (``input_buffer.cpp``,
+        ``can_accumulate_inplace``): the contribution and the sum, two more of the gradient's bytes,
+        at that reader's backward. Measured (issue 27): the tied embedding of OPT and Gemma, whose head
+        contribution is a transposed view (never summed in place), peaks at the embedding's backward
+        with three of them alive. A whole view of a value (a reshape) reads its gradient, not a
+        contribution of its own."""
+        merged: dict[tuple[str, int], set[int]] = {}
+        for key, readers in self._readers.items():
+            whole = {j for j in readers if self._identity_operand(self.trace.names[j]) == key}
+            owner = self._owner(key) if self.facts.kind.get(key[0]) == "op" else key
+            merged.setdefault(owner, set()).update(readers - whole)
+        for (u, slot), readers in merged.items():
+            if len(readers) < 2:
+                continue
+            if self.facts.kind.get(u) == "param":
+                nbytes = self._param_grad.get(u, 0.0)
+            else:
+                nbytes = self.cm.activation_bytes([self.facts.tensor_outputs(u)[slot]],
+                                                  [self.strategies[u].outputs[slot]])
+            for j in sorted(readers)[:-1]:
+                self.trace.grad_transient[j] += 2.0 * nbytes
 
     def _extend_through_identity_views(self) -> None:
         """A view of its operand's whole storage (``x.to(x.dtype)``, ``dropout(x, p=0)``, an alias,
