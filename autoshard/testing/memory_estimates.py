@@ -75,7 +75,7 @@ class MicrostepTracker(MemTracker):
 
     def __enter__(self) -> "MicrostepTracker":
         if self._depth == 0:
-            self._not_held = gradients_not_held()
+            self._not_held = gradients_not_held(self._mod_tracker)
             self._not_held.__enter__()
         return super().__enter__()
 

@@ -8,72 +8,42 @@ takes the parameters as inputs, so every parameter gradient is then held until t
 backward is done; and because a second reference exists when it reaches ``AccumulateGrad``, autograd
 cannot steal it into ``.grad`` and clones it (``accumulate_grad.h``: the steal needs
 ``use_count() <= num_expected_refs``). Every parameter gradient is then alive twice to the end of the
-backward under the tracker, and once without it.
+backward under the tracker, and once without it. The hooks stay registered on the parameters after
+the tracker exits, so every later step of the program holds its gradients too.
 
 Measured (2026-11-27, issue 27) on the 7.3 M-parameter Llama of ``heldout_models`` on (4,), full
 checkpoint + reshard: ``MemTracker`` 135.5 MB; the process's heap (glibc's mmapped chunks, every
-allocation of 64 KiB or more, ``heap_probe``) 117.6 MB; with the hook below, ``MemTracker`` agrees with
-the heap. An eager ``nn.Module`` whose parameters are attributes, not inputs, never meets this.
+allocation of 64 KiB or more, ``heap_probe``) 117.6 MB; with the hook below, ``MemTracker`` 118.5 MB.
+An eager ``nn.Module`` whose parameters are attributes, not inputs, never meets this.
 
-``gradients_not_held()`` swaps ModTracker's hook, for its duration, for one with the same "all"
-semantics (the callback runs once every input's gradient has arrived, in the same graph task) that
-counts arrivals instead of keeping the gradients; ModTracker's callbacks ignore the gradients they are
-given. "any" hooks pass through unchanged.
+``gradients_not_held(mod_tracker)``: while it is on, that ``ModTracker``'s forward pre-hook registers
+its "all" hook on the module's non-leaf inputs only (activations; a parameter's gradient, a leaf's,
+goes straight to ``AccumulateGrad``). A module whose differentiable inputs are all leaves is marked
+done at the end of the backward, as ModTracker marks a module without differentiable inputs. Only the
+module tracking's timing changes (which module the backward is in); no gradient is held.
 """
 from __future__ import annotations
 
 import contextlib
-import threading
 
-import torch
-from torch.autograd.graph import _get_grad_fn_or_grad_acc
 from torch.distributed._tools import mod_tracker
-from torch.utils.hooks import RemovableHandle
 
-__all__ = ["gradients_not_held", "counting_multi_grad_hook"]
-
-
-class _Handles:
-    def __init__(self, handles: tuple[RemovableHandle, ...]):
-        self.handles = handles
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-
-
-def counting_multi_grad_hook(tensors, fn, *, mode: str = "all", _original=None):
-    """``register_multi_grad_hook`` that keeps no gradient: in "all" mode ``fn`` gets a list of
-    ``None`` once every tensor that the running backward reaches has had its gradient computed."""
-    if mode != "all":
-        return (_original or torch.autograd.graph.register_multi_grad_hook)(tensors, fn, mode=mode)
-    grad_fns = [_get_grad_fn_or_grad_acc(t) for t in tensors]
-    arrived: dict[int, int] = {}
-    expected: dict[int, int] = {}
-    lock = threading.Lock()
-
-    def inner(_grad: torch.Tensor) -> None:
-        task = torch._C._current_graph_task_id()
-        with lock:
-            if task not in expected:
-                expected[task] = sum(map(torch._C._will_engine_execute_node, grad_fns))
-            arrived[task] = arrived.get(task, 0) + 1
-            done = arrived[task] == expected[task]
-            if done:
-                del arrived[task], expected[task]
-        if done:
-            fn([None] * len(tensors))
-
-    return _Handles(tuple(t.register_hook(inner) for t in tensors))
+__all__ = ["gradients_not_held"]
 
 
 @contextlib.contextmanager
-def gradients_not_held():
-    """ModTracker registers ``counting_multi_grad_hook`` instead of torch's buffering one (module docstring)."""
+def gradients_not_held(tracker: "mod_tracker.ModTracker"):
+    """See the module docstring; ``tracker``: the ``ModTracker`` whose hooks are registered meanwhile."""
     original = mod_tracker.register_multi_grad_hook
 
     def hook(tensors, fn, *, mode="all"):
-        return counting_multi_grad_hook(tensors, fn, mode=mode, _original=original)
+        if mode != "all":
+            return original(tensors, fn, mode=mode)
+        inner = [t for t in tensors if t.grad_fn is not None]
+        if inner:
+            return original(inner, fn, mode=mode)
+        tracker._post_bw_callbacks_to_enqueue.append(fn)
+        return None
 
     mod_tracker.register_multi_grad_hook = hook
     try:
