@@ -38,6 +38,10 @@ quantity below is local bytes on one device (``StepTrace``, built by ``passes.so
   output and input); the backward takes the larger of the two;
 - ``reduce_output[i]``: the shard gradients the reduction after ``i`` makes; with held gradients
   (accumulation) they are alive next to them before they are added in;
+- ``accumulate_after[i]``: bytes autograd makes right after ``i``'s backward to add ``i``'s gradient
+  contribution to a value that a later op also read (the contribution and the out-of-place sum;
+  ``step_trace``'s ``_accumulations``): the gradients ``i``'s backward consumed (those whose span
+  starts at ``i``) and its saved tensors are freed by then;
 - ``comm_buffer``: the gradient all-reduce's flat buckets (room for a copy of every synced
   gradient). ``runtime.gradsync`` allocates them once, when the program is built, and keeps them, as
   DDP's reducer does: alive the whole step, forward and loss included. Measured (issue 27): a 7.3 M
@@ -91,6 +95,7 @@ class StepTrace:
     gathered_in_flight: float = 0.0
     comm_buffer: float = 0.0
     grads_in_buckets: float = 0.0
+    accumulate_after: list[float] = field(default_factory=list)
     optimizer_temporaries: float = 0.0
 
 
@@ -126,10 +131,12 @@ def peak_of(trace: StepTrace) -> Peak:
         note("forward", trace.resident + trace.comm_buffer + held + trace.gathered_in_flight + kept_so_far
              + trace.outputs[i], trace.names[i])
     grads_alive = [0.0] * (n + 1)  # difference array over backward positions
+    own_grads = [0.0] * n  # gradients freed once their producer's backward has run
     for producer, last, nbytes in trace.value_grads:
         if last >= producer:
             grads_alive[producer] += nbytes
             grads_alive[last + 1] -= nbytes
+            own_grads[producer] += nbytes
     in_flight = [0.0] * n
     running = 0.0
     for i in range(n):
@@ -146,6 +153,10 @@ def peak_of(trace: StepTrace) -> Peak:
         kept_so_far -= trace.kept[j]
         if not trace.grads_held:
             made += made_here
+        if trace.accumulate_after and trace.accumulate_after[j]:  # after j's backward: its own inputs freed
+            note("backward", trace.resident + gathered + kept_so_far + in_flight[j] - own_grads[j] + made
+                 + (made_here if trace.grads_held else 0.0) + trace.recompute[j] + bucket
+                 + trace.accumulate_after[j], trace.names[j])
         if trace.reduce_after and trace.reduce_after[j]:
             held_summand = made_here if trace.grads_held else 0.0
             if trace.grads_held and trace.reduce_output:  # the reduced shards, before they are added in

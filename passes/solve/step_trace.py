@@ -80,7 +80,7 @@ class TraceBuilder:
         self.position = {n.name: i for i, n in enumerate(nodes)}
         self.last = len(nodes) - 1
         self.trace = StepTrace(names=[n.name for n in nodes])
-        for key in ("kept", "outputs", "param_grads", "grad_transient", "recompute", "reduce_after",
+        for key in ("kept", "outputs", "param_grads", "grad_transient", "recompute", "reduce_after", "accumulate_after",
                     "reduce_frees", "reduce_prefetch", "reduce_output", "gathered_backward"):
             setattr(self.trace, key, [0.0] * len(nodes))
         self._last_reader: dict[tuple[str, int], int] = {}
@@ -282,7 +282,8 @@ class TraceBuilder:
         at that reader's backward. Measured (issue 27): the tied embedding of OPT and Gemma, whose head
         contribution is a transposed view (never summed in place), peaks at the embedding's backward
         with three of them alive. A whole view of a value (a reshape) reads its gradient, not a
-        contribution of its own."""
+        contribution of its own. The engine adds a contribution once the reader's backward has
+        returned (``peak_timeline``'s ``accumulate_after``)."""
         merged: dict[tuple[str, int], set[int]] = {}
         for key, readers in self._readers.items():
             whole = {j for j in readers if self._identity_operand(self.trace.names[j]) == key}
@@ -297,7 +298,7 @@ class TraceBuilder:
                 nbytes = self.cm.activation_bytes([self.facts.tensor_outputs(u)[slot]],
                                                   [self.strategies[u].outputs[slot]])
             for j in sorted(readers)[:-1]:
-                self.trace.grad_transient[j] += 2.0 * nbytes
+                self.trace.accumulate_after[j] += 2.0 * nbytes
 
     def _extend_through_identity_views(self) -> None:
         """A view of its operand's whole storage (``x.to(x.dtype)``, ``dropout(x, p=0)``, an alias,
