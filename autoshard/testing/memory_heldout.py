@@ -12,12 +12,14 @@ one step; then the step plus AdamW's step is measured
   module input to the module's backward end): the figure issue 27 reported. Its ModTracker leaves
   those hooks on the parameters (leaf inputs of the program) after it exits, so every later step
   of the same program holds its gradients too: it is measured last;
-- by the heap (``heap_probe``; glibc only, which this sets up first): the step's rise in
-  mmapped bytes plus what was alive at its start that the estimate counts (parameters, buffers,
-  optimizer state, gradient buckets, the batch);
+- by a bare storage counter with no hooks (``storage_probe``, ``bare``) and by the heap (``heap_probe``;
+  glibc only, which this sets up first; allocations of 64 KiB and more only), each plus what was alive
+  at the step's start that the estimate counts (parameters, buffers, optimizer state, gradient
+  buckets, the batch);
 
-each the least of ``REPEATS`` steps. Returns rows ``(model, mesh, case, tracker, torch_tracker, heap,
-estimated, estimated_phase, tracker_phases)``; ``heap`` is None without the probe.
+each the least of ``REPEATS`` steps. Returns one dict per case: ``model, mesh, case, tracker,
+torch_tracker`` (NaN with accumulation: it refuses a root module called twice)``, bare, heap`` (None
+without glibc)``, estimated, phase`` (the estimate's)``, tracker_phases``.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from . import heap_probe
 from .memory_estimates import MicrostepTracker
+from .storage_probe import StorageProbe, storage_key
 
 __all__ = ["HELDOUT_CASES", "REPEATS", "heldout_peaks"]
 
@@ -52,21 +55,15 @@ def _build(name: str):
     return model, batch, loss_fn
 
 
-def _nbytes(tensors) -> int:
-    seen, total = set(), 0
-    for t in tensors:
-        st = t.untyped_storage()
-        if st.data_ptr() not in seen:
-            seen.add(st.data_ptr())
-            total += st.nbytes()
-    return total
-
-
-def _step_state_bytes(cm, optimizer, batch_tensors) -> int:
-    """Bytes alive when a step begins that the estimate counts: local parameters and buffers (the
+def _state(cm, optimizer, batch_tensors) -> list:
+    """Tensors alive when a step begins that the estimate counts: local parameters and buffers (the
     gradient buckets among them), optimizer state, the batch."""
     state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    return _nbytes(list(cm.local_module.parameters()) + list(cm.local_module.buffers()) + state + list(batch_tensors))
+    return list(cm.local_module.parameters()) + list(cm.local_module.buffers()) + state + list(batch_tensors)
+
+
+def _storages(tensors) -> dict[int, int]:
+    return {storage_key(t): t.untyped_storage().nbytes() for t in tensors}
 
 
 def _least(measure, step, repeats: int):
@@ -78,7 +75,7 @@ def _least(measure, step, repeats: int):
     return best
 
 
-def heldout_peaks(rank: int, models, meshes, cases=HELDOUT_CASES, repeats: int = REPEATS) -> list[tuple]:
+def heldout_peaks(rank: int, models, meshes, cases=HELDOUT_CASES, repeats: int = REPEATS) -> list[dict]:
     """See the module docstring."""
     import autoshard
 
@@ -116,13 +113,24 @@ def heldout_peaks(rank: int, models, meshes, cases=HELDOUT_CASES, repeats: int =
                     optimizer.zero_grad()
                     with heap_probe.HeapProbe() as probe:
                         step()
-                    return probe.peak_rise + _step_state_bytes(cm, optimizer, list(x.values()) + [y]), probe.peak_op
+                    return probe.peak_rise + sum(_storages(_state(cm, optimizer, batch_tensors)).values()), ""
 
-                # heap first, torch's MemTracker last: its hooks on the parameters outlive it (module docstring)
+                def bare(step):
+                    optimizer.zero_grad()
+                    known = _storages(_state(cm, optimizer, batch_tensors))
+                    with StorageProbe(known) as probe:
+                        step()
+                    return probe.peak + sum(known.values()), ""
+
+                batch_tensors = list(x.values()) + [y]
+                # no tracker first, torch's MemTracker last: its hooks on the parameters outlive it
+                bare_peak = _least(bare, step, repeats)[0]
                 heap_peak = _least(heap, step, repeats)[0] if heap_probe.available() else None
                 measured, phases = _least(tracked, step, repeats)
-                plain, _ = _least(lambda s: tracked(s, MemTracker), step, repeats) if k == 1 else (math.nan, "")
+                plain = _least(lambda s: tracked(s, MemTracker), step, repeats)[0] if k == 1 else math.nan
                 sol = cm.plan.solution
-                rows.append((name, str(tuple(mesh)), case, measured, plain, heap_peak, sol.estimated_memory,
-                             sol.memory_peak_phase, phases))
+                rows.append({"model": name, "mesh": str(tuple(mesh)), "case": case, "tracker": measured,
+                             "torch_tracker": plain, "bare": bare_peak, "heap": heap_peak,
+                             "estimated": sol.estimated_memory, "phase": sol.memory_peak_phase,
+                             "tracker_phases": phases})
     return rows
