@@ -3,7 +3,7 @@
 ``autoshard.plan(model, mesh, example_inputs=...)`` traces a model and solves an ILP for how to shard
 it (data parallel, FSDP/ZeRO, tensor parallel); ``autoshard.compile(...)`` does the same under
 torchrun and returns each rank's program; ``Plan.render`` draws the partition. With ``pp="auto"``
-both plan pipeline stages too (``PipelinedPlan``: 3D plans).
+both plan pipeline stages too (3D plans: a ``Plan`` is a list of stages, one without a pipeline).
 
 The front door: ``api`` (plan, compile), ``compiled`` (what compile returns), ``plans`` (``Plan``),
 ``sharding_rules`` (``register_sharding``: a rule for your own op), ``presets``, ``summary``, ``cli``, and the subpackages ``drawing/`` and ``profiling/``. Below it sit
@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "plan": "autoshard.api", "compile": "autoshard.api",
-    "Plan": "autoshard.plans", "load_plan": "autoshard.plans", "PipelinedPlan": "autoshard.pipelined_plans",
+    "Plan": "autoshard.plans", "load_plan": "autoshard.plans",
     "MixedPrecision": "autoshard.passes.levers", "register_sharding": "autoshard.sharding_rules",
     "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
     "set_moe_capacity_factor": "autoshard.passes.capture.moe_experts",
@@ -34,7 +34,7 @@ _LAZY = {
 }
 _SUBMODULES = ("presets", "checkpoint", "elastic", "layouts")
 
-__all__ = ["plan", "compile", "load_plan", "register_sharding", "Plan", "PipelinedPlan", "Mesh", "Shard", "Replicate",
+__all__ = ["plan", "compile", "load_plan", "register_sharding", "Plan", "Mesh", "Shard", "Replicate",
            "Partial", "MixedPrecision", "presets", "checkpoint", "elastic", "layouts", "AutoshardError", "TraceError", "MeshError",
            "InfeasiblePlanError", "StageCutError", "BatchError", "PlanFormatError", "CheckpointError",
            "BatchCouplingWarning", "PeakPricedWarning", "set_moe_capacity_factor", "measure_expert_load"]

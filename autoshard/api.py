@@ -16,24 +16,21 @@ to_microbatch, build); no entry makes a plan any other way.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import torch
 
-from autoshard.compiled import CompiledModel, PipelinedModel
-from autoshard.driver import Chosen, ModelBatch, build, choose, hardware_label, resolve_hardware, to_microbatch
+from autoshard.compiled import CompiledModel
+from autoshard.driver import ModelBatch, build, choose, compile_plan, hardware_label, resolve_hardware, to_microbatch
 from autoshard.lever_args import block_types, check_lever_values, lever_pins, microbatch, pin_levers
 from autoshard.options import PIN_KEYWORDS, PlanOptions
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import LEVER_KEYWORDS
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
-from autoshard.pipelined_plans import PipelinedPlan
 from autoshard.pipelines import check_pipeline_inputs, planner_stage_starts
 from autoshard.plans import Plan
-from autoshard.passes.pipeline.stages.retrace import replan_at_microbatch
-from autoshard.runtime.groups import run_and_broadcast, setup_distributed
+from autoshard.runtime.groups import setup_distributed
 
 __all__ = ["plan", "compile", "plan_captured", "resolve_hardware", "hardware_label", "planner_stage_starts",
            "PIN_KEYWORDS", "pin_levers", "check_lever_values", "block_types", "microbatch",
@@ -55,7 +52,7 @@ def plan_captured(captured: CapturedGraph, mesh: Any, *, pins: Optional[dict] = 
 
 
 def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, example_target=None,
-         **options) -> Union[Plan, PipelinedPlan]:
+         **options) -> Plan:
     """Trace ``model`` and choose how to shard it over ``mesh``; needs no process group.
 
     The keywords after ``example_target`` are the options ``plan`` and ``compile`` share
@@ -92,9 +89,14 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
     the model's own dtype.
 
     3D plans: ``pp="auto"`` | N (and ``schedule=``, ``microbatches=``, ``stages=``) run the stage
-    planner as ``compile`` does, with no process group (``driver.choose``): the result is a
-    ``PipelinedPlan`` (same surface; ``compile(..., plan=it)`` runs it under torchrun), or a ``Plan``
-    when no pipeline is faster. Pass the whole model: repeated blocks are priced once inside.
+    planner as ``compile`` does, with no process group (``driver.choose``): the result is a ``Plan`` of
+    several stages (``plan.pipelined``; ``compile(..., plan=it)`` runs it under torchrun), or of one
+    when no pipeline is faster. Pass the whole model: repeated blocks are priced once inside. Every
+    memory lever is accepted with ``pp=`` and chosen per stage: ``accumulation=k`` runs the schedule
+    k times per step (each round on 1/k of the batch, as torchtitan accumulates under a pipeline; the
+    step still computes the one-device full-batch mean loss); with the other levers every stage is
+    re-solved at the microbatch on its submesh, the levers given pinned there and the rest chosen for
+    that stage (``driver._choose_pipeline``).
     """
     opts = PlanOptions.of(**options)
     opts.check_entry("plan")
@@ -105,16 +107,15 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
 
 
 def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, example_target=None,
-            plan: Union[None, Plan, PipelinedPlan] = None, state_dict: Optional[dict] = None,
-            **options) -> Union[CompiledModel, PipelinedModel]:
+            plan: Optional[Plan] = None, state_dict: Optional[dict] = None, **options) -> CompiledModel:
     """Plan ``model`` for ``mesh`` and build this rank's program; call on every rank under torchrun.
 
     Rank 0 solves (unless ``plan`` is given) and broadcasts the plan as JSON, so every rank runs the
-    same plan; when solving fails there, every rank raises that error. Each rank materializes only its own shards: from ``model``'s real parameters, from
-    ``state_dict`` (full tensors under the original names), or, for a meta-device model, by replaying
-    each module's ``reset_parameters`` so values equal a CPU model built with the same seed.
-    ``hardware``: a preset name, a profile JSON path, a ``Hardware`` object or "auto".
-    Returns a ``CompiledModel``.
+    same plan; when solving fails there, every rank raises that error (``driver.compile_plan``). Each
+    rank materializes only its own shards: from ``model``'s real parameters, from ``state_dict`` (full
+    tensors under the original names), or, for a meta-device model, by replaying each module's
+    ``reset_parameters`` so values equal a CPU model built with the same seed. ``hardware``: a preset
+    name, a profile JSON path, a ``Hardware`` object or "auto". Returns a ``CompiledModel``.
 
     Pipeline parallelism: ``pp="auto"`` lets the stage planner (``passes.pipeline.stages.planner.plan_pipeline``)
     choose the number of pipeline groups along the mesh's first axis, the stage cut, each group's
@@ -122,27 +123,27 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     groups and leaves the rest to it; ``schedule`` (a name of ``passes/pipeline/schedule/registry.py``:
     "gpipe", "1f1b", "interleaved-1f1b", "interleaved-1f1b-v<N>", "zb-h1", "zbv", "dualpipev"),
     ``microbatches`` and ``stages`` (module-name prefixes, node names or layer-unit indices where
-    stages 1.. start) pin those decisions (``driver.choose`` on rank 0, then every stage re-solved at the microbatch,
-    ``passes.pipeline.stages.retrace.replan_at_microbatch``). The result is a
-    ``PipelinedModel``, or a ``CompiledModel`` when the planner finds no pipeline faster (pp = 1).
-    ``pp=None`` (default) or ``pp=1``: no pipeline, the plan above. ``plan`` may be a ``PipelinedPlan``
-    (from ``plan(..., pp=...)`` or ``load_plan``): the pipeline is built from it, nothing is planned
-    (``driver.to_microbatch`` and ``driver.build``).
+    stages 1.. start) pin those decisions (``driver.choose`` on rank 0, then every stage re-solved at
+    the microbatch, ``passes.pipeline.stages.retrace.replan_at_microbatch``). ``cm.plan.pipelined``
+    says whether the planner found a pipeline faster (pp = 1: a plan of one stage). ``pp=None``
+    (default) or ``pp=1``: no pipeline. ``plan`` may be a pipelined plan (from ``plan(..., pp=...)`` or
+    ``load_plan``): the pipeline is built from it, nothing is planned (``driver.to_microbatch`` and
+    ``driver.build``).
 
-    Memory levers (``passes.levers``), chosen by the planner unless given here (with ``plan=``: pinned on
-    top of the levers the plan carries, ``lever_args.pin_levers``):
-    ``accumulation=k`` runs the global batch as k sequential microsteps (the program is traced at
-    ``batch / k``; ``step`` still takes the global batch and returns the mean loss);
-    ``checkpoint="none" | "selective" | "full"`` for every repeated-block type, or a dict by block
-    type (``{"layers.#": "full"}``); ``reshard_after_forward=True`` (or a dict by block type) frees
-    sharded parameters' gathered copies after forward and gathers them again for backward;
-    ``mixed_precision=autoshard.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``
-    computes with ``param_dtype`` copies of the parameters (traced so), keeps and updates the
-    parameters in their own dtype and reduces gradients in ``reduce_dtype``.
+    Memory levers (``passes.levers``), chosen by the planner unless given here (with a saved plan of
+    one stage: pinned on top of the levers it carries, ``lever_args.pin_levers``), with or without
+    ``pp=`` (with it, chosen per stage; see ``plan``): ``accumulation=k`` runs the global batch as k
+    sequential microsteps (the program is traced at ``batch / k``; ``step`` still takes the global batch
+    and returns the mean loss); ``checkpoint="none" | "selective" | "full"`` for every repeated-block
+    type, or a dict by block type (``{"layers.#": "full"}``); ``reshard_after_forward=True`` (or a dict by
+    block type) frees sharded parameters' gathered copies after forward and gathers them again for
+    backward; ``mixed_precision=autoshard.MixedPrecision(param_dtype=torch.bfloat16,
+    reduce_dtype=torch.float32)`` computes with ``param_dtype`` copies of the parameters (traced so),
+    keeps and updates the parameters in their own dtype and reduces gradients in ``reduce_dtype``.
     """
     opts = PlanOptions.of(**options)
     opts.check_entry("compile", saved=plan)
-    if opts.pipelined or isinstance(plan, PipelinedPlan):
+    if opts.pipelined or (plan is not None and plan.pipelined):
         check_pipeline_inputs(example_inputs)
     mesh = Mesh.of(mesh)
     if plan is not None and mesh.shape != plan.mesh.shape:
@@ -150,17 +151,10 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     env = setup_distributed(mesh)
     started = time.perf_counter()
     batch = ModelBatch(model, example_inputs, loss_fn, example_target)
-    planner, levers, replan = None, dict(opts.levers), None
-    if isinstance(plan, PipelinedPlan):
-        planner = plan.pipeline
-    elif plan is None:
-        chosen = Chosen.from_json(run_and_broadcast(lambda: choose(batch, mesh, opts).to_json(), env=env))
+    if plan is None:
+        chosen = compile_plan(batch, mesh, opts, env)
         plan, planner, levers = chosen.plan, chosen.planner, None
-        if isinstance(plan, PipelinedPlan):
-            def replan(pipeline: PipelinePlan, full, small) -> PipelinePlan:  # every stage re-solved, on rank 0
-                return PipelinePlan.from_json(run_and_broadcast(lambda: replan_at_microbatch(
-                    pipeline, full, small, hardware=resolve_hardware(opts.hardware), memory_limit=opts.memory_limit,
-                    optimizer=opts.optimizer, time_limit_s=opts.time_limit_s, params=opts.pins.get("params")
-                ).to_json(), env=env))
-    runtime = to_microbatch(plan, batch, mesh, levers=levers, replan=replan)
+    else:
+        planner, levers = (plan if plan.pipelined else None), dict(opts.levers)
+    runtime = to_microbatch(plan, batch, mesh, levers=levers)
     return build(runtime, batch, env, state_dict=state_dict, planner=planner, started=started)

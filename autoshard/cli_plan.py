@@ -14,7 +14,7 @@ builds it again, re-traces it (the plan's fingerprint must match) and prices the
 strategies with the plan's cost model; for a plan saved from Python, give ``--spec`` (and ``--batch``,
 ``--seq``, ``--dtype``) to explain. ``plan`` is ``autoshard.plan`` on the built model (memory levers
 chosen the same way); with ``--pp`` it may return a pipelined plan, written as
-``PipelinedPlan.save`` writes it (``autoshard.load_plan`` and ``compile(..., plan=)`` read it;
+``Plan.save`` writes it (``autoshard.load_plan`` and ``compile(..., plan=)`` read it;
 ``explain``/``diff`` read plain plans only). ``--layout`` prices that layout (``autoshard.layouts.parse``)
 instead of searching; ``--compare`` plans both and prints them side by side
 (``autoshard.layout_compare``), writing autoshard's plan.
@@ -140,7 +140,6 @@ def _plan(args: argparse.Namespace) -> int:
     from autoshard.layouts import parse as parse_layout
     from autoshard.model_specs import build_model
     from autoshard.passes.mesh import Mesh
-    from autoshard.plans import Plan
 
     mesh = Mesh.of(parse_mesh(args.mesh))
     limit = parse_bytes(args.memory_limit)
@@ -159,8 +158,7 @@ def _plan(args: argparse.Namespace) -> int:
             compared = parse_layout(args.compare)
             progress.stage(f"pricing {compared.describe()}")
             theirs = autoshard.api.plan(built.model, mesh, layout=compared, **common)
-    if isinstance(plan, Plan):
-        plan.source = {**built.source, "memory_limit": limit, "optimizer": args.optimizer}
+    plan.source = {**built.source, "memory_limit": limit, "optimizer": args.optimizer}
     n_params = sum(t.numel() for t in built.model.parameters())
     print(f"{built.description}: {_count(n_params)} parameters, global batch {args.batch}, seq {args.seq}, "
           f"{args.dtype}; planned in {time.perf_counter() - start:.1f} s")
@@ -187,11 +185,11 @@ def _count(n: int) -> str:
 
 def _load_plain(path: str):
     from autoshard.passes.errors import PlanFormatError
-    from autoshard.plans import Plan, load_plan
+    from autoshard.plans import load_plan
     plan = load_plan(path)
-    if not isinstance(plan, Plan):
-        raise PlanFormatError(f"{path} holds a pipelined plan; explain and diff read plain plans (plan without "
-                              "--pp, or explain one stage's plan from Python: plan.pipeline.stages[i].solution)")
+    if plan.pipelined:
+        raise PlanFormatError(f"{path} holds a pipelined plan; explain and diff read plans without a pipeline (plan "
+                              "without --pp, or explain one stage's plan from Python: plan.stages[i].solution)")
     return plan
 
 

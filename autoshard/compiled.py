@@ -1,9 +1,10 @@
-"""What ``autoshard.compile`` returns on each rank: ``CompiledModel``, or ``PipelinedModel`` for a pipeline.
+"""What ``autoshard.compile`` returns on each rank: a ``CompiledModel``, with or without a pipeline.
 
-A ``CompiledModel`` owns this rank's program (a printable fx GraphModule of local ops and explicit
-collectives) and its local parameter shards. ``step`` runs forward and backward over the global
-batch and leaves the synchronized local gradients on ``parameters()``, which any ``torch.optim``
-optimizer takes. How the plan is made and shared between ranks is ``autoshard.api.compile``'s part.
+A ``CompiledModel`` owns this rank's program (``runtime.RankProgram``: its stages of the plan under
+the plan's schedule, each a printable fx GraphModule of local ops and explicit collectives) and its
+local parameter shards. ``step`` runs forward and backward over the global batch and leaves the
+synchronized local gradients on ``parameters()``, which any ``torch.optim`` optimizer takes. How the
+plan is made and shared between ranks is the driver's part (``autoshard.driver``).
 """
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from typing import Iterator, Optional
 
 import torch
 
-from autoshard.drawing import pipeline_to_dot, render_dot
 from autoshard.passes.errors import BatchError
 from autoshard.plans import Plan
 from autoshard.runtime.executor import RankProgram
@@ -24,7 +24,7 @@ from autoshard.runtime.pipeline.timelines import gather_timelines
 
 
 class _TrainingState:
-    """The state surface both compiled kinds share, read from the rank's program (``self._program``)."""
+    """The training-state surface of a compiled model, read from the rank's program (``self._program``)."""
 
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         """This rank's local parameter shards (pass them to a torch.optim optimizer)."""
@@ -104,42 +104,51 @@ def ordered_inputs(captured, inputs: tuple, named: dict) -> tuple:
 
 
 class CompiledModel(_TrainingState):
-    def __init__(self, model: torch.nn.Module, plan: Plan, env, *, state_dict: Optional[dict] = None,
-                 compile_seconds: float = 0.0, planner_plan=None):
+    """This rank's compiled model: the ``plan`` it runs (``passes.pipeline.plan.Plan``, bound to the
+    program of one microbatch: without a pipeline one stage, with ``pp=`` its stages traced and sharded
+    at microbatch shapes) and its ``runtime.RankProgram``. ``planner_plan``: with ``pp=``, the stage
+    planner's choice it was built from (made at the shapes of one round of the batch); ``env``: a plan
+    without a pipeline runs on it (default: ``setup_distributed(plan.mesh)``)."""
+
+    def __init__(self, model: Optional[torch.nn.Module], plan: Plan, env=None, *, state_dict: Optional[dict] = None,
+                 device=None, compile_seconds: float = 0.0, planner_plan=None,
+                 program: Optional[RankProgram] = None):
         self.plan = plan
-        self.env = env
         self.compile_seconds = compile_seconds
-        #: with ``pp="auto"``: the stage planner's ``PipelinePlan`` (here pp == 1: it chose no pipeline)
         self.planner_plan = planner_plan
-        self._program = RankProgram(plan.captured, plan.solution.strategies, plan.mesh, env=env,
-                                    model=model, state_dict=state_dict, levers=plan.solution.levers)
+        self._program = program if program is not None else RankProgram(plan, env=env, model=model,
+                                                                         state_dict=state_dict, device=device)
+        self.env = self._program.env
         self._held = None
         self._local_module = None
 
     # ---- running -------------------------------------------------------------------------------
     def step(self, *inputs, target=None, local_batch: bool = False, **named_inputs) -> float:
-        """Forward and backward over the GLOBAL batch (the same full tensors on every rank); returns the
-        mean loss, identical on every rank. Gradients land on ``parameters()``. Inputs traced as keywords
-        (``example_inputs={"input_ids": ...}``) may be passed by name. ``local_batch=True``: each rank
-        passes only its ``data_parallel_rank``'s slice of the global batch instead; the step is the same."""
+        """Forward and backward over the GLOBAL batch (the same full tensors on every rank), through the
+        pipeline when the plan has one; returns the mean loss, identical on every rank. Gradients land on
+        ``parameters()``. Inputs traced as keywords (``example_inputs={"input_ids": ...}``) may be passed
+        by name. ``local_batch=True``: each rank passes only its ``data_parallel_rank``'s slice of the
+        global batch instead; the step is the same."""
         return self._program.step(*self._ordered(inputs, named_inputs), target=target, local_batch=local_batch)
 
     def __call__(self, *inputs, target=None, local_batch: bool = False, **named_inputs):
-        """Forward only, no autograd: the full (gathered) output on every rank, or, for a program traced
-        with a loss function, the mean loss (pass ``target=``). ``local_batch`` as in ``step``."""
+        """Forward only, no autograd (a plan without a pipeline): the full (gathered) output on every rank,
+        or, for a program traced with a loss function, the mean loss (pass ``target=``). ``local_batch`` as
+        in ``step``."""
         return self._program.forward(*self._ordered(inputs, named_inputs), target=target, local_batch=local_batch)
 
     def _ordered(self, inputs: tuple, named: dict) -> tuple:
-        return ordered_inputs(self.plan.captured, inputs, named)
+        return ordered_inputs(self._program.captured, inputs, named)
 
     # ---- inspecting ------------------------------------------------------------------------------
     @property
     def program(self) -> torch.fx.GraphModule:
-        """This rank's fx program: ``print(cm.program.code)`` shows local ops and collectives."""
+        """This rank's fx program (of its one stage): ``print(cm.program.code)`` shows local ops and
+        collectives."""
         return self._program.program
 
     def collective_counts(self) -> dict:
-        """Collective calls in this rank's program by kind (gradient syncs included)."""
+        """Collective calls in this rank's programs by kind (gradient syncs included)."""
         return self._program.collective_counts()
 
     @property
@@ -157,27 +166,6 @@ class CompiledModel(_TrainingState):
         the peak), measured on this rank (``runtime.memory_probe``)."""
         return MemoryProbe(self._program)
 
-
-# ---- pipeline parallelism ----------------------------------------------------------------------
-
-class PipelinedModel(_TrainingState):
-    """What ``autoshard.compile(..., pp=...)`` returns on each rank when the plan pipelines: this rank's
-    stages (``runtime.pipeline.PipelineProgram``), the runtime ``plan`` (stages traced and sharded at
-    microbatch shapes) and ``planner_plan``, the stage planner's choice it was built from (made at
-    global-batch shapes). Same training surface as ``CompiledModel``."""
-
-    def __init__(self, plan, program, *, compile_seconds: float = 0.0, planner_plan=None):
-        self.plan, self._program, self.compile_seconds = plan, program, compile_seconds
-        self.planner_plan = planner_plan
-        self._held = None
-
-    def step(self, *inputs, target=None, local_batch: bool = False, **named_inputs) -> float:
-        """Forward and backward of the GLOBAL batch through the pipeline; the mean loss on every rank.
-        Inputs traced as keywords (``example_inputs={"input_ids": ...}``) may be passed by name.
-        ``local_batch=True``: each rank passes only its ``data_parallel_rank``'s slice instead."""
-        return self._program.step(*ordered_inputs(self._program.captured, inputs, named_inputs), target=target,
-                                  local_batch=local_batch)
-
     @property
     def timeline(self) -> list:
         """The last step's measured compute actions on this rank (see ``write_chrome_trace``)."""
@@ -189,11 +177,12 @@ class PipelinedModel(_TrainingState):
         writes it for chrome://tracing / Perfetto."""
         return gather_timelines(self._program.timeline)
 
-    def to_dot(self) -> str:
-        """The partition as graphviz dot text: one cluster per stage with its ranks and submesh."""
-        return pipeline_to_dot(self.plan, self._program.captured)
+    def to_dot(self, detail: str = "blocks") -> str:
+        """The partition this rank runs as graphviz dot text (``Plan.to_dot``): with a pipeline, one
+        cluster per stage with its ranks and submesh."""
+        return self.plan.to_dot(detail)
 
-    def render(self, path: str) -> str:
+    def render(self, path: str, detail: str = "blocks") -> str:
         """Draw the partition to ``path`` (.svg or .png); without graphviz's ``dot``, writes .dot and
         raises RuntimeError saying how to render it (as ``Plan.render``)."""
-        return render_dot(self.to_dot(), path)
+        return self.plan.render(path, detail)

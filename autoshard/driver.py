@@ -1,16 +1,16 @@
 """The one driver behind the front door: four stages, every entry path made of them.
 
     trace(batch, microsteps)            -> CapturedGraph  (the program at one of k microsteps; kept)
-    choose(batch, mesh, options)        -> Chosen         (a Plan or a PipelinedPlan, with the stage
-                                                           planner's choice when pp= was asked)
-    to_microbatch(plan, batch, mesh)    -> the plan bound to the program the runtime runs
-    build(runtime_plan, batch, env)     -> CompiledModel | PipelinedModel
+    choose(batch, mesh, options)        -> Chosen         (the Plan, with the stage planner's choice
+                                                           when pp= was asked)
+    to_microbatch(plan, batch, mesh)    -> the plan bound to the program the runtime runs (one microbatch)
+    build(runtime_plan, batch, env)     -> CompiledModel
 
 - ``autoshard.plan`` = ``choose`` (which traces);
 - ``autoshard.plan_captured`` = ``choose`` on a program already traced;
-- ``autoshard.compile`` = ``choose`` on rank 0, broadcast as JSON, then ``to_microbatch`` and
-  ``build`` on every rank; a saved plan (``compile(plan=...)``, a ``Plan`` or a ``PipelinedPlan``)
-  enters at ``to_microbatch``.
+- ``autoshard.compile`` = ``compile_plan`` (``choose`` on rank 0, its pipeline stages re-solved at the
+  microbatch there too, broadcast as JSON, then ``to_microbatch`` on every rank) and ``build``; a saved
+  plan (``compile(plan=...)``) enters at ``to_microbatch``.
 
 ``ModelBatch`` is what is traced (the model, one global batch, the loss); it keeps each trace, so no
 stage traces the same program twice (rank 0 reuses in ``to_microbatch`` what ``choose`` traced).
@@ -19,12 +19,13 @@ No other function makes a plan.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
 
 import torch
 
-from autoshard.compiled import CompiledModel, PipelinedModel
+from autoshard.batch_fit import check_batch_uses_mesh
+from autoshard.compiled import CompiledModel
 from autoshard.layout_plans import (check_pipelined_layout, layout_pins_and_levers, layout_run, layout_stage_starts,
                                     stamp_layout)
 from autoshard.lever_args import block_types, check_block_levers, microbatch, pin_levers
@@ -35,22 +36,19 @@ from autoshard.passes.errors import InfeasiblePlanError, PlanFormatError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import LEVERS, BlockPolicy, Levers, MixedPrecision, block_levers
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.schedule.generators import generate
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
-from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+from autoshard.passes.pipeline.stages.retrace import microbatch_plan, replan_at_microbatch
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.random_plans import random_solution
 from autoshard.passes.solve.replicated_ops import describe_replicated, replicated_op_costs
 from autoshard.passes.gc_pauses import fewer_gc_pauses
-from autoshard.pipelined_plans import CompiledPipelinePlan, PipelinedPlan
-from autoshard.pipelines import check_pipeline_inputs, microbatch_plan, planner_stage_starts, warn_per_microbatch
-from autoshard.plan_format import PIPELINED_FORMAT, graph_fingerprint
-from autoshard.plans import Plan, hardware_label, plan_work
-from autoshard.runtime.pipeline.executor import PipelineProgram
+from autoshard.pipelines import check_pipeline_inputs, planner_stage_starts, warn_per_microbatch
+from autoshard.plans import Plan, graph_fingerprint, hardware_label
+from autoshard.runtime.groups import run_and_broadcast
 
-__all__ = ["ModelBatch", "Chosen", "trace", "choose", "to_microbatch", "build", "build_pipelined_model",
+__all__ = ["ModelBatch", "Chosen", "trace", "choose", "compile_plan", "to_microbatch", "build", "build_from_plan",
            "resolve_hardware", "hardware_label"]
 
 
@@ -111,31 +109,33 @@ def trace(batch: ModelBatch, microsteps: int = 1, mixed_precision: Optional[Mixe
 
 @dataclass
 class Chosen:
-    """``choose``'s result: ``plan`` and, when ``pp=`` was asked, ``planner``, the stage planner's
-    ``PipelinePlan`` (pp == 1 when it chose no pipeline). JSON both ways (how ``compile`` sends it)."""
-    plan: Union[Plan, PipelinedPlan]
-    planner: Optional[PipelinePlan] = None
+    """``choose``'s result: ``plan`` and, when ``pp=`` was asked, ``planner``, the stage planner's own
+    plan (one stage when it chose no pipeline). JSON both ways (how ``compile`` sends it)."""
+    plan: Plan
+    planner: Optional[Plan] = None
 
     def to_json(self) -> dict:
         return {"plan": self.plan.to_json(), "planner": None if self.planner is None else self.planner.to_json()}
 
     @classmethod
     def from_json(cls, data: dict) -> "Chosen":
-        plan = data["plan"]
-        return cls(PipelinedPlan.from_json(plan) if plan.get("format") == PIPELINED_FORMAT else Plan.from_json(plan),
-                   None if data.get("planner") is None else PipelinePlan.from_json(data["planner"]))
+        return cls(Plan.from_json(data["plan"]), None if data.get("planner") is None else Plan.from_json(data["planner"]))
 
 
 @fewer_gc_pauses
-def choose(batch: ModelBatch, mesh: Mesh, options: PlanOptions) -> Chosen:
+def choose(batch: ModelBatch, mesh: Mesh, options: PlanOptions, *, for_runtime: bool = False) -> Chosen:
     """The plan for ``batch`` on ``mesh``: the stage planner's when ``options.pipelined``, else the
-    sharding planner's, levers included (``_choose_sharding``)."""
+    sharding planner's, levers included (``_choose_sharding``). ``for_runtime`` (``compile``): a
+    pipeline's stages are re-solved at the microbatch, as the runtime runs them (``_choose_pipeline``)."""
     hardware = resolve_hardware(options.hardware)
     if options.layout is not None:
         return _choose_layout(batch, mesh, options, hardware)
     if options.pipelined:
-        return _choose_pipeline(batch, mesh, options, hardware)
-    return Chosen(_choose_sharding(batch, mesh, options, hardware))
+        return _choose_pipeline(batch, mesh, options, hardware, for_runtime)
+    plan = _choose_sharding(batch, mesh, options, hardware)
+    if options.random_seed is None and not any(options.pins.values()):  # what was asked for runs as asked
+        check_batch_uses_mesh(plan)
+    return Chosen(plan)
 
 
 def _choose_layout(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware) -> Chosen:
@@ -155,18 +155,17 @@ def _choose_layout(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware
                                microbatches=run.microbatches, time_limit_s=options.time_limit_s,
                                stages=layout_stage_starts(full, layout),
                                shapes=[run.submesh_shape], recompute=run.stage_recompute,
-                               pins_for=run.stage_pins)
+                               pins_for=run.stage_pins, overlap_grad_sync=layout.overlaps_communication,
+                               scatter_gather=layout.scatter_gathers_stage_boundaries)
         stamp_layout([stage.solution for stage in chosen.stages], layout)
-        return Chosen(PipelinedPlan(chosen, run.mesh, hardware_label(hardware), graph_fingerprint(full), full,
-                                    plan_work(full, hardware, run.mesh.size),
-                                    warn_per_microbatch(full, chosen.microbatches)), chosen)
+        return Chosen(replace(chosen, batch_coupled=warn_per_microbatch(full, chosen.microbatches)), chosen)
     captured = trace(batch, run.microsteps, mixed_precision)
     pins, levers = layout_pins_and_levers(captured, run, mixed_precision)
     solution = plan_sharding(captured, run.mesh, hardware=hardware, memory_limit=options.memory_limit, pins=pins,
                              optimizer=options.optimizer, time_limit_s=options.time_limit_s, levers=levers,
                              traced_at_microbatch=True)
     stamp_layout([solution], layout)
-    return Chosen(Plan.build(solution, run.mesh, hardware, captured))
+    return Chosen(Plan.of_solution(solution, run.mesh, hardware, captured))
 
 
 def _choose_sharding(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware) -> Plan:
@@ -217,48 +216,77 @@ def _solve(captured: CapturedGraph, mesh: Mesh, levers: LeverPins, options: Plan
             if not note:
                 raise
             raise InfeasiblePlanError(f"{e} {note}") from e
-    return Plan.build(solution, mesh, hardware, captured)
+    return Plan.of_solution(solution, mesh, hardware, captured)
 
 
-def _choose_pipeline(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware) -> Chosen:
-    """The stage planner on the program at the global batch (``passes.pipeline.stages.planner``): a
-    ``PipelinedPlan``, or a ``Plan`` when no pipeline is faster (re-solved with ``params=`` pins if any)."""
-    full = trace(batch)
+def _choose_pipeline(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware, for_runtime: bool) -> Chosen:
+    """The stage planner on the program of one round of ``accumulation`` (the global batch without it;
+    ``passes.pipeline.stages.planner``): its plan, or the sharding planner's when no pipeline is faster
+    (re-solved with ``params=`` pins if any, or with the levers given). With ``accumulation=k`` the
+    schedule runs k times per step: every stage's levers record k and the step time is k rounds (an
+    upper bound: the gradient sync one round exposes is counted in each). With the other memory levers
+    given, or ``for_runtime``, every stage is re-solved at the microbatch on its submesh
+    (``retrace.replan_at_microbatch``): pinned levers as given, the others chosen per stage, each
+    stage's estimates its own; the plan is then bound to the program of one microbatch."""
+    rounds = int(options.levers.get("accumulation") or 1)
+    mixed_precision = options.levers.get("mixed_precision")
+    full = trace(batch, rounds, mixed_precision)
+    check_block_levers(full, options.levers)
     chosen = plan_pipeline(full, mesh, hardware=hardware, memory_limit=options.memory_limit,
                            optimizer=options.optimizer, pp=options.pp_pin, schedule=options.schedule,
                            microbatches=options.microbatches, stages=planner_stage_starts(full, options.stages),
                            time_limit_s=options.time_limit_s)
-    coupled = warn_per_microbatch(full, chosen.microbatches if chosen.pp > 1 else 1)
-    if chosen.pp == 1:
+    if not chosen.pipelined:
+        if options.levers:
+            return Chosen(_choose_sharding(batch, mesh, options, hardware), chosen)
+        warn_per_microbatch(full, 1)
         solution = chosen.stages[0].solution
         if options.pins.get("params"):
             solution = plan_sharding(full, mesh, hardware=hardware, memory_limit=options.memory_limit,
                                      optimizer=options.optimizer, time_limit_s=options.time_limit_s,
                                      pins=Pins(params=options.pins["params"]))
-        return Chosen(Plan.build(solution, mesh, hardware, full), chosen)
-    return Chosen(PipelinedPlan(chosen, mesh, hardware_label(hardware), graph_fingerprint(full), full,
-                                plan_work(full, hardware, mesh.size), coupled), chosen)
+        return Chosen(Plan.of_solution(solution, mesh, hardware, full), chosen)
+    coupled = warn_per_microbatch(full, rounds * chosen.microbatches)
+    plan = replace(chosen, batch_coupled=coupled)
+    if rounds > 1:
+        for stage in plan.stages:
+            stage.solution.levers = replace(stage.solution.levers, accumulation=rounds)
+        plan.simulated_step_time = rounds * chosen.simulated_step_time
+    block_levers_given = any(k not in ("accumulation",) for k in options.levers)
+    if block_levers_given or for_runtime:
+        small = trace(batch, rounds * plan.microbatches, mixed_precision, keyword="microbatches")
+        plan = replan_at_microbatch(plan, full, small, hardware=hardware, memory_limit=options.memory_limit,
+                                    optimizer=options.optimizer, time_limit_s=options.time_limit_s,
+                                    params=options.pins.get("params"),
+                                    levers=options.lever_pins(accumulation=1) if block_levers_given else None)
+    return Chosen(plan, chosen)
+
+
+def compile_plan(batch: ModelBatch, mesh: Mesh, options: PlanOptions, env: Any) -> Chosen:
+    """``compile``'s choice: ``choose(..., for_runtime=True)`` on rank 0 only, sent to every rank as JSON
+    (``runtime.groups.run_and_broadcast``: when it fails there, every rank raises the same error)."""
+    return Chosen.from_json(run_and_broadcast(lambda: choose(batch, mesh, options, for_runtime=True).to_json(),
+                                              env=env))
 
 
 # ---- to_microbatch --------------------------------------------------------------------------------
 
-def to_microbatch(plan: Union[Plan, PipelinedPlan], batch: ModelBatch, mesh: Mesh, *,
-                  levers: Optional[dict] = None,
-                  replan: Optional[Callable[[PipelinePlan, CapturedGraph, CapturedGraph], PipelinePlan]] = None
-                  ) -> Union[Plan, CompiledPipelinePlan]:
-    """``plan`` bound to the program the runtime runs (``PlanFormatError`` if it was made for another
-    model, batch or mesh).
+def to_microbatch(plan: Plan, batch: ModelBatch, mesh: Mesh, *, levers: Optional[dict] = None) -> Plan:
+    """``plan`` bound to the program the runtime runs, one microbatch's (``PlanFormatError`` if it was
+    made for another model, batch or mesh).
 
-    A ``Plan``: the program of one of its accumulation microsteps, with the lever keywords ``levers``
-    pinned on top of the levers it carries (``lever_args.pin_levers``). A ``PipelinedPlan``: the
-    program at the microbatch size, every decision moved onto it (``pipelines.microbatch_plan``) or,
-    with ``replan(pipeline, full, small)``, every stage re-solved there (``compile(pp=)``)."""
-    if isinstance(plan, PipelinedPlan):
-        full = trace(batch)
-        plan.attach(full, mesh)
-        small = trace(batch, plan.microbatches, keyword="microbatches")
-        runtime = (replan or microbatch_plan)(plan.pipeline, full, small)
-        return CompiledPipelinePlan.of(runtime, plan.mesh, plan.hardware, plan.work, plan.batch_coupled)
+    A plan of one stage: the program of one of its accumulation microsteps, with the lever keywords
+    ``levers`` pinned on top of the levers it carries (``lever_args.pin_levers``). A pipeline: the
+    program at the microbatch size (the batch / (accumulation x microbatches)); a plan already made
+    there is bound as it is, one made on the program of one round has every decision moved onto it
+    (``retrace.microbatch_plan``: nothing is solved)."""
+    if plan.pipelined:
+        mixed_precision = plan.stages[0].solution.levers.mixed_precision if plan.stages[0].solution else None
+        small = trace(batch, plan.accumulation * plan.microbatches, mixed_precision, keyword="microbatches")
+        if plan.fingerprint == graph_fingerprint(small):
+            return plan.attach(small, mesh)
+        full = trace(batch, plan.accumulation, mixed_precision)
+        return microbatch_plan(plan.attach(full, mesh), small)
     carried = plan.solution.levers
     levers = {k: v for k, v in (levers or {}).items() if v is not None}
     captured = trace(batch, levers.get("accumulation") or carried.accumulation,
@@ -271,37 +299,30 @@ def to_microbatch(plan: Union[Plan, PipelinedPlan], batch: ModelBatch, mesh: Mes
 
 # ---- build ----------------------------------------------------------------------------------------
 
-def build(runtime: Union[Plan, CompiledPipelinePlan], batch: ModelBatch, env: Any, *,
-          state_dict: Optional[dict] = None, device: Any = None, planner: Optional[PipelinePlan] = None,
-          started: Optional[float] = None) -> Union[CompiledModel, PipelinedModel]:
-    """This rank's program for ``runtime`` (``to_microbatch``'s result). ``planner``: the stage
+def build(runtime: Plan, batch: ModelBatch, env: Any, *, state_dict: Optional[dict] = None, device: Any = None,
+          planner: Optional[Plan] = None, started: Optional[float] = None) -> CompiledModel:
+    """This rank's ``CompiledModel`` for ``runtime`` (``to_microbatch``'s result). ``planner``: the stage
     planner's choice it came from, kept on the result; ``started``: when compiling began."""
     started = time.perf_counter() if started is None else started
-    if isinstance(runtime, Plan):
-        return CompiledModel(batch.model, runtime, env, state_dict=state_dict, planner_plan=planner,
-                             compile_seconds=time.perf_counter() - started)
-    small = trace(batch, runtime.microbatches, keyword="microbatches")
-    program = PipelineProgram(small, runtime, generate(runtime.schedule, runtime.pp, runtime.microbatches,
-                                                       runtime.virtual),
-                              model=batch.model, state_dict=state_dict, device=device)
-    return PipelinedModel(runtime, program, compile_seconds=time.perf_counter() - started, planner_plan=planner)
+    model = CompiledModel(batch.model, runtime, env, state_dict=state_dict, device=device, planner_plan=planner)
+    model.compile_seconds = time.perf_counter() - started
+    return model
 
 
-def build_pipelined_model(plan: PipelinedPlan, model: torch.nn.Module, *, example_inputs, loss_fn=None,
-                          example_target=None, state_dict: Optional[dict] = None, device: Any = None,
-                          full: Optional[CapturedGraph] = None, small: Optional[CapturedGraph] = None
-                          ) -> PipelinedModel:
-    """This rank's ``PipelinedModel`` for a saved ``plan`` (``to_microbatch`` then ``build``);
+def build_from_plan(plan: Plan, model: torch.nn.Module, *, example_inputs, loss_fn=None, example_target=None,
+                    state_dict: Optional[dict] = None, device: Any = None, full: Optional[CapturedGraph] = None,
+                    small: Optional[CapturedGraph] = None) -> CompiledModel:
+    """This rank's ``CompiledModel`` for a saved pipelined ``plan`` (``to_microbatch`` then ``build``);
     ``torch.distributed`` must be initialized with the plan's world. ``device``: where the local shards
     live (default: the backend's device; "meta" builds the programs without allocating). ``full`` /
-    ``small``: the model already traced at the global batch / at the microbatch size (a caller
+    ``small``: the model already traced at one round of the batch / at the microbatch size (a caller
     building several ranks' programs in one process traces once)."""
     started = time.perf_counter()
     check_pipeline_inputs(example_inputs)
     batch = ModelBatch(model, example_inputs, loss_fn, example_target)
     if full is not None:
-        batch.traces[_key(1, None)] = full
+        batch.traces[_key(plan.accumulation, None)] = full
     if small is not None:
-        batch.traces[_key(plan.microbatches, None)] = small
+        batch.traces[_key(plan.accumulation * plan.microbatches, None)] = small
     runtime = to_microbatch(plan, batch, plan.mesh)
-    return build(runtime, batch, None, state_dict=state_dict, device=device, planner=plan.pipeline, started=started)
+    return build(runtime, batch, None, state_dict=state_dict, device=device, planner=plan, started=started)

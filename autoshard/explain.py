@@ -43,6 +43,9 @@ def node_for(plan, name: str) -> str:
 def explain(plan, name: str, *, memory_limit: Optional[float] = None, optimizer: Optional[str] = None) -> Explanation:
     """Explain the placement of parameter or op ``name`` in ``plan`` (module docstring).
     ``memory_limit`` / ``optimizer`` default to the plan's source, else the hardware's memory and AdamW."""
+    if plan.pipelined:
+        raise PlanFormatError("explain reads plans without a pipeline: a pipelined plan's stages each have their "
+                              "own Solution (plan.stages[s].solution)")
     if plan.captured is None:
         raise PlanFormatError("this plan has no captured graph: attach it to its model's graph first "
                               "(Plan.attach), or run `autoshard explain` on a plan file written by `autoshard plan`")

@@ -31,7 +31,7 @@ class Row:
 
 
 def row_of(plan) -> Row:
-    """A ``Plan`` or ``PipelinedPlan``'s figures. Exposed communication: the overlap model's when the plan
+    """A ``Plan``'s figures. Exposed communication: the overlap model's when the plan
     has it, else every communication second (additive: nothing hides)."""
     sol = getattr(plan, "solution", None)
     est = dict(getattr(sol, "estimated", {}) or {}) if sol is not None else {}

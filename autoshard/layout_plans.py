@@ -48,7 +48,7 @@ from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
 
 __all__ = ["check_layout_arguments", "global_batch_of", "LayoutRun", "layout_run", "layout_pins_and_levers",
-           "check_pipelined_layout", "layout_stage_starts", "stamp_layout"]
+           "check_pipelined_layout", "layout_stage_starts", "stage_block_counts", "stamp_layout"]
 
 
 def global_batch_of(example_inputs) -> int:
@@ -106,7 +106,9 @@ class LayoutRun:
         if self.stage_axes is None:
             raise LayoutError("stage_pins: this layout has no pipeline (pp == 1)")
         pins = layout_pins(captured, submesh, self.stage_axes, sequence_parallel=self.layout.sequence_parallel)
-        pins["ops"].update(_residual_stream_between_units(captured, pins["ops"]))
+        if self.layout.sequence_parallel:  # the residual stream placed as the sequence-split norms' outputs
+            norms = {name: pls for name, pls in pins["ops"].items() if "P" not in pls}
+            pins["ops"].update(_residual_stream_between_units(captured, norms))
         return Pins(**pins)
 
 
@@ -167,27 +169,88 @@ def check_pipelined_layout(captured: CapturedGraph, run: LayoutRun) -> None:
 
 
 def layout_stage_starts(captured: CapturedGraph, layout: Layout) -> Optional[list[int]]:
-    """Megatron-LM's and torchtitan's stage cut: the numbered blocks split evenly over the pp x
-    virtual_stages stages, the first stage also holding what comes before the blocks and the last
-    what comes after (the embedding; the final norm, head and loss). Returned as the layer-unit
-    indices (``layer_units(captured)``) where stages 1.. start. Where the stage count does not divide
-    the blocks (Megatron refuses that), the extra blocks go to the stages nearest the middle, so the
-    first and last stages, which also hold the embedding and the head, get one fewer: Llama 3 405B's
-    126 layers on 32 stages as Meta ran them (3, 4, ..., 4, 3). None for a program without numbered
-    blocks: the stage planner then cuts it, balanced by cost. ``LayoutError`` for fewer blocks than
-    stages."""
+    """Megatron-LM's and torchtitan's stage cut, as layer-unit indices (``layer_units(captured)``) where
+    stages 1.. of the pp x virtual_stages stages start (stage k in model order runs on rank k mod pp).
+
+    Even split: the numbered blocks split evenly over the stages, the first stage also holding what
+    comes before the blocks and the last what comes after (the embedding; the final norm, head and
+    loss). Where the stage count does not divide the blocks (Megatron refuses that), the extra blocks
+    go to the stages nearest the middle, so the first and last stages, which also hold the embedding
+    and the head, get one fewer: Llama 3 405B's 126 layers on 32 stages (3, 4, ..., 4, 3).
+
+    Uneven, with Megatron-Core's options: ``account_for_embedding_in_pipeline_split`` /
+    ``account_for_loss_in_pipeline_split`` count the embedding / the head as one more block of the
+    even split (126 blocks + 2 on 16 x 8 stages: the first stage holds only the embedding, the last
+    only the head, Meta's Llama 3 405B layout); ``decoder_first_pipeline_num_layers`` /
+    ``decoder_last_pipeline_num_layers`` give pipeline rank 0's / rank pp-1's blocks (split evenly over
+    its virtual stages), the other ranks' stages sharing the rest evenly.
+
+    None for a program without numbered blocks: the stage planner then cuts it, balanced by cost.
+    ``LayoutError`` when a stage would hold nothing."""
     units = layer_units(captured)
     blocks = [i for i, u in enumerate(units) if u.block is not None]
     stages = layout.pp * layout.virtual_stages
     if not blocks:
         return None
-    if len(blocks) < stages:
+    items = list(blocks)  # the units the split counts, in order
+    if layout.account_for_embedding_in_pipeline_split:
+        if blocks[0] == 0:
+            raise LayoutError("account_for_embedding_in_pipeline_split: the model has nothing before its first "
+                              "numbered block to count as the embedding")
+        items.insert(0, 0)
+    if layout.account_for_loss_in_pipeline_split:
+        if blocks[-1] == len(units) - 1:
+            raise LayoutError("account_for_loss_in_pipeline_split: the model has nothing after its last numbered "
+                              "block to count as the loss")
+        items.append(blocks[-1] + 1)
+    sizes = stage_block_counts(len(items), layout)
+    if min(sizes) < 1:
         raise LayoutError(f"pp x virtual_stages = {layout.pp} x {layout.virtual_stages} = {stages} stages, but the "
-                          f"model has {len(blocks)} numbered blocks to split among them: lower pp or virtual_stages")
-    base, extra = divmod(len(blocks), stages)
-    middle_first = sorted(range(stages), key=lambda k: (abs(2 * k - (stages - 1)), k))
-    sizes = [base + (k in middle_first[:extra]) for k in range(stages)]
-    return [blocks[sum(sizes[:k])] for k in range(1, stages)]
+                          f"model has {len(blocks)} numbered blocks to split among them"
+                          + (" (counting the embedding and the loss as blocks where asked)" if len(items) > len(blocks)
+                             else "") + f" as asked (blocks per stage {sizes}): lower pp or virtual_stages, or give "
+                          "the first and last stages fewer blocks")
+    return [items[sum(sizes[:k])] for k in range(1, stages)]
+
+
+def stage_block_counts(n: int, layout: Layout) -> list[int]:
+    """Blocks per stage, in model order (stage k runs on rank k mod pp), for ``n`` blocks: the layout's
+    first / last rank counts spread evenly over their virtual stages, the rest evenly over the other
+    stages, extra blocks to the stages nearest the middle (``layout_stage_starts``).
+
+    >>> from autoshard.layouts import megatron
+    >>> stage_block_counts(10, megatron(pp=4, decoder_first_pipeline_num_layers=1, decoder_last_pipeline_num_layers=1))
+    [1, 4, 4, 1]
+    >>> stage_block_counts(128, megatron(pp=16, virtual_stages=8)) == [1] * 128   # Llama 3 405B, embedding and head counted
+    True
+    """
+    pp, v = layout.pp, layout.virtual_stages
+    stages = pp * v
+    fixed = {0: layout.decoder_first_pipeline_num_layers, pp - 1: layout.decoder_last_pipeline_num_layers}
+    fixed = {rank: count for rank, count in fixed.items() if count is not None}
+    sizes = [0] * stages
+    free = [k for k in range(stages) if k % pp not in fixed]
+    for rank, count in fixed.items():
+        own = [k for k in range(stages) if k % pp == rank]
+        for k, size in zip(own, _even(count, len(own))):
+            sizes[k] = size
+    rest = n - sum(fixed.values())
+    if rest < 0 or (rest > 0 and not free):
+        raise LayoutError(f"decoder_first/last_pipeline_num_layers {sorted(fixed.values())} do not leave the other "
+                          f"stages the model's remaining {rest} blocks: choose counts that add up to {n} or fewer")
+    for k, size in zip(free, _even(rest, len(free))):
+        sizes[k] = size
+    return sizes
+
+
+def _even(n: int, parts: int) -> list[int]:
+    """``n`` split over ``parts`` in order, as evenly as possible, the extra ones to the parts nearest the
+    middle."""
+    if parts == 0:
+        return []
+    base, extra = divmod(n, parts)
+    middle_first = sorted(range(parts), key=lambda k: (abs(2 * k - (parts - 1)), k))
+    return [base + (k in middle_first[:extra]) for k in range(parts)]
 
 
 def stamp_layout(solutions, layout: Layout) -> None:

@@ -11,7 +11,9 @@ True
 ``autoshard.plan(model, mesh, ..., layout=L)`` prices exactly ``L`` (``autoshard.layout_plans``):
 
 - ``megatron(tp, pp, dp=None, cp=1, ep=1, virtual_stages=1, microbatch_size=1, schedule="1f1b",
-  recompute="full"|"selective"|"none", sequence_parallel=True, distributed_optimizer=False)``:
+  recompute="full"|"selective"|"none", sequence_parallel=True, distributed_optimizer=False,
+  overlap_grad_reduce=False, decoder_first/last_pipeline_num_layers=None,
+  account_for_embedding/loss_in_pipeline_split=False)``:
   Megatron-LM's tensor parallel (column/row-parallel matmul pairs found from the graph, vocab-parallel
   embedding and head, sequence-parallel norms), data parallel with replicated parameters, gradient
   accumulation of ``batch / (dp x microbatch_size)`` microbatches. There is no ZeRO-1 form (compute
@@ -19,7 +21,9 @@ True
   without a pipeline it is priced and run as storage sharded over dp and kept gathered from forward
   to backward (gathered and reduce-scattered once per accumulation microstep, where Megatron does
   both once per step); with one, as replicated parameters (DDP's traffic, the same bytes once per
-  step, and its memory: the optimizer state not divided by dp).
+  step, and its memory: the optimizer state not divided by dp). The step is the schedule's with the
+  gradient all-reduces after the backward, or under it with ``overlap_grad_reduce``; a pipeline's
+  stages may be uneven, with Megatron-Core's options (``megatron``'s docstring).
 - ``fsdp(tp=1, pp=1, cp=1, checkpoint="none", reshard_after_forward=True, replicas=1, ...)``:
   torchtitan's FSDP2 (parameters, gradients and optimizer state sharded over the data-parallel
   ranks; ``replicas > 1``: HSDP, sharded inside each of ``replicas`` groups, replicated across them)
@@ -42,7 +46,14 @@ from autoshard.passes.sharding.layout_placements import LayoutAxes, LayoutError
 __all__ = ["Layout", "LayoutError", "megatron", "fsdp", "parse", "KINDS"]
 
 KINDS = ("megatron", "fsdp")
-_MEGATRON_ONLY = ("ep", "sequence_parallel", "distributed_optimizer")
+_MEGATRON_ONLY = ("ep", "sequence_parallel", "distributed_optimizer", "overlap_grad_reduce",
+                  "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                  "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+                  "scatter_gather_tensors_in_pipeline")
+#: fields ``describe`` leaves out at their default (added after the text form was fixed)
+_QUIET_DEFAULTS = {"overlap_grad_reduce": False, "decoder_first_pipeline_num_layers": None,
+                   "decoder_last_pipeline_num_layers": None, "account_for_embedding_in_pipeline_split": False,
+                   "account_for_loss_in_pipeline_split": False, "scatter_gather_tensors_in_pipeline": True}
 _FSDP_ONLY = ("reshard_after_forward", "replicas")
 
 
@@ -67,6 +78,12 @@ class Layout:
     distributed_optimizer: bool = False
     reshard_after_forward: bool = True
     replicas: int = 1
+    overlap_grad_reduce: bool = False
+    decoder_first_pipeline_num_layers: Optional[int] = None
+    decoder_last_pipeline_num_layers: Optional[int] = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    scatter_gather_tensors_in_pipeline: bool = True
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -91,6 +108,19 @@ class Layout:
             raise LayoutError(f"virtual_stages={self.virtual_stages} needs a pipeline: pass pp= > 1")
         if self.dp is not None and self.dp % self.replicas:
             raise LayoutError(f"replicas={self.replicas} does not divide dp={self.dp}")
+        for name in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise LayoutError(f"{self.kind} layout: {name}={v!r}; pass an int >= 1 (or None: an even split)")
+        uneven = (self.decoder_first_pipeline_num_layers, self.decoder_last_pipeline_num_layers,
+                  self.account_for_embedding_in_pipeline_split, self.account_for_loss_in_pipeline_split)
+        if any(uneven) and self.pp == 1:
+            raise LayoutError("decoder_first/last_pipeline_num_layers and account_for_embedding/loss_in_pipeline_split "
+                              "shape a pipeline's stages: pass pp= > 1")
+        if (self.decoder_first_pipeline_num_layers is not None and self.account_for_embedding_in_pipeline_split) or (
+                self.decoder_last_pipeline_num_layers is not None and self.account_for_loss_in_pipeline_split):
+            raise LayoutError("give the first (last) stage's layer count or count the embedding (loss) as a layer of "
+                              "the split, not both")
 
     # ---- degrees and the logical mesh -------------------------------------------------------------
     def data_parallel(self, world: int) -> int:
@@ -159,6 +189,19 @@ class Layout:
         return self.schedule
 
     @property
+    def overlaps_communication(self) -> bool:
+        """Whether the layout's runtime overlaps its data-parallel collectives with compute: FSDP2 always
+        (prefetched gathers, reduce-scatters under the backward); Megatron-LM with
+        ``--overlap-grad-reduce`` (PyTorch DDP's buckets did the same: ``--DDP-impl torch`` in 2021)."""
+        return self.kind == "fsdp" or self.overlap_grad_reduce
+
+    @property
+    def scatter_gathers_stage_boundaries(self) -> bool:
+        """Megatron-LM sends a tensor that crosses a stage cut whole on tp as 1/tp pieces and all-gathers
+        it on the receiving stage (``--no-scatter-gather-tensors-in-pipeline`` turns that off)."""
+        return self.kind == "megatron" and self.scatter_gather_tensors_in_pipeline
+
+    @property
     def keeps_gathered_parameters(self) -> bool:
         """reshard_after_forward's value: FSDP's own; Megatron's distributed optimizer keeps its gathered copies
         from forward to backward (it gathers once per step; here once per accumulation microstep)."""
@@ -179,27 +222,51 @@ class Layout:
         """``kind:key=value,...`` with the fields this kind takes (``parse`` reads it back)."""
         skip = _FSDP_ONLY if self.kind == "megatron" else _MEGATRON_ONLY
         items = [f"{k}={v}" for k, v in asdict(self).items() if k != "kind" and k not in skip
-                 and not (k == "dp" and v is None) and not (k == "microbatch_size" and v is None)]
+                 and not (k == "dp" and v is None) and not (k == "microbatch_size" and v is None)
+                 and not (k in _QUIET_DEFAULTS and v == _QUIET_DEFAULTS[k])]
         return f"{self.kind}:" + ",".join(items)
 
 
 def megatron(tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1, ep: int = 1, virtual_stages: int = 1,
              microbatch_size: int = 1, schedule: str = "1f1b", recompute: str = "full", sequence_parallel: bool = True,
-             distributed_optimizer: bool = False) -> Layout:
-    """Megatron-LM's layout (module docstring). ``recompute``: "full" | "selective" | "none"."""
+             distributed_optimizer: bool = False, overlap_grad_reduce: bool = False,
+             decoder_first_pipeline_num_layers: Optional[int] = None,
+             decoder_last_pipeline_num_layers: Optional[int] = None,
+             account_for_embedding_in_pipeline_split: bool = False,
+             account_for_loss_in_pipeline_split: bool = False,
+             scatter_gather_tensors_in_pipeline: bool = True) -> Layout:
+    """Megatron-LM's layout (module docstring). ``recompute``: "full" | "selective" | "none".
+    ``overlap_grad_reduce``: gradient all-reduces start under the backward (Megatron-LM's
+    ``--overlap-grad-reduce``; PyTorch DDP, ``--DDP-impl torch`` in 2021); off by default, as in
+    Megatron-Core. The uneven pipeline, with Megatron-Core's names (``layout_plans.layout_stage_starts``):
+    ``decoder_first_pipeline_num_layers`` / ``decoder_last_pipeline_num_layers``: the blocks of the first /
+    last pipeline rank (split evenly over its virtual stages), the rest split evenly over the others;
+    ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``: the embedding /
+    the final norm, head and loss count as one block each in the even split (with pp x virtual_stages =
+    blocks + 2, the first and last stages hold only the embedding and the head: Llama 3 405B's layout).
+    ``scatter_gather_tensors_in_pipeline``: a tensor crossing a stage cut whole on tp travels as 1/tp
+    pieces, all-gathered by the receiving stage (Megatron-LM's default)."""
     if ep != 1:
         raise LayoutError(f"megatron(ep={ep}): expert parallelism is not priced by layouts yet; pass ep=1 (or let "
                           "autoshard.plan choose expert parallelism)")
     return Layout("megatron", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, virtual_stages=virtual_stages,
                   microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
-                  sequence_parallel=bool(sequence_parallel and tp > 1), distributed_optimizer=distributed_optimizer)
+                  sequence_parallel=bool(sequence_parallel and tp > 1), distributed_optimizer=distributed_optimizer,
+                  overlap_grad_reduce=overlap_grad_reduce,
+                  decoder_first_pipeline_num_layers=decoder_first_pipeline_num_layers,
+                  decoder_last_pipeline_num_layers=decoder_last_pipeline_num_layers,
+                  account_for_embedding_in_pipeline_split=account_for_embedding_in_pipeline_split,
+                  account_for_loss_in_pipeline_split=account_for_loss_in_pipeline_split,
+                  scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline)
 
 
 def fsdp(tp: int = 1, pp: int = 1, cp: int = 1, checkpoint: str = "none", reshard_after_forward: bool = True,
          replicas: int = 1, dp: Optional[int] = None, microbatch_size: Optional[int] = None, schedule: str = "1f1b",
          virtual_stages: int = 1) -> Layout:
     """torchtitan's FSDP2 / HSDP (``replicas``) + TP (sequence parallel, as torchtitan applies it) + PP +
-    CP. ``checkpoint``: torchtitan's activation checkpointing ("none" | "selective" | "full")."""
+    CP. ``checkpoint``: torchtitan's activation checkpointing ("none" | "selective" | "full"); "selective"
+    is the planner's selective policy (every matmul and attention output kept, the rest recomputed), not
+    torchtitan's op-level policy, which also recomputes every second matmul (``passes/solve/lever_costs.py``)."""
     return Layout("fsdp", tp=tp, pp=pp, dp=dp, cp=cp, virtual_stages=virtual_stages, microbatch_size=microbatch_size,
                   schedule=schedule, recompute=checkpoint, sequence_parallel=tp > 1,
                   reshard_after_forward=reshard_after_forward, replicas=replicas)

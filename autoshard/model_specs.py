@@ -12,7 +12,9 @@ SPEC is one of
   example_target)``; example inputs are a tuple of tensors or a dict of keyword tensors.
 
 A Hugging Face model gets ``input_ids`` of shape (batch, seq) and the next-token cross entropy
-(``causal_lm_loss``) with a target of the same shape. ``model_source`` is what a plan file stores so
+(``causal_lm_loss``) with a target of the same shape. Its attention is SDPA when the model accepts it,
+else eager (``ATTENTION_IMPLEMENTATIONS``; GPT-OSS refuses SDPA); when it accepts neither, the error
+quotes each refusal. ``model_source`` is what a plan file stores so
 ``autoshard explain`` can build the same model again.
 """
 from __future__ import annotations
@@ -67,23 +69,40 @@ def parse_overrides(text: str) -> dict:
     return out
 
 
+#: attention implementations tried in order: SDPA first (what the planner prices as one fused op and
+#: may run as ring attention), then eager, for models that refuse SDPA (GPT-OSS's attention sinks)
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
 def _hf_model(config_kwargs: dict, model_type: str, batch: int, seq: int, dtype: torch.dtype) -> nn.Module:
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     except ImportError as e:
         raise ValueError("building a Hugging Face model needs the transformers package (pip install transformers)") from e
     try:
         config = AutoConfig.for_model(model_type, **config_kwargs)
     except ValueError as e:
         raise ValueError(f"transformers knows no model type {model_type!r} ({e})") from e
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(f"model type {model_type!r} has no causal-LM class in transformers; name a "
+                         "package.module:factory instead")
     config.use_cache = False
-    with torch.device("meta"):
-        try:
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-        except ValueError as e:
-            raise ValueError(f"model type {model_type!r} has no causal-LM class in transformers; name a "
-                             f"package.module:factory instead ({e})") from e
-    return model.to(dtype)
+    return _with_attention(AutoModelForCausalLM, config, model_type).to(dtype)
+
+
+def _with_attention(auto_class, config, model_type: str) -> nn.Module:
+    """``auto_class.from_config(config)`` on the meta device with the first attention implementation of
+    ``ATTENTION_IMPLEMENTATIONS`` the model accepts; ValueError with each one's refusal when none is."""
+    refused = []
+    for implementation in ATTENTION_IMPLEMENTATIONS:
+        with torch.device("meta"):
+            try:
+                return auto_class.from_config(config, attn_implementation=implementation)
+            except (ValueError, ImportError) as e:
+                refused.append(f"{implementation!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    raise ValueError(f"transformers' {model_type!r} causal-LM class accepts none of the attention implementations "
+                     f"autoshard can trace ({'; '.join(refused)}); name a package.module:factory that builds it instead")
 
 
 def _token_batch(batch: int, seq: int) -> tuple[dict, torch.Tensor]:

@@ -7,8 +7,8 @@
 keywords are a ``TypeError`` naming them) and checks every value once, before anything is traced:
 ``pp``, the pipeline keywords, the memory levers (their keywords and checks come from the lever table,
 ``passes.levers.LEVERS``) and the pins. ``check_entry(entry, ...)`` then refuses the combinations one
-entry path cannot honour (a lever with ``pp=``, a pin with a saved pipelined plan, ...). The driver
-(``autoshard.driver``) reads the options and nothing else.
+entry path cannot honour (a pin with a saved pipelined plan, ...); every memory lever goes with
+``pp=``. The driver (``autoshard.driver``) reads the options and nothing else.
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from autoshard.passes.levers import LEVER_KEYWORDS, check_lever
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.layout_plans import check_layout_arguments
-from autoshard.pipelined_plans import PipelinedPlan
 
 __all__ = ["PlanOptions", "PIN_KEYWORDS", "ENTRIES"]
 
@@ -132,8 +131,8 @@ class PlanOptions:
     # ---- what each entry path refuses ---------------------------------------------------------------
     def check_entry(self, entry: str, saved: Any = None) -> None:
         """Refuse what ``entry`` (one of ``ENTRIES``) cannot honour, with a TypeError naming the keywords:
-        a pipeline takes no lever, random seed or pin but ``params=`` (``compile``; ``plan`` with ``pp=``
-        takes no pin at all), and a saved pipelined plan (``saved``) runs as saved."""
+        a pipeline takes every memory lever but no random seed or pin but ``params=`` (``compile``;
+        ``plan`` with ``pp=`` takes no pin at all), and a saved pipelined plan (``saved``) runs as saved."""
         if entry not in ENTRIES:
             raise ValueError(f"entry {entry!r}: one of {list(ENTRIES)}")
         if self.layout is not None:
@@ -145,11 +144,11 @@ class PlanOptions:
                                    stages=self.stages, random_seed=self.random_seed, expert_load=self.expert_load,
                                    **levers, **dict(self.pins))
             return
-        pipelined_plan = isinstance(saved, PipelinedPlan)
-        if pipelined_plan:
+        if saved is not None and saved.pipelined:
             if self.levers:
-                raise TypeError(f"{sorted(self.levers, key=LEVER_KEYWORDS.index)} cannot be combined with a "
-                                "pipelined plan yet: its stages recompute as the stage planner chose")
+                raise TypeError(f"{sorted(self.levers, key=LEVER_KEYWORDS.index)} cannot be combined with a saved "
+                                "pipelined plan: its stages run the levers they were planned with; plan again with "
+                                "them (autoshard.plan(..., pp=..., checkpoint=...))")
             self._check_saved_pipeline(saved)
             return
         if entry == "plan-captured" and any(v is not None for v in (self.pp, self.schedule, self.microbatches,
@@ -161,10 +160,6 @@ class PlanOptions:
                 raise TypeError("schedule=, microbatches= and stages= configure pipeline parallelism: pass pp='auto' "
                                 "(or pp= > 1) too")
             return
-        if self.levers:
-            raise TypeError(f"{sorted(self.levers, key=LEVER_KEYWORDS.index)} cannot be combined with "
-                            f"pp={self.pp!r} yet: a pipeline recomputes per stage (the stage planner decides) and "
-                            "accumulates over its microbatches")
         if entry == "plan":
             bad = ["random_seed"] if self.random_seed is not None else []
             bad += [f"{k} (pins)" for k in PIN_KEYWORDS if self.pins.get(k)]
@@ -193,6 +188,6 @@ class PlanOptions:
             bad.append("random_seed=")
         bad += [f"{k}= (pins)" for k, v in self.pins.items() if v]
         if bad:
-            raise TypeError(f"compile(..., plan=<PipelinedPlan>) runs the plan as saved; drop {', '.join(bad)} or plan "
-                            "again with them (autoshard.plan(..., pp=...))")
+            raise TypeError(f"compile(..., plan=<a pipelined plan>) runs the plan as saved; drop {', '.join(bad)} or "
+                            "plan again with them (autoshard.plan(..., pp=...))")
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from autoshard.passes.capture.export import capture
 from autoshard.passes.mesh import Mesh
-from autoshard.plan_format import graph_fingerprint
+from autoshard.passes.pipeline.plan_file import graph_fingerprint
 from autoshard.plans import Plan, load_plan
 
 __all__ = ["model_fingerprint", "cached_plan_path", "cached_or_planned", "PLANS_DIR"]
@@ -51,7 +51,7 @@ def cached_or_planned(make_plan: Callable[[], Plan], checkpoint_dir: str, mesh: 
     path = cached_plan_path(checkpoint_dir, mesh, fingerprint)
     if os.path.exists(path):
         found = load_plan(path)
-        if not isinstance(found, Plan) or found.mesh.shape != mesh.shape:
+        if found.pipelined or found.mesh.shape != mesh.shape:
             raise ValueError(f"{path} holds a plan for another mesh or a pipelined plan: delete it to plan again")
         return found, True, time.perf_counter() - t0
     made = make_plan()

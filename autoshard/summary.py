@@ -1,9 +1,9 @@
 """Text summaries of plans: estimates, throughput and MFU, placements (repeated blocks folded), collectives,
 and the ops that run replicated for lack of a sharding rule with what that costs.
 
-``plan_summary`` for a ``Plan`` (one program on one mesh), ``pipelined_summary`` for a
-``PipelinedPlan`` (stages on rank groups). Both print the estimated tokens (or samples) per second
-per device and the MFU against the hardware's dense peak, as ``autoshard.metrics`` defines them.
+``plan_summary`` for any ``Plan``: one program on one mesh, or a pipeline's stages on rank groups (its
+schedule and stages shown only then). It prints the estimated tokens (or samples) per second per
+device and the MFU against the hardware's dense peak, as ``passes.pipeline.plan_work`` defines them.
 """
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from autoshard.passes.sharding.rules.moe import moe_role
 from autoshard.passes.solve.replicated_ops import REGISTER_HINT, replicated_op_costs
 from autoshard.passes.spec import fmt_placements
 from autoshard.passes.units import human_bytes, human_time
+from autoshard.verdict import plan_verdict
 
-__all__ = ["plan_summary", "pipelined_summary", "throughput_line", "fold_name", "fold_names", "placement_lines",
+__all__ = ["plan_summary", "throughput_line", "fold_name", "fold_names", "placement_lines",
            "moe_lines"]
 
 
@@ -119,50 +120,111 @@ def _finalists_lines(sol) -> list[str]:
 
 
 def plan_summary(plan) -> str:
-    sol, mesh = plan.solution, plan.mesh
-    out = [f"autoshard plan: mesh {mesh.shape} axes {mesh.axis_names}, hardware {plan.hardware}"]
-    tb = getattr(sol, "time_breakdown", {}) or {}
-    out.append(f"  estimated step time: {human_time(plan.estimated_step_time)}  ("
-               + ", ".join(f"{k} {human_time(v)}" for k, v in tb.items()) + ")")
-    out += overlap_lines(sol, plan.hardware)
-    mb = getattr(sol, "memory_breakdown", {}) or {}
-    phase = getattr(sol, "memory_peak_phase", "")
-    out.append(f"  estimated memory, busiest device: {human_bytes(plan.estimated_memory)}"
-               + (f" at the peak, in the {phase}" if phase else "") + "  (by category, not all alive at once: "
-               + ", ".join(f"{k} {human_bytes(v)}" for k, v in mb.items()) + ")")
-    levers = getattr(sol, "levers", None)
-    if levers is not None and levers.any_pulled:
+    """The account of any plan (``passes.pipeline.plan.Plan``): mesh, estimates, memory levers,
+    throughput, placements, collectives and gradient syncs, ops without a rule; for a pipeline also its
+    schedule, stages and the batch-coupled ops it runs per microbatch, and the stage planner's search."""
+    pipelined, mesh = plan.pipelined, plan.mesh
+    solutions = [s.solution for s in plan.stages if s.solution is not None]
+    out = [f"autoshard {'pipelined ' if pipelined else ''}plan: mesh {mesh.shape} axes {mesh.axis_names}, "
+           f"hardware {plan.hardware}"]
+    layout = next((sol.solver_stats.get("layout") for sol in solutions if sol.solver_stats.get("layout")), None)
+    if layout:
+        out.append(f"  layout: {layout} (priced as given: autoshard.layouts"
+                   + (", blocks split evenly over the stages)" if pipelined else ", nothing searched)"))
+    if pipelined:
+        out.append(f"  pipeline: {plan.pp} rank groups x {plan.virtual} stage(s) each along axis "
+                   f"{mesh.axis_names[0]!r}, schedule {plan.schedule}, {plan.microbatches} microbatches, "
+                   f"bubble {100 * plan.bubble_fraction:.1f}%")
+        out.append(f"  estimated step time: {human_time(plan.estimated_step_time)}  (schedule simulator: bubbles, "
+                   f"point-to-point transfers and gradient syncs overlapped as they run)")
+        out.append(f"  estimated memory, busiest device: {human_bytes(plan.estimated_memory)}")
+    else:
+        sol = plan.solution
+        tb = getattr(sol, "time_breakdown", {}) or {}
+        out.append(f"  estimated step time: {human_time(plan.estimated_step_time)}  ("
+                   + ", ".join(f"{k} {human_time(v)}" for k, v in tb.items()) + ")")
+        out += overlap_lines(sol, plan.hardware)
+        mb = getattr(sol, "memory_breakdown", {}) or {}
+        phase = getattr(sol, "memory_peak_phase", "")
+        out.append(f"  estimated memory, busiest device: {human_bytes(plan.estimated_memory)}"
+                   + (f" at the peak, in the {phase}" if phase else "") + "  (by category, not all alive at once: "
+                   + ", ".join(f"{k} {human_bytes(v)}" for k, v in mb.items()) + ")")
+    out += _lever_lines(plan)
+    out.append(throughput_line(plan))
+    if pipelined:
+        out += _pipeline_lines(plan)
+    out.append(f"  parameters (storage placement per {'sub' if pipelined else ''}mesh axis; repeated blocks folded "
+               "as #):")
+    placement_lines(plan.param_placements, out)
+    out += _collective_lines(plan, solutions)
+    out += _replicated_lines(plan)
+    if not pipelined:
+        captured = getattr(plan, "captured", None)
+        factors = {} if captured is None else {n.name: capacity_factor_of(n) for n in moe_nodes(captured.gm)}
+        out += moe_lines(plan.solution.strategies, mesh, factors)
+    out += _search_lines(plan, solutions)
+    return "\n".join([plan_verdict(plan)] + out)
+
+
+def _lever_lines(plan) -> list[str]:
+    """The memory levers pulled: the plan's, or each stage's (stages alike in levers share a line)."""
+    def describe(levers) -> str:
         blocks = "; ".join(f"{t}: checkpoint {p.checkpoint}, reshard after forward {p.reshard_after_forward}"
                            for t, p in sorted(levers.blocks.items()))
         mp = levers.mixed_precision
-        out.append(f"  memory levers: accumulation {levers.accumulation}"
-                   + (f"; {blocks}" if blocks else "")
-                   + (f"; compute in {mp.param_dtype_name}, reduce gradients in "
-                      f"{mp.reduce_dtype_name or mp.param_dtype_name}" if mp is not None else ""))
-    out.append(throughput_line(plan))
-    out.append("  parameters (storage placement per mesh axis; repeated blocks folded as #):")
-    placement_lines(plan.param_placements, out)
-    kinds = {"fwd": Counter(), "bwd": Counter()}
-    total_bytes = 0
-    for r in sol.redistributions:
-        for c in r.collectives:
-            kinds.setdefault(c.phase, Counter())[c.kind] += 1
-            total_bytes += c.bytes
-    syncs = Counter(c.kind for items in sol.param_grad_syncs.values() for c in items)
-    out.append(f"  inserted collectives: forward {sum(kinds['fwd'].values())} {dict(kinds['fwd'])}, "
-               f"backward {sum(kinds['bwd'].values())} {dict(kinds['bwd'])}, {human_bytes(total_bytes)} in all")
-    out.append(f"  gradient syncs: {sum(syncs.values())} {dict(syncs)}")
-    out += _replicated_lines(plan)
-    captured = getattr(plan, "captured", None)
-    factors = {} if captured is None else {n.name: capacity_factor_of(n) for n in moe_nodes(captured.gm)}
-    out += moe_lines(sol.strategies, mesh, factors)
-    stats = getattr(sol, "solver_stats", {}) or {}
-    if stats.get("layout"):
-        out.insert(1, f"  layout: {stats['layout']} (priced as given: autoshard.layouts, nothing searched)")
+        return (f"accumulation {levers.accumulation}" + (f"; {blocks}" if blocks else "")
+                + (f"; compute in {mp.param_dtype_name}, reduce gradients in "
+                   f"{mp.reduce_dtype_name or mp.param_dtype_name}" if mp is not None else ""))
+
+    pulled = [(s.index, s.solution.levers) for s in plan.stages
+              if s.solution is not None and getattr(s.solution, "levers", None) is not None
+              and s.solution.levers.any_pulled]
+    if not pulled:
+        return []
+    if not plan.pipelined:
+        return ["  memory levers: " + describe(pulled[0][1])]
+    rows: dict[str, list[int]] = {}
+    for index, levers in pulled:
+        rows.setdefault(describe(levers), []).append(index)
+    return [f"  memory levers, stage{'s' if len(ix) > 1 else ''} {', '.join(map(str, ix))}: {text}"
+            for text, ix in rows.items()]
+
+
+def _collective_lines(plan, solutions) -> list[str]:
+    syncs = Counter(c.kind for sol in solutions for items in sol.param_grad_syncs.values() for c in items)
+    if plan.pipelined:
+        colls, total = Counter(), 0.0
+        for sol in solutions:
+            for r in sol.redistributions:
+                for c in r.collectives:
+                    colls[f"{c.phase} {c.kind}"] += 1
+                    total += c.bytes
+        head = (f"  inserted collectives (all stages, each stage's plan priced at the global batch in one pass): "
+                f"{sum(colls.values())} {dict(colls)}, {human_bytes(total)} in all")
+    else:
+        kinds = {"fwd": Counter(), "bwd": Counter()}
+        total_bytes = 0
+        for r in plan.solution.redistributions:
+            for c in r.collectives:
+                kinds.setdefault(c.phase, Counter())[c.kind] += 1
+                total_bytes += c.bytes
+        head = (f"  inserted collectives: forward {sum(kinds['fwd'].values())} {dict(kinds['fwd'])}, "
+                f"backward {sum(kinds['bwd'].values())} {dict(kinds['bwd'])}, {human_bytes(total_bytes)} in all")
+    return [head, f"  gradient syncs: {sum(syncs.values())} {dict(syncs)}"]
+
+
+def _search_lines(plan, solutions) -> list[str]:
+    """The solver's statistics (a plan of one stage), or the stage planner's search (a pipeline)."""
+    if plan.pipelined:
+        search = next((sol.solver_stats.get("pipeline_search") for sol in solutions
+                       if sol.solver_stats.get("pipeline_search")), None)
+        if not search:
+            return []
+        keep = ("configs", "simulated", "ilp", "plan_wall_s", "shallow_copy", "timed_out")
+        return ["  planner: " + ", ".join(f"{k} {search[k]}" for k in keep if k in search)]
+    stats = getattr(plan.solution, "solver_stats", {}) or {}
     shown = {k: v for k, v in stats.items() if k not in ("layout", "finalists")}  # each has its own line
-    if shown:
-        out.append("  solver: " + ", ".join(f"{k} {v}" for k, v in shown.items()))
-    return "\n".join(out)
+    return ["  solver: " + ", ".join(f"{k} {v}" for k, v in shown.items())] if shown else []
 
 
 def moe_lines(strategies: dict, mesh, capacity_factors: Optional[dict] = None) -> list[str]:
@@ -224,26 +286,18 @@ def _ranks(ranks) -> str:
     return f"{ranks[0]}..{ranks[-1]}" if len(ranks) > 2 else ", ".join(map(str, ranks))
 
 
-def pipelined_summary(plan) -> str:
-    pipe, mesh = plan.pipeline, plan.mesh
-    out = [f"autoshard pipelined plan: mesh {mesh.shape} axes {mesh.axis_names}, hardware {plan.hardware}",
-           f"  pipeline: {pipe.pp} rank groups x {pipe.virtual} stage(s) each along axis {mesh.axis_names[0]!r}, "
-           f"schedule {pipe.schedule}, {pipe.microbatches} microbatches, bubble {100 * pipe.bubble_fraction:.1f}%",
-           f"  estimated step time: {human_time(plan.estimated_step_time)}  (schedule simulator: bubbles, "
-           f"point-to-point transfers and gradient syncs overlapped as they run)",
-           f"  estimated memory, busiest device: {human_bytes(plan.estimated_memory)}",
-           throughput_line(plan)]
-    layout = next((s.solution.solver_stats.get("layout") for s in pipe.stages if s.solution is not None), None)
-    if layout:
-        out.insert(1, f"  layout: {layout} (priced as given: autoshard.layouts, blocks split evenly over the stages)")
+def _pipeline_lines(plan) -> list[str]:
+    """A pipeline's batch-coupled ops and its stages (rank group, ranks, submesh, contents, recompute,
+    estimated memory per device; consecutive stages alike but for their block numbers on one row)."""
+    out = []
     coupled = getattr(plan, "batch_coupled", None)
-    if coupled and pipe.microbatches > 1:
+    if coupled and plan.microbatches > 1:
         shown = "; ".join(coupled[:3]) + (f"; and {len(coupled) - 3} more" if len(coupled) > 3 else "")
-        out.append(f"  batch-coupled ops run per microbatch of 1/{pipe.microbatches} of the batch (BatchNorm "
+        out.append(f"  batch-coupled ops run per microbatch of 1/{plan.microbatches} of the batch (BatchNorm "
                    f"normalises each microbatch on its own, unlike one device on the whole batch): {shown}")
     out.append("  stages (rank group, ranks, submesh, contents, recompute, estimated memory per device):")
-    rows: list[tuple[tuple, list]] = []  # consecutive stages alike but for their block numbers: one row
-    for stage in pipe.stages:
+    rows: list[tuple[tuple, list]] = []
+    for stage in plan.stages:
         sol = stage.solution
         mem = ""
         if sol is not None:
@@ -266,34 +320,17 @@ def pipelined_summary(plan) -> str:
                     f"ranks {_ranks(ranks)}")
         contents = stage_contents(*stages)
         out.append(f"    {head} submesh {shape} {names}  {contents}{'  recompute' if recompute else ''}  {mem}")
-    out.append("  parameters (storage placement per submesh axis; repeated blocks folded as #):")
-    placement_lines(plan.param_placements, out)
-    colls, syncs, total = Counter(), Counter(), 0.0
-    for stage in pipe.stages:
-        if stage.solution is None:
-            continue
-        for r in stage.solution.redistributions:
-            for c in r.collectives:
-                colls[f"{c.phase} {c.kind}"] += 1
-                total += c.bytes
-        syncs.update(c.kind for items in stage.solution.param_grad_syncs.values() for c in items)
-    out.append(f"  inserted collectives (all stages, each stage's plan priced at the global batch in one pass): "
-               f"{sum(colls.values())} {dict(colls)}, {human_bytes(total)} in all")
-    out.append(f"  gradient syncs: {sum(syncs.values())} {dict(syncs)}")
-    search = next((s.solution.solver_stats.get("pipeline_search") for s in pipe.stages
-                   if s.solution is not None and s.solution.solver_stats.get("pipeline_search")), None)
-    if search:
-        keep = ("configs", "simulated", "ilp", "plan_wall_s", "shallow_copy", "timed_out")
-        out.append("  planner: " + ", ".join(f"{k} {search[k]}" for k in keep if k in search))
-    return "\n".join(out)
+    return out
+
+
 def _replicated_lines(plan) -> list[str]:
     """The ops without a rule: per op, its outputs on every device and its seconds per step (needs the
     captured graph and a known hardware; a loaded plan lists the names only), and the remedy."""
-    names = list(plan.solution.unruled_ops)
+    names = plan.replicated_ops
     if not names:
         return []
     costs = None
-    if plan.captured is not None:
+    if plan.captured is not None and not plan.pipelined:
         try:
             costs = replicated_op_costs(plan.captured, plan.mesh, get_hardware(plan.hardware))
         except (AutoshardError, OSError, ValueError):  # a hardware label naming no preset or profile here

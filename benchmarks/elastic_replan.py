@@ -62,7 +62,7 @@ def llama70b(time_limit: float, cases: list) -> None:
     sys.path.insert(0, HERE)
     import autoshard
     from autoshard.plan_cache import cached_or_planned, plan_line
-    from autoshard.plan_format import graph_fingerprint
+    from autoshard.passes.pipeline.plan_file import graph_fingerprint
     from autoshard.api import plan_captured
     from autoshard.passes.capture.export import capture
     from torchtitan_recipes import BF16, GB, RECIPES, build, lm_loss

@@ -1,4 +1,4 @@
-"""GPU facts benchmarks/literature.py needs, measured: bf16 GEMMs at the published runs' local shapes,
+"""GPU facts the cost model needs, measured: bf16 GEMMs at the published runs' local shapes,
 torchtitan's eager fp32 RMSNorm and complex RoPE, and what a sustained GEMM settles at (power, clock).
 
     python benchmarks/gpu_fidelity_probe.py > probe.txt     # on one CUDA GPU, ~45 s; prints JSON<...>
@@ -14,7 +14,7 @@ limit, SM clock and temperature each second. On a machine without CUDA it runs s
 smoke test; no nvidia-smi there, so it stops at the sustained loop).
 
 ``--report`` prints each GEMM next to ``passes/cost/kernels.py``'s price on the ``h100`` preset and
-the eager ops next to literature.py's byte counts.
+the eager ops next to the byte counts of ``passes/cost/kernel_classes.py`` (whose class rates they set).
 """
 import sys
 
@@ -22,8 +22,8 @@ if "--report" in sys.argv:
     import json
     import os
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import literature as lit
     from autoshard.passes.cost.hardware import PRESETS
+    from autoshard.passes.cost.kernel_classes import PROBE_RMSNORM_BYTES, PROBE_ROPE_BYTES
     from autoshard.passes.cost.kernels import gemm_efficiency, gemm_seconds, memory_seconds
     d = json.load(open(sys.argv[sys.argv.index("--report") + 1]))
     hw = PRESETS["h100"]
@@ -32,8 +32,8 @@ if "--report" in sys.argv:
         f = 2.0 * B * M * N * K
         print(f"{kind:5s} {B:4d} x {M:6d} {N:6d} {K:6d}: {f / s / 1e12:6.1f} TFLOP/s ({f / s / hw.flops_bf16:.3f} of peak); "
               f"model {gemm_efficiency(hw, B, M, N, K):.3f}, predicted / measured {gemm_seconds(hw, B, M, N, K) / s:.3f}")
-    per_elem = {"norm_f": lit.TT_RMSNORM_BYTES, "norm_fb": 3 * lit.TT_RMSNORM_BYTES, "rope_f": lit.TT_ROPE_BYTES,
-                "rope_fb": 3 * lit.TT_ROPE_BYTES}
+    per_elem = {"norm_f": PROBE_RMSNORM_BYTES, "norm_fb": 3 * PROBE_RMSNORM_BYTES, "rope_f": PROBE_ROPE_BYTES,
+                "rope_fb": 3 * PROBE_ROPE_BYTES}
     for op, n, s in d["eager"]:
         moved = n if op == "copy" else per_elem[op] * n
         print(f"{op:8s} {s * 1e3:.3f} ms: {moved / s / 1e12:.2f} TB/s at the modelled bytes, "

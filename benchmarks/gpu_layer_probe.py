@@ -1,5 +1,5 @@
 """torchtitan's eager Llama-3-8B decoder layer and PyTorch SDPA's causal attention, measured on one GPU,
-next to what benchmarks/literature.py's analytic layer predicts for them.
+next to what the planner's per-op prices (``passes/cost``) predict for them.
 
     python benchmarks/gpu_layer_probe.py > probe.txt         # on one CUDA GPU (~20 s); prints JSON<...>
     python benchmarks/gpu_layer_probe.py --report benchmarks/gpu_layer_probe_h100.json   # anywhere
@@ -23,17 +23,18 @@ if "--report" in sys.argv:
     import os
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import literature as lit
+    from torchtitan_llama_2024 import layer_probe_seconds
     d = json.load(open(sys.argv[sys.argv.index("--report") + 1]))
     hw = lit.HARDWARE["h100"]
-    run = dataclasses.replace(lit.RUNS[10], recompute="none", hardware="h100")
     print(f"{d['dev']}, torch {d['torch']}; h100 preset: gemm_efficiency {hw.gemm_efficiency:.3f}, "
-          f"attention_efficiency {hw.attention_efficiency} (flash kernel: {lit.TORCH_2024_FLASH_ATTENTION_H100})")
+          f"attention_efficiency {hw.attention_efficiency} (flash kernel: {lit.TORCH_2024_FLASH_ATTENTION_H100}); "
+          "predicted: the planner's per-op prices (GraphFacts) of the same program")
     for key, att, bwd in (("flash", lit.TORCH_2024_FLASH_ATTENTION_H100, lit.TORCH_2024_FLASH_BACKWARD_FACTOR),
                           ("default", hw.attention_efficiency, hw.attention_backward_factor)):
-        lt = lit.layer_times(run, dataclasses.replace(hw, attention_efficiency=att, attention_backward_factor=bwd))
+        fwd, both = layer_probe_seconds(dataclasses.replace(hw, attention_efficiency=att, attention_backward_factor=bwd))
         print(f"torchtitan 8B layer, 2 x 8192 tokens, SDPA {key}: forward {d['layer_fwd_' + key] * 1e3:.2f} ms "
-              f"measured, {lt['fwd'] * 1e3:.2f} predicted; forward + backward {d['layer_fwdbwd_' + key] * 1e3:.2f} "
-              f"measured, {(lt['fwd'] + lt['bwd']) * 1e3:.2f} predicted")
+              f"measured, {fwd * 1e3:.2f} predicted; forward + backward {d['layer_fwdbwd_' + key] * 1e3:.2f} "
+              f"measured, {both * 1e3:.2f} predicted")
     for heads in (32, 16):
         flops = 4.0 * 2 * heads * 8192 * 8192 * 128 * 0.5   # causal: half the score blocks
         for kernel, key in (("flash (FA2)", "flash"), ("cuDNN first", "default")):
@@ -42,7 +43,6 @@ if "--report" in sys.argv:
                   f"backward {2.5 * flops / (fb - f) / hw.flops_bf16:.3f}")
     print("nvidia-smi each second (power W, SM MHz, C):", "; ".join(x for x in d["smi"] if x))
     sys.exit(0)
-
 import torch,time,json,subprocess as sp
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel,SDPBackend

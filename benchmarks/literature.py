@@ -1,34 +1,40 @@
-"""Published large-scale training runs priced from their own layouts, predicted next to measured.
+"""Published large-scale training runs priced through ``autoshard.plan(layout=...)``, predicted next to
+measured.
 
-    python benchmarks/literature.py [--json residuals.json] [--sensitivity]
+    python benchmarks/literature.py [--only 1.7B,8B] [--json residuals.json] [--sensitivity]
 
-Each row is a published run: its model, cluster, parallel layout, schedule, recomputation and the
-figure its authors measured. The step is priced with autoshard's calibrated cost-model primitives --
-achievable GEMM / attention / memory-bound throughput (``passes/cost/kernels.py``), NCCL's collective
-model (``passes/cost/nccl.py``), the compute/communication stream overlap (``passes/cost/overlap.py``)
--- over an analytic description of one transformer layer (every GEMM with its local shape, the
-memory-bound ops with their bytes, the collectives the layout runs), then the pipeline schedule.
-Nothing here is fitted to these rows: the hardware constants are the presets' cited ones.
-
-This prices the layout directly from the model's shapes; it does not go through ``autoshard.plan``'s
-capture (planning a 1T model on meta takes minutes per row on this machine).
+Each row is a published run: its model, built on the meta device from the run's shape with the kernels
+the run executed, its cluster, and its parallel layout as an ``autoshard.layouts`` value. The step is
+what ``autoshard.plan(model, mesh, layout=..., hardware=...)`` estimates: the path that chooses plans,
+with the cost model's per-op prices (``passes/cost``), collectives, schedule simulator and all. Nothing
+here is fitted to these rows: the hardware constants are the presets' cited ones, the kernel classes
+``passes/cost/kernel_classes.py``'s, and the models' kernels and bytes are the runs' own code's.
 
 Rows:
 - Megatron-LM 2021 (Narayanan et al., SC21, Table 1): ten GPT models on 32-3072 A100 80GB (Selene,
   8 per node, 8 x HDR 200 Gb/s), sequence 2048, vocabulary 51200, full activation recomputation,
-  fp16 (static loss scale), attention unfused (two batched GEMMs + fused softmax + dropout). TP, PP,
-  microbatch size, interleaved virtual stages and the DDP implementation as in the paper's own
-  launch script (Megatron-LM ``examples/sc21/run_table_1.sh``): PyTorch DDP (bucketed all-reduce
-  under the last microbatch's backward) for the pp=1 rows, Megatron's local DDP (all-reduce after the
-  backward) for the others, fp16 gradients all-reduced (no ``--accumulate-allreduce-grads-in-fp32``).
+  fp16 (loss-scaled), the model ``megatron_gpt_2021.py`` builds (Megatron's fused kernels, unfused
+  attention, PyTorch 1.8's bias add, the context's permute copy). TP, PP, microbatch size,
+  interleaved virtual stages and the DDP implementation as in the paper's own launch script
+  (Megatron-LM ``examples/sc21/run_table_1.sh``): PyTorch DDP (``--DDP-impl torch``: the gradient
+  all-reduce overlapped with the backward, ``overlap_grad_reduce=True``) for the pp=1 rows,
+  Megatron's local DDP (after the backward) for the others; no sequence parallelism (2022); fp16
+  gradients accumulated and all-reduced; Megatron's mixed-precision Adam (``optimizer="megatron_adam"``).
   The measured figure is their TFLOP/s per GPU with their accounting
   ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` per iteration.
 - torchtitan (PyTorch; docs/performance.md of 2024-12 and benchmarks/llama3_h100_202412_torchtitan.md):
-  Llama-3.1 8B on 8 H100 (FSDP, selective op-level AC: every other matmul output saved), Llama-3 70B
-  on 64 A100 (FSDP, full AC), Llama-3.1 405B on 128 H100 (FSDP 16 x TP 8 with sequence parallel, full
-  AC); bf16 compute, fp32 gradient reduction, eager, SDPA's flash attention; tokens/s per GPU. The
-  eager ops are priced by the bytes torchtitan's own code moves (TT_* below) and the H100 rows on the
-  cards torchtitan names (96 GB HBM2e, 500 W: ``HARDWARE["h100-96gb-500w"]``).
+  Llama-3.1 8B on 8 H100 (FSDP, selective AC: torchtitan's op policy also recomputes every second
+  matmul, which the planner's selective policy does not, so this row is priced without that
+  recomputation), Llama-3 70B on 64 A100 (FSDP, full AC), Llama-3.1 405B on 128 H100 (FSDP 16 x TP 8
+  with sequence parallel, full AC); the model ``torchtitan_llama_2024.py``
+  builds, bf16 compute with fp32 masters and reductions (``MixedPrecision``), foreach AdamW; tokens/s
+  per GPU. The H100 rows run on the cards torchtitan names (96 GB HBM2e, 500 W:
+  ``HARDWARE["h100-96gb-500w"]``) with the attention kernel its torch ran.
+
+A pipelined row's step is the schedule simulator's; a row without a pipeline takes the plan's
+overlapped step (``estimated["overlapped_step_s"]``) when the layout's runtime overlaps its data-
+parallel collectives (``Layout.overlaps_communication``: FSDP2, PyTorch DDP), else its additive one.
+Published layouts ran, so rows are priced without the memory limit; the estimated peak is printed.
 """
 from __future__ import annotations
 
@@ -36,15 +42,23 @@ import argparse
 import dataclasses
 import json
 import math
+import os
+import sys
+import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional, Union
 
-from autoshard.passes.cost.hardware import PRESETS
-from autoshard.passes.cost.kernels import attention_seconds, gemm_seconds, memory_seconds, optimizer_seconds
-from autoshard.passes.cost.nccl import nccl_p2p_seconds, nccl_terms
-from autoshard.passes.cost.overlap import compute_slowdown, overlap_step
+import torch
 
-BF16 = 2
+import autoshard
+from autoshard import layouts
+from autoshard.passes.cost.hardware import PRESETS, Hardware
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from megatron_gpt_2021 import lm_loss as megatron_loss, megatron_gpt  # noqa: E402
+from torchtitan_llama_2024 import lm_loss as torchtitan_loss, torchtitan_llama  # noqa: E402
+
+GiB = 2 ** 30
 
 #: The H100s of torchtitan's runs (torchtitan benchmarks/llama3_h100_202412_torchtitan.md, "Hardware"
 #: and footnote 2; docs/performance.md of 2024-12 for the 405B row): Grand Teton hosts, SXM H100 with
@@ -57,7 +71,6 @@ BF16 = 2
 H100_NVL_DENSE, H100_NVL_WATTS = 1671e12 / 2, 400.0
 H100_SXM_DENSE, H100_SXM_WATTS = 989e12, 700.0
 GRAND_TETON_WATTS = 500.0
-HARDWARE = dict(PRESETS)
 #: The attention kernel torchtitan's torch ran: SDPA's priority order in late 2024 put the flash kernel
 #: (FlashAttention-2) first and cuDNN attention last (the order quoted in pytorch/pytorch#138907,
 #: 2024-10); torch 2.11, which the h100 preset's attention fields describe, picks cuDNN attention first on H100.
@@ -66,6 +79,7 @@ HARDWARE = dict(PRESETS)
 #: backward as FlashAttention-2's 2.5x the forward (Dao 2023; the probe's flash kernel took 2.53x).
 TORCH_2024_FLASH_ATTENTION_H100 = 0.305
 TORCH_2024_FLASH_BACKWARD_FACTOR = 2.5
+HARDWARE: dict[str, Hardware] = dict(PRESETS)
 HARDWARE["h100-96gb-500w"] = dataclasses.replace(
     PRESETS["h100"], name="h100-96gb-500w", memory_bandwidth=2.4e12, memory_bytes=96e9,
     flops_bf16=H100_NVL_DENSE + (H100_SXM_DENSE - H100_NVL_DENSE) * (GRAND_TETON_WATTS - H100_NVL_WATTS)
@@ -73,275 +87,86 @@ HARDWARE["h100-96gb-500w"] = dataclasses.replace(
     attention_backward_factor=TORCH_2024_FLASH_BACKWARD_FACTOR)
 
 #: What the A100 rows' error depends on: the A100's sustained GEMM rate has no measurement here (the
-#: project's devices are H100 / H200), so ``--sensitivity`` reprices every row with each published
+#: project's devices are H100 / H200), so ``--sensitivity`` reprices the A100 rows with each published
 #: A100 figure in turn. The preset uses the one measured as the H100 / H200 presets' figures are
 #: (8192^3, random data, at the power limit); picking another because it brings the rows into the band
-#: would fit the constant to the validation rows.
+#: would fit the constant to the validation rows. Each figure is the whole-wave cap: the measured rate
+#: times the waves the measured shape paid over the waves its tiles fill.
 A100_GEMM_ALTERNATIVES = (
     # (label, whole-wave GEMM cap as a fraction of 312 TFLOPS, source)
     ("preset: random data at 400 W, 257", PRESETS["a100"].gemm_efficiency,
      "He 2024, 'Strangely, matrix multiplications on GPUs run faster when given predictable data': "
      "8192^3 with torch.randn inputs on A100 SXM, 257 TFLOPS (295 with zeros); 2048 tiles = 18.96 waves"),
-    ("MAMF burst, 267.9", 267.9 / 312,
+    ("MAMF burst, 267.9", 267.9 / 312 * 19 / (2048 / 108),
      "Bekman, ml-engineering compute/accelerator MAMF table (torch 2.x, cuBLAS 12): a boost-clock burst, "
-     "the maximum over shapes"),
-    ("HPL clock 1305 / 1410 x MAMF", 267.9 / 312 * 1305 / 1410,
+     "the maximum over shapes (taken as 8192^3's 18.96 waves)"),
+    ("HPL clock 1305 / 1410 x MAMF", 267.9 / 312 * 1305 / 1410 * 19 / (2048 / 108),
      "NVIDIA's HPL Rpeak clock for A100 at its power limit, 1305 MHz (Lockwood, 'peak FLOPS' notes); "
-     "Bekman's rule MSMF ~ Theory x saturated/boost clock, applied to the MAMF figure: a lower bound, "
-     "since on H200 the same rule on MAMF undershoots the measured MSMF by 12%"),
-    ("2020 CUTLASS 2.4 kernel, 235", 235.138 / 312,
+     "Bekman's rule MSMF ~ Theory x saturated/boost clock, applied to the MAMF figure"),
+    ("2020 CUTLASS 2.4 kernel, 235", 235.138 / 312 * 5 / (448 / 108),
      "CUTLASS 2.4 docs (media/docs/profiler.md): 3456x4096x8192 f16 tensor-op GEMM on A100, 235.1 TFLOPS, "
-     "one kernel, burst; the Megatron 2021 runs' software era (4 whole waves)"),
+     "one kernel, burst, the Megatron 2021 runs' software era; its 256x128 tiles: 14 x 32 = 448 tiles on "
+     "108 SMs = 4.15 waves, paid as 5 (this table said 4 before: it mis-stated the kernel as a low rate)"),
 )
-
-# Bytes each eager op of torchtitan's Llama moves per element (read + written), from its source at the
-# benchmarked commit (pytorch/torchtitan 9dec370, 2024-12-26; torchtitan/models/norms.py RMSNorm,
-# torchtitan/models/llama/model.py apply_rotary_emb / repeat_kv / Attention.forward, train.py loss):
-#: RMSNorm: x.float() (2+4), pow(2) (4+4), mean (4), x * rsqrt (4+4), type_as (4+2), * weight (2+2)
-TT_RMSNORM_BYTES = 36
-#: RoPE on q and k: .float() (2+4), complex multiply by freqs_cis (4+4), type_as (4+2)
-TT_ROPE_BYTES = 20
-#: repeat_kv's expand().reshape() copy, per element written (2+2), for keys and values
-TT_REPEAT_KV_BYTES = 4
-#: the attention output's transpose(1, 2).contiguous() copy (2+2)
-TT_TRANSPOSE_BYTES = 4
-#: residual add (2+2+2); SwiGLU silu(w1 x) (2+2) * w3 x (2+2+2), per FFN element
-TT_ADD_BYTES, TT_SWIGLU_BYTES = 6, 10
-#: cross entropy over fp32 logits: forward .float() (2+4) + log_softmax (two reads and a write, 4+4+4);
-#: backward nll's zero-filled gradient (4) + log_softmax backward (4+4+4) + the cast back (4+2)
-TT_CE_FWD_BYTES, TT_CE_BWD_BYTES = 18, 22
-#: torch.optim.AdamW(foreach=True), torchtitan's default (``fused = job_config.optimizer.fused``, off):
-#: per fp32 parameter _foreach_mul_ (8), lerp_ (12), mul_ (8), addcmul_ (12), sqrt (8), div_ (8), add_ (8),
-#: addcdiv_ (16) = 80 bytes; clip_grad_norm_(max_norm=1.0, foreach): the norm reads (4), _foreach_mul_ (8)
-TT_OPTIMIZER_BYTES = 80 + 12
-#: FSDP2 (torch.distributed._composable.fsdp, Dec 2024): each all-gather's copy-out into the unsharded
-#: parameters (split_with_sizes_copy, 2+2 bytes per bf16 parameter) and each reduce-scatter's copy-in
-#: (_chunk_cat with the cast to the fp32 reduce dtype, 2+4), on the GPU's memory like any kernel
-FSDP_COPY_OUT_BYTES, FSDP_COPY_IN_BYTES = 4, 6
-#: Megatron-LM 2021 with --fp16 (megatron/optimizer/optimizer.py, apex multi-tensor kernels): fp16 grads
-#: to fp32 main grads (2+4), unscale and inf check (4+4), grad-norm clip (4 + 4+4), FusedAdam (28),
-#: fp32 main params back to the fp16 model (4+2)
-MEGATRON_OPTIMIZER_BYTES = 6 + 8 + 12 + 28 + 6
 
 
 @dataclass
-class Run:
-    """One published run and its layout."""
+class Row:
+    """One published run and how it is planned."""
     name: str
-    hardware: str
-    layers: int
-    hidden: int
-    heads: int
-    ffn: int
-    vocab: int
+    gpus: int
+    build: Callable[[], torch.nn.Module]
+    loss_fn: Callable
+    batch: int
     seq: int
-    batch: int          # global batch, sequences
-    tp: int
-    pp: int
-    dp: int
+    mesh: tuple
+    layout: layouts.Layout
+    hardware: str
     measured: float
-    unit: str           # "TFLOP/s/GPU" (Megatron's accounting) or "tok/s/GPU"
-    kv_heads: Optional[int] = None
-    microbatch: int = 1
-    virtual_stages: int = 1          # interleaved 1F1B: model chunks per pipeline rank (Megatron's
-                                     # --num-layers-per-virtual-pipeline-stage)
-    ddp_overlap: bool = False        # PyTorch DDP: bucketed gradient all-reduce overlapping the last
-                                     # microbatch's backward (Megatron --DDP-impl torch); False: after it
-    grad_bytes: int = 4              # bytes per gradient element all-reduced (fp16 Megatron 2021: 2)
-    gated_mlp: bool = False          # SwiGLU: two up projections
-    recompute: str = "full"          # "full", "selective" (torchtitan op-level), "none"
-    sequence_parallel: bool = False
-    fsdp: bool = False               # parameters sharded over dp, gathered per layer (torchtitan FSDP2)
-    flash: bool = True               # fused attention; False: batched GEMMs + softmax (Megatron 2021)
-    dropout: bool = False
+    unit: str                      # "TFLOP/s/GPU" (Megatron's accounting) or "tok/s/GPU"
+    optimizer: str = "adamw"
+    mixed_precision: Optional[autoshard.MixedPrecision] = None
+    flops: float = 0.0             # per iteration, the paper's accounting (TFLOP/s rows)
     source: str = ""
 
-    @property
-    def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+    def predicted(self, step: float) -> float:
+        if self.unit == "TFLOP/s/GPU":
+            return self.flops / step / self.gpus / 1e12
+        return self.batch * self.seq / step / self.gpus
 
-    @property
-    def params(self) -> float:
-        kv = self.kv_heads or self.heads
-        hd = self.hidden // self.heads
-        attn = self.hidden * (self.hidden + 2 * kv * hd) + self.hidden * self.hidden
-        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.ffn
-        return self.layers * (attn + mlp) + 2 * self.vocab * self.hidden
+    def measured_step(self) -> float:
+        if self.unit == "TFLOP/s/GPU":
+            return self.flops / (self.measured * 1e12 * self.gpus)
+        return self.batch * self.seq / (self.measured * self.gpus)
 
 
-def megatron_flops(r: Run) -> float:
+def megatron_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
     """Narayanan et al. 2021, eq. 3: FLOPs per iteration with activation recomputation."""
-    B, s, l, h, V = r.batch, r.seq, r.layers, r.hidden, r.vocab
-    return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    return 96 * batch * seq * layers * hidden ** 2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
 
 
-def collective(kind: str, g: int, m: int, hw, nbytes: float) -> float:
-    if g * m <= 1:
-        return 0.0
-    return min(f + p * nbytes for f, p in nccl_terms(kind, g, m, hw))
-
-
-def group(size: int, stride: int, hw) -> tuple[int, int]:
-    """(members per node, nodes) of a group of ``size`` ranks ``stride`` apart (row-major ranks)."""
-    per_node = hw.devices_per_node
-    if size * stride <= per_node:
-        return size, 1
-    g = max(1, min(size, per_node // stride))
-    return g, size // g
-
-
-def layer_times(r: Run, hw) -> dict:
-    """Seconds of one transformer layer for one microbatch on one rank: forward compute, backward
-    compute, the forward's memory-bound part, and exposed tensor-parallel communication per pass."""
-    t, b, s, h = r.tp, r.microbatch, r.seq, r.hidden
-    kv = r.kv_heads or r.heads
-    hd = h // r.heads
-    tok = b * s
-    if r.gated_mlp:   # torchtitan: separate wq, wk, wv
-        gemms = [gemm_seconds(hw, 1, tok, h // t, h)] + [gemm_seconds(hw, 1, tok, kv * hd // t, h)] * 2
-    else:             # Megatron: one fused query_key_value
-        gemms = [gemm_seconds(hw, 1, tok, (h + 2 * kv * hd) // t, h)]
-    gemms += [gemm_seconds(hw, 1, tok, h, h // t)]                        # output projection
-    ups = 2 if r.gated_mlp else 1
-    gemms += [gemm_seconds(hw, 1, tok, r.ffn // t, h)] * ups + [gemm_seconds(hw, 1, tok, h, r.ffn // t)]
-    gemm_f = sum(gemms)
-    heads = r.heads // t
-    if r.flash:
-        attn_f, attn_b = attention_seconds(hw, b * heads, s, s, hd, causal=True)
-        attn_mem = 0.0
-    else:  # QK^T and AV batched GEMMs, fused scale-mask-softmax and dropout on the b*heads*s*s scores
-        attn_f = (gemm_seconds(hw, b * heads, s, s, hd) + gemm_seconds(hw, b * heads, s, hd, s))
-        attn_b = 2 * attn_f
-        scores = b * heads * s * s
-        attn_mem = memory_seconds(hw, scores * (4 + (5 if r.dropout else 0)))
-    act = tok * h * BF16 / (t if r.sequence_parallel else 1)   # what the norms and residuals stream
-    ffn_act = tok * r.ffn // t * BF16
-    if r.gated_mlp:   # torchtitan's eager ops, bytes per element from its source (TT_* above)
-        n_act = tok * h / (t if r.sequence_parallel else 1)   # elements the norms and residuals stream
-        q_k = tok * heads * hd + tok * max(1, kv // t) * hd
-        elementwise = [memory_seconds(hw, TT_RMSNORM_BYTES * n_act)] * 2 \
-            + [memory_seconds(hw, TT_ADD_BYTES * n_act)] * 2 \
-            + [memory_seconds(hw, TT_ROPE_BYTES * q_k)] \
-            + [memory_seconds(hw, TT_REPEAT_KV_BYTES * tok * heads * hd)] * 2 \
-            + [memory_seconds(hw, TT_TRANSPOSE_BYTES * tok * heads * hd)] \
-            + [memory_seconds(hw, TT_SWIGLU_BYTES * tok * r.ffn / t)]
-    else:             # LayerNorm (2), fused bias-dropout-add (3.5), fused bias-GeLU (2)
-        elementwise = [memory_seconds(hw, 2 * act)] * 2 + [memory_seconds(hw, 3.5 * act)] * 2 \
-            + [memory_seconds(hw, 2 * ffn_act)]
-    mem_f = sum(elementwise) + attn_mem
-    fwd = gemm_f + attn_f + mem_f
-    bwd = 2 * gemm_f + attn_b + 2 * mem_f
-    # two tensor-parallel collectives per pass (all-reduce, or all-gather + reduce-scatter with SP)
-    g, m = group(t, 1, hw)
-    payload = tok * h * BF16
-    if r.sequence_parallel:
-        tp_pass = 2 * (collective("all_gather", g, m, hw, payload) + collective("reduce_scatter", g, m, hw, payload))
-    else:
-        tp_pass = 2 * collective("all_reduce", g, m, hw, payload)
-    if r.recompute == "full":
-        recompute = fwd
-        tp_recompute = tp_pass
-    elif r.recompute == "selective":  # torchtitan's op policy: every other matmul and the elementwise ops
-        recompute = 0.5 * gemm_f + mem_f
-        tp_recompute = 0.0
-    else:
-        recompute, tp_recompute = 0.0, 0.0
-    return {"fwd": fwd, "bwd": bwd + recompute, "tp_fwd": tp_pass, "tp_bwd": tp_pass + tp_recompute}
-
-
-def head_times(r: Run, hw) -> tuple[float, float]:
-    """(forward, backward) seconds of the LM head and the loss for one microbatch on one rank."""
-    tok = r.microbatch * r.seq
-    logits = gemm_seconds(hw, 1, tok, r.vocab // r.tp, r.hidden)
-    n = tok * r.vocab // r.tp
-    if r.gated_mlp:   # torchtitan: final RMSNorm, cross entropy over fp32 logits
-        norm = memory_seconds(hw, TT_RMSNORM_BYTES * tok * r.hidden / (r.tp if r.sequence_parallel else 1))
-        return norm + logits + memory_seconds(hw, TT_CE_FWD_BYTES * n), \
-            2 * norm + 2 * logits + memory_seconds(hw, TT_CE_BWD_BYTES * n)
-    loss = memory_seconds(hw, n * 4 * 4)  # fp32 softmax: read/write twice per pass
-    return logits + loss, 2 * logits + loss
-
-
-def step_time(r: Run) -> dict:
-    """Predicted seconds of one iteration of ``r`` and its parts."""
-    hw = HARDWARE[r.hardware]
-    lt = layer_times(r, hw)
-    per_stage = r.layers / r.pp
-    m = r.batch // (r.dp * r.microbatch)
-    head_f, head_b = head_times(r, hw)
-    # the slowest stage: the last one holds the head and the loss
-    f = per_stage * (lt["fwd"] + lt["tp_fwd"]) + head_f
-    bwd = per_stage * (lt["bwd"] + lt["tp_bwd"]) + head_b
-    params_local = r.params / (r.tp * r.pp)
-    slow = compute_slowdown(hw)
-    dp_g, dp_m = group(r.dp, r.tp, hw)
-    if r.fsdp:  # FSDP2: bf16 weight all-gathers per layer (forward, again in backward), fp32 reduce-scatters
-        layer_params = (r.params - 2 * r.vocab * r.hidden) / r.layers / (r.tp * r.pp)
-        gather = collective("all_gather", dp_g, dp_m, hw, layer_params * BF16)
-        reduce = collective("reduce_scatter", dp_g, dp_m, hw, layer_params * 4)
-        emb = 2 * r.vocab * r.hidden / (r.tp * r.pp)
-        gather_all = per_stage * gather + collective("all_gather", dp_g, dp_m, hw, emb * BF16)
-        reduce_all = per_stage * reduce + collective("reduce_scatter", dp_g, dp_m, hw, emb * 4)
-        # FSDP2's copy-out after each gather (forward, backward) and copy-in before each reduce-scatter
-        copies = memory_seconds(hw, layer_params * FSDP_COPY_OUT_BYTES)
-        compute_f = per_stage * (lt["fwd"] + copies) + head_f
-        compute_b = per_stage * (lt["bwd"] + copies + memory_seconds(hw, layer_params * FSDP_COPY_IN_BYTES)) + head_b
-        tp_comm = per_stage * (lt["tp_fwd"] + lt["tp_bwd"])
-        ov = overlap_step(fwd_compute=compute_f * m, bwd_compute=compute_b * m, exposed=tp_comm * m,
-                          fwd_prefetch=gather_all * m, bwd_prefetch=gather_all * m, bwd_reduce=reduce_all * m,
-                          blocks=int(per_stage) * m, slowdown=slow)
-        body = ov.step_time
-        grad_sync = 0.0
-        opt = optimizer_seconds(hw, params_local / r.dp, bytes_per_param=TT_OPTIMIZER_BYTES)
-        exposed, hidden = ov.exposed, ov.hidden
-    else:
-        p2p = 0.0
-        v = r.virtual_stages
-        if r.pp > 1:  # activations (scattered over the TP ranks, Megatron's scatter/gather) to the next
-            # stage and gradients back; an interleaved schedule crosses stages v times per microbatch
-            msg = r.microbatch * r.seq * r.hidden * BF16 / r.tp
-            same_node = r.tp * r.pp <= hw.devices_per_node
-            p2p = 2 * v * nccl_p2p_seconds(hw, msg, same_node)
-        slot = f + bwd + p2p
-        # 1F1B: m slots plus the fill and drain bubble, (p - 1) / v slots with v model chunks per rank
-        body = (m + (r.pp - 1) / v) * slot
-        grad_sync = collective("all_reduce", dp_g, dp_m, hw, params_local * r.grad_bytes)
-        if r.pp > 1:  # the tied word embedding's gradient, all-reduced between the first and the last
-            # stage after the backward (Megatron-LM 2021 megatron/training.py train_step)
-            same_node = r.tp * r.pp <= hw.devices_per_node
-            grad_sync += collective("all_reduce", 2 if same_node else 1, 1 if same_node else 2, hw,
-                                    r.vocab * r.hidden / r.tp * r.grad_bytes)
-        opt = optimizer_seconds(hw, params_local, bytes_per_param=MEGATRON_OPTIMIZER_BYTES)
-        hidden = 0.0
-        if r.ddp_overlap and r.pp == 1:
-            # DDP's buckets all-reduce during the last microbatch's backward (no_sync before it)
-            tp_last = per_stage * (lt["tp_fwd"] + lt["tp_bwd"])
-            ov = overlap_step(fwd_compute=f - per_stage * lt["tp_fwd"], bwd_compute=bwd - per_stage * lt["tp_bwd"],
-                              exposed=tp_last, bwd_reduce=grad_sync, blocks=int(per_stage), slowdown=slow)
-            body = (m - 1) * slot + ov.step_time
-            hidden = ov.hidden
-            grad_sync = 0.0
-        exposed = (m + (r.pp - 1) / v) * (per_stage * (lt["tp_fwd"] + lt["tp_bwd"]) + p2p) + grad_sync
-    total = body + grad_sync + opt
-    return {"step": total, "optimizer": opt, "grad_sync": grad_sync, "exposed_comm": exposed,
-            "hidden_comm": hidden, "microbatches": m}
-
-
-def predicted(r: Run, t: float) -> float:
-    if r.unit == "TFLOP/s/GPU":
-        return megatron_flops(r) / t / r.gpus / 1e12
-    return r.batch * r.seq / t / r.gpus
-
-
-def _megatron(name, heads, h, layers, tp, pp, gpus, batch, measured, mbs, virtual, ddp) -> Run:
-    return Run(name, "a100", layers, h, heads, 4 * h, 51200, 2048, batch, tp, pp, gpus // (tp * pp), measured,
-               "TFLOP/s/GPU", microbatch=mbs, virtual_stages=virtual, ddp_overlap=ddp == "torch", grad_bytes=2,
-               flash=False, dropout=True, recompute="full",
+def _megatron(name, heads, h, layers, tp, pp, gpus, batch, measured, mbs, virtual, ddp) -> Row:
+    seq, vocab = 2048, 51200
+    layout = layouts.megatron(tp=tp, pp=pp, microbatch_size=mbs, virtual_stages=virtual, recompute="full",
+                              sequence_parallel=False, overlap_grad_reduce=ddp == "torch")
+    return Row(name, gpus, lambda: megatron_gpt(layers, h, heads, seq, vocab), megatron_loss, batch, seq,
+               (gpus // tp, tp), layout, "a100", measured, "TFLOP/s/GPU", optimizer="megatron_adam",
+               flops=megatron_flops(batch, seq, layers, h, vocab),
                source="Narayanan et al. 2021 (SC21), Table 1; layout, microbatch, virtual stages and DDP as in "
                       "Megatron-LM examples/sc21/run_table_1.sh")
 
 
-RUNS = [
+BF16 = autoshard.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def _torchtitan(name, gpus, hw, shape, batch, mesh, layout, measured) -> Row:
+    layers, dim, heads, kv, ffn = shape
+    return Row(name, gpus, lambda: torchtitan_llama(layers, dim, heads, kv, ffn, 128256, 8192), torchtitan_loss,
+               batch, 8192, mesh, layout, hw, measured, "tok/s/GPU", optimizer="adamw", mixed_precision=BF16,
+               source="torchtitan docs/performance.md and benchmarks/llama3_h100_202412_torchtitan.md (2024-12)")
+
+
+ROWS = [
     _megatron("Megatron 1.7B", 24, 2304, 24, 1, 1, 32, 512, 137, 16, 1, "torch"),
     _megatron("Megatron 3.6B", 32, 3072, 30, 2, 1, 64, 512, 138, 16, 1, "torch"),
     _megatron("Megatron 7.5B", 32, 4096, 36, 4, 1, 128, 512, 142, 16, 1, "torch"),
@@ -352,16 +177,100 @@ RUNS = [
     _megatron("Megatron 310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155, 1, 2, "local"),
     _megatron("Megatron 529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 3, "local"),
     _megatron("Megatron 1T", 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, 1, "local"),
-    Run("torchtitan Llama-3.1 8B", "h100-96gb-500w", 32, 4096, 32, 14336, 128256, 8192, 16, 1, 1, 8, 5762, "tok/s/GPU",
-        kv_heads=8, microbatch=2, gated_mlp=True, recompute="selective", fsdp=True,
-        source="torchtitan docs/performance.md (FSDP 8, selective AC)"),
-    Run("torchtitan Llama-3 70B", "a100", 80, 8192, 64, 28672, 128256, 8192, 64, 1, 1, 64, 331, "tok/s/GPU",
-        kv_heads=8, microbatch=1, gated_mlp=True, recompute="full", fsdp=True,
-        source="torchtitan docs/performance.md (FSDP 64, full AC)"),
-    Run("torchtitan Llama-3.1 405B", "h100-96gb-500w", 126, 16384, 128, 53248, 128256, 8192, 32, 8, 1, 16, 109, "tok/s/GPU",
-        kv_heads=8, microbatch=2, gated_mlp=True, recompute="full", fsdp=True, sequence_parallel=True,
-        source="torchtitan docs/performance.md (FSDP 16 x TP 8, full AC)"),
+    _torchtitan("torchtitan Llama-3.1 8B", 8, "h100-96gb-500w", (32, 4096, 32, 8, 14336), 16, (8,),
+                layouts.fsdp(checkpoint="selective"), 5762),
+    _torchtitan("torchtitan Llama-3 70B", 64, "a100", (80, 8192, 64, 8, 28672), 64, (64,),
+                layouts.fsdp(checkpoint="full"), 331),
+    _torchtitan("torchtitan Llama-3.1 405B", 128, "h100-96gb-500w", (126, 16384, 128, 8, 53248), 32, (16, 8),
+                layouts.fsdp(tp=8, checkpoint="full"), 109),
 ]
+
+
+def _mt_nlg(nodes: int, step_s: float, measured: float) -> Row:
+    """Megatron-Turing NLG 530B (Smith et al. 2022, sec. 2.4): 105 blocks of 20480, 128 heads, sequence
+    2048, batch 1920 on DGX A100 nodes, tensor 8 x pipeline 35 x data (nodes x 8 / 280), microbatch 1,
+    DeepSpeed's 1F1B pipeline sending whole activations, its gradients reduced after the backward, full
+    recomputation; the paper's iteration time and TFLOP/s per GPU (its accounting, eq. 3 above)."""
+    layers, h, heads, seq, vocab, batch = 105, 20480, 128, 2048, 50272, 1920
+    gpus = nodes * 8
+    layout = layouts.megatron(tp=8, pp=35, microbatch_size=1, recompute="full", sequence_parallel=False,
+                              scatter_gather_tensors_in_pipeline=False)
+    return Row(f"MT-NLG 530B, {nodes} nodes ({step_s} s)", gpus, lambda: megatron_gpt(layers, h, heads, seq, vocab),
+               megatron_loss, batch, seq, (gpus // 8, 8), layout, "a100", measured, "TFLOP/s/GPU",
+               optimizer="megatron_adam", flops=megatron_flops(batch, seq, layers, h, vocab),
+               source="Smith et al. 2022, 'Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B', sec. 2.4")
+
+
+#: Held out: published runs not used while building the cost model (``--held-out``).
+HELD_OUT = [_mt_nlg(280, 60.1, 126), _mt_nlg(420, 44.4, 113)]
+
+
+def price(row: Row, hardware: Union[str, Hardware, None] = None) -> dict:
+    """Plan ``row``'s layout through ``autoshard.plan`` and return its step and what makes it up."""
+    model = row.build()
+    ids = torch.empty(row.batch, row.seq, dtype=torch.long, device="meta")
+    hw = HARDWARE[row.hardware] if hardware is None else hardware
+    t0, c0 = time.perf_counter(), time.process_time()
+    plan = autoshard.plan(model, row.mesh, example_inputs=(ids,), loss_fn=row.loss_fn, example_target=ids,
+                          layout=row.layout, hardware=hw, optimizer=row.optimizer,
+                          mixed_precision=row.mixed_precision, memory_limit=1e15)
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if plan.pipelined:
+        step = plan.estimated_step_time
+        parts = {"bubble": plan.bubble_fraction}
+        how = f"pp {plan.pp} x v{plan.virtual} {plan.schedule}, m {plan.microbatches}, simulated"
+    else:
+        est = plan.solution.estimated
+        overlapped = row.layout.overlaps_communication and "overlapped_step_s" in est
+        step = est["overlapped_step_s"] if overlapped else plan.estimated_step_time
+        parts = {k: v for k, v in plan.solution.time_breakdown.items()}
+        how = f"k {plan.solution.levers.accumulation}, " + ("overlapped" if overlapped else "additive")
+    return {"step": step, "plan_s": seconds, "cpu_s": cpu, "memory": plan.estimated_memory, "parts": parts,
+            "how": how}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="", help="comma-separated substrings of row names")
+    ap.add_argument("--json", default="", help="write the residuals here")
+    ap.add_argument("--held-out", action="store_true", help="price the held-out published runs instead (HELD_OUT)")
+    ap.add_argument("--sensitivity", action="store_true",
+                    help="also reprice the A100 rows with each published A100 GEMM figure (none is applied)")
+    args = ap.parse_args()
+    rows = [r for r in (HELD_OUT if args.held_out else ROWS)
+            if not args.only or any(k.strip() in r.name for k in args.only.split(","))]
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
+          "every row through autoshard.plan(layout=...)")
+    print(f"{'run':<27} {'GPUs':>5} {'measured':>17} {'predicted':>9} {'error':>7}  {'step s (meas.)':>16} "
+          f"{'step err':>8}  {'plan s (CPU)':>13} {'peak GiB':>8}  how")
+    out, t_all, c_all = [], time.perf_counter(), time.process_time()
+    for r in rows:
+        got = price(r)
+        pred = r.predicted(got["step"])
+        err = pred / r.measured - 1
+        out.append((r, pred, err, got))
+        print(f"{r.name:<27} {r.gpus:>5} {r.measured:>7g} {r.unit:<9} {pred:>9.1f} {100 * err:>+6.1f}%  "
+              f"{got['step']:>7.3f} ({r.measured_step():>6.3f}) {100 * (got['step'] / r.measured_step() - 1):>+7.1f}%  "
+              f"{got['plan_s']:>6.1f} ({got['cpu_s']:>4.0f}) "
+              f"{got['memory'] / GiB:>8.1f}  "
+              f"{r.layout.describe().split(':', 1)[0]} {got['how']}", flush=True)
+    total, cpu = time.perf_counter() - t_all, time.process_time() - c_all
+    within, mean_abs, rhos = summary([(r, p, e) for r, p, e, _ in out])
+    errs = [e for _, _, e, _ in out]
+    step_errs = [g["step"] / r.measured_step() - 1 for r, _, _, g in out]
+    print(f"\nstep time: rows within +-15%: {sum(abs(e) <= 0.15 for e in step_errs)}/{len(out)} [goal: all]; "
+          f"mean |error| {100 * sum(abs(e) for e in step_errs) / len(out):.1f}% [goal <= 10%]")
+    print(f"throughput: rows within +-15%: {within}/{len(out)}; mean |error| {100 * mean_abs:.1f}%; "
+          "Spearman (measured vs predicted) " + ", ".join(f"{u} {v:.2f}" for u, v in rhos.items()) + " [goal >= 0.9]")
+    print(f"throughput signed errors: median {100 * sorted(errs)[len(errs) // 2]:+.1f}%, min {100 * min(errs):+.1f}%, "
+          f"max {100 * max(errs):+.1f}%; all rows planned in {total:.0f} s wall, {cpu:.0f} CPU s of this process "
+          f"[goal <= 600 s on 2 quiet cores; load average now {os.getloadavg()[0]:.1f}]")
+    if args.sensitivity:
+        sensitivity([r for r in rows if r.hardware == "a100"])
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({r.name: {"measured": r.measured, "predicted": p, "error": e, "step_s": g["step"],
+                                "plan_s": g["plan_s"]} for r, p, e, g in out}, fh, indent=1)
 
 
 def spearman(xs: list, ys: list) -> float:
@@ -375,69 +284,28 @@ def spearman(xs: list, ys: list) -> float:
     n = len(xs)
     mx, my = sum(rx) / n, sum(ry) / n
     cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    return cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--json", default="", help="write the residuals here")
-    ap.add_argument("--sensitivity", action="store_true",
-                    help="also reprice every row with each published A100 GEMM figure (none is applied)")
-    args = ap.parse_args()
-    rows = []
-    print(f"{'run':<28} {'GPUs':>5} {'layout':<22} {'measured':>16} {'predicted':>10} {'error':>7}  step s")
-    for r in RUNS:
-        parts = step_time(r)
-        pred = predicted(r, parts["step"])
-        err = pred / r.measured - 1
-        rows.append((r, pred, err, parts))
-        layout = f"tp{r.tp} pp{r.pp} dp{r.dp}" + (" fsdp" if r.fsdp else "") + f" m{parts['microbatches']}"
-        print(f"{r.name:<28} {r.gpus:>5} {layout:<22} {r.measured:>7g} {r.unit:<9}{pred:>9.1f} {100 * err:>+6.1f}%"
-              f"  {parts['step']:.3f}")
-    errs = [e for _, _, e, _ in rows]
-    # rank correlation over the rows of one unit each (ranks across units mean nothing)
-    within, mean_abs, rhos = summary([(r, pred, err) for r, pred, err, _ in rows])
-    print(f"\nrows within +-15%: {within}/{len(errs)} [goal: all]; mean |error| {100 * mean_abs:.1f}% "
-          f"[goal <= 10%]; Spearman (measured vs predicted) " + ", ".join(f"{u} {v:.2f}" for u, v in rhos.items())
-          + " [goal >= 0.9]")
-    print(f"signed errors: median {100 * sorted(errs)[len(errs) // 2]:+.1f}%, min {100 * min(errs):+.1f}%, "
-          f"max {100 * max(errs):+.1f}%")
-    if args.sensitivity:
-        sensitivity()
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({r.name: {"measured": r.measured, "predicted": pred, "error": err} for r, pred, err, _ in rows},
-                      fh, indent=1)
+    den = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return cov / den if den else float("nan")
 
 
 def summary(rows: list) -> tuple[int, float, dict]:
-    """(rows within +-15%, mean |error|, Spearman per unit) of ``(run, predicted, error)`` rows."""
+    """(rows within +-15%, mean |error|, Spearman per unit) of ``(row, predicted, error)`` rows."""
     errs = [e for _, _, e in rows]
-    groups = {}
+    groups: dict = {}
     for r, pred, _ in rows:
         groups.setdefault(r.unit, []).append((r.measured, pred))
     rhos = {u: spearman([a for a, _ in v], [b for _, b in v]) for u, v in groups.items() if len(v) > 2}
     return sum(abs(e) <= 0.15 for e in errs), sum(abs(e) for e in errs) / len(errs), rhos
 
 
-def sensitivity() -> None:
-    """Every row repriced with each figure of ``A100_GEMM_ALTERNATIVES`` as the A100's GEMM cap."""
-    print("\nA100 GEMM sensitivity (the first is the preset; only the A100 rows change):")
-    print(f"{'A100 GEMM cap':<32} {'of peak':>7}  {'within':>6}  {'mean':>6}  Megatron signed errors")
-    preset = HARDWARE["a100"]
-    try:
-        for label, cap, _source in A100_GEMM_ALTERNATIVES:
-            HARDWARE["a100"] = dataclasses.replace(preset, gemm_efficiency=cap)
-            rows = []
-            for r in RUNS:
-                pred = predicted(r, step_time(r)["step"])
-                rows.append((r, pred, pred / r.measured - 1))
-            within, mean_abs, _ = summary(rows)
-            megatron = [e for r, _, e in rows if r.unit == "TFLOP/s/GPU"]
-            print(f"{label:<32} {cap:>7.3f}  {within:>3}/{len(rows):<2}  {100 * mean_abs:>5.1f}%  "
-                  f"{100 * min(megatron):+.1f}% .. {100 * max(megatron):+.1f}%")
-    finally:
-        HARDWARE["a100"] = preset
+def sensitivity(rows: list) -> None:
+    """The A100 rows repriced with each figure of ``A100_GEMM_ALTERNATIVES`` as the A100's GEMM cap."""
+    print("\nA100 GEMM sensitivity (the first is the preset; only the A100 rows are repriced):")
+    print(f"{'A100 GEMM cap':<32} {'of peak':>7}  signed errors, row by row")
+    for label, cap, _source in A100_GEMM_ALTERNATIVES:
+        hw = dataclasses.replace(PRESETS["a100"], gemm_efficiency=min(1.0, cap))
+        errs = [r.predicted(price(r, hw)["step"]) / r.measured - 1 for r in rows]
+        print(f"{label:<32} {cap:>7.3f}  " + " ".join(f"{100 * e:+.1f}%" for e in errs), flush=True)
     for label, _cap, source in A100_GEMM_ALTERNATIVES:
         print(f"  {label}: {source}")
 

@@ -24,12 +24,12 @@ import torch.distributed as dist
 
 
 def worker(rank: int, world: int, args: dict) -> dict:
-    import autoshard.runtime.pipeline.executor as executor
+    import autoshard.runtime.executor as executor
     from autoshard.passes.capture.export import capture
     from autoshard.passes.pipeline.schedule.generators import generate
     from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
     from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
-    from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+    from autoshard.passes.pipeline.plan import Plan
     from autoshard.passes.sharding.pins import Pins
     from autoshard.passes.solve.planner import plan_sharding
     from autoshard.passes.spec import Replicate
@@ -54,7 +54,7 @@ def worker(rank: int, world: int, args: dict) -> dict:
                                  pins=Pins(params={"*": ("R",)}, inputs={n: ("S(0)",) for n in names}))
         payload = make_pipeline_plan(captured, nodes, (2, 2), schedule="1f1b", microbatches=micro,
                                      solve=solve).to_json()
-    plan = PipelinePlan.from_json(broadcast_json(payload, src=0))
+    plan = Plan.from_json(broadcast_json(payload, src=0))
     schedule = generate("1f1b", 2, micro)
     planned = executor.boundary_placements
 
@@ -64,7 +64,7 @@ def worker(rank: int, world: int, args: dict) -> dict:
     programs = {}
     for side, rule in (("pieces", planned), ("whole", whole)):
         executor.boundary_placements = rule
-        programs[side] = executor.PipelineProgram(captured, plan, schedule, model=model)
+        programs[side] = executor.RankProgram(plan.attach(captured), schedule=schedule, model=model)
     executor.boundary_placements = planned
     sent = {}
     for side, prog in programs.items():

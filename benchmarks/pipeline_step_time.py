@@ -96,7 +96,8 @@ def main() -> None:
     from autoshard.passes.capture.export import capture
     from autoshard.passes.pipeline.schedule.generators import generate
     from autoshard.passes.solve.planner import plan_sharding
-    from autoshard.runtime.pipeline.executor import PipelineProgram, write_chrome_trace
+    from autoshard.runtime.executor import RankProgram
+    from autoshard.runtime.pipeline.timelines import write_chrome_trace
     from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
     from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
@@ -115,7 +116,7 @@ def main() -> None:
     nodes = stage_nodes_from_prefixes(captured, [f"blocks.{c}" for c in cuts])
     plan = make_pipeline_plan(captured, nodes, (pp,), schedule="1f1b", microbatches=m,
                               solve=lambda g, sm: plan_sharding(g.captured, sm, hardware="cpu", time_limit_s=10))
-    prog = PipelineProgram(captured, plan, generate("1f1b", pp, m), model=model)
+    prog = RankProgram(plan.attach(captured), schedule=generate("1f1b", pp, m), model=model)
     if args.prefetch is not None:
         prog.interpreter.prefetch = args.prefetch
     opt = torch.optim.AdamW(prog.parameters(), lr=1e-4)

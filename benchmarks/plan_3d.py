@@ -103,7 +103,7 @@ def main() -> None:
     for key, row in cand["candidates"].items():
         print(f"    {key:<22} {row['wall_s']:6.2f} s  {row['status']}")
     print(plan.summary().split("\n  parameters")[0])
-    if isinstance(plan, autoshard.PipelinedPlan):
+    if plan.pipelined:
         sizes = [len(s.nodes) for s in plan.stages]
         print(f"  autoshard: pp {plan.pp} x {plan.virtual}, submesh {plan.stages[0].mesh.shape}, {plan.schedule}, "
               f"m {plan.microbatches}, recompute {sum(s.recompute for s in plan.stages)}/{len(plan.stages)} stages, "

@@ -5,8 +5,12 @@
 
 Plans GPT, Hugging Face Llama and a CNN (solved on (2, 2), (4,), (2, 2, 2), and three random plans
 with random levers each), one attention layer with ring and Ulysses pins on (4,) and (2, 2), and
-Mixtral's MoE layers pinned expert parallel, all on the h100 preset, and prints per plan the estimated
-step time and memory (repr, every digit) and a hash of the plan's JSON. About 2.5 minutes on 2 cores.
+Mixtral's MoE layers pinned expert parallel, all on the h100 preset, then pipelines (``plan(pp=2)``:
+the pipeline GPT on (4,) under 1f1b, zb-h1 and interleaved-1f1b and on (2, 2), and HF Llama on (4,)),
+and prints per plan the estimated step time and memory (repr, every digit), a hash of the plan's JSON
+(``h``, which a change of the file format alone changes) and a hash of its decisions alone (``d``: per
+stage its ops, rank group, ranks, submesh, recompute and Solution; the schedule and microbatch count),
+which only a changed plan changes. About 3 minutes on 2 cores.
 """
 from __future__ import annotations
 
@@ -19,15 +23,31 @@ import autoshard
 from autoshard.api import plan_captured
 from autoshard.passes.capture.export import capture
 from autoshard.testing import models
+from autoshard.testing.models import PIPELINE_BUILDERS
 from autoshard.testing.hf_zoo import build
 from autoshard.testing.long_context import cp_pins, seq_attention
 from autoshard.testing.moe_check import expert_pins
 
 
+def _hash(obj) -> str:
+    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def decisions(plan) -> list:
+    """The plan's decisions whatever its type: its Solution when it has one stage (or none), else one
+    entry per stage, then the schedule and microbatch count."""
+    stages = getattr(plan, "stages", None) or []
+    if len(stages) <= 1:
+        return [plan.solution.to_json()]
+    out = [[s.nodes, s.group, s.ranks, list(s.mesh.shape), bool(s.recompute), s.solution.to_json()] for s in stages]
+    if len(stages) > 1:
+        out.append([plan.schedule, plan.microbatches])
+    return out
+
+
 def show(tag: str, plan) -> None:
-    data = json.dumps(plan.to_json(), sort_keys=True, default=str)
     print(f"{tag:40s} t={plan.estimated_step_time!r} mem={plan.estimated_memory!r} "
-          f"h={hashlib.sha1(data.encode()).hexdigest()[:12]}", flush=True)
+          f"h={_hash(plan.to_json())} d={_hash(decisions(plan))}", flush=True)
 
 
 def main() -> None:
@@ -53,6 +73,14 @@ def main() -> None:
         show(f"mixtral {roles} {mesh}", plan_captured(captured, mesh, hardware="h100",
                                                       pins=expert_pins(captured, roles), time_limit_s=20))
     show("mixtral free (4,)", plan_captured(captured, (4,), hardware="h100", time_limit_s=20))
+    model, inputs, target, loss, _ = PIPELINE_BUILDERS["gpt"]()
+    for schedule, mesh in (("1f1b", (4,)), ("zb-h1", (4,)), ("interleaved-1f1b", (4,)), ("1f1b", (2, 2))):
+        show(f"gpt pp=2 {schedule} {mesh}", autoshard.plan(model, mesh, example_inputs=inputs, loss_fn=loss,
+                                                           example_target=target, hardware="h100", pp=2,
+                                                           schedule=schedule, time_limit_s=20))
+    model, inputs, target, loss = models.hf_llama()
+    show("llama pp=2 (4,)", autoshard.plan(model, (4,), example_inputs=inputs, loss_fn=loss, example_target=target,
+                                           hardware="h100", pp=2, time_limit_s=20))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from published_layouts import llama  # noqa: E402  the meta Llama published_layo
 
 def describe(plan) -> str:
     """The plan's shape and estimate on one line (what to compare between trees)."""
-    if isinstance(plan, autoshard.PipelinedPlan):
+    if plan.pipelined:
         sizes = [len(s.nodes) for s in plan.stages]
         return (f"pp {plan.pp} x v{plan.virtual}, submesh {plan.stages[0].mesh.shape}, {plan.schedule}, "
                 f"m {plan.microbatches}, recompute {sum(bool(s.recompute) for s in plan.stages)}/{len(plan.stages)} "
@@ -75,7 +75,7 @@ def main() -> None:
           f"before, {load_after[0]:.1f} after, on {os.cpu_count()} cores")
     print(f"  build the model on meta {t1 - t0:7.2f} s ({c1 - c0:.2f})")
     print(f"  autoshard.plan, trace included: {t2 - t1:7.2f} s ({c2 - c1:.2f})  (goal <= 120 s)")
-    solution = plan.stages[0].solution if isinstance(plan, autoshard.PipelinedPlan) else plan.solution
+    solution = plan.stages[0].solution if plan.pipelined else plan.solution
     search = solution.solver_stats.get("pipeline_search", {})
     cand = search.get("candidates", {})
     if cand:

@@ -14,6 +14,7 @@ value, and autoshard's plan of the same program:
 | 175b | GPT-3 175B (Narayanan et al. 2021's configuration class: TP 8, PP 8-16, batch 1536) | (128, 8) h100 | 1536 x 2048 | ``megatron(tp=8, pp=16, recompute="full")`` |
 | llama3 | Llama 3 405B (Llama 3 paper, Table 4: TP 8, CP 1, PP 16, DP 128, 16M tokens) | (2048, 8) h100 | 2048 x 8192 | ``megatron(tp=8, pp=16, virtual_stages=2, distributed_optimizer=True)`` |
 | llama3-v4 | the same, 4 virtual stages per rank | (2048, 8) h100 | 2048 x 8192 | ``megatron(tp=8, pp=16, virtual_stages=4, distributed_optimizer=True)`` |
+| llama3-meta | the same, Meta's layout: 8 virtual stages, the first and last stage the embedding and the head alone | (2048, 8) h100 | 2048 x 8192 | ``megatron(tp=8, pp=16, virtual_stages=8, distributed_optimizer=True, recompute="none", account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)``, priced without the memory limit |
 
 The torchtitan rows train with bf16 compute and fp32 masters (``MixedPrecision``), as
 ``torchtitan_recipes.py`` does, and autoshard plans them without a pipeline (``plan_captured``). The
@@ -80,6 +81,17 @@ ROWS = {
                       build=lambda: llama(126, 16384, 53248, 128, 8, 8192, dtype=torch.bfloat16),
                       mesh=(2048, 8), hw="h100", memory=None, batch=2048, seq=8192,
                       layout=layouts.megatron(tp=8, pp=16, virtual_stages=4, distributed_optimizer=True)),
+    # Meta's layout (Llama 3 paper, sec. 3.3.2 and Table 4): 8 virtual stages per rank, one block fewer on
+    # the first and the last stage (here the embedding alone and the head and loss alone: Megatron-Core's
+    # account_for_embedding/loss_in_pipeline_split, 126 blocks + 2 = 128 = 16 x 8 stages), no activation
+    # checkpointing at 8K tokens (sec. 3.3.2). Priced without the memory limit: the distributed optimizer
+    # is priced replicated under a pipeline (no ZeRO-1 form), which over-states its state by dp.
+    "llama3-meta": dict(name="Llama 3 405B / 16,384 H100, Meta's layout (v8, embedding and head alone)",
+                        build=lambda: llama(126, 16384, 53248, 128, 8, 8192, dtype=torch.bfloat16),
+                        mesh=(2048, 8), hw="h100", memory=1e15, batch=2048, seq=8192,
+                        layout=layouts.megatron(tp=8, pp=16, virtual_stages=8, distributed_optimizer=True,
+                                                recompute="none", account_for_embedding_in_pipeline_split=True,
+                                                account_for_loss_in_pipeline_split=True)),
 }
 
 
@@ -88,10 +100,12 @@ def line(tag: str, plan, tokens: float, gpus: int, seconds: float) -> dict:
     over = est.get("overlapped_step_s")
     step = plan.estimated_step_time
     extra = f", overlap {over:.3f} s ({tokens / gpus / over:,.0f} tok/s/GPU)" if over else ""
+    if plan.model_flops:
+        extra += f", {plan.model_flops / step / gpus / 1e12:.0f} TFLOP/s/GPU (model FLOPs: autoshard.metrics)"
     shape = (f"pp {plan.pp} x v{plan.virtual}, {plan.schedule}, m {plan.microbatches}, submesh "
              f"{plan.stages[0].mesh.shape}, bubble {100 * plan.bubble_fraction:.1f}%, recompute "
              f"{sum(bool(s.recompute) for s in plan.stages)}/{len(plan.stages)} stages"
-             if isinstance(plan, autoshard.PipelinedPlan) else
+             if plan.pipelined else
              f"mesh {plan.mesh.shape}, levers {plan.solution.levers}")
     print(f"  {tag:<12} step {step:.3f} s ({tokens / gpus / step:,.0f} tok/s/GPU){extra}; memory "
           f"{human_bytes(plan.estimated_memory)}; planned in {seconds:.1f} s; {shape}", flush=True)

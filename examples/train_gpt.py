@@ -38,7 +38,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import autoshard  # noqa: E402
 from autoshard import checkpoint  # noqa: E402
-from autoshard.compiled import PipelinedModel  # noqa: E402
 from autoshard.runtime.groups import finish_distributed  # noqa: E402
 from nanogpt import GPT, CharData, generate_corpus, lm_loss, lr_lambda  # noqa: E402
 
@@ -111,7 +110,7 @@ def main() -> None:
         same_plan = False  # another mesh: plan anew, the checkpoint reshards
     cm = autoshard.compile(model, mesh, example_inputs=(x,), loss_fn=lm_loss, example_target=y, pp=pp,
                            plan=autoshard.load_plan(saved_plan) if same_plan else None)
-    pipelined = isinstance(cm, PipelinedModel)
+    pipelined = cm.plan.pipelined
     if rank == 0:
         if pipelined:
             p = cm.plan
@@ -168,7 +167,7 @@ def main() -> None:
             checkpoint.save(training_state(cm, opt, sched, step + 1, world),
                             os.path.join(args.checkpoint_dir, f"step_{step + 1}"))
     if pipelined:
-        from autoshard.runtime.pipeline.executor import write_chrome_trace
+        from autoshard.runtime.pipeline.timelines import write_chrome_trace
         from autoshard.runtime.pipeline.timelines import draw_measured_timeline
         timelines = cm.gather_timelines()  # every rank takes part
         if rank == 0:

@@ -12,8 +12,13 @@
 - ``param_gather``: parameter copies gathered (and cast) per block in flat collectives, prefetched,
   optionally freed after forward and gathered again for backward (reshard after forward).
 - ``recompute`` / ``regions``: activation checkpointing (full, selective) of block regions.
-- ``gradsync``: bucketed, overlapped gradient all-reduce. ``executor``: ``RankProgram`` (the step,
-  with gradient accumulation and mixed precision). ``memory_probe``: measured saved and gathered bytes.
+- ``stage``: one stage of a plan lowered for this rank, with every memory lever, and F / B / W per
+  microbatch. ``executor``: ``RankProgram``, the one program type: this rank's stages under the plan's
+  schedule (``pipeline/``: the interpreter and point-to-point transfers; without a pipeline, a schedule
+  of one stage), the step with accumulation. ``step_inputs``: a step's batch cut into microbatches;
+  ``step_results``: the loss reduced over the ranks, a forward's outputs assembled.
+- ``gradsync``: bucketed, overlapped gradient all-reduce, one per stage. ``memory_probe``: measured
+  saved and gathered bytes.
 
 May import: torch and ``autoshard.passes``. Never the front door (``autoshard``'s own modules) or
 ``autoshard.testing``.

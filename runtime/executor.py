@@ -1,36 +1,44 @@
-"""``RankProgram``: one rank's lowered program, its local shards, and the training step.
+"""``RankProgram``: this rank's part of a plan (its stages, run under the plan's schedule) and the step.
 
-Built once from a captured graph, the plan's strategies and the mesh::
+One program type runs every plan (``passes.pipeline.plan.Plan``: a list of stages under a schedule)::
 
-    rp = RankProgram(captured, strategies, (2, 2), model=model)     # under torchrun, every rank
-    opt = torch.optim.AdamW(rp.parameters(), lr=1e-3)               # local shards
-    loss = rp.step(x, target=y); opt.step(); opt.zero_grad()        # the full global batch on every rank
-    print(rp.program.code)                                          # local ops + named collectives
+    rp = RankProgram(plan, model=model)                        # under torchrun, every rank
+    opt = torch.optim.AdamW(rp.parameters(), lr=1e-3)          # local shards
+    loss = rp.step(x, target=y); opt.step(); opt.zero_grad()   # the full global batch on every rank
+    print(rp.program.code)                                     # local ops + named collectives
 
-``step`` runs forward and backward over the global batch: every rank receives the same full
-inputs and keeps its own chunk; the program returns the loss as ``P`` on every axis, backward
-starts from it with seed 1, replicated parameters' gradients are all-reduced (``gradsync``), and
-the returned loss is the all-reduced sum of the local values, identical on every rank.
+``plan.captured`` is the program of ONE microbatch: the global batch / (accumulation x microbatches).
 
-The plan's memory levers (``passes.levers.Levers``) act here:
+- **Stages**: this rank's stages of the plan, each a ``stage.LoweredStage``: the stage's lowered
+  program with every memory lever its Solution carries (checkpointed blocks, reshard after forward
+  with prefetch, mixed precision), MoE and ring-attention lowerings, its local shards, and F / B / W
+  per microbatch. A plan without a pipeline has one stage: the whole program on the whole mesh
+  (``setup_distributed``'s groups); a pipeline's rank group runs its stages on its submesh
+  (``pipeline.groups``), values crossing stages at their planned placement (``pipeline.boundaries``).
+- **Schedule**: ``generate(plan.schedule, pp, microbatches, virtual)``, data (``Action`` lists per
+  rank group), proven deadlock-free first, run by the interpreter (``pipeline.interpreter``) with
+  point-to-point transfers derived from it; without a pipeline it is one stage's F then BW.
+- **Step**: the global batch is cut into accumulation x microbatches along dim 0
+  (``step_inputs``); the schedule runs once per round of accumulation, each round on its
+  ``microbatches`` consecutive slices (torchtitan's gradient accumulation under a pipeline: the
+  schedule run k times per step); every backward is seeded 1 / (accumulation x microbatches), so the
+  gradients summed over the rounds and microbatches are the full-batch mean loss's. Each stage's
+  replicated gradients are all-reduced over its mesh (``gradsync.GradSync``, one per stage, with
+  ``reduce_dtype`` under mixed precision), armed for the last round's last weight-gradient action of
+  the stage only, so the reduction overlaps that action and the rest of the step. Parameters held by
+  several stages (tied embeddings: stage 0 and the last stage each keep a copy, Megatron's embedding
+  group) have their gradients summed across the holders, so the copies stay equal under any
+  optimizer. The returned loss is the mean over the microbatches, the same float on every rank:
+  without a pipeline it rides in a gradient bucket reduced over every axis (or is all-reduced
+  alone); a pipeline all-reduces it over the world from the last stage's group (on gloo the other
+  ranks post their zero share when the step begins, so nobody waits for it at the end).
 
-- ``accumulation`` k: the program is traced at the microbatch (global batch / k); ``step`` takes
-  the global batch, cuts every input and the target into k slices along dim 0 and runs k forward +
-  backward microsteps, each backward seeded 1/k; the gradient all-reduce is armed for the last
-  microstep only (the others' gradients are part of the sum it reduces); returns the mean loss;
-- block policies: checkpointed block instances run as ``regions.CheckpointRegion``; parameter
-  groups that reshard after forward are packed as handles while the forward runs
-  (``param_gather.ParamGatherer.saved_tensors_hooks``);
-- ``mixed_precision``: the program (traced with parameters in ``param_dtype``) receives the master
-  weights and casts its parameter copies; floating inputs are cast to the traced dtype; replicated
-  gradients are all-reduced in ``reduce_dtype`` (``param_dtype`` when None), sharded ones
-  reduce-scattered in it by the parameter gathers.
-
-``memory_probe`` (a ``memory_probe.MemoryProbe`` while one is active) measures a step.
+Gradients already present when a step begins (accumulation across steps without ``zero_grad``) are
+set aside and added back after the reduction, so they are not summed twice. ``memory_probe`` (a
+``memory_probe.MemoryProbe`` while one is active) measures a step.
 """
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Optional
 
 import torch
@@ -38,283 +46,343 @@ import torch.distributed as dist
 import torch.fx as fx
 import torch.nn as nn
 
-from autoshard.passes.errors import BatchError, MeshError
+from autoshard.passes.errors import BatchError, MeshError, PlanFormatError
 from autoshard.passes.graph import META, CapturedGraph
-from autoshard.passes.layout.shapes import normalize
-from autoshard.passes.levers import Levers
-from autoshard.passes.mesh import Mesh
-from autoshard.passes.spec import Replicate, Strategy, TensorMeta
+from autoshard.passes.pipeline.plan import Plan
+from autoshard.passes.pipeline.schedule.generators import generate
+from autoshard.passes.pipeline.schedule.simulate import check_deadlock
+from autoshard.passes.pipeline.stages.stage_graphs import split_stages, whole_program
+from autoshard.passes.spec import Replicate
 
 from .gradsync import GradSync
-from .groups import MeshEnv, setup_distributed
-from .local_batch import DataLayout, InputCheck, arrivals_for, data_layout, local_shapes, user_inputs
-from .lower import COLLECTIVE_META, PARAM_STEPS_META, lower
-from .materialize import materialize
-from .regions import outline_regions
+from .groups import MeshEnv, choose_device_backend, setup_distributed
+from .layout import shard_tensor
+from .local_batch import DataLayout, InputCheck, arrivals_for, data_layout, local_shapes
+from .lower import COLLECTIVE_META, PARAM_STEPS_META
+from .pipeline.boundaries import boundary_placements, stage_strategies, wiring
+from .pipeline.groups import TieGroups, build_pipeline_envs, group_layout
+from .pipeline.interpreter import Interpreter, TimelineEvent, executed_schedule
+from .redistribute import redistribute
+from .stage import LoweredStage
 from .state_dict import ModelState
+from .step_inputs import StepInputs
+from .step_results import LossReduction, assembled
 
 __all__ = ["RankProgram"]
 
 
 class RankProgram:
-    """This rank's program and state. See the module docstring.
+    """This rank's stages of ``plan`` and the step (see the module docstring).
 
-    ``env``: a ``MeshEnv`` (default: ``setup_distributed(mesh)``). Initial values come from
-    ``state_dict`` (full tensors, original names), else ``model``'s real tensors, else, for a
-    meta-device model, initialization replayed with ``seed`` (see ``materialize``).
-    ``bucket_mb``/``first_bucket_mb`` size the gradient all-reduce buckets. ``levers``: the plan's
-    memory levers (default: none pulled; see the module docstring).
-    """
+    ``env``: a plan without a pipeline runs on this ``MeshEnv`` (default: ``setup_distributed(plan.mesh)``);
+    a pipeline builds its groups' (``torch.distributed`` must be initialized with the plan's ranks).
+    Initial values come from ``state_dict`` (full tensors, original names), else ``model``'s real
+    tensors, else, for a meta-device model, initialization replayed with ``seed``. ``schedule``: the
+    action lists to run (default: the plan's, ``generate``). ``bucket_mb``/``first_bucket_mb`` size
+    the gradient all-reduce buckets; ``device``: where a pipeline's local shards live (default: the
+    backend's device)."""
 
-    def __init__(self, captured: CapturedGraph, strategies: dict[str, Strategy], mesh: Any, *,
-                 env: Optional[MeshEnv] = None, model: Optional[nn.Module] = None,
-                 state_dict: Optional[dict] = None, seed: int = 0, bucket_mb: float = 25.0,
-                 first_bucket_mb: float = 1.0, levers: Optional[Levers] = None):
-        mesh = Mesh.of(mesh)
-        self.env = env if env is not None else setup_distributed(mesh)
-        if self.env.mesh.shape != mesh.shape:
-            raise MeshError(f"the plan is for mesh {mesh.shape} but the process groups were built for "
-                            f"{self.env.mesh.shape}; call setup_distributed with the plan's mesh")
-        self.captured, self.strategies, self.mesh = captured, strategies, mesh
-        self.levers = levers if levers is not None else Levers()
-        self.program, self.gatherer = self._build_program()
-        self._full = (self.program, self.gatherer)
-        self._local: Optional[tuple] = None  # the program taking this rank's slice (``local_batch``)
-        self.memory_probe = None
-
-        local = materialize(captured, strategies, self.env, model=model, state_dict=state_dict, seed=seed)
-        trainable = self._trainable(model)
-        self._param_names = list(captured.params)
-        self._buffer_names = list(captured.buffers)
-        self._params = [nn.Parameter(local[ph], requires_grad=trainable.get(ph, True)) for ph in self._param_names]
-        self._buffers = [local[ph] for ph in self._buffer_names]
+    def __init__(self, plan: Plan, *, env: Optional[MeshEnv] = None, model: Optional[nn.Module] = None,
+                 state_dict: Optional[dict] = None, seed: int = 0, schedule: Optional[dict] = None,
+                 device: Any = None, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0):
+        if plan.captured is None:
+            raise PlanFormatError("the plan has no program: attach it to the program traced at one microbatch first "
+                                  "(plan.attach(captured))")
+        missing = [s.index for s in plan.stages if s.solution is None]
+        if missing:
+            raise PlanFormatError(f"stages {missing} have no intra-stage Solution; plan each stage's sub-graph "
+                                  "(plan_sharding on split_stages(...)[s].captured) before running")
+        self.plan, self.captured = plan, plan.captured
+        self.rounds, self.microbatches = plan.accumulation, plan.microbatches
+        self._setup_groups(env, device)
+        self.schedule = schedule if schedule is not None else generate(plan.schedule, plan.pp, plan.microbatches,
+                                                                      plan.virtual)
+        self._check_schedule()
+        if plan.pipelined:
+            self.graphs = split_stages(self.captured, [s.nodes for s in plan.stages])
+            self._strategies = {g.index: stage_strategies(g, plan.stages[g.index].solution.strategies)
+                                for g in self.graphs}
+            self.boundaries = boundary_placements(plan, self.graphs, self._strategies)
+        else:
+            self.graphs = [whole_program(self.captured)]
+            self._strategies = {0: plan.stages[0].solution.strategies}
+            self.boundaries = {}
+        trainable = ({n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
+                     if model is not None else {})
+        n = self.rounds * self.microbatches
+        self.stages = {s.index: LoweredStage(self.graphs[s.index], self._strategies[s.index], self.env,
+                                             levers=s.solution.levers, model=model, state_dict=state_dict, seed=seed,
+                                             seed_scale=1.0 / n, trainable=trainable, recompute=s.recompute,
+                                             arrivals={v: self.boundaries[v] for v, _ in self.graphs[s.index].receives},
+                                             departures={v: self.boundaries[v] for v, _ in self.graphs[s.index].sends})
+                       for s in plan.stages if s.group == self.group}
+        gloo = "gloo" in str(self.env.backend or "gloo")
+        # gloo: receives posted one action ahead overlap transfers with compute, and a pipeline's loss
+        # reduction is posted at once (it completes in the background). NCCL: neither (interpreter, p2p).
+        self._early_loss = gloo and plan.pp > 1
+        self.wiring = wiring(plan, self.graphs, self.boundaries, self.captured)
+        self.interpreter = Interpreter(self.stages, self.wiring,
+                                       self.group, self.env.rank, dist.get_rank() if plan.pp > 1 else self.env.rank,
+                                       self.device, self.schedule, prefetch=1 if gloo and plan.pp > 1 else 0)
+        self._loss_comm = None if plan.pp > 1 else self.env.comm_for([a for a, s in enumerate(plan.mesh.shape) if s > 1])
+        self._syncs = {s: self._grad_sync(st, bucket_mb, first_bucket_mb) for s, st in self.stages.items()}
+        self._holders = self._shared_params()
+        self._ties = (TieGroups(self.layout, sorted({k for _, k in self._holders.values()}), dist.get_rank())
+                      if plan.pp > 1 else None)
+        cast = any(st.levers.mixed_precision is not None for st in self.stages.values())
+        self._inputs = StepInputs(self.captured, n, self.device, cast=cast)
         self.model = model  # its state_dict hooks name the checkpoint's tensors (``state_dict.ModelState``)
         self._model_state: Optional[ModelState] = None
         self._data_layout: Optional[DataLayout] = None
-
-        entries = list(captured.inputs) + ([captured.target] if captured.target is not None else [])
-        self._inputs = [(name, captured.node(name).meta.get(META)) for name in entries]
-        self._loss_comm = self.env.comm_for([a for a, s in enumerate(mesh.shape) if s > 1])
-        mp = self.levers.mixed_precision
-        # a forward-only program never has gradients: no buckets for them
-        self._sync = GradSync(self._sync_order() if captured.loss_output else [], bucket_bytes=int(bucket_mb * 2**20),
-                              first_bucket_bytes=int(first_bucket_mb * 2**20), carry_comm=self._loss_comm,
-                              reduce_dtype=None if mp is None else (mp.reduce_dtype or mp.param_dtype))
+        self._input_check: Optional[InputCheck] = None
 
     # ---- construction helpers ------------------------------------------------------------------
-    def _trainable(self, model) -> dict[str, bool]:
-        if model is None:
-            return {}
-        flags = {n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
-        return {ph: flags.get(fqn, True) for ph, fqn in self.captured.params.items()}
+    @classmethod
+    def of_strategies(cls, captured: CapturedGraph, strategies: dict, mesh: Any, *, levers=None, **kw) -> "RankProgram":
+        """The program of a plan of one stage from placements alone (``Plan.of_strategies``)."""
+        return cls(Plan.of_strategies(captured, strategies, mesh, levers), **kw)
 
-    def _build_program(self, arrivals: Optional[dict] = None) -> tuple:
-        """(program, its parameter gatherer or None): lowered with the levers, checkpointed block
-        instances outlined as regions; ``arrivals`` for the ``local_batch`` variant."""
-        flat = lower(self.captured, self.strategies, self.env, self.levers, arrivals=arrivals)
-        program = outline_regions(flat, lambda b: self.levers.policy(b).checkpoint, set(self.captured.buffers))
-        return program, getattr(flat, "param_gatherer", None)
+    def _setup_groups(self, env: Optional[MeshEnv], device: Any) -> None:
+        plan = self.plan
+        if plan.pp > 1:
+            if not dist.is_initialized():
+                raise PlanFormatError("a pipelined program needs torch.distributed initialized (torchrun, or "
+                                      "init_process_group) with as many ranks as the plan's groups hold")
+            backend = str(dist.get_backend())
+            dev = choose_device_backend()[0]
+            self.device = torch.device(device) if device is not None else (dev if "nccl" in backend
+                                                                           else torch.device("cpu"))
+            self.group, self.env = build_pipeline_envs(plan, dist.get_rank(), self.device, backend)
+            self.layout = group_layout(plan)
+            return
+        self.env = env if env is not None else setup_distributed(plan.mesh, device=device)
+        if self.env.mesh.shape != plan.mesh.shape:
+            raise MeshError(f"the plan is for mesh {plan.mesh.shape} but the process groups were built for "
+                            f"{self.env.mesh.shape}; call setup_distributed with the plan's mesh")
+        self.device, self.group = self.env.device, 0
+        self.layout = {0: (plan.mesh, list(range(plan.mesh.size)))}
 
-    def _sync_order(self) -> list:
-        """(param, comm over its R axes) in the order gradients become ready: reverse first use."""
-        first_use: dict[str, int] = {}
-        for i, node in enumerate(self.captured.gm.graph.nodes):
-            for a in node.all_input_nodes:
-                if a.name in self.captured.params:
-                    first_use.setdefault(a.name, i)
-        order = sorted(range(len(self._param_names)),
-                       key=lambda k: -first_use.get(self._param_names[k], -1))
-        out = []
-        for k in order:
-            storage = normalize(self.strategies[self._param_names[k]].outputs[0], self.mesh.shape)
-            axes = [a for a, p in enumerate(storage) if isinstance(p, Replicate) and self.mesh.shape[a] > 1]
-            if axes:
-                out.append((self._params[k], self.env.comm_for(axes)))
+    def _check_schedule(self) -> None:
+        plan, schedule = self.plan, self.schedule
+        check_deadlock(executed_schedule(schedule), require_comms=False)
+        mbs = sorted({a.microbatch for acts in schedule.values() for a in acts})
+        if mbs != list(range(plan.microbatches)):
+            raise PlanFormatError(f"the schedule runs microbatches {mbs[:3]}..{mbs[-1:]} but the plan cuts the batch "
+                                  f"into {plan.microbatches}; generate the schedule with m={plan.microbatches}")
+        for group, acts in schedule.items():
+            for a in acts:
+                if a.kind in ("F", "B", "W", "BW") and plan.stages[a.stage].group != group:
+                    raise PlanFormatError(f"schedule runs {a} on rank group {group} but the plan puts stage "
+                                          f"{a.stage} on group {plan.stages[a.stage].group}")
+
+    def _grad_sync(self, stage: LoweredStage, bucket_mb: float, first_bucket_mb: float) -> GradSync:
+        mp = stage.levers.mixed_precision
+        # a forward-only program never has gradients: no buckets for them
+        return GradSync(stage.sync_order() if self.captured.loss_output else [], bucket_bytes=int(bucket_mb * 2**20),
+                        first_bucket_bytes=int(first_bucket_mb * 2**20), carry_comm=self._loss_comm,
+                        reduce_dtype=None if mp is None else (mp.reduce_dtype or mp.param_dtype))
+
+    def _shared_params(self) -> dict[str, tuple[list[int], tuple[int, ...]]]:
+        """param placeholder -> (stages holding it, the distinct groups holding it), for params in 2+ stages."""
+        out = {}
+        for ph in self.captured.params:
+            holders = [g.index for g in self.graphs if ph in g.captured.params]
+            if len(holders) > 1:
+                out[ph] = (holders, tuple(sorted({self.plan.stages[s].group for s in holders})))
         return out
 
+    # ---- what it runs ----------------------------------------------------------------------------
+    def _only(self) -> LoweredStage:
+        if len(self.stages) != 1:
+            raise AttributeError(f"this rank runs {len(self.stages)} stages ({sorted(self.stages)}): read "
+                                 "program.stages[s].program")
+        return next(iter(self.stages.values()))
+
+    @property
+    def program(self) -> fx.GraphModule:
+        """This rank's fx program (of its one stage): ``print(rp.program.code)``."""
+        return self._only().program
+
+    @property
+    def gatherer(self):
+        """The parameter gatherer of this rank's one stage (None when it gathers no parameter)."""
+        return self._only().gatherer
+
+    @property
+    def strategies(self) -> dict:
+        """The strategies of this rank's one stage."""
+        return self._only().strategies
+
+    @property
+    def mesh(self):
+        """The (sub)mesh this rank's stages run on."""
+        return self.env.mesh
+
+    @property
+    def memory_probe(self):
+        return self._only().memory_probe
+
+    @memory_probe.setter
+    def memory_probe(self, probe) -> None:
+        for st in self.stages.values():
+            st.memory_probe = probe
+
+    @property
+    def timeline(self) -> list[TimelineEvent]:
+        """The last step's executed compute actions on this rank, in order, with measured times."""
+        return list(self.interpreter.timeline)
+
     # ---- running -------------------------------------------------------------------------------
-    def _args(self, inputs: tuple, target, shapes: Optional[dict] = None) -> list[list]:
-        """The program's arguments for each microstep (one list per microstep), checked against the
-        traced shapes (or ``shapes``: this rank's slice with ``local_batch``)."""
-        has_target = self.captured.target is not None
-        user = self._inputs[:len(self._inputs) - has_target]
-        if len(inputs) != len(user):
-            raise BatchError(f"the program was traced with {len(user)} input(s) {[n for n, _ in user]} "
-                             f"but got {len(inputs)}")
-        k = self.levers.accumulation
-        if has_target and target is None:
-            shape = getattr(self._inputs[-1][1], "shape", None)
-            raise BatchError(f"the program was traced with a loss: pass target= (the full global target of "
-                             f"shape {self._global_shape(shape) if shape else '?'})")
-        if not has_target and target is not None:
-            raise BatchError("the program was traced without a loss function; call it without target=")
-        inputs = tuple(inputs) + ((target,) if has_target else ())
-        cast = self.levers.mixed_precision is not None
-        micro: list[list] = [[] for _ in range(k)]
-        for (name, meta), x in zip(self._inputs, inputs):
-            if not isinstance(meta, TensorMeta):
-                for m in micro:
-                    m.append(x)
-                continue
-            if not isinstance(x, torch.Tensor):
-                raise BatchError(f"input {name!r} must be a tensor of shape {self._global_shape(meta.shape)}, "
-                                 f"got {type(x).__name__}")
-            if shapes is not None and tuple(x.shape) != shapes[name]:
-                raise BatchError(f"input {name!r} has shape {tuple(x.shape)}; with local_batch=True this rank "
-                                 f"passes its slice of the global batch {meta.shape}: shape {shapes[name]} (rows "
-                                 f"of data_parallel_rank {self.data_layout().rank} of {self.data_layout().size})")
-            if shapes is None and tuple(x.shape) != self._global_shape(meta.shape):
-                raise BatchError(f"input {name!r} has shape {tuple(x.shape)} but the program was traced with the "
-                                 f"global batch {self._global_shape(meta.shape)}"
-                                 + (f" (microbatch {meta.shape} x {k} accumulation steps)" if k > 1 else "")
-                                 + "; pass the full global batch of the traced shape on every rank, or only this "
-                                   "rank's slice with local_batch=True (or compile again for a new shape)")
-            if x.device != self.env.device:
-                x = x.to(self.env.device, non_blocking=True)
-            if cast and x.is_floating_point() and meta.dtype.is_floating_point and x.dtype != meta.dtype:
-                x = x.to(meta.dtype)
-            b = meta.shape[0] if meta.shape else 0
-            for i, m in enumerate(micro):
-                m.append(x if k == 1 else x.narrow(0, i * b, b))
-        return micro
-
-    def _global_shape(self, shape) -> tuple:
-        k = self.levers.accumulation
-        return tuple(shape) if k == 1 or not shape else (shape[0] * k,) + tuple(shape[1:])
-
-    def _local_loss(self, out) -> torch.Tensor:
-        return out[0] if isinstance(out, (tuple, list)) else out
-
-    def _prepared(self, inputs: tuple, target, local_batch: bool) -> list[list]:
-        """Each microstep's arguments, with the matching program made current: the full-batch program,
-        or with ``local_batch`` the one taking this rank's slice (``local_batch.py``; lowered on first
-        use), after checking the slices agree where they must."""
-        if not local_batch:
-            self.program, self.gatherer = self._full
-            return self._args(inputs, target)
-        if self.levers.accumulation > 1:
-            raise BatchError("local_batch=True with gradient accumulation is not supported yet: pass the full "
-                             "global batch (local_batch=False), or compile without accumulation=")
-        if self._local is None:
-            layout = self.data_layout()
-            self._local = self._build_program(arrivals_for(layout, self.mesh.ndim))
-            self._input_check = InputCheck(layout, self.env)
-        self.program, self.gatherer = self._local
-        micro = self._args(inputs, target, shapes=local_shapes(self.captured, self.data_layout()))
-        self._input_check([(name, x) for (name, _), x in zip(self._inputs, micro[0]) if isinstance(x, torch.Tensor)])
-        return micro
-
     def data_layout(self) -> DataLayout:
-        """The plan's data-parallel axes and this rank's place along them (``local_batch.DataLayout``)."""
+        """The data-parallel axes and this rank's place along them: the axes of the (sub)mesh on which
+        every stage reading a batch input shards it on dim 0 (``local_batch.data_layout``); a pipeline
+        whose rank groups have different submeshes has none."""
         if self._data_layout is None:
-            self._data_layout = data_layout([(self.captured, self.strategies, user_inputs(self.captured))], self.mesh,
-                                            self.env.coordinate)
+            readers = [(g.captured, self._strategies[g.index],
+                        g.captured.inputs[:len(g.user_inputs)] + ([g.captured.target] if g.reads_target else []))
+                       for g in self.graphs if g.user_inputs or g.reads_target]
+            if len({tuple(mesh.shape) for mesh, _ in self.layout.values()}) > 1:
+                readers = []
+            self._data_layout = data_layout(readers, self.env.mesh, self.env.coordinate,
+                                            microbatches=self.rounds * self.microbatches)
         return self._data_layout
 
-    def _run(self, args: list):
-        """The program on one microstep's arguments, under the reshard hooks (and the probe, if any)."""
-        if self.gatherer is not None:
-            self.gatherer.begin()
-        probe = (self.memory_probe.forward(self._params + self._buffers + list(args))
-                 if self.memory_probe is not None else contextlib.nullcontext())
-        hooks = self.gatherer.saved_tensors_hooks() if self.gatherer is not None else contextlib.nullcontext()
-        with probe, hooks:
-            return self.program(*self._params, *self._buffers, *args)
+    def _prepared(self, inputs: tuple, target, local_batch: bool) -> tuple[list, list]:
+        """(per user input, its microbatches; the target's), with every stage's program taking what is
+        passed: the full batch, or with ``local_batch`` this rank's slice (``local_batch.py``; lowered on
+        first use), after checking the slices agree where they must."""
+        if not local_batch:
+            for st in self.stages.values():
+                st.local_inputs(False)
+            return self._inputs.cut(inputs, target)
+        if self.rounds > 1:
+            raise BatchError("local_batch=True with gradient accumulation is not supported yet: pass the full "
+                             "global batch (local_batch=False), or compile without accumulation=")
+        layout = self.data_layout()
+        if self._input_check is None:
+            self._input_check = InputCheck(layout, self.env)
+        for st in self.stages.values():
+            st.local_inputs(True, arrivals_for(layout, self.env.mesh.ndim))
+        names = list(self.captured.inputs) + ([self.captured.target] if self.captured.target is not None else [])
+        given = list(inputs) + ([target] if self.captured.target is not None else [])
+        where = f" (rows of data_parallel_rank {layout.rank} of {layout.size})"
+        user, targets = self._inputs.cut(inputs, target, local_shapes(self.captured, layout, self._inputs.n), where)
+        self._input_check([(n, x) for n, x in zip(names, given) if isinstance(x, torch.Tensor)])
+        return user, targets
 
     def step(self, *inputs, target=None, local_batch: bool = False) -> float:
-        """Forward + backward over the global batch (``accumulation`` microsteps); gradients land on
+        """Forward + backward over the global batch (see the module docstring); gradients land on
         ``parameters()``. Returns the mean loss (identical on every rank). With ``local_batch``, each rank
-        passes only its data-parallel slice (``local_batch.py``)."""
+        passes only its data-parallel slice (``local_batch.py``): microbatch i then holds every slice's
+        i-th part, the same rows as the full batch with each slice cut the same way (the mean loss and
+        gradients equal the full-batch step's up to summation order)."""
         if not self.captured.loss_output:
             raise BatchError("step() needs a program traced with a loss function (loss_fn=...); "
                              "this one returns outputs: call forward()")
-        micro = self._prepared(inputs, target, local_batch)
-        k = len(micro)
-        self._sync.set_aside()
-        local_sum = None
-        try:
-            for i, args in enumerate(micro):
-                last = i == k - 1
-                loss = self._local_loss(self._run(args))
-                local_sum = loss.detach().clone() if local_sum is None else local_sum + loss.detach()
-                work = None
-                if last:
-                    total = local_sum / k if k > 1 else local_sum
-                    self._sync.arm()
-                    if self._sync.carries:  # the loss rides in a gradient bucket reduced over every axis
-                        self._sync.carry(total)
-                    elif self._loss_comm.size > 1:
-                        work = dist.all_reduce(total, group=self._loss_comm.group, async_op=True)
-                if last:
-                    try:
-                        self._backward(loss, k)
-                    finally:
-                        self._sync.finish()
-                else:
-                    self._backward(loss, k)
-        finally:
-            if self.gatherer is not None:
-                self.gatherer.end()
-        if self._sync.carries:
-            total = self._sync.carried()
-        elif work is not None:
-            work.wait()
-        return total.item()
+        user, targets = self._prepared(inputs, target, local_batch)
+        stashed = self._set_aside()
+        holds_loss = self.group == self.plan.stages[-1].group
+        losses: list = []
+        loss = LossReduction(self.rounds * self.microbatches, self.device, self._loss_comm, holds_loss,
+                             early=self._early_loss)
+        m = self.microbatches
+        last_stage = self.plan.stages[-1].index
 
-    def _backward(self, loss: torch.Tensor, k: int) -> None:
-        if k == 1:
-            loss.backward()
-        else:
-            loss.backward(torch.full_like(loss, 1.0 / k))
+        def before_weights(s: int) -> None:
+            if s == last_stage and self._loss_comm is not None:
+                loss.start_alone(losses, self._syncs[s])
+            self._syncs[s].arm()
+
+        try:
+            for r in range(self.rounds):
+                final = r == self.rounds - 1
+                hooks = dict(before_weights=before_weights, after_weights=lambda s: self._syncs[s].launch_rest(),
+                             weight_ready=lambda s, p: self._syncs[s].mark_ready(p)) if final else {}
+                self.interpreter.run([u[r * m:(r + 1) * m] for u in user], targets[r * m:(r + 1) * m],
+                                     losses=losses, **hooks)
+        finally:
+            for st in self.stages.values():
+                st.end_step()
+        for sync in self._syncs.values():
+            sync.finish()
+        self._sync_tied()
+        self._restore(stashed)
+        return loss.result(losses)
+
+    def _set_aside(self) -> dict:
+        """Take the gradients present before the step off the parameters (a copy where the gradient is a
+        view into a reduction bucket the step will overwrite)."""
+        synced = {p for sync in self._syncs.values() for b in sync.buckets for p in b.params}
+        stashed = {}
+        for p in self.parameters():
+            if p.grad is not None:
+                stashed[p] = p.grad.clone() if p in synced else p.grad
+                p.grad = None
+        return stashed
+
+    def _restore(self, stashed: dict) -> None:
+        for p, g in stashed.items():
+            p.grad = g if p.grad is None else p.grad.add_(g)
+
+    def _sync_tied(self) -> None:
+        for ph, (holders, groups) in self._holders.items():
+            mine = [self.stages[s] for s in holders if s in self.stages]
+            if not mine:
+                continue
+            meta = self.captured.node(ph).meta[META]
+            total = torch.zeros(meta.shape, dtype=meta.dtype, device=self.device)
+            for st in mine:
+                p = st.params[st.param_names.index(ph)]
+                if p.grad is not None:
+                    total += redistribute(p.grad, st.grad_layout(ph), (Replicate(),) * self.env.mesh.ndim, self.env)
+            if len(groups) > 1:
+                dist.all_reduce(total, group=self._ties.get(groups))
+            for st in mine:
+                p = st.params[st.param_names.index(ph)]
+                if p.requires_grad:
+                    p.grad = shard_tensor(total, st.grad_layout(ph), self.env.mesh.shape, self.env.coordinate).clone()
 
     def forward(self, *inputs, target=None, local_batch: bool = False):
-        """Forward only, without autograd: the full outputs (the loss, all-reduced, for a loss program;
-        with accumulation, the mean loss over the microbatches or the outputs concatenated on dim 0),
-        in the model's own output object when capture recorded one (``captured.output_structure``).
-        ``local_batch``: as in ``step``; the outputs are still the full batch's."""
-        micro = self._prepared(inputs, target, local_batch)
-        outs = []
-        with torch.no_grad():
-            for args in micro:
-                outs.append(self.program(*self._params, *self._buffers, *args))
-            if self.gatherer is not None:
-                self.gatherer.end()
-            structure = self.captured.output_structure
-            if not self.captured.loss_output and structure is not None:  # the model's own output object
-                parts = [list(o) if isinstance(o, (tuple, list)) else [o] for o in outs]
-                return structure.rebuild(p[0] if len(parts) == 1 else torch.cat(p) for p in zip(*parts))
-            if not self.captured.loss_output:
-                outs = [o[0] if isinstance(o, (tuple, list)) and len(o) == 1 else o for o in outs]
-                if len(outs) == 1:
-                    return outs[0]
-                if isinstance(outs[0], (tuple, list)):
-                    return type(outs[0])(torch.cat(parts) for parts in zip(*outs))
-                return torch.cat(outs)
-            loss = sum(self._local_loss(o) for o in outs) / len(outs) if len(outs) > 1 else self._local_loss(outs[0])
-            loss = loss.clone()
-            if self._loss_comm.size > 1:
-                dist.all_reduce(loss, group=self._loss_comm.group)
-            return loss
+        """Forward only, without autograd (a plan without a pipeline): the full outputs (the loss,
+        all-reduced, for a loss program; with accumulation, the mean loss over the microbatches or the
+        outputs concatenated on dim 0), in the model's own output object when capture recorded one
+        (``captured.output_structure``). ``local_batch``: as in ``step``; the outputs are still the full
+        batch's."""
+        if self.plan.pipelined:
+            raise BatchError("a pipelined program runs training steps (step(...)); forward-only inference through "
+                             "pipeline stages is not supported: compile without pp= for inference")
+        user, targets = self._prepared(inputs, target, local_batch)
+        stage = self._only()
+        reads_target = self.captured.target is not None
+        outs = [stage.forward_only([u[i] for u in user] + ([targets[i]] if reads_target else []))
+                for i in range(self._inputs.n)]
+        stage.end_step()
+        return assembled(self.captured, outs, self._loss_comm)
 
     __call__ = forward
 
     # ---- state ---------------------------------------------------------------------------------
     def parameters(self) -> list[nn.Parameter]:
-        return list(self._params)
+        """Every local parameter (a weight shared by two local stages appears once per copy)."""
+        return [p for s in sorted(self.stages) for p in self.stages[s].params]
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        return [(self.captured.params[ph], p) for ph, p in zip(self._param_names, self._params)]
+        return [(self.captured.params[ph], p) for s in sorted(self.stages)
+                for ph, p in zip(self.stages[s].param_names, self.stages[s].params)]
 
     def buffers(self) -> list[torch.Tensor]:
-        return list(self._buffers)
+        return [b for s in sorted(self.stages) for b in self.stages[s].buffers]
 
     def named_buffers(self) -> list[tuple[str, torch.Tensor]]:
-        return [(self.captured.buffers[ph], b) for ph, b in zip(self._buffer_names, self._buffers)]
+        """This rank's stages' buffers under the model's names (``runtime.local_module`` reads them)."""
+        return [(self.captured.buffers.get(b, b), t) for s in sorted(self.stages)
+                for b, t in zip(self.stages[s].buffer_names, self.stages[s].buffers)]
 
     def model_state(self) -> ModelState:
-        """The model's state over this program under ``model.state_dict()``'s names (built once)."""
+        """The model's state over this rank's stages under ``model.state_dict()``'s names (built once; a
+        collective the first time for a pipeline)."""
         if self._model_state is None:
-            self._model_state = ModelState(self, self.model)
+            self._model_state = ModelState(self, self.model, ties=self._ties)
         return self._model_state
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
@@ -324,19 +392,21 @@ class RankProgram:
 
     # ---- inspecting ----------------------------------------------------------------------------
     def collective_counts(self) -> dict[str, int]:
-        """Collective steps in the forward program by kind (a parameter gather counts its members'
-        steps; a fused member, gathered over several axes flattened, one all-gather), plus
+        """Collective steps in this rank's forward programs by kind (a parameter gather counts its
+        members' steps; a fused member, gathered over several axes flattened, one all-gather), plus
         ``grad_sync`` (parameters whose gradient is all-reduced) and ``grad_sync_buckets`` (the
         all-reduce calls doing it)."""
         counts: dict[str, int] = {}
-        for module in self.program.modules():
-            if not isinstance(module, fx.GraphModule):
-                continue
-            for node in module.graph.nodes:
-                kinds = [node.meta[COLLECTIVE_META]] if node.meta.get(COLLECTIVE_META) else []
-                for kind in kinds + list(node.meta.get(PARAM_STEPS_META, ())):
-                    counts[kind] = counts.get(kind, 0) + 1
-        if self._sync.num_params:
-            counts["grad_sync"] = self._sync.num_params
-            counts["grad_sync_buckets"] = len(self._sync.buckets)
+        for st in self.stages.values():
+            for module in st.program.modules():
+                if not isinstance(module, fx.GraphModule):
+                    continue
+                for node in module.graph.nodes:
+                    kinds = [node.meta[COLLECTIVE_META]] if node.meta.get(COLLECTIVE_META) else []
+                    for kind in kinds + list(node.meta.get(PARAM_STEPS_META, ())):
+                        counts[kind] = counts.get(kind, 0) + 1
+        synced = sum(sync.num_params for sync in self._syncs.values())
+        if synced:
+            counts["grad_sync"] = synced
+            counts["grad_sync_buckets"] = sum(len(sync.buckets) for sync in self._syncs.values())
         return counts

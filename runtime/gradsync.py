@@ -8,11 +8,15 @@ bucket and, once a bucket is full, launches an async all-reduce, so communicatio
 rest of backward. Buckets launch strictly in order, so every rank issues the same collectives in
 the same order. ``finish`` waits and leaves each gradient as a view into its reduced bucket.
 
-Gradients already present when a step begins (accumulation across steps without ``zero_grad``)
-are set aside and added back after the reduction, so they are not summed twice. With gradient
-accumulation inside a step, ``set_aside`` runs before the first microstep and ``arm`` before the
-last one's backward: the earlier microsteps' gradients accumulate in ``.grad`` unreduced and are
-part of the sum the last microstep's hooks copy into the buckets.
+One per stage of a rank's program (``runtime.stage``), whatever the schedule: ``arm`` right before
+the last action of the step that adds to the stage's weight gradients (the last microbatch's
+backward, or its zero-bubble W); the gradients of the earlier microbatches (and rounds of
+accumulation) accumulate in ``.grad`` unreduced and are part of the sum the hooks copy into the
+buckets then. A zero-bubble W sets gradients without hooks and reports each as it lands
+(``mark_ready``). ``launch_rest`` after that action launches what is left (a parameter without a
+gradient contributes zeros); ``finish`` waits. ``overlapped``: buckets launched before
+``launch_rest`` in the last step (overlapped with the stage's backward). Gradients already present
+when a step begins are the program's to set aside (``runtime.executor``).
 
 ``reduce_dtype`` (mixed precision): buckets hold and reduce gradients in that dtype; each gradient
 is cast back to its parameter's dtype after the reduction.
@@ -59,9 +63,10 @@ class GradSync:
         self._where: dict[nn.Parameter, tuple[_Bucket, int]] = {}
         self._flat_view: dict[nn.Parameter, torch.Tensor] = {}
         self._grad_view: dict[nn.Parameter, torch.Tensor] = {}
-        self._stash: dict[nn.Parameter, torch.Tensor] = {}
+        self._copied: set = set()
         self._next = 0
         self.active = False
+        self.overlapped = 0
         open_: dict[tuple, _Bucket] = {}
         for p, comm in params:
             if not p.requires_grad or comm.size == 1:
@@ -89,7 +94,7 @@ class GradSync:
                 self._flat_view[p] = b.flat[off:off + p.numel()]
                 self._grad_view[p] = self._flat_view[p].view_as(p)
         for p in self._where:
-            p.register_post_accumulate_grad_hook(self._ready)
+            p.register_post_accumulate_grad_hook(self.mark_ready)
 
     def flat_buffers(self) -> list[torch.Tensor]:
         """The buckets' flat tensors: allocated once, here, and alive as long as this object (after a
@@ -112,33 +117,23 @@ class GradSync:
     def carried(self) -> torch.Tensor:
         return self._carrier.flat[self._carrier.slot].clone()
 
-    def begin(self) -> None:
-        """Call before backward: set aside gradients already present, arm the hooks."""
-        self.set_aside()
-        self.arm()
-
-    def set_aside(self) -> None:
-        """Set aside the gradients already present (they are added back after the reduction)."""
-        self.active = False
-        self._stash.clear()
-        for p in self._where:
-            if p.grad is not None:
-                self._stash[p] = p.grad.clone()
-                p.grad = None
-
     def arm(self) -> None:
         """Call before the backward whose gradients are final: each one is then bucketed as it lands."""
         for b in self.buckets:
             b.pending = len(b.params)
             b.work = None
         self._next = 0
+        self._copied = set()
         self.active = True
 
-    def _ready(self, p: nn.Parameter) -> None:
-        if not self.active:
+    def mark_ready(self, p: nn.Parameter) -> None:
+        """``p``'s gradient is final for this step: copy it into its bucket (after ``arm``; the hooks call
+        this, and a zero-bubble W calls it for the gradients it sets without hooks)."""
+        if not self.active or p not in self._where or p in self._copied:
             return
         b, _ = self._where[p]
         self._flat_view[p].copy_(p.grad.reshape(-1))
+        self._copied.add(p)
         b.pending -= 1
         self._launch_ready()
 
@@ -148,17 +143,27 @@ class GradSync:
             b.work = dist.all_reduce(b.flat, group=b.comm.group, async_op=True)
             self._next += 1
 
-    def finish(self) -> None:
-        """Call after backward: launch what is left (zeros for gradients that never came), wait,
-        and point every gradient at its reduced bucket."""
+    def launch_rest(self) -> None:
+        """Launch every bucket not launched yet, each gradient its bucket never got copied in whole
+        (zeros for a parameter without a gradient)."""
+        if self.active:
+            self.overlapped = self._next
         self.active = False
         for b in self.buckets[self._next:]:
-            if b.pending:
-                for p in b.params:
+            for p in b.params:
+                if p not in self._copied:
                     if p.grad is None:
                         self._flat_view[p].zero_()
-                b.pending = 0
+                    else:
+                        self._flat_view[p].copy_(p.grad.reshape(-1))
+                    self._copied.add(p)
+            b.pending = 0
         self._launch_ready()
+
+    def finish(self) -> None:
+        """Call after backward: launch what is left (``launch_rest``), wait, and point every gradient at
+        its reduced bucket."""
+        self.launch_rest()
         for b in self.buckets:
             b.work.wait()
             for p in b.params:
@@ -166,6 +171,3 @@ class GradSync:
                     continue
                 view = self._grad_view[p]
                 p.grad = view if view.dtype == p.dtype else view.to(p.dtype)
-                if p in self._stash:
-                    p.grad.add_(self._stash[p])
-        self._stash.clear()

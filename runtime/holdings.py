@@ -2,9 +2,9 @@
 
 Checkpoints, gradient clipping and per-rank data all need the same view of a compiled program: for
 every placeholder of the captured graph this rank keeps a piece of, the local tensor, the storage
-placements it has on the (sub)mesh, and whether this copy is the one that *counts*. A plain program
-(``executor.RankProgram``) holds one piece of every parameter and buffer. A pipeline
-(``pipeline.executor.PipelineProgram``) holds the pieces of its rank group's stages; a weight shared by
+placements it has on the (sub)mesh, and whether this copy is the one that *counts*. The program
+(``executor.RankProgram``) of a plan without a pipeline holds one piece of every parameter and buffer;
+a pipeline's holds the pieces of its rank group's stages; a weight shared by
 several stages (tied embeddings) has a copy in each, and only the first stage holding it (in pipeline
 order) *owns* it: the owner's copy is what a checkpoint saves and what a gradient norm counts, the
 others are kept equal to it (``tie_sources`` says where each copy's value comes from).
@@ -61,12 +61,13 @@ class Holding:
 
 
 def is_pipeline(program: Any) -> bool:
-    return hasattr(program, "stages") and hasattr(program, "graphs")
+    """Whether ``program`` (a ``RankProgram``) runs a plan of several stages."""
+    return program.plan.pipelined
 
 
 def holdings(program: Any) -> list[Holding]:
-    """Every local piece of ``program`` (a ``RankProgram`` or a ``PipelineProgram``), in placeholder order
-    (parameters first, then buffers; by stage for a pipeline)."""
+    """Every local piece of ``program`` (a ``RankProgram``), in placeholder order (parameters first,
+    then buffers; by stage for a pipeline)."""
     if is_pipeline(program):
         return _pipeline_holdings(program)
     captured, mesh = program.captured, program.mesh

@@ -1,6 +1,6 @@
 """The model's state of a compiled program under the original ``model.state_dict()`` names.
 
-``ModelState(program, model)`` serves a ``RankProgram`` or a ``PipelineProgram``:
+``ModelState(program, model)`` serves a ``RankProgram``, with or without a pipeline:
 
 - ``state_dict()``: this rank's pieces as DTensors (the plan's storage placements on the program's
   ``DeviceMesh``; a pipeline rank's on its rank group's submesh), views of the live parameters, ready
@@ -80,7 +80,7 @@ def _is_meta(v: Any) -> bool:
 
 
 class ModelState:
-    """See the module docstring. ``program``: a ``RankProgram`` or ``PipelineProgram``; ``model``: the
+    """See the module docstring. ``program``: a ``RankProgram``; ``model``: the
     module it was compiled from (None: names come from the captured graph and no hooks run); ``seed``:
     the initialization seed of a meta-device model (for tensors no pipeline stage holds); ``ties``: a
     pipeline's ``TieGroups`` joining the rank groups that hold copies of a shared parameter."""

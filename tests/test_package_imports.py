@@ -212,7 +212,7 @@ def runtime_reaching_planners(edges: list[Edge]) -> list[str]:
 def test_the_walk_sees_every_stage_and_function_level_imports():
     modules = read_package()
     for name in ("autoshard", "autoshard.api", "autoshard.drawing.dot", "autoshard.passes.capture.export",
-                 "autoshard.passes.sharding.rules.matmul", "autoshard.runtime.pipeline.executor",
+                 "autoshard.passes.sharding.rules.matmul", "autoshard.runtime.pipeline.interpreter",
                  "autoshard.testing.models"):
         assert name in modules, name
     edges = import_edges(modules)

@@ -1,14 +1,14 @@
 """The default plan picture: one box per module segment, repeated blocks folded, readable at a glance.
 
-``block_plan_to_dot(plan)`` draws a ``Plan``; ``block_pipeline_to_dot(plan)`` a ``PipelinedPlan``,
-one cluster per stage with consecutive identical stages folded ("stages 1-14, x14"). Each box
+``block_plan_to_dot(plan)`` draws any plan: a plan of one stage as its boxes, a pipelined one as one
+cluster per stage with consecutive identical stages folded ("stages 1-14, x14"). Each box
 (``segments.DrawnUnit``) lists the parameters its ops read with their shape and storage placement
 per mesh axis (coloured as the op-level drawing colours values), the collectives inside it (per
 block instance) and its gradient syncs; a folded block says "xN" and carries the collectives
 between two consecutive instances on a loop. An edge between boxes carries the collectives on it
 (kind, mesh axis, bytes per step, estimated time). The title gives the step time, memory per
 device, tokens (or samples) per second per device and MFU; a legend explains colours and notation.
-The op-level graph is ``plan_graph`` / ``pipeline_graph`` (``render(path, detail="ops")``).
+The op-level graph is ``plan_graph`` (``render(path, detail="ops")``).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from autoshard.passes.graph import META
 from autoshard.passes.solve.clustering import OUTPUT
 from autoshard.passes.units import human_bytes, human_time
 
-__all__ = ["block_plan_to_dot", "block_pipeline_to_dot"]
+__all__ = ["block_plan_to_dot"]
 
 _HEADER = "#dbe4ee"
 _KIND = {"all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter",
@@ -158,10 +158,13 @@ def _input_boxes(captured, strategies_of, axis_names) -> list[str]:
 
 
 def block_plan_to_dot(plan) -> str:
-    """Block-level graphviz dot text for a ``Plan`` carrying its captured graph (module docstring)."""
+    """Block-level graphviz dot text for a ``Plan`` carrying its captured graph (module docstring): its
+    stages drawn only when it has several (``_stages_to_dot``)."""
     if plan.captured is None:
         raise ValueError("this plan has no captured graph (it was loaded from JSON): compile or plan it "
                          "against the model first, e.g. load_plan(p).attach(capture(...), mesh)")
+    if plan.pipelined:
+        return _stages_to_dot(plan)
     captured, sol, names = plan.captured, plan.solution, plan.mesh.axis_names
     units = fold(segments(captured), sol, captured)
     head = f"autoshard plan: mesh {plan.mesh.shape} {tuple(names)}, {plan.hardware}"
@@ -205,10 +208,10 @@ def _cut_bytes(captured, stage_of: dict, boundary: int) -> float:
     return total
 
 
-def block_pipeline_to_dot(plan) -> str:
-    """Block-level graphviz dot text for a ``PipelinedPlan`` carrying its captured graph: one cluster per
-    stage (consecutive identical stages folded), each drawn as ``block_plan_to_dot`` draws a plan."""
-    captured, pipe, mesh = plan.captured, plan.pipeline, plan.mesh
+def _stages_to_dot(plan) -> str:
+    """A pipelined plan: one cluster per stage (consecutive identical stages folded), each drawn as a
+    plan of one stage is drawn."""
+    captured, pipe, mesh = plan.captured, plan, plan.mesh
     stage_units = [fold(segments(captured, st.nodes), st.solution, captured) for st in pipe.stages]
     stage_of = {n: st.index for st in pipe.stages for n in st.nodes}
     runs: list[tuple[list[int], tuple]] = []

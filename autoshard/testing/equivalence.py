@@ -1,8 +1,7 @@
 """The runtime's oracle: train a distributed program next to a single-device copy and list every difference.
 
-One harness for every program kind that trains: ``RankProgram``, ``PipelineProgram``, ``CompiledModel``
-and ``PipelinedModel`` (anything with ``step(*inputs, target=)``, ``parameters()`` and
-``full_state_dict()``). Each rank runs it on its own program and returns the failure strings; the
+One harness for everything that trains: a ``RankProgram`` or a ``CompiledModel``, with or without a
+pipeline (anything with ``step(*inputs, target=)``, ``parameters()`` and ``full_state_dict()``). Each rank runs it on its own program and returns the failure strings; the
 test gathers them with ``run_ranks`` and asserts there are none::
 
     def worker(rank, world):
@@ -220,8 +219,9 @@ def compiled_gradient_mismatches(label: str, cm, reference: torch.nn.Module, tol
 
 def pipeline_gradient_mismatches(label: str, prog, reference: torch.nn.Module,
                                  tol: Tolerance = Tolerance()) -> list[str]:
-    """Every local gradient of a ``PipelineProgram`` (each copy of a tied weight included) equals its piece
-    of the single-device full-batch gradient."""
+    """Every local gradient of a ``RankProgram`` or a ``CompiledModel`` (each stage's; each copy of a tied
+    weight included) equals its piece of the single-device full-batch gradient."""
+    prog = getattr(prog, "_program", prog)
     full = {n: p.grad for n, p in reference.named_parameters(remove_duplicate=False)}
     out = []
     for s, stage in prog.stages.items():

@@ -117,7 +117,7 @@ def memory_against_estimates(rank: int, models, cases=LEVER_CASES) -> list[tuple
     for lay in layouts(rank, models):
         for case, k, checkpoint, reshard in cases:
             levers = policy_levers(lay.model_name, k, checkpoint, reshard)
-            probed = Probed(RankProgram(lay.captured, lay.strategies, lay.mesh_shape, env=lay.env, model=lay.model,
+            probed = Probed(RankProgram.of_strategies(lay.captured, lay.strategies, lay.mesh_shape, env=lay.env, model=lay.model,
                                         levers=levers))
             x, y = lay.batch(MICRO * k, 1)
             probed.step(**x, target=y) if isinstance(x, dict) else probed.step(*x, target=y)
@@ -141,7 +141,7 @@ def peak_against_estimates(rank: int, models, cases=PEAK_CASES) -> list[tuple]:
                                                                lay.strategies, lay.batch)
         for case, k, checkpoint, reshard in cases:
             levers = policy_levers(model_name, k, checkpoint, reshard)
-            program = RankProgram(captured, strategies, mesh_shape, env=lay.env, model=lay.model, levers=levers)
+            program = RankProgram.of_strategies(captured, strategies, mesh_shape, env=lay.env, model=lay.model, levers=levers)
             optimizer = torch.optim.AdamW(program.parameters(), lr=1e-3)
             x, y = batch(MICRO * k, 1)
             args = tuple(x.values()) if isinstance(x, dict) else x  # traced inputs, in order

@@ -39,7 +39,7 @@ import torch
 import torch.fx as fx
 import torch.nn as nn
 
-from autoshard.passes.capture.arguments import check_loss_arguments
+from autoshard.passes.capture.arguments import check_loss_arguments, check_loss_output
 from autoshard.passes.capture.moe_experts import fused_experts
 from autoshard.passes.capture.normalize import DEVICE_KWARG, normalize_export
 from autoshard.passes.capture.outputs import OutputStructure, flatten_output
@@ -247,6 +247,8 @@ def capture(model: nn.Module, example_inputs, *, loss_fn: Optional[Callable] = N
             raise _blame_the_loss(model, example_inputs, loss_fn, target, e) or e
     captured = normalize_export(ep, traced, call.names, has_target=target is not None,
                                 loss_fn_given=loss_fn is not None, method=method)
+    if loss_fn is not None:
+        check_loss_output(captured.output_node.args[0], loss_fn)
     captured.master_dtypes = {ph: masters[fqn] for ph, fqn in captured.params.items() if fqn in masters}
     if loss_fn is None and call.output_structure is not None:
         captured.output_structure = call.output_structure

@@ -31,6 +31,7 @@ import torch.nn as nn
 from torch.export.graph_signature import InputKind, OutputKind
 
 from autoshard.passes.capture.functionalize import functionalize_view_writes
+from autoshard.passes.capture.static_shapes import check_static_shapes
 from autoshard.passes.errors import TraceError
 from autoshard.passes.graph import META, MODULE, CapturedGraph, exact_placeholder, tensor_meta_of
 
@@ -95,6 +96,7 @@ def normalize_export(ep, model: nn.Module, input_names: list[str], *, has_target
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target in _DROPPED_OPS:
             graph.erase_node(node)
+    check_static_shapes(graph, type(model).__name__)
 
     params = _order_state(graph, state, dict(model.named_parameters()), "p_")
     buffers = _order_state(graph, state, dict(model.named_buffers()), "b_")

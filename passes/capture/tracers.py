@@ -36,6 +36,7 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.export.graph_signature import InputKind
 
+from autoshard.passes.capture.eager_check import eager_error
 from autoshard.passes.errors import TraceError
 
 __all__ = ["LossFnError", "trace", "export_via_symbolic_trace", "trace_error", "user_frame"]
@@ -78,7 +79,8 @@ def trace(model: nn.Module, make_program: Callable[[nn.Module], nn.Module], flat
             except Exception as fallback_error:  # noqa: BLE001
                 if _loss_fn_error(fallback_error) is not None:
                     raise loss_fn_trace_error(_loss_fn_error(fallback_error)) from fallback_error
-                raise trace_error(model, export_error, fallback_error) from export_error
+                eager = eager_error(make_program(model), flat, is_loss_error=lambda e: _loss_fn_error(e) is not None)
+                raise trace_error(model, export_error, fallback_error, eager) from export_error
     params = {s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.PARAMETER}
     _inline_regions(ep.graph_module, {n for n in ep.graph.nodes if n.op == "placeholder" and n.name in params})
     return ep, method
@@ -260,14 +262,22 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {line}"[:300]
 
 
-def _classify(export_error: BaseException, fallback_error: BaseException) -> tuple[str, str]:
-    text = f"{type(export_error).__name__} {export_error} {type(fallback_error).__name__} {fallback_error}"
-    if "data-dependent" in text or "DataDependent" in text or "cannot be used as inputs to control flow" in text:
-        return ("Python control flow or a Python number that depends on tensor values "
-                "(e.g. `if x.sum() > 0:`, `float(t)`, `.item()`)",
-                "express it with tensor ops (torch.where, masking) or compute it outside the model and pass "
-                "it in as an input")
-    if "fake" in text.lower() and ("impl" in text or "kernel" in text):
+def _classify(export_error: BaseException, fallback_error: BaseException,
+              eager: Optional[BaseException] = None) -> tuple[str, str]:
+    """(what stopped the capture, what to do). The model's own exception first: ``eager``, what the
+    program raised when called directly (``eager_check``), means the inputs or the model are wrong,
+    whatever the tracers say. Then torch.export's error alone (the fx fallback stops at any branch on a
+    shape, which export traces fine, so its "control flow" is no evidence), then both together."""
+    if eager is not None:
+        return (f"an error the model's forward raises on these example inputs ({_first_line(eager)}), not a "
+                "tracing limit: calling the model directly on them raises it too",
+                "call the model on the example inputs directly to see it; check each input's shape and dtype, that "
+                "every argument the model needs is passed (one left out arrives as None), and the model's "
+                "configuration (e.g. a width that does not divide into its heads)")
+    said = f"{type(export_error).__name__} {export_error}"
+    if "data-dependent" in said or "DataDependent" in said:
+        return _DATA_DEPENDENT
+    if "fake" in said.lower() and ("impl" in said or "kernel" in said):
         return ("an operator with no meta/fake implementation",
                 "register one with torch.library.register_fake, or move the op out of forward")
     if _first_line(export_error) == _first_line(fallback_error) and not isinstance(export_error, TraceError):
@@ -275,8 +285,16 @@ def _classify(export_error: BaseException, fallback_error: BaseException) -> tup
                 "tracing limit: both tracers stop at the same line",
                 "call the model on the example inputs directly to see it; check their shapes and dtypes, and the "
                 "model's configuration (e.g. a width that does not divide into its heads)")
+    if "cannot be used as inputs to control flow" in str(fallback_error) and isinstance(export_error, TraceError):
+        return _DATA_DEPENDENT
     return ("a construct the tracers do not support",
             "rewrite it with plain tensor ops that depend only on shapes, not on tensor values")
+
+
+_DATA_DEPENDENT = ("Python control flow or a Python number that depends on tensor values "
+                   "(e.g. `if x.sum() > 0:`, `float(t)`, `.item()`)",
+                   "express it with tensor ops (torch.where, masking) or compute it outside the model and pass "
+                   "it in as an input")
 
 
 def _loss_fn_error(error: Optional[BaseException]) -> Optional[LossFnError]:
@@ -304,10 +322,12 @@ def loss_fn_trace_error(marked: LossFnError) -> TraceError:
         f"  fix: call loss_fn(model(*example_inputs), example_target) directly to see it.")
 
 
-def trace_error(model: nn.Module, export_error: BaseException, fallback_error: BaseException) -> TraceError:
-    """The TraceError for a model neither ``torch.export`` nor the fx fallback could capture."""
-    construct, fix = _classify(export_error, fallback_error)
-    frame = user_frame(export_error) or user_frame(fallback_error)
+def trace_error(model: nn.Module, export_error: BaseException, fallback_error: BaseException,
+                eager: Optional[BaseException] = None) -> TraceError:
+    """The TraceError for a model neither ``torch.export`` nor the fx fallback could capture;
+    ``eager``: what the program raised when run directly on the example inputs (None: it ran)."""
+    construct, fix = _classify(export_error, fallback_error, eager)
+    frame = user_frame(eager) or user_frame(export_error) or user_frame(fallback_error)
     where = (f"{frame.filename}:{frame.lineno} in {frame.name}: `{(frame.line or '').strip()}`"
              if frame else "an unknown location (no user frame in the traceback)")
     return TraceError(

@@ -7,8 +7,10 @@ cost model (``passes/cost/model.py``) divides that work by how a strategy shards
 Work: matmul-like ops (mm, addmm, bmm, baddbmm, matmul, linear, einsum, scaled-dot-product
 attention, convolution) cost FLOPs / peak FLOP/s for their dtype, with backward = forward per
 differentiable matrix operand (2x when both need a gradient); every other op is memory-bound,
-(bytes read + written) / memory bandwidth, with backward = 1x forward; views (and ``to`` casts to
-the dtype a tensor already has) cost nothing.
+(bytes read + written) / memory bandwidth, with backward = 1x forward; on hardware with the
+achievable-throughput model, by the bytes its kernels move and its kernel class's rate
+(``passes/cost/kernel_classes.py``); views (and ``to`` casts to the dtype a tensor already has)
+cost nothing.
 
 Launch overhead: every op dispatch costs ``hardware.op_overhead_s`` on every rank, NOT divided by
 sharding (a launch costs the same for a shard): each op (views included, ``getitem`` excluded) once
@@ -30,6 +32,7 @@ import torch.fx as fx
 
 from autoshard.passes.capture.saved import SavedInfo, saved_info
 from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.cost.kernel_classes import class_seconds, memory_bound_price
 from autoshard.passes.cost.kernels import achievable, gemm_efficiency
 from autoshard.passes.cost.moe import MOE_OP, moe_flops
 from autoshard.passes.graph import operand_meta, operands, outputs
@@ -103,6 +106,8 @@ class GraphFacts:
         #: (batch, M, N, K, itemsize, output rank, efficiency priced at) of each GEMM priced at its
         #: achieved efficiency (``compute`` holds the whole op at that efficiency)
         self.gemm_dims: dict[str, tuple] = {}
+        #: memory-bound op -> its kernel class (``kernel_classes.py``), on hardware with the achievable model
+        self.kernel_classes: dict[str, str] = {}
         self.saved: Optional[dict[str, SavedInfo]] = saved_info(captured)
         self.master_dtypes = dict(getattr(captured, "master_dtypes", {}) or {})
         for node in gm.graph.nodes:
@@ -166,11 +171,14 @@ class GraphFacts:
                     self.gemm_dims[node.name] = (*dims, eff)
                     fwd = fwd / eff
             return fwd, fwd * factor
+        self._launches[node.name] = 1 + (1 if grad_out else 0)
+        if achievable(self.hardware):  # per kernel class, the bytes its kernels move (kernel_classes.py)
+            cls, fwd_bytes, bwd_bytes = memory_bound_price(node, name, in_metas, out_metas)
+            self.kernel_classes[node.name] = cls
+            return (class_seconds(self.hardware, cls, fwd_bytes),
+                    class_seconds(self.hardware, cls, bwd_bytes) if grad_out else 0.0)
         moved = sum(m.nbytes for m in in_metas) + sum(m.nbytes for m in out_metas)
         fwd = moved / self.hardware.memory_bandwidth
-        if achievable(self.hardware):
-            fwd = moved / (self.hardware.memory_bandwidth * self.hardware.memory_efficiency)
-        self._launches[node.name] = 1 + (1 if grad_out else 0)
         return fwd, (fwd if grad_out else 0.0)
 
     def compute(self, name: str) -> tuple[float, float]:

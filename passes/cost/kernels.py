@@ -10,8 +10,9 @@ peak-rate pricing, ``achievable(hw)`` is False):
   split ``s`` ways (``SPLIT_K``); the ``tiles x s`` thread blocks run in ``ceil(blocks / SMs)``
   waves (wave quantisation: a last partial wave costs a whole one), each SM at ``gemm_efficiency``
   of its share of the dense peak. A kernel never beats moving A, B and C once through HBM at the
-  achievable bandwidth (roofline: skinny shapes are memory-bound), and a split K pays for writing
-  and reading back its fp32 partial sums. The cheapest (tile, split) is taken, as a library's
+  achievable bandwidth (roofline: skinny shapes are memory-bound), a split K pays for writing
+  and reading back its fp32 partial sums, and the output's write-out is paid after the compute when
+  the main loop is too short to hide it (``exposed_write``: small-K batched GEMMs). The cheapest (tile, split) is taken, as a library's
   heuristic would pick among its kernels. Every candidate's time grows with M, N, K and batch, so
   the minimum does too: more rows never cost less, and ``k`` microbatches never cost less than one
   GEMM of all their rows (``ceil(2x) <= 2 ceil(x)``).
@@ -28,7 +29,7 @@ peak-rate pricing, ``achievable(hw)`` is False):
 >>> from autoshard.passes.cost.hardware import PRESETS
 >>> h100 = PRESETS["h100"]
 >>> round(gemm_efficiency(h100, 1, 132 * 128, 1024, 8192), 3)  # whole waves of tiles: the measured cap
-0.715
+0.714
 >>> round(gemm_efficiency(h100, 1, 8192, 8192, 8192), 3)        # 2048 tiles of 128x256 = 15.5 waves
 0.693
 >>> round(gemm_efficiency(h100, 1, 133 * 128, 1024, 8192), 3)  # 8 tiles over 8 waves: a ninth wave
@@ -94,8 +95,11 @@ def gemm_efficiency(hw, batch: int, m: int, n: int, k: int, itemsize: int = 2) -
 @functools.lru_cache(maxsize=1 << 16)
 def _tiled_gemm_seconds(sm_flops: float, sms: int, bandwidth: float, batch: int, m: int, n: int, k: int,
                         itemsize: int) -> float:
-    """Seconds of the cheapest (tile, K split) for the GEMM on ``sms`` SMs of ``sm_flops`` each."""
-    moved = batch * (m * k + k * n + m * n) * itemsize / bandwidth
+    """Seconds of the cheapest (tile, K split) for the GEMM on ``sms`` SMs of ``sm_flops`` each: the
+    longer of the tiles' compute and reading the operands, plus the output's write-out that the
+    compute does not hide (``exposed_write``)."""
+    reads = batch * (m * k + k * n) * itemsize / bandwidth
+    write = batch * m * n * itemsize / bandwidth
     best = math.inf
     for tm, tn in (TENSOR_CORE_TILES if itemsize <= 2 else SIMT_TILES):
         tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
@@ -103,8 +107,25 @@ def _tiled_gemm_seconds(sm_flops: float, sms: int, bandwidth: float, batch: int,
             waves = math.ceil(tiles * split / sms)
             compute = waves * 2.0 * tm * tn * (k / split) / sm_flops  # every block of a wave: one padded tile
             reduce = 0.0 if split == 1 else 2.0 * split * batch * m * n * _ACCUMULATOR_BYTES / bandwidth
-            best = min(best, max(compute, moved) + reduce)
+            best = min(best, max(compute, reads) + exposed_write(compute, write) + reduce)
     return best
+
+
+def exposed_write(compute: float, write: float) -> float:
+    """Seconds of a GEMM's output write-out not hidden behind its tiles' compute.
+
+    A thread block computes its tile (the main loop over K), then writes it (the epilogue). With a long
+    main loop the epilogues of some blocks run under the main loops of others and cost almost nothing;
+    with a short one (a small K: Megatron's unfused attention scores, K = head_dim, write a b x heads x
+    s x s output) the epilogue is most of the kernel and is paid after the compute. The H100 probe
+    measured that: 384 x (2048 x 96 @ 96 x 2048), the 1.7B row's QK^T, ran in 1.376 ms
+    (``benchmarks/gpu_fidelity_probe_h100.json``, "bmm"), 1.19x the roofline of reading and writing
+    its operands once and 0.91x compute plus write-out. The exposed part is ``write`` when the compute
+    is shorter than it and ``write^2 / compute`` when longer: continuous, non-decreasing in both, and
+    ``(head_dim-sized K / K)^2`` of the compute for big GEMMs (0.1% at 8192^3)."""
+    if write <= 0.0:
+        return 0.0
+    return write if compute <= write else write * write / compute
 
 
 def gemm_seconds(hw, batch: int, m: int, n: int, k: int, itemsize: int = 2) -> float:

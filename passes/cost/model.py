@@ -55,7 +55,9 @@ from typing import Optional, Sequence, Union
 from autoshard.passes.cost.collectives import Collective, collective_terms, hierarchical_terms, p2p_seconds
 from autoshard.passes.cost.facts import GraphFacts, local_gemm_dims
 from autoshard.passes.cost.hardware import Hardware
-from autoshard.passes.cost.kernels import gemm_efficiency
+from autoshard.passes.cost.kernel_classes import class_seconds
+from autoshard.passes.cost.kernels import achievable, gemm_efficiency
+from autoshard.passes.cost.optimizer_step import accumulation_bytes, optimizer_step_bytes
 from autoshard.passes.cost.nccl import nccl_p2p_seconds, nccl_terms
 from autoshard.passes.cost.lowerings import named_lowerings
 from autoshard.passes.cost.moe import is_moe_node, work_factor
@@ -71,7 +73,10 @@ ADJOINT = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather",
            "all_reduce": "all_reduce", "all_to_all": "all_to_all"}
 
 _OPTIMIZERS = {"adamw": 8.0, "adam": 8.0, "sgd": 0.0, "sgd_momentum": 4.0, "momentum": 4.0,
-               "adafactor": 0.0, "none": 0.0}
+               "adafactor": 0.0, "none": 0.0,
+               # Megatron-LM's mixed-precision Adam on a 16-bit model: fp32 main parameters and two fp32
+               # moments per element (megatron/optimizer/optimizer.py, Float16OptimizerWithFloat16Params)
+               "megatron_adam": 12.0}
 
 def optimizer_state_bytes(optimizer: Union[str, float, int]) -> float:
     """Optimizer state bytes per parameter element: a name ("adamw", "sgd", ...) or a number."""
@@ -112,13 +117,17 @@ class CostModel:
 
     def __init__(self, mesh: Mesh, hardware: Hardware, optimizer: Union[str, float] = "adamw", *,
                  grad_bucket_bytes: float = 25 * 2 ** 20, hierarchical: bool = True, reduce_dtype=None,
-                 move_cache: Optional[dict] = None):
+                 move_cache: Optional[dict] = None, price_step: bool = True):
         self.mesh = mesh
         self.hardware = hardware
         self.reduce_dtype = reduce_dtype
         self.grad_bucket_bytes = grad_bucket_bytes
         self.hierarchical = hierarchical
         self.opt_bytes = optimizer_state_bytes(optimizer)
+        self.optimizer = optimizer
+        #: a parameter's price includes its optimizer step (``param_step_seconds``); False for the stage
+        #: planner's candidates, whose stage scorer adds it per rank group (``UnitCost.opt_step``)
+        self.price_step = price_step
         self.links = [hardware.axis_link(mesh, a) for a in range(mesh.ndim)]
         self._terms = [self._axis_terms(a) for a in range(mesh.ndim)]
         self._flat_terms: dict[tuple[int, ...], dict] = {}  # several axes flattened -> their terms
@@ -335,9 +344,11 @@ class CostModel:
         if kind == "param" and metas and not facts.training:  # inference: no gradient, no optimizer state
             return NodePrice(compute=facts.overhead(name), params=self.param_memory(metas[0], strategy.outputs[0])[0])
         if kind == "param" and metas:
-            p, g, o = self.param_memory(metas[0], strategy.outputs[0], facts.master_dtype(name))
+            master = facts.master_dtype(name)
+            p, g, o = self.param_memory(metas[0], strategy.outputs[0], master)
             syncs = self.grad_sync(metas[0], strategy.outputs[0], facts.param_bytes)
-            return NodePrice(compute=facts.overhead(name), grad_sync=syncs, params=p, grads=g, optimizer=o)
+            step = self.param_step_seconds(metas[0], strategy.outputs[0], master) if self.price_step else 0.0
+            return NodePrice(compute=facts.overhead(name) + step, grad_sync=syncs, params=p, grads=g, optimizer=o)
         if kind == "buffer" and metas:
             return NodePrice(params=metas[0].nbytes / self.shard_factor(strategy.outputs[0]))
         if kind != "op":
@@ -363,6 +374,35 @@ class CostModel:
                     moved += self.kept(low.saved_bytes(self, node, strategy, metas[0]))
         return NodePrice(compute=work + facts.overhead(name) + extra, collectives=colls,
                          activations=self.node_activation_bytes(name, strategy, facts) + moved)
+
+    def param_step_seconds(self, meta: TensorMeta, storage: Sequence[Placement], master_dtype=None) -> float:
+        """Seconds one parameter's local shard adds to a step outside the program: the optimizer's update
+        (``passes/cost/optimizer_step.py``); under accumulation ``MicrobatchCostModel`` adds the gradient
+        adds between microbatches, as each microbatch's share."""
+        return self.optimizer_step_seconds(meta, storage, master_dtype)
+
+    def optimizer_step_seconds(self, meta: TensorMeta, storage: Sequence[Placement], master_dtype=None) -> float:
+        """Seconds of the optimizer step over one parameter's local shard (memory-bound, per step)."""
+        stored = master_dtype if master_dtype is not None else meta.dtype
+        if not stored.is_floating_point:
+            return 0.0
+        local = meta.numel / self.shard_factor(storage)
+        return self._streamed(local * optimizer_step_bytes(self.optimizer, TensorMeta((), stored).nbytes))
+
+    def accumulate_seconds(self, meta: TensorMeta, storage: Sequence[Placement], master_dtype=None) -> float:
+        """Seconds of adding one microbatch's gradient of a parameter into its stored gradient (local shard)."""
+        stored = master_dtype if master_dtype is not None else meta.dtype
+        if not stored.is_floating_point:
+            return 0.0
+        local = meta.numel / self.shard_factor(storage)
+        return self._streamed(local * accumulation_bytes(meta.dtype.itemsize, TensorMeta((), stored).nbytes))
+
+    def _streamed(self, nbytes: float) -> float:
+        """Seconds of an elementwise pass moving ``nbytes`` (``kernel_classes``; plain bandwidth without
+        the achievable model)."""
+        if achievable(self.hardware):
+            return class_seconds(self.hardware, "elementwise", nbytes)
+        return nbytes / self.hardware.memory_bandwidth
 
     def gemm_shard_factor(self, name: str, dims: tuple, strategy: Strategy) -> float:
         """Seconds of one rank's GEMM shard per second of the whole GEMM's achieved time divided

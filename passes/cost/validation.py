@@ -1,10 +1,11 @@
 """How far the calibrated GPU cost model is from published measurements: the residuals of
 ``benchmarks/literature.py`` (Megatron-LM 2021 Table 1, 10 rows on A100; torchtitan's 3 Llama
-recipes on A100 / H100), predicted throughput / measured - 1, per row.
+recipes on A100 / H100), each run's layout priced through ``autoshard.plan(layout=...)``, predicted
+throughput / measured - 1, per row.
 
 These figures are copied from that script's output (its last run is in benchmarks/RESULTS.md) and
-must be updated with it; ``tests/passes/cost/test_validation.py`` recomputes them and fails when they
-drift. The plan summary prints the band so that an estimate is read with its known error.
+must be updated with it; ``tests/passes/cost/test_validation.py`` reprices one row (slow) and fails
+when it drifts. The plan summary prints the band so that an estimate is read with its known error.
 """
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ __all__ = ["LITERATURE_RESIDUALS", "error_band_line"]
 #: run -> predicted / measured - 1 (positive: the cost model is optimistic), as printed by
 #: ``python benchmarks/literature.py``
 LITERATURE_RESIDUALS = {
-    "Megatron 1.7B": 0.167, "Megatron 3.6B": 0.165, "Megatron 7.5B": 0.156, "Megatron 18.4B": 0.154,
-    "Megatron 39.1B": 0.109, "Megatron 76.1B": 0.203, "Megatron 145.6B": 0.146, "Megatron 310.1B": 0.162,
-    "Megatron 529.6B": 0.179, "Megatron 1T": 0.118,
-    "torchtitan Llama-3.1 8B": 0.096, "torchtitan Llama-3 70B": 0.092, "torchtitan Llama-3.1 405B": 0.142,
+    "Megatron 1.7B": 0.125, "Megatron 3.6B": 0.13, "Megatron 7.5B": 0.12, "Megatron 18.4B": 0.126,
+    "Megatron 39.1B": 0.06, "Megatron 76.1B": 0.126, "Megatron 145.6B": 0.087, "Megatron 310.1B": 0.026,
+    "Megatron 529.6B": -0.026, "Megatron 1T": -0.026,
+    "torchtitan Llama-3.1 8B": 0.206, "torchtitan Llama-3 70B": 0.121, "torchtitan Llama-3.1 405B": 0.17,
 }
 
 

@@ -6,7 +6,8 @@ batch input's, and, with sequence parallelism, the normalisation outputs', so th
 left to choose but how activations flow between those fixed points.
 
 Tensor parallelism is found from the graph, not from module names. Every matmul with a parameter
-operand (``aten.linear``, ``mm``/``matmul``/``addmm`` against a parameter) is a *weight matmul*;
+operand (``aten.linear``, ``mm``/``matmul``/``addmm`` against a parameter or its transpose, as in
+``x @ w.t()``) is a *weight matmul*;
 walking the program in order, each weight matmul looks at the weight matmuls its data input derives
 from (through any ops that are not weight matmuls: norms, residual adds, attention, activations):
 
@@ -16,7 +17,9 @@ from (through any ops that are not weight matmuls: norms, residual adds, attenti
   Megatron's attention output and MLP down projections);
 - both -> left replicated over tp (a layer Megatron's pairing does not describe).
 
-An ``aten.embedding`` whose indices come from a user input (or the target) is vocab-parallel (weight rows split over
+A 1-D parameter applied to a column-parallel
+matmul's output features by a separate op (a bias added by its own kernel, or a fused bias-activation)
+is split with them. An ``aten.embedding`` whose indices come from a user input (or the target) is vocab-parallel (weight rows split over
 tp); one indexed by computed positions (``arange``) stays replicated, as Megatron keeps its learned
 position embedding. Every other parameter (norm weights, biases of row-parallel layers) is
 replicated over tp. Over the data-parallel axes a parameter is replicated (``axes.replicate``: DDP,
@@ -91,8 +94,39 @@ def _weight_matmul(node: fx.Node, params: dict[str, str]) -> Optional[tuple[fx.N
         return node.args[1], 0, bias
     if node.target in (aten.mm.default, aten.matmul.default) and param(node.args[1]) is not None:
         return node.args[1], 1, None
+    if node.target in (aten.mm.default, aten.matmul.default) and _transposed_param(node.args[1], param) is not None:
+        return _transposed_param(node.args[1], param), 0, None  # x @ w.t(): F.linear written out
     if node.target is aten.addmm.default and param(node.args[2]) is not None:
         return node.args[2], 1, param(node.args[0])
+    return None
+
+
+def _transposed_param(arg, param) -> Optional[fx.Node]:
+    """The 2-D parameter ``w`` when ``arg`` is ``w.t()`` (or ``w.transpose(0, 1)``), else None."""
+    if not isinstance(arg, fx.Node) or arg.op != "call_function" or not arg.args:
+        return None
+    w = param(arg.args[0])
+    if w is None or len(getattr(w.meta.get(META), "shape", ())) != 2:
+        return None
+    if arg.target is aten.t.default or (arg.target is aten.transpose.int and sorted(
+            d % 2 for d in arg.args[1:3]) == [0, 1]):
+        return w
+    return None
+
+
+def _column_bias(node: fx.Node, params: dict[str, str], column: set) -> Optional[fx.Node]:
+    """A 1-D parameter that ``node`` combines with the output of a column-parallel matmul along its
+    features (a bias added by its own kernel: PyTorch 1.8's ``F.linear`` on a 3-D input, or a fused
+    bias-activation), else None: split like those features."""
+    ins = [a for a in node.args if isinstance(a, fx.Node)]
+    if not any(a.name in column for a in ins):
+        return None
+    out = next(a for a in ins if a.name in column).meta.get(META)
+    for a in ins:
+        meta = a.meta.get(META)
+        if a.op == "placeholder" and a.name in params and getattr(meta, "shape", None) is not None \
+                and len(meta.shape) == 1 and out is not None and out.shape and meta.shape[0] == out.shape[-1]:
+            return a
     return None
 
 
@@ -135,6 +169,9 @@ def tensor_parallel_roles(captured: CapturedGraph) -> TensorParallelRoles:
         found = _weight_matmul(node, params)
         if found is None:
             kinds[node.name] = frozenset().union(*(kinds.get(a.name, frozenset()) for a in node.all_input_nodes))
+            bias = _column_bias(node, params, set(column))
+            if bias is not None:
+                want(bias.name, 0)
             if node.target is aten.embedding.default and isinstance(node.args[0], fx.Node) \
                     and node.args[0].name in params and _from_user_input(node.args[1], inputs, memo):
                 vocab.append(node.name)
@@ -160,6 +197,24 @@ def tensor_parallel_roles(captured: CapturedGraph) -> TensorParallelRoles:
             split.pop(weight.name, None)
         kinds[node.name] = frozenset({role})
     return TensorParallelRoles(split, tuple(column), tuple(row), tuple(vocab))
+
+
+_VIEW_TARGETS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.flatten.using_ints,
+                 aten.unflatten.int}
+
+
+def _first_computing_user(node: fx.Node) -> Optional[fx.Node]:
+    """The first op reading ``node``'s value that is not a view of it (through views), or None."""
+    todo = list(node.users)
+    while todo:
+        user = todo.pop(0)
+        if user.op != "call_function":
+            continue
+        if user.target in _VIEW_TARGETS:
+            todo.extend(user.users)
+            continue
+        return user
+    return None
 
 
 def _module(node: fx.Node) -> str:
@@ -221,7 +276,10 @@ def layout_pins(captured: CapturedGraph, mesh: Mesh, axes: LayoutAxes, *, sequen
     Every parameter is pinned by its exact name; every user input splits its dim 0 over the data axes
     (and dim 1, the sequence, over cp); with ``sequence_parallel`` (and tp > 1) the op feeding each
     column-parallel matmul (the normalisation) outputs its sequence dim split over tp; with cp > 1 each
-    attention runs on sequence-split queries (ring attention)."""
+    attention runs on sequence-split queries (ring attention); each row-parallel matmul (and vocab-parallel
+    embedding) outputs its partial sum over tp; without sequence parallelism (tp > 1)
+    the op reading each row-parallel matmul's (and vocab-parallel embedding's) output outputs it
+    whole on tp, as Megatron's all-reduce leaves it."""
     tp = mesh.shape[axes.tp] if axes.tp is not None else 1
     roles = roles if roles is not None else tensor_parallel_roles(captured)
     check_tensor_parallel(captured, roles, tp)
@@ -273,6 +331,25 @@ def layout_pins(captured: CapturedGraph, mesh: Mesh, axes: LayoutAxes, *, sequen
                         f"tp={tp}: choose a tp that divides {meta.shape[seq_dim]}, or a sequence length that tp "
                         f"divides (a megatron layout can also pass sequence_parallel=False)")
                 ops[src.name] = activation(len(meta.shape), seq_on_tp=seq_dim)
+    if tp > 1:
+        # a row-parallel matmul computes its partial sum on its input features' split (Megatron's
+        # RowParallelLinear), a vocab-parallel embedding its rows' lookups, whatever else would be
+        # cheaper for the solver
+        for name in (*roles.row, *roles.vocab):
+            meta = captured.node(name).meta.get(META)
+            if meta is not None and hasattr(meta, "shape") and len(meta.shape) >= 1:
+                pls = list(activation(len(meta.shape)))
+                pls[axes.tp] = "P"
+                ops[name] = tuple(pls)
+    if not sequence_parallel and tp > 1:
+        # Megatron without sequence parallelism all-reduces a row-parallel output (and a vocab-parallel
+        # embedding's) and runs what follows (bias, dropout, residual add, the next norm) on the whole
+        # tensor on every tp rank
+        for name in (*roles.row, *roles.vocab):
+            consumer = _first_computing_user(captured.node(name))
+            meta = consumer.meta.get(META) if consumer is not None else None
+            if meta is not None and hasattr(meta, "shape") and len(meta.shape) >= 1 and consumer.name not in ops:
+                ops[consumer.name] = activation(len(meta.shape))
     if axes.cp is not None and mesh.shape[axes.cp] > 1:
         for node in captured.gm.graph.nodes:
             if node.op == "call_function" and node.target is aten.scaled_dot_product_attention.default:

@@ -45,9 +45,10 @@ from typing import Callable, Optional
 from ortools.linear_solver import linear_solver_pb2, pywraplp
 from ortools.sat.python import cp_model
 
+from autoshard.passes.solve.memory_search import cutoff_units, lagrangian_hint, reduced_cost_fixings
 from autoshard.passes.solve.strategy_graph import SGEdge, StrategyGraph, greedy, merge_followers
 
-__all__ = ["ILPResult", "ShardingILP", "solve", "lp_bound", "CPSAT_SEED"]
+__all__ = ["ILPResult", "ShardingILP", "solve", "lp_bound", "cost_floor", "CPSAT_SEED"]
 
 _SCALE_TARGET = 1e9
 CPSAT_SEED = 0  # fixed: the same inputs give the same plan
@@ -225,21 +226,41 @@ class ShardingILP:
     def lp_relaxation(self) -> tuple[str, Optional[list[int]], Optional[float], bool]:
         """GLOP on the relaxation (0 <= x, e <= 1): (status, rounded choice, objective lower bound in
         objective units, whether the LP optimum is integral). Status "INFEASIBLE" proves the ILP
-        infeasible too; "UNKNOWN" when GLOP is unavailable or fails."""
+        infeasible too; "UNKNOWN" when GLOP is unavailable or fails. The optimum's reduced costs and
+        row duals are kept (``lp_reduced_costs``, ``lp_duals``) for ``passes.solve.memory_search``."""
+        status, response = self.solve_lp()
+        if status != "OPTIMAL":
+            return status, None, None, False
+        values = list(response.variable_value)
+        self.lp_reduced_costs, self.lp_duals = list(response.reduced_cost), list(response.dual_value)
+        integral = all(min(values[k], 1 - values[k]) < 1e-6 for xs in self.x for k in xs)
+        if self.memory_row is not None:
+            _, ids, coefs, _, hi = self.rows[self.memory_row]
+            self.memory_binding = sum(values[k] * c for k, c in zip(ids, coefs)) > hi * (1 - 1e-6)
+        return "OPTIMAL", self.choice_from(lambda k: values[k]), response.objective_value, integral
+
+    def solve_lp(self, extra_costs: Optional[dict[int, float]] = None, skip_row: Optional[int] = None
+                 ) -> tuple[str, Optional["linear_solver_pb2.MPSolutionResponse"]]:
+        """GLOP on the relaxation, the objective plus ``extra_costs`` (variable -> coefficient), row
+        ``skip_row`` left out: (status, response); status "OPTIMAL", "INFEASIBLE" or "UNKNOWN"."""
         lp = pywraplp.Solver.CreateSolver("GLOP")
         if lp is None:
-            return "UNKNOWN", None, None, False
+            return "UNKNOWN", None
         # built as one proto (repeated fields filled in bulk), not a Python call per variable and per
         # coefficient: on GPT-3 175B's pipeline plan those calls were 4.8 s against GLOP's 6.3 s
         model = linear_solver_pb2.MPModelProto()
         costs = [0.0] * self.num_vars
         for k, c in zip(*self.objective):
             costs[k] += c
+        for k, c in (extra_costs or {}).items():
+            costs[k] += c
         for c in costs:
             var = model.variable.add()
             var.lower_bound, var.upper_bound = 0.0, 1.0
             var.objective_coefficient = c
-        for _, ids, coefs, lo, hi in self.rows:
+        for index, (_, ids, coefs, lo, hi) in enumerate(self.rows):
+            if index == skip_row:
+                continue
             row = model.constraint.add()
             row.var_index.extend(ids)
             row.coefficient.extend(coefs)
@@ -247,25 +268,37 @@ class ShardingILP:
             row.upper_bound = hi
         error = lp.LoadModelFromProto(model)
         if error:
-            return "UNKNOWN", None, None, False
+            return "UNKNOWN", None
         status = lp.Solve()
         if status == pywraplp.Solver.INFEASIBLE:
-            return "INFEASIBLE", None, None, False
+            return "INFEASIBLE", None
         if status != pywraplp.Solver.OPTIMAL:
-            return "UNKNOWN", None, None, False
+            return "UNKNOWN", None
         response = linear_solver_pb2.MPSolutionResponse()
         lp.FillSolutionResponseProto(response)
-        values = list(response.variable_value)
-        integral = all(min(values[k], 1 - values[k]) < 1e-6 for xs in self.x for k in xs)
-        if self.memory_row is not None:
-            _, ids, coefs, _, hi = self.rows[self.memory_row]
-            self.memory_binding = sum(values[k] * c for k, c in zip(ids, coefs)) > hi * (1 - 1e-6)
-        return "OPTIMAL", self.choice_from(lambda k: values[k]), response.objective_value, integral
+        return "OPTIMAL", response
+
+    def hint_literals(self, hint: list[int]) -> set[int]:
+        """The variables set to 1 by the full choice ``hint`` (its strategies, edge pairs, policies)."""
+        on = {self.x[i][s] for i, s in enumerate(hint)}
+        for e, evars in self.edge_terms:
+            on.add(evars.get((e.u_class[hint[e.u]], e.v_class[hint[e.v]]), -1))
+        for g, group in enumerate(self.g.groups):
+            r = group.policy_of(hint)
+            if r is not None:
+                on.add(self.y[g][r])
+        on.discard(-1)
+        return on
 
     def solve_cpsat(self, work_limit: float, workers: int, hint: Optional[list[int]] = None,
-                    lower_bound: Optional[float] = None) -> ILPResult:
+                    lower_bound: Optional[float] = None, fixed_zero: frozenset = frozenset(),
+                    portfolio: bool = True, upper_bound: Optional[int] = None) -> ILPResult:
+        """CP-SAT on the rows, warm-started from ``hint``; variables in ``fixed_zero`` are the constant 0
+        (``memory_search.reduced_cost_fixings``); ``upper_bound``: only answers whose objective is at
+        most this are wanted (INFEASIBLE when there is none). ``portfolio``: with ``workers > 1``,
+        CP-SAT's interleaved portfolio of subsolvers; False: one sequential LP-guided search."""
         model = cp_model.CpModel()
-        v = [model.new_bool_var(f"v{k}") for k in range(self.num_vars)]
+        v = [model.new_constant(0) if k in fixed_zero else model.new_bool_var(f"v{k}") for k in range(self.num_vars)]
         for kind, ids, coefs, lo, hi in self.rows:
             if kind == "exactly_one":
                 model.add_exactly_one([v[k] for k in ids])
@@ -274,27 +307,24 @@ class ShardingILP:
                 model.add_linear_constraint(expr, int(max(lo, -2 ** 62)), int(hi))
         objective = cp_model.LinearExpr.weighted_sum([v[k] for k in self.objective[0]], self.objective[1])
         model.minimize(objective)
-        if lower_bound is not None:  # the LP bound, loosened against GLOP's float tolerance
-            lo = math.floor(lower_bound - 1e-6 * abs(lower_bound) - 1)
-            model.proto.objective.domain.extend([lo, sum(c for c in self.objective[1] if c > 0)])
+        if lower_bound is not None or upper_bound is not None:  # the LP bound, loosened against GLOP's tolerance
+            lo = -2 ** 62 if lower_bound is None else math.floor(lower_bound - 1e-6 * abs(lower_bound) - 1)
+            top = sum(c for c in self.objective[1] if c > 0)
+            model.proto.objective.domain.extend([lo, top if upper_bound is None else min(top, int(upper_bound))])
         if hint is not None:
-            on = {self.x[i][s] for i, s in enumerate(hint)}
-            for e, evars in self.edge_terms:
-                on.add(evars.get((e.u_class[hint[e.u]], e.v_class[hint[e.v]]), -1))
-            for g, group in enumerate(self.g.groups):
-                r = group.policy_of(hint)
-                if r is not None:
-                    on.add(self.y[g][r])
+            on = self.hint_literals(hint)
             # what add_hint does var by var (a positive literal: its index, its value), in one call each:
             # a million Python calls across the stage planner's solves
-            model.proto.solution_hint.vars.extend(var.index for var in v)
-            model.proto.solution_hint.values.extend(int(k in on) for k in range(len(v)))
+            free = [k for k in range(len(v)) if k not in fixed_zero]
+            model.proto.solution_hint.vars.extend(v[k].index for k in free)
+            model.proto.solution_hint.values.extend(int(k in on) for k in free)
         solver = cp_model.CpSolver()
         # A work limit, not a clock: the same model gives the same answer however busy the machine
         # is. CP-SAT's deterministic time counts its own work units, about one second of a quiet core
         # each; with several workers, interleaved search keeps their schedule deterministic too.
         solver.parameters.max_deterministic_time = float(work_limit)
-        solver.parameters.num_workers = int(workers)
+        workers = int(workers) if portfolio else 1
+        solver.parameters.num_workers = workers
         solver.parameters.random_seed = CPSAT_SEED
         if workers > 1:
             solver.parameters.interleave_search = True
@@ -307,6 +337,8 @@ class ShardingILP:
         # Presolve (probing, symmetry) costs seconds on these models and buys nothing once the LP
         # bound and a complete hint are given; measured on a Llama block: 11 s -> 0.1 s.
         solver.parameters.cp_model_presolve = False
+        if not portfolio:  # the sequential search's root probing: a full work second per solve, for nothing
+            solver.parameters.cp_model_probing_level = 0  # measured (memory_search): 7.1 -> 3.8 on a tiny Llama
         t0 = time.perf_counter()
         status = solver.solve(model)
         wall = time.perf_counter() - t0
@@ -340,6 +372,12 @@ def _floors(graph: StrategyGraph) -> tuple[float, float]:
     return cost, memory
 
 
+def cost_floor(graph: StrategyGraph) -> float:
+    """A lower bound on the cost of every choice of ``graph``, memory ignored, that needs no solver:
+    every node and edge at its cheapest (``solve`` answers "CUTOFF" from it)."""
+    return _floors(graph)[0]
+
+
 def lp_bound(graph: StrategyGraph) -> Optional[float]:
     """A lower bound on the cost of ``graph``'s best choice IGNORING its memory limit: the LP
     relaxation's optimum (followers folded), or None when GLOP fails."""
@@ -360,7 +398,10 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
 
     Steps: fold followers (``merge_followers``, unless ``merge=False``); solve the LP relaxation
     with GLOP; give CP-SAT the LP bound and a warm start (the rounded LP optimum, else a greedy
-    assignment). When the LP optimum is integral CP-SAT only confirms it. Status "INFEASIBLE"
+    assignment). When the LP optimum is integral CP-SAT only confirms it. When it is fractional because
+    the memory row binds, the warm start is the Lagrangian plan if cheaper, variables that no plan as
+    good as it can use are fixed to 0 and CP-SAT runs one sequential search instead of its portfolio
+    (``passes/solve/memory_search.py``; ``stats["memory_search"]``, ``stats["fixed_by_reduced_cost"]``). Status "INFEASIBLE"
     (choice None) when nothing fits the limit; "GREEDY" when CP-SAT found nothing in time but the
     greedy assignment fits. ``cutoff``: a known solution's objective (seconds or bytes); when the LP
     bound shows nothing here beats it, status "CUTOFF" (choice None, ``cost`` the bound) without
@@ -410,7 +451,20 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
         hint = greedy(reduced, "memory")
     if rounded is not None and fits(rounded):
         hint = rounded
-    result = ilp.solve_cpsat(max(0.1, time_limit_s), workers, hint, bound)
+    fixed, upper, binding = frozenset(), None, limit is not None and not integral and bool(ilp.memory_binding)
+    if binding:  # a fractional optimum shaped by the memory row: passes/solve/memory_search.py
+        priced = lagrangian_hint(ilp, fits) if cutoff is None else None  # a cutoff bounds it better
+        if priced is not None and (not fits(hint) or reduced.evaluate(priced)[0] < reduced.evaluate(hint)[0]):
+            hint = priced
+        upper = None if cutoff is None else cutoff_units(ilp, cutoff)
+        if bound is not None:
+            fixed = reduced_cost_fixings(ilp, bound, hint if fits(hint) else None, upper)
+        stats.update(memory_search=True, fixed_by_reduced_cost=len(fixed))
+    result = ilp.solve_cpsat(max(0.1, time_limit_s), workers, hint, bound, fixed_zero=fixed, portfolio=not binding,
+                             upper_bound=upper)
+    if upper is not None and result.status == "INFEASIBLE":  # nothing here beats the cutoff
+        result.status, result.cost = "CUTOFF", cutoff
+        result.stats["memory_binding"] = True  # so no multiple of k is pruned on its account
     result.wall_s += lp_s
     result.stats.update(stats)
     bounds = [b / ilp.scale for b in (bound, result.stats.get("bound")) if b is not None]

@@ -17,12 +17,14 @@ Memory levers (``levers=LeverPins(...)``; None: none pulled, as the pipeline pla
 - gradient accumulation ``k`` is searched outside it: for every divisor of the global batch the
   pins allow, the problem is priced per microstep (``microbatch``: batch-dependent work and bytes
   divided by k, gradient syncs once per step, only strategies that still divide the microbatch) and
-  solved; a candidate whose LP bound cannot beat the best step so far is skipped (status CUTOFF);
+  solved; a candidate whose LP bound cannot beat the best step so far is skipped (status CUTOFF),
+  and a count whose fastest policies' cost floor cannot is skipped before its graph of every policy
+  is priced (``_cut_off_unpriced``);
   the fastest plan that fits wins. Never for a program with batch-coupled ops (BatchNorm in
   training, reductions over the batch: ``passes.batch_coupling``), whose maths microsteps would
   change; a pinned count there warns (``BatchCouplingWarning``);
 - no lever is pulled when the plan without levers fits: it is solved first, without the memory
-  limit (``_without_levers``);
+  limit (``_solve_unlevered``);
 - mixed precision is the user's: the program must have been captured computing in its
   ``param_dtype`` (``capture(..., param_dtype=)``); the cost model keeps parameters, gradients and
   optimizer state in the parameters' own dtype and reduces gradients in ``reduce_dtype``.
@@ -48,7 +50,7 @@ from autoshard.passes.errors import InfeasiblePlanError
 from autoshard.passes.graph import CapturedGraph
 
 from autoshard.passes.sharding.pins import PinError, Pins
-from autoshard.passes.solve.ilp import ILPResult, lp_bound, solve
+from autoshard.passes.solve.ilp import ILPResult, cost_floor, lp_bound, solve
 from autoshard.passes.solve.lever_costs import LeverPricer
 from autoshard.passes.solve.finalists import pick_finalist
 from autoshard.passes.solve.lever_search import LeverSearch
@@ -136,9 +138,11 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
     finalists: list[_Found] = []  # every plan that fit and became the additive best, in order
     tried: dict[int, str] = {}
     pruned: dict[tuple, list[int]] = {}  # combination -> k's whose multiples cannot beat the best
-    floor = None  # no plan of any lever is faster (see _fastest_bound)
     last = None
-    unlevered = _without_levers(search, ks, combos, limit, budget, workers) if prune else None
+    unlevered = _solve_unlevered(search, ks, budget, workers) if prune else None
+    at_floor = _FloorCheck(combos, search.policies, unlevered)
+    if unlevered is not None and unlevered.result.memory > limit:
+        unlevered = None  # its additive bytes do not fit: levers are needed
     if unlevered is not None and _evaluated(search, unlevered).estimated_memory > limit:
         unlevered = None  # its additive bytes fit, its peak does not: the search below tightens
     if unlevered is not None:
@@ -148,7 +152,7 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
         tried.update({k: "NOT_NEEDED" for k in ks[1:]})  # more microsteps only add work
     for k in ([] if unlevered is not None else ks):
         todo = [c for c in combos if not any(k % k0 == 0 for k0 in pruned.get(c, ()))]
-        if best is not None and floor is not None and best.step_time <= floor * (1 + 1e-6):
+        if at_floor(best):
             todo = []  # the best found is provably the fastest plan
         if not todo:
             tried[k] = "PRUNED"
@@ -160,10 +164,15 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
                 raise
             tried[k] = "PINNED_OUT"
             continue
+        if prune and best is not None and k != ks[0] and _cut_off_unpriced(search, problem, cm, best.step_time, k):
+            tried[k] = "/".join("CUTOFF" for _ in todo)  # what solving each combination would answer
+            for combo in todo:
+                pruned.setdefault(combo, []).append(k)
+            continue
         graph = search.graph(problem, cm, limit)
         last = (k, problem, graph)
-        if prune and floor is None and k == ks[0] and ks[0] == 1:
-            floor = _fastest_bound(graph, combos, search.policies)
+        if prune and k == ks[0] and ks[0] == 1:
+            at_floor.graph = graph
         statuses = []
         def tighten(result, k=k, problem=problem, graph=graph):
             """The ILP bounds additive bytes: a plan whose peak exceeds the limit is solved again
@@ -187,7 +196,7 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
                 if _evaluated(search, found).estimated_memory <= limit:
                     best = found
                     finalists.append(best)
-            if best is not None and floor is not None and best.step_time <= floor * (1 + 1e-6):
+            if at_floor(best):
                 break  # provably the fastest plan
         tried[k] = "/".join(statuses)
     if finalists:  # the ILP ranks by the additive sum; the overlap model picks among what it found
@@ -236,28 +245,46 @@ def _evaluated(search: "LeverSearch", found: _Found) -> Solution:
 _PAYS = 1e-9
 
 
-def _without_levers(search: "LeverSearch", ks: list[int], combos: list, limit: float, budget: WorkBudget,
-                    workers: int) -> Optional[_Found]:
+def _solve_unlevered(search: "LeverSearch", ks: list[int], budget: WorkBudget, workers: int) -> Optional[_Found]:
     """The fastest plan without levers (the fewest microsteps, the fastest policies the pins allow),
-    solved without the memory limit on a lever graph of those policies alone, when it fits
-    ``limit``; else None. Every lever only adds work to
-    a plan (``_fastest_bound``), so no lever can beat it: pulling one then would only be an artefact of
-    comparing solves that stopped short of their optimum."""
+    solved without the memory limit on a lever graph of those policies alone, whatever its memory
+    (None when the pins leave none). When it fits the limit it is the answer: every lever only adds
+    work to a plan (``_fastest_bound``), so no lever can beat it, and pulling one then would only be
+    an artefact of comparing solves that stopped short of their optimum."""
     k = ks[0]
     try:
         problem, cm = search.problem(k)
     except PinError:
         return None
+    fastest, only, graph = _fastest_graph(search, problem, cm)
+    for _, result in _solve_policies(graph, [fastest], only, budget, workers, lambda: None):
+        if result.choice is not None:
+            return _Found(k, problem, graph, result, result.cost * k)
+    return None
+
+def _fastest_graph(search: "LeverSearch", problem: ShardingProblem, cm) -> tuple[tuple, dict, LeverGraph]:
+    """(the fastest policy combination, its policies as ``build_lever_graph`` takes them, the lever
+    graph of those policies alone, without a memory limit)."""
     fastest = tuple((t, allowed[0]) for t, allowed in sorted(search.policies.items()))  # KEEP unless pinned
     # priced for the fastest policies only: the graph of every policy costs each block type's ops and
     # edges once per policy (3.6 of 9.6 profiled seconds for Llama-3 8B on (8, 8)), to solve one slice
     only = {t: [r] for t, r in fastest}
     graph = build_lever_graph(problem, LeverPricer(search.captured, problem.facts, cm, search.blocks), only, None)
-    for _, result in _solve_policies(graph, [fastest], only, budget, workers, lambda: None):
-        if result.choice is not None and result.memory <= limit:
-            return _Found(k, problem, graph, result, result.cost * k)
-    return None
+    return fastest, only, graph
 
+
+def _cut_off_unpriced(search: "LeverSearch", problem: ShardingProblem, cm, best_step: float, k: int) -> bool:
+    """Whether no plan of ``k`` microsteps, of any policy, can beat ``best_step``, shown by the
+    solver-free cost floor (``ilp.cost_floor``: every node and edge at its cheapest) of the graph
+    of the fastest policies alone, priced at a fraction of the cost of the graph of every policy.
+    Every policy after the first allowed one only adds work to each node and edge
+    (``lever_costs.LeverPricer``: recomputation, gathers and collectives issued again), so that floor
+    is at most the floor of every policy combination's graph, with which ``ilp.solve`` would answer
+    each combination "CUTOFF" (its memory bound ignored: no multiple of ``k`` can beat the best)."""
+    if any(list(allowed) != sorted(allowed) for allowed in search.policies.values()):
+        return False  # the first allowed policy is not the cheapest: no claim
+    _, _, graph = _fastest_graph(search, problem, cm)
+    return cost_floor(graph.graph) >= best_step / k * (1 - 1e-6)
 
 
 def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, list[int]], budget: WorkBudget,
@@ -286,6 +313,30 @@ def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, 
                 break
             part.memory_limit = lower
         yield combo, result
+
+
+class _FloorCheck:
+    """``check(best)``: whether ``best`` is provably the fastest plan, its step within 1e-6 of
+    ``_fastest_bound`` on ``graph`` (the one-microstep lever graph; None: no bound). The bound's LP
+    is solved only when it can decide: the plan without levers, solved to optimality on the same
+    costs, is at least the bound, so a best more than 0.1 % slower than it is never within 1e-6 of
+    the bound (a binding memory limit's search otherwise pays an LP whose answer it never uses)."""
+
+    def __init__(self, combos: list, policies: dict[str, list[int]], unlevered: Optional["_Found"]):
+        self.combos, self.policies, self.graph = combos, policies, None
+        optimal = unlevered is not None and unlevered.k == 1 and unlevered.result.status == "OPTIMAL"
+        self.above = unlevered.step_time * (1 + 1e-3) if optimal else None
+        self.floor: Optional[float] = None
+        self.solved = False
+
+    def __call__(self, best: Optional["_Found"]) -> bool:
+        if best is None or self.graph is None:
+            return False
+        if not self.solved:
+            if self.above is not None and best.step_time > self.above:
+                return False
+            self.floor, self.solved = _fastest_bound(self.graph, self.combos, self.policies), True
+        return self.floor is not None and best.step_time <= self.floor * (1 + 1e-6)
 
 
 def _fastest_bound(graph: LeverGraph, combos: list, policies: dict[str, list[int]]) -> Optional[float]:

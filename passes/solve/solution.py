@@ -89,7 +89,8 @@ class Solution:
 
     ``strategies``: node name -> Strategy, every placeholder and call_function node.
     ``param_placements``: parameter FQN (tied aliases included) -> storage placements per axis.
-    ``estimated_step_time`` (s) = compute + communication + grad_sync (``time_breakdown``);
+    ``estimated_step_time`` (s) = compute + communication + grad_sync + recompute (``time_breakdown``;
+    compute includes the optimizer's update and the gradient accumulations between microsteps);
     ``estimated_memory`` (bytes on the busiest rank): the whole step's peak of live bytes
     (``peak_timeline``: forward, backward with recompute, gradient buckets, optimizer step), and
     ``memory_peak_phase`` the phase (and node) that sets it; ``memory_breakdown`` sums the bytes by

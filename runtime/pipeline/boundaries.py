@@ -22,17 +22,75 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from autoshard.passes.errors import PlanFormatError
+from autoshard.passes.graph import META, CapturedGraph, operands
+from autoshard.passes.layout.shapes import local_shape
 from autoshard.passes.pipeline.stages.boundary_pieces import sent_placements
 from autoshard.passes.pipeline.stages.stage_graphs import StageGraph
-from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+from autoshard.passes.pipeline.plan import Plan
 from autoshard.passes.spec import Placement, Strategy
 
-__all__ = ["boundary_placements"]
+from .p2p import Wiring
+
+__all__ = ["boundary_placements", "stage_strategies", "wiring"]
 
 
-def boundary_placements(plan: PipelinePlan, graphs: Sequence[StageGraph],
+def stage_strategies(graph: StageGraph, strategies: dict[str, Strategy]) -> dict[str, Strategy]:
+    """The stage's strategies, completed for received values: a Solution planned on the whole program
+    (the pipeline planner's, restricted to the stage) has none for them; each is placed as its first
+    reader in the stage wants it (it arrives as ``boundary_placements`` says, and readers redistribute
+    from there)."""
+    out = dict(strategies)
+    for name in graph.captured.inputs:
+        if name in out:
+            continue
+        node = graph.captured.node(name)
+        want = None
+        for user in node.users:
+            st = strategies.get(user.name)
+            if st is None:
+                continue
+            for i, op in enumerate(operands(user)):
+                if op.node is node:
+                    want = tuple(st.inputs[i])
+                    break
+            if want is not None:
+                break
+        if want is None:
+            raise PlanFormatError(f"stage {graph.index}: no strategy for received value {name!r} and no planned "
+                                  "reader to take one from; plan the stage's sub-graph")
+        out[name] = Strategy((), (want,))
+    return out
+
+
+def wiring(plan: Plan, graphs: Sequence[StageGraph], boundaries: Mapping[str, tuple],
+           captured: CapturedGraph) -> Wiring:
+    """Where each stage of ``plan`` lives and what flows between its ``graphs`` (``p2p.Wiring``): every
+    sent value with its consumers, every received one, and its per-microbatch piece's shape and dtype
+    at its boundary placement."""
+    values, index = [], {}
+    sends, receives = {}, {}
+    for g in graphs:
+        sends[g.index] = []
+        for name, consumers in g.sends:
+            index[name] = len(values)
+            values.append((name, g.index))
+            sends[g.index].append((index[name], consumers))
+    for g in graphs:
+        receives[g.index] = [index[name] for name, _ in g.receives]
+    meta = []
+    for name, producer in values:
+        m = captured.node(name).meta[META]
+        shape = local_shape(m.shape, boundaries[name], plan.stages[producer].mesh.shape,
+                            what=f"pipeline boundary value {name!r}")
+        meta.append((shape, m.dtype))
+    ranks = {s.group: list(s.ranks) for s in plan.stages}
+    return Wiring([s.group for s in plan.stages], ranks, values, sends, receives, meta, plan.microbatches)
+
+
+def boundary_placements(plan: Plan, graphs: Sequence[StageGraph],
                         strategies: Mapping[int, Mapping[str, Strategy]]) -> dict[str, tuple[Placement, ...]]:
     """Sent value's node name -> the placements it travels at (``boundary_pieces.sent_placement``).
-    ``strategies[s]``: stage s's strategies (``executor.stage_strategies``)."""
+    ``strategies[s]``: stage s's strategies (``stage_strategies``)."""
     meshes = [s.mesh for s in plan.stages]
     return {name: pls for g in graphs for name, pls in sent_placements(g, strategies[g.index], meshes).items()}

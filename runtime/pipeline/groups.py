@@ -1,7 +1,7 @@
 """Process groups for a pipeline: each rank group's submesh axes, and the groups tying shared weights.
 
 The physical mesh's first axis is cut into ``pp`` rank groups; group g runs its stages on the
-logical submesh ``StagePlan.mesh`` over the global ranks ``StagePlan.ranks``. ``build_pipeline_envs``
+logical submesh ``Stage.mesh`` over the global ranks ``Stage.ranks``. ``build_pipeline_envs``
 creates, with ``torch.distributed.new_group`` on EVERY rank in the same order (as new_group requires),
 one group per (rank group, set of submesh axes, coordinates off those axes), and hands each rank a
 ``SubmeshEnv``: a ``MeshEnv`` whose communicators are those subgroups, so the core runtime's lowering
@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from autoshard.passes.errors import MeshError
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+from autoshard.passes.pipeline.plan import Plan
 
 from ..collectives import AxisComm
 from ..groups import MeshEnv
@@ -36,7 +36,7 @@ class SubmeshEnv(MeshEnv):
                         "build_pipeline_envs creates them all up front")
 
 
-def group_layout(plan: PipelinePlan) -> dict[int, tuple[Mesh, list[int]]]:
+def group_layout(plan: Plan) -> dict[int, tuple[Mesh, list[int]]]:
     """group -> (submesh, global ranks); every stage of a group must agree on both."""
     out: dict[int, tuple[Mesh, list[int]]] = {}
     for st in plan.stages:
@@ -58,7 +58,7 @@ def _axis_sets(ndim: int) -> list[tuple[int, ...]]:
     return [c for k in range(1, ndim + 1) for c in itertools.combinations(range(ndim), k)]
 
 
-def build_pipeline_envs(plan: PipelinePlan, rank: int, device: torch.device, backend: str) -> tuple[int, SubmeshEnv]:
+def build_pipeline_envs(plan: Plan, rank: int, device: torch.device, backend: str) -> tuple[int, SubmeshEnv]:
     """(this rank's group, its SubmeshEnv). A collective over the world: call on every rank."""
     layout = group_layout(plan)
     world = dist.get_world_size()

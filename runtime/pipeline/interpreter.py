@@ -13,7 +13,7 @@ Compute actions drive everything; communication follows the data, not the SEND/R
   queued behind it could wait on its own reply.
 
 The schedule's ``SEND_*``/``RECV_*`` actions are therefore ignored. What runs is exactly
-``executed_schedule(schedule)``, which ``PipelineProgram`` proves deadlock-free with
+``executed_schedule(schedule)``, which ``RankProgram`` proves deadlock-free with
 ``simulate.check_deadlock`` in its dependency-only mode before running: sends never wait and receives
 are posted before their consumers, so no wait is added. Long skips add no new waits: ``F(s-1, i)`` done implies ``F(a, i)`` done for every ``a < s``
 (and likewise for backward).
@@ -28,8 +28,8 @@ import torch
 
 from autoshard.passes.pipeline.schedule.actions import COMPUTE_KINDS, Action
 
+from ..stage import LoweredStage
 from .p2p import Message, Transport, Wiring, action_messages, plan_transfers
-from .stage import StageProgram
 
 __all__ = ["Wiring", "Interpreter", "TimelineEvent", "executed_schedule"]
 
@@ -64,10 +64,10 @@ class _Step:
 
 class Interpreter:
     """Runs rank group ``group``'s part of ``schedule`` over the local ``stages`` (stage index ->
-    StageProgram); ``index``: this rank's position in its group. ``prefetch``: actions ahead whose
-    receives are posted early (0 on NCCL)."""
+    ``stage.LoweredStage``); ``index``: this rank's position in its group. ``prefetch``: actions ahead
+    whose receives are posted early (0 on NCCL)."""
 
-    def __init__(self, stages: dict[int, StageProgram], wiring: Wiring, group: int, index: int, rank: int,
+    def __init__(self, stages: dict[int, LoweredStage], wiring: Wiring, group: int, index: int, rank: int,
                  device: torch.device, schedule: dict, *, prefetch: int = 0):
         self.stages, self.w, self.group, self.index, self.rank, self.device = stages, wiring, group, index, rank, device
         self.prefetch = int(prefetch)
@@ -99,8 +99,10 @@ class Interpreter:
     def run(self, user_mbs: list[list], target_mbs: list, *,
             before_weights: Optional[Callable[[int], None]] = None,
             after_weights: Optional[Callable[[int], None]] = None,
-            weight_ready: Optional[Callable[[int, torch.Tensor], None]] = None) -> list[torch.Tensor]:
-        """Run one step; returns the last stage's local loss pieces per microbatch (if it lives here).
+            weight_ready: Optional[Callable[[int, torch.Tensor], None]] = None,
+            losses: Optional[list] = None) -> list[torch.Tensor]:
+        """Run the schedule once; returns the last stage's local loss pieces per microbatch (if it lives
+        here), appended to ``losses`` when given (the callbacks may read it).
         ``before_weights(s)`` / ``after_weights(s)`` are called once per local stage s, right before /
         after the last action of the step that adds to its weight gradients (BW or W; the last action
         if none does): the same points on every rank of the group. ``weight_ready(s, p)``: during a
@@ -109,7 +111,7 @@ class Interpreter:
         tp = Transport(self.device)
         ready: dict[Message, torch.Tensor] = {}
         self.timeline = []
-        losses: list = []
+        losses = [] if losses is None else losses
         steps, ahead = self.steps, self.prefetch
         posted = 0
         t0 = time.perf_counter()

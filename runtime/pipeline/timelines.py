@@ -5,7 +5,8 @@
 by the sender's rank in the process group (an event's own ``rank`` field is its pipeline group).
 ``draw_measured_timeline(timelines, path)`` draws them with the simulator's SVG writer: ranks as
 rows, F/B/W/BW boxes coloured by microbatch at their measured wall-clock times, the step time and
-bubble fraction (idle share of ranks x step) measured too.
+bubble fraction (idle share of ranks x step) measured too. ``write_chrome_trace(timelines, path)``
+writes them as Chrome trace JSON.
 """
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ import torch.distributed as dist
 
 from autoshard.passes.pipeline.schedule.actions import Action
 from autoshard.passes.pipeline.schedule.simulate import SimResult
-from autoshard.passes.pipeline.schedule.timeline import draw_timeline
+from autoshard.passes.pipeline.schedule.timeline import chrome_trace, draw_timeline
 
 from .interpreter import TimelineEvent
 
-__all__ = ["gather_timelines", "measured_result", "draw_measured_timeline"]
+__all__ = ["gather_timelines", "measured_result", "draw_measured_timeline", "write_chrome_trace"]
 
 _LABEL = re.compile(r"^(\d+)(F|BW|B|W)(\d+)$")
 
@@ -71,3 +72,20 @@ def measured_result(timelines: dict[int, list[TimelineEvent]]) -> SimResult:
 def draw_measured_timeline(timelines: dict[int, list[TimelineEvent]], path, title: str = "measured step") -> str:
     """SVG of the measured step (``measured_result``) with the simulator's drawing; returns the path."""
     return draw_timeline(measured_result(timelines), path, title=title)
+
+
+def write_chrome_trace(timelines: dict[int, list[TimelineEvent]], path) -> str:
+    """Write measured timelines (rank -> events, e.g. gathered from every rank's ``timeline``) as Chrome
+    trace JSON (``chrome://tracing`` / Perfetto; one row per rank) with the simulator's writer."""
+    events = [(int(r), e.action, e.start, e.end, _microbatch(e.action)) for r, evs in sorted(timelines.items())
+              for e in evs]
+    return chrome_trace(events, path)
+
+
+def _microbatch(label: str) -> int:
+    digits = ""
+    for ch in reversed(label):
+        if not ch.isdigit():
+            break
+        digits = ch + digits
+    return int(digits or 0)

@@ -130,7 +130,7 @@ def test_a_long_solve_prints_progress(tmp_path, capsys, monkeypatch):
 
 
 def test_plan_with_pp_writes_the_pipelined_plan_the_library_makes(tmp_path, capsys):
-    """``--pp 2`` on a module factory: the PipelinedPlan ``autoshard.plan(pp=2)`` makes, which
+    """``--pp 2`` on a module factory: the pipelined plan ``autoshard.plan(pp=2)`` makes, which
     ``load_plan`` reads back; explain and diff say they read plain plans."""
     out = tmp_path / "pp.json"
     assert cli.main(["plan", "cli_factory_models:gpt_factory", "--mesh", "4", "--batch", "8", "--seq", "16",
@@ -138,7 +138,7 @@ def test_plan_with_pp_writes_the_pipelined_plan_the_library_makes(tmp_path, caps
                      "--pp", "2", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     saved = load_plan(out)
-    assert isinstance(saved, autoshard.PipelinedPlan) and saved.pipeline.pp == 2
+    assert saved.pipelined and saved.pp == 2
     assert saved.summary().splitlines()[0] in printed
     from cli_factory_models import gpt_factory
     model, inputs, loss_fn, target = gpt_factory(batch=8, seq=16)

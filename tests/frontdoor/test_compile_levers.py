@@ -78,7 +78,6 @@ class _NoBlocks(nn.Module):
     ({"checkpoint": "partial"}, AutoshardError, r"checkpoint='partial': choose one of"),
     ({"reshard_after_forward": "yes"}, TypeError, r"reshard_after_forward= takes True/False"),
     ({"mixed_precision": "bf16"}, TypeError, r"mixed_precision= takes autoshard.MixedPrecision"),
-    ({"checkpoint": "full", "pp": 2}, TypeError, r"cannot be combined with pp=2"),
 ])
 def test_bad_lever_arguments_are_refused(kwargs, error, match):
     model, ids, target, loss_fn = _gpt()

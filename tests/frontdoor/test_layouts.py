@@ -214,7 +214,7 @@ def test_pipelined_layout_checks_tp_against_the_heads_too():
 def test_summary_names_the_layout():
     layout = layouts.fsdp(checkpoint="full")
     text = plan_gpt(layout, mesh=8).summary()
-    assert f"layout: {layout.describe()} (priced as given" in text.splitlines()[1]
+    assert f"layout: {layout.describe()} (priced as given" in text.splitlines()[2]  # after the verdict and the header
 
 
 def test_a_one_output_gate_stays_replicated_under_tensor_parallelism():
@@ -276,3 +276,96 @@ def test_layout_stage_cut_splits_blocks_evenly_with_the_extra_ones_in_the_middle
     assert sizes(3, 1) == [3, 4, 3]
     with pytest.raises(LayoutError, match="12 stages, but the model has 10 numbered blocks"):
         layout_stage_starts(captured, layouts.megatron(tp=2, pp=6, virtual_stages=2))
+
+
+def test_uneven_pipeline_with_megatron_cores_options():
+    """Megatron-Core's uneven pipeline: the embedding / the head counted as a block of the split (with
+    blocks + 2 stages the first holds only the embedding and the last only the head, Llama 3 405B's
+    layout), or the first / last rank's block counts given, the other stages sharing the rest."""
+    from autoshard.layout_plans import layout_stage_starts, stage_block_counts
+    from autoshard.passes.capture.export import capture
+    from autoshard.passes.pipeline.stages.layer_costs import layer_units
+    x = ids()
+    captured = capture(gpt_meta(layers=10), (x,), loss_fn=lm_loss, target=x)
+    units = layer_units(captured)
+    blocks = [i for i, u in enumerate(units) if u.block is not None]
+    head = len(units) - 1
+
+    def blocks_per_stage(layout):
+        starts = [0] + layout_stage_starts(captured, layout) + [len(units)]
+        return [sum(1 for i in range(a, b) if i in blocks) for a, b in zip(starts, starts[1:])], starts
+    counted = layouts.megatron(tp=2, pp=4, virtual_stages=3, account_for_embedding_in_pipeline_split=True,
+                               account_for_loss_in_pipeline_split=True)
+    per_stage, starts = blocks_per_stage(counted)
+    assert per_stage == [0] + [1] * 10 + [0]
+    assert starts[1] == blocks[0] and starts[-2] == head  # stage 0: the embedding alone; the last: the head alone
+    per_stage, _ = blocks_per_stage(layouts.megatron(tp=2, pp=4, decoder_first_pipeline_num_layers=1,
+                                                     decoder_last_pipeline_num_layers=1))
+    assert per_stage == [1, 4, 4, 1]
+    # rank 0's two blocks over its two virtual stages; the other 8 over the other four stages
+    assert stage_block_counts(10, layouts.megatron(pp=3, virtual_stages=2, decoder_first_pipeline_num_layers=2)) \
+        == [1, 2, 2, 1, 2, 2]
+    assert stage_block_counts(128, layouts.megatron(pp=16, virtual_stages=8)) == [1] * 128  # 126 + embedding + head
+    with pytest.raises(LayoutError, match="not both"):
+        layouts.megatron(pp=4, decoder_first_pipeline_num_layers=2, account_for_embedding_in_pipeline_split=True)
+    with pytest.raises(LayoutError, match="pass pp= > 1"):
+        layouts.megatron(account_for_loss_in_pipeline_split=True)
+    with pytest.raises(LayoutError, match="remaining"):
+        layout_stage_starts(captured, layouts.megatron(tp=2, pp=2, decoder_first_pipeline_num_layers=11))
+    with pytest.raises(LayoutError, match="14 stages"):
+        layout_stage_starts(captured, layouts.megatron(tp=2, pp=2, virtual_stages=7, account_for_loss_in_pipeline_split=True))
+    assert layouts.parse(counted.describe()) == counted
+
+
+def test_megatron_without_sequence_parallel_all_reduces_and_runs_the_rest_whole_on_tp():
+    """Megatron-LM without sequence parallelism (the 2021 runs): each row-parallel matmul (and the
+    vocab-parallel embedding) outputs its partial sum over tp, and the op that reads it outputs the whole
+    tensor on every tp rank (the all-reduce), so bias, dropout, residual and the next norm run whole."""
+    from autoshard.passes.sharding.layout_placements import tensor_parallel_roles
+    from autoshard.passes.spec import Partial
+    plan = plan_gpt(layouts.megatron(tp=2, sequence_parallel=False, recompute="none"))
+    roles = tensor_parallel_roles(plan.captured)
+    assert roles.row and roles.vocab
+    for name in (*roles.row, *roles.vocab):
+        assert isinstance(tuple(plan.strategies[name].outputs[0])[1], Partial), name
+        users = [u for u in plan.captured.node(name).users if u.op == "call_function"]
+        assert all(tuple(plan.strategies[u.name].outputs[0])[1] == R for u in users), name
+
+
+def test_megatron_2021s_gpt_is_split_as_megatron_split_it():
+    """The literature's Megatron-LM 2021 GPT writes ``x @ w.t()`` and adds the fused QKV's bias by its own
+    kernel (PyTorch 1.8's F.linear): both are found (column: query_key_value, dense_h_to_4h and the tied
+    head; row: dense, dense_4h_to_h; the QKV and h-to-4h biases split with their features)."""
+    import pathlib
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    from megatron_gpt_2021 import lm_loss as loss, megatron_gpt
+    x = ids()
+    plan = autoshard.plan(megatron_gpt(2, 64, 4, SEQ, 256), (4, 2), example_inputs=(x,), loss_fn=loss, example_target=x,
+                          hardware="a100", layout=layouts.megatron(tp=2, sequence_parallel=False, recompute="full"))
+    pls = plan.param_placements
+    for name in ("query_key_value", "mlp.dense_h_to_4h"):
+        assert tuple(pls[f"layers.0.{'attention.' if 'query' in name else ''}{name}.weight"]) == (R, S0), pls
+        assert tuple(pls[f"layers.0.{'attention.' if 'query' in name else ''}{name}.bias"]) == (R, S0), pls
+    assert tuple(pls["layers.1.attention.dense.weight"]) == (R, S1) and tuple(pls["layers.1.mlp.dense_4h_to_h.weight"]) == (R, S1)
+    assert tuple(pls["layers.1.attention.dense.bias"]) == (R, R) and tuple(pls["word_embeddings.weight"]) == (R, S0)
+
+
+def test_megatrons_pipeline_runtime_prices_its_stage_boundaries_and_gradient_reduce():
+    """Megatron's stage boundaries held whole on tp travel as 1/tp pieces, all-gathered by the receiver
+    (scatter_gather_tensors_in_pipeline: cheaper than each tp rank sending the whole tensor over the
+    network); its gradient all-reduces start after the backward unless overlap_grad_reduce."""
+    import dataclasses
+    from autoshard.passes.cost.hardware import PRESETS
+    four_per_node = dataclasses.replace(PRESETS["a100"], name="a100-4-per-node", devices_per_node=4)
+
+    def step(**kw):  # each rank group (dp 2 x tp 2) a node: the stage boundary crosses the network
+        layout = layouts.megatron(tp=2, pp=2, sequence_parallel=False, recompute="none", **kw)
+        x = torch.empty(64, 256, dtype=torch.long, device="meta")
+        with torch.device("meta"):
+            model = GPT(256, 1024, 4, 8, 256, tied=False)
+        return autoshard.plan(model, (4, 2), example_inputs=(x,), loss_fn=lm_loss, example_target=x,
+                              hardware=four_per_node, layout=layout).estimated_step_time
+    default = step()
+    assert step(scatter_gather_tensors_in_pipeline=False) > default
+    assert step(overlap_grad_reduce=True) < default

@@ -73,8 +73,9 @@ def test_the_lever_table_is_what_pins_levers_and_json_follow():
 def test_combinations_an_entry_cannot_honour_are_refused_with_the_entry_named():
     with pytest.raises(TypeError, match="pass pp='auto'"):
         PlanOptions.of(schedule="1f1b").check_entry("plan")
-    with pytest.raises(TypeError, match=r"\['checkpoint'\] cannot be combined with pp=2"):
-        PlanOptions.of(pp=2, checkpoint="full").check_entry("plan")
+    for lever in (dict(checkpoint="full"), dict(reshard_after_forward=False), dict(accumulation=2)):
+        PlanOptions.of(pp=2, **lever).check_entry("plan")  # every memory lever goes with a pipeline
+        PlanOptions.of(pp=2, **lever).check_entry("compile")
     with pytest.raises(TypeError, match=r"params \(pins\) cannot be combined with plan\(\.\.\., pp=2\)"):
         PlanOptions.of(pp=2, params={"w": ("R",)}).check_entry("plan")
     PlanOptions.of(pp=2, params={"w": ("R",)}).check_entry("compile")  # compile re-solves stages with them

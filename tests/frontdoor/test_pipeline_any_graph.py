@@ -39,7 +39,6 @@ def _model(name: str):
 
 def any_graph_worker(rank: int, world: int, cases: list) -> list:
     import autoshard
-    from autoshard.compiled import PipelinedModel
 
     torch.set_num_threads(1)
     failures = []
@@ -53,7 +52,7 @@ def any_graph_worker(rank: int, world: int, cases: list) -> list:
         except autoshard.AutoshardError as e:
             failures.append(f"{label}: {type(e).__name__}: {e}")
             continue
-        if not isinstance(cm, PipelinedModel) or (cm.plan.pp, cm.plan.schedule) != (pp, schedule):
+        if not cm.plan.pipelined or (cm.plan.pp, cm.plan.schedule) != (pp, schedule):
             failures.append(f"{label}: got {type(cm).__name__} {getattr(cm, 'plan', None)}")
             continue
         failures += train_against_one_device(label, cm, copy.deepcopy(model), (inputs, target), loss_fn=loss_fn,

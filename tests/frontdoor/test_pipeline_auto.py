@@ -68,7 +68,7 @@ def expected_plans(cases: list) -> list:
             model, inputs, target, loss_fn, _ = build(case["model"])
             traced[case["model"]] = capture(model, inputs, loss_fn=loss_fn, target=target)
         captured = traced[case["model"]]
-        kw = {k: v for k, v in case["kw"].items() if k in ("schedule", "microbatches", "memory_limit")}
+        kw = {k: v for k, v in case["kw"].items() if k in ("schedule", "microbatches", "memory_limit", "optimizer")}
         pp = case["kw"].get("pp")
         starts = planner_stage_starts(captured, case["kw"].get("stages"))
         plan = plan_pipeline(captured, case["mesh"], hardware=case["hardware"], pp=None if pp == "auto" else pp,
@@ -103,7 +103,7 @@ def recompute_limit(model_name: str, mesh, hardware) -> int:
 def _check_trace(label: str, cm, path: str) -> list:
     """Rank 0 writes its measured timeline as Chrome trace JSON; the events are the timeline's."""
     import json
-    from autoshard.runtime.pipeline.executor import write_chrome_trace
+    from autoshard.runtime.pipeline.timelines import write_chrome_trace
     if torch.distributed.get_rank() != 0 or not write_chrome_trace({0: cm.timeline}, path):
         return []
     names = [e["name"] for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
@@ -134,7 +134,7 @@ def auto_worker(rank: int, world: int, cases: list, expected: list, trace_path: 
     """Each case: compile with its keywords; check the kind of result, the plan and the training (and,
     for the first pipelined case, the measured timeline written as a Chrome trace)."""
     import autoshard
-    from autoshard.compiled import CompiledModel, PipelinedModel
+    from autoshard.compiled import CompiledModel
 
     torch.set_num_threads(1)
     failures = []
@@ -155,8 +155,8 @@ def auto_worker(rank: int, world: int, cases: list, expected: list, trace_path: 
             if not isinstance(cm, CompiledModel) or cm.planner_plan.pp != 1:
                 failures.append(f"{label}: expected a CompiledModel (pp=1), got {type(cm).__name__}")
         else:
-            if not isinstance(cm, PipelinedModel):
-                failures.append(f"{label}: expected a PipelinedModel, got {type(cm).__name__}")
+            if not cm.plan.pipelined:
+                failures.append(f"{label}: expected a pipelined CompiledModel, got one of {len(cm.plan.stages)} stage")
                 continue
             plan, auto = cm.plan, cm.planner_plan
             runtime = (plan.pp, plan.schedule, plan.microbatches,
@@ -199,8 +199,10 @@ def test_compile_pp_auto_4_ranks(tmp_path):
         dict(label="unet auto, pinned schedule, microbatches and stages", model="unet", mesh=(4,), hardware=slow,
              kw={"pp": "auto", "schedule": "interleaved-1f1b", "microbatches": 4, "stages": ["down.2", "up.0", "up.2"]},
              expect="pipelined", pinned={"pp": 2, "schedule": "interleaved-1f1b", "microbatches": 4}),
-        dict(label="unet auto, fast network", model="unet", mesh=(4,), hardware=fast, kw={"pp": "auto"},
-             expect="compiled"),
+        # priced without the optimizer step: AdamW's update of this small U-Net outweighs its compute, and
+        # pp=4 updates a quarter of the parameters per rank, so with it a pipeline would win here
+        dict(label="unet auto, fast network", model="unet", mesh=(4,), hardware=fast,
+             kw={"pp": "auto", "optimizer": "none"}, expect="compiled"),
     ]
     t0 = time.perf_counter()
     expected = expected_plans(cases)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import autoshard
-from autoshard.pipelined_plans import PipelinedPlan
+from autoshard.plans import Plan
 from autoshard.testing.models import BlockCNN
 
 
@@ -20,8 +20,8 @@ def test_pipelined_batch_norm_warns_and_the_summary_says_per_microbatch():
     with pytest.warns(autoshard.BatchCouplingWarning, match=r"4 microbatches.*module 'blocks\.0\.bn'"):
         plan = autoshard.plan(model, (2,), example_inputs=(x,), loss_fn=F.cross_entropy, example_target=y,
                               hardware="cpu", pp=2, microbatches=4)
-    assert isinstance(plan, PipelinedPlan)
-    loaded = PipelinedPlan.from_json(json.loads(json.dumps(plan.to_json())))
+    assert plan.pipelined
+    loaded = Plan.from_json(json.loads(json.dumps(plan.to_json())))
     for p in (plan, loaded):
         line = next(ln for ln in p.summary().splitlines() if "batch-coupled" in ln)
         assert "per microbatch of 1/4" in line and "blocks.1.bn" in line

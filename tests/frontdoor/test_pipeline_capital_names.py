@@ -53,7 +53,7 @@ def test_plan_pp_2_places_every_capital_letter_parameter():
     model, inputs, target = _build("meta")
     plan = autoshard.plan(model, (4,), example_inputs=inputs, loss_fn=F.mse_loss, example_target=target,
                           hardware="cpu", pp=2, microbatches=2, time_limit_s=20)
-    assert isinstance(plan, autoshard.PipelinedPlan)
+    assert plan.pipelined
     names = {n for n, _ in model.named_parameters()}
     assert {"layers.0.A_log", "layers.3.D", "layers.2.W", "Embed.weight"} <= names
     assert set(plan.param_placements) == names
@@ -62,20 +62,19 @@ def test_plan_pp_2_places_every_capital_letter_parameter():
     from autoshard.passes.pipeline.stages.retrace import replan_at_microbatch
     full = capture(model, inputs, loss_fn=F.mse_loss, target=target)
     small = capture(model, tuple(x[:4] for x in inputs), loss_fn=F.mse_loss, target=target[:4])
-    staged = replan_at_microbatch(plan.pipeline, full, small, hardware="cpu", time_limit_s=20)
+    staged = replan_at_microbatch(plan, full, small, hardware="cpu", time_limit_s=20)
     placed = {n for s in staged.stages for n in s.solution.param_placements}
     assert placed == names
 
 
 def capital_worker(rank: int, world: int) -> list:
     import autoshard
-    from autoshard.compiled import PipelinedModel
 
     torch.set_num_threads(1)
     model, inputs, target = _build()
     cm = autoshard.compile(model, (world,), example_inputs=inputs, loss_fn=F.mse_loss, example_target=target,
                            hardware="cpu", pp=2, microbatches=2, time_limit_s=20)
-    if not isinstance(cm, PipelinedModel):
+    if not cm.plan.pipelined:
         return [f"capital names pp=2: got {type(cm).__name__}"]
     failures = train_against_one_device("capital names pp=2", cm, copy.deepcopy(model), (inputs, target),
                                         loss_fn=F.mse_loss, steps=3, tol=Tolerance(rtol=1e-4, atol=2e-5),

@@ -4,7 +4,7 @@ The plan comes from ``autoshard.plan(..., pp=16)`` on the whole 96-block model (
 schedule and microbatch count are pinned to what the unpinned planner picks, ``benchmarks/plan_3d.py``,
 so the test does not search them). Then, for the first rank, one in the middle and the last, a fake
 process group (``torch.testing``'s ``FakeStore`` / "fake" backend: collectives do nothing) of 1,024
-ranks stands in for the world and ``driver.build_pipelined_model`` (what ``compile(..., plan=)``
+ranks stands in for the world and ``driver.build_from_plan`` (what ``compile(..., plan=)``
 runs on each rank) builds that rank's stages on the meta device. Each rank's program is checked
 against the plan: its rank group and the members of each of its submesh communicators, the peers
 it exchanges activations with and the shapes it exchanges, and the shape of every local parameter
@@ -25,7 +25,7 @@ from autoshard.passes.capture.export import capture
 from autoshard.passes.graph import META
 from autoshard.passes.layout.shapes import local_shape, normalize
 from autoshard.passes.spec import Shard
-from autoshard.driver import build_pipelined_model
+from autoshard.driver import build_from_plan
 
 transformers = pytest.importorskip("transformers")
 
@@ -76,7 +76,7 @@ def test_a_rank_of_the_175b_plan_builds_its_own_program(planned, rank):
         sum(1 for n in plan.captured.gm.graph.nodes if n.op == "call_function")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=1024)
     try:
-        cm = build_pipelined_model(plan, model, example_inputs=(ids,), loss_fn=lm_loss, example_target=target,
+        cm = build_from_plan(plan, model, example_inputs=(ids,), loss_fn=lm_loss, example_target=target,
                                    state_dict=model.state_dict(), device="meta", full=plan.captured, small=small)
         program = cm._program
         mine = [s for s in plan.stages if rank in s.ranks]

@@ -1,8 +1,8 @@
 """Pipelines and Hugging Face models with keyword inputs.
 
 ``plan(pp=2)`` and ``compile(pp=2)`` take ``example_inputs`` as a dict of keyword tensors (cut along
-dim 0 into microbatches like a tuple); ``PipelinedModel.step`` takes the inputs by name;
-``cm.plan.summary()`` prints a compiled pipeline as ``PipelinedPlan.summary`` does; the CLI plans an
+dim 0 into microbatches like a tuple); a compiled pipeline's ``step`` takes the inputs by name;
+``cm.plan.summary()`` prints a compiled pipeline as ``Plan.summary`` does; the CLI plans an
 HF spec with ``--pp auto``. On 4 gloo ranks (two groups of two) an HF Llama with keyword inputs
 trains like one device (loss every step, parameters after 3 AdamW steps).
 """
@@ -33,7 +33,7 @@ def test_plan_pp_2_takes_keyword_inputs():
     model, inputs, target, loss_fn = _llama("meta")
     plan = autoshard.plan(model, (4,), example_inputs=inputs, loss_fn=loss_fn, example_target=target,
                           hardware="cpu", pp=2, microbatches=2, time_limit_s=20)
-    assert isinstance(plan, autoshard.PipelinedPlan) and plan.pp == 2
+    assert plan.pipelined and plan.pp == 2
     assert set(plan.param_placements) == {n for n, _ in model.named_parameters()}
     with pytest.raises(BatchError, match="tuple of tensors or a dict of keyword tensors"):
         autoshard.plan(model, (4,), example_inputs="ids", loss_fn=loss_fn, example_target=target, pp=2)
@@ -50,18 +50,17 @@ def test_cli_plans_an_hf_spec_with_pp_auto(tmp_path, capsys):
                      "--pp", "auto", "--time-limit", "20", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     saved = load_plan(out)
-    assert isinstance(saved, (autoshard.Plan, autoshard.PipelinedPlan))
+    assert isinstance(saved, autoshard.Plan)
     assert saved.summary().splitlines()[0] in printed
 
 
 def keyword_worker(rank: int, world: int) -> list:
-    from autoshard.compiled import PipelinedModel
 
     torch.set_num_threads(1)
     model, inputs, target, loss_fn = _llama()
     cm = autoshard.compile(model, (world,), example_inputs=inputs, loss_fn=loss_fn, example_target=target,
                            hardware="cpu", pp=2, microbatches=2, time_limit_s=20)
-    if not isinstance(cm, PipelinedModel):
+    if not cm.plan.pipelined:
         return [f"hf_llama keyword inputs pp=2: got {type(cm).__name__}"]
     failures = []
     text = cm.plan.summary()

@@ -27,7 +27,6 @@ def _build():
 
 def one_sequence_worker(rank: int, world: int, schedules: list, saved: str) -> list:
     import autoshard
-    from autoshard.compiled import PipelinedModel
 
     torch.set_num_threads(1)
     failures = []
@@ -43,7 +42,7 @@ def one_sequence_worker(rank: int, world: int, schedules: list, saved: str) -> l
         except autoshard.AutoshardError as e:
             failures.append(f"{label}: {type(e).__name__}: {e}")
             continue
-        if not isinstance(cm, PipelinedModel) or (cm.plan.schedule, cm.plan.microbatches) != (schedule, BATCH):
+        if not cm.plan.pipelined or (cm.plan.schedule, cm.plan.microbatches) != (schedule, BATCH):
             failures.append(f"{label}: got {type(cm).__name__}")
             continue
         failures += train_against_one_device(label, cm, copy.deepcopy(model), (inputs, target), loss_fn=loss_fn,

@@ -1,6 +1,6 @@
 """3D plans at the front door: ``autoshard.plan(..., pp=)`` with no process group, saved, loaded, and run.
 
-In one process: ``plan(pp=2)`` returns a ``PipelinedPlan`` that is exactly the stage planner's choice,
+In one process: ``plan(pp=2)`` returns a pipelined ``Plan`` that is exactly the stage planner's choice,
 with the ``Plan`` surface (summary with throughput and MFU, render, save); ``load_plan`` reads it
 back; no faster pipeline gives a plain ``Plan``; arguments that contradict a plan are refused.
 On 4 gloo ranks: plans made offline (a small GPT, pp=2 on (4,); a wider one on (2, 2) under a memory
@@ -23,7 +23,7 @@ from autoshard.passes.capture.export import capture
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
-from autoshard.passes.graph import META
+from autoshard.passes.graph import META, MODULE
 from autoshard.passes.layout.shapes import local_shape, normalize
 from autoshard.passes.spec import Replicate, Shard
 from autoshard.testing.equivalence import Tolerance, adamw, failures_of, train_against_one_device
@@ -57,7 +57,7 @@ def _plan(name, mesh, hardware, **kw):
 def test_plan_pp_is_the_stage_planners_choice_with_the_plan_surface(tmp_path):
     slow = slow_network()
     plan = _plan("gpt", (4,), slow, pp=2)
-    assert isinstance(plan, autoshard.PipelinedPlan)
+    assert plan.pipelined
     model, inputs, target, loss_fn, _ = build("gpt")
     direct = plan_pipeline(capture(model, inputs, loss_fn=loss_fn, target=target), (4,), hardware=slow, pp=2,
                            time_limit_s=30)
@@ -70,7 +70,7 @@ def test_plan_pp_is_the_stage_planners_choice_with_the_plan_surface(tmp_path):
         per_group[s.group] = per_group.get(s.group, 0.0) + s.solution.estimated_memory
     assert plan.estimated_memory == int(max(per_group.values()))
     assert set(plan.param_placements) == {n for n, _ in model.named_parameters(remove_duplicate=False)}
-    # throughput and MFU follow autoshard.metrics: tokens = batch x sequence, matmul FLOPs x3
+    # throughput and MFU follow passes.pipeline.plan_work: tokens = batch x sequence, matmul FLOPs x3
     tokens = inputs[0].numel()
     assert plan.tokens_per_second_per_device == pytest.approx(tokens / plan.estimated_step_time / 4)
     assert plan.mfu == pytest.approx(plan.model_flops / (plan.estimated_step_time * 4 * slow.flops_fp32))
@@ -78,13 +78,13 @@ def test_plan_pp_is_the_stage_planners_choice_with_the_plan_surface(tmp_path):
     assert "pipelined plan" in text and f"{plan.microbatches} microbatches" in text
     assert "tokens/s per device" in text and "MFU" in text
     assert text.count("    stage ") == len(plan.stages)
-    # saved as JSON, read back by load_plan as a PipelinedPlan with the same decisions
+    # saved as JSON, read back by load_plan as a pipelined Plan with the same decisions
     path = tmp_path / "plan3d.json"
     plan.save(str(path))
     data = json.loads(path.read_text())
-    assert data["format"] == "autoshard.pipelined_plan"
+    assert data["format"] == "autoshard.plan" and len(data["stages"]) == len(plan.stages)
     loaded = autoshard.load_plan(str(path))
-    assert isinstance(loaded, autoshard.PipelinedPlan)
+    assert loaded.pipelined
     assert loaded.to_json() == plan.to_json() and loaded.summary() == plan.summary()
     assert loaded.mfu == pytest.approx(plan.mfu)
     with pytest.raises(ValueError, match="no captured graph"):
@@ -98,8 +98,11 @@ def test_plan_pp_is_the_stage_planners_choice_with_the_plan_surface(tmp_path):
 
 
 def test_plan_pp_auto_keeps_a_plain_plan_when_no_pipeline_is_faster():
-    plan = _plan("unet", (4,), fast_network(), pp="auto")
-    assert isinstance(plan, autoshard.Plan)
+    # the known answer weighs the bubble against near-free collectives: with an optimizer step priced
+    # (issue 27; on the cpu preset AdamW's update of this toy dwarfs its forward and backward) pp = 4 wins
+    # by updating a quarter of the parameters per rank, so the toy plans with no optimizer step
+    plan = _plan("unet", (4,), fast_network(), pp="auto", optimizer="none")
+    assert isinstance(plan, autoshard.Plan) and not plan.pipelined
     assert "tokens/s" not in plan.summary() and "samples/s per device" in plan.summary()
 
 
@@ -121,7 +124,10 @@ def test_bad_pipeline_plan_arguments(tmp_path):
         autoshard.compile(model, (2, 2), **common)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "autoshard.pipelined_plan", "version": 1, "mesh": {}}))
-    with pytest.raises(PlanFormatError, match="malformed pipelined plan"):
+    with pytest.raises(PlanFormatError, match="malformed version-1 plan .*plan again"):
+        autoshard.load_plan(str(bad))
+    bad.write_text(json.dumps({"format": "autoshard.plan", "version": 2, "mesh": {}}))
+    with pytest.raises(PlanFormatError, match="malformed plan"):
         autoshard.load_plan(str(bad))
 
 
@@ -148,19 +154,22 @@ CASES = [("gpt, pp=2 on (4,)", "gpt", (4,), {"hardware": "slow"}),
          ("wider gpt, pp=2 on (2, 2), sharded stages", "wider gpt", (2, 2),
           {"hardware": "two-per-node", "memory_limit": 330_000}),
          ("wider gpt, megatron(tp=2, pp=2) layout", "wider gpt", (2, 2),
-          {"hardware": "slow", "layout": autoshard.layouts.megatron(tp=2, pp=2, recompute="full")})]
+          {"hardware": "slow", "layout": autoshard.layouts.megatron(tp=2, pp=2, recompute="full")}),
+         ("wider gpt, megatron(tp=2, pp=2, 3 virtual stages) with the embedding and the head alone", "wider gpt",
+          (2, 2), {"hardware": "slow", "layout": autoshard.layouts.megatron(
+              tp=2, pp=2, virtual_stages=3, recompute="none", account_for_embedding_in_pipeline_split=True,
+              account_for_loss_in_pipeline_split=True)})]
 HARDWARE = {"slow": slow_network, "two-per-node": two_per_node}
 
 
 def _no_planning(*args, **kwargs):
-    raise AssertionError("compile(..., plan=<PipelinedPlan>) ran a solver")
+    raise AssertionError("compile(..., plan=<a pipelined plan>) ran a solver")
 
 
 def saved_plan_worker(rank: int, world: int, paths: list) -> list:
     """Every solver disabled, then each saved plan compiled, checked against the file and trained."""
     import autoshard.passes.pipeline.stages.layer_costs as layer_costs
     import autoshard.passes.solve.planner as core
-    from autoshard.compiled import PipelinedModel
     core.solve = layer_costs.solve = _no_planning
     failures, pieces = [], []
     for (label, name, mesh, _), path in zip(CASES, paths):
@@ -168,10 +177,10 @@ def saved_plan_worker(rank: int, world: int, paths: list) -> list:
         model, inputs, target, loss_fn, _ = BUILDERS[name]()
         cm = autoshard.compile(model, mesh, example_inputs=inputs, loss_fn=loss_fn, example_target=target,
                                plan=saved)
-        if not isinstance(cm, PipelinedModel):
+        if not cm.plan.pipelined:
             failures.append(f"{label}: compile returned {type(cm).__name__}")
             continue
-        got, want = cm.plan, saved.pipeline
+        got, want = cm.plan, saved
         if (got.pp, got.schedule, got.microbatches, got.virtual) != (want.pp, want.schedule, want.microbatches,
                                                                      want.virtual):
             failures.append(f"{label}: the runtime runs {got.pp, got.schedule, got.microbatches}, the plan says "
@@ -209,7 +218,7 @@ def test_compile_runs_a_saved_3d_plan_on_4_ranks(tmp_path):
         pipeline = {} if "layout" in kw else {"pp": 2}
         plan = autoshard.plan(model, mesh, example_inputs=inputs, loss_fn=loss_fn, example_target=target,
                               **pipeline, **{**kw, "hardware": HARDWARE[kw["hardware"]]()})
-        assert isinstance(plan, autoshard.PipelinedPlan) and plan.pp == 2, f"premise: {label} pipelines"
+        assert plan.pipelined and plan.pp == 2, f"premise: {label} pipelines"
         path = tmp_path / f"plan{len(paths)}.json"
         plan.save(str(path))
         paths.append(str(path))
@@ -222,5 +231,14 @@ def test_compile_runs_a_saved_3d_plan_on_4_ranks(tmp_path):
     assert tuple(megatron.param_placements["blocks.0.q.weight"]) == (Replicate(), Shard(0)), megatron.summary()
     assert tuple(megatron.param_placements["blocks.3.out.weight"]) == (Replicate(), Shard(1)), megatron.summary()
     assert all(s.recompute for s in megatron.stages) and megatron.microbatches == 8, megatron.summary()
+    # premises of the fourth: Megatron-Core's uneven pipeline, the first stage the embedding alone, the last
+    # the head alone, four blocks on the four stages between
+    uneven = autoshard.load_plan(paths[3])
+    assert uneven.pp == 2 and uneven.virtual == 3 and len(uneven.stages) == 6, uneven.summary()
+    model, inputs, target, loss_fn, _ = wider_gpt()
+    traced = capture(model, inputs, loss_fn=loss_fn, target=target)
+    module_of = {n.name: str(n.meta.get(MODULE) or "") for n in traced.gm.graph.nodes}
+    in_block = [[module_of.get(n, "").startswith("blocks.") for n in s.nodes] for s in uneven.stages]
+    assert not any(in_block[0]) and not any(in_block[-1]) and all(any(b) for b in in_block[1:-1]), uneven.summary()
     failures = failures_of(run_ranks(saved_plan_worker, 4, paths, timeout=600))
     assert not failures, "\n".join(failures)

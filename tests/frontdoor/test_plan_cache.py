@@ -39,7 +39,7 @@ def test_a_plan_is_cached_per_world_and_model(tmp_path):
     assert not cached and os.path.exists(cached_plan_path(str(tmp_path), mesh2, fp))
     again, cached, _ = cached_or_planned(make(mesh2), str(tmp_path), mesh2, fp)
     assert cached and calls == [(2,)]
-    assert again.to_json()["solution"] == first.to_json()["solution"]
+    assert again.to_json()["stages"] == first.to_json()["stages"]
     other, cached, _ = cached_or_planned(make(mesh4), str(tmp_path), mesh4, fp)
     assert not cached and other.mesh.shape == (2, 2) and calls == [(2,), (2, 2)]
     _, cached, _ = cached_or_planned(make(mesh2), str(tmp_path), mesh2, "another-model")

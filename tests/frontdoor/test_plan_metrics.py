@@ -1,4 +1,4 @@
-"""Throughput and MFU of a plan (``autoshard/metrics.py``), on both plan kinds.
+"""Throughput and MFU of a plan (``passes/pipeline/plan_work.py``), with and without a pipeline.
 
 Model FLOPs are counted by hand here for a model whose matmuls are known (two Linear layers, and
 the GPT's attention and projections), and compared with ``plan.model_flops`` (matmul FLOPs x3 for a

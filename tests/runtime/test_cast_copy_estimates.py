@@ -36,7 +36,7 @@ def cast_copies_worker(rank: int, world: int) -> tuple:
     strategies = plan_captured(captured, Mesh.of(MESH), hardware="cpu", time_limit_s=20, mixed_precision=mp,
                                pins=presets.data_parallel(MESH)).solution.strategies
     levers = Levers(mixed_precision=mp)
-    probed = Probed(RankProgram(captured, strategies, MESH, env=env, model=model, levers=levers))
+    probed = Probed(RankProgram.of_strategies(captured, strategies, MESH, env=env, model=model, levers=levers))
     probed.step(*inputs, target=target)
     est = evaluate(captured, Mesh.of(MESH), strategies, "cpu", "adamw", levers=levers).estimated
     return probed.measured["saved"], est["saved_activation_bytes"], probed.measured["gathered"], est["gathered_peak_bytes"]

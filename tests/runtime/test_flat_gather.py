@@ -74,7 +74,7 @@ def _worker(rank: int, world: int) -> list[str]:
     torch.manual_seed(0)
     model = _model()
     ref = copy.deepcopy(model)
-    rp = RankProgram(cg, plan, MESH, env=env, model=model, seed=0)
+    rp = RankProgram.of_strategies(cg, plan, MESH, env=env, model=model, seed=0)
     bad = train_against_one_device("flat gather (2, 2)", rp, ref, _batch, loss_fn=F.cross_entropy, steps=3,
                                    tol=Tolerance(rtol=1e-4, atol=1e-5), optimizer=adamw(lr=1e-2, eps=1e-8))
     if [getattr(rp.program, c).size for c in _flat_gathers(rp.program)] != [4]:

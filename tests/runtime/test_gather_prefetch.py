@@ -47,7 +47,7 @@ def counting_worker(rank: int, world: int) -> dict:
     try:
         for lay in layouts(rank, [("gpt", [(4,)])]):
             for ckpt, reshard in CASES:
-                rp = RankProgram(lay.captured, lay.strategies, lay.mesh_shape, env=lay.env, model=lay.model,
+                rp = RankProgram.of_strategies(lay.captured, lay.strategies, lay.mesh_shape, env=lay.env, model=lay.model,
                                  levers=policy_levers("gpt", 1, ckpt, reshard))
                 opt = torch.optim.SGD(rp.parameters(), lr=0.1)
                 counts = []

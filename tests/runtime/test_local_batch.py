@@ -25,15 +25,14 @@ def _slice(t: torch.Tensor, cm) -> torch.Tensor:
 def data_parallel_pipeline(model, inputs, target, loss_fn, prefixes, microbatches: int = 2):
     """A 2-stage pipeline over 4 ranks, each stage data parallel on its 2-rank submesh (every stage's
     inputs pinned ``S(0)``, parameters ``R``), built by hand from the captured microbatch program."""
-    from autoshard.compiled import PipelinedModel
     from autoshard.passes.capture.export import capture
     from autoshard.passes.mesh import Mesh
     from autoshard.passes.pipeline.schedule.generators import generate
-    from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+    from autoshard.passes.pipeline.plan import Plan
     from autoshard.passes.sharding.pins import Pins
     from autoshard.passes.solve.planner import plan_sharding
     from autoshard.runtime.groups import broadcast_json
-    from autoshard.runtime.pipeline.executor import PipelineProgram
+    from autoshard.runtime.executor import RankProgram
     from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
     from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
     mb = target.shape[0] // microbatches
@@ -46,9 +45,10 @@ def data_parallel_pipeline(model, inputs, target, loss_fn, prefixes, microbatche
             return plan_sharding(g.captured, sm, hardware="cpu", time_limit_s=10, pins=pins)
         payload = make_pipeline_plan(captured, stage_nodes_from_prefixes(captured, prefixes[2]), Mesh.of((2, 2)),
                                      schedule="1f1b", microbatches=microbatches, solve=solve).to_json()
-    plan = PipelinePlan.from_json(broadcast_json(payload))
-    program = PipelineProgram(captured, plan, generate("1f1b", 2, microbatches), model=model)
-    return PipelinedModel(plan, program)
+    plan = Plan.from_json(broadcast_json(payload))
+    program = RankProgram(plan.attach(captured), schedule=generate("1f1b", 2, microbatches), model=model)
+    from autoshard.compiled import CompiledModel
+    return CompiledModel(None, program.plan, program=program)
 
 
 def local_batch_worker(rank: int, world: int) -> list:

@@ -53,7 +53,7 @@ def levers_worker(rank: int, world: int, model_name: str, meshes, baseline: bool
         for name, k, ckpt, reshard, twice in CASES[0 if baseline else 1:]:
             case = f"{model_name} mesh={lay.mesh_shape} {name}"
             levers = policy_levers(model_name, k, ckpt, reshard)
-            rp = RankProgram(lay.captured, lay.strategies, lay.mesh_shape, env=lay.env, model=lay.model, levers=levers)
+            rp = RankProgram.of_strategies(lay.captured, lay.strategies, lay.mesh_shape, env=lay.env, model=lay.model, levers=levers)
             probed = Probed(rp)
             failures += train_against_one_device(
                 case, Twice(probed) if twice else probed, copy.deepcopy(lay.model),

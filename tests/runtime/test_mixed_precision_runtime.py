@@ -72,7 +72,7 @@ def bf16_worker(rank: int, world: int) -> dict:
     for layout, strategies in (("zero3", zero), ("dp", dp)):
         for reduce in (torch.float32, torch.bfloat16):
             levers = Levers(mixed_precision=MixedPrecision(torch.bfloat16, reduce))
-            rp = RankProgram(captured, strategies, mesh, env=env, model=model, levers=levers)
+            rp = RankProgram.of_strategies(captured, strategies, mesh, env=env, model=model, levers=levers)
             opt = torch.optim.AdamW(rp.parameters(), lr=1e-3, eps=ADAM_EPS)
             losses, record = [], _recorder()
             for step in range(STEPS):

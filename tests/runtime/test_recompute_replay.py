@@ -34,7 +34,7 @@ def dropout_worker(rank: int, world: int) -> dict:
     strategies = planned(captured, model, (4,), None, rank, env)
     out = {}
     for policy, seed in (("none", 7), ("selective", 7), ("full", 7), ("none", 8)):
-        rp = RankProgram(captured, strategies, (4,), env=env, model=model,
+        rp = RankProgram.of_strategies(captured, strategies, (4,), env=env, model=model,
                          levers=Levers(1, {"blocks.#": BlockPolicy(policy)}))
         opt = torch.optim.AdamW(rp.parameters(), lr=1e-3, eps=ADAM_EPS)
         torch.manual_seed(seed + rank)

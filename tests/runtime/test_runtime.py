@@ -145,7 +145,7 @@ def test_emitted_programs_have_the_expected_collectives():
     cg = export_captured(mlp(), x, y, F.cross_entropy)
     for name, (mesh, plan) in mlp_plans(cg).items():
         env = MeshEnv.offline(Mesh(mesh), rank=1)
-        rp = RankProgram(cg, plan, mesh, env=env, model=mlp())
+        rp = RankProgram.of_strategies(cg, plan, mesh, env=env, model=mlp())
         assert rp.collective_counts() == EXPECTED_COUNTS[name], name
         code = rp.program.code
         # parameter redistributions run inside one gather_params call per group (param_gather.py)
@@ -187,7 +187,7 @@ def test_step_alone_on_one_device_checks_inputs_and_matches_eager():
     plan |= {n: st("-> R") for n in ("x", "target")} | {
         n: st("R, R, R -> R") for n in ("linear", "linear_1")} | {"relu": st("R -> R"),
                                                                    "cross_entropy_loss": st("R, R -> R")}
-    rp = RankProgram(cg, plan, (1,), env=setup_distributed(1), model=model)
+    rp = RankProgram.of_strategies(cg, plan, (1,), env=setup_distributed(1), model=model)
     loss = rp.step(x, target=y)
     ref = F.cross_entropy(model(x), y)
     ref.backward()
@@ -354,7 +354,7 @@ def _train(bad: list, tag: str, env, cg, plan, model, ref, data, *, loss_fn=F.cr
            rp_model=None, accumulate=False):
     """Train a ``RankProgram`` next to ``ref`` (3 AdamW steps); with ``accumulate``, also two more
     backward passes without zero_grad, comparing the accumulated full gradients."""
-    rp = RankProgram(cg, plan, env.mesh, env=env, model=rp_model if rp_model is not None else model, seed=0)
+    rp = RankProgram.of_strategies(cg, plan, env.mesh, env=env, model=rp_model if rp_model is not None else model, seed=0)
     bad += train_against_one_device(tag, rp, ref, data, loss_fn=loss_fn, reference_loss=reference_loss, steps=3,
                                     tol=TOL, optimizer=adamw(lr=1e-2, eps=1e-8))
     if accumulate:  # two backward passes without zero_grad: gradients add up, each synced once
@@ -391,7 +391,7 @@ def _rank_main(rank: int, world: int) -> dict:
     tp = {k: v for k, v in mlp_plans(cg_fwd)["tp"][1].items() if k not in ("target", "cross_entropy_loss")}
     torch.manual_seed(1)
     model = mlp()
-    rp = RankProgram(cg_fwd, tp, (4,), env=envs[(4,)], model=model)
+    rp = RankProgram.of_strategies(cg_fwd, tp, (4,), env=envs[(4,)], model=model)
     bad += tensor_mismatches("forward-only tp", {"out": rp.forward(x0)}, {"out": model(x0)}, TOL)
 
     torch.manual_seed(0)

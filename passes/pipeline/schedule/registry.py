@@ -7,7 +7,7 @@ rank owns (``virtual_stages``), where they sit (round robin, or a V: rank r owns
 (``order``, from ``orders.py``), the in-flight microbatches per stage in closed form (``held``, the
 stage planner's quick estimate; the simulator's count is exact), whether ``pp="auto"`` tries it
 (``searched``) and the ``family`` it is ranked with in the stage search (one shortlist per family). The generator (``generators.generate``), the stage planner (its pins, stage counts,
-scoring) and ``PipelinePlan``'s check all read this table; none keeps its own list of names.
+scoring) and ``Plan``'s check all read this table; none keeps its own list of names.
 
 Adding a schedule: write its order in ``orders.py`` and its descriptor in ``_register`` below
 (docs/extension.md). Interleaved 1F1B is a family: ``interleaved-1f1b`` is v = 2 (Megatron's common

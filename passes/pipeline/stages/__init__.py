@@ -7,7 +7,8 @@ microbatches, which schedule and which stages recompute.
   ``stage_cuts``: the balanced and even cuts and the least memory a cut needs, without a solver;
   ``stage_ilp``: contiguous stage ranges and per-stage recompute as a CP-SAT ILP.
 - ``scoring`` / ``search``: score a configuration with the schedule simulator; search the candidates.
-- ``planner``: ``plan_pipeline``, the entry point. ``stage_plan``: ``PipelinePlan``, plain data.
+- ``planner``: ``plan_pipeline``, the entry point: a ``passes.pipeline.plan.Plan``.
+- ``retrace``: a plan moved onto the program traced at the microbatch size, and re-solved there.
 
 May import: the ``passes`` vocabulary, ``passes.cost``, ``passes.solve``, ``passes.pipeline.schedule``.
 """

@@ -5,7 +5,7 @@ order, cut wherever a new numbered block instance begins (``blocks.3``, ``model.
 ``passes.solve.clustering.block_instance``). Nodes outside numbered blocks join the unit before them,
 except that the nodes after the last block form their own unit (final norm, head, loss), and those
 before the first block form the embedding unit. Every unit is a contiguous slice of the graph, so
-any cut between units is a valid stage boundary (``PipelinePlan`` wants contiguous node slices).
+any cut between units is a valid stage boundary (a ``Plan``'s stages are contiguous node slices).
 A program with no numbered block (a U-Net of named modules, an encoder-decoder written out) is cut
 where the op graph allows it instead: ``op_cuts.op_graph_units`` picks boundaries whose live values
 are few and single tensors, balancing compute.
@@ -28,7 +28,9 @@ and launch terms (collective time is affine in bytes, ``passes.cost.collectives.
 
 ``cut_fixed[c] / cut_batch[c]``: bytes per device of the values that cross the cut after unit
 ``c`` (produced at or before ``c``, read after it), at the producer's placement: what a stage
-boundary there sends forward (and its gradient backward), and what a recomputing stage keeps.
+boundary there sends forward (and its gradient backward), and what a recomputing stage keeps;
+``cut_whole_*``: the part of them held whole on the submesh's tp axis, which a runtime that
+scatters and gathers stage boundaries (``SubmeshProfile.scatter_gather``) sends as 1/tp pieces.
 
 ``plan_submesh`` chooses that intra-op plan for a pipeline stage rather than for a whole step: the
 core planner's problem (``solve.planner.build_problem``) priced per microbatch (batch-dependent
@@ -65,6 +67,7 @@ from autoshard.passes.solve.problem import build_problem
 from autoshard.passes.solve.step_trace import STEP_COUNTER_BYTES
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.layout.shapes import normalize
+from autoshard.passes.layout.redistribution import R_CODE, encode
 from autoshard.passes.writes import written_operands
 from autoshard.passes.pipeline.stages.op_cuts import op_graph_units
 from autoshard.passes.solve.microbatch import (MicrobatchCostModel, MicrobatchFacts, batch_dependent, batch_granularity,
@@ -118,7 +121,10 @@ class UnitCost:
     ``opt_fixed`` / ``opt_peak``: bytes the optimizer step allocates for the unit's parameters
     (``passes.solve.peak_timeline.optimizer_temporaries``, as ``evaluate``'s step walk counts them):
     what adds up over a stage (AdamW's step counters; foreach's one copy of every parameter) and what a
-    stage takes the largest of (the for-loop's two copies of its largest parameter)."""
+    stage takes the largest of (the for-loop's two copies of its largest parameter). ``opt_step``:
+    seconds of the optimizer's update of the unit's parameters (per step); ``accumulate``: seconds of
+    adding one microbatch's gradients into theirs (``passes/cost/optimizer_step.py``; the scorer adds
+    both after the unit's group's gradient sync)."""
     fwd_fixed: float = 0.0
     fwd_batch: float = 0.0
     bwd_fixed: float = 0.0
@@ -132,6 +138,8 @@ class UnitCost:
     param_reads: float = 0.0
     opt_fixed: float = 0.0
     opt_peak: float = 0.0
+    opt_step: float = 0.0
+    accumulate: float = 0.0
 
     @property
     def state_bytes(self) -> float:
@@ -161,9 +169,24 @@ class SubmeshProfile:
     solution: Optional[Solution] = None
     batch_shard: int = 1
     stats: dict = field(default_factory=dict)
+    #: the gradient all-reduces start under the backward still running (PyTorch DDP's buckets; Megatron
+    #: with --overlap-grad-reduce), or only once a rank group's backward is done (False)
+    overlap_grad_sync: bool = True
+    #: per cut, the bytes of ``cut_fixed`` / ``cut_batch`` held whole (``R``) on the submesh's last (tp)
+    #: axis; with ``scatter_gather`` each tp rank sends 1/tp of them and the receiving group all-gathers
+    #: them over tp (Megatron-LM's scatter/gather of stage-boundary tensors, on by default there)
+    cut_whole_fixed: list = field(default_factory=list)
+    cut_whole_batch: list = field(default_factory=list)
+    scatter_gather: bool = False
 
     def cut_bytes(self, m: int) -> list[float]:
         return [f + b / m for f, b in zip(self.cut_fixed, self.cut_batch)]
+
+    def cut_whole_bytes(self, m: int) -> list[float]:
+        """Per cut, the bytes of ``cut_bytes(m)`` held whole on the tp axis (0 where unknown)."""
+        if not self.cut_whole_fixed:
+            return [0.0] * len(self.cut_fixed)
+        return [f + b / m for f, b in zip(self.cut_whole_fixed, self.cut_whole_batch)]
 
     def repeat_blocks(self, n: int) -> "SubmeshProfile":
         """The profile of the same model with ``n`` identical blocks: the first traced block stays the
@@ -186,7 +209,9 @@ class SubmeshProfile:
             return values[:first] + [values[inner]] * (n - 1) + values[last:]
 
         return SubmeshProfile(self.mesh, units, costs, cuts(self.cut_fixed), cuts(self.cut_batch), self.solution,
-                              self.batch_shard, dict(self.stats, repeated_blocks=n))
+                              self.batch_shard, dict(self.stats, repeated_blocks=n), self.overlap_grad_sync,
+                              cuts(self.cut_whole_fixed) if self.cut_whole_fixed else [],
+                              cuts(self.cut_whole_batch) if self.cut_whole_batch else [], self.scatter_gather)
 
 
 def submesh_shapes(group_size: int, hardware: Hardware) -> list[tuple[int, int]]:
@@ -256,6 +281,10 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
             acc[owner]["opt_peak"] = max(acc[owner]["opt_peak"], 0.0 if foreach else temporaries)
             acc[owner]["opt_fixed"] += STEP_COUNTER_BYTES if adam else 0.0
         acc[owner]["grad_sync"] += sum(c.seconds for c in price.grad_sync)
+        if kind == "param" and price.grads > 0:
+            meta, storage = facts.tensor_outputs(name)[0], strategies[name].outputs[0]
+            acc[owner]["opt_step"] += cm.optimizer_step_seconds(meta, storage, facts.master_dtype(name))
+            acc[owner]["accumulate"] += cm.accumulate_seconds(meta, storage, facts.master_dtype(name))
     out_placements = output_placements(captured, mesh.ndim)
     made: set = set()  # copies made by an earlier reader, shared as ``evaluate`` prices them
     for u, slot, v, k in graph_edges(captured):
@@ -281,16 +310,23 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
         acc[i][f"act_{part}"] += copy if v == OUTPUT else cm.edge_activation_bytes(copy, facts, v, k)
     cut_fixed = [0.0] * max(0, len(units) - 1)
     cut_batch = [0.0] * max(0, len(units) - 1)
+    whole_fixed, whole_batch = [0.0] * len(cut_fixed), [0.0] * len(cut_batch)
+    tp_axis = mesh.ndim - 1
     for (u, slot), last in last_reader.items():
         if u not in unit_of:
             continue  # inputs and parameters reach every stage from the data loader / their owner
         meta = facts.tensor_outputs(u)[slot]
-        local = meta.nbytes / cm.shard_factor(strategies[u].outputs[slot])
+        placement = strategies[u].outputs[slot]
+        local = meta.nbytes / cm.shard_factor(placement)
         target = cut_batch if u in batch else cut_fixed
+        whole = (whole_batch if u in batch else whole_fixed) if encode(placement)[tp_axis] == R_CODE else None
         for c in range(unit_of[u], last):
             target[c] += local
+            if whole is not None:
+                whole[c] += local
     costs = [UnitCost(**a) for a in acc]
-    return SubmeshProfile(mesh, list(units), costs, cut_fixed, cut_batch, solution, batch_granularity(captured, solution))
+    return SubmeshProfile(mesh, list(units), costs, cut_fixed, cut_batch, solution, batch_granularity(captured, solution),
+                          cut_whole_fixed=whole_fixed, cut_whole_batch=whole_batch)
 
 
 def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, optimizer, microbatches: int,
@@ -332,7 +368,8 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, opt
     nodes = {n.name: n for n in captured.gm.graph.nodes}
     graph, result, status = None, None, None
     for k in dict.fromkeys((held, 1)):
-        cm = MicrobatchCostModel(mesh, hardware, optimizer, microbatches, k)
+        # the optimizer step and accumulations: priced per rank group by the stage scorer, not per candidate
+        cm = MicrobatchCostModel(mesh, hardware, optimizer, microbatches, k, price_step=False)
         # the held count changes what nodes keep, not what edges cost: the second graph reuses the first's edges
         graph = problem.strategy_graph(cm, memory_limit, edges_from=graph)
         if repeat != 1.0:

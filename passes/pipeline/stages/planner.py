@@ -33,13 +33,14 @@ The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-o
    win is also tried with the even cut by unit count, simulated (``search_stages``).
 5. Every answer is re-timed by the schedule simulator (``scoring.score_stages``): the plan with
    the smallest SIMULATED step time, each group's gradient all-reduce overlapped with the backward
-   still running after its last microbatch's gradients are ready, wins, and that is the plan's
-   ``estimated_step_time``. Configurations whose bound m * work / pp already exceeds the best are
+   still running after its last microbatch's gradients are ready, then its optimizer step and
+   gradient accumulations, wins, and that is the plan's ``estimated_step_time``. Configurations whose bound m * work / pp already exceeds the best are
    skipped. ``pp = 1`` is the core plan on the whole mesh, its gradient sync overlapped with its
    backward by the same rule (``scoring.single_stage_step``), so both sides are timed alike.
 
 The search lives in ``search.py`` (candidates, stage search) and ``scoring.py`` (simulated step
-time); this module is the front door: pins, the pp = 1 comparison, and building the ``PipelinePlan``.
+time); this module is the front door: pins, the pp = 1 comparison, and building the ``Plan``
+(``passes.pipeline.plan``: its stages, schedule and simulated estimates).
 
 Pins: ``pp``, ``schedule``, ``microbatches``, ``stages`` (the first unit of every stage after the
 first, as unit indices or node names; its length + 1 is the number of stages). Nothing fits ->
@@ -67,7 +68,9 @@ from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice,
                       stage_problem, valid_schedule)
 from autoshard.passes.pipeline.stages.search import global_batch, microbatch_options, plan_candidates, profile_candidates, search_stages
 from autoshard.passes.pipeline.stages.shallow import ShallowProgram, shallow_program
-from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
+from autoshard.passes.pipeline.plan import Plan, Stage
+from autoshard.passes.pipeline.plan_file import graph_fingerprint
+from autoshard.passes.pipeline.plan_work import hardware_label, plan_work
 from autoshard.passes.units import human_bytes
 from autoshard.passes.gc_pauses import fewer_gc_pauses
 
@@ -82,9 +85,11 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                   pp: Optional[int] = None, schedule: Optional[str] = None, microbatches: Optional[int] = None,
                   stages: Optional[Sequence[Union[int, str]]] = None, time_limit_s: float = 60.0,
                   fold_blocks: bool = True, shapes: Optional[Sequence[tuple[int, int]]] = None,
-                  recompute: Optional[bool] = None, pins_for: Optional[PinsFor] = None) -> PipelinePlan:
-    """The fastest pipeline plan (simulated step time) that fits ``memory_limit`` bytes per device;
-    ``pp == 1`` means "no pipeline": the core plan on the whole mesh (``stages[0].solution``).
+                  recompute: Optional[bool] = None, pins_for: Optional[PinsFor] = None,
+                  overlap_grad_sync: bool = True, scatter_gather: bool = False) -> Plan:
+    """The fastest plan (simulated step time) that fits ``memory_limit`` bytes per device, a ``Plan`` of
+    ``captured`` on ``mesh``: ``pp == 1`` means "no pipeline": one stage, the core plan on the whole mesh
+    (``stages[0].solution``), its step time with the gradient sync overlapped (``simulated_step_time``).
 
     ``fold_blocks``: a program with many identical blocks is priced through its shallow copy
     (``shallow.shallow_program``: each kept block counted for the cut ones); the stages, their
@@ -92,7 +97,11 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     ``shapes``: only these (dp, tp) submeshes per rank group (a pinned layout's). ``recompute``: every
     stage recomputes its forward in the backward (True) or none does (False); None lets each stage choose.
     ``pins_for(program, submesh)``: decisions fixed on every intra-op solve (each candidate's, on the
-    shallow copy when there is one, and the core plan's on the whole mesh), e.g. a layout's placements."""
+    shallow copy when there is one, and the core plan's on the whole mesh), e.g. a layout's placements.
+    ``overlap_grad_sync``: the runtime starts gradient all-reduces under the backward still running
+    (DDP's buckets: the default); False, after each rank group's backward (a layout run so).
+    ``scatter_gather``: a value crossing a stage cut whole on tp is sent as 1/tp pieces and all-gathered
+    by the receiving group (Megatron-LM's ``scatter_gather_tensors_in_pipeline``; ``scoring.cut_seconds``)."""
     t0 = time.perf_counter()
     mesh = Mesh.of(mesh)
     hw = get_hardware(hardware)
@@ -126,7 +135,10 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
             core_error = e
     core_step = None
     if core is not None:
-        core_step = single_stage_step(profile_submesh(captured, core, hardware=hw, optimizer=optimizer, units=units))
+        core_profile = profile_submesh(captured, core, hardware=hw, optimizer=optimizer, units=units)
+        core_profile.overlap_grad_sync = overlap_grad_sync
+        core_profile.scatter_gather = scatter_gather
+        core_step = single_stage_step(core_profile)
     shallow = shallow_program(captured, units) if fold_blocks else None
     candidates: dict = {}
     profiles = plan_candidates(shallow.captured if shallow else captured, mesh, pps, hardware=hw, optimizer=optimizer,
@@ -135,6 +147,8 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                                thorough_s=min(30.0, time_limit_s / 2), stats=candidates, deep_chain=True,
                                shapes=shapes, schedules=schedules, microbatches=microbatches,
                                total_s=time_limit_s / 2, pins_for=pins_for)
+    for profile in profiles.values():
+        profile.overlap_grad_sync, profile.scatter_gather = overlap_grad_sync, scatter_gather
     # what is left of the WORK limit (deterministic seconds, never the clock: the plan must not
     # depend on the machine's load) after the core plan's and the candidates' solves
     spent = candidates.get("work_s", 0.0) + (core.solver_stats.get("work_s", 0.0) if core is not None else 0.0)
@@ -146,7 +160,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     if shallow is not None:
         stats["shallow_copy"] = {"blocks": shallow.blocks, "kept": len(shallow.units) - len(units) + shallow.blocks}
     if core is not None and (best is None or core_step <= best.step_time):
-        return _core_plan(core, core_step, captured, mesh, stats)
+        return _core_plan(core, core_step, captured, mesh, stats, hardware)
     if best is None:
         if core_error is not None:  # the same solve again, now saying what the smallest plan needs
             try:
@@ -156,7 +170,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
             except InfeasiblePlanError as e:
                 core_error = e
         raise _infeasible(mesh, limit, pps, schedules, microbatches, starts, stats, core_error)
-    return _build(best, captured, mesh, stats, shallow)
+    return _build(best, captured, mesh, stats, shallow, hardware)
 
 
 def _candidate_stats(stats: dict) -> dict:
@@ -277,17 +291,23 @@ def _infeasible(mesh, limit, pps, schedules, microbatches, starts, stats, core_e
          f"proof that none fits); raise time_limit_s." if stats.get("ilp_unknown") else "") + core)
 
 
-def _core_plan(core: Solution, step: float, captured: CapturedGraph, mesh: Mesh, stats: dict) -> PipelinePlan:
+def _plan(stages: list, captured: CapturedGraph, mesh: Mesh, hardware, **fields) -> Plan:
+    return Plan(stages, mesh, hardware=hardware_label(hardware), fingerprint=graph_fingerprint(captured),
+                captured=captured, work=plan_work(captured, hardware, mesh.size), **fields)
+
+
+def _core_plan(core: Solution, step: float, captured: CapturedGraph, mesh: Mesh, stats: dict, hardware) -> Plan:
     """No pipeline: one stage, the core plan; its step time with the gradient sync overlapped (the
     core ``Solution`` keeps its own, fully exposed, estimate)."""
     nodes = [n.name for n in captured.gm.graph.nodes if n.op == "call_function"]
     core.solver_stats = dict(core.solver_stats, pipeline_search=stats, overlapped_step_time=step)
-    stage = StagePlan(0, nodes, 0, list(range(mesh.size)), mesh, core)
-    return PipelinePlan(1, 1, [stage], "1f1b", 1, step, 0.0, [core.memory_breakdown.get("activations", 0.0)])
+    stage = Stage(0, nodes, 0, list(range(mesh.size)), mesh, core)
+    return _plan([stage], captured, mesh, hardware, simulated_step_time=step,
+                 peak_activation_memory=[core.memory_breakdown.get("activations", 0.0)])
 
 
 def _build(best: Choice, captured: CapturedGraph, mesh: Mesh, stats: dict,
-           shallow: Optional[ShallowProgram]) -> PipelinePlan:
+           shallow: Optional[ShallowProgram], hardware) -> Plan:
     prof, sol = best.profile, best.stages
     units, full = prof.units, prof.solution
     if shallow is not None:  # the profile's units stand for the deep program's, one for one
@@ -303,11 +323,12 @@ def _build(best: Choice, captured: CapturedGraph, mesh: Mesh, stats: dict,
         nodes = [n for i in rng for n in units[i].nodes]
         g = groups[s]
         part = _stage_solution(prof, full, rng, nodes, captured, best, s, stats)
-        plans.append(StagePlan(s, nodes, g, list(range(g * group_size, (g + 1) * group_size)), prof.mesh, part,
-                               sol.recompute[s]))
+        plans.append(Stage(s, nodes, g, list(range(g * group_size, (g + 1) * group_size)), prof.mesh, part,
+                           sol.recompute[s]))
     act = [sol.memory[s] - sum(prof.costs[i].state_bytes for i in rng)
            for s, rng in enumerate(sol.ranges(len(prof.units)))]
-    return PipelinePlan(best.pp, best.virtual, plans, best.schedule, best.m, best.step_time, best.bubble_fraction, act)
+    return _plan(plans, captured, mesh, hardware, schedule=best.schedule, microbatches=best.m,
+                 simulated_step_time=best.step_time, bubble_fraction=best.bubble_fraction, peak_activation_memory=act)
 
 
 def _stage_solution(prof: SubmeshProfile, full: Optional[Solution], rng: range, nodes: list[str],

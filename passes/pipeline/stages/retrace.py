@@ -7,13 +7,16 @@ position ids from the batch size: at one sequence an ``expand`` goes away):
 - ``match_nodes`` pairs ops position for position (and refuses traces that differ);
 - ``align_nodes`` pairs them by the longest matching runs of (op, module path);
 - ``retrace_stage_nodes`` moves each stage boundary onto its counterpart;
+- ``microbatch_plan`` moves a saved plan's every decision onto the microbatch trace (nothing solved);
 - ``replan_at_microbatch`` is the plan ``compile(pp=)`` runs: the same cut, groups, submeshes,
   schedule and microbatches on the microbatch trace, every stage's Solution re-solved there by the
-  sharding planner (the user's ``params=`` pins that concern the stage applied, ``stage_pins``).
+  sharding planner (the user's ``params=`` pins that concern the stage applied, ``stage_pins``, and
+  the memory levers: pinned ones as given, the others chosen for each stage, ``stage_levers``).
 """
 from __future__ import annotations
 
 import fnmatch
+from dataclasses import replace
 from difflib import SequenceMatcher
 from typing import Any, Optional, Sequence
 
@@ -24,12 +27,17 @@ from autoshard.passes.errors import InfeasiblePlanError, PlanFormatError
 from autoshard.passes.graph import MODULE, CapturedGraph
 from autoshard.passes.pipeline.stages.boundary_pieces import sent_placements
 from autoshard.passes.pipeline.stages.stage_graphs import call_nodes, split_stages
-from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan, StagePlan
+from autoshard.passes.pipeline.plan import Plan, Stage
 from autoshard.passes.pipeline.stages.stage_peak import stage_solution
 from autoshard.passes.sharding.pins import Pins
+from autoshard.passes.levers import block_type
+from autoshard.passes.solve.clustering import block_instance, module_path
+from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding
+from autoshard.passes.solve.solution import Redistribution, Solution
 
-__all__ = ["match_nodes", "align_nodes", "retrace_stage_nodes", "replan_at_microbatch", "stage_pins"]
+__all__ = ["match_nodes", "align_nodes", "retrace_stage_nodes", "microbatch_plan", "replan_at_microbatch",
+           "stage_pins", "stage_levers"]
 
 
 def match_nodes(full: CapturedGraph, small: CapturedGraph) -> dict[str, str]:
@@ -117,42 +125,112 @@ def stage_pins(params: Optional[dict], stage_captured: CapturedGraph) -> Optiona
     return Pins(params=mine) if mine else None
 
 
-def replan_at_microbatch(plan: PipelinePlan, full: CapturedGraph, small: CapturedGraph, *, hardware: Any,
+def _block_types(captured: CapturedGraph) -> list[str]:
+    out: list[str] = []
+    for node in captured.gm.graph.nodes:
+        found = block_instance(module_path(node, captured)) if node.op == "call_function" else None
+        if found and block_type(found[1]) not in out:
+            out.append(block_type(found[1]))
+    return out
+
+
+def stage_levers(levers: Optional[LeverPins], stage_captured: CapturedGraph) -> Optional[LeverPins]:
+    """The lever pins of one stage's solve: the step's ``levers`` (None: none pulled, as the stage
+    planner prices stages) with its accumulation fixed at 1 (a pipeline accumulates over its
+    microbatches and rounds, not inside a stage) and its per-block-type pins kept for the block types
+    this stage holds (a stage of the embedding alone has none)."""
+    if levers is None:
+        return None
+    kinds = _block_types(stage_captured)
+
+    def mine(pin):
+        if not isinstance(pin, dict):
+            return pin if kinds else None
+        kept = {k: v for k, v in pin.items() if any(t == k or fnmatch.fnmatchcase(t, str(k)) for t in kinds)}
+        return kept or None
+
+    return LeverPins(1, mine(levers.checkpoint), mine(levers.reshard_after_forward), levers.mixed_precision)
+
+
+def _renamed(solution: Optional[Solution], names: dict[str, str]) -> Optional[Solution]:
+    """``solution`` on the other trace: decisions about values it lacks are dropped."""
+    if solution is None:
+        return None
+    moves = [Redistribution(names[r.producer], names[r.consumer], r.operand_index, r.src, r.dst, r.collectives)
+             for r in solution.redistributions if r.producer in names and r.consumer in names]
+    return replace(solution, strategies={names[k]: v for k, v in solution.strategies.items() if k in names},
+                   redistributions=moves)
+
+
+def microbatch_plan(plan: Plan, small: CapturedGraph) -> Plan:
+    """``plan`` (made on ``plan.captured``, the program of one round) on ``small``, the same program
+    traced at the microbatch size: every node renamed to its counterpart (ops by ``align_nodes``,
+    placeholders by position), the stage boundaries moved with them (``retrace_stage_nodes``),
+    decisions (levers included) and estimates unchanged. An op only the microbatch trace has gets no
+    decision from the plan: ``PlanFormatError`` naming it (compile with ``pp=`` to plan at the
+    microbatch instead)."""
+    full = plan.captured
+    names = align_nodes(full, small)
+    a = [n.name for n in full.gm.graph.nodes if n.op == "placeholder"]
+    b = [n.name for n in small.gm.graph.nodes if n.op == "placeholder"]
+    if len(a) != len(b):
+        raise PlanFormatError(f"the program traced at the microbatch size has {len(b)} placeholders, at the global "
+                              f"batch {len(a)}: the model's parameters or inputs depend on the batch size")
+    names.update(zip(a, b))
+    stage_nodes = retrace_stage_nodes(full, small, [s.nodes for s in plan.stages])
+    stages = []
+    for s, nodes in zip(plan.stages, stage_nodes):
+        solution = _renamed(s.solution, names)
+        new = [n for n in nodes if solution is not None and n not in solution.strategies]
+        if new:
+            raise PlanFormatError(f"the program traced at the microbatch size has ops the plan's trace lacks "
+                                  f"({new[:5]}, stage {s.index}); the saved plan has no decision for them: compile "
+                                  "with pp= (and the plan's schedule and microbatches) to plan at the microbatch")
+        stages.append(replace(s, nodes=nodes, solution=solution))
+    return plan.with_stages(stages, captured=small)
+
+
+def replan_at_microbatch(plan: Plan, full: CapturedGraph, small: CapturedGraph, *, hardware: Any,
                          memory_limit: Optional[int] = None, optimizer: str = "adamw", time_limit_s: float = 30.0,
-                         params: Optional[dict] = None) -> PipelinePlan:
-    """The runtime's plan for ``plan``, a pipeline plan made on ``full`` (the program at global-batch
-    shapes): the same stage cut (``retrace_stage_nodes``), rank groups, stage submeshes, schedule,
+                         params: Optional[dict] = None, levers: Optional[LeverPins] = None) -> Plan:
+    """The runtime's plan for ``plan``, a pipeline plan made on ``full`` (the program of one round):
+    the same stage cut (``retrace_stage_nodes``), rank groups, stage submeshes, schedule,
     microbatches and estimates, on ``small`` (the program traced at microbatch shapes, which stage
     programs bake in), with every stage's intra-op Solution solved there by ``plan_sharding`` on the
     stage's submesh (``hardware``, ``memory_limit``, ``optimizer``, ``time_limit_s`` as it takes them;
-    ``params``: the user's parameter pins, applied to the stages they concern). A Solution made at
-    global shapes cannot be reused: its sizes differ, and it has no strategies for the values a stage
+    ``params``: the user's parameter pins, applied to the stages they concern; ``levers``: the memory
+    levers, ``stage_levers`` of them for each stage: None pulls none). A Solution made at global
+    shapes cannot be reused: its sizes differ, and it has no strategies for the values a stage
     receives. ``memory_limit`` bounds each stage's whole-step peak (``stage_peak``), not only the
-    microbatch walk ``plan_sharding`` constrains: ``_fitted_stage``."""
+    microbatch walk ``plan_sharding`` constrains: ``_fitted_stage``. The plan's ``accumulation`` stays
+    in every stage's levers."""
     stage_nodes = retrace_stage_nodes(full, small, [s.nodes for s in plan.stages])
     graphs = split_stages(small, stage_nodes)
     limit = float(memory_limit) if memory_limit is not None else get_hardware(hardware).memory_bytes
+    rounds = plan.accumulation
     stages, sent = [], {}
     for i, s in enumerate(plan.stages):
         def solve(walk_limit: float, i=i, s=s):
             return plan_sharding(graphs[i].captured, s.mesh, hardware=hardware, memory_limit=walk_limit,
                                  optimizer=optimizer, time_limit_s=time_limit_s,
-                                 pins=stage_pins(params, graphs[i].captured))
+                                 pins=stage_pins(params, graphs[i].captured),
+                                 levers=stage_levers(levers, graphs[i].captured))
         arrivals = {n: sent[n] for n, _ in graphs[i].receives if n in sent}
         solution = _fitted_stage(solve, lambda sol, i=i, s=s, arrivals=arrivals: stage_solution(
             sol, graphs[i], plan.schedule, plan.pp, plan.microbatches, s.recompute, arrivals=arrivals),
             _stage_budget(plan, i, limit))
+        if rounds > 1:
+            solution.levers = replace(solution.levers, accumulation=rounds)
         sent.update(sent_placements(graphs[i], solution.strategies, [st.mesh for st in plan.stages]))
-        stages.append(StagePlan(s.index, stage_nodes[i], s.group, list(s.ranks), s.mesh, solution, s.recompute))
-    return PipelinePlan(plan.pp, plan.virtual, stages, plan.schedule, plan.microbatches, plan.estimated_step_time,
-                        plan.bubble_fraction, list(plan.peak_activation_memory))
+        stages.append(Stage(s.index, stage_nodes[i], s.group, list(s.ranks), s.mesh, solution, s.recompute))
+    return plan.with_stages(stages, captured=small)
 
 
 #: re-solves of a stage whose whole-step peak overshoots its budget
 REFITS = 2
 
 
-def _stage_budget(plan: PipelinePlan, i: int, limit: float) -> float:
+def _stage_budget(plan: Plan, i: int, limit: float) -> float:
     """Stage ``i``'s share of ``limit`` on its rank group: what the planner's other stages of the group
     (virtual stages) leave of it (``limit / v`` if they leave nothing)."""
     mine = plan.stages[i]

@@ -7,7 +7,10 @@ A configuration is (pp groups, submesh profile, m microbatches, schedule, stage 
 once that unit's backward of the LAST microbatch is done (earlier microbatches only accumulate), and
 each rank group's all-reduces run one after another on its own link, overlapped with whatever
 backward is still running (``overlapped_sync``). The step ends when the last group's compute and
-its last all-reduce are done. ``single_stage_step`` applies the same rule to a plan without a
+its last all-reduce are done. A profile whose runtime starts the all-reduces only after the backward (``overlap_grad_sync`` False:
+Megatron-LM without ``--overlap-grad-reduce``) has them all ready when its group's backward ends.
+Each group's optimizer step and gradient accumulations (``UnitCost.opt_step`` /
+``accumulate``) follow its sync. ``single_stage_step`` applies the same rule to a plan without a
 pipeline (one stage, one microbatch), so "pipeline or not" compares like with like:
 
 >>> overlapped_sync([(1.0, 0.5), (2.0, 0.5), (2.1, 0.5)])   # (ready time, seconds) per gradient
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.cost.model import CostModel
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import held_per_stage, prepared
 from autoshard.passes.pipeline.schedule.registry import get_schedule, searched_schedules
@@ -27,7 +31,7 @@ from autoshard.passes.pipeline.schedule.simulate import StageCosts, simulate
 from autoshard.passes.pipeline.stages.stage_problem import StageProblem, StageSolution
 
 __all__ = ["DEFAULT_SCHEDULES", "Choice", "held_microbatches", "approx_held", "valid_schedule", "stage_problem",
-           "score_stages", "overlapped_sync", "single_stage_step"]
+           "score_stages", "overlapped_sync", "single_stage_step", "cut_seconds"]
 
 #: schedules searched unless pinned: the registry's ``searched`` ones (``schedule/registry.py``)
 DEFAULT_SCHEDULES = searched_schedules()
@@ -87,10 +91,29 @@ def stage_problem(profile: SubmeshProfile, p: int, m: int, schedule: str, mesh: 
     return StageProblem(
         fwd=[c.fwd(m) for c in costs], bwd=[c.bwd(m) for c in costs], grad_sync=[c.grad_sync for c in costs],
         state=[c.state_bytes for c in costs], act=[c.act(m) for c in costs],
-        cut_seconds=[x / bw + lat if x > 0 else 0.0 for x in cut_bytes], cut_bytes=cut_bytes,
+        cut_seconds=cut_seconds(profile, m, bw, lat, hw), cut_bytes=cut_bytes,
         stage_group=get_schedule(schedule).stage_rank(p), held=list(held), m=m, memory_limit=memory_limit,
         recompute=recompute, starts=starts, holds_params=[c.param_reads > 0 for c in costs],
-        grads=[c.grads for c in costs], opt_fixed=[c.opt_fixed for c in costs], opt_peak=[c.opt_peak for c in costs])
+        grads=[c.grads for c in costs], opt_fixed=[c.opt_fixed for c in costs], opt_peak=[c.opt_peak for c in costs],
+        opt_step=[c.opt_step + (m - 1) * c.accumulate for c in costs], overlap_sync=profile.overlap_grad_sync)
+
+
+def cut_seconds(profile: SubmeshProfile, m: int, bw: float, lat: float, hw: Hardware) -> list[float]:
+    """Seconds to send what crosses each cut (forward, or its gradient backward) between two rank
+    groups: the bytes each rank holds over the link, plus its latency. With ``profile.scatter_gather``
+    (Megatron-LM's scatter/gather of stage-boundary tensors, ``gather_split_1d_tensor``) what a rank
+    holds whole on tp is sent as its 1/tp piece and the receiving group all-gathers it over tp."""
+    cut_bytes = profile.cut_bytes(m)
+    tp = profile.mesh.shape[-1]
+    if not profile.scatter_gather or tp == 1:
+        return [x / bw + lat if x > 0 else 0.0 for x in cut_bytes]
+    cm = CostModel(profile.mesh, hw)
+    out = []
+    for x, whole in zip(cut_bytes, profile.cut_whole_bytes(m)):
+        sent = x - whole + whole / tp
+        gather = cm.collective_time("all_gather", profile.mesh.ndim - 1, whole) if whole > 0 else 0.0
+        out.append(sent / bw + lat + gather if x > 0 else 0.0)
+    return out
 
 
 def overlapped_sync(buckets: Iterable[tuple[float, float]]) -> float:
@@ -140,11 +163,16 @@ def score_stages(prob: StageProblem, schedule: str, starts: Sequence[int], recom
         if action.kind in _BACKWARD and finish > last[action.stage]:
             last[action.stage] = finish
     groups: dict[int, list] = {}
+    backward_done: dict[int, float] = {}
+    after: dict[int, float] = {}  # the group's optimizer step and gradient accumulations, after its sync
+    frac = (0.5 if split else 1.0) if prob.overlap_sync else 0.0
     for s, (a, e) in enumerate(zip(starts, ends)):
-        groups.setdefault(prob.stage_group[s], []).extend(
-            _stage_buckets(prob.bwd, prob.grad_sync, range(a, e), last[s], 0.5 if split else 1.0))
-    synced = max(overlapped_sync(buckets) for buckets in groups.values())
-    return max(result.step_time, synced), result.bubble_fraction
+        g = prob.stage_group[s]
+        groups.setdefault(g, []).extend(_stage_buckets(prob.bwd, prob.grad_sync, range(a, e), last[s], frac))
+        backward_done[g] = max(backward_done.get(g, 0.0), last[s])
+        after[g] = after.get(g, 0.0) + (sum(prob.opt_step[a:e]) if prob.opt_step else 0.0)
+    ends_at = max(max(overlapped_sync(buckets), backward_done[g]) + after[g] for g, buckets in groups.items())
+    return max(result.step_time, ends_at), result.bubble_fraction
 
 
 def single_stage_step(profile: SubmeshProfile) -> float:
@@ -153,5 +181,5 @@ def single_stage_step(profile: SubmeshProfile) -> float:
     costs = profile.costs
     compute = sum(c.fwd(1) + c.bwd(1) for c in costs)
     buckets = _stage_buckets([c.bwd(1) for c in costs], [c.grad_sync for c in costs], range(len(costs)),
-                             compute, 1.0)
-    return max(compute, overlapped_sync(buckets))
+                             compute, 1.0 if profile.overlap_grad_sync else 0.0)
+    return max(compute, overlapped_sync(buckets)) + sum(c.opt_step for c in costs)

@@ -31,7 +31,8 @@ from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import META, MODULE, CapturedGraph, exact_placeholder, is_getitem
 from autoshard.passes.spec import TensorMeta
 
-__all__ = ["StageGraph", "split_stages", "stage_nodes_from_prefixes", "stage_nodes_from_starts", "call_nodes"]
+__all__ = ["StageGraph", "split_stages", "whole_program", "stage_nodes_from_prefixes", "stage_nodes_from_starts",
+           "call_nodes"]
 
 
 @dataclass
@@ -85,6 +86,13 @@ def _stage_of(captured: CapturedGraph, stage_nodes: Sequence[Sequence[str]]) -> 
                 raise PlanFormatError(f"node {n.name!r} (stage {where[n]}) reads {a.name!r} from the later stage "
                                       f"{where[a]}; values must flow forward: cut the graph in graph order")
     return where
+
+
+def whole_program(captured: CapturedGraph) -> StageGraph:
+    """The one stage of a plan without a pipeline: ``captured`` itself (no surgery), reading every user
+    input and the target, receiving and sending nothing."""
+    return StageGraph(0, captured, user_inputs=list(range(len(captured.inputs))),
+                      reads_target=captured.target is not None)
 
 
 def split_stages(captured: CapturedGraph, stage_nodes: Sequence[Sequence[str]]) -> list[StageGraph]:

@@ -56,6 +56,11 @@ activations stage s holds at its peak under the schedule (k_s). ``recompute``: N
     grads: Optional[list[float]] = None
     opt_fixed: Optional[list[float]] = None
     opt_peak: Optional[list[float]] = None
+    #: per unit, what follows its group's gradient sync each step: the optimizer's update of its
+    #: parameters and its m - 1 gradient accumulations; whether the gradient all-reduces overlap the
+    #: backward still running (else they start when the group's backward ends)
+    opt_step: Optional[list[float]] = None
+    overlap_sync: bool = True
 
     @property
     def step_peak(self) -> bool:

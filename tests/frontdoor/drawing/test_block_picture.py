@@ -83,7 +83,7 @@ def test_pipelined_plan_folds_identical_stages():
     plan = autoshard.plan(model, (4,), example_inputs=inputs, loss_fn=loss_fn, example_target=target,
                           hardware=slow, pp=4, schedule="1f1b", microbatches=2,
                           stages=["blocks.5", "blocks.10", "blocks.15"])
-    assert isinstance(plan, autoshard.PipelinedPlan) and len(plan.stages) == 4
+    assert plan.pipelined and len(plan.stages) == 4
     dot = plan.to_dot()
     clusters = re.findall(r'subgraph cluster_\d+ \{ label="([^"]+)"', dot)
     assert len(clusters) == 3 and clusters[1].startswith("stages 1-2 (\u00d72)"), clusters

@@ -9,7 +9,7 @@ import torch
 
 
 def test_drawing_names_the_planners_stage_boundaries():
-    from autoshard.drawing import pipeline_to_dot
+    from autoshard.drawing import plan_to_dot
     from autoshard.passes.capture.export import capture
     from autoshard.passes.pipeline.stages.planner import plan_pipeline
     from autoshard.testing.models import unet1d
@@ -18,7 +18,7 @@ def test_drawing_names_the_planners_stage_boundaries():
     model, inputs, target, loss_fn, _ = unet1d()
     captured = capture(model, inputs, loss_fn=loss_fn, target=target)
     plan = plan_pipeline(captured, (4,), hardware="cpu", pp=4, schedule="1f1b", microbatches=8, time_limit_s=20)
-    dot = pipeline_to_dot(plan, captured)
+    dot = plan_to_dot(plan)
     labels = dict(re.findall(r'subgraph cluster_stage_(\d+) \{ label="([^"]*)"', dot))
     assert sorted(map(int, labels)) == [0, 1, 2, 3]
     assert "cut before" not in labels["0"]

@@ -26,10 +26,10 @@ def _unet_plan():
 
 
 def test_stage_clusters_submeshes_and_p2p_edges(tmp_path):
-    from autoshard.drawing import pipeline_to_dot
+    from autoshard.drawing import plan_to_dot
 
     plan, captured = _unet_plan()
-    dot = pipeline_to_dot(plan, captured)
+    dot = plan_to_dot(plan)
     clusters = re.findall(r'subgraph cluster_stage_(\d+) \{ label="([^"]*)"', dot)
     assert [int(i) for i, _ in clusters] == [0, 1, 2, 3]
     for (i, label), stage in zip(clusters, plan.stages):
@@ -53,19 +53,18 @@ def test_stage_clusters_submeshes_and_p2p_edges(tmp_path):
 
 
 def test_pipelined_model_draws_itself(monkeypatch, tmp_path):
-    """PipelinedModel.render writes the drawing (here through the .dot fallback, without graphviz)."""
-    from autoshard.compiled import PipelinedModel
+    """A compiled pipeline's render writes the drawing of the plan it runs (here through the .dot
+    fallback, without graphviz)."""
+    from autoshard.compiled import CompiledModel
 
     plan, captured = _unet_plan()
 
-    class Program:  # what PipelinedModel reads for drawing: the program it was cut from
-        pass
-    program = Program()
-    program.captured = captured
-    cm = PipelinedModel(plan, program)
+    class Program:  # what the compiled model reads here: nothing but its env
+        env = None
+    cm = CompiledModel(None, plan, program=Program())
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="graphviz"):
-        cm.render(str(tmp_path / "p.svg"))
+        cm.render(str(tmp_path / "p.svg"), detail="ops")
     assert "cluster_stage_3" in (tmp_path / "p.dot").read_text()
 
 

@@ -36,8 +36,9 @@ def test_a_profiles_kernel_tables_replace_the_preset_constants():
     assert fields["attention_backward_factor"] == pytest.approx(3.0)
     assert fields["memory_bandwidth"] == pytest.approx(3.0e12)
     hw = derive_hardware(prof, "measured")
-    # the measured shapes price back at what was measured (whole waves: no quantisation loss)
-    assert gemm_seconds(hw, 1, m, n, k) == pytest.approx(gemm_s, rel=1e-6)
+    # the measured shapes price back at what was measured (whole waves: no quantisation loss), within the
+    # output write-out the model adds after a GEMM's compute ((write / compute)^2 of it: 0.08% at K = 8192)
+    assert gemm_seconds(hw, 1, m, n, k) == pytest.approx(gemm_s, rel=1e-3)
     fwd, bwd = attention_seconds(hw, 32, 8192, 8192, 128, causal=True)
     assert fwd == pytest.approx(causal_fwd, rel=1e-6) and bwd == pytest.approx(3.0 * causal_fwd, rel=1e-6)
     assert memory_seconds(hw, 3.0e12) == pytest.approx(1.0, rel=1e-6)

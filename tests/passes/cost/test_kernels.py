@@ -24,7 +24,8 @@ H100 = PRESETS["h100"]
 
 def test_big_gemm_reaches_the_measured_cap_and_never_more():
     eff = gemm_efficiency(H100, 1, 132 * 128, 4096, 8192)  # 8 * 132 tiles of 128x128: whole waves
-    assert eff == pytest.approx(H100.gemm_efficiency)
+    # within the output write-out left after the compute ((write / compute)^2 of it at K = 8192: 0.08%)
+    assert eff == pytest.approx(H100.gemm_efficiency, rel=2e-3) and eff <= H100.gemm_efficiency
     for shape in [(1, 8192, 8192, 8192), (4, 2048, 3000, 512), (1, 100, 100, 100)]:
         assert 0 < gemm_efficiency(H100, *shape) <= H100.gemm_efficiency
 
@@ -163,4 +164,5 @@ def test_a_badly_quantised_shard_costs_more_than_an_even_split():
     out_last = Strategy(inputs=((R,),) * 2, outputs=((S(r - 1),),))
     # N = 16896 is 132 whole waves of 128-wide tiles; an eighth (2112) is 16.5 tiles wide: 17 waves
     assert dims[:4] == (1, 132 * 128, 132 * 128, 1024)
-    assert cm.gemm_shard_factor(name, dims, out_last) == pytest.approx(17 / 16.5)
+    # (the output write-out left after each shape's compute, ``exposed_write``, moves it by 0.3%)
+    assert cm.gemm_shard_factor(name, dims, out_last) == pytest.approx(17 / 16.5, rel=5e-3)

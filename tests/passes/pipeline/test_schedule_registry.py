@@ -19,7 +19,8 @@ from autoshard.passes.pipeline.schedule.registry import SCHEDULES, Schedule, get
 from autoshard.passes.pipeline.schedule.simulate import ScheduleError, StageCosts, simulate
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.pipeline.stages.scoring import DEFAULT_SCHEDULES, held_microbatches
-from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.pipeline.plan import Plan, Stage
 from autoshard.testing.models import GPT, lm_loss
 
 
@@ -60,12 +61,16 @@ def test_interleaved_family_takes_any_v():
     assert DEFAULT_SCHEDULES == searched_schedules()
 
 
+def _stages(pp: int, virtual: int) -> list:
+    return [Stage(s, [], s % pp, [s % pp], Mesh((1,))) for s in range(pp * virtual)]
+
+
 def test_pipeline_plan_checks_the_schedule_and_its_stages_per_rank():
     with pytest.raises(ValueError, match="unknown schedule 'zb-h9'"):
-        PipelinePlan(2, 1, [None, None], "zb-h9", 4)
-    with pytest.raises(ValueError, match="runs 3 stage\\(s\\) per rank group, but the plan says virtual=2"):
-        PipelinePlan(2, 2, [None] * 4, "interleaved-1f1b-v3", 4)
-    assert PipelinePlan(2, 3, [None] * 6, "interleaved-1f1b-v3", 5).virtual == 3
+        Plan(_stages(2, 1), Mesh((2,)), "zb-h9", 4)
+    with pytest.raises(ValueError, match="runs 3 stage\\(s\\) per rank group, but the plan has 2"):
+        Plan(_stages(2, 2), Mesh((2,)), "interleaved-1f1b-v3", 4)
+    assert Plan(_stages(2, 3), Mesh((2,)), "interleaved-1f1b-v3", 5).virtual == 3
 
 
 def _gpt(layers: int, batch: int, seq: int = 128):

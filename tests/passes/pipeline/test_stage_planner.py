@@ -63,7 +63,7 @@ def test_units_and_profile_add_up_to_the_core_estimate(small):
     for shape in [(2, 2), (4, 1)]:
         sol = plan_sharding(small, Mesh(shape), hardware=PEAK_H100)
         prof = profile_submesh(small, sol, hardware=PEAK_H100, units=units)
-        time_1 = sum(c.fwd(1) + c.bwd(1) + c.grad_sync for c in prof.costs)
+        time_1 = sum(c.fwd(1) + c.bwd(1) + c.grad_sync + c.opt_step for c in prof.costs)
         mem_1 = sum(c.state_bytes + c.act(1) for c in prof.costs)
         assert time_1 == pytest.approx(sol.estimated_step_time, rel=1e-9)
         # the stage planner's memory is additive: it adds up to the categories, not to the step's peak
@@ -231,13 +231,14 @@ def test_fast_network_and_a_model_that_fits_plans_no_pipeline():
     captured = _gpt(vocab=1024, d=512, layers=4, seq=512, batch=64, dtype=torch.bfloat16)
     fast = dataclasses.replace(PEAK_H100, name="fast-ib", inter_node_bandwidth=450e9, inter_node_latency=2e-6)
     # every schedule searched: a bubble is not worth paying when every link is fast and the model fits
-    plan = plan_pipeline(captured, (2, 8), hardware=fast)
+    # (and no optimizer step: AdamW's, priced per rank group's parameters, would favour the pipeline's halves)
+    plan = plan_pipeline(captured, (2, 8), hardware=fast, optimizer="none")
     assert plan.pp == 1 and len(plan.stages) == 1 and plan.microbatches == 1
     sol = plan.stages[0].solution
     assert sol.mesh.shape == (2, 8)
     # its step: compute + activation collectives, then the gradient all-reduce, overlapped with the
     # backward exactly as a pipeline stage's is (a bucket starts once its unit's backward is done)
-    prof = profile_submesh(captured, sol, hardware=fast)
+    prof = profile_submesh(captured, sol, hardware=fast, optimizer="none")
     compute = sum(c.fwd(1) + c.bwd(1) for c in prof.costs)
     link, done = 0.0, sum(c.fwd(1) for c in prof.costs)
     for c in reversed(prof.costs):  # the backward visits the units last to first
@@ -247,7 +248,7 @@ def test_fast_network_and_a_model_that_fits_plans_no_pipeline():
     assert plan.estimated_step_time == pytest.approx(max(compute, link), rel=1e-9)
     assert compute <= plan.estimated_step_time <= sol.estimated_step_time
     for schedule in (None, "1f1b"):
-        forced = plan_pipeline(captured, (2, 8), hardware=fast, pp=2, schedule=schedule)
+        forced = plan_pipeline(captured, (2, 8), hardware=fast, pp=2, schedule=schedule, optimizer="none")
         assert forced.pp == 2 and forced.estimated_step_time > plan.estimated_step_time
         assert [sorted(set(r for s in forced.stages if s.group == g for r in s.ranks)) for g in (0, 1)] == \
             [list(range(8)), list(range(8, 16))]  # a node per group
@@ -283,11 +284,16 @@ def _simulated(prof, p, m, schedule, virtual, ranges, recompute, mesh, hw):
             ready.setdefault(groups[s], []).append((end - (0.5 if split else 1.0) * earlier,
                                                     prof.costs[i].grad_sync))
     finish = 0.0
-    for items in ready.values():
+    for g, items in ready.items():
         link = 0.0
         for t, secs in sorted(items):
             if secs > 0:
                 link = max(link, t) + secs
+        # then, after its backward and its sync, the group's optimizer step and the gradient
+        # accumulations of its m - 1 later microbatches
+        link = max(link, max(e for _, a, _, e in result.events if groups[a.stage] == g and a.kind in ("B", "W", "BW")))
+        link += sum(prof.costs[i].opt_step + (m - 1) * prof.costs[i].accumulate
+                    for s, rng in enumerate(ranges) if groups[s] == g for i in rng)
         finish = max(finish, link)
     return max(result.step_time, finish)
 

@@ -1,7 +1,7 @@
 """The plan is chosen among the lever search's finalists by the overlap model's step (issue 16 item 3).
 
 The ranking cases are real plans of one program (a meta Llama, hidden 4096, 4 layers, batch 8 x 256
-on 8 H100s): autoshard's own plan and four published layouts (Megatron tp=2 and tp=8, FSDP with and
+on 8 H100s whose links run at a quarter of NVLink's bandwidth): autoshard's own plan and four published layouts (Megatron tp=2 and tp=8, FSDP with and
 without reshard-after-forward). Among them, some pairs are ranked one way by the ILP's additive sum
 and the other way by the overlap model (more of one plan's communication hides under compute on the
 communication stream). Fed to ``pick_finalist`` in the order the lever search finds incumbents (each
@@ -10,6 +10,7 @@ additive choice was changed.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 
 import autoshard
 from autoshard import layouts
+from autoshard.passes.cost.hardware import PRESETS
 from autoshard.passes.solve.finalists import overlapped_step, pick_finalist
 from autoshard.testing.models import hf_lm_loss
 
@@ -31,7 +33,11 @@ def plans():
     with torch.device("meta"):
         model = LlamaForCausalLM(cfg)
     ids = torch.empty(8, 256, dtype=torch.long, device="meta")
-    common = dict(example_inputs=(ids,), loss_fn=hf_lm_loss, example_target=ids, hardware="h100")
+    # links of a quarter of NVLink's bandwidth: enough communication for the two models to rank plans apart
+    # (on the h100 preset's own links, since the optimizer step and the kernel classes are priced, no two of
+    # these plans do)
+    slow_links = dataclasses.replace(PRESETS["h100"], name="h100-quarter-nvlink", intra_node_bandwidth=450e9 / 4)
+    common = dict(example_inputs=(ids,), loss_fn=hf_lm_loss, example_target=ids, hardware=slow_links)
     found = {"ours": autoshard.plan(model, 8, **common)}
     for name, layout in {"tp2": layouts.megatron(tp=2, recompute="none", microbatch_size=2),
                          "tp8": layouts.megatron(tp=8, recompute="none", microbatch_size=8),

@@ -81,3 +81,59 @@ def test_accumulating_is_never_faster_than_one_step_with_the_same_strategies():
     accumulated = planner.plan_sharding(captured, mesh, hardware=H100, levers=LeverPins(accumulation=2))
     one_step = evaluate(captured, mesh, accumulated.strategies, H100, "adamw", levers=Levers(1))
     assert one_step.estimated_step_time <= accumulated.estimated_step_time * (1 + 1e-9)
+
+
+@pytest.fixture(scope="module")
+def small_gpt():
+    captured = _gpt(d=64, layers=2, seq=64, batch=8)
+    return captured, 0.55 * _search(captured, (2, 2), H100.memory_bytes, prune=True).estimated_memory
+
+
+def test_a_microstep_count_cut_off_by_the_fastest_policies_floor_is_never_priced_for_every_policy(
+        monkeypatch, small_gpt):
+    """Under a binding limit, a microstep count whose fastest-policy cost floor cannot beat the best is
+    answered "CUTOFF" without building its graph of every policy, with the plan and the record of the
+    search unchanged (issue 31, item 10: the plan time under memory_limit)."""
+    captured, limit = small_gpt
+    mesh = (2, 2)
+    built = []
+    graph = planner.LeverSearch.graph
+
+    def counted(self, problem, cm, memory_limit):
+        built.append(problem)
+        return graph(self, problem, cm, memory_limit)
+    monkeypatch.setattr(planner.LeverSearch, "graph", counted)
+    skipping = _search(captured, mesh, limit, prune=True)
+    skipping_built = len(built)
+    monkeypatch.setattr(planner, "_cut_off_unpriced", lambda *a: False)
+    built.clear()
+    pricing = _search(captured, mesh, limit, prune=True)
+    assert "CUTOFF" in str(pricing.solver_stats["accumulation_tried"])  # the premise: a count was cut off
+    assert skipping_built < len(built)
+    assert _decisions(skipping) == _decisions(pricing)
+    assert skipping.solver_stats["accumulation_tried"] == pricing.solver_stats["accumulation_tried"]
+
+
+def test_the_fastest_plan_bound_is_solved_only_when_it_can_stop_the_search(monkeypatch, small_gpt):
+    """Under a binding limit the best plan is well above the plan without levers, so the LP bound of
+    the fastest policies (which only stops a search whose best is within 1e-6 of it) is never solved;
+    the plan is the one the search that solves it finds."""
+    captured, limit = small_gpt
+    calls = []
+    bound = planner._fastest_bound
+
+    def counted(*args):
+        calls.append(args)
+        return bound(*args)
+    monkeypatch.setattr(planner, "_fastest_bound", counted)
+    lazy = _search(captured, (2, 2), limit, prune=True)
+    assert calls == []
+    monkeypatch.setattr(planner._FloorCheck, "__init__", _eager_floor_check)
+    eager = _search(captured, (2, 2), limit, prune=True)
+    assert len(calls) == 1  # the premise: the search without the shortcut solves it
+    assert _decisions(lazy) == _decisions(eager)
+    assert lazy.solver_stats["accumulation_tried"] == eager.solver_stats["accumulation_tried"]
+
+
+def _eager_floor_check(self, combos, policies, unlevered):
+    self.combos, self.policies, self.graph, self.above, self.floor, self.solved = combos, policies, None, None, None, False

@@ -113,10 +113,16 @@ def test_follower_merge_folds_views_exactly_and_expands_back():
 
 
 # ---- known answers ------------------------------------------------------------------------------
+#: The known answers below weigh communication and compute; an optimizer step (priced since issue 27,
+#: ``passes/cost/optimizer_step.py``: AdamW's 80 bytes per fp32 parameter, even SGD's 12) tips these toys
+#: towards sharding the optimizer's work by microseconds, so they plan with no optimizer step
+NO_STEP = "none"
+
+
 @pytest.mark.parametrize("shape", [(4,), (2, 2)])
 def test_small_weights_large_batch_is_data_parallel(shape):
     cg = mlp_graph(256, 1024, 65536, out=16, loss="ce")
-    sol = plan_sharding(cg, Mesh.of(shape), hardware="h100")
+    sol = plan_sharding(cg, Mesh.of(shape), hardware="h100", optimizer=NO_STEP)
     assert sol.solver_stats["status"] == "OPTIMAL"
     assert all(p == tuple(R for _ in shape) for p in sol.param_placements.values()), sol.param_placements
     for name in (cg.inputs[0], cg.target):
@@ -161,11 +167,11 @@ def test_large_weights_tiny_batch_is_megatron_column_then_row():
 
 def test_memory_limit_below_replicated_state_gives_sharded_parameters():
     cg = mlp_graph(1024, 4096, 8192, loss="mse")
-    free = plan_sharding(cg, Mesh.of(4), hardware="h100")
+    free = plan_sharding(cg, Mesh.of(4), hardware="h100", optimizer=NO_STEP)
     state = sum(free.memory_breakdown[k] for k in ("params", "grads", "optimizer"))
     assert all(p == (R,) for p in free.param_placements.values())  # DP while memory allows
     limit = free.estimated_memory - state / 2
-    sol = plan_sharding(cg, Mesh.of(4), hardware="h100", memory_limit=limit)
+    sol = plan_sharding(cg, Mesh.of(4), hardware="h100", memory_limit=limit, optimizer=NO_STEP)
     assert sol.estimated_memory <= limit
     assert any(Shard(0) in p or Shard(1) in p for p in sol.param_placements.values())
     assert sol.estimated_step_time >= free.estimated_step_time
@@ -191,13 +197,14 @@ def test_two_axes_are_decided_jointly_tp_on_nvlink_dp_across_nodes():
     hw = dataclasses.replace(PRESETS["h100"], devices_per_node=2, name="h100-2-per-node")
     cg = mlp_graph(512, 2048, 8192)
     mesh = Mesh.of((2, 2))
-    sol = plan_sharding(cg, mesh, hardware=hw)
+    sol = plan_sharding(cg, mesh, hardware=hw, optimizer=NO_STEP)
     assert pl(sol, "fc1.weight") == (R, S(0)) and pl(sol, "fc2.weight") == (R, S(1)), sol.param_placements
     assert sol.strategies[cg.inputs[0]].outputs[0][0] == S(0)
     assert all(c.axis == 1 for _, c in fwd_collectives(sol) if c.bytes > 4)
-    dp = plan_sharding(cg, mesh, hardware=hw, pins=Pins(params={"*": ("R", "R")}, inputs={0: ("S(0)", "S(0)")}))
+    dp = plan_sharding(cg, mesh, hardware=hw, pins=Pins(params={"*": ("R", "R")}, inputs={0: ("S(0)", "S(0)")}),
+                       optimizer=NO_STEP)
     tp_only = Pins(params={"fc1.*": ("S(0)", "S(0)"), "fc2.weight": ("S(1)", "S(1)")}, inputs={0: ("R", "R")})
-    tp = plan_sharding(cg, mesh, hardware=hw, pins=tp_only)
+    tp = plan_sharding(cg, mesh, hardware=hw, pins=tp_only, optimizer=NO_STEP)
     # the pure-TP plan's weight gathers are priced as the runtime's fused flat calls (one over both
     # axes): its step fell from 0.79 to 0.69 ms, so the joint plan wins by 4.5% there, not 13%
     assert sol.estimated_step_time < 0.97 * min(dp.estimated_step_time, tp.estimated_step_time)

@@ -28,10 +28,10 @@ def interleaved_worker(rank: int, world: int) -> list:
     from autoshard.passes.capture.export import capture
     from autoshard.passes.pipeline.schedule.generators import generate
     from autoshard.passes.pipeline.schedule.registry import get_schedule
-    from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+    from autoshard.passes.pipeline.plan import Plan
     from autoshard.passes.solve.planner import plan_sharding
     from autoshard.runtime.groups import broadcast_json
-    from autoshard.runtime.pipeline.executor import PipelineProgram
+    from autoshard.runtime.executor import RankProgram
     from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
     from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
 
@@ -55,9 +55,9 @@ def interleaved_worker(rank: int, world: int) -> list:
                                              solve=solve).to_json()
             plans[blocks] = captured, broadcast_json(payload, src=0)
         captured, payload = plans[blocks]
-        plan = PipelinePlan.from_json(dict(payload, schedule=name, microbatches=m))
+        plan = Plan.from_json(dict(payload, schedule=name, microbatches=m))
         schedule = generate(name, world, m)
-        prog = PipelineProgram(captured, plan, schedule, model=model)
+        prog = RankProgram(plan.attach(captured), schedule=schedule, model=model)
         failures += train_against_one_device(
             case, prog, copy.deepcopy(model), (x, y), loss_fn=loss_fn, steps=3, tol=TOL,
             optimizer=adamw(lr=1e-3, eps=1e-6),

@@ -29,11 +29,11 @@ SCHEDULE, MICROBATCHES = "1f1b", 4
 def peak_worker(rank: int, world: int) -> tuple:
     from autoshard.passes.capture.export import capture
     from autoshard.passes.pipeline.schedule.generators import generate
-    from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+    from autoshard.passes.pipeline.plan import Plan
     from autoshard.passes.solve.planner import plan_sharding
     from autoshard.runtime.groups import broadcast_json
     from autoshard.runtime.local_module import local_module
-    from autoshard.runtime.pipeline.executor import PipelineProgram
+    from autoshard.runtime.executor import RankProgram
     from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
     from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
     from autoshard.testing.memory_estimates import MicrostepTracker
@@ -52,8 +52,8 @@ def peak_worker(rank: int, world: int) -> tuple:
         plan = make_pipeline_plan(captured, nodes, (2,), schedule=SCHEDULE, microbatches=MICROBATCHES,
                                   solve=lambda sg, sm: plan_sharding(sg.captured, sm, hardware="cpu", time_limit_s=10))
         payload = plan.to_json()
-    plan = PipelinePlan.from_json(broadcast_json(payload, src=0))
-    program = PipelineProgram(captured, plan, generate(SCHEDULE, 2, MICROBATCHES), model=model)
+    plan = Plan.from_json(broadcast_json(payload, src=0))
+    program = RankProgram(plan.attach(captured), schedule=generate(SCHEDULE, 2, MICROBATCHES), model=model)
     optimizer = torch.optim.AdamW(program.parameters(), lr=1e-3)
     program.step(x, target=y)  # the first step creates the optimizer state
     optimizer.step()

@@ -36,10 +36,10 @@ class Net(nn.Module):
 def _program(model, x, y, schedule: str, recompute: bool, m: int):
     from autoshard.passes.capture.export import capture
     from autoshard.passes.pipeline.schedule.generators import generate
-    from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+    from autoshard.passes.pipeline.plan import Plan
     from autoshard.passes.solve.planner import plan_sharding
     from autoshard.runtime.groups import broadcast_json
-    from autoshard.runtime.pipeline.executor import PipelineProgram
+    from autoshard.runtime.executor import RankProgram
     from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
     from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
 
@@ -53,8 +53,8 @@ def _program(model, x, y, schedule: str, recompute: bool, m: int):
         for s in plan.stages:
             s.recompute = recompute
         payload = plan.to_json()
-    plan = PipelinePlan.from_json(broadcast_json(payload, src=0))
-    return PipelineProgram(captured, plan, generate(schedule, 2, m), model=model)
+    plan = Plan.from_json(broadcast_json(payload, src=0))
+    return RankProgram(plan.attach(captured), schedule=generate(schedule, 2, m), model=model)
 
 
 def _microbatched_loss(reference, inputs, y):

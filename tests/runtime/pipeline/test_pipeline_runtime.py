@@ -85,10 +85,10 @@ def _model_cases(rank: int, model_name: str, configs: list) -> list:
     from autoshard.passes.mesh import Mesh
     from autoshard.passes.sharding.pins import Pins
     from autoshard.passes.pipeline.schedule.generators import generate
-    from autoshard.passes.pipeline.stages.stage_plan import PipelinePlan
+    from autoshard.passes.pipeline.plan import Plan
     from autoshard.passes.solve.planner import plan_sharding
     from autoshard.runtime.groups import broadcast_json
-    from autoshard.runtime.pipeline.executor import PipelineProgram
+    from autoshard.runtime.executor import RankProgram
     from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
     from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
 
@@ -125,17 +125,17 @@ def _model_cases(rank: int, model_name: str, configs: list) -> list:
                 plan = plans[key]
                 plan.schedule = sched_name
                 payload = plan.to_json()
-            plan = PipelinePlan.from_json(broadcast_json(payload, src=0))
+            plan = Plan.from_json(broadcast_json(payload, src=0))
             schedule = generate(sched_name, pp, m, virtual=virtual)
             t_build = time.perf_counter()
-            prog = PipelineProgram(captured, plan, schedule, model=model)
+            prog = RankProgram(plan.attach(captured), schedule=schedule, model=model)
             t_steps = time.perf_counter()
             ref = copy.deepcopy(model)
             failures += train_against_one_device(
                 case, prog, ref, (x, y), loss_fn=loss_fn, steps=STEPS, tol=TOL, optimizer=adamw(lr=1e-3, eps=ADAM_EPS),
                 check_gradients=lambda program, reference: pipeline_gradient_mismatches(case, program, reference, TOL))
             if layout == "dp":  # the gradient all-reduce starts inside the last BW / W, not after it
-                late = [s for s, sync in prog._grad_sync.items() if sync.buckets and sync.overlapped == 0]
+                late = [s for s, sync in prog._syncs.items() if sync.buckets and sync.overlapped == 0]
                 if late:
                     failures.append(f"{case}: stages {late} launched no gradient bucket during their last weight action")
             executed = [e.action for e in prog.timeline]

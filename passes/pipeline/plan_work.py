@@ -1,6 +1,6 @@
 """What a plan's step time means for the user: tokens (or samples) per second per device, and MFU.
 
-Conventions (every plan summary and both plan kinds use these):
+Conventions (every plan summary uses these):
 
 - **Model FLOPs** per step: the captured program's matmul-like ops (mm, addmm, bmm, linear, einsum,
   convolution, scaled-dot-product attention, MoE experts' routed GEMMs), 2 FLOPs per multiply-add,
@@ -31,10 +31,12 @@ import torch
 
 from autoshard.passes.cost.facts import matmul_flops
 from autoshard.passes.cost.hardware import Hardware
+from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.errors import AutoshardError
 from autoshard.passes.graph import META, CapturedGraph, outputs
 from autoshard.passes.spec import TensorMeta
 
-__all__ = ["ModelWork", "model_work"]
+__all__ = ["ModelWork", "model_work", "plan_work", "hardware_label"]
 
 
 @dataclass(frozen=True)
@@ -106,3 +108,20 @@ def model_work(captured: CapturedGraph, hardware: Hardware, devices: int,
     training = captured.training  # a pipeline stage before the last trains too
     return ModelWork(forward * (3 if training else 1), tokens, samples or 1, hardware.peak_flops(dtype), devices,
                      training)
+
+
+def hardware_label(hardware) -> str:
+    """How a plan records its hardware: the preset or profile path, or a ``Hardware`` object's name."""
+    return hardware if isinstance(hardware, str) else str(getattr(hardware, "name", "custom"))
+
+
+def plan_work(captured: CapturedGraph, hardware, devices: int, levers=None) -> Optional[ModelWork]:
+    """``model_work`` for a plan of ``captured`` on ``devices`` devices; the matmuls run in the
+    mixed-precision compute dtype when ``levers`` (``passes.levers.Levers``) cast. None when
+    ``hardware`` names no known hardware."""
+    try:
+        hw = get_hardware(hardware)
+    except AutoshardError:
+        return None
+    mp = getattr(levers, "mixed_precision", None)
+    return model_work(captured, hw, devices, compute_dtype=getattr(mp, "param_dtype", None))
