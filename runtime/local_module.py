@@ -49,7 +49,8 @@ def local_module(program) -> LocalState:
         module.register_parameter(fqn.replace(".", "__"), param)
     for fqn, buf in program.named_buffers():
         module.register_buffer(fqn.replace(".", "__"), buf)
-    sync = getattr(program, "_sync", None)  # a RankProgram's GradSync (runtime/gradsync.py)
-    for i, flat in enumerate(sync.flat_buffers() if sync is not None else ()):
+    syncs = getattr(program, "_syncs", None) or {}  # a RankProgram's GradSync per stage (runtime/gradsync.py)
+    flats = [flat for sync in syncs.values() for flat in sync.flat_buffers()]
+    for i, flat in enumerate(flats):
         module.register_buffer(f"{GRAD_BUCKET_PREFIX}{i}", flat, persistent=False)
     return module
