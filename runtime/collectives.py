@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["AxisComm", "all_gather", "reduce_scatter", "all_reduce", "all_to_all", "chunk", "to_partial",
-           "COLLECTIVES", "raw_step", "raw_adjoint", "start_flat_gather", "flat_reduce_scatter"]
+           "COLLECTIVES", "raw_step", "raw_adjoint", "start_flat_gather", "start_flat_reduce_scatter",
+           "flat_reduce_scatter"]
 
 # torch 2.13 renamed the tensor forms; keep working on older releases too.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -284,6 +285,14 @@ def start_flat_gather(flat: torch.Tensor, comm: AxisComm) -> tuple[torch.Tensor,
     elements, rank order; the async work to ``wait()`` before reading it)."""
     out = flat.new_empty((comm.size * flat.numel(),))
     work = _all_gather_single(out, flat, group=comm.pg(), async_op=True)
+    return out, work
+
+
+def start_flat_reduce_scatter(flat: torch.Tensor, comm: AxisComm) -> tuple[torch.Tensor, Any]:
+    """Start summing a 1-d tensor over ``comm``, keeping this rank's ``1 / comm.size`` chunk (rank
+    order): (the chunk's output, the async work to ``wait()`` before reading it)."""
+    out = flat.new_empty((flat.numel() // comm.size,))
+    work = _reduce_scatter_single(out, flat.contiguous(), group=comm.pg(), async_op=True)
     return out, work
 
 

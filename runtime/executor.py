@@ -65,6 +65,7 @@ from .pipeline.interpreter import Interpreter, TimelineEvent, executed_schedule
 from .redistribute import redistribute
 from .stage import LoweredStage
 from .state_dict import ModelState
+from .zero import zero_sync_for
 from .step_inputs import StepInputs
 from .step_results import LossReduction, assembled
 
@@ -125,6 +126,9 @@ class RankProgram:
                                        self.group, self.env.rank, dist.get_rank() if plan.pp > 1 else self.env.rank,
                                        self.device, self.schedule, prefetch=1 if gloo and plan.pp > 1 else 0)
         self._loss_comm = None if plan.pp > 1 else self.env.comm_for([a for a, s in enumerate(plan.mesh.shape) if s > 1])
+        # parameters in ZeRO forms (a plan without a pipeline): the optimizer steps their slices, ``zero``
+        # reduces and gathers them (``runtime.zero``); the grad sync leaves them out
+        self._zero = self._zero_sync(bucket_mb)
         self._syncs = {s: self._grad_sync(st, bucket_mb, first_bucket_mb) for s, st in self.stages.items()}
         self._holders = self._shared_params()
         self._ties = (TieGroups(self.layout, sorted({k for _, k in self._holders.values()}), dist.get_rank())
@@ -175,10 +179,30 @@ class RankProgram:
                     raise PlanFormatError(f"schedule runs {a} on rank group {group} but the plan puts stage "
                                           f"{a.stage} on group {plan.stages[a.stage].group}")
 
+    def _zero_sync(self, bucket_mb: float):
+        """The ``zero.ZeroSync`` of this rank's parameters in ZeRO forms, or None when none is."""
+        if self.plan.pipelined:
+            for s in self.plan.stages:
+                if any(s.solution.strategies[ph].lowerings and any(s.solution.strategies[ph].lowerings)
+                       for ph in self.captured.params if ph in s.solution.strategies):
+                    raise PlanFormatError(f"stage {s.index} stores parameters in ZeRO/reduce-once forms, which the "
+                                          "runtime runs only without a pipeline yet: plan the stages with plain "
+                                          "storage (R or S(d) pins without /zero1, /zero2, /once)")
+            return None
+        stage = self._only()
+        mp = stage.levers.mixed_precision
+        return zero_sync_for(self.captured, self._strategies[0], self.plan.mesh.shape,
+                             dict(zip(stage.param_names, stage.params)), self.env.comm_for,
+                             reduce_dtype=None if mp is None else (mp.reduce_dtype or mp.param_dtype),
+                             bucket_bytes=int(bucket_mb * 2**20))
+
     def _grad_sync(self, stage: LoweredStage, bucket_mb: float, first_bucket_mb: float) -> GradSync:
         mp = stage.levers.mixed_precision
+        order = stage.sync_order() if self.captured.loss_output else []
+        if self._zero is not None:  # a ZeRO parameter is reduced by ``zero``
+            order = [(p, comm) for p, comm in order if self._zero.optimizer_parameter(p) is p]
         # a forward-only program never has gradients: no buckets for them
-        return GradSync(stage.sync_order() if self.captured.loss_output else [], bucket_bytes=int(bucket_mb * 2**20),
+        return GradSync(order, bucket_bytes=int(bucket_mb * 2**20),
                         first_bucket_bytes=int(first_bucket_mb * 2**20), carry_comm=self._loss_comm,
                         reduce_dtype=None if mp is None else (mp.reduce_dtype or mp.param_dtype))
 
@@ -280,6 +304,11 @@ class RankProgram:
             raise BatchError("step() needs a program traced with a loss function (loss_fn=...); "
                              "this one returns outputs: call forward()")
         user, targets = self._prepared(inputs, target, local_batch)
+        gatherers = [st.gatherer for st in self.stages.values() if st.gatherer is not None]
+        if self._zero is not None:
+            self._zero.begin_step()
+        for g in gatherers:
+            g.begin_step()
         stashed = self._set_aside()
         holds_loss = self.group == self.plan.stages[-1].group
         losses: list = []
@@ -298,11 +327,19 @@ class RankProgram:
                 final = r == self.rounds - 1
                 hooks = dict(before_weights=before_weights, after_weights=lambda s: self._syncs[s].launch_rest(),
                              weight_ready=lambda s, p: self._syncs[s].mark_ready(p)) if final else {}
+                if self._zero is not None:
+                    self._zero.arm(final)
+                for g in gatherers:
+                    g.final = final  # storage form ``once``: the copies' gradients are reduced in the last round
                 self.interpreter.run([u[r * m:(r + 1) * m] for u in user], targets[r * m:(r + 1) * m],
                                      losses=losses, **hooks)
+                if self._zero is not None:
+                    self._zero.finish(final)
         finally:
             for st in self.stages.values():
                 st.end_step()
+            for g in gatherers:
+                g.final = True
         for sync in self._syncs.values():
             sync.finish()
         self._sync_tied()
@@ -352,6 +389,7 @@ class RankProgram:
             raise BatchError("a pipelined program runs training steps (step(...)); forward-only inference through "
                              "pipeline stages is not supported: compile without pp= for inference")
         user, targets = self._prepared(inputs, target, local_batch)
+        self.sync_parameters()
         stage = self._only()
         reads_target = self.captured.target is not None
         outs = [stage.forward_only([u[i] for u in user] + ([targets[i]] if reads_target else []))
@@ -363,12 +401,27 @@ class RankProgram:
 
     # ---- state ---------------------------------------------------------------------------------
     def parameters(self) -> list[nn.Parameter]:
-        """Every local parameter (a weight shared by two local stages appears once per copy)."""
-        return [p for s in sorted(self.stages) for p in self.stages[s].params]
+        """What the optimizer steps: every local parameter (a weight shared by two local stages appears
+        once per copy), each ZeRO parameter's slice in its place (``zero.ZeroSync``)."""
+        return [p for _, p in self.named_parameters()]
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        return [(self.captured.params[ph], p) for s in sorted(self.stages)
+        return [(self.captured.params[ph], self.optimizer_parameter(p)) for s in sorted(self.stages)
                 for ph, p in zip(self.stages[s].param_names, self.stages[s].params)]
+
+    def local_parameters(self) -> list[nn.Parameter]:
+        """The parameters the program computes with (a ZeRO parameter whole), stage by stage."""
+        return [p for s in sorted(self.stages) for p in self.stages[s].params]
+
+    def optimizer_parameter(self, param: nn.Parameter) -> nn.Parameter:
+        """What the optimizer steps in place of local parameter ``param`` (its ZeRO slice, or itself)."""
+        return self._zero.optimizer_parameter(param) if self._zero is not None else param
+
+    def sync_parameters(self) -> None:
+        """Gather the ZeRO parameters the optimizer changed (``zero.ZeroSync.gather``; a collective when
+        any did, on every rank alike): ``step``, ``forward`` and the state dicts call it."""
+        if self._zero is not None:
+            self._zero.gather()
 
     def buffers(self) -> list[torch.Tensor]:
         return [b for s in sorted(self.stages) for b in self.stages[s].buffers]
@@ -380,7 +433,8 @@ class RankProgram:
 
     def model_state(self) -> ModelState:
         """The model's state over this rank's stages under ``model.state_dict()``'s names (built once; a
-        collective the first time for a pipeline)."""
+        collective the first time for a pipeline; the ZeRO parameters gathered first)."""
+        self.sync_parameters()
         if self._model_state is None:
             self._model_state = ModelState(self, self.model, ties=self._ties)
         return self._model_state

@@ -26,7 +26,7 @@ def global_grad_norm(held: list[Holding], norm_type: float = 2.0, device=None) -
     """The norm of all gradients of ``held`` (this rank's pieces) over the world, on every rank; a
     collective when torch.distributed is initialized. Sums in float64."""
     norm_type = float(norm_type)
-    grads = [h.tensor.grad for h in held if h.is_param and h.tensor.grad is not None and h.counts_gradient()]
+    grads = [h.optimized.grad for h in held if h.is_param and h.optimized.grad is not None and h.counts_gradient()]
     if device is None:
         device = next((h.tensor.device for h in held), torch.device("cpu"))
     total = torch.zeros((), dtype=torch.float64, device=device)
@@ -59,7 +59,7 @@ def clip_grad_norm_(held: list[Holding], max_norm: float, norm_type: float = 2.0
     if error_if_nonfinite and not torch.isfinite(total):
         raise RuntimeError(f"the total norm of order {float(norm_type)} of the gradients is non-finite, so it cannot "
                            "be clipped; pass error_if_nonfinite=False to clip anyway")
-    grads = [h.tensor.grad for h in held if h.is_param and h.tensor.grad is not None]
+    grads = [h.optimized.grad for h in held if h.is_param and h.optimized.grad is not None]
     dtype = grads[0].dtype if grads else torch.float32
     clip = torch.clamp(float(max_norm) / (total.to(dtype) + 1e-6), max=1.0)
     with torch.no_grad():

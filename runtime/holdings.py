@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from autoshard.passes.graph import META
 from autoshard.passes.layout.shapes import normalize
+from autoshard.passes.sharding.storage_forms import form_of, optimizer_placements
 from autoshard.passes.spec import Partial, Replicate
 
 from .groups import MeshEnv
@@ -45,19 +46,37 @@ class Holding:
     global_shape: tuple
     stage: Optional[int] = None
     owner: bool = True
+    #: what the optimizer steps for this piece and its placements: a ZeRO parameter's slice (a view of
+    #: ``tensor``, ``runtime.zero``), else None (the piece itself, placed as its gradient)
+    optimized_slice: Optional[torch.Tensor] = None
+    slice_placements: Optional[tuple] = None
 
     @property
     def name(self) -> str:
         return self.names[0]
 
+    @property
+    def optimized(self) -> torch.Tensor:
+        """The tensor the optimizer steps (and whose ``.grad`` it reads) for this piece."""
+        return self.tensor if self.optimized_slice is None else self.optimized_slice
+
+    @property
+    def optimized_placements(self) -> tuple:
+        """The placements of ``optimized``, of its gradient and optimizer state (``P`` read as ``R``: a
+        gradient's layout)."""
+        if self.slice_placements is not None:
+            return self.slice_placements
+        return tuple(Replicate() if isinstance(p, Partial) else p for p in self.placements)
+
     def counts_gradient(self) -> bool:
-        """Whether this rank adds this piece's gradient to a global sum over the tensor's elements (a
-        gradient norm): the owner copy, on the rank at coordinate 0 of every axis where the gradient is
-        replicated (a parameter stored ``R`` or ``P`` has its full summed gradient on every rank there)."""
+        """Whether this rank adds this piece's gradient (``optimized.grad``) to a global sum over the
+        tensor's elements (a gradient norm): the owner copy, on the rank at coordinate 0 of every axis
+        where the gradient is replicated (a parameter stored ``R`` or ``P`` has its full summed gradient
+        on every rank there)."""
         if not self.owner:
             return False
         coord = self.env.coordinate
-        return all(coord[a] == 0 for a, p in enumerate(self.placements) if isinstance(p, (Replicate, Partial)))
+        return all(coord[a] == 0 for a, p in enumerate(self.optimized_placements) if isinstance(p, Replicate))
 
 
 def is_pipeline(program: Any) -> bool:
@@ -72,11 +91,18 @@ def holdings(program: Any) -> list[Holding]:
         return _pipeline_holdings(program)
     captured, mesh = program.captured, program.mesh
     out = []
-    pieces = list(zip(captured.params, program.parameters(), [True] * len(captured.params)))
+    pieces = list(zip(captured.params, program.local_parameters(), [True] * len(captured.params)))
     pieces += list(zip(captured.buffers, program.buffers(), [False] * len(captured.buffers)))
     for ph, t, is_param in pieces:
-        out.append(Holding(ph, names_of(captured, ph), t, normalize(program.strategies[ph].outputs[0], mesh.shape),
-                           program.env, is_param, tuple(captured.node(ph).meta[META].shape)))
+        h = Holding(ph, names_of(captured, ph), t, normalize(program.strategies[ph].outputs[0], mesh.shape),
+                    program.env, is_param, tuple(captured.node(ph).meta[META].shape))
+        sliced = program.optimizer_parameter(t) if is_param else t
+        if sliced is not t:
+            meta = captured.node(ph).meta[META]
+            h.optimized_slice = sliced
+            h.slice_placements = normalize(optimizer_placements(h.placements, form_of(
+                program.strategies[ph], meta.shape, mesh.shape)), mesh.shape)
+        out.append(h)
     return out
 
 

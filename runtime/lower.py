@@ -46,6 +46,7 @@ from autoshard.passes.layout.gathers import SegmentKeys, fused_gather, segment_o
 from autoshard.passes.layout.redistribution import COMMUNICATING, plan_redistribute
 from autoshard.passes.layout.shapes import local_shape, normalize
 from autoshard.passes.levers import Levers
+from autoshard.passes.sharding.storage_forms import holds_copies
 from autoshard.passes.solve.clustering import block_instance, module_path
 from autoshard.passes.spec import Partial, Replicate, Strategy, TensorMeta
 
@@ -178,7 +179,8 @@ class _Lowering:
                                                    policy.reshard_after_forward or policy.checkpoint != "none"))
                     self.group_keys.append([])
                 g = segments[segment]
-                self.groups[g].members.append(CopyRecipe(ph.name, steps, meta.dtype))
+                self.groups[g].members.append(CopyRecipe(ph.name, steps, meta.dtype,
+                                                         holds_copies(self.strategies[ph.name])))
                 self.group_keys[g].append(key)
                 self.group_of[key] = g
         if self.groups:

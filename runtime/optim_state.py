@@ -10,7 +10,9 @@ stages and meshes because every entry is keyed by the parameter's FQN (as in
                                   for a scalar (step)
     "param_groups.<fqn>.<name>":  the hyperparameters of the group holding it (lr, betas, ...)
 
-A parameter stored ``P`` has its full gradient on every rank, so its state is ``R`` there. A fresh
+A parameter stored ``P`` has its full gradient on every rank, so its state is ``R`` there. A parameter in
+a ZeRO form (``runtime.zero``) is stepped as its slice: its state is the slice's, placed ``S(zero_dim)``
+on the ZeRO axes (``storage_forms.optimizer_placements``), so it reshards to and from any other form. A fresh
 optimizer has no state yet: ``optimizer_state_dict`` first takes one step with zero gradients and
 learning rate 0 (as torch's own helper does), so the structure exists for ``dcp.load`` to fill.
 Copies of a weight shared by pipeline stages are saved from the owner and set from it on load.
@@ -23,7 +25,6 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from autoshard.passes.errors import CheckpointError
-from autoshard.passes.spec import Partial, Replicate
 
 from .layout import shard_tensor
 from .state_dict import ModelState, as_dtensor
@@ -53,12 +54,12 @@ def init_optimizer_state(opt: torch.optim.Optimizer) -> None:
 
 
 def _grad_placements(h) -> tuple:
-    return tuple(Replicate() if isinstance(p, Partial) else p for p in h.placements)
+    return h.optimized_placements
 
 
 def _holdings_in(state: ModelState, opt: torch.optim.Optimizer) -> list[list]:
     """Per param group, the ``Holding`` of each of its parameters; an error for a foreign tensor."""
-    by_id = {id(h.tensor): h for h in state.held if h.is_param}
+    by_id = {id(h.optimized): h for h in state.held if h.is_param}
     out = []
     for g in opt.param_groups:
         row = []
@@ -80,7 +81,7 @@ def optimizer_state_dict(state: ModelState, opt: torch.optim.Optimizer) -> dict:
         for h in row:
             if not h.owner:
                 continue
-            for key, value in opt.state.get(h.tensor, {}).items():
+            for key, value in opt.state.get(h.optimized, {}).items():
                 out[f"state.{h.name}.{key}"] = _placed(state, h, key, value)
             for key, value in hyper.items():
                 out[f"param_groups.{h.name}.{key}"] = value
@@ -90,9 +91,9 @@ def optimizer_state_dict(state: ModelState, opt: torch.optim.Optimizer) -> dict:
 def _placed(state: ModelState, h, key: str, value: Any) -> Any:
     if not isinstance(value, torch.Tensor) or value.dim() == 0:
         return value
-    if tuple(value.shape) != tuple(h.tensor.shape):
+    if tuple(value.shape) != tuple(h.optimized.shape):
         raise CheckpointError(f"optimizer state {key!r} of {h.name!r} has shape {tuple(value.shape)}, neither the "
-                              f"parameter's local shape {tuple(h.tensor.shape)} nor a scalar; autoshard cannot place it "
+                              f"parameter's local shape {tuple(h.optimized.shape)} nor a scalar; autoshard cannot place it "
                               "on the mesh")
     return as_dtensor(value, state.mesh, _grad_placements(h), h.global_shape)
 
@@ -107,7 +108,7 @@ def _local(state: ModelState, h, key: str, value: Any) -> Any:
         if tuple(value.shape) != tuple(h.global_shape):
             raise CheckpointError(f"optimizer state {key!r} of {h.name!r} has shape {tuple(value.shape)}; the "
                                   f"parameter's is {h.global_shape}")
-        return shard_tensor(value, _grad_placements(h), h.env.mesh.shape, h.env.coordinate).to(h.tensor.device)
+        return shard_tensor(value, _grad_placements(h), h.env.mesh.shape, h.env.coordinate).to(h.optimized.device)
     return value
 
 
@@ -119,7 +120,7 @@ def _native(state: ModelState, opt, rows: list, sd: dict, strict: bool) -> tuple
         group = {k: v for k, v in g.items() if k != "params"}
         group["params"] = []
         for h in row:
-            current = opt.state.get(h.tensor, {})
+            current = opt.state.get(h.optimized, {})
             if h.owner:
                 prefix = f"state.{h.name}."
                 given = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix) and "." not in k[len(prefix):]}
@@ -149,7 +150,7 @@ def load_optimizer_state_dict(state: ModelState, opt: torch.optim.Optimizer, sd:
         problem = str(e)
     state.agree(problem)
     opt.load_state_dict({"state": native_state, "param_groups": groups})
-    keys = sorted({k for h in state.held if h.is_param and h.tensor in opt.state for k in opt.state[h.tensor]
-                   if isinstance(opt.state[h.tensor][k], torch.Tensor)})
+    keys = sorted({k for h in state.held if h.is_param and h.optimized in opt.state for k in opt.state[h.optimized]
+                   if isinstance(opt.state[h.optimized][k], torch.Tensor)})
     for key in keys:
-        state.sync_copies(lambda h, key=key: opt.state[h.tensor][key], gradient_layout=True)
+        state.sync_copies(lambda h, key=key: opt.state[h.optimized][key], gradient_layout=True)

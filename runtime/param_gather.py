@@ -60,6 +60,7 @@ class CopyRecipe:
     placeholder: str
     steps: tuple[Step, ...]
     dtype: torch.dtype
+    held: bool = False  # storage form ``once``: the copy's gradient is held over the microsteps, reduced after the last
 
     def fused_gather(self) -> Optional[tuple[tuple[int, ...], int]]:
         """(mesh axes, tensor dim) when the copy is one flat gather (``passes.layout.gathers.fused_gather``)."""
@@ -84,6 +85,7 @@ class _Fused:
     dtype: torch.dtype
     members: tuple[int, ...]
     dims: tuple[int, ...]
+    held: bool = False
 
 
 @dataclass(eq=False)
@@ -144,10 +146,10 @@ class ParamGatherer:
                 if fused is None:
                     loose.append(k)
                 else:
-                    sets.setdefault((fused[0], r.dtype), []).append(k)
+                    sets.setdefault((fused[0], r.dtype, r.held), []).append(k)
             self._fused.append([_Fused(comm_for(axes), dtype, tuple(ks),
-                                       tuple(g.members[k].fused_gather()[1] for k in ks))
-                                for (axes, dtype), ks in sets.items()])
+                                       tuple(g.members[k].fused_gather()[1] for k in ks), held)
+                                for (axes, dtype, held), ks in sets.items()])
             self._loose.append(loose)
         self.backward_next: list[Optional[int]] = []
         for i in range(len(groups)):
@@ -160,6 +162,11 @@ class ParamGatherer:
         self._copies: dict[int, _Copy] = {}
         self.peak_bytes = 0
         self.regathered = 0  # groups gathered again in backward (reshard after forward), in all
+        # storage form ``once``: the gradients held over an accumulated step's microsteps, by (group,
+        # fused set) or (group, loose member); ``final``: the executor sets it in the last microstep
+        self._held: dict[tuple, torch.Tensor] = {}
+        self.final = True
+        self.held = 0  # gradients held over a microstep instead of reduced, in all
 
     @property
     def reshards(self) -> bool:
@@ -169,6 +176,11 @@ class ParamGatherer:
     def begin(self) -> None:
         """Before a forward: forget the last run's prefetches, shards and re-gathered copies."""
         self.end()
+
+    def begin_step(self) -> None:
+        """Before an accumulated step's first microstep: drop any held gradients a failed step left."""
+        self._held.clear()
+        self.final = True
 
     def end(self) -> None:
         """After a backward: wait for and drop any prefetch backward did not use."""
@@ -274,7 +286,10 @@ class ParamGatherer:
             device = shards_meta[ks[0][0]][2]
             rows = [grads[k].to(dtype).movedim(d, 0).reshape(n, numel) if grads[k] is not None
                     else torch.zeros((n, numel), dtype=dtype, device=device) for (k, d), numel in zip(ks, sizes)]
-            reduced = flat_reduce_scatter(torch.cat(rows, dim=1).view(-1), f.comm)
+            flat = self._hold((index, f), torch.cat(rows, dim=1).view(-1)) if f.held else torch.cat(rows, dim=1).view(-1)
+            if flat is None:
+                continue  # held until the last microstep
+            reduced = flat_reduce_scatter(flat, f.comm)
             offset = 0
             for (k, d), numel in zip(ks, sizes):
                 master_dtype, shape, _ = shards_meta[k]
@@ -288,6 +303,8 @@ class ParamGatherer:
             master_dtype = shards_meta[k][0]
             g = grads[k]
             g = g.to(self.reduce_dtype or members[k].dtype) if g is not None else None
+            if g is not None and members[k].held:
+                g = self._hold((index, k), g)
             if g is None:
                 continue
             for step in reversed(members[k].steps):
@@ -295,6 +312,17 @@ class ParamGatherer:
                 g = raw_adjoint(g, step.kind, static, self._comm_for((step.axis,)))
             out[k] = g.to(master_dtype)
         return out
+
+    def _hold(self, key: tuple, value: torch.Tensor) -> Optional[torch.Tensor]:
+        """Storage form ``once``: before the last microstep add ``value`` to what is held under ``key``
+        (None: nothing to reduce yet); in the last, the sum of it all."""
+        held = self._held.pop(key, None)
+        total = value if held is None else held.add_(value)
+        if self.final:
+            return total
+        self._held[key] = total if held is not None else total.clone()
+        self.held += 1
+        return None
 
     # ---- reshard after forward -------------------------------------------------------------------
     def _pack(self, t: torch.Tensor):

@@ -91,7 +91,8 @@ def zero3(captured, strategies: dict, mesh_shape, axes: Optional[tuple] = None) 
             if dims:
                 storage[a] = Shard(dims[0])
                 local[dims[0]] //= mesh_shape[a]
-        out[ph] = Strategy(st.inputs, (tuple(storage),), st.lowerings)
+        # the plain forms: FSDP on the axes made S, DDP elsewhere (a planned ZeRO form needs R storage)
+        out[ph] = Strategy(st.inputs, (tuple(storage),), ())
     return out
 
 

@@ -62,6 +62,7 @@ from autoshard.passes.cost.nccl import nccl_p2p_seconds, nccl_terms
 from autoshard.passes.cost.lowerings import named_lowerings
 from autoshard.passes.cost.moe import is_moe_node, work_factor
 from autoshard.passes.cost.runtime_host import step_host_seconds
+from autoshard.passes.cost.storage_prices import storage_price
 from autoshard.passes.layout.gathers import fused_gather
 from autoshard.passes.layout.redistribution import R_CODE, encode, placement_code, redistribution_steps
 from autoshard.passes.mesh import Mesh
@@ -102,6 +103,9 @@ class NodePrice:
     grads: float = 0.0
     optimizer: float = 0.0
     activations: float = 0.0
+    # a parameter's storage form (``passes.cost.storage_prices``): unreduced gradients held over the
+    # microsteps (bytes)
+    held_grads: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -109,7 +113,7 @@ class NodePrice:
 
     @property
     def memory(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations
+        return self.params + self.grads + self.optimizer + self.activations + self.held_grads
 
 
 class CostModel:
@@ -305,6 +309,19 @@ class CostModel:
                for c, d in zip(fwd, dims)]
         return tuple(fwd), copy
 
+    def bucketed_seconds(self, kind: str, axes: Sequence[int], nbytes: float, total_bytes: Optional[float]) -> float:
+        """Seconds one tensor of ``nbytes`` (full per-group bytes) adds to a bucketed ``kind`` over
+        ``axes`` flattened: the bandwidth term whole, the fixed term in proportion to its share of a
+        bucket (``grad_bucket_bytes``, at most ``total_bytes``), as ``grad_sync`` prices a gradient."""
+        axes = tuple(sorted(a for a in axes if self.mesh.shape[a] > 1))
+        if not axes:
+            return 0.0
+        bucket = self.grad_bucket_bytes if not total_bytes else max(1.0, min(self.grad_bucket_bytes, total_bytes))
+        share = min(1.0, nbytes / bucket)
+        fixed, per_byte = min(self._terms_of(axes[0] if len(axes) == 1 else axes)[kind],
+                              key=lambda t: t[0] + t[1] * nbytes)
+        return per_byte * nbytes + share * fixed
+
     def grad_sync(self, meta: TensorMeta, storage: Sequence[Placement],
                   total_bytes: Optional[float] = None) -> tuple[Collective, ...]:
         """All-reduce of a parameter's gradient over the axes (size > 1) where it is stored R, as one
@@ -343,6 +360,8 @@ class CostModel:
         metas = facts.tensor_outputs(name)
         if kind == "param" and metas and not facts.training:  # inference: no gradient, no optimizer state
             return NodePrice(compute=facts.overhead(name), params=self.param_memory(metas[0], strategy.outputs[0])[0])
+        if kind == "param" and metas and any(strategy.lowerings):  # ZeRO-1/2, reduce once per step
+            return NodePrice(compute=facts.overhead(name), **storage_price(self, name, strategy, facts))
         if kind == "param" and metas:
             master = facts.master_dtype(name)
             p, g, o = self.param_memory(metas[0], strategy.outputs[0], master)

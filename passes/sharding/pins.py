@@ -2,8 +2,10 @@
 
 >>> Pins(params={"blocks.*.fc1.weight": ("R", "S(0)")}, inputs={0: "S(0), R"})   # doctest: +SKIP
 
-- ``params``: fnmatch pattern on parameter FQN (tied aliases match too) -> storage placements;
-  an exact FQN beats a pattern, two patterns that disagree on one parameter are an error.
+- ``params``: fnmatch pattern on parameter FQN (tied aliases match too) -> storage placements, each
+  axis optionally with its storage form after a slash (``("R/zero1", "S(0)")``; a bare placement is
+  the plain form: DDP for ``R``, FSDP for ``S(d)``; ``passes.sharding.storage_forms``); an exact FQN
+  beats a pattern, two patterns that disagree on one parameter are an error.
 - ``inputs``: user-input index (or placeholder name; "target" for the target) -> placements.
 - ``ops``: fnmatch pattern on node name -> placements of the op's first output.
 - ``strategies``: node name -> exact ``Strategy`` (a loaded or randomized plan); it need not be in the
@@ -24,9 +26,10 @@ from autoshard.passes.errors import AutoshardError
 from autoshard.passes.graph import META, CapturedGraph, operand_meta, operands, outputs
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Placement, Strategy, TensorMeta, fmt_placements, parse_placement
+from autoshard.passes.sharding.storage_forms import fmt_storage, parse_storage
 from autoshard.passes.sharding.strategies import StrategyTable, why_not_divisible
 
-__all__ = ["Pins", "PinError", "parse_placements", "PinsFor"]
+__all__ = ["Pins", "PinError", "parse_placements", "parse_param_pin", "PinsFor"]
 
 
 class PinError(AutoshardError, ValueError):
@@ -35,6 +38,17 @@ class PinError(AutoshardError, ValueError):
 
 def parse_placements(value: Any, mesh: Mesh, what: str) -> tuple[Placement, ...]:
     """One placement per mesh axis from a tuple of Placement/str, or one comma-separated string."""
+    return _parse(value, mesh, what, parse_placement)
+
+
+def parse_param_pin(value: Any, mesh: Mesh, what: str) -> tuple[tuple[Placement, ...], tuple]:
+    """A parameter pin: (placements, storage form per axis) from items such as ``"R/zero1"``,
+    ``"S(0)/once"``, ``"R"`` (``passes.sharding.storage_forms``; a bare placement is the plain form)."""
+    pairs = _parse(value, mesh, what, parse_storage)
+    return tuple(p for p, _ in pairs), tuple(f for _, f in pairs)
+
+
+def _parse(value: Any, mesh: Mesh, what: str, parse_one) -> tuple:
     if isinstance(value, Placement):
         items = [value]
     elif isinstance(value, str):
@@ -45,11 +59,13 @@ def parse_placements(value: Any, mesh: Mesh, what: str) -> tuple[Placement, ...]
     else:
         items = list(value)
     try:
-        pls = tuple(p if isinstance(p, Placement) else parse_placement(str(p)) for p in items)
+        pls = tuple((p if parse_one is parse_placement else (p, None)) if isinstance(p, Placement)
+                    else parse_one(str(p)) for p in items)
     except ValueError as e:
         raise PinError(f"{what}: {e}") from e
     if len(pls) != mesh.ndim:
-        raise PinError(f"{what} gives {len(pls)} placement(s) {fmt_placements(pls)} but the mesh {mesh.shape} "
+        shown = [p if parse_one is parse_placement else p[0] for p in pls]
+        raise PinError(f"{what} gives {len(pls)} placement(s) {fmt_placements(shown)} but the mesh {mesh.shape} "
                        f"has {mesh.ndim} axes {mesh.axis_names}: give one placement per axis")
     return pls
 
@@ -80,9 +96,16 @@ class Pins:
         return {k: sorted(v) for k, v in allowed.items()}
 
     # ---- one kind of pin each ------------------------------------------------------------------
-    def _placeholder_pin(self, captured, table, mesh, node_name, label, pls, what, restrict) -> None:
+    def _placeholder_pin(self, captured, table, mesh, node_name, label, pls, what, restrict, forms=None) -> None:
         meta = captured.node(node_name).meta.get(META)
-        idx = {i for i, s in enumerate(table[node_name]) if s.outputs and tuple(s.outputs[0]) == pls}
+        forms = tuple(f if size > 1 else None for f, size in zip(forms or (None,) * mesh.ndim, mesh.shape))
+        idx = {i for i, s in enumerate(table[node_name]) if s.outputs and tuple(s.outputs[0]) == pls
+               and (tuple(s.lowerings) or (None,) * mesh.ndim) == forms}
+        if not idx and any(forms):
+            raise PinError(f"{what}: {label} cannot take the storage {fmt_storage(pls, forms)} on mesh {mesh.shape}: "
+                           "storage forms are for the parameters of a trained program planned without a pipeline, "
+                           "zero1/zero2 on R axes with a dim they divide, once on S axes with every other axis's "
+                           "form (see passes/sharding/storage_forms.py)")
         if not idx:
             shape = meta.shape if isinstance(meta, TensorMeta) else None
             why = why_not_divisible(shape, pls, mesh) if shape is not None else "it is not a tensor"
@@ -97,7 +120,7 @@ class Pins:
         fqns.update({alias: fqns[canon] for alias, canon in captured.aliases.items() if canon in fqns})
         chosen: dict[str, tuple] = {}  # node -> (exact?, pattern, placements)
         for pattern, value in self.params.items():
-            pls = parse_placements(value, mesh, f"pin params[{pattern!r}]")
+            pls = parse_param_pin(value, mesh, f"pin params[{pattern!r}]")
             hits = sorted({node for fqn, node in fqns.items() if fnmatch.fnmatchcase(fqn, pattern)})
             if not hits:
                 raise PinError(f"pin params[{pattern!r}] matches no parameter; parameters are e.g. "
@@ -108,11 +131,11 @@ class Pins:
                 if prev is None or (exact and not prev[0]):
                     chosen[node] = (exact, pattern, pls)
                 elif prev[0] == exact and prev[2] != pls:
-                    raise PinError(f"pins params[{prev[1]!r}] = {fmt_placements(prev[2])} and params[{pattern!r}] = "
-                                   f"{fmt_placements(pls)} disagree on parameter {captured.params[node]!r}")
-        for node, (_, pattern, pls) in chosen.items():
+                    raise PinError(f"pins params[{prev[1]!r}] = {fmt_storage(*prev[2])} and params[{pattern!r}] = "
+                                   f"{fmt_storage(*pls)} disagree on parameter {captured.params[node]!r}")
+        for node, (_, pattern, (pls, forms)) in chosen.items():
             self._placeholder_pin(captured, table, mesh, node, f"parameter {captured.params[node]!r}", pls,
-                                  f"pin params[{pattern!r}]", restrict)
+                                  f"pin params[{pattern!r}]", restrict, forms)
 
     def _resolve_inputs(self, captured, table, mesh, restrict) -> None:
         names = list(captured.inputs) + ([captured.target] if captured.target else [])

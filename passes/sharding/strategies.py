@@ -29,10 +29,11 @@ from autoshard.passes.graph import META, CapturedGraph
 from autoshard.passes.layout.shapes import divides, local_shape, why_not_divisible
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.rules import local_check, op_call, rule_strategies
+from autoshard.passes.sharding.storage_forms import form_variants
 from autoshard.passes.spec import Partial, Replicate, Shard, Strategy, Strategy1D, TensorMeta
 
 __all__ = ["StrategyTable", "enumerate_strategies", "unruled_ops", "divides", "why_not_divisible", "local_shape",
-           "placeholder_strategies", "DEFAULT_MAX_PER_NODE"]
+           "placeholder_strategies", "parameter_strategies", "DEFAULT_MAX_PER_NODE"]
 
 DEFAULT_MAX_PER_NODE = 256
 
@@ -121,20 +122,37 @@ def placeholder_strategies(meta: Optional[TensorMeta], mesh: Mesh, cap: int = DE
     return _cap(found, mesh, cap)
 
 
-def enumerate_strategies(captured: CapturedGraph, mesh: Mesh, *,
-                         max_per_node: int = DEFAULT_MAX_PER_NODE) -> StrategyTable:
-    """Strategies for every placeholder and call_function node of ``captured`` on ``mesh``."""
+def parameter_strategies(meta: TensorMeta, mesh: Mesh, cap: int = DEFAULT_MAX_PER_NODE) -> list[Strategy]:
+    """A trained parameter's strategies: ``placeholder_strategies`` (the plain forms, in their order),
+    then every other storage form of each (``storage_forms.form_variants``: ZeRO-1/2 over its
+    replicated axes, reduction once per step), at most ``cap`` in all."""
+    plain = placeholder_strategies(meta, mesh, cap)
+    found = list(plain)
+    for s in plain:
+        for lowerings in form_variants(meta.shape, s.outputs[0], mesh.shape)[1:]:
+            found.append(Strategy((), s.outputs, lowerings))
+    return found[:max(cap, len(plain))]
+
+
+def enumerate_strategies(captured: CapturedGraph, mesh: Mesh, *, max_per_node: int = DEFAULT_MAX_PER_NODE,
+                         storage_forms: bool = False) -> StrategyTable:
+    """Strategies for every placeholder and call_function node of ``captured`` on ``mesh``.
+    ``storage_forms``: a trained program's parameters also get their other storage forms
+    (``parameter_strategies``), after the plain ones."""
     mesh = Mesh.of(mesh)
     if max_per_node < 1:
         raise ValueError(f"max_per_node must be >= 1, got {max_per_node}")
     table = StrategyTable()
     cache: dict = {}
+    forms = storage_forms and captured.training
     for node in captured.gm.graph.nodes:
         if node.op == "placeholder":
             meta = node.meta.get(META)
-            key = ("placeholder", meta)
+            param = forms and node.name in captured.params and isinstance(meta, TensorMeta)
+            key = ("parameter" if param else "placeholder", meta)
             if key not in cache:
-                cache[key] = (placeholder_strategies(meta, mesh, max_per_node), True)
+                cache[key] = (parameter_strategies(meta, mesh, max_per_node) if param
+                              else placeholder_strategies(meta, mesh, max_per_node), True)
             table[node.name] = list(cache[key][0])
         elif node.op == "call_function":
             call = op_call(node)

@@ -18,6 +18,7 @@ from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import Levers, MixedPrecision
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import PinError
+from autoshard.passes.sharding.storage_forms import holds_copies, reduces_once
 from autoshard.passes.solve.blocks import block_map
 from autoshard.passes.solve.lever_costs import KEEP, POLICIES, LeverPricer
 from autoshard.passes.solve.lever_graph import LeverGraph, build_lever_graph
@@ -40,10 +41,11 @@ class LeverSearch:
     block structure, the policies each block type may take and the microstep counts to try."""
 
     def __init__(self, captured: CapturedGraph, mesh, hw: Hardware, optimizer, pins, levers: LeverPins,
-                 traced_at_microbatch: bool):
+                 traced_at_microbatch: bool, storage_forms: bool = False):
         self.captured, self.hw, self.optimizer, self.levers = captured, hw, optimizer, levers
         self.traced_at_microbatch = traced_at_microbatch
-        self.choices = strategy_choices(captured, mesh, pins)
+        self.storage_forms = storage_forms
+        self.choices = strategy_choices(captured, mesh, pins, storage_forms)
         self.mesh: Mesh = self.choices[0]
         check_mixed_precision(captured, levers.mixed_precision)
         facts = GraphFacts(captured, hw)
@@ -85,9 +87,13 @@ class LeverSearch:
                                    f"of 1/{k} of the batch has rows: pin fewer ways or accumulate less")
             return allowed
 
-        cut = k > 1 and not self.traced_at_microbatch
-        return build_problem(self.captured, self.mesh, hardware=self.hw, facts=facts,
-                             narrow=divisible_at_microbatch if cut else None, choices=self.choices), cm
+        def narrow(table, mesh, allowed):
+            if k > 1 and not self.traced_at_microbatch:
+                allowed = divisible_at_microbatch(table, mesh, allowed)
+            return free_forms(self.captured, table, allowed, k)
+
+        return build_problem(self.captured, self.mesh, hardware=self.hw, facts=facts, narrow=narrow,
+                             choices=self.choices), cm
 
     def graph(self, problem: ShardingProblem, cm: CostModel, limit: Optional[float]) -> LeverGraph:
         return build_lever_graph(problem, LeverPricer(self.captured, problem.facts, cm, self.blocks),
@@ -117,6 +123,20 @@ class LeverSearch:
                 f"accumulation={k} changes what the step computes: batch-coupled ops see 1/{k} of the batch at a "
                 f"time ({describe_coupled(self.coupled)}). The planner never chooses accumulation for such a model; "
                 "leave accumulation out to keep the maths of one full batch", BatchCouplingWarning, stacklevel=4)
+
+
+def free_forms(captured: CapturedGraph, table, allowed: dict, k: int) -> dict:
+    """``allowed`` with the storage forms the ILP does not choose taken out where they are free (a
+    pinned form stays): ``once`` (the held copies' price depends on the copies the plan gathers:
+    ``held_reductions`` adds it to a finished plan), and with one microstep ``zero1``, which then runs
+    exactly as its twin ``zero2`` and would only double the ILP's choices."""
+    for name in captured.params:
+        if name in allowed or name not in table:
+            continue
+        keep = {i for i, s in enumerate(table[name]) if not holds_copies(s) and (k > 1 or not reduces_once(s))}
+        if len(keep) < len(table[name]):
+            allowed[name] = keep
+    return allowed
 
 
 def check_mixed_precision(captured: CapturedGraph, mp: Optional[MixedPrecision]) -> None:

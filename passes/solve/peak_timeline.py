@@ -51,6 +51,8 @@ quantity below is local bytes on one device (``StepTrace``, built by ``passes.so
 - ``grads_in_buckets``: the synced gradients that are views into those buckets after the step
   (``GradSync.finish`` points each ``.grad`` at its reduced slice when the bucket holds the
   parameter's dtype): at the optimizer step they are not bytes of their own;
+- ``held_unreduced``, ``after_step_gather``: the storage forms' terms (``storage_trace``): gradients
+  held unreduced over the microsteps, and the buffers of the ZeRO parameters' gather after the step;
 - ``optimizer_temporaries``: what the optimizer allocates inside its step. torch's AdamW with
   ``foreach`` (its default for CUDA tensors, ``torch/optim/optimizer.py
   _default_to_fused_or_foreach``) runs ``_multi_tensor_adam`` (``torch/optim/adam.py``), whose
@@ -97,6 +99,10 @@ class StepTrace:
     grads_in_buckets: float = 0.0
     accumulate_after: list[float] = field(default_factory=list)
     optimizer_temporaries: float = 0.0
+    # storage forms (``storage_trace``): unreduced gradients held over the microsteps (alive in the
+    # forward and backward, reduced before the optimizer step), and the after-step gather's buffers
+    held_unreduced: float = 0.0
+    after_step_gather: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -118,7 +124,7 @@ def optimizer_temporaries(param_bytes: list[float], optimizer, foreach: bool) ->
 def peak_of(trace: StepTrace) -> Peak:
     """Walk the step (module docstring) and return its peak."""
     n = len(trace.names)
-    held = trace.grads if trace.grads_held else 0.0
+    held = (trace.grads if trace.grads_held else 0.0) + trace.held_unreduced
     best = {"forward": (0.0, ""), "backward": (0.0, ""), "optimizer step": (0.0, "")}
 
     def note(phase: str, live: float, where: str) -> None:
@@ -166,7 +172,7 @@ def peak_of(trace: StepTrace) -> Peak:
             note("backward", trace.resident + copies + kept_so_far + in_flight[j] + made
                  + held_summand + trace.reduce_after[j] + trace.comm_buffer, trace.names[j])
     note("optimizer step", trace.resident + trace.comm_buffer + trace.grads - trace.grads_in_buckets
-         + trace.optimizer_temporaries, "")
+         + max(trace.optimizer_temporaries, trace.after_step_gather), "")
     phase, (peak, where) = max(best.items(), key=lambda kv: kv[1][0])
     label = f"{phase} ({where})" if where else phase
     return Peak(peak, label, {p: v for p, (v, _) in best.items()})

@@ -25,6 +25,9 @@ Memory levers (``levers=LeverPins(...)``; None: none pulled, as the pipeline pla
   change; a pinned count there warns (``BatchCouplingWarning``);
 - no lever is pulled when the plan without levers fits: it is solved first, without the memory
   limit (``_solve_unlevered``);
+- storage forms (``storage_forms=``): ZeRO-1/2 per parameter and axis in the ILP, with placements;
+  FSDP gradients reduced once per step under accumulation after it, where memory allows
+  (``held_reductions``);
 - mixed precision is the user's: the program must have been captured computing in its
   ``param_dtype`` (``capture(..., param_dtype=)``); the cost model keeps parameters, gradients and
   optimizer state in the parameters' own dtype and reduces gradients in ``reduce_dtype``.
@@ -53,6 +56,7 @@ from autoshard.passes.sharding.pins import PinError, Pins
 from autoshard.passes.solve.ilp import ILPResult, cost_floor, lp_bound, solve
 from autoshard.passes.solve.lever_costs import LeverPricer
 from autoshard.passes.solve.finalists import pick_finalist
+from autoshard.passes.solve.held_reductions import hold_reductions
 from autoshard.passes.solve.lever_search import LeverSearch
 from autoshard.passes.solve.lever_graph import LeverGraph, build_lever_graph
 from autoshard.passes.solve.lever_pins import LeverPins
@@ -82,7 +86,8 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                   memory_limit: Optional[float] = None, pins: Optional[Pins] = None,
                   optimizer: Union[str, float] = "adamw", time_limit_s: float = 30.0,
                   workers: int = 2, levers: Optional[LeverPins] = None,
-                  traced_at_microbatch: bool = False, explain: bool = True) -> Solution:
+                  traced_at_microbatch: bool = False, explain: bool = True,
+                  storage_forms: Optional[bool] = None) -> Solution:
     """The cheapest plan (estimated step time) whose whole-step memory peak fits ``memory_limit``
     bytes per device.
 
@@ -107,11 +112,17 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     of the limit), up to ``_PEAK_RETRIES`` times. Only a plan whose peak fits is returned
     (else ``InfeasiblePlanError``, which says what the smallest plan needs and its largest items;
     ``explain=False`` skips pricing that (seconds on a deep model) for a caller that only needs to
-    know nothing fits)."""
+    know nothing fits).
+
+    ``storage_forms``: the parameters may also take ZeRO-1/2 and reduce-once storage forms
+    (``passes.sharding.storage_forms``), chosen per parameter and axis like placements; None: when
+    ``levers`` is given (``levers=None`` plans as before levers existed, as the pipeline planner's
+    stages want: their runtime runs plain forms only)."""
     hw = get_hardware(hardware)
     limit = float(hw.memory_bytes if memory_limit is None else memory_limit)
+    forms = levers is not None if storage_forms is None else storage_forms
     return _plan_within(captured, mesh, hw, limit, pins, optimizer, time_limit_s, workers, levers,
-                        traced_at_microbatch, explain=explain)
+                        traced_at_microbatch, explain=explain, storage_forms=forms)
 
 
 #: how many times one policy combination is solved again with a tighter ILP limit when its plan's
@@ -123,7 +134,8 @@ _PEAK_STEP = 0.01
 
 def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins: Optional[Pins],
                  optimizer: Union[str, float], time_limit_s: float, workers: int, levers: Optional[LeverPins],
-                 traced_at_microbatch: bool, prune: bool = True, explain: bool = True) -> Solution:
+                 traced_at_microbatch: bool, prune: bool = True, explain: bool = True,
+                 storage_forms: bool = False) -> Solution:
     """``plan_sharding`` with its hardware resolved and its limit in bytes. ``prune=False`` (for
     tests): no bound skips anything (no plan without levers first, no cutoff, no proven-fastest stop,
     no multiples of a cut-off microstep count): every microstep count and policy combination is
@@ -131,7 +143,7 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
     t0 = time.perf_counter()
     budget = WorkBudget(time_limit_s)
     levers = LeverPins.off() if levers is None else levers
-    search = LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch)
+    search = LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch, storage_forms)
     ks = search.accumulations()
     combos = search.combinations()
     best: Optional[_Found] = None
@@ -215,6 +227,12 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
         if _evaluated(search, best).estimated_memory > limit:
             raise _infeasible(search, k, problem, graph, smallest, limit, explain)
     sol = _evaluated(search, best)
+    if search.storage_forms:  # FSDP gradients reduced once per step where memory allows
+        sol = hold_reductions(sol, search.captured, set(search.choices[2]) & set(search.captured.params), limit,
+                              lambda strategies: evaluate(search.captured, search.mesh, strategies, search.hw,
+                                                          search.optimizer, unruled=best.problem.table.unruled,
+                                                          levers=sol.levers,
+                                                          traced_at_microbatch=search.traced_at_microbatch))
     clustering = best.problem.clustering
     stats = {"status": status, "wall_s": round(time.perf_counter() - t0, 4), "solve_s": round(best.result.wall_s, 4),
              "work_s": round(budget.spent, 4), "gap": solve_gap(best.result),
@@ -225,7 +243,7 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
     if finalists:
         stats["finalists"] = rescored
     search.warn_if_coupled(best.k, stats)
-    sol.solver_stats = stats
+    sol.solver_stats = dict(stats, **{k: v for k, v in sol.solver_stats.items() if k == "held_reductions"})
     return sol
 
 

@@ -105,10 +105,11 @@ def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed:
     return StrategyGraph(nodes, edges, memory_limit)
 
 
-def strategy_choices(captured: CapturedGraph, mesh, pins) -> tuple[Mesh, StrategyTable, dict]:
-    """The mesh, every node's strategies and the pinned nodes' allowed indices."""
+def strategy_choices(captured: CapturedGraph, mesh, pins, storage_forms: bool = False) -> tuple[Mesh, StrategyTable, dict]:
+    """The mesh, every node's strategies and the pinned nodes' allowed indices (``storage_forms``: the
+    parameters' ZeRO-1/2 and reduce-once forms too, ``enumerate_strategies``)."""
     mesh = Mesh.of(mesh)
-    table = enumerate_strategies(captured, mesh)
+    table = enumerate_strategies(captured, mesh, storage_forms=storage_forms)
     if pins is not None and not isinstance(pins, Pins):
         pins = Pins(**pins)
     allowed = pins.resolve(captured, table, mesh) if pins is not None else {}

@@ -22,7 +22,8 @@ __all__ = ["random_solution"]
 
 def random_solution(captured: CapturedGraph, mesh, *, seed: int, pins: Optional[Pins] = None,
                     hardware: Union[str, Hardware] = "h100", optimizer: Union[str, float] = "adamw",
-                    levers: Optional[LeverPins] = None, traced_at_microbatch: bool = False) -> Solution:
+                    levers: Optional[LeverPins] = None, traced_at_microbatch: bool = False,
+                    storage_forms: bool = True) -> Solution:
     """A random valid strategy per node (pins respected), and random memory levers, priced like a
     solved plan on ``hardware`` with ``optimizer``. ``traced_at_microbatch``: as in ``plan_sharding``
     (``captured`` holds one microstep of the pinned ``levers.accumulation``).
@@ -33,11 +34,13 @@ def random_solution(captured: CapturedGraph, mesh, *, seed: int, pins: Optional[
     microstep count among the divisors of the batch that the drawn strategies still divide (a
     pinned count narrows the strategies first); mixed precision is as given. The levers are drawn
     after the strategies from a generator of their own, so a seed draws the same strategies with
-    or without them.
+    or without them. ``storage_forms``: parameters may take ZeRO-1/2 and reduce-once forms too
+    (``passes.sharding.storage_forms``; a random plan always runs without a pipeline).
     """
+    forms = storage_forms
     levers = LeverPins.off() if levers is None else levers
     hw = get_hardware(hardware)
-    search = LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch)
+    search = LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch, forms)
     mesh, table, allowed = search.choices
     if levers.accumulation not in (None, 1) and not traced_at_microbatch:
         allowed = search.problem(levers.accumulation)[0].allowed

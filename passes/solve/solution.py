@@ -34,6 +34,8 @@ from autoshard.passes.solve.lever_costs import LeverPricer, policy_index
 from autoshard.passes.solve.microbatch import MicrobatchCostModel, MicrobatchFacts
 from autoshard.passes.solve.peak_timeline import peak_of
 from autoshard.passes.solve.step_trace import TraceBuilder
+from autoshard.passes.solve.storage_buckets import bucket_collectives
+from autoshard.passes.sharding.storage_forms import holds_copies
 from autoshard.passes.spec import Placement, Strategy, fmt, parse_placement
 from autoshard.passes.writes import written_operands
 
@@ -112,6 +114,9 @@ class Solution:
     ``gather_groups``: the parameter copies the memory timeline priced, grouped as the runtime
     gathers them (``passes.layout.gathers``): per group, ``(parameter node, placements, fused)`` in
     first-reader order; in memory only (not in the JSON: a loaded plan has none).
+    ``storage_collectives``: the collectives one step runs for the parameters in ZeRO forms
+    (``passes.solve.storage_buckets``: per bucket its reduce-scatters, all-reduce and the all-gather
+    after the optimizer step), in memory only.
     """
     mesh: Mesh
     strategies: dict[str, Strategy]
@@ -128,6 +133,7 @@ class Solution:
     estimated: dict[str, float] = field(default_factory=dict)
     memory_peak_phase: str = ""
     gather_groups: list = field(default_factory=list, repr=False, compare=False)
+    storage_collectives: list = field(default_factory=list, repr=False, compare=False)
 
     def to_json(self) -> dict:
         """The plan as JSON data: the same inputs give the same bytes on any machine, so the solver's
@@ -201,6 +207,10 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
                               "plan again for this program")
     blocks = block_map(captured, facts)
     pricer = LeverPricer(captured, facts, cm, blocks)
+    # parameters whose gathered copies' gradients are reduced once per step (storage form ``once``)
+    once = {n for n in captured.params if k > 1 and holds_copies(strategies[n])}
+    zero_priced = {"grad_sync": 0.0, "communication": 0.0}  # per-parameter ZeRO prices, replaced by buckets'
+    ilp_less = 0.0  # what the ILP's node-local storage-form prices differ from this evaluation by, per microstep
 
     def policy(name: str) -> Optional[int]:
         return node_policy(name, levers, blocks, facts)
@@ -227,6 +237,10 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         if facts.kind[name] == "param":
             syncs[captured.params[name]] = [replace(c, seconds=c.seconds * k) for c in base.grad_sync]
             times["grad_sync"] += sum(c.seconds for c in base.grad_sync)
+            if base.collectives:  # a ZeRO form: its reductions and after-step gather, priced per bucket below
+                zero_priced["grad_sync"] += sum(c.seconds for c in base.grad_sync if c.kind == "reduce_scatter")
+                zero_priced["grad_sync"] += sum(c.seconds for c in base.grad_sync if c.kind == "all_reduce")
+                zero_priced["communication"] += sum(c.seconds for c in base.collectives)
     out_placements = output_placements(captured, mesh.ndim)
     moves: list[Redistribution] = []
     made: set = set()  # (producer, slot, placement): the copies the runtime has made by this edge
@@ -239,21 +253,27 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         src = strategies[u].outputs[slot]
         dst = (out_placements or src) if v == OUTPUT else strategies[v].inputs[i]
         colls, price = pricer.edge(u, slot, v, i, encode(src), encode(dst), policy(v))
+        priced = colls
+        held_less = 0.0  # the price's seconds the held copy does not spend (not recompute either)
+        if u in once:  # the copy's gradient is reduced once per step, after the last microstep
+            held_less = sum(c.seconds for c in colls if c.phase == "bwd") * (1 - 1 / k)
+            ilp_less += held_less
+            colls = tuple(replace(c, seconds=c.seconds / k) if c.phase == "bwd" else c for c in colls)
         if v != OUTPUT and i in written_operands(facts.nodes[v]):
             stale.add(u)  # its move (and move back) is its own: never a shared copy
         elif colls or price.gather_copy:
             copy_key = (u, slot, normalize(dst, mesh.shape))
             if copy_key in made:  # the runtime made this copy for an earlier reader: this one reads it
-                colls, price = (), replace(price, seconds=0.0)
+                colls, price, held_less = (), replace(price, seconds=0.0), 0.0
             made.add(copy_key)
         trace.edge(u, slot, v, price, tuple(src), moved=bool(colls))
         comm = sum(c.seconds for c in colls)
         times["communication"] += comm
-        times["recompute"] += price.seconds - comm
+        times["recompute"] += price.seconds - comm - held_less
         if facts.kind[u] == "param":
             for c in colls:
                 weights[c.phase] += c.seconds
-            weights["regather"] += price.seconds - comm
+            weights["regather"] += price.seconds - comm - held_less
         mem["activations"] += price.kept
         mem["recompute"] += price.recompute
         mem["gathered_weights"] += price.gathered + price.gathered_transient
@@ -262,7 +282,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
             flat = fused_gather(plan_redistribute(src, need, mesh.shape))
             fused = flat is not None
             if fused and colls:  # the copy's first maker: what its move was priced with
-                fused_moves[(u, need)] = (flat[0], facts.tensor_outputs(u)[0].dtype, colls)
+                fused_moves[(u, need)] = (flat[0], facts.tensor_outputs(u)[0].dtype, priced)
             entry = gathers.setdefault((u, need), [position[v], segment[v], price.gather_copy, False, False, fused])
             if position[v] < entry[0]:  # the runtime makes one copy per placement, at its first reader
                 entry[:2] = position[v], segment[v]
@@ -271,12 +291,23 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         if tuple(src) != tuple(dst):
             moves.append(Redistribution(u, v, i, tuple(src), tuple(dst), colls))
     # the runtime gathers a segment's fused copies in one flat collective per (axes, dtype), not one each
-    fwd_less, bwd_less = fused_gather_correction(cm, (
-        [fused_moves[key] for key in members if key in fused_moves]
-        for members in gather_groups((e[0], e[1], key) for key, e in gathers.items())))
+    # (fused sets reduced once per step are the runtime's own sets: their reductions run once, 1/k each)
+    fwd_less = bwd_less = 0.0
+    for held in (False, True):
+        f, b = fused_gather_correction(cm, (
+            [fused_moves[key] for key in members if key in fused_moves and (key[0] in once) == held]
+            for members in gather_groups((e[0], e[1], key) for key, e in gathers.items())))
+        fwd_less, bwd_less = fwd_less + f, bwd_less + (b / k if held else b)
     times["communication"] -= fwd_less + bwd_less
     weights["fwd"] -= fwd_less
     weights["bwd"] -= bwd_less
+    # the ZeRO parameters' reductions and gathers run per bucket (``storage_buckets``): priced as called
+    zero_calls = bucket_collectives(cm, captured, strategies, k, _reduce_dtype(levers.mixed_precision)) \
+        if zero_priced["communication"] else []
+    by_bucket = {phase: sum(c.seconds for c in zero_calls if c.phase == phase) / k for phase in ("bwd", "step")}
+    times["grad_sync"] += by_bucket["bwd"] - zero_priced["grad_sync"]
+    times["communication"] += by_bucket["step"] - zero_priced["communication"]
+    ilp_less += sum(zero_priced.values()) - sum(by_bucket.values())
     overlap = step_overlap(hw, facts, blocks, times, weights)
     times = {key: value * k for key, value in times.items()}  # grad syncs were priced 1/k per microstep
     estimated = {"saved_activation_bytes": mem["activations"],
@@ -284,6 +315,9 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
                  # what pricing the fused gathers as the runtime's flat calls took off the ILP's
                  # per-parameter price (the ILP objective is this much above the step)
                  "fused_gather_saving_s": (fwd_less + bwd_less) * k,
+                 # and what the storage forms' node-local prices differ from their buckets' and edges'
+                 # (``passes.cost.storage_prices``): the objective is this much above the step too
+                 "storage_form_difference_s": ilp_less * k,
                  **{key: value * k for key, value in overlap.to_json().items()}}
     cpu = hw.name.lower() == "cpu"  # gloo's collectives, torch's for-loop optimizer
     trace.gather_segments(gathers, staged_reduce_scatter=cpu)
@@ -302,6 +336,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
         redistributions=moves, param_grad_syncs=syncs, solver_stats=dict(solver_stats or {}), levers=levers,
         estimated=estimated,
         gather_groups=gather_groups((e[0], e[1], (u, need, e[5])) for (u, need), e in gathers.items()),
+        storage_collectives=zero_calls,
     )
 
 
@@ -338,6 +373,11 @@ def _segments(gathers) -> list[Segment]:
             seg[4] += size if fused and again else 0.0
         segments.append(Segment(*seg))
     return segments
+
+
+def _reduce_dtype(mp: Optional[MixedPrecision]):
+    """The dtype the runtime reduces gradients in under ``mp`` (None: the graph's)."""
+    return None if mp is None else (mp.reduce_dtype or mp.param_dtype)
 
 
 def node_policy(name: str, levers: Levers, blocks: BlockMap, facts: GraphFacts) -> Optional[int]:

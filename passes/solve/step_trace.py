@@ -40,6 +40,7 @@ dtype=_get_scalar_dtype())``, float32 off ``capturable`` / ``fused``).
 """
 from __future__ import annotations
 
+import math
 
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel, NodePrice
@@ -50,7 +51,9 @@ from autoshard.passes.layout.gathers import gather_groups
 from autoshard.passes.solve.blocks import BlockMap
 from autoshard.passes.solve.clustering import OUTPUT, output_slot
 from autoshard.passes.solve.lever_costs import LeverPrice
+from autoshard.passes.sharding.storage_forms import form_of
 from autoshard.passes.solve.peak_timeline import StepTrace, optimizer_temporaries
+from autoshard.passes.solve.storage_trace import StorageTrace
 from autoshard.passes.spec import Strategy
 
 __all__ = ["TraceBuilder", "STEP_COUNTER_BYTES"]
@@ -96,6 +99,8 @@ class TraceBuilder:
         self._param_bytes: list[float] = []
         self._synced_grads = 0.0
         self._grads_in_buckets = 0.0
+        # parameters in ZeRO-1/2 and reduce-once forms (``storage_trace``)
+        self.storage = StorageTrace(cm.grad_bucket_bytes, staged=cm.hardware.name.lower() == "cpu")
         self._kept_gathered = 0.0
         self._input_bytes = 0.0  # one microstep's inputs and target, full size
 
@@ -108,8 +113,17 @@ class TraceBuilder:
         t.kept[i] += price.kept
         if self.facts.kind[name] == "param":
             self._param_grad[name] = base.grads
-            self._param_bytes.append(base.params)
-            if base.grad_sync:
+            form = self._form(name)
+            if form is not None:
+                z = math.prod(self.cm.mesh.shape[a] for a in form.zero_axes)
+                meta = self.facts.tensor_outputs(name)[0]
+                reduced = meta.nbytes * self._reduce_scale(name) / self.cm.shard_factor(self.strategies[name].outputs[0])
+                copies = meta.nbytes * self._reduce_scale(name) if form.held_copies else 0.0
+                self.storage.parameter(name, base, z, reduced, copies)
+                self._param_bytes.append(self.storage.optimizer_sizes(name, base.params))
+            else:
+                self._param_bytes.append(base.params)
+            if base.grad_sync and (form is None or not form.zero):  # a ZeRO slice's all-reduce: runtime.zero's
                 scale = self._reduce_scale(name)
                 self._synced_grads += base.grads * scale
                 if scale == 1.0:  # the reduced bucket slice becomes the gradient (no cast back)
@@ -261,6 +275,8 @@ class TraceBuilder:
         t.grads_held = microsteps > 1
         t.comm_buffer = self._synced_grads
         t.grads_in_buckets = self._grads_in_buckets
+        self.storage.apply(t, {u: j for (u, _), j in self._last_reader.items()}, microsteps,
+                           {u: e[2] * self._reduce_scale(u) for u, e in self._gather_readers.items()})
         t.gathered_in_flight = max(0.0, gathered_peak - self._kept_gathered)
         members: dict[str, list[int]] = {}
         for name, instance in self.blocks.instance.items():
@@ -384,6 +400,13 @@ class TraceBuilder:
             return float(workspace)
         nbytes, k = max(sized)
         return float(workspace) / self.cm.shard_factor(placements[k])
+
+    def _form(self, name: str):
+        """The storage form of parameter ``name`` when it is not plain (``storage_forms``), else None."""
+        st = self.strategies[name]
+        if not any(st.lowerings):
+            return None
+        return form_of(st, self.facts.tensor_outputs(name)[0].shape, self.cm.mesh.shape)
 
     def _reduce_scale(self, name: str) -> float:
         metas = self.facts.tensor_outputs(name)

@@ -16,6 +16,7 @@ from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.random_plans import random_solution
 from autoshard.passes.solve.solution import evaluate
+from autoshard.passes.spec import Strategy
 
 from autoshard.testing.models import GPT, lm_loss
 
@@ -70,15 +71,32 @@ def test_tight_memory_makes_the_planner_checkpoint_or_accumulate_and_the_plan_fi
 
 def test_the_solver_objective_is_the_evaluated_step_with_levers(gpt, free):
     for pins in ({}, {"accumulation": 1}, {"checkpoint": "selective"}, {"checkpoint": "none"}):
-        sol = _plan(gpt, 0.45 * free.estimated_memory, **pins)
+        held = _plan(gpt, 0.45 * free.estimated_memory, **pins)
+        # FSDP copies whose gradients reduce once per step are chosen after the ILP
+        # (``held_reductions``); the ILP's own answer is the plan without them, and they only gain
+        sol = _without_held(gpt, held)
+        assert held.estimated_step_time <= sol.estimated_step_time
+        assert bool(held.solver_stats.get("held_reductions")) == (held.strategies != sol.strategies)
+        sol.solver_stats = held.solver_stats
         # the ILP prices each fused parameter gather on its own (an upper bound); the step prices the
         # runtime's flat calls (``passes.solve.fused_gathers``): the objective is above by exactly that
         saving = sol.estimated["fused_gather_saving_s"]
         assert saving >= 0
+        # and the storage forms' per-parameter prices (``passes.cost.storage_prices``) differ from the
+        # runtime's buckets and once-per-step reductions the step prices by exactly this
+        saving += sol.estimated["storage_form_difference_s"]
         assert sol.solver_stats["objective_s"] == pytest.approx(sol.estimated_step_time + saving, rel=1e-9)
         again = evaluate(gpt, MESH, sol.strategies, "h100", "adamw", levers=sol.levers)
         assert again.estimated_step_time == pytest.approx(sol.estimated_step_time, rel=1e-12)
         assert again.estimated_memory == pytest.approx(sol.estimated_memory, rel=1e-12)
+
+
+def _without_held(gpt, sol):
+    strategies = {n: Strategy(st.inputs, st.outputs, tuple(None if f == "once" else f for f in st.lowerings))
+                  if n in gpt.params and st.lowerings else st for n, st in sol.strategies.items()}
+    if strategies == sol.strategies:
+        return sol
+    return evaluate(gpt, MESH, strategies, "h100", "adamw", levers=sol.levers)
 
 
 def test_per_policy_solves_and_the_joint_ilp_find_the_same_optimum(gpt, free, monkeypatch):
@@ -86,7 +104,12 @@ def test_per_policy_solves_and_the_joint_ilp_find_the_same_optimum(gpt, free, mo
     fixed = _plan(gpt, limit, accumulation=2)
     monkeypatch.setattr(lever_search, "MAX_POLICY_COMBINATIONS", 0)  # one ILP with the one-hot policy rows
     joint = _plan(gpt, limit, accumulation=2)
-    assert joint.estimated_step_time == pytest.approx(fixed.estimated_step_time, rel=1e-5)
+    # the same ILP optimum, up to the integer scaling of the memory row (the two ILPs scale bytes alike
+    # but sum different terms: with ZeRO forms, whose bytes differ in small steps, plans at the memory
+    # limit can differ by 2e-4); plans tied there may differ in the step estimate by how their ZeRO
+    # parameters fill the runtime's buckets (``storage_buckets``), which the ILP prices per parameter
+    assert joint.solver_stats["objective_s"] == pytest.approx(fixed.solver_stats["objective_s"], rel=1e-3)
+    assert joint.estimated_step_time == pytest.approx(fixed.estimated_step_time, rel=1e-2)
     assert joint.estimated_memory <= limit
 
 

@@ -315,7 +315,7 @@ def test_solution_json_round_trip_without_pickle():
 def test_random_solutions_are_valid_deterministic_and_varied():
     cg = gpt_graph(1)
     mesh = Mesh.of((2, 2))
-    table = enumerate_strategies(cg, mesh)
+    table = enumerate_strategies(cg, mesh, storage_forms=True)  # random plans draw storage forms too
     a, b = random_solution(cg, mesh, seed=0), random_solution(cg, mesh, seed=0)
     assert a.strategies == b.strategies
     assert set(a.strategies) == set(table)
