@@ -27,7 +27,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "plan": "autoshard.api", "compile": "autoshard.api",
     "Plan": "autoshard.plans", "load_plan": "autoshard.plans",
-    "MixedPrecision": "autoshard.passes.levers", "register_sharding": "autoshard.sharding_rules",
+    "MixedPrecision": "autoshard.passes.levers", "CompileOptions": "autoshard.runtime.compile_backend", "register_sharding": "autoshard.sharding_rules",
     "Shard": "autoshard.passes.spec", "Replicate": "autoshard.passes.spec", "Partial": "autoshard.passes.spec",
     "set_moe_capacity_factor": "autoshard.passes.capture.moe_experts",
     "measure_expert_load": "autoshard.expert_load",
@@ -35,7 +35,7 @@ _LAZY = {
 _SUBMODULES = ("presets", "checkpoint", "elastic", "layouts")
 
 __all__ = ["plan", "compile", "load_plan", "register_sharding", "Plan", "Mesh", "Shard", "Replicate",
-           "Partial", "MixedPrecision", "presets", "checkpoint", "elastic", "layouts", "AutoshardError", "TraceError", "MeshError",
+           "Partial", "MixedPrecision", "CompileOptions", "presets", "checkpoint", "elastic", "layouts", "AutoshardError", "TraceError", "MeshError",
            "InfeasiblePlanError", "StageCutError", "BatchError", "PlanFormatError", "CheckpointError",
            "BatchCouplingWarning", "PeakPricedWarning", "set_moe_capacity_factor", "measure_expert_load"]
 

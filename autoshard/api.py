@@ -157,4 +157,5 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     else:
         planner, levers = (plan if plan.pipelined else None), dict(opts.levers)
     runtime = to_microbatch(plan, batch, mesh, levers=levers)
-    return build(runtime, batch, env, state_dict=state_dict, planner=planner, started=started)
+    return build(runtime, batch, env, state_dict=state_dict, planner=planner, started=started,
+                 compile=opts.compile_options)

@@ -112,13 +112,17 @@ class CompiledModel(_TrainingState):
 
     def __init__(self, model: Optional[torch.nn.Module], plan: Plan, env=None, *, state_dict: Optional[dict] = None,
                  device=None, compile_seconds: float = 0.0, planner_plan=None,
-                 program: Optional[RankProgram] = None):
+                 program: Optional[RankProgram] = None, compile=None):
         self.plan = plan
         self.compile_seconds = compile_seconds
         self.planner_plan = planner_plan
-        self._program = program if program is not None else RankProgram(plan, env=env, model=model,
+        self._program = program if program is not None else RankProgram(plan, env=env, model=model, compile=compile,
                                                                          state_dict=state_dict, device=device)
         self.env = self._program.env
+        #: with ``compile=``: what was compiled over this rank's stages, what stayed eager and why, what
+        #: compiling cost (``runtime.compiled_regions.CompileReport``; also in ``plan.summary()``)
+        self.compile_report = self._program.compile_report
+        plan.compile_report = self.compile_report  # not a field: never saved
         self._held = None
         self._local_module = None
 

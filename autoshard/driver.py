@@ -27,7 +27,7 @@ import torch
 from autoshard.batch_fit import check_batch_uses_mesh
 from autoshard.compiled import CompiledModel
 from autoshard.layout_plans import (check_pipelined_layout, layout_pins_and_levers, layout_run, layout_stage_starts,
-                                    stamp_layout)
+                                    published_layout_hints, stamp_layout)
 from autoshard.lever_args import block_types, check_block_levers, microbatch, pin_levers
 from autoshard.options import PlanOptions
 from autoshard.passes.capture.export import capture
@@ -39,6 +39,7 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.pipeline.stages.retrace import microbatch_plan, replan_at_microbatch
 from autoshard.passes.sharding.pins import Pins
+from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.random_plans import random_solution
@@ -49,7 +50,7 @@ from autoshard.plans import Plan, graph_fingerprint, hardware_label
 from autoshard.runtime.groups import run_and_broadcast
 
 __all__ = ["ModelBatch", "Chosen", "trace", "choose", "compile_plan", "to_microbatch", "build", "build_from_plan",
-           "resolve_hardware", "hardware_label"]
+           "resolve_hardware", "hardware_label", "planning_context"]
 
 
 def resolve_hardware(hardware):
@@ -63,6 +64,11 @@ def resolve_hardware(hardware):
             if preset in name:
                 return preset.lower()
     return "cpu"
+
+
+def planning_context(options: PlanOptions, hardware) -> PlanContext:
+    """The one ``PlanContext`` of ``options`` with ``hardware`` already resolved (``resolve_hardware``)."""
+    return PlanContext.of(hardware, options.memory_limit, options.optimizer, options.time_limit_s)
 
 
 # ---- trace ----------------------------------------------------------------------------------------
@@ -235,7 +241,7 @@ def _choose_pipeline(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardwa
     chosen = plan_pipeline(full, mesh, hardware=hardware, memory_limit=options.memory_limit,
                            optimizer=options.optimizer, pp=options.pp_pin, schedule=options.schedule,
                            microbatches=options.microbatches, stages=planner_stage_starts(full, options.stages),
-                           time_limit_s=options.time_limit_s)
+                           time_limit_s=options.time_limit_s, hints_for=published_layout_hints)
     if not chosen.pipelined:
         if options.levers:
             return Chosen(_choose_sharding(batch, mesh, options, hardware), chosen)
@@ -255,8 +261,7 @@ def _choose_pipeline(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardwa
     block_levers_given = any(k not in ("accumulation",) for k in options.levers)
     if block_levers_given or for_runtime:
         small = trace(batch, rounds * plan.microbatches, mixed_precision, keyword="microbatches")
-        plan = replan_at_microbatch(plan, full, small, hardware=hardware, memory_limit=options.memory_limit,
-                                    optimizer=options.optimizer, time_limit_s=options.time_limit_s,
+        plan = replan_at_microbatch(plan, full, small, planning_context(options, hardware),
                                     params=options.pins.get("params"),
                                     levers=options.lever_pins(accumulation=1) if block_levers_given else None)
     return Chosen(plan, chosen)
@@ -300,11 +305,13 @@ def to_microbatch(plan: Plan, batch: ModelBatch, mesh: Mesh, *, levers: Optional
 # ---- build ----------------------------------------------------------------------------------------
 
 def build(runtime: Plan, batch: ModelBatch, env: Any, *, state_dict: Optional[dict] = None, device: Any = None,
-          planner: Optional[Plan] = None, started: Optional[float] = None) -> CompiledModel:
+          planner: Optional[Plan] = None, started: Optional[float] = None, compile: Any = None) -> CompiledModel:
     """This rank's ``CompiledModel`` for ``runtime`` (``to_microbatch``'s result). ``planner``: the stage
-    planner's choice it came from, kept on the result; ``started``: when compiling began."""
+    planner's choice it came from, kept on the result; ``started``: when compiling began; ``compile``:
+    ``CompileOptions`` to run every stage's program through ``torch.compile`` by regions."""
     started = time.perf_counter() if started is None else started
-    model = CompiledModel(batch.model, runtime, env, state_dict=state_dict, device=device, planner_plan=planner)
+    model = CompiledModel(batch.model, runtime, env, state_dict=state_dict, device=device, planner_plan=planner,
+                          compile=compile)
     model.compile_seconds = time.perf_counter() - started
     return model
 

@@ -36,6 +36,7 @@ from typing import Any, Optional
 
 import torch
 
+from autoshard.layout_meshes import stage_submesh
 from autoshard.layouts import Layout, LayoutError
 from autoshard.lever_args import block_types, lever_pins
 from autoshard.passes.graph import META, CapturedGraph
@@ -48,7 +49,7 @@ from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
 
 __all__ = ["check_layout_arguments", "global_batch_of", "LayoutRun", "layout_run", "layout_pins_and_levers",
-           "check_pipelined_layout", "layout_stage_starts", "stage_block_counts", "stamp_layout"]
+           "check_pipelined_layout", "layout_stage_starts", "stage_block_counts", "stamp_layout", "published_layout_hints"]
 
 
 def global_batch_of(example_inputs) -> int:
@@ -82,19 +83,17 @@ class LayoutRun:
         world = Mesh.of(mesh).size
         if layout.pp > 1:
             self.microbatches = layout.pipeline_microbatches(global_batch, world)
-            self.submesh_shape = (layout.data_parallel(world), layout.tp)
+            submesh, self.stage_axes = stage_submesh(layout, world)
+            self.submesh_shape = submesh.shape
             self.microsteps = 1
             # the stage planner recomputes whole stages: "full" and "none" pin that; "selective" (a
             # policy inside each block) has no stage-level form, so the stage planner still chooses
             self.stage_recompute = {"full": True, "none": False}.get(layout.recompute)
-            dp = self.submesh_shape[0]
             # Megatron's distributed optimizer computes with replicated parameters and shards only the
             # optimizer state (ZeRO-1). The stage planner prices sharded storage as FSDP's, gathered for
             # every microbatch, and has no ZeRO-1 form: replicated prices its traffic (reduce-scatter +
             # all-gather moves the all-reduce's bytes) and over-states its memory by the optimizer state
-            replicate = layout.kind == "megatron"
-            self.stage_axes = LayoutAxes(replicate=(0,) if replicate or dp == 1 else (),
-                                         shard=() if replicate or dp == 1 else (0,), tp=1)
+            # (``layout_meshes.stage_submesh``: Megatron replicates over the data axes, FSDP shards)
         else:
             self.microsteps = layout.accumulation(global_batch, world)
             self.stage_recompute = None
@@ -258,3 +257,25 @@ def stamp_layout(solutions, layout: Layout) -> None:
     for solution in solutions:
         if solution is not None:
             solution.solver_stats["layout"] = layout.describe()
+
+
+def published_layout_hints(captured: CapturedGraph, submesh: Mesh) -> list[Pins]:
+    """The placements of the published layouts that fit a stage planner candidate's (dp, tp) ``submesh``,
+    as pins on ``captured`` (``passes.sharding.pins.HintsFor``): Megatron's (replicated over dp, tensor
+    and sequence parallel over tp, the residual stream sequence-split between blocks) and FSDP's
+    (sharded over dp, the same over tp). The stage planner seeds each candidate's intra-op solve with
+    them, so the candidate is never priced worse than these layouts of its shape. A layout the model
+    cannot take (tp not dividing the heads or the sequence) gives no hint."""
+    if submesh.ndim != 2:
+        return []
+    dp, tp = submesh.shape
+    hints = []
+    for sharded in (False, True) if dp > 1 else (False,):
+        axes = LayoutAxes(replicate=() if sharded else (0,), shard=(0,) if sharded else (), tp=1)
+        try:
+            pins = layout_pins(captured, submesh, axes, sequence_parallel=tp > 1)
+        except LayoutError:
+            continue
+        pins["ops"].update(_residual_stream_between_units(captured, pins["ops"]))
+        hints.append(Pins(params=pins["params"], inputs=pins["inputs"], ops=pins["ops"]))
+    return hints

@@ -11,7 +11,7 @@ True
 ``autoshard.plan(model, mesh, ..., layout=L)`` prices exactly ``L`` (``autoshard.layout_plans``):
 
 - ``megatron(tp, pp, dp=None, cp=1, ep=1, virtual_stages=1, microbatch_size=1, schedule="1f1b",
-  recompute="full"|"selective"|"none", sequence_parallel=True, distributed_optimizer=False,
+  recompute="full"|"selective"|"none", sequence_parallel=True, distributed_optimizer=False, etp=None,
   overlap_grad_reduce=False, decoder_first/last_pipeline_num_layers=None,
   account_for_embedding/loss_in_pipeline_split=False)``:
   Megatron-LM's tensor parallel (column/row-parallel matmul pairs found from the graph, vocab-parallel
@@ -24,15 +24,25 @@ True
   step, and its memory: the optimizer state not divided by dp). The step is the schedule's with the
   gradient all-reduces after the backward, or under it with ``overlap_grad_reduce``; a pipeline's
   stages may be uneven, with Megatron-Core's options (``megatron``'s docstring).
-- ``fsdp(tp=1, pp=1, cp=1, checkpoint="none", reshard_after_forward=True, replicas=1, ...)``:
+- ``fsdp(tp=1, pp=1, cp=1, checkpoint="none", reshard_after_forward=True, replicas=1, ..., ep=1, etp=None)``:
   torchtitan's FSDP2 (parameters, gradients and optimizer state sharded over the data-parallel
   ranks; ``replicas > 1``: HSDP, sharded inside each of ``replicas`` groups, replicated across them)
-  with TP, PP and CP as torchtitan applies them.
+  with TP, PP, CP and EP as torchtitan applies them.
+
+Mixture-of-experts layers (``autoshard::moe_experts``) run over their own groups of the same ranks:
+``ep`` experts split (tokens dispatched by all-to-all), each expert split ``etp`` ways inside (its
+intermediate dim; None: tp, Megatron's default; torchtitan's EP takes ``etp=1``), and expert data
+parallel over the rest, sharded where the layout shards (FSDP, the distributed optimizer without a
+pipeline). The expert groups may cut across the attention's tp, cp and dp groups: Megatron-Core's
+parallel folding (``autoshard.layout_meshes``, ``passes.sharding.expert_layout``). Routers stay
+replicated over tp. On a dense model ep and etp change nothing but the mesh's axis names.
 
 The mesh's devices are laid out row-major with tp fastest, then cp, then data parallel, then the
-pipeline (Megatron's and torchtitan's order): the plan's mesh is that logical mesh, of the same
-size as the one given (``planning_mesh``). A layout that does not fit the mesh or the model is a
-``LayoutError`` naming the cause.
+pipeline (Megatron's and torchtitan's order; etp fastest, then ep, for the experts): the plan's
+mesh is that logical mesh, of the same size as the one given (``planning_mesh``), cut further
+where an expert group starts inside an attention group. With a pipeline, each stage's submesh is
+(dp, tp), or its folded axes under cp or expert groups (ring attention inside the stages). A layout
+that does not fit the mesh or the model is a ``LayoutError`` naming the cause.
 """
 from __future__ import annotations
 
@@ -46,7 +56,7 @@ from autoshard.passes.sharding.layout_placements import LayoutAxes, LayoutError
 __all__ = ["Layout", "LayoutError", "megatron", "fsdp", "parse", "KINDS"]
 
 KINDS = ("megatron", "fsdp")
-_MEGATRON_ONLY = ("ep", "sequence_parallel", "distributed_optimizer", "overlap_grad_reduce",
+_MEGATRON_ONLY = ("sequence_parallel", "distributed_optimizer", "overlap_grad_reduce",
                   "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                   "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                   "scatter_gather_tensors_in_pipeline")
@@ -70,6 +80,7 @@ class Layout:
     dp: Optional[int] = None
     cp: int = 1
     ep: int = 1
+    etp: Optional[int] = None
     virtual_stages: int = 1
     microbatch_size: Optional[int] = None
     schedule: str = "1f1b"
@@ -92,7 +103,7 @@ class Layout:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise LayoutError(f"{self.kind} layout: {name}={v!r}; pass an int >= 1")
-        for name in ("dp", "microbatch_size"):
+        for name in ("dp", "microbatch_size", "etp"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise LayoutError(f"{self.kind} layout: {name}={v!r}; pass an int >= 1 (or None)")
@@ -124,7 +135,8 @@ class Layout:
 
     # ---- degrees and the logical mesh -------------------------------------------------------------
     def data_parallel(self, world: int) -> int:
-        """dp for a mesh of ``world`` devices; ``LayoutError`` showing the arithmetic when it does not fit."""
+        """dp for a mesh of ``world`` devices (all stages'); ``LayoutError`` showing the arithmetic when it
+        does not fit."""
         rest = self.tp * self.cp * self.pp
         if self.dp is not None:
             if rest * self.dp != world:
@@ -142,23 +154,17 @@ class Layout:
     def planning_mesh(self, mesh) -> tuple[Mesh, LayoutAxes]:
         """The logical mesh the layout runs on (same devices as ``mesh``, row-major, tp fastest) and
         which of its axes carry what. Without a pipeline: (replicas, dp, cp, tp) with axes of size 1
-        dropped; with one: (pp x dp, tp), the stage planner's view (its first axis cut into pp groups)."""
+        dropped, dp, cp and tp cut further where the experts' groups (etp, ep) start
+        (``autoshard.layout_meshes``); with one: (pp x submesh[0], *submesh[1:]), the stage planner's
+        view (its first axis cut into pp groups, each a stage's submesh: (dp, tp) unless cp or expert
+        groups fold it further)."""
+        from autoshard.layout_meshes import single_stage_mesh, stage_submesh
         world = Mesh.of(mesh).size
-        dp = self.data_parallel(world)
         if self.pp > 1:
-            if self.cp > 1:
-                raise LayoutError("cp > 1 together with pp > 1 is not priced yet: the stage planner plans each "
-                                  "stage's sequence split itself; pass cp=1 or pp=1")
-            return Mesh((self.pp * dp, self.tp), ("pp_dp", "tp")), LayoutAxes(tp=1)
-        replicate_over_dp = self.kind == "megatron" and not self.distributed_optimizer
-        sizes = [("replica", self.replicas), ("dp", dp // self.replicas), ("cp", self.cp), ("tp", self.tp)]
-        kept = [(n, s) for n, s in sizes if s > 1] or [("dp", 1)]
-        names = [n for n, _ in kept]
-        replicate = tuple(i for i, n in enumerate(names) if n == "replica" or (n == "dp" and replicate_over_dp))
-        shard = tuple(i for i, n in enumerate(names) if n == "dp" and not replicate_over_dp and dp > 1)
-        axes = LayoutAxes(replicate=replicate, shard=shard, cp=names.index("cp") if "cp" in names else None,
-                          tp=names.index("tp") if "tp" in names else None)
-        return Mesh(tuple(s for _, s in kept), tuple(names)), axes
+            sub, axes = stage_submesh(self, world)
+            return Mesh((self.pp * sub.shape[0],) + sub.shape[1:], ("pp_" + sub.axis_names[0],) + sub.axis_names[1:]), \
+                axes
+        return single_stage_mesh(self, world)
 
     # ---- levers and schedule --------------------------------------------------------------------
     def accumulation(self, batch: int, world: int) -> int:
@@ -219,10 +225,12 @@ class Layout:
         return cls(**d)
 
     def describe(self) -> str:
-        """``kind:key=value,...`` with the fields this kind takes (``parse`` reads it back)."""
+        """``kind:key=value,...`` with the fields this kind takes (``parse`` reads it back); ``etp`` only
+        when given, and for fsdp ``ep`` only when > 1."""
         skip = _FSDP_ONLY if self.kind == "megatron" else _MEGATRON_ONLY
         items = [f"{k}={v}" for k, v in asdict(self).items() if k != "kind" and k not in skip
-                 and not (k == "dp" and v is None) and not (k == "microbatch_size" and v is None)
+                 and not (k in ("dp", "microbatch_size", "etp") and v is None)
+                 and not (k == "ep" and v == 1 and self.kind == "fsdp")
                  and not (k in _QUIET_DEFAULTS and v == _QUIET_DEFAULTS[k])]
         return f"{self.kind}:" + ",".join(items)
 
@@ -234,7 +242,7 @@ def megatron(tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1, ep
              decoder_last_pipeline_num_layers: Optional[int] = None,
              account_for_embedding_in_pipeline_split: bool = False,
              account_for_loss_in_pipeline_split: bool = False,
-             scatter_gather_tensors_in_pipeline: bool = True) -> Layout:
+             scatter_gather_tensors_in_pipeline: bool = True, etp: Optional[int] = None) -> Layout:
     """Megatron-LM's layout (module docstring). ``recompute``: "full" | "selective" | "none".
     ``overlap_grad_reduce``: gradient all-reduces start under the backward (Megatron-LM's
     ``--overlap-grad-reduce``; PyTorch DDP, ``--DDP-impl torch`` in 2021); off by default, as in
@@ -245,11 +253,10 @@ def megatron(tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1, ep
     the final norm, head and loss count as one block each in the even split (with pp x virtual_stages =
     blocks + 2, the first and last stages hold only the embedding and the head: Llama 3 405B's layout).
     ``scatter_gather_tensors_in_pipeline``: a tensor crossing a stage cut whole on tp travels as 1/tp
-    pieces, all-gathered by the receiving stage (Megatron-LM's default)."""
-    if ep != 1:
-        raise LayoutError(f"megatron(ep={ep}): expert parallelism is not priced by layouts yet; pass ep=1 (or let "
-                          "autoshard.plan choose expert parallelism)")
-    return Layout("megatron", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, virtual_stages=virtual_stages,
+    pieces, all-gathered by the receiving stage (Megatron-LM's default). ``ep`` / ``etp``: the MoE layers'
+    expert-parallel and expert-tensor-parallel sizes (``etp`` None: tp, Megatron's default), carved from the
+    same tp x cp x dp ranks (parallel folding: ``autoshard.layout_meshes``)."""
+    return Layout("megatron", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, virtual_stages=virtual_stages,
                   microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
                   sequence_parallel=bool(sequence_parallel and tp > 1), distributed_optimizer=distributed_optimizer,
                   overlap_grad_reduce=overlap_grad_reduce,
@@ -262,12 +269,14 @@ def megatron(tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1, ep
 
 def fsdp(tp: int = 1, pp: int = 1, cp: int = 1, checkpoint: str = "none", reshard_after_forward: bool = True,
          replicas: int = 1, dp: Optional[int] = None, microbatch_size: Optional[int] = None, schedule: str = "1f1b",
-         virtual_stages: int = 1) -> Layout:
+         virtual_stages: int = 1, ep: int = 1, etp: Optional[int] = None) -> Layout:
     """torchtitan's FSDP2 / HSDP (``replicas``) + TP (sequence parallel, as torchtitan applies it) + PP +
     CP. ``checkpoint``: torchtitan's activation checkpointing ("none" | "selective" | "full"); "selective"
     is the planner's selective policy (every matmul and attention output kept, the rest recomputed), not
-    torchtitan's op-level policy, which also recomputes every second matmul (``passes/solve/lever_costs.py``)."""
-    return Layout("fsdp", tp=tp, pp=pp, dp=dp, cp=cp, virtual_stages=virtual_stages, microbatch_size=microbatch_size,
+    torchtitan's op-level policy, which also recomputes every second matmul (``passes/solve/lever_costs.py``).
+    ``ep`` / ``etp``: expert parallel as torchtitan applies it (experts split over ep ranks taken from the data-
+    parallel, cp and, with ``etp=1``, tp ranks; their weights FSDP-sharded over the rest)."""
+    return Layout("fsdp", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, virtual_stages=virtual_stages, microbatch_size=microbatch_size,
                   schedule=schedule, recompute=checkpoint, sequence_parallel=tp > 1,
                   reshard_after_forward=reshard_after_forward, replicas=replicas)
 

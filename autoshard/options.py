@@ -18,7 +18,9 @@ from typing import Any, Mapping, Optional, Union
 from autoshard.passes.levers import LEVER_KEYWORDS, check_lever
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
+from autoshard.passes.solve.context import DEFAULT_OPTIMIZER, DEFAULT_TIME_LIMIT_S
 from autoshard.layout_plans import check_layout_arguments
+from autoshard.runtime.compile_backend import CompileOptions
 
 __all__ = ["PlanOptions", "PIN_KEYWORDS", "ENTRIES"]
 
@@ -49,9 +51,9 @@ class PlanOptions:
     A new option is one field here (and its check in ``__post_init__``)."""
     hardware: Any = "auto"
     memory_limit: Optional[int] = None
-    optimizer: str = "adamw"
+    optimizer: str = DEFAULT_OPTIMIZER
     random_seed: Optional[int] = None
-    time_limit_s: float = 30.0
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S
     pp: Union[None, int, str] = None
     schedule: Optional[str] = None
     microbatches: Optional[int] = None
@@ -59,6 +61,9 @@ class PlanOptions:
     expert_load: Any = None
     #: ``autoshard.layouts.Layout``: price exactly that layout (``autoshard.layout_plans``), no search
     layout: Any = None
+    #: ``compile`` only: run each rank's program through ``torch.compile`` (True, or a
+    #: ``runtime.compile_backend.CompileOptions``); planning does not depend on it
+    compile: Any = False
     levers: Mapping[str, Any] = field(default_factory=dict)
     pins: Mapping[str, Any] = field(default_factory=dict)
 
@@ -92,6 +97,7 @@ class PlanOptions:
         if isinstance(self.time_limit_s, bool) or not isinstance(self.time_limit_s, (int, float)) \
                 or self.time_limit_s <= 0:
             raise TypeError(f"time_limit_s={self.time_limit_s!r}: pass a number of seconds > 0")
+        CompileOptions.of(self.compile)  # a TypeError naming what to pass
         if not isinstance(self.optimizer, str):
             raise TypeError(f"optimizer={self.optimizer!r}: pass the optimizer's name (e.g. 'adamw', 'sgd')")
         unknown = sorted(set(self.levers) - set(LEVER_KEYWORDS))
@@ -108,6 +114,11 @@ class PlanOptions:
     def pipelined(self) -> bool:
         """Whether the stage planner runs (``pp="auto"`` or an int > 1)."""
         return pipeline_requested(self.pp)
+
+    @property
+    def compile_options(self) -> Optional[CompileOptions]:
+        """``compile=`` as ``CompileOptions`` (None: the program runs eagerly)."""
+        return CompileOptions.of(self.compile)
 
     @property
     def pp_pin(self) -> Optional[int]:
@@ -135,6 +146,10 @@ class PlanOptions:
         ``plan`` with ``pp=`` takes no pin at all), and a saved pipelined plan (``saved``) runs as saved."""
         if entry not in ENTRIES:
             raise ValueError(f"entry {entry!r}: one of {list(ENTRIES)}")
+        if self.compile_options is not None:
+            if entry != "compile":
+                raise TypeError(f"compile= is taken by autoshard.compile only: it compiles each rank's program and does "
+                                f"not change the plan; drop it from {entry.replace('-', '_')}()")
         if self.layout is not None:
             if entry != "plan":
                 raise TypeError(f"layout= is taken by autoshard.plan only: price it with plan = autoshard.plan(..., "

@@ -163,6 +163,9 @@ def plan_summary(plan) -> str:
         factors = {} if captured is None else {n.name: capacity_factor_of(n) for n in moe_nodes(captured.gm)}
         out += moe_lines(plan.solution.strategies, mesh, factors)
     out += _search_lines(plan, solutions)
+    report = getattr(plan, "compile_report", None)  # set by CompiledModel under compile=
+    if report is not None:
+        out += report.lines()
     return "\n".join([plan_verdict(plan)] + out)
 
 

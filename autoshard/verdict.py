@@ -7,7 +7,8 @@ Each mesh axis of more than one device gets a role (``axis_roles``):
   whole: data parallel;
 - with parameters stored split and gathered before use (a redistribution of the parameter to ``R``
   on that axis): FSDP (ZeRO-3);
-- parameters used split (stored ``S`` on the axis and never gathered on it): tensor parallel;
+- parameters used split (stored ``S`` on the axis and never gathered on it): tensor parallel (MoE
+  experts split with their tokens dispatched over the axis are also named: expert parallel);
 - an input split along another dim (``S(1)`` of token ids: the sequence): sequence/context parallel;
 - only activations split: op-level splits;
 - nothing split on it at all (no ``S`` placement on it; a ``P`` alone divides no work): replicated,
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autoshard.passes.sharding.rules.moe import DISPATCH_LOWERINGS
 from autoshard.passes.spec import Shard
 
 __all__ = ["AxisRole", "axis_roles", "idle_axes", "plan_verdict", "pipelined_verdict", "solution_verdict"]
@@ -45,6 +47,7 @@ class AxisRole:
     used_split: set = field(default_factory=set)
     params: int = 0
     split_ops: bool = False
+    expert_layers: int = 0  # MoE layers whose tokens are dispatched to their experts over this axis
 
     @property
     def idle(self) -> bool:
@@ -60,6 +63,9 @@ class AxisRole:
             parts.append(f"parameters sharded and gathered for use ({len(self.gathered)} of {self.params})")
         elif self.batch:
             parts.append("data parallel")
+        if self.expert_layers:
+            parts.append(f"expert parallel ({self.expert_layers} MoE layer{'s' if self.expert_layers > 1 else ''}, "
+                         "tokens dispatched by all-to-all)")
         if self.used_split:
             parts.append(f"tensor parallel ({len(self.used_split)} of {self.params} parameters split for compute)")
         if self.input_dims:
@@ -108,6 +114,9 @@ def axis_roles(solution, mesh, captured=None) -> list[AxisRole]:
         # a Partial alone divides no work (a replicated value viewed as a sum of pieces): only shards count
         role.split_ops = any(isinstance(p[a], Shard) for s in solution.strategies.values()
                              for p in (*s.inputs, *s.outputs))
+        role.expert_layers = sum(1 for n, s in solution.strategies.items() if n.startswith("moe_experts")
+                                 and a < len(s.lowerings) and s.lowerings[a] in DISPATCH_LOWERINGS
+                                 and isinstance(s.inputs[0][a], Shard))
         roles.append(role)
     return roles
 

@@ -36,6 +36,10 @@ One program type runs every plan (``passes.pipeline.plan.Plan``: a list of stage
 Gradients already present when a step begins (accumulation across steps without ``zero_grad``) are
 set aside and added back after the reduction, so they are not summed twice. ``memory_probe`` (a
 ``memory_probe.MemoryProbe`` while one is active) measures a step.
+
+``compile`` (a ``compile_backend.CompileOptions``): each stage's collectives become functional
+(``functional_collectives``) and its traceable runs ``torch.compile``'d regions (``compiled_regions``);
+``compile_report`` says what was compiled, what stayed eager and why, and what compiling cost.
 """
 from __future__ import annotations
 
@@ -54,6 +58,7 @@ from autoshard.passes.pipeline.schedule.simulate import check_deadlock
 from autoshard.passes.pipeline.stages.stage_graphs import split_stages, whole_program
 from autoshard.passes.spec import Replicate
 
+from .compile_backend import CompileOptions, RegionCompiler
 from .gradsync import GradSync
 from .groups import MeshEnv, choose_device_backend, setup_distributed
 from .layout import shard_tensor
@@ -85,7 +90,8 @@ class RankProgram:
 
     def __init__(self, plan: Plan, *, env: Optional[MeshEnv] = None, model: Optional[nn.Module] = None,
                  state_dict: Optional[dict] = None, seed: int = 0, schedule: Optional[dict] = None,
-                 device: Any = None, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0):
+                 device: Any = None, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0,
+                 compile: Optional[CompileOptions] = None):
         if plan.captured is None:
             raise PlanFormatError("the plan has no program: attach it to the program traced at one microbatch first "
                                   "(plan.attach(captured))")
@@ -111,11 +117,15 @@ class RankProgram:
         trainable = ({n: p.requires_grad for n, p in model.named_parameters(remove_duplicate=False)}
                      if model is not None else {})
         n = self.rounds * self.microbatches
+        #: with ``compile``: each stage's program through torch.compile by regions (the schedule's sends
+        #: and receives, parameter gathers and checkpoint wrappers stay outside them)
+        self.compiler = RegionCompiler(compile, self.env.device) if compile is not None else None
         self.stages = {s.index: LoweredStage(self.graphs[s.index], self._strategies[s.index], self.env,
                                              levers=s.solution.levers, model=model, state_dict=state_dict, seed=seed,
                                              seed_scale=1.0 / n, trainable=trainable, recompute=s.recompute,
                                              arrivals={v: self.boundaries[v] for v, _ in self.graphs[s.index].receives},
-                                             departures={v: self.boundaries[v] for v, _ in self.graphs[s.index].sends})
+                                             departures={v: self.boundaries[v] for v, _ in self.graphs[s.index].sends},
+                                             compiler=self.compiler, bucket_bytes=int(bucket_mb * 2**20))
                        for s in plan.stages if s.group == self.group}
         gloo = "gloo" in str(self.env.backend or "gloo")
         # gloo: receives posted one action ahead overlap transfers with compute, and a pipeline's loss
@@ -250,6 +260,16 @@ class RankProgram:
     def memory_probe(self, probe) -> None:
         for st in self.stages.values():
             st.memory_probe = probe
+
+    @property
+    def compile_report(self):
+        """With ``compile``: one ``compiled_regions.CompileReport`` over this rank's stages' current
+        programs (what was compiled, what stayed eager and why, what compiling cost); None otherwise."""
+        if self.compiler is None:
+            return None
+        from .compiled_regions import CompileReport
+        reports = [st.compile_report for st in self.stages.values() if st.compile_report is not None]
+        return reports[0] if len(reports) == 1 else CompileReport.combined(reports)
 
     @property
     def timeline(self) -> list[TimelineEvent]:

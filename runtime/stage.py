@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+import math
 from typing import Callable, Optional
 
 import torch
@@ -40,11 +41,13 @@ import torch.fx as fx
 import torch.nn as nn
 
 from autoshard.passes.graph import META
-from autoshard.passes.layout.shapes import normalize
+from autoshard.passes.layout.shapes import local_shape, normalize
 from autoshard.passes.levers import Levers
 from autoshard.passes.pipeline.stages.stage_graphs import StageGraph
 from autoshard.passes.spec import Replicate, Strategy
 
+from .compiled_regions import compile_regions
+from .functional_collectives import functionalize
 from .groups import MeshEnv
 from .lower import lower
 from .materialize import materialize
@@ -76,8 +79,12 @@ class LoweredStage:
                  levers: Optional[Levers] = None, model: Optional[nn.Module] = None,
                  state_dict: Optional[dict] = None, seed: int = 0, seed_scale: float = 1.0,
                  trainable: Optional[dict] = None, recompute: bool = False,
-                 arrivals: Optional[dict] = None, departures: Optional[dict] = None):
+                 arrivals: Optional[dict] = None, departures: Optional[dict] = None, compiler=None,
+                 bucket_bytes: int = 25 * 2**20):
         self.graph, self.strategies, self.env = graph, strategies, env
+        #: a ``compile_backend.RegionCompiler``: the program's collectives functional, its traceable runs
+        #: compiled regions (``compiled_regions``), data-parallel regions cut at ``bucket_bytes``
+        self.compiler, self._bucket_bytes = compiler, bucket_bytes
         self.levers = levers if levers is not None else Levers()
         self.recompute = recompute
         self.index = graph.index
@@ -103,8 +110,29 @@ class LoweredStage:
         captured = self.graph.captured
         flat = lower(captured, self.strategies, self.env, self.levers, arrivals={**self.received_at, **(arrivals or {})},
                      departures=self.sent_at)
+        gatherer = getattr(flat, "param_gatherer", None)
+        if self.compiler is not None:
+            functionalize(flat)
         program = outline_regions(flat, lambda b: self.levers.policy(b).checkpoint, set(captured.buffers))
-        return program, getattr(flat, "param_gatherer", None)
+        if self.compiler is not None:
+            compile_regions(program, self.compiler, self._synced_bytes(), self._bucket_bytes)
+        return program, gatherer
+
+    def _synced_bytes(self) -> dict:
+        """Placeholder name -> local bytes of each parameter whose gradient is all-reduced (stored
+        replicated on an axis of size > 1)."""
+        captured, shape, out = self.graph.captured, self.env.mesh.shape, {}
+        for ph in captured.params:
+            storage = normalize(self.strategies[ph].outputs[0], shape)
+            if any(isinstance(p, Replicate) and shape[a] > 1 for a, p in enumerate(storage)):
+                meta = captured.node(ph).meta[META]
+                out[ph] = math.prod(local_shape(meta.shape, storage, shape)) * meta.dtype.itemsize
+        return out
+
+    @property
+    def compile_report(self):
+        """The current program's ``compiled_regions.CompileReport`` (None when not compiled)."""
+        return getattr(self.program, "compile_report", None)
 
     def local_inputs(self, on: bool, arrivals: Optional[dict] = None) -> None:
         """Run the program that takes this rank's slice of the batch inputs (``on``; lowered on first use
@@ -112,6 +140,7 @@ class LoweredStage:
         if on not in self._programs:
             self._programs[on] = self._build_program(arrivals)
         self.program, self.gatherer = self._programs[on]
+
 
     def grad_layout(self, ph: str) -> tuple:
         """Placements of a parameter's gradient: its storage, with ``P`` read as ``R`` (a ``P``-stored

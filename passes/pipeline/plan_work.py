@@ -24,7 +24,7 @@ Conventions (every plan summary uses these):
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -118,10 +118,17 @@ def hardware_label(hardware) -> str:
 def plan_work(captured: CapturedGraph, hardware, devices: int, levers=None) -> Optional[ModelWork]:
     """``model_work`` for a plan of ``captured`` on ``devices`` devices; the matmuls run in the
     mixed-precision compute dtype when ``levers`` (``passes.levers.Levers``) cast. None when
-    ``hardware`` names no known hardware."""
+    ``hardware`` names no known hardware. ``captured`` is one of the ``levers.accumulation`` microsteps of
+    a step (``plan_captured``'s contract), so the step's FLOPs, tokens and samples are that many times the
+    program's."""
     try:
         hw = get_hardware(hardware)
     except AutoshardError:
         return None
     mp = getattr(levers, "mixed_precision", None)
-    return model_work(captured, hw, devices, compute_dtype=getattr(mp, "param_dtype", None))
+    work = model_work(captured, hw, devices, compute_dtype=getattr(mp, "param_dtype", None))
+    k = int(getattr(levers, "accumulation", 1) or 1)
+    if k == 1:
+        return work
+    return replace(work, flops=work.flops * k, tokens=None if work.tokens is None else work.tokens * k,
+                   samples=work.samples * k)

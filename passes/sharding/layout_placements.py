@@ -40,9 +40,11 @@ from typing import Optional
 import torch
 import torch.fx as fx
 
+from autoshard.passes.cost.moe import is_moe_node
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.graph import META, MODULE, CapturedGraph
 from autoshard.passes.mesh import Mesh
+from autoshard.passes.sharding.expert_layout import ExpertAxes, expert_axes_like_attention, expert_layout_pins, router_matmuls
 
 __all__ = ["LayoutError", "LayoutAxes", "TensorParallelRoles", "tensor_parallel_roles", "layout_pins",
            "check_tensor_parallel", "tensor_parallel_dim"]
@@ -59,11 +61,15 @@ class LayoutAxes:
     """What each axis of the planning mesh carries. ``replicate``: data-parallel axes over which
     parameters are replicated; ``shard``: data-parallel axes over which parameters, gradients and
     optimizer state are sharded; ``cp``: the context-parallel axis (sequence split, ring attention);
-    ``tp``: the tensor-parallel axis. Every mesh axis is in exactly one of them."""
+    ``tp``: the tensor-parallel axis. Every mesh axis is in exactly one of them. ``experts``: what each
+    axis carries for the experts of MoE layers (``passes.sharding.expert_layout``: Megatron-Core's
+    parallel folding), None for a layout without expert roles (experts then follow tp and dp as
+    ``ExpertAxes(etp=tp, ...)`` would say)."""
     replicate: tuple[int, ...] = ()
     shard: tuple[int, ...] = ()
     cp: Optional[int] = None
     tp: Optional[int] = None
+    experts: Optional["ExpertAxes"] = None  # the MoE layers' axes (``expert_layout``); None: as the attention's
 
     @property
     def data(self) -> tuple[int, ...]:
@@ -162,9 +168,16 @@ def tensor_parallel_roles(captured: CapturedGraph) -> TensorParallelRoles:
 
     inputs = set(captured.inputs) | ({captured.target} if captured.target else set())  # the batch
     memo: dict = {}
+    routers = router_matmuls(captured, lambda n: _weight_matmul(n, params) is not None)
     for node in captured.gm.graph.nodes:
         if node.op != "call_function":
             kinds[node.name] = frozenset()
+            continue
+        if node.name in routers:  # a MoE router: replicated over tp, as Megatron keeps it (its topk needs
+            kinds[node.name] = frozenset()  # every expert's logit)
+            continue
+        if is_moe_node(node):  # the experts' output is whole (after the combine or etp's reduction), as a
+            kinds[node.name] = frozenset({"row"})  # row-parallel layer's: the next block's matmuls are columns
             continue
         found = _weight_matmul(node, params)
         if found is None:
@@ -178,6 +191,9 @@ def tensor_parallel_roles(captured: CapturedGraph) -> TensorParallelRoles:
                 want(node.args[0].name, 0)
             continue
         weight, out_dim, bias = found
+        if weight.meta[META].shape[out_dim] == 1:  # one output per token (Qwen2-MoE's shared_expert_gate): no
+            kinds[node.name] = frozenset()  # tp splits it, so its value is whole, as a router's
+            continue
         upstream = kinds.get(node.args[0].name, frozenset()) if isinstance(node.args[0], fx.Node) else frozenset()
         if node.target is aten.addmm.default:
             upstream = kinds.get(node.args[1].name, frozenset())
@@ -331,6 +347,10 @@ def layout_pins(captured: CapturedGraph, mesh: Mesh, axes: LayoutAxes, *, sequen
                         f"tp={tp}: choose a tp that divides {meta.shape[seq_dim]}, or a sequence length that tp "
                         f"divides (a megatron layout can also pass sequence_parallel=False)")
                 ops[src.name] = activation(len(meta.shape), seq_on_tp=seq_dim)
+    experts = axes.experts if axes.experts is not None else expert_axes_like_attention(axes, mesh)
+    moe = expert_layout_pins(captured, mesh, ex=experts, data=axes.data, cp=axes.cp, tp=axes.tp,
+                             sequence_parallel=sequence_parallel)
+    params.update(moe["params"])
     if tp > 1:
         # a row-parallel matmul computes its partial sum on its input features' split (Megatron's
         # RowParallelLinear), a vocab-parallel embedding its rows' lookups, whatever else would be
@@ -357,4 +377,4 @@ def layout_pins(captured: CapturedGraph, mesh: Mesh, axes: LayoutAxes, *, sequen
                 if axes.tp is not None and tp > 1:
                     pls[axes.tp] = "S(1)"  # heads over tp
                 ops[node.name] = tuple(pls)
-    return {"params": params, "inputs": inputs, "ops": ops}
+    return {"params": params, "inputs": inputs, "ops": ops, "strategies": moe["strategies"]}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.graph import META, CapturedGraph, operand_meta, operands, outputs
@@ -29,7 +29,7 @@ from autoshard.passes.spec import Placement, Strategy, TensorMeta, fmt_placement
 from autoshard.passes.sharding.storage_forms import fmt_storage, parse_storage
 from autoshard.passes.sharding.strategies import StrategyTable, why_not_divisible
 
-__all__ = ["Pins", "PinError", "parse_placements", "parse_param_pin", "PinsFor"]
+__all__ = ["Pins", "PinError", "parse_placements", "parse_param_pin", "PinsFor", "HintsFor"]
 
 
 class PinError(AutoshardError, ValueError):
@@ -209,3 +209,5 @@ class Pins:
 #: rank group's submesh, e.g. a hand-written layout's placements (``autoshard.layout_plans``).
 #: None from it: nothing pinned there.
 PinsFor = Callable[[CapturedGraph, Mesh], Optional["Pins"]]
+#: pins of known plans (e.g. published layouts) on a program and submesh, for a solver to start from
+HintsFor = Callable[[CapturedGraph, Mesh], Sequence["Pins"]]

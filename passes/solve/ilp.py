@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from ortools.linear_solver import linear_solver_pb2, pywraplp
 from ortools.sat.python import cp_model
@@ -393,7 +393,7 @@ def lp_bound(graph: StrategyGraph) -> Optional[float]:
 
 
 def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float = 30.0, workers: int = 2,
-          merge: bool = True, cutoff: Optional[float] = None) -> ILPResult:
+          merge: bool = True, cutoff: Optional[float] = None, hints: Sequence[list[int]] = ()) -> ILPResult:
     """Minimize ``objective`` ("cost" under the memory limit, or "memory") over ``graph``.
 
     Steps: fold followers (``merge_followers``, unless ``merge=False``); solve the LP relaxation
@@ -412,6 +412,12 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
     core), never a clock: the answer does not depend on the machine's load. ``stats["work"]``: the
     deterministic seconds spent; ``stats["lower_bound"]``: the best proven lower bound on the
     objective (seconds or bytes), from the LP relaxation or CP-SAT, whichever is higher.
+
+    ``hints``: known choices of ``graph`` (one strategy index per node, e.g. a published layout's plan
+    on this problem). The cheapest one that fits becomes CP-SAT's warm start when it beats the solver's
+    own, and the answer is never worse than it: when CP-SAT stops at something costlier (or at
+    nothing), that hint is the answer (``stats["hint_kept"]``). So a problem never prices above a plan
+    it was shown.
     """
     reduced, expand = merge_followers(graph) if merge else (graph, list)
     t0 = time.perf_counter()
@@ -451,6 +457,12 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
         hint = greedy(reduced, "memory")
     if rounded is not None and fits(rounded):
         hint = rounded
+    shown = _best_hint(graph, hints, limit, objective)
+    if shown is not None:
+        index = {n.name: i for i, n in enumerate(graph.nodes)}
+        mine = [shown[index[n.name]] for n in reduced.nodes]
+        if fits(mine) and (not fits(hint) or _value(reduced, mine, objective) < _value(reduced, hint, objective)):
+            hint = mine
     fixed, upper, binding = frozenset(), None, limit is not None and not integral and bool(ilp.memory_binding)
     if binding:  # a fractional optimum shaped by the memory row: passes/solve/memory_search.py
         priced = lagrangian_hint(ilp, fits) if cutoff is None else None  # a cutoff bounds it better
@@ -476,4 +488,31 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
     if choice is not None:
         result.choice = expand(choice)
         result.cost, result.memory = graph.evaluate(result.choice)
+    if shown is not None and result.status != "CUTOFF" and (
+            result.choice is None or _value(graph, shown, objective) < _value(graph, result.choice, objective)):
+        result.choice = list(shown)
+        result.cost, result.memory = graph.evaluate(result.choice)
+        result.status = "FEASIBLE" if result.status in ("OPTIMAL", "UNKNOWN", "GREEDY", "INFEASIBLE") else result.status
+        result.stats["hint_kept"] = True
     return result
+
+
+def _value(graph: StrategyGraph, choice: list[int], objective: str) -> float:
+    cost, memory = graph.evaluate(choice)
+    return cost if objective == "cost" else memory
+
+
+def _best_hint(graph: StrategyGraph, hints: Sequence[list[int]], limit: Optional[float],
+               objective: str) -> Optional[list[int]]:
+    """The cheapest of ``hints`` (choices of ``graph``) that is consistent and fits ``limit``, else None."""
+    best, value = None, math.inf
+    for h in hints:
+        if len(h) != len(graph.nodes) or any(s not in graph.nodes[i].choices() for i, s in enumerate(h)):
+            continue
+        cost, memory = graph.evaluate(h)
+        if not math.isfinite(cost) or (limit is not None and memory > limit):
+            continue
+        v = cost if objective == "cost" else memory
+        if v < value:
+            best, value = list(h), v
+    return best

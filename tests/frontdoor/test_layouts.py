@@ -186,8 +186,8 @@ def test_bad_layouts_name_the_cause():
         layouts.megatron(tp=2, recompute="some")
     with pytest.raises(LayoutError, match="pass virtual_stages= >= 2"):
         layouts.megatron(tp=2, pp=2, schedule="interleaved-1f1b")
-    with pytest.raises(LayoutError, match="expert parallelism"):
-        layouts.megatron(ep=2)
+    with pytest.raises(LayoutError, match=r"ep x etp = 3 x 2 = 6 does not divide the 8 ranks"):
+        plan_gpt(layouts.megatron(tp=2, ep=3), mesh=8)
     with pytest.raises(TypeError, match="cannot be combined with layout="):
         x = ids()
         autoshard.plan(gpt_meta(), 8, example_inputs=(x,), loss_fn=lm_loss, example_target=x,
@@ -276,6 +276,17 @@ def test_layout_stage_cut_splits_blocks_evenly_with_the_extra_ones_in_the_middle
     assert sizes(3, 1) == [3, 4, 3]
     with pytest.raises(LayoutError, match="12 stages, but the model has 10 numbered blocks"):
         layout_stage_starts(captured, layouts.megatron(tp=2, pp=6, virtual_stages=2))
+
+
+def test_context_parallel_inside_pipeline_stages():
+    """cp > 1 with pp > 1 (refused before issue 28): each stage runs on a (cp, tp) submesh with its
+    attention as ring attention over cp, the pipeline cutting the mesh's first axis."""
+    plan = plan_gpt(layouts.megatron(cp=2, pp=2, recompute="none"), mesh=4, model=gpt_meta(layers=4))
+    assert plan.pp == 2 and plan.mesh.axis_names == ("pp_cp", "tp")
+    assert [s.mesh.shape for s in plan.stages] == [(2, 1)] * 2
+    rings = [st for s in plan.stages for n, st in s.solution.strategies.items() if n.startswith("scaled_dot")]
+    assert len(rings) == 4 and all(st.lowerings[0] == "ring_attention" and st.inputs[0][0] == Shard(2)
+                                   for st in rings)
 
 
 def test_uneven_pipeline_with_megatron_cores_options():

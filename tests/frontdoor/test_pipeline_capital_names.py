@@ -60,9 +60,10 @@ def test_plan_pp_2_places_every_capital_letter_parameter():
     # the stage cut moved onto the microbatch trace and every stage re-solved there, as compile does
     from autoshard.passes.capture.export import capture
     from autoshard.passes.pipeline.stages.retrace import replan_at_microbatch
+    from autoshard.passes.solve.context import PlanContext
     full = capture(model, inputs, loss_fn=F.mse_loss, target=target)
     small = capture(model, tuple(x[:4] for x in inputs), loss_fn=F.mse_loss, target=target[:4])
-    staged = replan_at_microbatch(plan, full, small, hardware="cpu", time_limit_s=20)
+    staged = replan_at_microbatch(plan, full, small, PlanContext.of("cpu", time_limit_s=20))
     placed = {n for s in staged.stages for n in s.solution.param_placements}
     assert placed == names
 

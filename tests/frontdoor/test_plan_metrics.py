@@ -60,3 +60,18 @@ def test_gpt_counts_attention_and_reports_tokens():
     assert plan.model_flops == pytest.approx(3 * forward)
     assert plan.tokens_per_second_per_device == pytest.approx(b * s / plan.estimated_step_time / 4)
     assert "tokens/s per device" in plan.summary()
+
+
+def test_an_accumulation_plan_counts_the_whole_step():
+    """A plan of k microsteps runs the global batch in a step: its FLOPs, tokens and samples are the
+    step's, k times its program's (one microstep), so throughput and MFU are not k times too low."""
+    torch.manual_seed(0)
+    model, inputs, target, loss_fn = gpt()
+    one = autoshard.plan(model, (4,), example_inputs=inputs, loss_fn=loss_fn, example_target=target,
+                         hardware="h100", accumulation=1)
+    four = autoshard.plan(model, (4,), example_inputs=inputs, loss_fn=loss_fn, example_target=target,
+                          hardware="h100", accumulation=4)
+    assert four.solution.levers.accumulation == 4
+    assert four.work.tokens == one.work.tokens == inputs[0].numel()
+    assert four.work.samples == one.work.samples and four.model_flops == pytest.approx(one.model_flops)
+    assert four.tokens_per_second_per_device == pytest.approx(inputs[0].numel() / four.estimated_step_time / 4)

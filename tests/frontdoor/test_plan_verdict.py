@@ -40,7 +40,7 @@ def _plan(mesh, batch: int, hardware: str = "cpu", width: int = 64, seq: int = 1
 
 
 def test_data_parallel_is_called_plain_data_parallel():
-    plan = _plan((4,), 8)
+    plan = _plan((4,), 64, seq=6)  # 6 does not divide by 4: the batch split and the sequence split do not tie
     first = plan.summary().splitlines()[0]
     assert first == "verdict: plain data parallel over 4 devices: every parameter replicated, the batch split 4 ways"
     assert all(pl == (autoshard.Replicate(),) for pl in plan.param_placements.values())  # what the verdict says

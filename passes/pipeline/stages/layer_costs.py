@@ -59,6 +59,7 @@ from autoshard.passes.errors import InfeasiblePlanError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.solve.hint_plans import pinned_choices
 from autoshard.passes.solve.ilp import solve
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins, PinError
@@ -329,16 +330,22 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
                           cut_whole_fixed=whole_fixed, cut_whole_batch=whole_batch)
 
 
+#: work-seconds each hinted layout's own (pinned, mostly fixed) solve may spend
+_HINT_S = 0.5
+
+
 def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, optimizer, microbatches: int,
                  held: int, memory_limit: float, repeat: float = 1.0, chain_repeat: Optional[float] = None,
                  time_limit_s: float = 30.0,
-                 pins: Optional[Pins] = None) -> Solution:
+                 pins: Optional[Pins] = None, hints: Sequence[Pins] = ()) -> Solution:
     """The intra-op plan for the stages of a pipeline on ``mesh`` (see module docstring). ``repeat``:
     the real model has ``repeat`` times the traced blocks (their ILP nodes and the edges inside one
     block count that many times more); ``chain_repeat``: how many times more an edge from one traced
     block to the next counts (default ``repeat``; traced b of n blocks: (n - 1) / (b - 1)).
     ``time_limit_s`` caps the ILP solves together, in deterministic work (at least half a second each).
-    ``pins``: decisions fixed as in ``plan_sharding`` (e.g. to price a rejected layout).
+    ``pins``: decisions fixed as in ``plan_sharding`` (e.g. to price a rejected layout). ``hints``: pins
+    of known plans (a published layout of this submesh's shape): each is priced on the same ILP
+    (``solve.hint_plans``) and the solve starts from, and never returns worse than, the best of them.
 
     When no plan fits ``memory_limit`` with activations held ``held`` times, the plan for ONE held
     microbatch (what a recomputing stage keeps), and failing that the least-memory plan (storage
@@ -375,7 +382,11 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, opt
         if repeat != 1.0:
             _repeat(graph, problem.clustering, nodes, captured, repeat,
                     repeat if chain_repeat is None else chain_repeat)
-        result = solve(graph, time_limit_s=budget(0.5))
+        hinted = []
+        if hints:
+            hinted, work = pinned_choices(problem, graph, hints, time_limit_s=min(_HINT_S, budget(0.1)))
+            left[0] -= work
+        result = solve(graph, time_limit_s=budget(0.5), hints=hinted)
         spend(result)
         if result.choice is not None:
             status = result.status if k == held else f"{result.status}_HELD_1"

@@ -56,7 +56,7 @@ from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.sharding.pins import PinsFor
+from autoshard.passes.sharding.pins import HintsFor, PinsFor
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.pipeline.schedule.generators import stage_rank
@@ -86,7 +86,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                   stages: Optional[Sequence[Union[int, str]]] = None, time_limit_s: float = 60.0,
                   fold_blocks: bool = True, shapes: Optional[Sequence[tuple[int, int]]] = None,
                   recompute: Optional[bool] = None, pins_for: Optional[PinsFor] = None,
-                  overlap_grad_sync: bool = True, scatter_gather: bool = False) -> Plan:
+                  hints_for: Optional[HintsFor] = None, overlap_grad_sync: bool = True, scatter_gather: bool = False) -> Plan:
     """The fastest plan (simulated step time) that fits ``memory_limit`` bytes per device, a ``Plan`` of
     ``captured`` on ``mesh``: ``pp == 1`` means "no pipeline": one stage, the core plan on the whole mesh
     (``stages[0].solution``), its step time with the gradient sync overlapped (``simulated_step_time``).
@@ -146,7 +146,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
                                blocks=shallow.blocks if shallow else None, quick_s=min(2.0, time_limit_s / 4),
                                thorough_s=min(30.0, time_limit_s / 2), stats=candidates, deep_chain=True,
                                shapes=shapes, schedules=schedules, microbatches=microbatches,
-                               total_s=time_limit_s / 2, pins_for=pins_for)
+                               total_s=time_limit_s / 2, pins_for=pins_for, hints_for=hints_for)
     for profile in profiles.values():
         profile.overlap_grad_sync, profile.scatter_gather = overlap_grad_sync, scatter_gather
     # what is left of the WORK limit (deterministic seconds, never the clock: the plan must not

@@ -18,11 +18,10 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import replace
 from difflib import SequenceMatcher
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch.fx as fx
 
-from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.errors import InfeasiblePlanError, PlanFormatError
 from autoshard.passes.graph import MODULE, CapturedGraph
 from autoshard.passes.pipeline.stages.boundary_pieces import sent_placements
@@ -31,6 +30,7 @@ from autoshard.passes.pipeline.plan import Plan, Stage
 from autoshard.passes.pipeline.stages.stage_peak import stage_solution
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.levers import block_type
+from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.solve.clustering import block_instance, module_path
 from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding
@@ -190,29 +190,28 @@ def microbatch_plan(plan: Plan, small: CapturedGraph) -> Plan:
     return plan.with_stages(stages, captured=small)
 
 
-def replan_at_microbatch(plan: Plan, full: CapturedGraph, small: CapturedGraph, *, hardware: Any,
-                         memory_limit: Optional[int] = None, optimizer: str = "adamw", time_limit_s: float = 30.0,
+def replan_at_microbatch(plan: Plan, full: CapturedGraph, small: CapturedGraph, ctx: PlanContext, *,
                          params: Optional[dict] = None, levers: Optional[LeverPins] = None) -> Plan:
     """The runtime's plan for ``plan``, a pipeline plan made on ``full`` (the program of one round):
     the same stage cut (``retrace_stage_nodes``), rank groups, stage submeshes, schedule,
     microbatches and estimates, on ``small`` (the program traced at microbatch shapes, which stage
     programs bake in), with every stage's intra-op Solution solved there by ``plan_sharding`` on the
-    stage's submesh (``hardware``, ``memory_limit``, ``optimizer``, ``time_limit_s`` as it takes them;
+    stage's submesh (``ctx``: hardware, memory limit, optimizer, time limit as it takes them;
     ``params``: the user's parameter pins, applied to the stages they concern; ``levers``: the memory
     levers, ``stage_levers`` of them for each stage: None pulls none). A Solution made at global
     shapes cannot be reused: its sizes differ, and it has no strategies for the values a stage
-    receives. ``memory_limit`` bounds each stage's whole-step peak (``stage_peak``), not only the
+    receives. ``ctx.memory_bytes`` bounds each stage's whole-step peak (``stage_peak``), not only the
     microbatch walk ``plan_sharding`` constrains: ``_fitted_stage``. The plan's ``accumulation`` stays
     in every stage's levers."""
     stage_nodes = retrace_stage_nodes(full, small, [s.nodes for s in plan.stages])
     graphs = split_stages(small, stage_nodes)
-    limit = float(memory_limit) if memory_limit is not None else get_hardware(hardware).memory_bytes
+    limit = ctx.memory_bytes
     rounds = plan.accumulation
     stages, sent = [], {}
     for i, s in enumerate(plan.stages):
         def solve(walk_limit: float, i=i, s=s):
-            return plan_sharding(graphs[i].captured, s.mesh, hardware=hardware, memory_limit=walk_limit,
-                                 optimizer=optimizer, time_limit_s=time_limit_s,
+            return plan_sharding(graphs[i].captured, s.mesh, hardware=ctx.hardware, memory_limit=walk_limit,
+                                 optimizer=ctx.optimizer, time_limit_s=ctx.time_limit_s,
                                  pins=stage_pins(params, graphs[i].captured),
                                  levers=stage_levers(levers, graphs[i].captured))
         arrivals = {n: sent[n] for n, _ in graphs[i].receives if n in sent}

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.sharding.pins import PinsFor
+from autoshard.passes.sharding.pins import HintsFor, PinsFor
 from autoshard.passes.solve.microbatch import global_batch
 from autoshard.passes.solve.work_budget import WorkBudget
 from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, plan_submesh, profile_submesh, submesh_shapes
@@ -42,7 +42,7 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
                        stats: Optional[dict] = None, shapes: Optional[Sequence[tuple[int, int]]] = None,
                        deep_chain: bool = False, schedules: Sequence[str] = DEFAULT_SCHEDULES,
                        microbatches: Optional[int] = None, budget_scale: float = 1.0,
-                       pins_for: Optional[PinsFor] = None
+                       pins_for: Optional[PinsFor] = None, hints_for: Optional[HintsFor] = None
                        ) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
     """``(pp, (dp, tp)) -> SubmeshProfile`` for every pp > 1 in ``pps`` and every submesh shape of
     its rank groups: the intra-op plan of ``layer_costs.plan_submesh`` for one sequence per data-
@@ -63,7 +63,10 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
     fits is planned again, leaner (``stage_fit.fitting_profile``): more memory never leaves a
     candidate with only a plan its stages cannot hold. ``budget_scale``: the intra-op budget is
     ``budget_scale`` x pp x ``memory_limit`` (``plan_candidates``' leaner finalists). ``pins_for``:
-    the decisions fixed on each candidate's program and submesh (a pinned layout's placements)."""
+    the decisions fixed on each candidate's program and submesh (a pinned layout's placements).
+    ``hints_for``: known plans' pins on each candidate's program and submesh (the published layouts of
+    its shape), which its intra-op solve starts from and never prices worse than (unused with
+    ``pins_for``: a pinned candidate has nothing to choose)."""
     units = units if units is not None else layer_units(captured)
     traced = sum(1 for u in units if u.block is not None)
     repeat = blocks / traced if blocks and traced else 1.0
@@ -77,17 +80,21 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
         group = mesh.size // p
         # shapes asked for by name are planned even with tp across nodes (a layout that runs so is priced
         # so); the search's own keep tp inside a node
-        for shape in ([tuple(x) for x in shapes if x[0] * x[1] == group] if shapes is not None
+        for shape in ([tuple(x) for x in shapes if math.prod(x) == group] if shapes is not None
                       else submesh_shapes(group, hardware)):
             t0 = time.perf_counter()
-            m_ref = max(1, batch // shape[0]) if batch % shape[0] == 0 else 1
+            # a pinned layout (``pins_for``) prices its own microbatch count: its submesh's first axis need not
+            # be all of its data parallelism (expert-parallel folding); else one sequence per first-axis rank
+            m_ref = (microbatches if pins_for is not None and microbatches else
+                     max(1, batch // shape[0]) if batch % shape[0] == 0 else 1)
             work = [0.0]
             pins = pins_for(captured, Mesh(shape)) if pins_for is not None else None
+            hints = hints_for(captured, Mesh(shape)) if hints_for is not None and pins is None else ()
 
-            def plan(budget, shape=shape, m_ref=m_ref, p=p, pins=pins):
+            def plan(budget, shape=shape, m_ref=m_ref, p=p, pins=pins, hints=hints):
                 sol = plan_submesh(captured, Mesh(shape), hardware=hardware, optimizer=optimizer, microbatches=m_ref,
                                    held=math.ceil((p + 1) / 2), memory_limit=budget, repeat=repeat,
-                                   chain_repeat=chain, time_limit_s=time_limit_s, pins=pins)
+                                   chain_repeat=chain, time_limit_s=time_limit_s, pins=pins, hints=hints)
                 work[0] += sol.solver_stats["work_s"]
                 prof = profile_submesh(captured, sol, hardware=hardware, optimizer=optimizer, units=units)
                 return sol, prof.repeat_blocks(blocks) if blocks else prof
@@ -114,7 +121,7 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
                     stats: Optional[dict] = None, deep_chain: bool = False,
                     shapes: Optional[Sequence[tuple[int, int]]] = None, schedules: Sequence[str] = DEFAULT_SCHEDULES,
                     microbatches: Optional[int] = None, total_s: Optional[float] = None,
-                    pins_for: Optional[PinsFor] = None
+                    pins_for: Optional[PinsFor] = None, hints_for: Optional[HintsFor] = None
                     ) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
     """``profile_candidates`` in two passes: every candidate's intra-op ILP capped at ``quick_s``,
     then the ``finalists`` whose quick plans rank best (``closed_form_best``: no simulation, a few ms
@@ -134,15 +141,16 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
     each capped at ``thorough_s``, and a finalist is not re-solved when what is left is no more than
     ``quick_s`` (it would get no more work than it had). Many candidates (Llama 3 405B on (2048, 8):
     28, 37 work-s in the first pass) then leave nothing to re-solve with, which bounds plan time by
-    the limit the caller was given instead of by the number of candidates. ``pins_for``: as in
-    ``profile_candidates``, for every solve."""
+    the limit the caller was given instead of by the number of candidates. ``pins_for`` and
+    ``hints_for``: as in ``profile_candidates``, for every solve."""
     stats = stats if stats is not None else {}
     t0 = time.perf_counter()
     per: dict = {}
     profiles = profile_candidates(captured, mesh, pps, hardware=hardware, optimizer=optimizer,
                                   memory_limit=memory_limit, units=units, blocks=blocks, single=single,
                                   time_limit_s=quick_s, stats=per, deep_chain=deep_chain, shapes=shapes,
-                                  schedules=schedules, microbatches=microbatches, pins_for=pins_for)
+                                  schedules=schedules, microbatches=microbatches, pins_for=pins_for,
+                                  hints_for=hints_for)
     batch = global_batch(captured)
     t1 = time.perf_counter()
 
@@ -166,7 +174,8 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
         better = profile_candidates(captured, mesh, [key[0]], hardware=hardware, optimizer=optimizer,
                                     memory_limit=memory_limit, units=units, blocks=blocks, single=single,
                                     time_limit_s=limit, stats=again, shapes=[key[1]], deep_chain=deep_chain,
-                                    schedules=schedules, microbatches=microbatches, pins_for=pins_for)
+                                    schedules=schedules, microbatches=microbatches, pins_for=pins_for,
+                                  hints_for=hints_for)
         left -= again[key]["work_s"]
         step = searched(key, better[key])
         per[key] = dict(again[key], quick=per[key], quick_step=score[key], step=step)
@@ -181,7 +190,7 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
                                     memory_limit=memory_limit, units=units, blocks=blocks, single=single,
                                     time_limit_s=quick_s, stats=lean, shapes=[key[1]], deep_chain=deep_chain,
                                     schedules=schedules, microbatches=microbatches, budget_scale=scale,
-                                    pins_for=pins_for)
+                                    pins_for=pins_for, hints_for=hints_for)
         step = searched(key, leaner[key])
         per[key] = dict(per[key], leaner=dict(lean[key], budget_scale=round(scale, 4), step=step))
         if step < score[key]:

@@ -139,6 +139,7 @@ def test_a_stage_re_solved_at_the_microbatch_keeps_its_whole_step_peak_within_th
     """``replan_at_microbatch`` used to bound one microbatch's walk only: at 400 KB the last stage's
     walk fit (382 KB) and its peak with the schedule's in-flight microbatches did not (493 KB)."""
     from autoshard.passes.pipeline.stages.retrace import replan_at_microbatch
+    from autoshard.passes.solve.context import PlanContext
     torch.manual_seed(0)
     model, inputs, target, loss_fn = gpt(n_layer=4, d=32, n_head=2, seq=8)
     full = capture(model, inputs, loss_fn=loss_fn, target=target)
@@ -146,7 +147,7 @@ def test_a_stage_re_solved_at_the_microbatch_keeps_its_whole_step_peak_within_th
     plan = plan_pipeline(full, (2, 2), hardware=two_per_node(), memory_limit=limit, pp=2)
     k = inputs[0].shape[0] // plan.microbatches
     small = capture(model, (inputs[0][:k],), loss_fn=loss_fn, target=target[:k])
-    staged = replan_at_microbatch(plan, full, small, hardware=two_per_node(), memory_limit=limit, time_limit_s=20)
+    staged = replan_at_microbatch(plan, full, small, PlanContext.of(two_per_node(), limit, time_limit_s=20))
     peaks = [s.solution.estimated_memory for s in staged.stages]
     walks = [s.solution.estimated["microbatch_peak_bytes"] for s in staged.stages]
     assert all(w < p for w, p in zip(walks, peaks)), "premise: the stage peak adds to the walk"

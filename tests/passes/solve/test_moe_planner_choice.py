@@ -52,6 +52,11 @@ def test_many_large_experts_and_a_large_batch_run_expert_parallel():
     text = plan.summary()
     assert "mixture of experts: 2 layer(s); tokens dropped: never" in text
     assert "axis0: expert parallel (all-to-all)  x2" in text  # a 1-D mesh axis is named neutrally
+    assert "expert parallel (2 MoE layers, tokens dispatched by all-to-all)" in text.splitlines()[0]  # the verdict
+
+
+def test_the_verdict_names_no_expert_parallelism_when_the_experts_stay_whole():
+    assert "expert parallel" not in _plan(256, 64, 8).summary().splitlines()[0]
 
 
 def test_small_experts_stay_data_parallel():
