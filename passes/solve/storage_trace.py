@@ -10,8 +10,12 @@ the ``StepTrace``, as the runtime (``runtime.zero``, ``runtime.param_gather``) a
   whole walked microstep, forward and backward, freed before the optimizer step);
 - the reduce-scatter buckets: at most two alive (one reducing, the next filling), each a
   ``bucket_bytes`` buffer in the reduce dtype (together at most the ZeRO gradients' bytes), twice that
-  where the backend stages a copy of a reduce-scatter's input (gloo); alive in the backward, as the
-  plain all-reduce buckets are (``comm_buffer``);
+  where the backend stages a copy of a reduce-scatter's input (gloo) (``reduce_scatter_buckets``).
+  Unlike the plain all-reduce buckets (``comm_buffer``, allocated once when the program is built and
+  kept all step), ``runtime.zero`` allocates a bucket's rows when its first gradient arrives and frees
+  them once its reduce-scatter has been waited on: they are alive only in the backward, from the
+  first ZeRO gradient's arrival (its parameter's last reader, ``reduce_scatter_from``) on, and not in
+  the forward, the loss's backward before it, or the optimizer step;
 - a form reducing its sharded axes once per step holds its gathered copies' gradients unreduced over
   the microsteps (``held_unreduced``, with accumulation);
 - after the optimizer step the ZeRO parameters are gathered one bucket at a time: the bucket's
@@ -69,8 +73,10 @@ class StorageTrace:
             trace.grad_transient[at] += nbytes
         if microsteps > 1:
             trace.held_unreduced += self.held + sum(copies.get(n, 0.0) for n in self.held_copies)
-        if self.reduced:  # one bucket reducing, the next filling
-            trace.comm_buffer += min(2 * self.bucket_bytes, self.reduced) * (2.0 if self.staged else 1.0)
+        if self.reduced:  # one bucket reducing, the next filling, from the first ZeRO gradient's arrival
+            trace.reduce_scatter_buckets += min(2 * self.bucket_bytes, self.reduced) * (2.0 if self.staged else 1.0)
+            trace.reduce_scatter_from = max(trace.reduce_scatter_from,
+                                            max(last_reader.get(n, len(trace.names) - 1) for n in self.whole_grads))
         if self.gathered:
             one = min(self.bucket_bytes, self.gathered)
             trace.after_step_gather = one * (1.0 + 1.0 / (self.smallest_group or 1))

@@ -36,6 +36,28 @@ def test_buckets_are_alive_from_the_first_op_and_hold_the_synced_gradients_after
                           grads_in_buckets=0.0)).phases["optimizer step"] == 130.0
 
 
+def test_zero_reduce_scatter_buckets_are_alive_only_from_the_first_zero_gradient_in_the_backward():
+    # runtime.zero allocates a bucket's rows when its first gradient arrives (the parameter's last reader,
+    # b) and frees them once reduced; the plain all-reduce buckets (comm_buffer) are kept all step
+    from types import SimpleNamespace
+    from autoshard.passes.solve.storage_trace import StorageTrace
+    t = _trace(resident=100.0, grads=5.0, value_grads=[(2, 2, 50.0)], param_grads=[0.0, 5.0, 0.0],
+               comm_buffer=1.0)
+    storage = StorageTrace(bucket_bytes=1000.0, staged=True)
+    storage.parameter("w", SimpleNamespace(params=20.0, held_grads=0.0), zero_ways=4, reduced_bytes=20.0)
+    storage.apply(t, {"w": 1}, microsteps=1, copies={})
+    assert t.reduce_scatter_buckets == 2 * 20.0 and t.reduce_scatter_from == 1
+    peak = peak_of(t)
+    assert peak.phases["forward"] == 100 + 1                # not in the forward
+    # the loss (c) peaks before any ZeRO gradient exists: no reduce-scatter bucket yet
+    # b: its whole gradient (20, grad_transient), the bucket rows with gloo's staging copy (40), its slice (5)
+    assert peak.bytes == 100 + 1 + 20 + 40 + 5 and peak.phase == "backward (b)"
+    assert peak_of(_trace(resident=100.0, value_grads=[(2, 2, 50.0)], comm_buffer=1.0,
+                          reduce_scatter_buckets=40.0, reduce_scatter_from=1)).bytes == 100 + 1 + 50
+    # reduced and freed before the step: the slice's gradient and the after-step gather (output + slice)
+    assert peak.phases["optimizer step"] == 100 + 1 + 5 + 20 * (1 + 1 / 4)
+
+
 def test_an_accumulation_is_counted_after_the_readers_backward_has_freed_its_inputs():
     # b's output gradient (30) is consumed by b's backward; then b's contribution to a's value and the
     # sum (2 x 8) are alive next to a's gradient (8, from c)
