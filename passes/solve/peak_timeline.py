@@ -56,7 +56,9 @@ quantity below is local bytes on one device (``StepTrace``, built by ``passes.so
 - ``reduce_scatter_buckets``: the ZeRO parameters' reduce-scatter buckets (``storage_trace``), which
   ``runtime.zero`` allocates when the first ZeRO gradient arrives (at backward position
   ``reduce_scatter_from``) and frees once reduced: alive at backward positions ``<=
-  reduce_scatter_from`` only, not in the forward, the backward before it, or the optimizer step.
+  reduce_scatter_from`` only, not in the forward, the backward before it, or the optimizer step;
+  ``reduce_scatter_end``: the last bucket and its staged copy, reduced after the backward, next to
+  every gradient.
   Measured (HF Llama, ``small:llama`` on (4,), its replicated weights ZeRO-2): counting them all
   step like ``comm_buffer`` put the loss's backward 26% above the measured peak;
 - ``optimizer_temporaries``: what the optimizer allocates inside its step. torch's AdamW with
@@ -112,6 +114,7 @@ class StepTrace:
     # the ZeRO reduce-scatter buckets, alive at backward positions <= reduce_scatter_from (-1: none)
     reduce_scatter_buckets: float = 0.0
     reduce_scatter_from: int = -1
+    reduce_scatter_end: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,8 @@ def peak_of(trace: StepTrace) -> Peak:
                          trace.reduce_prefetch[j] if trace.reduce_prefetch else 0.0, 0.0)
             note("backward", trace.resident + copies + kept_so_far + in_flight[j] + made
                  + held_summand + trace.reduce_after[j] + bucket, trace.names[j])
+    if trace.reduce_scatter_end:  # the last ZeRO bucket reduced after the backward
+        note("backward", trace.resident + trace.comm_buffer + made + trace.reduce_scatter_end, "reduce-scatter")
     note("optimizer step", trace.resident + trace.comm_buffer + trace.grads - trace.grads_in_buckets
          + max(trace.optimizer_temporaries, trace.after_step_gather), "")
     phase, (peak, where) = max(best.items(), key=lambda kv: kv[1][0])

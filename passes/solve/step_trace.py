@@ -119,7 +119,9 @@ class TraceBuilder:
                 meta = self.facts.tensor_outputs(name)[0]
                 reduced = meta.nbytes * self._reduce_scale(name) / self.cm.shard_factor(self.strategies[name].outputs[0])
                 copies = meta.nbytes * self._reduce_scale(name) if form.held_copies else 0.0
-                self.storage.parameter(name, base, z, reduced, copies)
+                kind = (form.zero_axes, form.zero_reduced_once, self.strategies[name].outputs[0], str(meta.dtype),
+                        self._reduce_scale(name))
+                self.storage.parameter(name, base, z, reduced, copies, kind)
                 self._param_bytes.append(self.storage.optimizer_sizes(name, base.params))
             else:
                 self._param_bytes.append(base.params)

@@ -38,24 +38,35 @@ def test_buckets_are_alive_from_the_first_op_and_hold_the_synced_gradients_after
 
 def test_zero_reduce_scatter_buckets_are_alive_only_from_the_first_zero_gradient_in_the_backward():
     # runtime.zero allocates a bucket's rows when its first gradient arrives (the parameter's last reader,
-    # b) and frees them once reduced; the plain all-reduce buckets (comm_buffer) are kept all step
+    # b), launches it once its last gradient has arrived and frees it once reduced; the plain all-reduce
+    # buckets (comm_buffer) are kept all step
     from types import SimpleNamespace
     from autoshard.passes.solve.storage_trace import StorageTrace
-    t = _trace(resident=100.0, grads=5.0, value_grads=[(2, 2, 50.0)], param_grads=[0.0, 5.0, 0.0],
-               comm_buffer=1.0)
-    storage = StorageTrace(bucket_bytes=1000.0, staged=True)
-    storage.parameter("w", SimpleNamespace(params=20.0, held_grads=0.0), zero_ways=4, reduced_bytes=20.0)
-    storage.apply(t, {"w": 1}, microsteps=1, copies={})
-    assert t.reduce_scatter_buckets == 2 * 20.0 and t.reduce_scatter_from == 1
-    peak = peak_of(t)
+
+    def walked(bucket_bytes):
+        t = _trace(resident=100.0, grads=5.0, value_grads=[(2, 2, 50.0), (1, 1, 30.0)], param_grads=[0.0, 5.0, 0.0],
+                   comm_buffer=1.0)
+        storage = StorageTrace(bucket_bytes=bucket_bytes, staged=True)
+        storage.parameter("w", SimpleNamespace(params=20.0, held_grads=0.0), zero_ways=4, reduced_bytes=20.0,
+                          kind="fp32")
+        storage.apply(t, {"w": 1}, microsteps=1, copies={})
+        return t, peak_of(t)
+
+    t, peak = walked(1000.0)  # one bucket: it reduces after the backward, its staged copy (gloo) then
+    assert (t.reduce_scatter_buckets, t.reduce_scatter_from, t.reduce_scatter_end) == (20.0, 1, 40.0)
     assert peak.phases["forward"] == 100 + 1                # not in the forward
-    # the loss (c) peaks before any ZeRO gradient exists: no reduce-scatter bucket yet
-    # b: its whole gradient (20, grad_transient), the bucket rows with gloo's staging copy (40), its slice (5)
-    assert peak.bytes == 100 + 1 + 20 + 40 + 5 and peak.phase == "backward (b)"
-    assert peak_of(_trace(resident=100.0, value_grads=[(2, 2, 50.0)], comm_buffer=1.0,
-                          reduce_scatter_buckets=40.0, reduce_scatter_from=1)).bytes == 100 + 1 + 50
+    # b: its whole gradient (20, grad_transient), the bucket's rows (20), its slice (5), b's own gradient (30)
+    assert peak.bytes == 100 + 1 + 20 + 20 + 5 + 30 and peak.phase == "backward (b)"
+    # the loss (c) runs before any ZeRO gradient exists: no bucket yet
+    assert peak_of(_trace(resident=100.0, value_grads=[(2, 2, 50.0)], comm_buffer=1.0, reduce_scatter_buckets=40.0,
+                          reduce_scatter_from=1)).bytes == 100 + 1 + 50
+    # after the backward: every gradient, the last bucket and its staged copy
+    assert peak_of(_trace(resident=100.0, grads=5.0, param_grads=[0.0, 5.0, 0.0], comm_buffer=1.0,
+                          reduce_scatter_end=40.0)).phase == "backward (reduce-scatter)"
     # reduced and freed before the step: the slice's gradient and the after-step gather (output + slice)
     assert peak.phases["optimizer step"] == 100 + 1 + 5 + 20 * (1 + 1 / 4)
+    t, _ = walked(8.0)  # several buckets: one filling, one reducing during the backward with its staged copy
+    assert (t.reduce_scatter_buckets, t.reduce_scatter_end) == (16.0 + 8.0, 16.0)
 
 
 def test_an_accumulation_is_counted_after_the_readers_backward_has_freed_its_inputs():
