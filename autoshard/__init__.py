@@ -18,7 +18,7 @@ import importlib
 
 from autoshard.passes.errors import (  # noqa: F401  (torch-free)
     AutoshardError, BatchCouplingWarning, BatchError, CheckpointError, InfeasiblePlanError, MeshError,
-    PlanFormatError, StageCutError, TraceError,
+    PeakPricedWarning, PlanFormatError, StageCutError, TraceError,
 )
 from autoshard.passes.mesh import Mesh  # noqa: F401  (torch-free)
 
@@ -37,7 +37,7 @@ _SUBMODULES = ("presets", "checkpoint", "elastic", "layouts")
 __all__ = ["plan", "compile", "load_plan", "register_sharding", "Plan", "Mesh", "Shard", "Replicate",
            "Partial", "MixedPrecision", "CompileOptions", "presets", "checkpoint", "elastic", "layouts", "AutoshardError", "TraceError", "MeshError",
            "InfeasiblePlanError", "StageCutError", "BatchError", "PlanFormatError", "CheckpointError",
-           "BatchCouplingWarning", "set_moe_capacity_factor", "measure_expert_load"]
+           "BatchCouplingWarning", "PeakPricedWarning", "set_moe_capacity_factor", "measure_expert_load"]
 
 
 def __getattr__(name: str):

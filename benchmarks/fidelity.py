@@ -15,8 +15,8 @@ goes on a shared machine spreads over all layouts instead of hitting the same on
 the median over rounds. The model is fitted only on the profile's micro-benchmarks, never on these
 runs. ``--profile-after`` measures the profile again after the steps and prices with both pooled.
 
-Prints a table (predicted, measured, error = predicted / measured - 1), the Spearman rank
-correlation, the median |error| and the machine's load average (``os.getloadavg``) before and after.
+Prints a table (predicted, measured, error = predicted / measured - 1, and the plan's priced breakdown:
+compute, host, communication, gradient sync, recompute), the Spearman rank correlation, the median |error| and the machine's load average (``os.getloadavg``) before and after.
 """
 from __future__ import annotations
 
@@ -48,6 +48,11 @@ CASES = (
     ("solver", (2, 2), "solver", 256, 32),
     ("solver", (4,), "solver", 512, 64),
 )
+
+
+#: the plan's time breakdown (``Solution.time_breakdown``) printed beside each row's error
+PRICED = {"compute": "compute", "host": "host", "communication": "comm", "grad_sync": "grad sync",
+          "recompute": "recompute"}
 
 
 def spearman(xs, ys) -> float:
@@ -99,10 +104,11 @@ def _collective_counts(cm) -> tuple[int, int]:
     return plan, program
 
 
-def _estimate(plan, profile: str) -> float:
-    """Re-price the plan that ran (the same strategy for every op) with ``profile``."""
+def _estimate(plan, profile: str):
+    """Re-price the plan that ran (the same strategy for every op) with ``profile``: (seconds, breakdown)."""
     from autoshard.passes.solve.solution import evaluate
-    return evaluate(plan.captured, plan.mesh, plan.solution.strategies, profile).estimated_step_time
+    sol = evaluate(plan.captured, plan.mesh, plan.solution.strategies, profile)
+    return sol.estimated_step_time, dict(sol.time_breakdown)
 
 
 def run(args) -> None:
@@ -144,7 +150,7 @@ def run(args) -> None:
                 p.grad = None
         for _ in range(2):
             step()
-        compiled.append((step, cm.plan.solution.estimated_step_time))
+        compiled.append((step, cm.plan.solution.estimated_step_time, dict(cm.plan.solution.time_breakdown)))
         plans.append(cm.plan)
         counts.append(_collective_counts(cm))
     times = [[] for _ in compiled]
@@ -168,13 +174,13 @@ def run(args) -> None:
                 json.dump(merge_profiles(prof, later), f)
         dist.barrier()
         for k, plan in enumerate(plans):
-            compiled[k] = (compiled[k][0], _estimate(plan, args.profile))
+            compiled[k] = (compiled[k][0], *_estimate(plan, args.profile))
     if rank == 0:
         rows = []
-        for (label, mesh, layout, d, batch), (_, pred), ts, (n_plan, n_prog) in zip(CASES, compiled, times, counts):
+        for (label, mesh, layout, d, batch), (_, pred, parts), ts, (n_plan, n_prog) in zip(CASES, compiled, times, counts):
             meas = statistics.median(ts)
             rows.append({"layout": label, "mesh": list(mesh), "d": d, "batch": batch, "predicted_s": pred,
-                         "collectives_plan": n_plan, "collectives_program": n_prog,
+                         "collectives_plan": n_plan, "collectives_program": n_prog, "priced": parts,
                          "measured_s": meas, "error": pred / meas - 1.0})
         rho = spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows])
         med = statistics.median(abs(r["error"]) for r in rows)
@@ -182,12 +188,14 @@ def run(args) -> None:
         print(f"GPT example (2 layers, seq 32), {world} gloo ranks on {os.cpu_count()} cores; profile measured "
               f"in the same run ({t_prof:.1f} s); {args.rounds} shuffled rounds x {args.iters} steps, medians; "
               f"load average (1, 5, 15 min) before {_load(load_before)}, after {_load(load_after)}")
-        print("| layout | mesh | d | batch | collectives plan/program | predicted ms | measured ms | error |\n"
-              "|---|---|---|---|---|---|---|---|")
+        keys = [k for k in PRICED if any(r["priced"].get(k) for r in rows)]
+        print("| layout | mesh | d | batch | collectives plan/program | predicted ms | measured ms | error | "
+              + " | ".join(f"priced {PRICED[k]} ms" for k in keys) + " |\n|" + "---|" * (8 + len(keys)))
         for r in rows:
             print(f"| {r['layout']} | {tuple(r['mesh'])} | {r['d']} | {r['batch']} | "
                   f"{r['collectives_plan']}/{r['collectives_program']} | {r['predicted_s'] * 1e3:.2f} | "
-                  f"{r['measured_s'] * 1e3:.2f} | {r['error'] * 100:+.1f}% |")
+                  f"{r['measured_s'] * 1e3:.2f} | {r['error'] * 100:+.1f}% | "
+                  + " | ".join(f"{r['priced'].get(k, 0.0) * 1e3:.2f}" for k in keys) + " |")
         print(f"Spearman rank correlation {rho:.3f}; median |error| {med * 100:.1f}%")
         if args.json:
             with open(args.json, "w") as f:

@@ -56,3 +56,8 @@ class BatchCouplingWarning(UserWarning):
     """A plan runs batch-coupled ops (BatchNorm in training, reductions over the batch) on parts of the
     batch (gradient accumulation, pipeline microbatches): the step computes something else than one
     full batch would. Names the ops (node and module)."""
+
+
+class PeakPricedWarning(UserWarning):
+    """A hardware description gives datasheet peaks and nothing about the rates kernels and
+    collectives achieve, so a plan is priced as if every GEMM, copy and collective ran at peak."""

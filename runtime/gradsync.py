@@ -97,6 +97,11 @@ class GradSync:
         for p in self._where:
             p.register_post_accumulate_grad_hook(self.mark_ready)
 
+    def flat_buffers(self) -> list[torch.Tensor]:
+        """The buckets' flat tensors: allocated once, here, and alive as long as this object (after a
+        step each synced gradient is a view into one), forward included."""
+        return [b.flat for b in self.buckets]
+
     @property
     def num_params(self) -> int:
         return len(self._where)

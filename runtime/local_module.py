@@ -12,6 +12,11 @@ model's own names (dots replaced by ``__``, as a ``nn.Module`` attribute name ca
         cm.step(x, target=y); optimizer.step()
     mt.get_tracker_snapshot("peak")                   # {device: {"Parameter": ..., "Total": ...}}
 
+It also holds, as non-persistent buffers ``grad_bucket_<i>``, the flat gradient all-reduce buckets
+``runtime.gradsync`` allocates once and keeps (after a step, each synced gradient is a view into one):
+memory the step holds from its first op, which a tracker would otherwise see only when the backward
+first writes into a bucket.
+
 ``cm.local_module`` is built once per ``CompiledModel``; it has no ``forward`` (it is a view of the
 state for tools, not a way to run the model). With gradient accumulation the step calls the
 program's GraphModule once per microstep and ``MemTracker`` refuses a root module's second call
@@ -22,7 +27,11 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-__all__ = ["LocalState", "local_module"]
+__all__ = ["LocalState", "local_module", "GRAD_BUCKET_PREFIX"]
+
+#: name prefix of the gradient all-reduce buckets registered as (non-persistent) buffers: the runtime
+#: allocates them once and holds them for the whole step, so a memory tool must count them from the start
+GRAD_BUCKET_PREFIX = "grad_bucket_"
 
 
 class LocalState(nn.Module):
@@ -40,4 +49,8 @@ def local_module(program) -> LocalState:
         module.register_parameter(fqn.replace(".", "__"), param)
     for fqn, buf in program.named_buffers():
         module.register_buffer(fqn.replace(".", "__"), buf)
+    syncs = getattr(program, "_syncs", None) or {}  # a RankProgram's GradSync per stage (runtime/gradsync.py)
+    flats = [flat for sync in syncs.values() for flat in sync.flat_buffers()]
+    for i, flat in enumerate(flats):
+        module.register_buffer(f"{GRAD_BUCKET_PREFIX}{i}", flat, persistent=False)
     return module

@@ -9,8 +9,8 @@ one-device reference of gradient accumulation, and program wrappers.
   ``zero3_plan(plan, axes=None)`` does it to a ``Plan`` (its parameter placements too).
 - ``planned(captured, model, mesh_shape, layers, rank, env)``: rank 0 plans data parallel (DP x
   Megatron TP on a 2-D mesh with ``layers``) and broadcasts it; every rank returns its ZeRO-3 strategies.
-- ``layouts(rank, models)``: per model (``build``'s, or a Hugging Face zoo model ``"hf:opt"``,
-  ``"hf:gpt_neox"``, ``"hf:gemma"``) and mesh, a ``Layout``: the model captured at ``MICRO`` samples,
+- ``layouts(rank, models)``: per model (``build``'s, a Hugging Face zoo model ``"hf:opt"``,
+  ``"hf:gpt_neox"``, ``"hf:gemma"``, or a held-out one of ``heldout_models``: ``"mid:llama"``, ...) and mesh, a ``Layout``: the model captured at ``MICRO`` samples,
   the rank's mesh env and its ``planned`` strategies (the one worker loop the lever and memory tests share);
   ``policy_levers(model_name, k, checkpoint, reshard)``: ``Levers`` with that policy on its block type.
 - ``accumulated_loss(loss_fn, k, twice=False)``: the ``reference_loss`` for
@@ -142,7 +142,8 @@ class Layout(NamedTuple):
 
 def block_type(model_name: str) -> str:
     """The repeated-block type of a ``layouts`` model (the key of its per-block lever policy)."""
-    return _ZOO_BLOCKS.get(model_name) or BLOCK_TYPES[model_name]
+    from .heldout_models import HELDOUT_BLOCKS
+    return _ZOO_BLOCKS.get(model_name) or HELDOUT_BLOCKS.get(model_name) or BLOCK_TYPES[model_name]
 
 
 def policy_levers(model_name: str, k: int, checkpoint: str, reshard: bool) -> Levers:
@@ -159,13 +160,23 @@ def layouts(rank: int, models) -> Iterator[Layout]:
     torch.set_num_threads(1)
     for model_name, meshes in models:
         torch.manual_seed(0)
-        model, batch, loss_fn, layers = _zoo_build(model_name) if model_name in _ZOO_BLOCKS else build(model_name)
+        model, batch, loss_fn, layers = _build_any(model_name)
         inputs, target = batch(MICRO, 0)
         captured = capture(model, inputs, loss_fn=loss_fn, target=target)
         for mesh_shape in meshes:
             env = setup_distributed(Mesh.of(mesh_shape))
             yield Layout(model_name, mesh_shape, env, captured, model, batch, loss_fn,
                          planned(captured, model, mesh_shape, layers, rank, env))
+
+
+def _build_any(name: str):
+    """``build``'s form for a lever test model, a zoo model or a held-out one (``heldout_models``)."""
+    from .heldout_models import HELDOUT
+    if name in _ZOO_BLOCKS:
+        return _zoo_build(name)
+    if name in HELDOUT:
+        return HELDOUT[name]()
+    return build(name)
 
 
 def _zoo_build(name: str):

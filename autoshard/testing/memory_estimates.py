@@ -27,6 +27,7 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from .levers import MICRO, Probed, layouts, policy_levers
+from .tracker_hooks import gradients_not_held
 
 __all__ = ["LEVER_CASES", "PEAK_CASES", "MicrostepTracker", "memory_against_estimates", "peak_against_estimates"]
 
@@ -59,13 +60,29 @@ class MicrostepTracker(MemTracker):
     the optimizer step's peak moving by 8 KiB (99,048 / 107,240 bytes) between runs of the same
     program, and a CI run where ``hf_llama`` on (4,) measured its peak in the forward though its
     forward and backward peaks differ by 2.4% (335,696 / 343,892) in every local run. A phase is named
-    alone only when it leads the others by more than such transients."""
+    alone only when it leads the others by more than such transients.
+
+    It also keeps ``ModTracker`` from holding every gradient that passes a module input until the
+    module's backward ends: a compiled program takes its parameters as inputs, so under plain
+    ``MemTracker`` each parameter gradient is alive twice to the end of the backward, which no step
+    without the tracker does (``tracker_hooks.gradients_not_held``)."""
 
     TIE = 0.05  #: phases within 5% of the step's peak all set it
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._phase_peak: dict[str, float] = {}
+
+    def __enter__(self) -> "MicrostepTracker":
+        if self._depth == 0:
+            self._not_held = gradients_not_held(self._mod_tracker)
+            self._not_held.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *args) -> None:
+        super().__exit__(*args)
+        if self._depth == 0:
+            self._not_held.__exit__(None, None, None)
 
     def _update_peak_stats(self, peak_state) -> None:
         super()._update_peak_stats(peak_state)

@@ -49,7 +49,7 @@ Placements travel as integer codes (``encode``, ``passes/layout/redistribution.p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Union
 
 from autoshard.passes.cost.collectives import Collective, collective_terms, hierarchical_terms, p2p_seconds
@@ -61,6 +61,7 @@ from autoshard.passes.cost.optimizer_step import accumulation_bytes, optimizer_s
 from autoshard.passes.cost.nccl import nccl_p2p_seconds, nccl_terms
 from autoshard.passes.cost.lowerings import named_lowerings
 from autoshard.passes.cost.moe import is_moe_node, work_factor
+from autoshard.passes.cost.runtime_host import step_host_seconds
 from autoshard.passes.cost.storage_prices import storage_price
 from autoshard.passes.layout.gathers import fused_gather
 from autoshard.passes.layout.redistribution import R_CODE, encode, placement_code, redistribution_steps
@@ -189,6 +190,10 @@ class CostModel:
         """How many pieces ``pls`` cuts a tensor into (ignoring axis ``skip``)."""
         return self._factor(encode(pls), skip)
 
+    def _group(self, axis) -> int:
+        """Ranks in one group over mesh ``axis`` (or a tuple of axes flattened)."""
+        return self.mesh.shape[axis] if isinstance(axis, int) else math.prod(self.mesh.shape[a] for a in axis)
+
     def _factor(self, codes: Sequence[int], skip=None) -> int:
         skip = () if skip is None else (skip,) if isinstance(skip, int) else skip
         f = 1
@@ -288,14 +293,20 @@ class CostModel:
         if flat is not None and len(flat[0]) > 1:  # one all-gather over the axes flattened, as the runtime runs it
             steps = ()
             fwd.append(self.collective("all_gather", flat[0], nbytes / self._factor(cur, skip=flat[0])))
+        dims = [None] * len(fwd)
         for step in steps:
             kind, a = step.kind, step.axis
             if kind in ADJOINT:
                 fwd.append(self.collective(kind, a, nbytes / self._factor(cur, skip=a)))
+                dims.append(step.dim)
             cur[a] = R_CODE if kind == "all_gather" else dst[a]
         copy = nbytes / self._factor(dst) if fwd or cast else 0.0
         if needs_grad:
-            fwd += [self.collective(ADJOINT[c.kind], c.axis, c.bytes * grad_scale, "bwd") for c in reversed(fwd)]
+            back = [self.collective(ADJOINT[c.kind], c.axis, c.bytes * grad_scale, "bwd") for c in reversed(fwd)]
+            fwd, dims = fwd + back, dims + dims[::-1]
+        # the runtime's layout copies and dispatches around each call (passes/cost/runtime_host.py)
+        fwd = [replace(c, seconds=c.seconds + step_host_seconds(self.hardware, c.kind, d, c.bytes, self._group(c.axis)))
+               for c, d in zip(fwd, dims)]
         return tuple(fwd), copy
 
     def bucketed_seconds(self, kind: str, axes: Sequence[int], nbytes: float, total_bytes: Optional[float]) -> float:

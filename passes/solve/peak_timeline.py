@@ -38,10 +38,29 @@ quantity below is local bytes on one device (``StepTrace``, built by ``passes.so
   output and input); the backward takes the larger of the two;
 - ``reduce_output[i]``: the shard gradients the reduction after ``i`` makes; with held gradients
   (accumulation) they are alive next to them before they are added in;
-- ``comm_buffer``: the gradient all-reduce's flat bucket (a copy of the bucket's gradients), alive
-  in the backward once gradients exist;
+- ``accumulate_after[i]``: bytes autograd makes right after ``i``'s backward to add ``i``'s gradient
+  contribution to a value that a later op also read (the contribution and the out-of-place sum;
+  ``step_trace``'s ``_accumulations``): the gradients ``i``'s backward consumed (those whose span
+  starts at ``i``) and its saved tensors are freed by then;
+- ``comm_buffer``: the gradient all-reduce's flat buckets (room for a copy of every synced
+  gradient). ``runtime.gradsync`` allocates them once, when the program is built, and keeps them, as
+  DDP's reducer does: alive the whole step, forward and loss included. Measured (issue 27): a 7.3 M
+  Llama on (4,) peaks in the loss's backward (the log-softmax's gradient next to every saved
+  activation), before any parameter gradient exists, with its 21 MB of buckets alive; the walk had
+  counted them only once a gradient was made, and was 6% under the process's heap there;
+- ``grads_in_buckets``: the synced gradients that are views into those buckets after the step
+  (``GradSync.finish`` points each ``.grad`` at its reduced slice when the bucket holds the
+  parameter's dtype): at the optimizer step they are not bytes of their own;
 - ``held_unreduced``, ``after_step_gather``: the storage forms' terms (``storage_trace``): gradients
   held unreduced over the microsteps, and the buffers of the ZeRO parameters' gather after the step;
+- ``reduce_scatter_buckets``: the ZeRO parameters' reduce-scatter buckets (``storage_trace``), which
+  ``runtime.zero`` allocates when the first ZeRO gradient arrives (at backward position
+  ``reduce_scatter_from``) and frees once reduced: alive at backward positions ``<=
+  reduce_scatter_from`` only, not in the forward, the backward before it, or the optimizer step;
+  ``reduce_scatter_end``: the last bucket and its staged copy, reduced after the backward, next to
+  every gradient.
+  Measured (HF Llama, ``small:llama`` on (4,), its replicated weights ZeRO-2): counting them all
+  step like ``comm_buffer`` put the loss's backward 26% above the measured peak;
 - ``optimizer_temporaries``: what the optimizer allocates inside its step. torch's AdamW with
   ``foreach`` (its default for CUDA tensors, ``torch/optim/optimizer.py
   _default_to_fused_or_foreach``) runs ``_multi_tensor_adam`` (``torch/optim/adam.py``), whose
@@ -51,10 +70,11 @@ quantity below is local bytes on one device (``StepTrace``, built by ``passes.so
   the default for CPU tensors) makes ``exp_avg_sq.sqrt()`` and its quotient for one parameter at a
   time: twice the largest parameter.
 
-Phases: ``forward`` (live at each forward position: resident + held gradients + gathered in flight
-+ kept so far + the node's outputs), ``backward`` (at each backward position: resident + gathered in
-flight + kept by nodes not yet back-propagated + value gradients alive + parameter gradients so far
-+ the node's transients + the bucket), ``optimizer step`` (resident + gradients + temporaries).
+Phases: ``forward`` (live at each forward position: resident + the buckets + held gradients +
+gathered in flight + kept so far + the node's outputs), ``backward`` (at each backward position:
+resident + gathered in flight + kept by nodes not yet back-propagated + value gradients alive +
+parameter gradients so far + the node's transients + the buckets), ``optimizer step`` (resident +
+the buckets + the gradients that are not views into them + temporaries).
 ``peak`` is the largest, ``phase`` where it is (with the node, for forward and backward).
 """
 from __future__ import annotations
@@ -84,11 +104,17 @@ class StepTrace:
     reduce_output: list[float] = field(default_factory=list)
     gathered_in_flight: float = 0.0
     comm_buffer: float = 0.0
+    grads_in_buckets: float = 0.0
+    accumulate_after: list[float] = field(default_factory=list)
     optimizer_temporaries: float = 0.0
     # storage forms (``storage_trace``): unreduced gradients held over the microsteps (alive in the
     # forward and backward, reduced before the optimizer step), and the after-step gather's buffers
     held_unreduced: float = 0.0
     after_step_gather: float = 0.0
+    # the ZeRO reduce-scatter buckets, alive at backward positions <= reduce_scatter_from (-1: none)
+    reduce_scatter_buckets: float = 0.0
+    reduce_scatter_from: int = -1
+    reduce_scatter_end: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -120,13 +146,15 @@ def peak_of(trace: StepTrace) -> Peak:
     kept_so_far = 0.0
     for i in range(n):
         kept_so_far += trace.kept[i]
-        note("forward", trace.resident + held + trace.gathered_in_flight + kept_so_far + trace.outputs[i],
-             trace.names[i])
+        note("forward", trace.resident + trace.comm_buffer + held + trace.gathered_in_flight + kept_so_far
+             + trace.outputs[i], trace.names[i])
     grads_alive = [0.0] * (n + 1)  # difference array over backward positions
+    own_grads = [0.0] * n  # gradients freed once their producer's backward has run
     for producer, last, nbytes in trace.value_grads:
         if last >= producer:
             grads_alive[producer] += nbytes
             grads_alive[last + 1] -= nbytes
+            own_grads[producer] += nbytes
     in_flight = [0.0] * n
     running = 0.0
     for i in range(n):
@@ -135,7 +163,7 @@ def peak_of(trace: StepTrace) -> Peak:
     made = held
     for j in range(n - 1, -1, -1):
         made_here = trace.param_grads[j]  # with held gradients: the incoming summand, added in place
-        bucket = trace.comm_buffer if made + made_here > 0 else 0.0
+        bucket = trace.comm_buffer + (trace.reduce_scatter_buckets if j <= trace.reduce_scatter_from else 0.0)
         gathered = max(trace.gathered_in_flight, trace.gathered_backward[j] if trace.gathered_backward else 0.0)
         live = (trace.resident + gathered + kept_so_far + in_flight[j] + made + made_here
                 + trace.grad_transient[j] + trace.recompute[j] + bucket)
@@ -143,6 +171,10 @@ def peak_of(trace: StepTrace) -> Peak:
         kept_so_far -= trace.kept[j]
         if not trace.grads_held:
             made += made_here
+        if trace.accumulate_after and trace.accumulate_after[j]:  # after j's backward: its own inputs freed
+            note("backward", trace.resident + gathered + kept_so_far + in_flight[j] - own_grads[j] + made
+                 + (made_here if trace.grads_held else 0.0) + trace.recompute[j] + bucket
+                 + trace.accumulate_after[j], trace.names[j])
         if trace.reduce_after and trace.reduce_after[j]:
             held_summand = made_here if trace.grads_held else 0.0
             if trace.grads_held and trace.reduce_output:  # the reduced shards, before they are added in
@@ -150,8 +182,11 @@ def peak_of(trace: StepTrace) -> Peak:
             copies = max(trace.gathered_in_flight - trace.reduce_frees[j],
                          trace.reduce_prefetch[j] if trace.reduce_prefetch else 0.0, 0.0)
             note("backward", trace.resident + copies + kept_so_far + in_flight[j] + made
-                 + held_summand + trace.reduce_after[j] + trace.comm_buffer, trace.names[j])
-    note("optimizer step", trace.resident + trace.grads + max(trace.optimizer_temporaries, trace.after_step_gather), "")
+                 + held_summand + trace.reduce_after[j] + bucket, trace.names[j])
+    if trace.reduce_scatter_end:  # the last ZeRO bucket reduced after the backward
+        note("backward", trace.resident + trace.comm_buffer + made + trace.reduce_scatter_end, "reduce-scatter")
+    note("optimizer step", trace.resident + trace.comm_buffer + trace.grads - trace.grads_in_buckets
+         + max(trace.optimizer_temporaries, trace.after_step_gather), "")
     phase, (peak, where) = max(best.items(), key=lambda kv: kv[1][0])
     label = f"{phase} ({where})" if where else phase
     return Peak(peak, label, {p: v for p, (v, _) in best.items()})

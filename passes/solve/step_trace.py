@@ -15,13 +15,19 @@
   reduce-scatter buffer there (``gather_segments``);
 - a redistributed activation's gradient moved back to the producer's layout (the collectives'
   adjoints make a new tensor) at the reader's backward;
+- a value read by several ops: at each reader's backward but the last, its new gradient
+  contribution and autograd's out-of-place sum (``_accumulations``);
+- what a node's backward allocates beyond its operands' gradients, at its backward
+  (``passes.capture.backward_workspace``: the intermediate gradients of the ops it is made of, e.g.
+  cross entropy's log-probability gradient, the size of the logits), split as its largest operand;
 - the bytes a recomputing block instance re-creates, summed over its nodes up to each position
   (the recomputation runs before the instance's backward; walking the backward, each node's
   recreated tensors are freed after its own backward). ``LeverPrice.recompute`` is one node's
   share ``1 / n`` of its type's instances, so one node's bytes are ``n`` times it;
 - the gradient buckets (``runtime.gradsync`` packs every replicated parameter's gradient into a
-  flat bucket in the reduce dtype and keeps them to the end of the backward): the synced gradients'
-  bytes;
+  flat bucket in the reduce dtype; the buckets are allocated once and kept, so they are alive the
+  whole step): the synced gradients' bytes, and those of them that end the step as views into a
+  bucket (same dtype);
 - the gathered copies in flight beyond those kept: ``gathered_peak - kept gathered``; in the
   backward, per position, the copies gathered again and the backward prefetch in flight
   (``gather_segments``).
@@ -39,7 +45,8 @@ import math
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel, NodePrice
 from autoshard.passes.cost.facts import op_name
-from autoshard.passes.graph import CapturedGraph, operands
+from autoshard.passes.capture.backward_workspace import backward_workspace
+from autoshard.passes.graph import CapturedGraph, operand_meta, operands
 from autoshard.passes.layout.gathers import gather_groups
 from autoshard.passes.solve.blocks import BlockMap
 from autoshard.passes.solve.clustering import OUTPUT, output_slot
@@ -53,6 +60,14 @@ __all__ = ["TraceBuilder", "STEP_COUNTER_BYTES"]
 
 #: ops whose backward passes the output's gradient to their first N operands as it is
 _PASS_THROUGH = {"add": 2, "add_": 2, "sub": 1, "sub_": 1}
+
+#: views whose backward is a view of the incoming gradient when they cover their operand whole
+_WHOLE_VIEWS = {"view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t", "permute", "squeeze",
+                "unsqueeze", "flatten", "unflatten", "movedim", "view_as", "alias", "view_as_real",
+                "view_as_complex"}
+
+#: node.meta key caching ``backward_workspace`` (global bytes)
+WORKSPACE = "autoshard.backward_workspace"
 
 #: AdamW / Adam keep a float32 ``step`` tensor per parameter (see the module docstring)
 STEP_COUNTER_BYTES = 4
@@ -68,10 +83,11 @@ class TraceBuilder:
         self.position = {n.name: i for i, n in enumerate(nodes)}
         self.last = len(nodes) - 1
         self.trace = StepTrace(names=[n.name for n in nodes])
-        for key in ("kept", "outputs", "param_grads", "grad_transient", "recompute", "reduce_after",
+        for key in ("kept", "outputs", "param_grads", "grad_transient", "recompute", "reduce_after", "accumulate_after",
                     "reduce_frees", "reduce_prefetch", "reduce_output", "gathered_backward"):
             setattr(self.trace, key, [0.0] * len(nodes))
         self._last_reader: dict[tuple[str, int], int] = {}
+        self._readers: dict[tuple[str, int], set[int]] = {}  # value -> positions of the ops differentiating it
         self._recompute_at: dict[str, dict[int, float]] = {}  # block instance -> position -> bytes
         self._gather_readers: dict[str, list[int]] = {}  # gathered parameter -> [first, last, copy bytes]
         self._param_grad: dict[str, float] = {}
@@ -82,6 +98,7 @@ class TraceBuilder:
                 self._instance_span[instance] = (min(lo, self.position[name]), max(hi, self.position[name]))
         self._param_bytes: list[float] = []
         self._synced_grads = 0.0
+        self._grads_in_buckets = 0.0
         # parameters in ZeRO-1/2 and reduce-once forms (``storage_trace``)
         self.storage = StorageTrace(cm.grad_bucket_bytes, staged=cm.hardware.name.lower() == "cpu")
         self._kept_gathered = 0.0
@@ -102,17 +119,23 @@ class TraceBuilder:
                 meta = self.facts.tensor_outputs(name)[0]
                 reduced = meta.nbytes * self._reduce_scale(name) / self.cm.shard_factor(self.strategies[name].outputs[0])
                 copies = meta.nbytes * self._reduce_scale(name) if form.held_copies else 0.0
-                self.storage.parameter(name, base, z, reduced, copies)
+                kind = (form.zero_axes, form.zero_reduced_once, self.strategies[name].outputs[0], str(meta.dtype),
+                        self._reduce_scale(name))
+                self.storage.parameter(name, base, z, reduced, copies, kind)
                 self._param_bytes.append(self.storage.optimizer_sizes(name, base.params))
             else:
                 self._param_bytes.append(base.params)
             if base.grad_sync and (form is None or not form.zero):  # a ZeRO slice's all-reduce: runtime.zero's
-                self._synced_grads += base.grads * self._reduce_scale(name)
+                scale = self._reduce_scale(name)
+                self._synced_grads += base.grads * scale
+                if scale == 1.0:  # the reduced bucket slice becomes the gradient (no cast back)
+                    self._grads_in_buckets += base.grads
         elif self.facts.kind[name] == "input":
             self._input_bytes += sum(m.nbytes for m in self.facts.tensor_outputs(name))
         elif self.facts.kind[name] == "op" and name not in self.facts.views:
             metas = self.facts.tensor_outputs(name)
             t.outputs[i] += self.cm.activation_bytes(metas, self.strategies[name].outputs[:len(metas)])
+            t.grad_transient[i] += self._backward_workspace(name)
         self._add_recompute(name, i, price.recompute)
 
     def edge(self, u: str, slot: int, v: str, price: LeverPrice, src: tuple = (), moved: bool = False) -> None:
@@ -126,6 +149,9 @@ class TraceBuilder:
         self.trace.kept[j] += price.kept + price.gathered
         self._kept_gathered += price.gathered
         kind = self.facts.kind.get(u)
+        if v != OUTPUT and v in self.facts.requires_grad and not price.gather_copy and (
+                kind == "param" or (kind == "op" and self.facts.value_needs_grad(u, slot))):
+            self._readers.setdefault((u, slot), set()).add(j)
         if kind == "param":
             self._last_reader[(u, slot)] = max(self._last_reader.get((u, slot), j), j)
             if price.gather_copy and self.facts.value_needs_grad(u, slot):
@@ -239,6 +265,7 @@ class TraceBuilder:
             spans[(u, slot)] = [self.position[u], last, nbytes]
         self._merge_pass_through(spans)
         t.value_grads.extend(tuple(span) for span in spans.values())
+        self._accumulations()
         for ph, nbytes in self._param_grad.items():
             t.param_grads[self._last_reader.get((ph, 0), self.last)] += nbytes
         for first, last, nbytes in self._gather_readers.values():
@@ -249,6 +276,7 @@ class TraceBuilder:
         t.optimizer_temporaries = optimizer_temporaries(self._param_bytes, optimizer, foreach) if t.grads > 0 else 0.0
         t.grads_held = microsteps > 1
         t.comm_buffer = self._synced_grads
+        t.grads_in_buckets = self._grads_in_buckets
         self.storage.apply(t, {u: j for (u, _), j in self._last_reader.items()}, microsteps,
                            {u: e[2] * self._reduce_scale(u) for u, e in self._gather_readers.items()})
         t.gathered_in_flight = max(0.0, gathered_peak - self._kept_gathered)
@@ -263,12 +291,41 @@ class TraceBuilder:
                 t.recompute[i] += running
         return t
 
+    def _accumulations(self) -> None:
+        """A value read by several ops gets one gradient contribution per reader. The last reader's
+        backward makes the gradient's storage (its span, or the parameter's gradient); each earlier
+        reader's backward makes a new contribution and autograd's ``InputBuffer`` adds it, out of
+        place unless it holds the only reference to a dense old sum (``input_buffer.cpp``,
+        ``can_accumulate_inplace``): the contribution and the sum, two more of the gradient's bytes,
+        at that reader's backward. Measured (issue 27): the tied embedding of OPT and Gemma, whose head
+        contribution is a transposed view (never summed in place), peaks at the embedding's backward
+        with three of them alive. A whole view of a value (a reshape) reads its gradient, not a
+        contribution of its own. The engine adds a contribution once the reader's backward has
+        returned (``peak_timeline``'s ``accumulate_after``)."""
+        merged: dict[tuple[str, int], set[int]] = {}
+        for key, readers in self._readers.items():
+            whole = {j for j in readers if self._identity_operand(self.trace.names[j]) == key}
+            owner = self._owner(key) if self.facts.kind.get(key[0]) == "op" else key
+            merged.setdefault(owner, set()).update(readers - whole)
+        for (u, slot), readers in merged.items():
+            if len(readers) < 2:
+                continue
+            if self.facts.kind.get(u) == "param":
+                nbytes = self._param_grad.get(u, 0.0)
+            else:
+                nbytes = self.cm.activation_bytes([self.facts.tensor_outputs(u)[slot]],
+                                                  [self.strategies[u].outputs[slot]])
+            for j in sorted(readers)[:-1]:
+                self.trace.accumulate_after[j] += 2.0 * nbytes
+
     def _extend_through_identity_views(self) -> None:
-        """A view of its operand's whole shape (``x.to(x.dtype)``, ``dropout(x, p=0)``, an alias)
-        is its operand: its gradient is the operand's, one storage, so the operand's gradient lives
-        from the view's last reader on (views have no span of their own). Program order resolves
-        chains of them."""
-        for v in sorted(self.facts.views, key=lambda n: self.position.get(n, -1)):
+        """A view of its operand's whole storage (``x.to(x.dtype)``, ``dropout(x, p=0)``, an alias,
+        and any reshape, transpose or permute of all of it: their backward is a view of the incoming
+        gradient) has its operand's gradient, one storage, so the operand's gradient lives from the
+        view's last reader on (views have no span of their own). Measured (issue 27): the logits'
+        ``reshape(-1, vocab)`` before the cross entropy; the logits' gradient is made by the loss's
+        backward, not the reshape's. Reverse program order resolves chains of them."""
+        for v in sorted(self.facts.views, key=lambda n: -self.position.get(n, -1)):
             last = self._last_reader.get((v, 0))
             key = self._identity_operand(v)
             if last is None or key is None or key not in self._last_reader:
@@ -276,16 +333,22 @@ class TraceBuilder:
             self._last_reader[key] = max(self._last_reader[key], last)
 
     def _identity_operand(self, v: str):
-        """(operand, slot) that view ``v`` is whole (same shape), or None."""
+        """(operand, slot) that view ``v`` is whole, or None: the same shape, or the same bytes
+        rearranged (``_WHOLE_VIEWS``)."""
         node = self.facts.nodes.get(v)
         ops = operands(node) if node is not None and v in self.facts.views else []
         if not ops or self.facts.kind.get(ops[0].node.name) != "op":
             return None
         key = (ops[0].node.name, output_slot(ops[0].node, ops[0].index))
         metas = self.facts.tensor_outputs(key[0])
-        if key[1] >= len(metas) or metas[key[1]].shape != self.facts.tensor_outputs(v)[0].shape:
+        mine = self.facts.tensor_outputs(v)
+        if key[1] >= len(metas) or not mine:
             return None
-        return key
+        if metas[key[1]].shape == mine[0].shape:
+            return key
+        if op_name(node.target) in _WHOLE_VIEWS and metas[key[1]].nbytes == mine[0].nbytes:
+            return key
+        return None
 
     def _owner(self, key: tuple[str, int]) -> tuple[str, int]:
         """The value that owns ``key``'s storage through identity views (``_identity_operand``)."""
@@ -320,6 +383,25 @@ class TraceBuilder:
             n = self.blocks.num_instances(self.blocks.type_of(name))
             at = self._recompute_at.setdefault(instance, {})
             at[i] = at.get(i, 0.0) + share * n
+
+    def _backward_workspace(self, name: str) -> float:
+        """Local bytes the backward of ``name`` holds beyond its operands' gradients
+        (``passes.capture.backward_workspace``, global shapes), scaled by how its largest operand is
+        split under its strategy."""
+        if not self.facts.training or name not in self.facts.requires_grad:
+            return 0.0
+        node = self.facts.nodes[name]
+        workspace = node.meta.get(WORKSPACE)
+        if workspace is None:
+            workspace = node.meta[WORKSPACE] = backward_workspace(node, lambda a: a.name in self.facts.requires_grad)
+        if not workspace:
+            return 0.0
+        placements = self.strategies[name].inputs
+        sized = [(operand_meta(op).nbytes, k) for k, op in enumerate(operands(node)) if k < len(placements)]
+        if not sized:
+            return float(workspace)
+        nbytes, k = max(sized)
+        return float(workspace) / self.cm.shard_factor(placements[k])
 
     def _form(self, name: str):
         """The storage form of parameter ``name`` when it is not plain (``storage_forms``), else None."""
