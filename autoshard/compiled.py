@@ -121,7 +121,7 @@ class CompiledModel(_TrainingState):
         self.env = self._program.env
         #: with ``compile=``: what was compiled over this rank's stages, what stayed eager and why, what
         #: compiling cost (``runtime.compiled_regions.CompileReport``; also in ``plan.summary()``)
-        self.compile_report = self._program.compile_report
+        self.compile_report = getattr(self._program, "compile_report", None)
         plan.compile_report = self.compile_report  # not a field: never saved
         self._held = None
         self._local_module = None
