@@ -200,18 +200,34 @@ def tensor_mismatches(label: str, got: dict, want: dict, tol: Tolerance = Tolera
     return out
 
 
+def _zero_slice_of(value: torch.Tensor, whole: torch.Tensor, piece: torch.Tensor) -> torch.Tensor:
+    """The part of ``value`` (laid out as ``whole``) that ``piece`` views: a ZeRO parameter's optimizer
+    slice is ``whole`` narrowed along one dim (``runtime.zero``), found from its shape and storage offset."""
+    dims = [d for d, (a, b) in enumerate(zip(whole.shape, piece.shape)) if a != b]
+    if len(dims) != 1:
+        return value
+    d = dims[0]
+    start = (piece.storage_offset() - whole.storage_offset()) // whole.stride(d)
+    return value.narrow(d, start, piece.shape[d])
+
+
 def compiled_gradient_mismatches(label: str, cm, reference: torch.nn.Module, tol: Tolerance = Tolerance()) -> list[str]:
     """Each rank's local gradient of a ``CompiledModel`` equals its shard of the single-device gradient."""
     env = cm.env
     full = {n: p.grad for n, p in reference.named_parameters(remove_duplicate=False)}
+    program = cm._program
+    wholes = program.local_parameters() if hasattr(program, "local_parameters") else None
+    named = list(cm.named_parameters())
     out = []
-    for name, local in cm.named_parameters():
+    for i, (name, local) in enumerate(named):
         want = full.get(name)
         if want is None or local.grad is None:
             if (want is None) != (local.grad is None):
                 out.append(f"{label}: {name} has a gradient on one side only")
             continue
         want = shard_tensor(want, cm.plan.param_placements[name], env.mesh.shape, env.coordinate)
+        if wholes is not None and len(wholes) == len(named) and wholes[i] is not local:
+            want = _zero_slice_of(want, wholes[i], local)
         if not tol.named_close(name, local.grad, want, atol=tol.grad_atol):
             out.append(f"{label}: gradient of {name} differs (max err {measured_distance(local.grad, want):.3g})")
     return out
