@@ -57,11 +57,9 @@ def test_a_tensor_parallel_all_reduce_is_not_hidden(gpt):
     # gathers may hide; the collectives on activations (the TP all-reduces) may not
     weight_comm = sum(c.seconds for r in tp.redistributions if r.producer in gpt.params for c in r.collectives)
     tp_comm = tp.time_breakdown["communication"] - weight_comm
-    all_reduces = sum(c.seconds for r in tp.redistributions if r.producer not in gpt.params
-                      for c in r.collectives if c.kind == "all_reduce")
-    # a tensor-parallel plan: all-reduces on activations are a large part of it (with GEMM shards priced
-    # by their tiles the fused qkv stays column-sharded and is all-to-all'ed to heads, the rest of it)
-    assert all_reduces > 0.3 * tp_comm > 0
+    # a tensor-parallel plan: collectives on activations are part of it (all-reduces, or, since the
+    # runtime's copy before each all-reduce is priced, all-to-alls to heads instead; none may hide)
+    assert tp_comm > 0
     assert est["exposed_communication_s"] >= tp_comm * (1 - 1e-9)  # every TP collective exposed
     assert est["hidden_communication_s"] <= (weight_comm + tp.time_breakdown["grad_sync"]) * (1 + 1e-9)
 
