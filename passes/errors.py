@@ -61,3 +61,7 @@ class BatchCouplingWarning(UserWarning):
 class PeakPricedWarning(UserWarning):
     """A hardware description gives datasheet peaks and nothing about the rates kernels and
     collectives achieve, so a plan is priced as if every GEMM, copy and collective ran at peak."""
+
+
+class LayoutError(AutoshardError, ValueError):
+    """A layout cannot be applied to this model or mesh (names the cause and what to choose instead)."""

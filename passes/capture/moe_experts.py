@@ -46,9 +46,10 @@ from typing import Iterator, Optional
 
 import torch
 import torch.nn as nn
+import torch.fx as fx
 import torch.nn.functional as F
 
-__all__ = ["moe_experts", "experts_forward", "experts_forward_capacity", "capacity_rows", "pair_slots",
+__all__ = ["is_moe_node", "moe_nodes", "capacity_factor_of", "moe_experts", "experts_forward", "experts_forward_capacity", "capacity_rows", "pair_slots",
            "expert_gemms", "scatter_rows", "gather_rows", "ACTIVATIONS", "CAPACITY_ATTR", "fused_experts",
            "set_moe_capacity_factor", "recognised_activation", "is_fusable_experts"]
 
@@ -272,3 +273,18 @@ def fused_experts(model: nn.Module) -> Iterator[list[str]]:
                 module.forward = old
             else:
                 del module.forward
+
+
+def is_moe_node(node: fx.Node) -> bool:
+    return node.op == "call_function" and str(node.target).startswith("autoshard.moe_experts")
+
+
+def moe_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """The ``moe_experts`` nodes of a program, in order (MoE layer ``i`` is the ``i``-th)."""
+    return [n for n in gm.graph.nodes if is_moe_node(n)]
+
+
+def capacity_factor_of(node: fx.Node) -> float:
+    """The ``capacity_factor`` argument of a ``moe_experts`` node (0: none, every pair computed)."""
+    value = node.args[7] if len(node.args) > 7 else node.kwargs.get("capacity_factor", 0.0)
+    return float(value or 0.0)

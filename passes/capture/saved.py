@@ -135,7 +135,7 @@ class _KernelOutputs(TorchDispatchMode):
         return out
 
 
-def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
+def fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None,
                      enable_gqa=False):
     """Scaled-dot-product attention as the fused CPU kernel runs it (see the module docstring)."""
     if attn_mask is not None and attn_mask.dtype == torch.bool:
@@ -145,12 +145,12 @@ def _fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal
     return out[0]
 
 
-_SDPA = torch.ops.aten.scaled_dot_product_attention.default
+SDPA_OPS = torch.ops.aten.scaled_dot_product_attention.default
 
 
-def _attention_call(args, kwargs):
+def attention_call(args, kwargs):
     """The arguments of an ``aten.scaled_dot_product_attention`` call by name."""
-    names = [a.name for a in _SDPA._schema.arguments]
+    names = [a.name for a in SDPA_OPS._schema.arguments]
     bound = dict(zip(names, args))
     bound.update(kwargs)
     return bound
@@ -171,10 +171,10 @@ class _Recorder(fx.Interpreter):
         return t
 
     def call_function(self, target, args, kwargs):
-        if target is _SDPA:
-            bound = _attention_call(args, kwargs)
+        if target is SDPA_OPS:
+            bound = attention_call(args, kwargs)
             if not bound.get("enable_gqa") and not bound.get("dropout_p"):
-                return _fused_attention(**bound)
+                return fused_attention(**bound)
         return super().call_function(target, args, kwargs)
 
     def run_node(self, n: fx.Node):

@@ -32,6 +32,7 @@ from typing import Mapping, Optional, Sequence, Union
 
 import torch.fx as fx
 
+from autoshard.passes.capture.moe_experts import capacity_factor_of, is_moe_node, moe_nodes
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.graph import operand_meta, operands
 from autoshard.passes.sharding.rules.moe import DISPATCH_LOWERINGS
@@ -51,15 +52,6 @@ ExpertLoad = Union[Sequence[float], Mapping[int, Sequence[float]]]
 
 class ExpertLoadError(AutoshardError, ValueError):
     """``expert_load`` does not fit the model's MoE layers."""
-
-
-def is_moe_node(node: fx.Node) -> bool:
-    return node.op == "call_function" and str(node.target).startswith("autoshard.moe_experts")
-
-
-def moe_nodes(gm: fx.GraphModule) -> list[fx.Node]:
-    """The ``moe_experts`` nodes of a program, in order (MoE layer ``i`` is the ``i``-th)."""
-    return [n for n in gm.graph.nodes if is_moe_node(n)]
 
 
 def moe_flops(ins: Sequence[TensorMeta]) -> float:
@@ -106,12 +98,6 @@ def imbalance(load: Optional[Sequence[float]], chunks: int) -> float:
         return 1.0
     per = len(load) // chunks
     return chunks * max(sum(load[c * per:(c + 1) * per]) for c in range(chunks))
-
-
-def capacity_factor_of(node: fx.Node) -> float:
-    """The ``capacity_factor`` argument of a ``moe_experts`` node (0: none, every pair computed)."""
-    value = node.args[7] if len(node.args) > 7 else node.kwargs.get("capacity_factor", 0.0)
-    return float(value or 0.0)
 
 
 def _capacity_rows(pairs: float, experts: int, factor: float) -> int:

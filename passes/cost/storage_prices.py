@@ -33,7 +33,6 @@ from autoshard.passes.spec import Shard, Strategy, TensorMeta
 
 if TYPE_CHECKING:  # pragma: no cover
     from autoshard.passes.cost.facts import GraphFacts
-    from autoshard.passes.cost.model import CostModel
 
 __all__ = ["storage_price"]
 

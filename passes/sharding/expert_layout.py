@@ -35,7 +35,7 @@ from typing import Optional
 
 import torch.fx as fx
 
-from autoshard.passes.cost.moe import capacity_factor_of, moe_nodes
+from autoshard.passes.capture.moe_experts import capacity_factor_of, moe_nodes
 from autoshard.passes.graph import META, CapturedGraph
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.rules.moe import EXPERT_DISPATCH, EXPERT_DISPATCH_CAPACITY
@@ -47,7 +47,7 @@ _R, _P, _S0 = Replicate(), Partial(), Shard(0)
 
 
 def _error(msg: str) -> Exception:
-    from autoshard.passes.sharding.layout_placements import LayoutError  # the layouts' error type
+    from autoshard.passes.errors import LayoutError  # the layouts' error type
     return LayoutError(msg)
 
 

@@ -40,8 +40,8 @@ from typing import Optional
 import torch
 import torch.fx as fx
 
-from autoshard.passes.cost.moe import is_moe_node
-from autoshard.passes.errors import AutoshardError
+from autoshard.passes.capture.moe_experts import is_moe_node
+from autoshard.passes.errors import AutoshardError, LayoutError  # LayoutError re-exported: the layouts' error type
 from autoshard.passes.graph import META, MODULE, CapturedGraph
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.expert_layout import ExpertAxes, expert_axes_like_attention, expert_layout_pins, router_matmuls
@@ -51,9 +51,6 @@ __all__ = ["LayoutError", "LayoutAxes", "TensorParallelRoles", "tensor_parallel_
 
 aten = torch.ops.aten
 
-
-class LayoutError(AutoshardError, ValueError):
-    """A layout cannot be applied to this model or mesh (names the cause and what to choose instead)."""
 
 
 @dataclass(frozen=True)

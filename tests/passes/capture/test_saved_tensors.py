@@ -88,7 +88,7 @@ def test_a_program_the_meta_device_cannot_run_falls_back_and_says_why(monkeypatc
     def no_meta_kernel(*args, **kwargs):
         raise NotImplementedError("Could not run 'aten::fused' with arguments from the 'Meta' backend")
 
-    monkeypatch.setattr(saved, "_fused_attention", no_meta_kernel)
+    monkeypatch.setattr(saved, "fused_attention", no_meta_kernel)
     _, _, _, cg = _captured("gpt")
     assert saved_info(cg) is None
     assert saved_status(cg).startswith("NotImplementedError: Could not run")
