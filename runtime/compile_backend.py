@@ -168,6 +168,10 @@ class RegionCompiler:
 
     def compile(self, body: torch.nn.Module) -> Callable:
         """``body`` compiled lazily (at its first call) by this backend, shapes static."""
+        # a pipeline's split backward (ZB schedules: B, then W) runs a region's backward with
+        # retain_graph=True, which AOTAutograd's donated buffers refuse; donating saves no step time here
+        import torch._functorch.config as functorch_config
+        functorch_config.donated_buffer = False
         return torch.compile(body, backend=self._backend, dynamic=False)
 
     def call(self, fn: Callable, args: tuple, stats: CompileStats):

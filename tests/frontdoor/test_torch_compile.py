@@ -121,8 +121,6 @@ def test_pipeline_stages_compiled_aot_eager():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="KNOWN FAILURE (open): fails in the slow tier since the compile port met the rank "
-                          "alignment / collective-watch merge on 2026-11-29; not yet investigated", strict=False)
 def test_pipeline_stages_compiled_inductor():
     failures = failures_of(run_ranks(_pipeline_worker, 2, "inductor", timeout=1800))
     assert not failures, "\n".join(failures)
