@@ -213,7 +213,8 @@ def replan_at_microbatch(plan: Plan, full: CapturedGraph, small: CapturedGraph, 
             return plan_sharding(graphs[i].captured, s.mesh, hardware=ctx.hardware, memory_limit=walk_limit,
                                  optimizer=ctx.optimizer, time_limit_s=ctx.time_limit_s,
                                  pins=stage_pins(params, graphs[i].captured),
-                                 levers=stage_levers(levers, graphs[i].captured))
+                                 levers=stage_levers(levers, graphs[i].captured),
+                                 storage_forms=False)  # a pipeline's stages run plain storage forms only
         arrivals = {n: sent[n] for n, _ in graphs[i].receives if n in sent}
         solution = _fitted_stage(solve, lambda sol, i=i, s=s, arrivals=arrivals: stage_solution(
             sol, graphs[i], plan.schedule, plan.pp, plan.microbatches, s.recompute, arrivals=arrivals),
