@@ -21,7 +21,7 @@ import torch
 from autoshard.passes.errors import BatchError, PlanFormatError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import LEVER_KEYWORDS, LEVERS, BlockPolicy, Levers, block_levers, block_type, check_lever
-from autoshard.passes.solve.clustering import block_instance, module_path
+from autoshard.passes.pipeline.stages.retrace import block_types
 from autoshard.passes.solve.lever_pins import LeverPins
 
 __all__ = ["LEVER_KEYWORDS", "lever_pins", "check_lever_values", "block_types", "check_block_levers", "pin_levers",
@@ -41,16 +41,6 @@ def check_block_levers(captured: CapturedGraph, lever_args: dict) -> None:
     for row in block_levers():
         if lever_args.get(row.keyword) is not None:
             _per_block(row.keyword, lever_args[row.keyword], known)
-
-
-def block_types(captured: CapturedGraph) -> list[str]:
-    """The repeated-block types of a captured program ("layers.#"), in order of first op."""
-    out: list[str] = []
-    for node in captured.gm.graph.nodes:
-        found = block_instance(module_path(node, captured)) if node.op == "call_function" else None
-        if found and block_type(found[1]) not in out:
-            out.append(block_type(found[1]))
-    return out
 
 
 def _per_block(name: str, value, known: list[str]) -> dict:

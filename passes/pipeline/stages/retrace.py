@@ -36,7 +36,7 @@ from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import Redistribution, Solution
 
-__all__ = ["match_nodes", "align_nodes", "retrace_stage_nodes", "microbatch_plan", "replan_at_microbatch",
+__all__ = ["block_types", "match_nodes", "align_nodes", "retrace_stage_nodes", "microbatch_plan", "replan_at_microbatch",
            "stage_pins", "stage_levers"]
 
 
@@ -125,7 +125,8 @@ def stage_pins(params: Optional[dict], stage_captured: CapturedGraph) -> Optiona
     return Pins(params=mine) if mine else None
 
 
-def _block_types(captured: CapturedGraph) -> list[str]:
+def block_types(captured: CapturedGraph) -> list[str]:
+    """The repeated-block types of a captured program ("layers.#"), in order of first op."""
     out: list[str] = []
     for node in captured.gm.graph.nodes:
         found = block_instance(module_path(node, captured)) if node.op == "call_function" else None
@@ -141,7 +142,7 @@ def stage_levers(levers: Optional[LeverPins], stage_captured: CapturedGraph) -> 
     this stage holds (a stage of the embedding alone has none)."""
     if levers is None:
         return None
-    kinds = _block_types(stage_captured)
+    kinds = block_types(stage_captured)
 
     def mine(pin):
         if not isinstance(pin, dict):
