@@ -44,13 +44,13 @@ def results():
     return merge_results(run_ranks(float64_worker, 4, MODELS, timeout=1800))
 
 
-@pytest.mark.slow
 # KNOWN FAILURE (open, found 2026-11-29 at the end of the session that merged ZeRO storage forms, host-copy
 # pricing and rank alignment): mixtral_batched's random plan (seed 2) on (2, 2) ends with
 # model.embed_tokens.weight's gradient 1.19e-10 off one device in float64; not yet bisected.
 _KNOWN = {"mixtral_batched": "embed_tokens gradient 1.19e-10 off under random plan seed 2 (open, see the session note)"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [pytest.param(m, marks=pytest.mark.xfail(reason=_KNOWN[m], strict=False))
                                   if m in _KNOWN else m for m in MODELS])
 def test_zoo_model_matches_one_device_in_float64(results, name):
