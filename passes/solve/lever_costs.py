@@ -42,7 +42,7 @@ from autoshard.passes.cost.moe import is_moe_node, work_factor
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel, NodePrice
 from autoshard.passes.graph import CapturedGraph
-from autoshard.passes.levers import BlockPolicy
+from autoshard.passes.levers import BlockPolicy, block_levers, block_policies
 from autoshard.passes.solve.blocks import BlockMap, storage_owner
 from autoshard.passes.solve.clustering import OUTPUT, graph_edges
 from autoshard.passes.spec import Strategy, TensorMeta
@@ -50,16 +50,25 @@ from autoshard.passes.writes import written_operands
 
 __all__ = ["POLICIES", "KEEP", "RESHARD", "SELECTIVE", "FULL", "LeverPrice", "LeverPricer", "policy_index"]
 
-POLICIES: tuple[BlockPolicy, ...] = (BlockPolicy("none", False), BlockPolicy("none", True),
-                                     BlockPolicy("selective", True), BlockPolicy("full", True))
-KEEP, RESHARD, SELECTIVE, FULL = range(4)
+#: the block policy space, generated from the lever table's per-block rows (``passes.levers.block_policies``)
+POLICIES: tuple[BlockPolicy, ...] = block_policies()
+#: the policies this module prices (the checkpoint and reshard_after_forward levers' price hook)
+KEEP, RESHARD, SELECTIVE, FULL = (POLICIES.index(p) for p in (
+    BlockPolicy(), BlockPolicy(reshard_after_forward=True),
+    BlockPolicy(checkpoint="selective", reshard_after_forward=True),
+    BlockPolicy(checkpoint="full", reshard_after_forward=True)))
 
 
 def policy_index(policy: BlockPolicy) -> int:
-    """The index in ``POLICIES`` of a ``BlockPolicy`` (a recomputing one re-gathers either way)."""
-    if policy.checkpoint == "none":
-        return RESHARD if policy.reshard_after_forward else KEEP
-    return SELECTIVE if policy.checkpoint == "selective" else FULL
+    """The index in ``POLICIES`` of a ``BlockPolicy``, with the values its levers force filled in (a
+    recomputing one re-gathers either way)."""
+    forced = {}
+    for row in block_levers():
+        value = row.forced_by({r.keyword: getattr(policy, r.keyword) for r in block_levers() if r is not row}) \
+            if row.forced_by is not None else None
+        if value is not None:
+            forced[row.keyword] = value
+    return POLICIES.index(policy.replace(**forced) if forced else policy)
 
 
 @dataclass
