@@ -226,9 +226,13 @@ class Lever:
     their product in table order. ``forced_by(values) -> value | None``: the value the block's other
     levers (``{keyword: value}``, those known) force on this one, None where they leave it free; a
     forced value is never pinned and a pin against it is refused, saying ``forced_why``. ``label``: how
-    the summary names it. ``effects``: the modules that give it its price and its runtime effect
-    (``passes/solve/lever_costs.py`` reads the block policy, ``runtime/lower.py`` the plan's levers);
-    ``tests/frontdoor/test_lever_table.py`` checks each names the keyword."""
+    the summary names it. ``price(value, item, hardware)``: for a per-block lever, its price beside its
+    row: adjusts in place the ``LeverPrice`` (``seconds``; bytes per device ``kept``, ``gathered``,
+    ``recompute``, ``gathered_transient``) of every op and operand read of a block whose policy pulls it
+    (value not the default), after the block's other levers priced it (``passes/solve/lever_costs.py``
+    calls it; it reaches the ILP, the exact memory walk and the plan's estimates alike); None: the
+    lever is priced by the modules ``effects`` names. ``effects``: the modules that give it its price
+    and its runtime effect (``tests/frontdoor/test_lever_table.py`` checks each names the keyword)."""
     keyword: str
     json_key: str
     per_block: bool
@@ -242,6 +246,7 @@ class Lever:
     forced_by: Optional[Callable[[dict], Any]] = None
     forced_why: str = ""
     label: str = ""
+    price: Optional[Callable[[Any, Any, Any], None]] = None
     effects: tuple[str, ...] = ()
 
     def __post_init__(self):

@@ -7,6 +7,7 @@ import pathlib
 
 import pytest
 
+import autoshard
 import autoshard.passes.levers as lever_table
 from autoshard.options import PlanOptions
 from autoshard.passes.errors import AutoshardError
@@ -22,10 +23,20 @@ def _offload_problem(flag):
     return None if isinstance(flag, bool) else f"offload_activations= takes True/False, got {flag!r}"
 
 
+#: an illustrative host link for the test's lever (bytes/s each way), not a cost-model constant
+HOST_LINK = 25e9
+
+
+def _offload_price(on, item, hardware):
+    """The activations a block keeps go to the host and come back for the backward."""
+    item.seconds += 2 * item.kept / HOST_LINK
+    item.kept = 0.0
+
+
 #: a per-block lever the table does not have: the guide's worked example (docs/extension.md)
 OFFLOAD = Lever("offload_activations", "offload_activations", True, "True/False per repeated-block type",
-                _offload_problem, False, from_json=bool, choices=(False, True),
-                effects=("passes/solve/lever_costs.py", "runtime/lower.py"))
+                _offload_problem, False, from_json=bool, choices=(False, True), price=_offload_price,
+                effects=("runtime/lower.py",))
 
 
 @pytest.fixture
@@ -54,6 +65,22 @@ def test_a_lever_added_as_a_row_reaches_the_policy_space_pins_json_and_summary(o
     assert BlockPolicy.from_json({"checkpoint": "full", "reshard_after_forward": True}).offload_activations is False
     # the summary names it by its label
     assert "offload activations True" in lever_text(levers)
+
+
+def test_a_lever_priced_beside_its_row_is_planned_with_that_price(offload_row):
+    """The planner prices the test-local lever through its row's ``price`` hook: pinned on, a GPT's blocks
+    keep no activations on the device (the plan's estimated peak drops) and the step
+    pays their moves; the plan's levers and summary carry it."""
+    from autoshard.testing import models
+    model, inputs, target, loss = models.gpt(d=64, n_layer=2, seq=32)
+    kw = dict(example_inputs=inputs, loss_fn=loss, example_target=target, hardware="h100", time_limit_s=10,
+              accumulation=1, checkpoint="none", reshard_after_forward=False)
+    plain = autoshard.plan(model, (2,), **kw, offload_activations=False)
+    off = autoshard.plan(model, (2,), **kw, offload_activations=True)
+    assert off.solution.levers.blocks and all(p.offload_activations for p in off.solution.levers.blocks.values())
+    assert off.estimated_memory < plain.estimated_memory
+    assert off.estimated_step_time > plain.estimated_step_time
+    assert "offload activations True" in off.summary()
 
 
 def test_the_generated_policy_space_is_the_one_the_planner_prices():
