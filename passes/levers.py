@@ -17,9 +17,12 @@ Plain data; JSON through ``to_json``/``from_json`` (dtypes by name), never pickl
 
 ``LEVERS`` is the one table of the levers: each row (``Lever``) names its ``plan``/``compile`` keyword,
 its JSON key, whether it is chosen per block type, what values it takes, their check, its default
-(the value when it is not pulled) and whether the planner chooses it. The front door takes its lever
-keywords from the table, every value check (keyword, ``LeverPins``, ``BlockPolicy``, ``Levers``) is
-the table's ``check_lever``, and ``BlockPolicy`` / ``Levers`` write their JSON keys from it.
+(the value when it is not pulled) and whether the planner chooses it, and its hooks: the values the
+planner tries (``choices``), what the block's other levers force on it (``forced_by``), its price
+(``price``) and the modules that give it its effect. The front door takes its lever keywords from the
+table, every value check (keyword, ``LeverPins``, ``BlockPolicy``, ``Levers``) is the table's
+``check_lever``, ``BlockPolicy`` / ``Levers`` hold and write its values, and the block policy space
+(``block_policies``), the pins (``passes.solve.lever_pins``) and the summary are generated from it.
 
 >>> Levers(accumulation=2, blocks={"blocks.#": BlockPolicy("full")}).to_json()["blocks"]
 {'blocks.#': {'checkpoint': 'full', 'reshard_after_forward': False}}

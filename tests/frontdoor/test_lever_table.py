@@ -23,8 +23,8 @@ def _offload_problem(flag):
     return None if isinstance(flag, bool) else f"offload_activations= takes True/False, got {flag!r}"
 
 
-#: an illustrative host link for the test's lever (bytes/s each way), not a cost-model constant
-HOST_LINK = 25e9
+#: bytes/s each way over PCIe 5.0 x16: 32 GT/s x 16 lanes, 128b/130b encoding (PCI-SIG base spec 5.0)
+HOST_LINK = 32e9 * 16 * 128 / 130 / 8
 
 
 def _offload_price(on, item, hardware):
