@@ -97,10 +97,8 @@ def test_float64_sweep_runs_mixtral_in_float64(monkeypatch):
     sweep runs Mixtral with that softmax in float64."""
     from autoshard.passes.capture.export import capture
     from autoshard.testing.hf_zoo import build
-    from autoshard.testing.zoo_check import _to_dtype
     _float32_parts_in_input_dtype(monkeypatch.setattr)
     torch.manual_seed(0)
-    model, inputs, target, loss_fn = build("mixtral_batched")
-    model, inputs, target = model.double(), _to_dtype(inputs, torch.float64), _to_dtype(target, torch.float64)
-    captured = capture(model, inputs, loss_fn=loss_fn, target=target)
+    model, inputs, target, loss_fn = build("mixtral_batched")  # token ids in, token ids as the target
+    captured = capture(model.double(), inputs, loss_fn=loss_fn, target=target)
     assert narrower_on_gradient_path(captured, torch.float64) == []
