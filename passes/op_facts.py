@@ -1,10 +1,11 @@
 """What the compiler knows of an op besides its sharding rule: how its work is priced and what autograd
 keeps of it. One table, ``OP_FACTS``, keyed as the rules are (an ``OpOverload``, its packet for every
-overload, or a qualified name ``"ns::op"``), filled beside each rule: ``register_rule(..., facts=...)``
+overload, a qualified name ``"ns::op"``, or a Python callable such as ``operator.getitem``), filled beside each rule: ``register_rule(..., facts=...)``
 or ``register_facts(op, facts=...)`` in the rule's family module (``passes/sharding/rules/``).
 
 Readers: the cost model (``passes/cost/facts.py``: an op with ``flops`` is compute-bound, priced by
-FLOPs / peak FLOP/s, every other op memory-bound) and the saved-tensor analysis
+FLOPs / peak FLOP/s, every other op memory-bound, by its kernel class and byte rule; views, free calls
+and ops without a gradient) and the saved-tensor analysis
 (``passes/capture/saved.py``: ``selective_save``, ``saved_as``) with the runtime's selective
 checkpointing policy (``runtime/recompute.py``). No reader finds an op by its name.
 
@@ -19,7 +20,7 @@ May import: torch only (this is ``passes`` vocabulary: every stage may read it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 __all__ = ["OpFacts", "OP_FACTS", "register_facts", "op_facts", "find_registered", "qualified_names"]
 
@@ -44,6 +45,15 @@ class OpFacts:
     matmuls and fused attention; the runtime's policy and the cost model agree through this).
     ``saved_as(args, kwargs) -> value | None``: what the saved-tensor analysis runs in the op's place (the
     kernel the device would really run), None where the op itself runs.
+
+    A memory-bound op (no ``flops``) is priced by the bytes its kernels move at its kernel class's rate
+    (``passes/cost/kernel_classes.py``): ``kernel_class``, a key of ``CLASS_RATIO`` or a function of the
+    call's operand metas; ``memory_bytes(node, in_metas, out_metas) -> (forward, backward) | None``, the
+    bytes its forward and backward kernels move, None (or unset): operand + output bytes both ways.
+    ``view``: the op returns its operand or a view of it (free on the device, still one dispatch), or a
+    function of the fx node saying so per call; ``transposing``: a view whose result is not contiguous
+    (a ``contiguous`` of it copies); ``free_call``: not an ATen dispatch at all (``operator.getitem``);
+    ``no_grad``: its output never carries a gradient (``detach``, ``*_like`` constructors).
     """
     flops: Optional[Callable[[Any], Optional[float]]] = None
     grad_operands: tuple[int, ...] = (0, 1)
@@ -53,10 +63,24 @@ class OpFacts:
     backward_gemms: Optional[int] = None
     selective_save: bool = False
     saved_as: Optional[Callable[[tuple, dict], Any]] = None
+    kernel_class: Union[str, Callable[[list], str]] = "elementwise"
+    memory_bytes: Optional[Callable[[Any, list, list], Optional[tuple[float, float]]]] = None
+    view: Union[bool, Callable[[Any], bool]] = False
+    transposing: bool = False
+    free_call: bool = False
+    no_grad: bool = False
 
     @property
     def compute_bound(self) -> bool:
         return self.flops is not None
+
+    def class_of(self, in_metas: list) -> str:
+        """The memory-bound kernel class of one call with operand metas ``in_metas``."""
+        return self.kernel_class(in_metas) if callable(self.kernel_class) else self.kernel_class
+
+    def is_view(self, node) -> bool:
+        """Whether this call (an fx node) returns (a view of) its operand: no kernel runs, no storage."""
+        return self.view(node) if callable(self.view) else self.view
 
 
 OP_FACTS: dict[Any, OpFacts] = {}

@@ -13,17 +13,14 @@ no op is recognised by its name. Every other op is memory-bound,
 (bytes read + written) / memory bandwidth, with backward = 1x forward; on hardware with the
 achievable-throughput model, by the bytes its kernels move and its kernel class's rate
 (``passes/cost/kernel_classes.py``); views (and ``to`` casts to the dtype a tensor already has)
-cost nothing.
+cost nothing. Which ops are views, which cut the gradient and which dispatch nothing (``getitem``) are
+``OpFacts`` too (``passes/sharding/rules/kernel_facts.py``).
 
 Launch overhead: every op dispatch costs ``hardware.op_overhead_s`` on every rank, NOT divided by
 sharding (a launch costs the same for a shard): each op (views included, ``getitem`` excluded) once
 forward and once per backward op (a matmul with two operand gradients runs two), and each parameter
 once (autograd accumulating its gradient). ``launches(name)`` counts them; the cost model adds the
 launches of collectives and gradient buckets.
-
->>> import operator, torch
->>> op_name(torch.ops.aten.linear.default), op_name(operator.getitem)
-('linear', 'getitem')
 """
 from __future__ import annotations
 
@@ -42,41 +39,12 @@ from autoshard.passes.schema import bind_args
 from autoshard.passes.sharding.rules import op_call  # importing the rules registers every op's facts
 from autoshard.passes.spec import TensorMeta
 
-__all__ = ["GraphFacts", "op_name", "matmul_flops", "gemm_dims", "local_gemm_dims"]
-
-_VIEWS = {"view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t", "permute", "expand",
-          "expand_as", "squeeze", "unsqueeze", "slice", "select", "split", "split_with_sizes", "unbind",
-          "chunk", "narrow", "alias", "detach", "as_strided", "view_as", "flatten", "unflatten",
-          "diagonal", "movedim", "getitem", "lift_fresh", "view_as_real", "view_as_complex",
-          "_assert_tensor_metadata", "sym_size", "sym_numel"}
-_NO_GRAD = {"detach", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
-            "argmax", "argmin", "arange", "zeros", "ones", "empty", "full", "scalar_tensor",
-            "_assert_tensor_metadata", "lift_fresh_copy"}
-_FREE_CALLS = {"getitem", "sym_size", "sym_numel", "_assert_tensor_metadata"}  # no ATen dispatch
-
-
-def op_name(target) -> str:
-    """``aten.linear.default`` -> ``linear``; ``operator.getitem`` -> ``getitem``."""
-    packet = getattr(target, "overloadpacket", None)
-    if packet is not None:
-        return packet.__name__
-    return getattr(target, "__name__", str(target))
-
+__all__ = ["GraphFacts", "matmul_flops", "gemm_dims", "local_gemm_dims"]
 
 def _floating(meta) -> bool:
     """Whether a value can carry a gradient: floating or complex (a complex RoPE product does)."""
     return isinstance(meta, TensorMeta) and (meta.dtype.is_floating_point or meta.dtype.is_complex)
 
-
-
-def _identity_dropout(node: fx.Node, name: str) -> bool:
-    """``dropout(x, p=0)`` (or not training) returns ``x`` itself: ATen's ``dropout`` takes the fused
-    kernel only for ``0 < p < 1`` and otherwise ``_dropout_impl`` returns its input when ``p == 0 or
-    not train`` (aten/src/ATen/native/Dropout.cpp), so it owns no storage and autograd records no node."""
-    if name != "dropout" or len(node.args) < 3:
-        return False
-    p, train = node.args[1], node.args[2]
-    return isinstance(p, (int, float)) and isinstance(train, bool) and (p == 0 or not train)
 
 
 class GraphFacts:
@@ -121,30 +89,24 @@ class GraphFacts:
             if node.op != "call_function":
                 continue
             self.kind[node.name] = "op"
-            name = op_name(node.target)
-            if name in _VIEWS or (name == "to" and self._same_as_operand(node)) or _identity_dropout(node, name):
-                self.views.add(node.name)  # ``x.to(x.dtype)`` returns x itself
+            facts = op_facts(node.target)
+            if facts.is_view(node):  # e.g. ``x.to(x.dtype)`` returns x itself
+                self.views.add(node.name)
             ins = [a for a in node.all_input_nodes if a.name in self.requires_grad]
             metas = outputs(node)
-            if ins and name not in _NO_GRAD and any(_floating(m) for m in metas):
+            if ins and not facts.no_grad and any(_floating(m) for m in metas):
                 self.requires_grad.add(node.name)
-            self._compute[node.name] = self._op_seconds(node, name)
+            self._compute[node.name] = self._op_seconds(node, facts)
 
-    @staticmethod
-    def _same_as_operand(node: fx.Node) -> bool:
-        ops = operands(node)
-        return len(ops) == 1 and outputs(node) == [operand_meta(ops[0])]
-
-    def _op_seconds(self, node: fx.Node, name: str) -> tuple[float, float]:
+    def _op_seconds(self, node: fx.Node, facts: OpFacts) -> tuple[float, float]:
         if node.name in self.views:
-            if name not in _FREE_CALLS:  # a view is free on the device but still one dispatch
+            if not facts.free_call:  # a view is free on the device but still one dispatch
                 self._launches[node.name] = 1 + (1 if node.name in self.requires_grad else 0)
             return 0.0, 0.0
         ops = operands(node)
         in_metas = [operand_meta(o) for o in ops]
         out_metas = [m for m in outputs(node) if m is not None]
         grad_out = node.name in self.requires_grad
-        facts = op_facts(node.target)
         flops = _flops(node, facts, out_metas)
         if flops is not None:
             fwd = flops / self.hardware.peak_flops(out_metas[0].dtype)
@@ -175,7 +137,7 @@ class GraphFacts:
             return fwd, fwd * factor
         self._launches[node.name] = 1 + (1 if grad_out else 0)
         if achievable(self.hardware):  # per kernel class, the bytes its kernels move (kernel_classes.py)
-            cls, fwd_bytes, bwd_bytes = memory_bound_price(node, name, in_metas, out_metas)
+            cls, fwd_bytes, bwd_bytes = memory_bound_price(node, in_metas, out_metas)
             self.kernel_classes[node.name] = cls
             return (class_seconds(self.hardware, cls, fwd_bytes),
                     class_seconds(self.hardware, cls, bwd_bytes) if grad_out else 0.0)

@@ -44,7 +44,6 @@ import math
 
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel, NodePrice
-from autoshard.passes.cost.facts import op_name
 from autoshard.passes.capture.backward_workspace import backward_workspace
 from autoshard.passes.graph import CapturedGraph, operand_meta, operands
 from autoshard.passes.layout.gathers import gather_groups
@@ -57,6 +56,14 @@ from autoshard.passes.solve.storage_trace import StorageTrace
 from autoshard.passes.spec import Strategy
 
 __all__ = ["TraceBuilder", "STEP_COUNTER_BYTES"]
+
+
+def _op_name(target) -> str:
+    """``aten.view.default`` -> ``view``; ``operator.getitem`` -> ``getitem`` (moved here from
+    ``cost/facts.py``, whose pricing no longer reads names; these tables are still by name)."""
+    packet = getattr(target, "overloadpacket", None)
+    return packet.__name__ if packet is not None else getattr(target, "__name__", str(target))
+
 
 #: ops whose backward passes the output's gradient to their first N operands as it is
 _PASS_THROUGH = {"add": 2, "add_": 2, "sub": 1, "sub_": 1}
@@ -346,7 +353,7 @@ class TraceBuilder:
             return None
         if metas[key[1]].shape == mine[0].shape:
             return key
-        if op_name(node.target) in _WHOLE_VIEWS and metas[key[1]].nbytes == mine[0].nbytes:
+        if _op_name(node.target) in _WHOLE_VIEWS and metas[key[1]].nbytes == mine[0].nbytes:
             return key
         return None
 
@@ -362,14 +369,14 @@ class TraceBuilder:
         into the output's (one storage, alive to the earliest such operand's producer). Residual
         streams chain: adds are merged in program order."""
         adds = sorted((self.position[n], n) for n in self.facts.kind
-                      if self.facts.kind[n] == "op" and op_name(self.facts.nodes[n].target) in _PASS_THROUGH)
+                      if self.facts.kind[n] == "op" and _op_name(self.facts.nodes[n].target) in _PASS_THROUGH)
         for at, name in adds:
             out = spans.get((name, 0))
             if out is None:
                 continue
             node = self.facts.nodes[name]
             shape = self.facts.tensor_outputs(name)[0].shape
-            for k, op in enumerate(operands(node)[:_PASS_THROUGH[op_name(node.target)]]):
+            for k, op in enumerate(operands(node)[:_PASS_THROUGH[_op_name(node.target)]]):
                 key = self._owner((op.node.name, output_slot(op.node, op.index)))
                 span = spans.get(key)
                 if span is None or span[1] != at or self.facts.tensor_outputs(key[0])[key[1]].shape != shape:

@@ -21,6 +21,8 @@ op touches one file, its family module::
 
 A rule's ``facts=`` (``passes/op_facts.py``: FLOPs of a compute-bound op, its GEMM shape, what autograd
 keeps of it) go in the same call; ``register_facts`` records them for an op without a rule of its own.
+``kernel_facts`` holds every other op's pricing facts (memory-bound kernel class, byte rule, view,
+no gradient).
 
 A new family is a new module here, named in the import and in ``FAMILIES`` below.
 
@@ -31,8 +33,8 @@ from autoshard.passes.sharding.rules.registry import (
     LOCAL_CHECKS, RULES, OpCall, local_check, lookup, op_call, register_rule, rule_strategies,
 )
 from autoshard.passes.sharding.rules import (
-    attention, complex_views, conv, elementwise, embedding, factory, getitem, grouped_mm, indexing, losses, matmul,
-    moe, norms, pooling, reductions, upsampling, view_scatters, views,
+    attention, complex_views, conv, elementwise, embedding, factory, getitem, grouped_mm, indexing, kernel_facts,
+    losses, matmul, moe, norms, pooling, reductions, upsampling, view_scatters, views,
 )
 
 FAMILIES = (attention, complex_views, conv, elementwise, embedding, factory, getitem, grouped_mm, indexing, losses,

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from autoshard.passes.capture.export import capture
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.hardware import PRESETS
-from autoshard.passes.cost.kernel_classes import CLASS_RATIO, KERNELS, register_kernel
+from autoshard.passes.cost.kernel_classes import CLASS_RATIO, register_kernel
+from autoshard.passes.op_facts import OP_FACTS
 from autoshard.passes.cost.kernels import exposed_write, gemm_seconds
 from autoshard.passes.cost.optimizer_step import accumulation_bytes, optimizer_step_bytes
 from autoshard.passes.mesh import Mesh
@@ -92,7 +93,7 @@ def test_a_custom_op_declares_its_class_and_bytes():
         rate = H100.memory_bandwidth * H100.memory_efficiency * CLASS_RATIO["softmax"]
         assert facts.compute(node)[0] == pytest.approx(1.5 * 256 * 256 * 4 / rate)
     finally:
-        KERNELS.pop("autoshard_test::half_read")
+        OP_FACTS.pop("autoshard_test::half_read")
     with pytest.raises(ValueError, match="kernel class"):
         register_kernel("autoshard_test::x", "vector")
 
