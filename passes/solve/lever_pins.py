@@ -7,7 +7,8 @@
 
 - ``accumulation``: an int k (the global batch runs as k microsteps), or None: the planner picks
   among the divisors of the batch.
-- ``checkpoint``: "none" | "selective" | "full" for every block type, a dict from block type (or an
+- ``checkpoint``: "none" | "selective" | "full" | "selective_op" (torchtitan's op-level policy,
+  never chosen unless pinned) for every block type, a dict from block type (or an
   fnmatch pattern over block types, ``"model.layers.*"``) to one of those, or None: chosen per type.
 - ``reshard_after_forward``: True / False for every block type, a dict as above, or None: chosen.
   A recomputing block gathers its sharded parameters again whatever is kept: False given per block
@@ -26,7 +27,7 @@ from typing import Optional, Union
 
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.levers import LEVERS, MixedPrecision, check_lever
-from autoshard.passes.solve.lever_costs import POLICIES
+from autoshard.passes.solve.lever_costs import PINNED_ONLY, POLICIES
 
 __all__ = ["LeverPins"]
 
@@ -65,7 +66,8 @@ class LeverPins:
         found = {}
         for t in block_types:
             allowed = [i for i, p in enumerate(POLICIES)
-                       if checkpoint.get(t, p.checkpoint) == p.checkpoint
+                       if (i not in PINNED_ONLY or t in checkpoint)
+                       and checkpoint.get(t, p.checkpoint) == p.checkpoint
                        and reshard.get(t, p.reshard_after_forward) == p.reshard_after_forward]
             if not allowed:
                 raise AutoshardError(
