@@ -67,7 +67,8 @@ def test_priced_recompute_is_what_the_op_level_policy_recomputes():
     from autoshard.passes.cost.hardware import PRESETS
     from autoshard.passes.cost.facts import matmul_flops
     from autoshard.passes.solve.blocks import block_map
-    from autoshard.passes.solve.lever_costs import SELECTIVE_OP, LeverPricer
+    from autoshard.passes.levers import BlockPolicy
+    from autoshard.passes.solve.lever_costs import LeverPricer, policy_index
     from autoshard.passes.solve.solution import pricing_for
     torch.set_num_threads(1)
     plain, _ = _step_kernel_flops("none")
@@ -79,7 +80,7 @@ def test_priced_recompute_is_what_the_op_level_policy_recomputes():
     in_blocks = [n for n in pricer.blocks.instance if facts.kind.get(n) == "op"]
     priced = []
     for name in in_blocks:
-        base, price = pricer.node(name, strategies[name], SELECTIVE_OP)
+        base, price = pricer.node(name, strategies[name], policy_index(BlockPolicy("selective_op", True)))
         if price.seconds > base.seconds:
             priced.append(name)
     assert sorted(priced) == sorted(pricer.op_level_recomputed(in_blocks))
