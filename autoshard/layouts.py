@@ -271,9 +271,10 @@ def fsdp(tp: int = 1, pp: int = 1, cp: int = 1, checkpoint: str = "none", reshar
          replicas: int = 1, dp: Optional[int] = None, microbatch_size: Optional[int] = None, schedule: str = "1f1b",
          virtual_stages: int = 1, ep: int = 1, etp: Optional[int] = None) -> Layout:
     """torchtitan's FSDP2 / HSDP (``replicas``) + TP (sequence parallel, as torchtitan applies it) + PP +
-    CP. ``checkpoint``: torchtitan's activation checkpointing ("none" | "selective" | "full"); "selective"
-    is the planner's selective policy (every matmul and attention output kept, the rest recomputed), not
-    torchtitan's op-level policy, which also recomputes every second matmul (``passes/solve/lever_costs.py``).
+    CP. ``checkpoint``: torchtitan's activation checkpointing ("none" | "selective" | "full" |
+    "selective_op"); "selective_op" is torchtitan's selective op AC (``mode="selective"``,
+    ``selective_ac_option="op"``: attention and every other ``aten.mm`` output kept, the rest recomputed);
+    "selective" is the planner's own selective policy (every matmul and attention output kept).
     ``ep`` / ``etp``: expert parallel as torchtitan applies it (experts split over ep ranks taken from the data-
     parallel, cp and, with ``etp=1``, tp ranks; their weights FSDP-sharded over the rest)."""
     return Layout("fsdp", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, virtual_stages=virtual_stages, microbatch_size=microbatch_size,

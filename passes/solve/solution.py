@@ -28,7 +28,7 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.strategies import unruled_ops
 from autoshard.passes.solve.blocks import BlockMap, block_map
 from autoshard.passes.solve.clustering import OUTPUT, graph_edges, output_placements
-from autoshard.passes.solve.fused_gathers import fused_gather_correction
+from autoshard.passes.solve.fused_gathers import fused_gather_copies, fused_gather_correction
 from autoshard.passes.solve.gather_timeline import Segment, gathered_peak, segment_of
 from autoshard.passes.solve.lever_costs import LeverPricer, policy_index
 from autoshard.passes.solve.microbatch import MicrobatchCostModel, MicrobatchFacts
@@ -301,6 +301,11 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
     times["communication"] -= fwd_less + bwd_less
     weights["fwd"] -= fwd_less
     weights["bwd"] -= bwd_less
+    # and copies their shards in and out of the flat buffers, on the compute stream (fused_gathers)
+    for held in (False, True):
+        f, b = fused_gather_copies(cm, ((key, m[0], m[2]) for key, m in fused_moves.items() if (key[0] in once) == held),
+                                   again=lambda key: gathers[key][4] and not gathers[key][3])
+        times["compute"] += f + (b / k if held else b)
     # the ZeRO parameters' reductions and gathers run per bucket (``storage_buckets``): priced as called
     zero_calls = bucket_collectives(cm, captured, strategies, k, _reduce_dtype(levers.mixed_precision)) \
         if zero_priced["communication"] else []
