@@ -25,6 +25,7 @@ import autoshard
 from autoshard.testing.equivalence import Tolerance, adamw, failures_of, train_against_one_device
 from autoshard.testing.models import PIPELINE_BUILDERS
 from autoshard.testing.ranks import run_ranks
+from autoshard.passes.solve.context import PlanContext
 
 STEPS = 3
 TOL = Tolerance(rtol=1e-4, atol=2e-5)
@@ -87,11 +88,12 @@ def recompute_limit(model_name: str, mesh, hardware) -> int:
     from autoshard.passes.pipeline.stages.planner import plan_pipeline
     model, inputs, target, loss_fn, _ = build(model_name)
     captured = capture(model, inputs, loss_fn=loss_fn, target=target)
-    free = plan_pipeline(captured, mesh, hardware=hardware, time_limit_s=30)
+    free = plan_pipeline(captured, mesh, PlanContext.of(hardware, time_limit_s=30))
     need = max(s.solution.estimated_memory for s in free.stages)
     for f in (0.6, 0.7, 0.5, 0.8, 0.9):
         try:
-            plan = plan_pipeline(captured, mesh, hardware=hardware, memory_limit=int(need * f), time_limit_s=30)
+            plan = plan_pipeline(captured, mesh,
+                                 PlanContext.of(hardware, memory_limit=int(need * f), time_limit_s=30))
         except InfeasiblePlanError:  # below what the leanest plan needs: recomputing cannot help there
             continue
         if any(s.recompute for s in plan.stages):

@@ -24,6 +24,7 @@ from autoshard.passes.spec import Partial
 from autoshard.runtime.groups import MeshEnv
 from autoshard.runtime.lower import COLLECTIVE_META, PARAM_STEPS_META, lower
 from autoshard.testing import models
+from autoshard.passes.solve.context import PlanContext
 
 CASES = [("gpt", (2, 2)), ("gpt", (4,)), ("gpt", (2, 1, 2)), ("mlp", (2, 2)), ("cnn", (2, 2))]
 SEEDS = range(6)
@@ -145,7 +146,7 @@ def test_fused_parameter_gathers_are_priced_as_the_flat_collectives_run(shape):
     fits = tuple((k, n, 1e-3, 0.0) for k in COLLECTIVE_KINDS for n in (2, 4))
     hw = dataclasses.replace(get_hardware("cpu"), collective_fits=fits, op_overhead_s=0.0, devices_per_node=4)
     pins = Pins(params={"*": ("S(0)",) * len(shape)}, inputs={0: ("S(0)",) + ("R",) * (len(shape) - 1)})
-    solution = plan_sharding(captured, mesh, hardware=hw, pins=pins, levers=LeverPins.off())
+    solution = plan_sharding(captured, mesh, PlanContext.of(hw), pins=pins, levers=LeverPins.off())
     program = lower(captured, solution.strategies, MeshEnv.offline(mesh, rank=0), solution.levers)
     members = flat = 0
     for group in program.param_gatherer.groups:

@@ -14,6 +14,7 @@ from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import evaluate
 from autoshard.testing.models import GPT, lm_loss
+from autoshard.passes.solve.context import PlanContext
 
 MESH = Mesh.of((4,))
 
@@ -27,7 +28,7 @@ def gpt():
 
 
 def _plan(gpt, storage_forms: bool, limit=None):
-    return plan_sharding(gpt, MESH, hardware="h100", memory_limit=limit, pins=Pins(params={"*": ("S(0)",)}),
+    return plan_sharding(gpt, MESH, PlanContext.of("h100", memory_limit=limit), pins=Pins(params={"*": ("S(0)",)}),
                          levers=LeverPins(accumulation=2, checkpoint="none", reshard_after_forward=False),
                          traced_at_microbatch=True, storage_forms=storage_forms)
 

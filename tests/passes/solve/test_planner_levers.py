@@ -19,6 +19,7 @@ from autoshard.passes.solve.solution import evaluate
 from autoshard.passes.spec import Strategy
 
 from autoshard.testing.models import GPT, lm_loss
+from autoshard.passes.solve.context import PlanContext
 
 MESH = Mesh.of((4,))
 
@@ -34,11 +35,11 @@ def gpt():
 
 @pytest.fixture(scope="module")
 def free(gpt):
-    return plan_sharding(gpt, MESH, hardware="h100", levers=LeverPins())
+    return plan_sharding(gpt, MESH, PlanContext.of("h100"), levers=LeverPins())
 
 
 def _plan(gpt, limit, **pins):
-    return plan_sharding(gpt, MESH, hardware="h100", memory_limit=limit, levers=LeverPins(**pins))
+    return plan_sharding(gpt, MESH, PlanContext.of("h100", memory_limit=limit), levers=LeverPins(**pins))
 
 
 def test_ample_memory_pulls_no_lever(free):
@@ -54,7 +55,7 @@ def test_tight_memory_makes_the_planner_checkpoint_or_accumulate_and_the_plan_fi
     # once the fastest plan stopped keeping a costly layout's activations: 53 MB, was 136 MB)
     limit = 0.45 * free.estimated_memory
     with pytest.raises(InfeasiblePlanError):  # without levers nothing fits: sharding state is not enough
-        plan_sharding(gpt, MESH, hardware="h100", memory_limit=limit)
+        plan_sharding(gpt, MESH, PlanContext.of("h100", memory_limit=limit))
     chosen = _plan(gpt, limit)
     assert chosen.levers.any_pulled and chosen.estimated_memory <= limit
     assert chosen.estimated_step_time > free.estimated_step_time
@@ -115,7 +116,7 @@ def test_per_policy_solves_and_the_joint_ilp_find_the_same_optimum(gpt, free, mo
 
 def test_policies_order_memory_as_they_should(gpt):
     """Keeping everything > selective > full for what a block keeps; a recomputing block pays for it."""
-    strategies = plan_sharding(gpt, MESH, hardware="h100").strategies
+    strategies = plan_sharding(gpt, MESH, PlanContext.of("h100")).strategies
     priced = {c: evaluate(gpt, MESH, strategies, "h100", levers=Levers(1, {"blocks.#": BlockPolicy(c, c != "none")}))
               for c in ("none", "selective", "full")}
     saved = {c: s.estimated["saved_activation_bytes"] for c, s in priced.items()}
@@ -135,8 +136,8 @@ def test_reshard_after_forward_frees_gathered_weights_for_regathers():
     cg = capture(model, (ids,), loss_fn=lm_loss, target=ids)
     fsdp = {"params": {"*": ("S(0)",)}, "inputs": {0: ("S(0)",)}}
     from autoshard.passes.sharding.pins import Pins
-    keep = plan_sharding(cg, MESH, hardware="h100", pins=Pins(**fsdp), levers=LeverPins(1, "none", False))
-    reshard = plan_sharding(cg, MESH, hardware="h100", pins=Pins(**fsdp), levers=LeverPins(1, "none", True))
+    keep = plan_sharding(cg, MESH, PlanContext.of("h100"), pins=Pins(**fsdp), levers=LeverPins(1, "none", False))
+    reshard = plan_sharding(cg, MESH, PlanContext.of("h100"), pins=Pins(**fsdp), levers=LeverPins(1, "none", True))
     assert reshard.levers.blocks["blocks.#"] == BlockPolicy("none", True)
     assert reshard.memory_breakdown["gathered_weights"] < keep.memory_breakdown["gathered_weights"]
     assert reshard.estimated["gathered_peak_bytes"] <= keep.estimated["gathered_peak_bytes"]
@@ -207,8 +208,8 @@ def test_a_program_traced_at_the_microbatch_plans_like_the_global_one_cut_into_m
     whole = capture(model, (ids,), loss_fn=lm_loss, target=ids)
     micro = capture(model, (ids[:4],), loss_fn=lm_loss, target=ids[:4])
     pins = LeverPins(accumulation=2, checkpoint="selective")
-    a = plan_sharding(whole, MESH, hardware="h100", levers=pins)
-    b = plan_sharding(micro, MESH, hardware="h100", levers=pins, traced_at_microbatch=True)
+    a = plan_sharding(whole, MESH, PlanContext.of("h100"), levers=pins)
+    b = plan_sharding(micro, MESH, PlanContext.of("h100"), levers=pins, traced_at_microbatch=True)
     assert a.levers == b.levers
     assert b.estimated_step_time == pytest.approx(a.estimated_step_time, rel=1e-3)
     assert b.estimated_memory == pytest.approx(a.estimated_memory, rel=1e-6)
