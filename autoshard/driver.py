@@ -213,15 +213,14 @@ def _solve(captured: CapturedGraph, mesh: Mesh, levers: LeverPins, options: Plan
     attach_expert_load(captured.gm, options.expert_load)
     pins = options.pin_object()
     if options.random_seed is not None:
-        solution = random_solution(captured, mesh, seed=options.random_seed, pins=pins, hardware=ctx.hardware,
-                                   optimizer=ctx.optimizer, levers=levers,
+        solution = random_solution(captured, mesh, ctx, seed=options.random_seed, pins=pins, levers=levers,
                                    traced_at_microbatch=traced_at_microbatch)
     else:
         try:
             solution = plan_sharding(captured, mesh, ctx, pins=pins, levers=levers,
                                      traced_at_microbatch=traced_at_microbatch)
         except InfeasiblePlanError as e:
-            note = describe_replicated(replicated_op_costs(captured, mesh, ctx.hardware), mesh)
+            note = describe_replicated(replicated_op_costs(captured, mesh, ctx.spec), mesh)
             if not note:
                 raise
             raise InfeasiblePlanError(f"{e} {note}") from e

@@ -41,7 +41,7 @@ class PlanContext:
     def of(cls, hardware: Any = DEFAULT_HARDWARE, memory_limit: Optional[float] = None, optimizer: Optional[str] = None,
            time_limit_s: Optional[float] = None) -> "PlanContext":
         """The context for these settings, hardware looked up here once; None takes the default."""
-        return cls(hardware, get_hardware(hardware), memory_limit,
+        return cls(hardware, hardware if isinstance(hardware, Hardware) else get_hardware(hardware), memory_limit,
                    DEFAULT_OPTIMIZER if optimizer is None else optimizer,
                    DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s)
 

@@ -118,7 +118,7 @@ def plan_sharding(captured: CapturedGraph, mesh, ctx: Optional[PlanContext] = No
     stages want: their runtime runs plain forms only)."""
     ctx = PlanContext.given(ctx)
     forms = levers is not None if storage_forms is None else storage_forms
-    search = LeverSearch(captured, mesh, ctx.spec, ctx.optimizer, pins, LeverPins.off() if levers is None else levers,
+    search = LeverSearch(captured, mesh, ctx, pins, LeverPins.off() if levers is None else levers,
                          traced_at_microbatch, forms)
     return _plan_within(search, ctx, explain=explain)
 
@@ -228,8 +228,8 @@ def _plan_within(search: LeverSearch, ctx: PlanContext, prune: bool = True, expl
     sol = _evaluated(search, best)
     if search.storage_forms:  # FSDP gradients reduced once per step where memory allows
         sol = hold_reductions(sol, search.captured, set(search.choices[2]) & set(search.captured.params), limit,
-                              lambda strategies: evaluate(search.captured, search.mesh, strategies, search.hw,
-                                                          search.optimizer, unruled=best.problem.table.unruled,
+                              lambda strategies: evaluate(search.captured, search.mesh, strategies, search.ctx,
+                                                          unruled=best.problem.table.unruled,
                                                           levers=sol.levers,
                                                           traced_at_microbatch=search.traced_at_microbatch))
     clustering = best.problem.clustering
@@ -251,7 +251,7 @@ def _evaluated(search: "LeverSearch", found: _Found) -> Solution:
     if found.solution is None:
         strategies, policies = found.lever_graph.decode(found.result.choice)
         found.problem.settle_inputs(strategies)
-        found.solution = evaluate(search.captured, search.mesh, strategies, search.hw, search.optimizer,
+        found.solution = evaluate(search.captured, search.mesh, strategies, search.ctx,
                                   unruled=found.problem.table.unruled, levers=search.levers_of(found.k, policies),
                                   traced_at_microbatch=search.traced_at_microbatch)
     return found.solution
@@ -385,7 +385,7 @@ def _infeasible(search: LeverSearch, k: int, problem: ShardingProblem, graph: Le
             "use more devices or a larger memory_limit")
     strategies, policies = graph.decode(smallest.choice)
     levers = search.levers_of(k, policies)
-    sol = evaluate(search.captured, mesh, strategies, search.hw, search.optimizer, unruled=problem.table.unruled,
+    sol = evaluate(search.captured, mesh, strategies, search.ctx, unruled=problem.table.unruled,
                    levers=levers, traced_at_microbatch=search.traced_at_microbatch)
     need = sol.estimated_memory
     parts = ", ".join(f"{key} {human_bytes(v)}" for key, v in

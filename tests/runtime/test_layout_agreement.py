@@ -53,7 +53,7 @@ def test_gather_groups_priced_are_the_groups_run(name, mesh):
     mesh = Mesh.of(mesh)
     gathered = 0
     for seed in SEEDS:
-        solution = random_solution(captured, mesh, seed=seed, hardware="cpu", levers=LeverPins.off())
+        solution = random_solution(captured, mesh, PlanContext.of("cpu"), seed=seed, levers=LeverPins.off())
         program = lower(captured, solution.strategies, MeshEnv.offline(mesh, rank=0), solution.levers)
         want = _runtime_groups(program)
         assert _timeline_groups(solution) == want, (name, mesh.shape, seed)
@@ -66,7 +66,7 @@ def test_gather_groups_agree_under_random_levers():
     captured, _ = _capture("gpt")
     mesh = Mesh.of((2, 2))
     for seed in SEEDS:
-        solution = random_solution(captured, mesh, seed=seed, hardware="cpu", levers=LeverPins(accumulation=1))
+        solution = random_solution(captured, mesh, PlanContext.of("cpu"), seed=seed, levers=LeverPins(accumulation=1))
         program = lower(captured, solution.strategies, MeshEnv.offline(mesh, rank=0), solution.levers)
         assert _timeline_groups(solution) == _runtime_groups(program), seed
 
@@ -78,7 +78,7 @@ def test_gather_groups_agree_with_cast_only_copies():
     levers = LeverPins.off(MixedPrecision(param_dtype=torch.bfloat16))
     unfused = 0
     for seed in SEEDS:
-        solution = random_solution(captured, mesh, seed=seed, hardware="cpu", levers=levers)
+        solution = random_solution(captured, mesh, PlanContext.of("cpu"), seed=seed, levers=levers)
         program = lower(captured, solution.strategies, MeshEnv.offline(mesh, rank=0), solution.levers)
         want = _runtime_groups(program)
         assert _timeline_groups(solution) == want, seed
@@ -99,7 +99,7 @@ def test_collectives_priced_are_the_collectives_called(name):
         mesh = Mesh.of(shape)
         facts, cm = pricing_for(captured, mesh, get_hardware("cpu"), "adamw", 1)
         for seed in SEEDS:
-            solution = random_solution(captured, mesh, seed=seed, hardware="cpu", levers=LeverPins.off())
+            solution = random_solution(captured, mesh, PlanContext.of("cpu"), seed=seed, levers=LeverPins.off())
             program = lower(captured, solution.strategies, MeshEnv.offline(mesh, rank=0), solution.levers)
             ran: Counter = Counter()
             for node in program.graph.nodes:
@@ -125,7 +125,7 @@ def test_loss_output_is_priced_as_the_program_returns_it():
     captured, _ = _capture("gpt")
     mesh = Mesh.of((2, 2))
     for seed in SEEDS:
-        solution = random_solution(captured, mesh, seed=seed, hardware="cpu", levers=LeverPins.off())
+        solution = random_solution(captured, mesh, PlanContext.of("cpu"), seed=seed, levers=LeverPins.off())
         out = [m for m in solution.redistributions if m.consumer == OUTPUT]
         assert all(m.dst == (Partial(), Partial()) and not m.collectives for m in out), (seed, out)
 

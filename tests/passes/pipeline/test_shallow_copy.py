@@ -70,7 +70,7 @@ def test_decisions_written_back_are_a_consistent_deep_plan(deep):
     full = shallow.deep_solution(sol)
     ours = {(r.producer, r.consumer, r.operand_index, tuple(map(str, r.src)), tuple(map(str, r.dst)))
             for r in full.redistributions}
-    fresh = evaluate(deep, mesh, full.strategies, "h100")
+    fresh = evaluate(deep, mesh, full.strategies, PlanContext.of("h100"))
     theirs = {(r.producer, r.consumer, r.operand_index, tuple(map(str, r.src)), tuple(map(str, r.dst)))
               for r in fresh.redistributions}
     assert ours == theirs and ours  # the plan moves data somewhere, and exactly where pricing it again says

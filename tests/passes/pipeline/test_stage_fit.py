@@ -20,6 +20,7 @@ from autoshard.passes.pipeline.stages.stage_cuts import leanest_memory
 from autoshard.passes.pipeline.stages.stage_problem import StageProblem, group_memory, stage_memory_terms
 from autoshard.testing.models import gpt
 from autoshard.passes.pipeline.stages.search_spec import PipelinePins
+from autoshard.passes.solve.context import PlanContext
 
 #: the limits of the case that broke (KB), and two past them
 LIMITS = [330_000, 360_000, 400_000, 420_000, 440_000]

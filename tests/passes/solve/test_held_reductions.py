@@ -34,8 +34,8 @@ def _plan(gpt, storage_forms: bool, limit=None):
 
 
 def _price(gpt, plain):
-    return lambda strategies: evaluate(gpt, MESH, strategies, "h100", "adamw", levers=plain.levers,
-                                       traced_at_microbatch=True)
+    return lambda strategies: evaluate(gpt, MESH, strategies, PlanContext.of("h100", optimizer="adamw"),
+                                       levers=plain.levers, traced_at_microbatch=True)
 
 
 def test_held_where_memory_allows_saving_reduce_scatters(gpt):

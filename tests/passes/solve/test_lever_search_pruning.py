@@ -43,8 +43,8 @@ def state_heavy():
 
 
 def _search(captured, mesh, limit, prune: bool):
-    search = LeverSearch(captured, Mesh.of(mesh), H100, "adamw", None, LeverPins(), False)
-    return planner._plan_within(search, PlanContext.of(H100, limit, "adamw", 30.0), prune=prune)
+    ctx = PlanContext.of(H100, limit, "adamw", 30.0)
+    return planner._plan_within(LeverSearch(captured, Mesh.of(mesh), ctx, None, LeverPins(), False), ctx, prune=prune)
 
 
 def _decisions(sol) -> tuple:
@@ -83,7 +83,8 @@ def test_accumulating_is_never_faster_than_one_step_with_the_same_strategies():
     captured = _gpt(d=512, layers=2, seq=64, batch=8)  # 512 tokens: 64 rows per device per microstep of 2
     mesh = Mesh.of((4,))
     accumulated = planner.plan_sharding(captured, mesh, PlanContext.of(H100), levers=LeverPins(accumulation=2))
-    one_step = evaluate(captured, mesh, accumulated.strategies, H100, "adamw", levers=Levers(1))
+    one_step = evaluate(captured, mesh, accumulated.strategies, PlanContext.of(H100, optimizer="adamw"),
+                        levers=Levers(1))
     assert one_step.estimated_step_time <= accumulated.estimated_step_time * (1 + 1e-9)
 
 

@@ -216,7 +216,7 @@ def test_objective_equals_evaluated_step_time_and_beats_random_plans():
     mesh = Mesh.of((2, 2))
     sol = plan_sharding(cg, mesh, PlanContext.of("h100"))
     assert sol.solver_stats["objective_s"] == pytest.approx(sol.estimated_step_time, rel=1e-9)
-    again = evaluate(cg, mesh, sol.strategies, "h100", "adamw")
+    again = evaluate(cg, mesh, sol.strategies, PlanContext.of("h100", optimizer="adamw"))
     assert again.estimated_step_time == pytest.approx(sol.estimated_step_time, rel=1e-12)
     assert again.estimated_memory == pytest.approx(sol.estimated_memory, rel=1e-12)
     for seed in range(5):
