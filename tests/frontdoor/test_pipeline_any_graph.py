@@ -114,7 +114,7 @@ def test_too_many_stages_is_a_cut_error_not_a_memory_error():
     for kw, stages, says in ((dict(pp=4, schedule="dualpipev"), 8, "4 units"),
                              (dict(pp=4, schedule="1f1b"), 4, "only 2 of the units read a parameter")):
         with pytest.raises(StageCutError, match=f"no valid stage cut into {stages} stages") as err:
-            plan_pipeline(captured, (4,), hardware="cpu", time_limit_s=10, **kw)
+            plan_pipeline(captured, (4,), PlanContext.of("cpu", time_limit_s=10), PipelinePins(**kw))
         assert not isinstance(err.value, InfeasiblePlanError) and "memory" not in str(err.value)
         assert "refused: before getitem" in str(err.value) and says in str(err.value)
     for schedule in ("1f1b", "dualpipev"):  # what the graph can give is planned
