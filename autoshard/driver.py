@@ -34,7 +34,7 @@ from autoshard.passes.capture.export import capture
 from autoshard.passes.cost.moe import attach_expert_load
 from autoshard.passes.errors import InfeasiblePlanError, PlanFormatError
 from autoshard.passes.graph import CapturedGraph
-from autoshard.passes.levers import LEVERS, BlockPolicy, Levers, MixedPrecision, block_levers
+from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision, block_levers, lever_rows
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.pipeline.stages.search_spec import PipelinePins
@@ -197,13 +197,15 @@ def _choose_sharding(batch: ModelBatch, mesh: Mesh, options: PlanOptions, ctx: P
 
 
 def _pins_of(chosen: Levers, captured: CapturedGraph) -> LeverPins:
-    """Every lever pinned to ``chosen`` (per block type of ``captured``). ``reshard_after_forward`` is
-    pinned only where the block does not recompute (a recomputing block always gathers again)."""
+    """Every lever pinned to ``chosen`` (per block type of ``captured``). A per-block lever is pinned only
+    where the block's other levers do not force it (``Lever.forced_by``: a recomputing block always
+    gathers again)."""
     policy = {t: chosen.blocks.get(t, BlockPolicy()) for t in block_types(captured)}
-    per_block = {row.keyword: {t: getattr(p, row.keyword) for t, p in policy.items()} for row in block_levers()}
-    per_block["reshard_after_forward"] = {t: v for t, v in per_block["reshard_after_forward"].items()
-                                          if policy[t].checkpoint == "none"}
-    step = {row.keyword: getattr(chosen, row.keyword) for row in LEVERS if not row.per_block}
+    per_block = {row.keyword: {t: getattr(p, row.keyword) for t, p in policy.items()
+                               if row.forced_by is None or row.forced_by(
+                                   {r.keyword: getattr(p, r.keyword) for r in block_levers() if r is not row}) is None}
+                 for row in block_levers()}
+    step = {row.keyword: getattr(chosen, row.keyword) for row in lever_rows() if not row.per_block}
     return LeverPins(**step, **{k: v or None for k, v in per_block.items()})
 
 

@@ -14,7 +14,6 @@ The levers themselves, their keywords and their value checks are one table,
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import replace
 
 import torch
 
@@ -67,7 +66,7 @@ def pin_levers(captured: CapturedGraph, levers: Levers, **given) -> Levers:
     for row in block_levers():
         if given.get(row.keyword) is not None:
             for b, value in _per_block(row.keyword, given[row.keyword], known).items():
-                blocks[b] = replace(blocks.get(b, BlockPolicy()), **{row.keyword: value})
+                blocks[b] = blocks.get(b, BlockPolicy()).replace(**{row.keyword: value})
     step = {row.keyword: given[row.keyword] if given.get(row.keyword) is not None else getattr(levers, row.keyword)
             for row in LEVERS if not row.per_block}
     return Levers(blocks=blocks, **step)

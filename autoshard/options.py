@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Union
 
-from autoshard.passes.levers import LEVER_KEYWORDS, check_lever
+from autoshard.passes.levers import check_lever, lever_keywords
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.context import DEFAULT_OPTIMIZER, DEFAULT_TIME_LIMIT_S
@@ -72,8 +72,9 @@ class PlanOptions:
         """The options from ``plan``/``compile`` keywords: lever keywords (``passes.levers.LEVER_KEYWORDS``)
         go to ``levers``, pin keywords (``PIN_KEYWORDS``) to ``pins``; any other unknown keyword is a
         TypeError naming it."""
-        levers = {k: keywords.pop(k) for k in LEVER_KEYWORDS if keywords.get(k) is not None}
-        for k in LEVER_KEYWORDS:
+        known_levers = lever_keywords()  # the table as it stands now
+        levers = {k: keywords.pop(k) for k in known_levers if keywords.get(k) is not None}
+        for k in known_levers:
             keywords.pop(k, None)
         pins = {k: keywords.pop(k) for k in PIN_KEYWORDS if keywords.get(k)}
         for k in PIN_KEYWORDS:
@@ -82,7 +83,7 @@ class PlanOptions:
         unknown = sorted(set(keywords) - known)
         if unknown:
             raise TypeError(f"unknown keyword(s) {unknown}; pins are {list(PIN_KEYWORDS)}, memory levers are "
-                            f"{list(LEVER_KEYWORDS)}, the other options are {sorted(known)}")
+                            f"{list(known_levers)}, the other options are {sorted(known)}")
         if keywords.get("stages") is not None:
             keywords["stages"] = tuple(keywords["stages"])
         return cls(levers=levers, pins=pins, **keywords)
@@ -100,9 +101,9 @@ class PlanOptions:
         CompileOptions.of(self.compile)  # a TypeError naming what to pass
         if not isinstance(self.optimizer, str):
             raise TypeError(f"optimizer={self.optimizer!r}: pass the optimizer's name (e.g. 'adamw', 'sgd')")
-        unknown = sorted(set(self.levers) - set(LEVER_KEYWORDS))
+        unknown = sorted(set(self.levers) - set(lever_keywords()))
         if unknown:
-            raise TypeError(f"unknown lever(s) {unknown}; levers are {list(LEVER_KEYWORDS)}")
+            raise TypeError(f"unknown lever(s) {unknown}; levers are {list(lever_keywords())}")
         for keyword, value in self.levers.items():
             check_lever(keyword, value)
         unknown = sorted(set(self.pins) - set(PIN_KEYWORDS))
@@ -161,7 +162,7 @@ class PlanOptions:
             return
         if saved is not None and saved.pipelined:
             if self.levers:
-                raise TypeError(f"{sorted(self.levers, key=LEVER_KEYWORDS.index)} cannot be combined with a saved "
+                raise TypeError(f"{sorted(self.levers, key=lever_keywords().index)} cannot be combined with a saved "
                                 "pipelined plan: its stages run the levers they were planned with; plan again with "
                                 "them (autoshard.plan(..., pp=..., checkpoint=...))")
             self._check_saved_pipeline(saved)

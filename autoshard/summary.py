@@ -24,7 +24,7 @@ from autoshard.passes.units import human_bytes, human_time
 from autoshard.verdict import plan_verdict
 
 __all__ = ["plan_summary", "throughput_line", "fold_name", "fold_names", "placement_lines",
-           "moe_lines"]
+           "moe_lines", "lever_text"]
 
 
 def fold_name(name: str) -> str:
@@ -170,26 +170,28 @@ def plan_summary(plan) -> str:
     return "\n".join([plan_verdict(plan)] + out)
 
 
+def lever_text(levers) -> str:
+    """The memory levers of one solve as the summary says them: accumulation, then each block type's
+    policy (every per-block lever of the table, by its label), then mixed precision."""
+    blocks = "; ".join(f"{t}: {p.describe()}" for t, p in sorted(levers.blocks.items()))
+    mp = levers.mixed_precision
+    return (f"accumulation {levers.accumulation}" + (f"; {blocks}" if blocks else "")
+            + (f"; compute in {mp.param_dtype_name}, reduce gradients in "
+               f"{mp.reduce_dtype_name or mp.param_dtype_name}" if mp is not None else ""))
+
+
 def _lever_lines(plan) -> list[str]:
     """The memory levers pulled: the plan's, or each stage's (stages alike in levers share a line)."""
-    def describe(levers) -> str:
-        blocks = "; ".join(f"{t}: checkpoint {p.checkpoint}, reshard after forward {p.reshard_after_forward}"
-                           for t, p in sorted(levers.blocks.items()))
-        mp = levers.mixed_precision
-        return (f"accumulation {levers.accumulation}" + (f"; {blocks}" if blocks else "")
-                + (f"; compute in {mp.param_dtype_name}, reduce gradients in "
-                   f"{mp.reduce_dtype_name or mp.param_dtype_name}" if mp is not None else ""))
-
     pulled = [(s.index, s.solution.levers) for s in plan.stages
               if s.solution is not None and getattr(s.solution, "levers", None) is not None
               and s.solution.levers.any_pulled]
     if not pulled:
         return []
     if not plan.pipelined:
-        return ["  memory levers: " + describe(pulled[0][1])]
+        return ["  memory levers: " + lever_text(pulled[0][1])]
     rows: dict[str, list[int]] = {}
     for index, levers in pulled:
-        rows.setdefault(describe(levers), []).append(index)
+        rows.setdefault(lever_text(levers), []).append(index)
     return [f"  memory levers, stage{'s' if len(ix) > 1 else ''} {', '.join(map(str, ix))}: {text}"
             for text, ix in rows.items()]
 

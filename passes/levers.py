@@ -17,9 +17,12 @@ Plain data; JSON through ``to_json``/``from_json`` (dtypes by name), never pickl
 
 ``LEVERS`` is the one table of the levers: each row (``Lever``) names its ``plan``/``compile`` keyword,
 its JSON key, whether it is chosen per block type, what values it takes, their check, its default
-(the value when it is not pulled) and whether the planner chooses it. The front door takes its lever
-keywords from the table, every value check (keyword, ``LeverPins``, ``BlockPolicy``, ``Levers``) is
-the table's ``check_lever``, and ``BlockPolicy`` / ``Levers`` write their JSON keys from it.
+(the value when it is not pulled) and whether the planner chooses it, and its hooks: the values the
+planner tries (``choices``), what the block's other levers force on it (``forced_by``), its price
+(``price``) and the modules that give it its effect. The front door takes its lever keywords from the
+table, every value check (keyword, ``LeverPins``, ``BlockPolicy``, ``Levers``) is the table's
+``check_lever``, ``BlockPolicy`` / ``Levers`` hold and write its values, and the block policy space
+(``block_policies``), the pins (``passes.solve.lever_pins``) and the summary are generated from it.
 
 >>> Levers(accumulation=2, blocks={"blocks.#": BlockPolicy("full")}).to_json()["blocks"]
 {'blocks.#': {'checkpoint': 'full', 'reshard_after_forward': False}}
@@ -27,13 +30,14 @@ the table's ``check_lever``, and ``BlockPolicy`` / ``Levers`` write their JSON k
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field
 from typing import Any, Callable, Optional
 
 from autoshard.passes.errors import AutoshardError, OptionError, PlanFormatError
 
 __all__ = ["CHECKPOINT_POLICIES", "BlockPolicy", "MixedPrecision", "Levers", "block_type", "Lever", "LEVERS",
-           "LEVER_KEYWORDS", "lever", "check_lever"]
+           "LEVER_KEYWORDS", "lever", "block_levers", "block_policies", "check_lever", "chosen_keywords", "lever_rows",
+           "lever_keywords"]
 
 CHECKPOINT_POLICIES = ("none", "selective", "full")
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -44,15 +48,66 @@ def block_type(block_instance: str) -> str:
     return re.sub(r"\.\d+(?=\.|$)", ".#", block_instance)
 
 
-@dataclass(frozen=True)
 class BlockPolicy:
-    """What one repeated-block type keeps for backward. See the module docstring."""
-    checkpoint: str = "none"
-    reshard_after_forward: bool = False
+    """What one repeated-block type keeps for backward: one value per per-block row of ``LEVERS``
+    (``checkpoint``, ``reshard_after_forward``, ...), given in the table's order or by keyword; a row
+    not given takes its default. Frozen, compared and hashed by its values; a row's value is its
+    attribute (``policy.checkpoint``). See the module docstring."""
+    __slots__ = ("_values",)
 
-    def __post_init__(self):
-        for row in block_levers():
-            check_lever(row.keyword, getattr(self, row.keyword), per_block=False)
+    def __init__(self, *args, **kwargs):
+        rows = block_levers()
+        if len(args) > len(rows):
+            raise TypeError(f"BlockPolicy() takes at most {len(rows)} values ({[r.keyword for r in rows]})")
+        values = {row.keyword: v for row, v in zip(rows, args)}
+        for key, value in kwargs.items():
+            if key in values or key not in {r.keyword for r in rows}:
+                raise TypeError(f"BlockPolicy() got an unexpected or repeated value {key!r}; its levers are "
+                                f"{[r.keyword for r in rows]}")
+            values[key] = value
+        for row in rows:
+            check_lever(row.keyword, values.setdefault(row.keyword, row.default), per_block=False)
+        object.__setattr__(self, "_values", values)
+
+    def __getattr__(self, name: str):
+        values = object.__getattribute__(self, "_values")
+        if name in values:
+            return values[name]
+        for row in block_levers():  # a row added after this policy was made: not pulled here
+            if row.keyword == name:
+                return row.default
+        raise AttributeError(f"BlockPolicy has no lever {name!r}")
+
+    def __setattr__(self, name, value):
+        raise FrozenInstanceError(f"BlockPolicy is frozen: use .replace({name}=...)")
+
+    def __reduce__(self):  # copies and pickles through the constructor, which checks the values
+        return (_block_policy, (tuple(object.__getattribute__(self, "_values").items()),))
+
+    def replace(self, **changes) -> "BlockPolicy":
+        """A copy with the levers in ``changes`` set."""
+        return BlockPolicy(**{**{r.keyword: getattr(self, r.keyword) for r in block_levers()}, **changes})
+
+    def _key(self) -> tuple:
+        return tuple(getattr(self, r.keyword) for r in block_levers())
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, BlockPolicy) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return "BlockPolicy(" + ", ".join(f"{r.keyword}={getattr(self, r.keyword)!r}" for r in block_levers()) + ")"
+
+    def describe(self) -> str:
+        """The policy as the summary and the planner's messages say it: ``"checkpoint full, reshard after
+        forward True"`` (every per-block row by its label)."""
+        return ", ".join(f"{r.label} {getattr(self, r.keyword)}" for r in block_levers())
+
+    def as_keywords(self) -> str:
+        """The policy as ``plan`` keywords would give it: ``"checkpoint=full, reshard_after_forward=True"``."""
+        return ", ".join(f"{r.keyword}={getattr(self, r.keyword)}" for r in block_levers())
 
     def to_json(self) -> dict:
         return {row.json_key: row.to_json(getattr(self, row.keyword)) for row in block_levers()}
@@ -60,6 +115,10 @@ class BlockPolicy:
     @classmethod
     def from_json(cls, d: dict) -> "BlockPolicy":
         return cls(**{row.keyword: row.from_json(d.get(row.json_key, row.default)) for row in block_levers()})
+
+
+def _block_policy(items: tuple) -> BlockPolicy:
+    return BlockPolicy(**dict(items))
 
 
 def _dtype_name(dtype) -> Optional[str]:
@@ -161,8 +220,22 @@ class Lever:
     in the plan's JSON (inside each block policy when ``per_block``). ``per_block``: chosen per
     repeated-block type (the keyword also takes a dict by block type). ``allowed``: the values it takes,
     as errors say it. ``problem(value)``: None for a good single value, else what is wrong with it.
-    ``default``: its value when not pulled. ``chosen``: the planner chooses it when the keyword is not
-    given (False: given or off). ``to_json``/``from_json``: its value to and from JSON data."""
+    ``default``: its value when not pulled (``LeverPins.off()`` pins it there). ``chosen``: the planner
+    chooses it when the keyword is not given (False: given or off). ``to_json``/``from_json``: its value to
+    and from JSON data.
+
+    Its hooks, which generate the rest (as a ``Lowering`` descriptor's do): ``choices``, for a per-block
+    lever, the values the planner tries, fastest first: the block policy space (``block_policies``) is
+    their product in table order. ``forced_by(values) -> value | None``: the value the block's other
+    levers (``{keyword: value}``, those known) force on this one, None where they leave it free; a
+    forced value is never pinned and a pin against it is refused, saying ``forced_why``. ``label``: how
+    the summary names it. ``price(value, item, hardware)``: for a per-block lever, its price beside its
+    row: adjusts in place the ``LeverPrice`` (``seconds``; bytes per device ``kept``, ``gathered``,
+    ``recompute``, ``gathered_transient``) of every op and operand read of a block whose policy pulls it
+    (value not the default), after the block's other levers priced it (``passes/solve/lever_costs.py``
+    calls it; it reaches the ILP, the exact memory walk and the plan's estimates alike); None: the
+    lever is priced by the modules ``effects`` names. ``effects``: the modules that give it its price
+    and its runtime effect (``tests/frontdoor/test_lever_table.py`` checks each names the keyword)."""
     keyword: str
     json_key: str
     per_block: bool
@@ -172,6 +245,16 @@ class Lever:
     chosen: bool = True
     to_json: Callable[[Any], Any] = _same
     from_json: Callable[[Any], Any] = _same
+    choices: tuple = ()
+    forced_by: Optional[Callable[[dict], Any]] = None
+    forced_why: str = ""
+    label: str = ""
+    price: Optional[Callable[[Any, Any, Any], None]] = None
+    effects: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not self.label:
+            object.__setattr__(self, "label", self.keyword.replace("_", " "))
 
 
 def _accumulation_problem(k) -> Optional[str]:
@@ -202,6 +285,11 @@ def _mixed_precision_problem(mp) -> Optional[str]:
     return None
 
 
+def _recompute_regathers(values: dict):
+    """A recomputing block gathers its sharded parameters again for the backward: reshard forced True."""
+    return True if values.get("checkpoint", "none") != "none" else None
+
+
 def _mixed_precision_json(mp):
     return None if mp is None else mp.to_json()
 
@@ -213,17 +301,33 @@ def _mixed_precision_from_json(d):
 #: every memory lever, in the order the summary and the JSON list them
 LEVERS: tuple[Lever, ...] = (
     Lever("accumulation", "accumulation", False, "an int k >= 1: the global batch runs as k sequential microsteps",
-          _accumulation_problem, 1, from_json=int),
+          _accumulation_problem, 1, from_json=int,
+          effects=("passes/solve/lever_search.py", "runtime/executor.py")),
     Lever("checkpoint", "checkpoint", True, f"one of {list(CHECKPOINT_POLICIES)} per repeated-block type",
-          _checkpoint_problem, "none", from_json=str),
+          _checkpoint_problem, "none", from_json=str, choices=CHECKPOINT_POLICIES,
+          effects=("passes/solve/lever_costs.py", "runtime/lower.py")),
     Lever("reshard_after_forward", "reshard_after_forward", True,
           "True/False per repeated-block type: free gathered parameters after forward", _reshard_problem, False,
-          from_json=bool),
+          from_json=bool, choices=(False, True), forced_by=_recompute_regathers,
+          forced_why="a recomputing block gathers its sharded parameters again for the backward; leave "
+                     "reshard_after_forward out for it (or pass True)",
+          effects=("passes/solve/lever_costs.py", "runtime/lower.py")),
     Lever("mixed_precision", "mixed_precision", False, "autoshard.MixedPrecision(param_dtype, reduce_dtype)",
           _mixed_precision_problem, None, chosen=False, to_json=_mixed_precision_json,
-          from_json=_mixed_precision_from_json),
+          from_json=_mixed_precision_from_json, effects=("passes/solve/lever_search.py", "runtime/lower.py")),
 )
 LEVER_KEYWORDS: tuple[str, ...] = tuple(row.keyword for row in LEVERS)
+
+
+def lever_rows() -> tuple[Lever, ...]:
+    """``LEVERS`` as it stands when called: readers outside this module go through it (or
+    ``block_levers``), so a row added to the table (a test's) reaches every one of them."""
+    return LEVERS
+
+
+def lever_keywords() -> tuple[str, ...]:
+    """The keyword of every row of ``lever_rows()``."""
+    return tuple(row.keyword for row in LEVERS)
 
 
 def lever(keyword: str) -> Lever:
@@ -231,12 +335,30 @@ def lever(keyword: str) -> Lever:
     for row in LEVERS:
         if row.keyword == keyword:
             return row
-    raise KeyError(f"no memory lever {keyword!r}; levers are {list(LEVER_KEYWORDS)}")
+    raise KeyError(f"no memory lever {keyword!r}; levers are {list(lever_keywords())}")
 
 
 def block_levers() -> tuple[Lever, ...]:
     """The levers chosen per repeated-block type (``BlockPolicy``'s fields)."""
     return tuple(row for row in LEVERS if row.per_block)
+
+
+def chosen_keywords() -> tuple[str, ...]:
+    """The keywords of the levers the planner chooses when they are not given."""
+    return tuple(row.keyword for row in LEVERS if row.chosen)
+
+
+def block_policies() -> tuple[BlockPolicy, ...]:
+    """The policy space of a repeated-block type, fastest first: the product of the per-block rows'
+    ``choices`` (in table order, the first row outermost) without the combinations a row's ``forced_by``
+    rules out. With the built-in rows: keep, reshard, selective (re-gathering), full (re-gathering)."""
+    rows = block_levers()
+    found = [{}]
+    for row in rows:
+        found = [{**values, row.keyword: c} for values in found for c in (row.choices or (row.default,))]
+    return tuple(BlockPolicy(**values) for values in found if all(
+        row.forced_by is None or row.forced_by({k: v for k, v in values.items() if k != row.keyword})
+        in (None, values[row.keyword]) for row in rows))
 
 
 def check_lever(keyword: str, value, *, per_block: Optional[bool] = None) -> None:

@@ -5,7 +5,8 @@ keeping what autograd would save.
 block region, ``regions``), built on ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``:
 
 - "full": autograd keeps only ``args``; the first backward use of anything inside re-runs ``fn``;
-- "selective": the outputs of matmuls and attention (``passes.capture.saved.SELECTIVE_SAVE_OPS``, the list the cost model prices) are kept, everything else
+- "selective": the outputs of matmuls and attention (the kernels whose ``OpFacts.selective_save`` is
+  set with their sharding rule, the list the cost model prices) are kept, everything else
   (cheap pointwise ops, norms, and the collectives, which are re-issued) is recomputed
   (``create_selective_checkpoint_contexts``). The c10d ops are never saved: they write into a
   buffer in place, so a cached result would hand back the buffer unreduced.
@@ -32,6 +33,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode, 
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from autoshard.passes.capture.saved import is_selective_save_op
+import autoshard.passes.sharding.rules  # noqa: F401  (registers the op facts is_selective_save_op reads)
 
 __all__ = ["checkpointed", "Replay", "rerunning", "outside_selective_checkpoint", "rng_state", "restore_rng",
            "POLICIES"]

@@ -16,8 +16,8 @@ storage) to the node that created that storage: its *owner*. The answer per node
 - ``internal_bytes``: bytes of tensors the node creates inside itself and saves that are not its
   outputs (``cross_entropy``'s log-softmax, ``layer_norm``'s statistics, attention's log-sum-exp
   and float mask);
-- ``selective_bytes``: bytes of the outputs of the matmul and attention kernels the node runs
-  (``SELECTIVE_SAVE_OPS``): what selective checkpointing keeps of it;
+- ``selective_bytes``: bytes of the outputs of the matmul and attention kernels the node runs (the
+  kernels whose ``OpFacts.selective_save`` is set): what selective checkpointing keeps of it;
 - ``alias_of``: ``(owner, slot)`` when the node's output shares another node's storage;
 - ``self_saved_outputs``: the slots of ``saved_outputs`` the node's own backward saves (``relu``,
   ``softmax``): kept whatever placement its readers need.
@@ -25,9 +25,12 @@ storage) to the node that created that storage: its *owner*. The answer per node
 Placeholders own their storages (parameters, buffers, inputs), so what they own is never an
 activation; the cost model counts only storages owned by call_function nodes.
 
-Attention runs as the fused kernel that keeps only its inputs, output and log-sum-exp (a boolean
-mask first becomes a float mask the kernel keeps), as on CPU and GPU alike; on the meta device
-torch would otherwise pick the reference math path, which keeps the whole attention matrix.
+An op whose ``OpFacts.saved_as`` is set runs as that instead: attention runs as the fused kernel
+(``fused_attention_call``, registered with the attention rule) that keeps only its inputs, output and
+log-sum-exp (a boolean mask first becomes a float mask the kernel keeps), as on CPU and GPU alike; on
+the meta device torch would otherwise pick the reference math path, which keeps the whole attention
+matrix. The op facts (``passes/op_facts.py``) are registered with the sharding rules: a caller imports
+``passes.sharding.rules`` first (the cost model does).
 
 When the program cannot run on the meta device (an op without a meta kernel, data-dependent
 shapes), ``saved_info`` returns None and the cost model falls back to counting every op output
@@ -44,26 +47,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from autoshard.passes.capture.export import set_graph_device
 from autoshard.passes.graph import META, CapturedGraph, operands
+from autoshard.passes.op_facts import op_facts
 
-__all__ = ["SAVED", "SELECTIVE_SAVE_OPS", "SavedInfo", "saved_info", "saved_status", "is_selective_save_op"]
+__all__ = ["SAVED", "SavedInfo", "saved_info", "saved_status", "is_selective_save_op", "fused_attention_call",
+           "run_as_saved"]
 
 SAVED = "autoshard.saved"
 _STATUS = "autoshard.saved_status"
 
-# The kernels whose outputs selective checkpointing keeps (everything else is recomputed); the
-# runtime's selective policy saves the same (op packet names at the dispatch level).
-SELECTIVE_SAVE_OPS = frozenset({
-    "mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-    "_flash_attention_forward", "_efficient_attention_forward",
-})
-
-
 def is_selective_save_op(func) -> bool:
-    """Whether an ATen op (an OpOverload) is one whose outputs selective checkpointing keeps."""
-    packet = getattr(func, "overloadpacket", None)
-    return packet is not None and packet.__name__ in SELECTIVE_SAVE_OPS
+    """Whether an ATen op (an OpOverload) is one whose outputs selective checkpointing keeps
+    (``OpFacts.selective_save``, registered with the op's rule)."""
+    return op_facts(func).selective_save
 
 
 @dataclass(frozen=True)
@@ -145,15 +140,33 @@ def fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     return out[0]
 
 
-SDPA_OPS = torch.ops.aten.scaled_dot_product_attention.default
+_SDPA = torch.ops.aten.scaled_dot_product_attention.default
 
 
 def attention_call(args, kwargs):
     """The arguments of an ``aten.scaled_dot_product_attention`` call by name."""
-    names = [a.name for a in SDPA_OPS._schema.arguments]
+    names = [a.name for a in _SDPA._schema.arguments]
     bound = dict(zip(names, args))
     bound.update(kwargs)
     return bound
+
+
+def fused_attention_call(args, kwargs):
+    """``aten.scaled_dot_product_attention(*args, **kwargs)`` as the fused kernel runs it, or None where
+    that kernel is not the one that runs (grouped-query heads, dropout): the attention rule's
+    ``OpFacts.saved_as``."""
+    bound = attention_call(args, kwargs)
+    if bound.get("enable_gqa") or bound.get("dropout_p"):
+        return None
+    return fused_attention(**bound)
+
+
+def run_as_saved(target, args, kwargs):
+    """Run an op as the saved-tensor analysis does: as its ``OpFacts.saved_as`` where that applies, else
+    the op itself."""
+    run_as = op_facts(target).saved_as
+    out = run_as(args, kwargs) if run_as is not None else None
+    return target(*args, **kwargs) if out is None else out
 
 
 class _Recorder(fx.Interpreter):
@@ -171,11 +184,7 @@ class _Recorder(fx.Interpreter):
         return t
 
     def call_function(self, target, args, kwargs):
-        if target is SDPA_OPS:
-            bound = attention_call(args, kwargs)
-            if not bound.get("enable_gqa") and not bound.get("dropout_p"):
-                return fused_attention(**bound)
-        return super().call_function(target, args, kwargs)
+        return run_as_saved(target, args, kwargs)
 
     def run_node(self, n: fx.Node):
         self.packed = []

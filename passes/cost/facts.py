@@ -4,9 +4,12 @@
 finds which values carry a gradient, and prices each op on ONE device holding everything; the
 cost model (``passes/cost/model.py``) divides that work by how a strategy shards it.
 
-Work: matmul-like ops (mm, addmm, bmm, baddbmm, matmul, linear, einsum, scaled-dot-product
-attention, convolution) cost FLOPs / peak FLOP/s for their dtype, with backward = forward per
-differentiable matrix operand (2x when both need a gradient); every other op is memory-bound,
+Work: compute-bound ops, those whose ``OpFacts`` (``passes/op_facts.py``, registered with the op's
+sharding rule: mm, addmm, bmm, baddbmm, matmul, linear, einsum, scaled-dot-product attention,
+convolution, MoE experts, and any op a user registers so) count FLOPs, cost FLOPs / peak FLOP/s for
+their dtype, with backward = forward per differentiable matrix operand (2x when both need a
+gradient); a GEMM named by its ``gemm_operands`` is priced at the achieved efficiency of its shape;
+no op is recognised by its name. Every other op is memory-bound,
 (bytes read + written) / memory bandwidth, with backward = 1x forward; on hardware with the
 achievable-throughput model, by the bytes its kernels move and its kernel class's rate
 (``passes/cost/kernel_classes.py``); views (and ``to`` casts to the dtype a tensor already has)
@@ -25,7 +28,6 @@ launches of collectives and gradient buckets.
 from __future__ import annotations
 
 import math
-import re
 from typing import Optional
 
 import torch.fx as fx
@@ -34,9 +36,10 @@ from autoshard.passes.capture.saved import SavedInfo, saved_info
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.kernel_classes import class_seconds, memory_bound_price
 from autoshard.passes.cost.kernels import achievable, gemm_efficiency
-from autoshard.passes.cost.moe import MOE_OP, moe_flops
 from autoshard.passes.graph import operand_meta, operands, outputs
+from autoshard.passes.op_facts import OpFacts, op_facts
 from autoshard.passes.schema import bind_args
+from autoshard.passes.sharding.rules import op_call  # importing the rules registers every op's facts
 from autoshard.passes.spec import TensorMeta
 
 __all__ = ["GraphFacts", "op_name", "matmul_flops", "gemm_dims", "local_gemm_dims"]
@@ -50,8 +53,6 @@ _NO_GRAD = {"detach", "zeros_like", "ones_like", "empty_like", "full_like", "ran
             "argmax", "argmin", "arange", "zeros", "ones", "empty", "full", "scalar_tensor",
             "_assert_tensor_metadata", "lift_fresh_copy"}
 _FREE_CALLS = {"getitem", "sym_size", "sym_numel", "_assert_tensor_metadata"}  # no ATen dispatch
-_MATMUL = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "einsum", "convolution", "conv1d",
-           "conv2d", "conv3d", "_convolution"}
 
 
 def op_name(target) -> str:
@@ -143,15 +144,15 @@ class GraphFacts:
         in_metas = [operand_meta(o) for o in ops]
         out_metas = [m for m in outputs(node) if m is not None]
         grad_out = node.name in self.requires_grad
-        if name == MOE_OP and out_metas:  # routed pairs' GEMMs; backward: input and weight gradients
-            fwd = moe_flops(in_metas) / self.hardware.peak_flops(out_metas[0].dtype)
-            self._launches[node.name] = 1 + (2 if grad_out else 0)
-            return fwd, (2 * fwd if grad_out else 0.0)
-        flops = _matmul_flops(node, name, in_metas, out_metas)
-        if flops is not None and out_metas:
+        facts = op_facts(node.target)
+        flops = _flops(node, facts, out_metas)
+        if flops is not None:
             fwd = flops / self.hardware.peak_flops(out_metas[0].dtype)
+            if facts.backward_gemms is not None:  # a fixed backward (MoE: input and weight gradients)
+                self._launches[node.name] = 1 + (facts.backward_gemms if grad_out else 0)
+                return fwd, (facts.backward_gemms * fwd if grad_out else 0.0)
             calibrated = achievable(self.hardware)
-            if "scaled_dot_product" in name:
+            if facts.attention:
                 factor = 2.0 if grad_out else 0.0
                 self._launches[node.name] = 1 + (1 if grad_out else 0)
                 if calibrated:  # fused attention: causal work halved, backward recomputes the scores
@@ -160,12 +161,13 @@ class GraphFacts:
                     fwd = fwd * (0.5 if causal else 1.0) / self.hardware.attention_efficiency
                     factor = self.hardware.attention_backward_factor if grad_out else 0.0
             else:
-                main = ops[1:3] if name in ("addmm", "baddbmm") else ops[:2]
+                main = [ops[i] for i in facts.grad_operands if i < len(ops)]
                 factor = float(sum(1 for o in main if o.node.name in self.requires_grad))
-                bias = ops[0] if name in ("addmm", "baddbmm") else (ops[2] if len(ops) > 2 else None)
+                bias = ops[facts.bias_operand] if facts.bias_operand is not None and facts.bias_operand < len(ops) \
+                    else None
                 bias_grad = bias is not None and bias.node.name in self.requires_grad  # a sum reduces its gradient
                 self._launches[node.name] = 1 + int(factor) + int(bias_grad)
-                dims = gemm_dims(name, in_metas, out_metas[0])
+                dims = gemm_dims(facts, in_metas, out_metas[0])
                 if calibrated and dims is not None:  # achieved, not peak: tiles, waves, roofline
                     eff = gemm_efficiency(self.hardware, *dims[:5])
                     self.gemm_dims[node.name] = (*dims, eff)
@@ -237,17 +239,17 @@ class GraphFacts:
         return slot < len(metas) and _floating(metas[slot])
 
 
-def gemm_dims(name: str, ins: list, out) -> Optional[tuple]:
-    """(batch, M, N, K, itemsize, output rank) of a 2-operand GEMM op (mm, addmm, bmm, baddbmm, matmul,
-    linear), leading dims folded into M (or into batch for a batched right operand); None otherwise."""
-    if name not in ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear") or not out.shape:
+def gemm_dims(facts: OpFacts, ins: list, out) -> Optional[tuple]:
+    """(batch, M, N, K, itemsize, output rank) of a GEMM op (one whose ``facts.gemm_operands`` name its
+    A and B), leading dims folded into M, or into batch for a batched B; None otherwise."""
+    if facts.gemm_operands is None or not out.shape:
         return None
-    a, b = (ins[1], ins[2]) if name in ("addmm", "baddbmm") else (ins[0], ins[1])
+    a, b = (ins[i] for i in facts.gemm_operands)
     if not a.shape or not b.shape:
         return None
     r = len(out.shape)
     n, k = out.shape[-1], a.shape[-1]
-    if name in ("bmm", "baddbmm") or (name == "matmul" and len(b.shape) > 2 and r >= 3):
+    if len(b.shape) > 2 and r >= 3:
         batch, m = math.prod(out.shape[:-2]), out.shape[-2]
     else:
         batch, m = 1, math.prod(out.shape[:-1])
@@ -275,39 +277,15 @@ def local_gemm_dims(dims: tuple, out_codes, shape) -> tuple:
 
 
 def matmul_flops(node: fx.Node) -> Optional[float]:
-    """Forward FLOPs (2 per multiply-add) of a matmul-like call_function node, as the cost model counts
+    """Forward FLOPs (2 per multiply-add) of a compute-bound call_function node, as the cost model counts
     them (``GraphFacts``); None for every other op."""
     if node.op != "call_function":
         return None
-    ins = [operand_meta(o) for o in operands(node)]
-    return _matmul_flops(node, op_name(node.target), ins, [m for m in outputs(node) if m is not None])
+    return _flops(node, op_facts(node.target), [m for m in outputs(node) if m is not None])
 
 
-def _matmul_flops(node: fx.Node, name: str, ins: list, outs: list) -> Optional[float]:
-    if not outs:
+def _flops(node: fx.Node, facts: OpFacts, outs: list) -> Optional[float]:
+    """The op's registered FLOP count (``OpFacts.flops``), None for a memory-bound op or an output-less call."""
+    if facts.flops is None or not outs:
         return None
-    out = outs[0]
-    if name == MOE_OP:  # the routed (token, expert) pairs' GEMMs
-        return moe_flops(ins)
-    if "scaled_dot_product" in name and len(ins) >= 3:
-        q, k, v = ins[:3]
-        batch = math.prod(q.shape[:-2])
-        L, E, S, Ev = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
-        return 2.0 * batch * L * S * (E + Ev)
-    if name not in _MATMUL:
-        return None
-    if name == "einsum":
-        eq = node.args[0] if isinstance(node.args[0], str) else None
-        if eq is None:
-            return None
-        sizes: dict[str, int] = {}
-        for term, meta in zip(eq.split("->")[0].split(","), ins):
-            letters = re.sub(r"[^a-zA-Z]", "", term)
-            for ch, s in zip(letters, meta.shape[-len(letters):] if letters else ()):
-                sizes[ch] = s
-        return 2.0 * math.prod(sizes.values())
-    if name.startswith("conv") or name == "_convolution":
-        weight = ins[1]
-        return 2.0 * out.numel * math.prod(weight.shape[1:])
-    a = ins[1] if name in ("addmm", "baddbmm") else ins[0]
-    return 2.0 * out.numel * (a.shape[-1] if a.shape else 1)
+    return facts.flops(op_call(node))

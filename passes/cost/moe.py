@@ -35,7 +35,7 @@ import torch.fx as fx
 from autoshard.passes.capture.moe_experts import capacity_factor_of, is_moe_node, moe_nodes
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.graph import operand_meta, operands
-from autoshard.passes.sharding.rules.moe import DISPATCH_LOWERINGS
+from autoshard.passes.sharding.rules.moe import DISPATCH_LOWERINGS, moe_flops
 from autoshard.passes.spec import Replicate, Shard, Strategy, TensorMeta
 
 __all__ = ["MOE_OP", "EXPERT_LOAD_META", "is_moe_node", "moe_flops", "moe_nodes", "attach_expert_load",
@@ -52,13 +52,6 @@ ExpertLoad = Union[Sequence[float], Mapping[int, Sequence[float]]]
 
 class ExpertLoadError(AutoshardError, ValueError):
     """``expert_load`` does not fit the model's MoE layers."""
-
-
-def moe_flops(ins: Sequence[TensorMeta]) -> float:
-    """Forward FLOPs of one ``moe_experts`` call from its operand metas."""
-    index, gate = ins[1], ins[3]
-    tokens, k = index.shape
-    return 2.0 * tokens * k * 3 * gate.shape[1] * gate.shape[2]
 
 
 def attach_expert_load(gm: fx.GraphModule, expert_load: Optional[ExpertLoad]) -> None:

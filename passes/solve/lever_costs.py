@@ -42,24 +42,59 @@ from autoshard.passes.cost.moe import is_moe_node, work_factor
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel, NodePrice
 from autoshard.passes.graph import CapturedGraph
-from autoshard.passes.levers import BlockPolicy
+from autoshard.passes.levers import BlockPolicy, block_levers, block_policies, lever_rows
 from autoshard.passes.solve.blocks import BlockMap, storage_owner
 from autoshard.passes.solve.clustering import OUTPUT, graph_edges
 from autoshard.passes.spec import Strategy, TensorMeta
 from autoshard.passes.writes import written_operands
 
-__all__ = ["POLICIES", "KEEP", "RESHARD", "SELECTIVE", "FULL", "LeverPrice", "LeverPricer", "policy_index"]
+__all__ = ["POLICIES", "KEEP", "RESHARD", "SELECTIVE", "FULL", "LeverPrice", "LeverPricer", "policy_index",
+           "policy_space"]
 
-POLICIES: tuple[BlockPolicy, ...] = (BlockPolicy("none", False), BlockPolicy("none", True),
-                                     BlockPolicy("selective", True), BlockPolicy("full", True))
-KEEP, RESHARD, SELECTIVE, FULL = range(4)
+#: the block policy space of the built-in table, generated from its per-block rows; readers index the
+#: live space (``policy_space()``), which is this one unless a row was added (a test's)
+POLICIES: tuple[BlockPolicy, ...] = block_policies()
+#: every lever at its default: the first policy of any space (each row's choices start at its default)
+KEEP = 0
+RESHARD, SELECTIVE, FULL = (POLICIES.index(p) for p in (
+    BlockPolicy(reshard_after_forward=True), BlockPolicy(checkpoint="selective", reshard_after_forward=True),
+    BlockPolicy(checkpoint="full", reshard_after_forward=True)))
+# how this module prices a policy (the checkpoint and reshard_after_forward levers' price): keeps what
+# autograd saves, frees gathered copies after the forward, or recomputes
+_KEEPS, _RESHARDS, _RECOMPUTES = range(3)
+_space_cache: dict = {}
+
+
+def policy_space() -> tuple[BlockPolicy, ...]:
+    """The block policy space of the lever table as it stands (``passes.levers.block_policies``)."""
+    rows = lever_rows()
+    if _space_cache.get("rows") is not rows:
+        _space_cache.update(rows=rows, space=block_policies())
+    return _space_cache["space"]
+
+
+def _kind(policy: BlockPolicy) -> int:
+    if policy.checkpoint != "none":
+        return _RECOMPUTES
+    return _RESHARDS if policy.reshard_after_forward else _KEEPS
+
+
+def _price_hooks(policy: BlockPolicy) -> tuple:
+    """(row, value) of each lever pulled in ``policy`` whose row prices it (``Lever.price``)."""
+    return tuple((row, getattr(policy, row.keyword)) for row in block_levers()
+                 if row.price is not None and getattr(policy, row.keyword) != row.default)
 
 
 def policy_index(policy: BlockPolicy) -> int:
-    """The index in ``POLICIES`` of a ``BlockPolicy`` (a recomputing one re-gathers either way)."""
-    if policy.checkpoint == "none":
-        return RESHARD if policy.reshard_after_forward else KEEP
-    return SELECTIVE if policy.checkpoint == "selective" else FULL
+    """The index in ``policy_space()`` of a ``BlockPolicy``, with the values its levers force filled in (a
+    recomputing one re-gathers either way)."""
+    forced = {}
+    for row in block_levers():
+        value = row.forced_by({r.keyword: getattr(policy, r.keyword) for r in block_levers() if r is not row}) \
+            if row.forced_by is not None else None
+        if value is not None:
+            forced[row.keyword] = value
+    return policy_space().index(policy.replace(**forced) if forced else policy)
 
 
 @dataclass
@@ -82,6 +117,9 @@ class LeverPricer:
 
     def __init__(self, captured: CapturedGraph, facts: GraphFacts, cm: CostModel, blocks: BlockMap):
         self.captured, self.facts, self.cm, self.blocks = captured, facts, cm, blocks
+        self._space = space = policy_space()
+        self._kinds = tuple(_kind(p) for p in space)  # index -> how checkpoint/reshard price it
+        self._hooks = tuple(_price_hooks(p) for p in space)  # index -> the other levers' price hooks
         self._move_sums: dict = {}
         self._block_reads: dict[tuple[str, int], int] = {}  # outside value -> edges reading it in blocks
         for u, slot, v, _ in graph_edges(captured):
@@ -97,15 +135,25 @@ class LeverPricer:
         base = self.cm.price_node(name, strategy, self.facts)
         kept = base.activations - self._slot_bytes(name, strategy, freed, saved_only=True)
         price = LeverPrice(seconds=base.seconds, kept=kept)
-        if policy is None or policy in (KEEP, RESHARD) or self.facts.kind[name] != "op":
+        if policy is None or self.facts.kind[name] != "op":
             return base, price
+        self._recompute(name, strategy, policy, freed, base, kept, price)
+        for row, value in self._hooks[policy]:
+            row.price(value, price, self.cm.hardware)
+        return base, price
+
+    def _recompute(self, name: str, strategy: Strategy, policy: int, freed: tuple, base: NodePrice, kept: float,
+                   price: LeverPrice) -> None:
+        """``price`` of an op under a recomputing policy: what it keeps, re-creates and runs again."""
+        if self._kinds[policy] != _RECOMPUTES:
+            return
         n = self.blocks.num_instances(self.blocks.type_of(name))
         slots = tuple(s for s in self.blocks.leaving.get(name, ()) if s not in freed)
         leave = self._slot_bytes(name, strategy, slots)
-        selective = self._selective_bytes(name, strategy) if policy == SELECTIVE else 0.0
+        selective = self._selective_bytes(name, strategy) if self._space[policy].checkpoint == "selective" else 0.0
         price.kept = max(selective, leave)
         price.recompute = max(0.0, kept - price.kept) / n
-        if policy == FULL or selective == 0.0:
+        if self._space[policy].checkpoint == "full" or selective == 0.0:
             fwd, _ = self.facts.compute(name)
             launch = self.cm.hardware.op_overhead_s if self.facts.launches(name) else 0.0
             again = fwd / self.cm.work_divisor(strategy)
@@ -115,7 +163,6 @@ class LeverPricer:
             if base.collectives:  # a lowering's own forward collectives run again (an MoE layer's all-to-alls)
                 again = again + sum(c.seconds for c in base.collectives if c.phase == "fwd")
             price.seconds += again + launch
-        return base, price
 
     def freed_outputs(self, strategies: dict[str, Strategy], policy_of) -> dict[str, tuple[int, ...]]:
         """Op outputs whose every holder for the backward reads a redistributed copy: the copy is
@@ -134,7 +181,7 @@ class LeverPricer:
                 holders.setdefault((u, slot), set()).add(True)
                 continue
             policy = policy_of(v)
-            holds = (facts.operand_saved(v, i) if policy in (None, KEEP, RESHARD)
+            holds = (facts.operand_saved(v, i) if policy is None or self._kinds[policy] != _RECOMPUTES
                      else inst.get(v) != inst.get(u))
             if holds:
                 same = tuple(strategies[u].outputs[slot]) == tuple(strategies[v].inputs[i])
@@ -173,6 +220,8 @@ class LeverPricer:
         reading = self._reading(u, slot, v, index)
         colls, copy, forward, total = self._move(reading, src, dst)
         price = LeverPrice(*self._price(reading, forward, total, copy, src, policy))
+        for row, value in self._hooks[policy] if policy is not None else ():
+            row.price(value, price, self.cm.hardware)
         price.gather_copy = copy if _is_param_copy(reading, forward) else 0.0
         return colls, price
 
@@ -187,6 +236,11 @@ class LeverPricer:
                 _, copy, forward, total = self._move(reading, src, dst)
                 for b, policy in enumerate(policies):
                     seconds, *memory = self._price(reading, forward, total, copy, src, policy)
+                    if policy is not None and self._hooks[policy]:
+                        hooked = LeverPrice(seconds, *memory)
+                        for row, value in self._hooks[policy]:
+                            row.price(value, hooked, self.cm.hardware)
+                        seconds, memory = hooked.seconds, [hooked.memory]
                     table[b][q][p] = (seconds, sum(memory))
         return table
 
@@ -223,14 +277,15 @@ class LeverPricer:
         """(seconds, kept, gathered, recompute, gathered_transient): ``LeverPrice``'s fields."""
         u, slot, _, is_param, _, cast, saves, n, _, _ = reading
         gathered = is_param and (forward > 0.0 or cast)  # _is_param_copy, inline: the ILP's innermost loop
-        if policy is None or policy == KEEP:
+        kind = _KEEPS if policy is None else self._kinds[policy]
+        if kind == _KEEPS:
             if not saves:
                 return total, 0.0, 0.0, 0.0, 0.0
             return (total, 0.0, copy, 0.0, 0.0) if gathered else (total, copy, 0.0, 0.0, 0.0)
-        seconds = total + (forward if policy != RESHARD or is_param else 0.0)  # re-issued, or gathered again
+        seconds = total + (forward if kind != _RESHARDS or is_param else 0.0)  # re-issued, or gathered again
         if gathered:
             return seconds, 0.0, 0.0, 0.0, copy * min(2, n) / n
-        if policy == RESHARD:
+        if kind == _RESHARDS:
             return seconds, copy if saves else 0.0, 0.0, 0.0, 0.0
         return seconds, self._held_by_checkpoint(u, slot, src), 0.0, (copy if saves else 0.0) / n, 0.0
 

@@ -42,7 +42,7 @@ class LeverGraph:
     node_index: dict[str, int] = field(default_factory=dict)
 
     def decode(self, choice: list[int]) -> tuple[dict[str, Strategy], dict[str, int]]:
-        """(node -> Strategy, block type -> index into ``lever_costs.POLICIES``) of an ILP choice."""
+        """(node -> Strategy, block type -> index into ``lever_costs.policy_space()``) of an ILP choice."""
         chosen: dict[str, Strategy] = {}
         policies: dict[str, int] = {}
         for i, names in enumerate(self.members):

@@ -17,61 +17,84 @@
 
 ``LeverPins.off()`` fixes every lever at "not pulled" (the planner then plans as it did before levers
 existed; the pipeline planner's stages use it).
+
+Everything here is generated from the rows of ``passes.levers.LEVERS``: the pins' values (one per
+row, by keyword), "off" (each chosen row's default), the block policy space and which of its
+policies a pin allows (``passes.levers.block_policies``, a row's ``forced_by``).
 """
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional
 
 from autoshard.passes.errors import AutoshardError
-from autoshard.passes.levers import LEVERS, MixedPrecision, check_lever
-from autoshard.passes.solve.lever_costs import POLICIES
+from autoshard.passes.levers import block_levers, block_policies, check_lever, lever_rows
 
 __all__ = ["LeverPins"]
 
 
-@dataclass
 class LeverPins:
-    """See the module docstring. None everywhere: the planner chooses every lever. One field per row of
-    ``passes.levers.LEVERS``, named by its keyword."""
-    accumulation: Optional[int] = None
-    checkpoint: Union[None, str, dict] = None
-    reshard_after_forward: Union[None, bool, dict] = None
-    mixed_precision: Optional[MixedPrecision] = None
+    """See the module docstring. One value per row of ``passes.levers.LEVERS``, given in the table's order
+    or by its keyword, read as an attribute (``pins.checkpoint``); None (the default): the planner chooses
+    that lever (or, for one it never chooses, it is off)."""
 
-    def __post_init__(self):
-        for row in LEVERS:  # one check per lever, the table's (``passes.levers.check_lever``)
-            check_lever(row.keyword, getattr(self, row.keyword))
+    def __init__(self, *args, **kwargs):
+        rows = lever_rows()
+        if len(args) > len(rows):
+            raise TypeError(f"LeverPins() takes at most {len(rows)} values ({[r.keyword for r in rows]})")
+        values = {row.keyword: v for row, v in zip(rows, args)}
+        for key, value in kwargs.items():
+            if key in values or key not in {r.keyword for r in rows}:
+                raise TypeError(f"LeverPins() got an unexpected or repeated value {key!r}; the levers are "
+                                f"{[r.keyword for r in rows]}")
+            values[key] = value
+        for row in rows:  # one check per lever, the table's (``passes.levers.check_lever``)
+            check_lever(row.keyword, values.get(row.keyword))
+        self._values = values
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if any(row.keyword == name for row in lever_rows()):
+            return self._values.get(name)
+        raise AttributeError(f"LeverPins has no lever {name!r}")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, LeverPins) and all(getattr(self, r.keyword) == getattr(other, r.keyword)
+                                                    for r in lever_rows())
+
+    def __repr__(self) -> str:
+        return "LeverPins(" + ", ".join(f"{r.keyword}={getattr(self, r.keyword)!r}" for r in lever_rows()) + ")"
 
     @classmethod
-    def off(cls, mixed_precision: Optional[MixedPrecision] = None) -> "LeverPins":
-        """Every lever fixed at "not pulled" (mixed precision as given)."""
-        return cls(1, "none", False, mixed_precision)
+    def off(cls, **given) -> "LeverPins":
+        """Every lever the planner chooses fixed at its default, "not pulled"; the others as ``given``
+        (``LeverPins.off(mixed_precision=...)``)."""
+        return cls(**{row.keyword: row.default for row in lever_rows() if row.chosen}, **given)
 
     @property
     def chooses_nothing(self) -> bool:
         """No lever is left to the planner and none is pulled."""
-        return self.accumulation == 1 and self.checkpoint == "none" and self.reshard_after_forward is False
+        return all(getattr(self, row.keyword) == row.default for row in lever_rows() if row.chosen)
 
     def policies(self, block_types: list[str]) -> dict[str, list[int]]:
-        """Block type -> the allowed indices into ``lever_costs.POLICIES`` (fastest first). Raises
-        ``AutoshardError`` for a key matching no block type or pins that exclude every policy."""
-        checkpoint = _per_type(self.checkpoint, block_types, "checkpoint")
-        reshard = _per_type(self.reshard_after_forward, block_types, "reshard_after_forward")
-        if not isinstance(self.reshard_after_forward, dict):
-            # one value for every type: where the checkpoint is pinned to recompute, gathering again is implied
-            reshard = {t: v for t, v in reshard.items() if checkpoint.get(t) in (None, "none")}
+        """Block type -> the allowed indices into the block policy space (``passes.levers.block_policies``,
+        fastest first). Raises ``AutoshardError`` for a key matching no block type or pins that exclude
+        every policy."""
+        rows = block_levers()
+        pinned = {row.keyword: _per_type(getattr(self, row.keyword), block_types, row.keyword) for row in rows}
+        for row in rows:
+            if row.forced_by is not None and not isinstance(getattr(self, row.keyword), dict):
+                # one value for every type: where the other pins force this lever, the force wins
+                pinned[row.keyword] = {t: v for t, v in pinned[row.keyword].items()
+                                       if row.forced_by(_others(pinned, t, row.keyword)) is None}
+        space = block_policies()
         found = {}
         for t in block_types:
-            allowed = [i for i, p in enumerate(POLICIES)
-                       if checkpoint.get(t, p.checkpoint) == p.checkpoint
-                       and reshard.get(t, p.reshard_after_forward) == p.reshard_after_forward]
+            allowed = [i for i, p in enumerate(space)
+                       if all(pinned[r.keyword].get(t, getattr(p, r.keyword)) == getattr(p, r.keyword) for r in rows)]
             if not allowed:
-                raise AutoshardError(
-                    f"block type {t!r}: checkpoint={checkpoint[t]!r} with reshard_after_forward=False cannot hold: a "
-                    "recomputing block gathers its sharded parameters again for the backward; leave "
-                    "reshard_after_forward out for it (or pass True)")
+                raise AutoshardError(_excluded(t, pinned))
             found[t] = allowed
         return found
 
@@ -83,6 +106,22 @@ class LeverPins:
             raise AutoshardError(f"accumulation={self.accumulation} does not divide the global batch of {batch}: "
                                  f"pass one of {divisors}")
         return [self.accumulation]
+
+
+def _others(pinned: dict, t: str, keyword: str) -> dict:
+    """The values pinned for block type ``t`` on every per-block lever but ``keyword``."""
+    return {k: p[t] for k, p in pinned.items() if k != keyword and t in p}
+
+
+def _excluded(t: str, pinned: dict) -> str:
+    """Why the pins of block type ``t`` leave it no policy: the lever they force against its own pin."""
+    for row in block_levers():
+        others = _others(pinned, t, row.keyword)
+        forced = row.forced_by(others) if row.forced_by is not None else None
+        if forced is not None and t in pinned[row.keyword] and pinned[row.keyword][t] != forced:
+            given = ", ".join(f"{k}={v!r}" for k, v in others.items())
+            return f"block type {t!r}: {given} with {row.keyword}={pinned[row.keyword][t]!r} cannot hold: {row.forced_why}"
+    return f"block type {t!r}: the pins {({k: p[t] for k, p in pinned.items() if t in p})} allow no block policy"
 
 
 def _per_type(pin, block_types: list[str], what: str) -> dict:

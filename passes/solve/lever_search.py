@@ -21,7 +21,7 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import PinError
 from autoshard.passes.sharding.storage_forms import holds_copies, reduces_once
 from autoshard.passes.solve.blocks import block_map
-from autoshard.passes.solve.lever_costs import KEEP, POLICIES, LeverPricer
+from autoshard.passes.solve.lever_costs import KEEP, LeverPricer, policy_space
 from autoshard.passes.solve.lever_graph import LeverGraph, build_lever_graph
 from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.microbatch import BatchSplits, batch_divisors, global_batch
@@ -103,7 +103,7 @@ class LeverSearch:
 
     def combinations(self) -> list[Optional[tuple]]:
         """The block-type policy combinations to solve one by one, fastest policies first (each a
-        sorted tuple of (block type, index into ``POLICIES``)); ``[None]``: one joint solve."""
+        sorted tuple of (block type, index into ``lever_costs.policy_space()``)); ``[None]``: one joint solve."""
         types = sorted(self.policies)
         combos = list(itertools.product(*(self.policies[t] for t in types)))
         if len(combos) > MAX_POLICY_COMBINATIONS:
@@ -111,7 +111,7 @@ class LeverSearch:
         return [tuple(zip(types, c)) for c in sorted(combos, key=lambda c: (sum(c), c))]
 
     def levers_of(self, k: int, policies: dict[str, int]) -> Levers:
-        return Levers(k, {t: POLICIES[r] for t, r in sorted(policies.items()) if r != KEEP},
+        return Levers(k, {t: policy_space()[r] for t, r in sorted(policies.items()) if r != KEEP},
                       self.levers.mixed_precision)
 
     def warn_if_coupled(self, k: int, stats: dict) -> None:

@@ -50,6 +50,7 @@ from autoshard.passes.batch_coupling import describe_coupled
 from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.errors import InfeasiblePlanError
 from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.levers import chosen_keywords
 
 from autoshard.passes.sharding.pins import PinError, Pins
 from autoshard.passes.solve.ilp import ILPResult, cost_floor, lp_bound, solve
@@ -406,8 +407,7 @@ def _infeasible(search: LeverSearch, k: int, problem: ShardingProblem, graph: Le
     if search.coupled and search.levers.accumulation is None and not search.traced_at_microbatch:
         coupled = (f" Gradient accumulation was left off: batch-coupled ops ({describe_coupled(search.coupled, 2)}) "
                    "would compute something else on parts of the batch; pass accumulation=k to accept that.")
-    applied = [f"accumulation={k}"] + [f"{t}: checkpoint={p.checkpoint}, reshard_after_forward="
-                                       f"{p.reshard_after_forward}" for t, p in sorted(levers.blocks.items())]
+    applied = [f"accumulation={k}"] + [f"{t}: {p.as_keywords()}" for t, p in sorted(levers.blocks.items())]
     return InfeasiblePlanError(
         f"no plan fits memory_limit={int(limit)} bytes ({human_bytes(limit)}) per device on mesh {mesh.shape}: the "
         f"smallest plan needs {int(need)} bytes ({human_bytes(need)}) per device at its peak, in its "
@@ -415,5 +415,5 @@ def _infeasible(search: LeverSearch, k: int, problem: ShardingProblem, graph: Le
         f"the pins allow applied ({'; '.join(applied)}). Largest items per device in that plan: {tops}. To relax: "
         f"use more devices (a larger mesh), a larger memory_limit, a lighter optimizer (optimizer='sgd', SGD "
         f"without momentum, keeps no state; 'sgd_momentum' one), a smaller batch, or unpin the memory levers "
-        f"(accumulation, checkpoint, reshard_after_forward)."
+        f"({', '.join(chosen_keywords())})."
         + coupled)

@@ -383,7 +383,7 @@ def _reduce_dtype(mp: Optional[MixedPrecision]):
 
 
 def node_policy(name: str, levers: Levers, blocks: BlockMap, facts: GraphFacts) -> Optional[int]:
-    """The policy (index into ``lever_costs.POLICIES``) that prices node ``name`` (or the program's
+    """The policy (index into ``lever_costs.policy_space()``) that prices node ``name`` (or the program's
     output) under ``levers``: its block type's for an op in a block, else None."""
     btype = blocks.type_of(name) if name != OUTPUT and facts.kind[name] == "op" else None
     return None if btype is None else policy_index(levers.blocks.get(btype, BlockPolicy()))

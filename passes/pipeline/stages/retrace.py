@@ -29,7 +29,7 @@ from autoshard.passes.pipeline.stages.stage_graphs import call_nodes, split_stag
 from autoshard.passes.pipeline.plan import Plan, Stage
 from autoshard.passes.pipeline.stages.stage_peak import stage_solution
 from autoshard.passes.sharding.pins import Pins
-from autoshard.passes.levers import block_type
+from autoshard.passes.levers import block_type, lever_rows
 from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.solve.clustering import block_instance, module_path
 from autoshard.passes.solve.lever_pins import LeverPins
@@ -150,7 +150,9 @@ def stage_levers(levers: Optional[LeverPins], stage_captured: CapturedGraph) -> 
         kept = {k: v for k, v in pin.items() if any(t == k or fnmatch.fnmatchcase(t, str(k)) for t in kinds)}
         return kept or None
 
-    return LeverPins(1, mine(levers.checkpoint), mine(levers.reshard_after_forward), levers.mixed_precision)
+    pins = {row.keyword: mine(getattr(levers, row.keyword)) if row.per_block else getattr(levers, row.keyword)
+            for row in lever_rows()}
+    return LeverPins(**{**pins, "accumulation": 1})
 
 
 def _renamed(solution: Optional[Solution], names: dict[str, str]) -> Optional[Solution]:

@@ -19,10 +19,14 @@ op touches one file, its family module::
         dim = norm_dim(call.bound_args["dim"], len(x.shape))    # arguments by schema name, defaults filled
         return [Strategy1D((Shard(d),), (Shard(d),)) for d in split_dims(x.shape) if d != dim]
 
+A rule's ``facts=`` (``passes/op_facts.py``: FLOPs of a compute-bound op, its GEMM shape, what autograd
+keeps of it) go in the same call; ``register_facts`` records them for an op without a rule of its own.
+
 A new family is a new module here, named in the import and in ``FAMILIES`` below.
 
 May import: torch and the ``passes`` vocabulary (``spec``, ``graph``, ``passes.schema``).
 """
+from autoshard.passes.op_facts import OpFacts, register_facts
 from autoshard.passes.sharding.rules.registry import (
     LOCAL_CHECKS, RULES, OpCall, local_check, lookup, op_call, register_rule, rule_strategies,
 )
@@ -35,5 +39,5 @@ FAMILIES = (attention, complex_views, conv, elementwise, embedding, factory, get
             matmul, moe, norms, pooling, reductions, upsampling, view_scatters, views)
 """Every family module; importing them registered their rules."""
 
-__all__ = ["FAMILIES", "LOCAL_CHECKS", "OpCall", "RULES", "local_check", "lookup", "op_call", "register_rule",
-           "rule_strategies"]
+__all__ = ["FAMILIES", "LOCAL_CHECKS", "OpCall", "OpFacts", "RULES", "local_check", "lookup", "op_call",
+           "register_facts", "register_rule", "rule_strategies"]

@@ -22,11 +22,21 @@ output ``S(L)``, under the lowering ``"ring_attention"`` (key/value chunks passe
 ``runtime/ring_attention.py``); ``ring_layout`` says whether that ring runs zig-zag (causal load
 balance) or on contiguous chunks. Ulysses needs no rule of its own: sequence-split activations reach a
 head-split sdpa (the strategies above) through the all-to-all redistribution ``S(seq) -> S(head)``.
+
+Op facts (``passes/op_facts.py``): every attention op here is compute-bound (``attention_flops``), priced
+as fused attention; the fused kernels (and ``_flash_attention_forward`` /
+``_efficient_attention_forward``, which they dispatch) are those whose outputs selective checkpointing
+keeps; the saved-tensor analysis runs ``aten.scaled_dot_product_attention`` as the fused kernel
+(``passes.capture.saved.fused_attention_call``), as the device does, not as the meta device's math path.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
+from autoshard.passes.capture.saved import fused_attention_call
+from autoshard.passes.op_facts import OpFacts, register_facts
 from autoshard.passes.spec import Replicate, Shard, Strategy1D
 from autoshard.passes.sharding.rules.common import broadcast_placement
 from autoshard.passes.sharding.rules.registry import OpCall, register_rule
@@ -36,11 +46,27 @@ aten = torch.ops.aten
 _MASK_NAMES = ("attn_mask", "attn_bias")
 
 
-@register_rule(aten.scaled_dot_product_attention.default,
-               aten._scaled_dot_product_flash_attention_for_cpu.default,
-               aten._scaled_dot_product_flash_attention.default,
-               aten._scaled_dot_product_efficient_attention.default,
-               aten._scaled_dot_product_cudnn_attention.default)
+def attention_flops(call):
+    """``2 * batch * L * S * (E + Ev)``: the scores and the weighted sum, in full (no causal halving here);
+    None without the three q, k, v operands."""
+    if len(call.inputs) < 3:
+        return None
+    q, k, v = call.inputs[:3]
+    return 2.0 * math.prod(q.shape[:-2]) * q.shape[-2] * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+
+
+_FUSED_KERNELS = (aten._scaled_dot_product_flash_attention_for_cpu.default,
+                  aten._scaled_dot_product_flash_attention.default,
+                  aten._scaled_dot_product_efficient_attention.default,
+                  aten._scaled_dot_product_cudnn_attention.default)
+register_facts(aten.scaled_dot_product_attention.default,
+               facts=OpFacts(flops=attention_flops, attention=True, saved_as=fused_attention_call))
+register_facts(*_FUSED_KERNELS, facts=OpFacts(flops=attention_flops, attention=True, selective_save=True))
+register_facts(aten._flash_attention_forward.default, aten._efficient_attention_forward.default,
+               facts=OpFacts(selective_save=True))
+
+
+@register_rule(aten.scaled_dot_product_attention.default, *_FUSED_KERNELS)
 def sdpa_rule(call: OpCall) -> list[Strategy1D]:
     names = call.operand_names()
     q = call.inputs[names.index("query")].shape

@@ -15,11 +15,18 @@ different ``groups`` argument, which local execution does not rewrite.
 Example, ``conv2d(x (4, 3, 8, 8), w (6, 3, 3, 3), b (6,))``::
 
     (S(0), R, R)->(S(0))   (R, S(0), S(0))->(S(1))   (S(1), S(1), P)->(P)
+
+Op facts (``passes/op_facts.py``): the plain convolutions are compute-bound, ``2 * output elements *
+Cin/groups * kernel size`` FLOPs; ``convolution``/``_convolution`` are also the dispatch-level kernels
+whose outputs selective checkpointing keeps. The transposed ones are still priced as memory-bound.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
+from autoshard.passes.op_facts import OpFacts, register_facts
 from autoshard.passes.spec import Partial, Placement, Replicate, Shard, Strategy1D
 from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
@@ -60,3 +67,14 @@ def conv_rule(call: OpCall) -> list[Strategy1D]:
         found.append(_strategy(names, {"input": Shard(channel), "weight": Shard(cin), "bias": Partial()},
                                Partial()))
     return found
+
+
+def conv_flops(call: OpCall) -> float:
+    """2 * output elements * the weight's per-output-channel size (``Cin/groups * kernel``)."""
+    return 2.0 * call.outputs[0].numel * math.prod(call.inputs[1].shape[1:])
+
+
+register_facts(aten.convolution.default, aten._convolution.default, aten._convolution.deprecated,
+               facts=OpFacts(flops=conv_flops, selective_save=True))
+register_facts(aten.conv1d.default, aten.conv1d.padding, aten.conv2d.default, aten.conv2d.padding,
+               aten.conv3d.default, aten.conv3d.padding, facts=OpFacts(flops=conv_flops))

@@ -11,6 +11,11 @@ linear in each operand, so one operand ``P`` with the others ``R`` gives a ``P``
 
 ``addmm`` / ``baddbmm`` / ``linear`` add a broadcast addend: it follows the output (``P`` when
 the output is ``P``, so the addend is counted once in the sum).
+
+Every op here is compute-bound: its ``OpFacts`` (``passes/op_facts.py``), registered with its rule,
+count its FLOPs and, for the GEMMs, name the (A, B) operands whose shape prices the kernel's
+efficiency; ``mm``/``addmm``/``bmm``/``baddbmm`` are also the dispatch-level kernels whose outputs
+selective checkpointing keeps (``matmul``, ``linear`` and ``einsum`` reach the device as one of them).
 """
 from __future__ import annotations
 
@@ -18,12 +23,16 @@ from typing import Sequence
 
 import torch
 
+import math
+import re
+
+from autoshard.passes.op_facts import OpFacts
 from autoshard.passes.spec import Partial, Placement, Replicate, Shard, Strategy1D, TensorMeta
 from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
 aten = torch.ops.aten
 
-__all__ = ["parse_einsum", "einsum_strategies"]
+__all__ = ["parse_einsum", "einsum_strategies", "gemm_flops", "einsum_flops"]
 
 
 # ---------------------------------------------------------------- einsum machinery
@@ -118,11 +127,40 @@ def _fixed(subs: list[str], out: str):
     return rule
 
 
-register_rule(aten.mm.default)(_fixed(["mk", "kn"], "mn"))
-register_rule(aten.bmm.default)(_fixed(["bmk", "bkn"], "bmn"))
+# ---------------------------------------------------------------- op facts
+
+def gemm_flops(a: int = 0):
+    """FLOPs of a GEMM whose left operand is operand ``a``: 2 * output elements * K (K: ``a``'s last dim)."""
+    def flops(call: OpCall) -> float:
+        x = call.inputs[a]
+        return 2.0 * call.outputs[0].numel * (x.shape[-1] if x.shape else 1)
+    return flops
 
 
-@register_rule(aten.addmm.default, aten.baddbmm.default)
+def einsum_flops(call: OpCall):
+    """2 * the product of every index letter's size (None when the equation is not a literal string)."""
+    eq = call.args[0] if isinstance(call.args[0], str) else None
+    if eq is None:
+        return None
+    sizes: dict[str, int] = {}
+    for term, meta in zip(eq.split("->")[0].split(","), call.inputs):
+        letters = re.sub(r"[^a-zA-Z]", "", term)
+        for ch, s in zip(letters, meta.shape[-len(letters):] if letters else ()):
+            sizes[ch] = s
+    return 2.0 * math.prod(sizes.values())
+
+
+_GEMM = OpFacts(flops=gemm_flops(0), gemm_operands=(0, 1))
+_GEMM_KERNEL = OpFacts(flops=gemm_flops(0), gemm_operands=(0, 1), selective_save=True)
+#: ``self + m1 @ m2``: the matrices are operands 1 and 2, the addend (a sum's gradient) operand 0
+_ADDMM_KERNEL = OpFacts(flops=gemm_flops(1), gemm_operands=(1, 2), grad_operands=(1, 2), bias_operand=0,
+                        selective_save=True)
+
+register_rule(aten.mm.default, facts=_GEMM_KERNEL)(_fixed(["mk", "kn"], "mn"))
+register_rule(aten.bmm.default, facts=_GEMM_KERNEL)(_fixed(["bmk", "bkn"], "bmn"))
+
+
+@register_rule(aten.addmm.default, aten.baddbmm.default, facts=_ADDMM_KERNEL)
 def addmm_rule(call: OpCall) -> list[Strategy1D]:
     """``beta * self + alpha * (m1 @ m2)``: mm/bmm strategies, ``self`` following the output."""
     addend, a, b = call.inputs
@@ -137,14 +175,14 @@ def _matmul_subscripts(na: int, nb: int) -> str:
     return f"{left},{right}->{out}"
 
 
-@register_rule(aten.matmul.default)
+@register_rule(aten.matmul.default, facts=_GEMM)
 def matmul_rule(call: OpCall) -> list[Strategy1D]:
     a, b = call.inputs
     subs, out = parse_einsum(_matmul_subscripts(len(a.shape), len(b.shape)), [len(a.shape), len(b.shape)])
     return einsum_strategies(subs, out, [a.shape, b.shape])
 
 
-@register_rule(aten.linear.default)
+@register_rule(aten.linear.default, facts=_GEMM)
 def linear_rule(call: OpCall) -> list[Strategy1D]:
     """``x @ w.T + b`` with x ``(..., k)``, w ``(n, k)``, optional b broadcast to ``(..., n)``."""
     x, w = call.inputs[:2]
@@ -155,7 +193,7 @@ def linear_rule(call: OpCall) -> list[Strategy1D]:
     return found
 
 
-@register_rule(aten.einsum.default)
+@register_rule(aten.einsum.default, facts=OpFacts(flops=einsum_flops))
 def einsum_rule(call: OpCall) -> list[Strategy1D]:
     equation = call.bound_args["equation"]
     subs, out = parse_einsum(equation, [len(m.shape) for m in call.inputs])

@@ -25,19 +25,31 @@ tensor parallel on the other, or experts over both axes. Which one wins is the c
 """
 from __future__ import annotations
 
-from autoshard.passes.spec import Partial, Replicate, Shard, Strategy1D
+from typing import Sequence
+
+from autoshard.passes.op_facts import OpFacts
+from autoshard.passes.spec import Partial, Replicate, Shard, Strategy1D, TensorMeta
 from autoshard.passes.sharding.rules.registry import OpCall, register_rule
 
 R, P, S0 = Replicate(), Partial(), Shard(0)
 
-__all__ = ["moe_experts_rule", "moe_role", "EXPERT_DISPATCH", "EXPERT_DISPATCH_CAPACITY", "DISPATCH_LOWERINGS"]
+__all__ = ["moe_experts_rule", "moe_role", "moe_flops", "EXPERT_DISPATCH", "EXPERT_DISPATCH_CAPACITY", "DISPATCH_LOWERINGS"]
 
 EXPERT_DISPATCH = "expert_dispatch"
 EXPERT_DISPATCH_CAPACITY = "expert_dispatch_capacity"
 DISPATCH_LOWERINGS = (EXPERT_DISPATCH, EXPERT_DISPATCH_CAPACITY)
 
 
-@register_rule("autoshard::moe_experts")
+def moe_flops(ins: Sequence[TensorMeta]) -> float:
+    """Forward FLOPs of one ``moe_experts`` call from its operand metas: the routed (token, expert) pairs'
+    three GEMMs (gate, up, down)."""
+    index, gate = ins[1], ins[3]
+    tokens, k = index.shape
+    return 2.0 * tokens * k * 3 * gate.shape[1] * gate.shape[2]
+
+
+#: compute-bound; backward: the input and the weight gradients, one forward's GEMMs each
+@register_rule("autoshard::moe_experts", facts=OpFacts(flops=lambda call: moe_flops(call.inputs), backward_gemms=2))
 def moe_experts_rule(call: OpCall) -> list[Strategy1D]:
     tokens = (S0, S0, S0)
     dispatch = EXPERT_DISPATCH_CAPACITY if (call.bound_args.get("capacity_factor") or 0) > 0 else EXPERT_DISPATCH

@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 import torch.fx as fx
 
 from autoshard.passes.graph import META, operand_meta, operands, outputs
+from autoshard.passes.op_facts import OpFacts, find_registered, qualified_names, register_facts
 from autoshard.passes.schema import bind_args, op_name
 from autoshard.passes.spec import Partial, Replicate, Strategy1D, TensorMeta
 
@@ -93,14 +94,15 @@ def floating_partials(call: OpCall, strategy: Strategy1D) -> bool:
     return all(m.dtype.is_floating_point or m.dtype.is_complex for m, p in pairs if isinstance(p, Partial))
 
 
-def register_rule(*targets, float_partials_only: bool = False,
-                  local_check: Optional[LocalCheck] = None) -> Callable[[RuleFn], RuleFn]:
+def register_rule(*targets, float_partials_only: bool = False, local_check: Optional[LocalCheck] = None,
+                  facts: Optional[OpFacts] = None) -> Callable[[RuleFn], RuleFn]:
     """Register a rule for each op given (an overload, a packet: all its overloads, or a qualified name).
 
     ``float_partials_only``: drop the strategies that put ``P`` on a non-floating tensor, so the
     rule may list ``P`` options without checking dtypes. ``local_check``: a ``LocalCheck`` the
-    enumeration applies to each mesh strategy's local shapes (after divisibility). Returns the rule
-    as registered.
+    enumeration applies to each mesh strategy's local shapes (after divisibility). ``facts``: the
+    ops' ``OpFacts`` (``passes/op_facts.py``: compute-bound FLOPs, GEMM shape, saved tensors), recorded
+    for every target. Returns the rule as registered.
     """
     def deco(fn: RuleFn) -> RuleFn:
         rule = _without_non_float_partials(fn) if float_partials_only else fn
@@ -110,6 +112,8 @@ def register_rule(*targets, float_partials_only: bool = False,
             RULES[t] = rule
             if local_check is not None:
                 LOCAL_CHECKS[t] = local_check
+        if facts is not None:
+            register_facts(*targets, facts=facts)
         return rule
     return deco
 
@@ -121,37 +125,15 @@ def _without_non_float_partials(fn: RuleFn) -> RuleFn:
     return rule
 
 
-def qualified_names(target) -> list[str]:
-    """``"ns::op.overload"`` and ``"ns::op"`` for an op overload (``.default`` also as ``"ns::op"``
-    alone); [] for anything without a schema."""
-    schema = getattr(target, "_schema", None)
-    if schema is None:
-        return []
-    overload = getattr(target, "_overloadname", None) or "default"
-    return [f"{schema.name}.{overload}", schema.name]
-
-
-def _find(table: dict, target):
-    if target in table:
-        return table[target]
-    packet = getattr(target, "overloadpacket", None)
-    if packet is not None and packet in table:
-        return table[packet]
-    for name in qualified_names(target):
-        if name in table:
-            return table[name]
-    return None
-
-
 def lookup(target) -> Optional[RuleFn]:
     """The rule for ``target``: registered for the overload itself, else for its packet, else under its
     qualified name (overload, then op); or None."""
-    return _find(RULES, target)
+    return find_registered(RULES, target)
 
 
 def local_check(target) -> Optional[LocalCheck]:
     """The ``LocalCheck`` registered with ``target``'s rule (found as ``lookup`` finds it), or None."""
-    return _find(LOCAL_CHECKS, target) if LOCAL_CHECKS else None
+    return find_registered(LOCAL_CHECKS, target) if LOCAL_CHECKS else None
 
 
 def op_call(node: fx.Node) -> OpCall:
