@@ -199,7 +199,7 @@ def replan_at_microbatch(plan: Plan, full: CapturedGraph, small: CapturedGraph, 
     the same stage cut (``retrace_stage_nodes``), rank groups, stage submeshes, schedule,
     microbatches and estimates, on ``small`` (the program traced at microbatch shapes, which stage
     programs bake in), with every stage's intra-op Solution solved there by ``plan_sharding`` on the
-    stage's submesh (``ctx``: hardware, memory limit, optimizer, time limit as it takes them;
+    stage's submesh (``ctx``: its hardware, optimizer and time limit, with each stage's own memory bound;
     ``params``: the user's parameter pins, applied to the stages they concern; ``levers``: the memory
     levers, ``stage_levers`` of them for each stage: None pulls none). A Solution made at global
     shapes cannot be reused: its sizes differ, and it has no strategies for the values a stage
@@ -213,8 +213,7 @@ def replan_at_microbatch(plan: Plan, full: CapturedGraph, small: CapturedGraph, 
     stages, sent = [], {}
     for i, s in enumerate(plan.stages):
         def solve(walk_limit: float, i=i, s=s):
-            return plan_sharding(graphs[i].captured, s.mesh, hardware=ctx.hardware, memory_limit=walk_limit,
-                                 optimizer=ctx.optimizer, time_limit_s=ctx.time_limit_s,
+            return plan_sharding(graphs[i].captured, s.mesh, ctx.limited(walk_limit),
                                  pins=stage_pins(params, graphs[i].captured),
                                  levers=stage_levers(levers, graphs[i].captured),
                                  storage_forms=False)  # a pipeline's stages run plain storage forms only
