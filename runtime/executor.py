@@ -59,6 +59,7 @@ from autoshard.passes.pipeline.plan import Plan
 from autoshard.passes.pipeline.schedule.generators import generate
 from autoshard.passes.pipeline.schedule.simulate import check_deadlock
 from autoshard.passes.pipeline.stages.stage_graphs import split_stages, whole_program
+from autoshard.passes.sharding.storage_forms import fmt_storage, holds_copies
 from autoshard.passes.spec import Replicate
 
 from .collective_watch import arm_timeout, watching
@@ -141,11 +142,13 @@ class RankProgram:
                                        self.group, self.env.rank, dist.get_rank() if plan.pp > 1 else self.env.rank,
                                        self.device, self.schedule, prefetch=1 if gloo and plan.pp > 1 else 0)
         self._loss_comm = None if plan.pp > 1 else self.env.comm_for([a for a, s in enumerate(plan.mesh.shape) if s > 1])
-        # parameters in ZeRO forms (a plan without a pipeline): the optimizer steps their slices, ``zero``
-        # reduces and gathers them (``runtime.zero``); the grad sync leaves them out
-        self._zero = self._zero_sync(bucket_mb)
+        # parameters in ZeRO forms: the optimizer steps their slices, each stage's ``ZeroSync`` reduces
+        # and gathers them over the stage's (sub)mesh (``runtime.zero``); the grad sync leaves them out
+        self._zeros = {s: z for s, z in ((s, self._zero_sync(s, st, bucket_mb)) for s, st in self.stages.items())
+                       if z is not None}
         self._syncs = {s: self._grad_sync(st, bucket_mb, first_bucket_mb) for s, st in self.stages.items()}
         self._holders = self._shared_params()
+        self._check_zero_ties()
         self._ties = (TieGroups(self.layout, sorted({k for _, k in self._holders.values()}), dist.get_rank())
                       if plan.pp > 1 else None)
         cast = any(st.levers.mixed_precision is not None for st in self.stages.values())
@@ -199,28 +202,46 @@ class RankProgram:
                     raise PlanFormatError(f"schedule runs {a} on rank group {group} but the plan puts stage "
                                           f"{a.stage} on group {plan.stages[a.stage].group}")
 
-    def _zero_sync(self, bucket_mb: float):
-        """The ``zero.ZeroSync`` of this rank's parameters in ZeRO forms, or None when none is."""
+    def _zero_sync(self, index: int, stage: LoweredStage, bucket_mb: float):
+        """The ``zero.ZeroSync`` of stage ``index``'s parameters in ZeRO forms on this rank (over its
+        (sub)mesh), or None when none is. A pipeline refuses ``once`` (FSDP copies' gradients held over
+        the step: the gatherer holds them per round, not per microbatch yet)."""
+        strategies = self._strategies[index]
         if self.plan.pipelined:
-            for s in self.plan.stages:
-                if any(s.solution.strategies[ph].lowerings and any(s.solution.strategies[ph].lowerings)
-                       for ph in self.captured.params if ph in s.solution.strategies):
-                    raise PlanFormatError(f"stage {s.index} stores parameters in ZeRO/reduce-once forms, which the "
-                                          "runtime runs only without a pipeline yet: plan the stages with plain "
-                                          "storage (R or S(d) pins without /zero1, /zero2, /once)")
-            return None
-        stage = self._only()
+            shape = self.env.mesh.shape
+            for ph in stage.param_names:
+                st = strategies.get(ph)
+                if st is not None and st.lowerings and holds_copies(st):
+                    raise PlanFormatError(f"stage {index} stores parameter {self.captured.params.get(ph, ph)} as "
+                                          f"{fmt_storage(st.outputs[0], st.lowerings)}: the reduce-once form (/once) "
+                                          "runs only without a pipeline yet; pin S(d) without /once (zero1/zero2 "
+                                          f"forms do run under a pipeline; stage mesh {shape})")
         mp = stage.levers.mixed_precision
-        return zero_sync_for(self.captured, self._strategies[0], self.plan.mesh.shape,
+        return zero_sync_for(stage.graph.captured, strategies, self.env.mesh.shape,
                              dict(zip(stage.param_names, stage.params)), self.env.comm_for,
                              reduce_dtype=None if mp is None else (mp.reduce_dtype or mp.param_dtype),
                              bucket_bytes=int(bucket_mb * 2**20))
 
+    @property
+    def _zero(self):
+        """The ZeroSync of this rank's one stage (None without ZeRO parameters; ``zero_calls`` sums
+        over several stages)."""
+        return self._zeros.get(next(iter(self.stages))) if len(self.stages) == 1 else None
+
+    def zero_calls(self) -> dict[str, int]:
+        """The collectives ``runtime.zero`` called on this rank so far, by kind, over its stages."""
+        total: dict[str, int] = {}
+        for z in self._zeros.values():
+            for kind, n in z.calls.items():
+                total[kind] = total.get(kind, 0) + n
+        return total
+
     def _grad_sync(self, stage: LoweredStage, bucket_mb: float, first_bucket_mb: float) -> GradSync:
         mp = stage.levers.mixed_precision
         order = stage.sync_order() if self.captured.loss_output else []
-        if self._zero is not None:  # a ZeRO parameter is reduced by ``zero``
-            order = [(p, comm) for p, comm in order if self._zero.optimizer_parameter(p) is p]
+        zero = self._zeros.get(stage.index)
+        if zero is not None:  # a ZeRO parameter is reduced by ``zero``
+            order = [(p, comm) for p, comm in order if zero.optimizer_parameter(p) is p]
         # a forward-only program never has gradients: no buckets for them
         return GradSync(order, bucket_bytes=int(bucket_mb * 2**20),
                         first_bucket_bytes=int(first_bucket_mb * 2**20), carry_comm=self._loss_comm,
@@ -335,8 +356,8 @@ class RankProgram:
                              "this one returns outputs: call forward()")
         user, targets = self._prepared(inputs, target, local_batch)
         gatherers = [st.gatherer for st in self.stages.values() if st.gatherer is not None]
-        if self._zero is not None:
-            self._zero.begin_step()
+        for z in self._zeros.values():
+            z.begin_step()
         for g in gatherers:
             g.begin_step()
         stashed = self._set_aside()
@@ -357,18 +378,19 @@ class RankProgram:
                 final = r == self.rounds - 1
                 hooks = dict(before_weights=before_weights, after_weights=lambda s: self._syncs[s].launch_rest(),
                              weight_ready=lambda s, p: self._syncs[s].mark_ready(p)) if final else {}
-                if self._zero is not None:
-                    self._zero.arm(final)
                 for g in gatherers:
                     g.final = final  # storage form ``once``: the copies' gradients are reduced in the last round
                 if self._streams is not None:
                     self._streams.begin()
+                if self._zeros:  # ZeRO buckets reduce around every weight action (zero1's: the step's last)
+                    hooks.update(around_weights=lambda s, after, last, final=final: self._zero_around(s, after,
+                                                                                                     final and last),
+                                 weight_ready=lambda s, p, final=final, sync=hooks.get("weight_ready"):
+                                 self._zero_ready(s, p, sync if final else None))
                 self.interpreter.run([u[r * m:(r + 1) * m] for u in user], targets[r * m:(r + 1) * m],
                                      losses=losses, before_forward=self._streams and self._streams.enter, **hooks)
                 if self._streams is not None:
                     self._streams.end()
-                if self._zero is not None:
-                    self._zero.finish(final)
         finally:
             for st in self.stages.values():
                 st.end_step()
@@ -380,6 +402,38 @@ class RankProgram:
             self._sync_tied()
             self._restore(stashed)
             return loss.result(losses)
+
+    def _zero_around(self, s: int, after: bool, last: bool) -> None:
+        """Around one weight action (BW or W) of stage ``s``: its ZeroSync armed before (``last``: the
+        step's last, where ``zero1`` buckets reduce and the slices' gradients are set), finished after."""
+        z = self._zeros.get(s)
+        if z is None:
+            return
+        if after:
+            z.finish(last)
+        else:
+            z.arm(last)
+
+    def _zero_ready(self, s: int, p, sync) -> None:
+        """A zero-bubble W set ``p``'s gradient: bucket it (ZeRO), and hand it to the grad sync's hook."""
+        z = self._zeros.get(s)
+        if z is not None:
+            z.ready(p)
+        if sync is not None and p.grad is not None:
+            sync(s, p)
+
+    def _check_zero_ties(self) -> None:
+        """A weight held by several stages in a ZeRO form (tied embeddings) has its slices' gradients
+        summed across the holders (``_sync_tied``): every holder must store it alike."""
+        for ph, (holders, _) in self._holders.items():
+            forms = {(tuple(self.plan.stages[s].solution.strategies[ph].outputs[0]),
+                      tuple(self.plan.stages[s].solution.strategies[ph].lowerings or ()),
+                      tuple(self.plan.stages[s].mesh.shape)) for s in holders}
+            zero = any(any(f in ("zero1", "zero2") for f in lw) for _, lw, _ in forms)
+            if zero and len(forms) > 1:
+                raise PlanFormatError(f"parameter {self.captured.params.get(ph, ph)} is held by stages {holders} in "
+                                      f"different storage ({sorted(forms)}); a weight shared by stages in a ZeRO form "
+                                      "must be stored alike by every holder on alike submeshes: pin it the same way")
 
     def _set_aside(self) -> dict:
         """Take the gradients present before the step off the parameters (a copy where the gradient is a
@@ -400,6 +454,17 @@ class RankProgram:
         for ph, (holders, groups) in self._holders.items():
             mine = [self.stages[s] for s in holders if s in self.stages]
             if not mine:
+                continue
+            shards = [self._zeros[st.index].shards.get(st.params[st.param_names.index(ph)])
+                      for st in mine if st.index in self._zeros]
+            if shards and all(sh is not None for sh in shards) and len(shards) == len(mine):
+                # every holder steps the same slice of it (``_check_zero_ties``): sum the slices' gradients
+                total = sum((sh.grad for sh in shards if sh.grad is not None), torch.zeros_like(shards[0]))
+                if len(groups) > 1:
+                    dist.all_reduce(total, group=self._ties.get(groups))
+                for sh in shards:
+                    if sh.requires_grad:
+                        sh.grad = total.clone()
                 continue
             meta = self.captured.node(ph).meta[META]
             total = torch.zeros(meta.shape, dtype=meta.dtype, device=self.device)
@@ -450,13 +515,16 @@ class RankProgram:
 
     def optimizer_parameter(self, param: nn.Parameter) -> nn.Parameter:
         """What the optimizer steps in place of local parameter ``param`` (its ZeRO slice, or itself)."""
-        return self._zero.optimizer_parameter(param) if self._zero is not None else param
+        for z in self._zeros.values():
+            if param in z.shards:
+                return z.shards[param]
+        return param
 
     def sync_parameters(self) -> None:
         """Gather the ZeRO parameters the optimizer changed (``zero.ZeroSync.gather``; a collective when
         any did, on every rank alike): ``step``, ``forward`` and the state dicts call it."""
-        if self._zero is not None:
-            self._zero.gather()
+        for s in sorted(self._zeros):
+            self._zeros[s].gather()
 
     def buffers(self) -> list[torch.Tensor]:
         return [b for s in sorted(self.stages) for b in self.stages[s].buffers]

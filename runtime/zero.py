@@ -24,6 +24,12 @@ differs is what the optimizer sees and how the gradient is reduced:
   slices was written since its last gather (their version counters, which the optimizer's in-place
   update bumps), so every rank must step the same parameters, as with any data-parallel optimizer.
 
+One ``ZeroSync`` per stage of a rank's program (``runtime.executor``), over the stage's (sub)mesh:
+a "microstep" is one weight action of the stage (its BW, or a zero-bubble W, whose gradients land
+without autograd's hook and are handed over by ``ready``), so under a pipeline ``zero2`` buckets
+reduce-scatter once per microbatch of every round and ``zero1`` buckets once, in the stage's last
+weight action of the step; without a pipeline a round is one microstep, as before.
+
 Every rank issues the same collectives in the same order. ``calls`` counts them by kind.
 """
 from __future__ import annotations
@@ -121,6 +127,8 @@ class ZeroSync:
         self._stash: dict[nn.Parameter, torch.Tensor] = {}
         self.active = False
         self.calls: Counter = Counter()
+        #: the parameters the optimizer steps a slice of (whole parameter -> its slice)
+        self.shards = self._shards
         for p in self._bucket_of:
             p.register_post_accumulate_grad_hook(self._ready)
 
@@ -153,6 +161,13 @@ class ZeroSync:
             b.filled = set()
         self._next = 0
         self.active = any(b.armed for b in self.buckets)
+
+    def ready(self, p: nn.Parameter) -> None:
+        """``p``'s gradient of this microstep landed without autograd's hook (a zero-bubble W sets it
+        directly, ``SplitBackward.weight_grads``): bucket it as the hook would. Any parameter may be
+        passed; one not in a ZeRO form, or already bucketed this microstep, is left alone."""
+        if p in self._bucket_of:
+            self._ready(p)
 
     def _ready(self, p: nn.Parameter) -> None:
         b, m = self._bucket_of[p]
