@@ -17,30 +17,17 @@ them on its own yet (its per-microbatch pricing does not see the per-step count 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional, Union
+from typing import Union
 
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.graph import CapturedGraph
-from autoshard.passes.sharding.pins import Pins
-from autoshard.passes.sharding.storage_forms import ZERO1, ZERO2
+from autoshard.passes.sharding.pins import pins_name_zero_forms
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.solve.storage_buckets import bucket_collectives
 
 __all__ = ["pins_name_zero_forms", "stage_storage_collectives", "step_storage_collectives"]
-
-
-def pins_name_zero_forms(pins: Optional[Pins]) -> bool:
-    """Whether parameter ``pins`` ask for a ZeRO form on some axis (``"R/zero1"``, ``"R/zero2"``)."""
-    if pins is None:
-        return False
-
-    def texts(value):
-        return [value] if isinstance(value, str) else [t for v in value for t in texts(v)] \
-            if isinstance(value, (tuple, list)) else [str(value)]
-
-    return any(t.endswith("/" + f) for v in (pins.params or {}).values() for t in texts(v) for f in (ZERO1, ZERO2))
 
 
 def stage_storage_collectives(solution: Solution, captured: CapturedGraph, hardware: Union[str, Hardware],
