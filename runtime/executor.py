@@ -25,7 +25,9 @@ One program type runs every plan (``passes.pipeline.plan.Plan``: a list of stage
   gradients summed over the rounds and microbatches are the full-batch mean loss's. Each stage's
   replicated gradients are all-reduced over its mesh (``gradsync.GradSync``, one per stage, with
   ``reduce_dtype`` under mixed precision), armed for the last round's last weight-gradient action of
-  the stage only, so the reduction overlaps that action and the rest of the step. Parameters held by
+  the stage only, so the reduction overlaps that action and the rest of the step. Parameters in ZeRO
+forms are left out of it: each stage's ``zero.ZeroSync`` reduce-scatters them around the stage's weight
+actions and the optimizer steps their slices (``stage_zeros``). Parameters held by
   several stages (tied embeddings: stage 0 and the last stage each keep a copy, Megatron's embedding
   group) have their gradients summed across the holders, so the copies stay equal under any
   optimizer. The returned loss is the mean over the microbatches, the same float on every rank:
@@ -59,7 +61,6 @@ from autoshard.passes.pipeline.plan import Plan
 from autoshard.passes.pipeline.schedule.generators import generate
 from autoshard.passes.pipeline.schedule.simulate import check_deadlock
 from autoshard.passes.pipeline.stages.stage_graphs import split_stages, whole_program
-from autoshard.passes.sharding.storage_forms import fmt_storage, holds_copies
 from autoshard.passes.spec import Replicate
 
 from .collective_watch import arm_timeout, watching
@@ -76,7 +77,7 @@ from .redistribute import redistribute
 from .rng_streams import MicrobatchStreams
 from .stage import LoweredStage
 from .state_dict import ModelState
-from .zero import zero_sync_for
+from .stage_zeros import StageZeros
 from .step_inputs import StepInputs
 from .step_results import LossReduction, assembled
 
@@ -144,11 +145,10 @@ class RankProgram:
         self._loss_comm = None if plan.pp > 1 else self.env.comm_for([a for a, s in enumerate(plan.mesh.shape) if s > 1])
         # parameters in ZeRO forms: the optimizer steps their slices, each stage's ``ZeroSync`` reduces
         # and gathers them over the stage's (sub)mesh (``runtime.zero``); the grad sync leaves them out
-        self._zeros = {s: z for s, z in ((s, self._zero_sync(s, st, bucket_mb)) for s, st in self.stages.items())
-                       if z is not None}
-        self._syncs = {s: self._grad_sync(st, bucket_mb, first_bucket_mb) for s, st in self.stages.items()}
         self._holders = self._shared_params()
-        self._check_zero_ties()
+        self._zeros = StageZeros.of(plan, self.captured, self.stages, self._strategies, self.env, self._holders,
+                                    int(bucket_mb * 2**20))
+        self._syncs = {s: self._grad_sync(st, bucket_mb, first_bucket_mb) for s, st in self.stages.items()}
         self._ties = (TieGroups(self.layout, sorted({k for _, k in self._holders.values()}), dist.get_rank())
                       if plan.pp > 1 else None)
         cast = any(st.levers.mixed_precision is not None for st in self.stages.values())
@@ -202,26 +202,6 @@ class RankProgram:
                     raise PlanFormatError(f"schedule runs {a} on rank group {group} but the plan puts stage "
                                           f"{a.stage} on group {plan.stages[a.stage].group}")
 
-    def _zero_sync(self, index: int, stage: LoweredStage, bucket_mb: float):
-        """The ``zero.ZeroSync`` of stage ``index``'s parameters in ZeRO forms on this rank (over its
-        (sub)mesh), or None when none is. A pipeline refuses ``once`` (FSDP copies' gradients held over
-        the step: the gatherer holds them per round, not per microbatch yet)."""
-        strategies = self._strategies[index]
-        if self.plan.pipelined:
-            shape = self.env.mesh.shape
-            for ph in stage.param_names:
-                st = strategies.get(ph)
-                if st is not None and st.lowerings and holds_copies(st):
-                    raise PlanFormatError(f"stage {index} stores parameter {self.captured.params.get(ph, ph)} as "
-                                          f"{fmt_storage(st.outputs[0], st.lowerings)}: the reduce-once form (/once) "
-                                          "runs only without a pipeline yet; pin S(d) without /once (zero1/zero2 "
-                                          f"forms do run under a pipeline; stage mesh {shape})")
-        mp = stage.levers.mixed_precision
-        return zero_sync_for(stage.graph.captured, strategies, self.env.mesh.shape,
-                             dict(zip(stage.param_names, stage.params)), self.env.comm_for,
-                             reduce_dtype=None if mp is None else (mp.reduce_dtype or mp.param_dtype),
-                             bucket_bytes=int(bucket_mb * 2**20))
-
     @property
     def _zero(self):
         """The ZeroSync of this rank's one stage (None without ZeRO parameters; ``zero_calls`` sums
@@ -230,11 +210,7 @@ class RankProgram:
 
     def zero_calls(self) -> dict[str, int]:
         """The collectives ``runtime.zero`` called on this rank so far, by kind, over its stages."""
-        total: dict[str, int] = {}
-        for z in self._zeros.values():
-            for kind, n in z.calls.items():
-                total[kind] = total.get(kind, 0) + n
-        return total
+        return self._zeros.calls()
 
     def _grad_sync(self, stage: LoweredStage, bucket_mb: float, first_bucket_mb: float) -> GradSync:
         mp = stage.levers.mixed_precision
@@ -356,8 +332,7 @@ class RankProgram:
                              "this one returns outputs: call forward()")
         user, targets = self._prepared(inputs, target, local_batch)
         gatherers = [st.gatherer for st in self.stages.values() if st.gatherer is not None]
-        for z in self._zeros.values():
-            z.begin_step()
+        self._zeros.begin_step()
         for g in gatherers:
             g.begin_step()
         stashed = self._set_aside()
@@ -383,10 +358,9 @@ class RankProgram:
                 if self._streams is not None:
                     self._streams.begin()
                 if self._zeros:  # ZeRO buckets reduce around every weight action (zero1's: the step's last)
-                    hooks.update(around_weights=lambda s, after, last, final=final: self._zero_around(s, after,
-                                                                                                     final and last),
-                                 weight_ready=lambda s, p, final=final, sync=hooks.get("weight_ready"):
-                                 self._zero_ready(s, p, sync if final else None))
+                    hooks.update(around_weights=lambda s, after, last, final=final: self._zeros.around(
+                                     s, after, final and last),
+                                 weight_ready=lambda s, p, sync=hooks.get("weight_ready"): self._zeros.ready(s, p, sync))
                 self.interpreter.run([u[r * m:(r + 1) * m] for u in user], targets[r * m:(r + 1) * m],
                                      losses=losses, before_forward=self._streams and self._streams.enter, **hooks)
                 if self._streams is not None:
@@ -402,38 +376,6 @@ class RankProgram:
             self._sync_tied()
             self._restore(stashed)
             return loss.result(losses)
-
-    def _zero_around(self, s: int, after: bool, last: bool) -> None:
-        """Around one weight action (BW or W) of stage ``s``: its ZeroSync armed before (``last``: the
-        step's last, where ``zero1`` buckets reduce and the slices' gradients are set), finished after."""
-        z = self._zeros.get(s)
-        if z is None:
-            return
-        if after:
-            z.finish(last)
-        else:
-            z.arm(last)
-
-    def _zero_ready(self, s: int, p, sync) -> None:
-        """A zero-bubble W set ``p``'s gradient: bucket it (ZeRO), and hand it to the grad sync's hook."""
-        z = self._zeros.get(s)
-        if z is not None:
-            z.ready(p)
-        if sync is not None and p.grad is not None:
-            sync(s, p)
-
-    def _check_zero_ties(self) -> None:
-        """A weight held by several stages in a ZeRO form (tied embeddings) has its slices' gradients
-        summed across the holders (``_sync_tied``): every holder must store it alike."""
-        for ph, (holders, _) in self._holders.items():
-            forms = {(tuple(self.plan.stages[s].solution.strategies[ph].outputs[0]),
-                      tuple(self.plan.stages[s].solution.strategies[ph].lowerings or ()),
-                      tuple(self.plan.stages[s].mesh.shape)) for s in holders}
-            zero = any(any(f in ("zero1", "zero2") for f in lw) for _, lw, _ in forms)
-            if zero and len(forms) > 1:
-                raise PlanFormatError(f"parameter {self.captured.params.get(ph, ph)} is held by stages {holders} in "
-                                      f"different storage ({sorted(forms)}); a weight shared by stages in a ZeRO form "
-                                      "must be stored alike by every holder on alike submeshes: pin it the same way")
 
     def _set_aside(self) -> dict:
         """Take the gradients present before the step off the parameters (a copy where the gradient is a
@@ -455,17 +397,8 @@ class RankProgram:
             mine = [self.stages[s] for s in holders if s in self.stages]
             if not mine:
                 continue
-            shards = [self._zeros[st.index].shards.get(st.params[st.param_names.index(ph)])
-                      for st in mine if st.index in self._zeros]
-            if shards and all(sh is not None for sh in shards) and len(shards) == len(mine):
-                # every holder steps the same slice of it (``_check_zero_ties``): sum the slices' gradients
-                total = sum((sh.grad for sh in shards if sh.grad is not None), torch.zeros_like(shards[0]))
-                if len(groups) > 1:
-                    dist.all_reduce(total, group=self._ties.get(groups))
-                for sh in shards:
-                    if sh.requires_grad:
-                        sh.grad = total.clone()
-                continue
+            if self._zeros.tied_sum(mine, ph, self._ties.get(groups) if len(groups) > 1 else None):
+                continue  # held in a ZeRO form: its slices' gradients summed (``stage_zeros``)
             meta = self.captured.node(ph).meta[META]
             total = torch.zeros(meta.shape, dtype=meta.dtype, device=self.device)
             for st in mine:
@@ -515,16 +448,12 @@ class RankProgram:
 
     def optimizer_parameter(self, param: nn.Parameter) -> nn.Parameter:
         """What the optimizer steps in place of local parameter ``param`` (its ZeRO slice, or itself)."""
-        for z in self._zeros.values():
-            if param in z.shards:
-                return z.shards[param]
-        return param
+        return self._zeros.optimizer_parameter(param)
 
     def sync_parameters(self) -> None:
         """Gather the ZeRO parameters the optimizer changed (``zero.ZeroSync.gather``; a collective when
         any did, on every rank alike): ``step``, ``forward`` and the state dicts call it."""
-        for s in sorted(self._zeros):
-            self._zeros[s].gather()
+        self._zeros.gather()
 
     def buffers(self) -> list[torch.Tensor]:
         return [b for s in sorted(self.stages) for b in self.stages[s].buffers]

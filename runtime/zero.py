@@ -129,6 +129,8 @@ class ZeroSync:
         self.calls: Counter = Counter()
         #: the parameters the optimizer steps a slice of (whole parameter -> its slice)
         self.shards = self._shards
+        #: slice -> its gradient before this step, where one was present (accumulation across steps)
+        self.carried: dict[nn.Parameter, torch.Tensor] = {}
         for p in self._bucket_of:
             p.register_post_accumulate_grad_hook(self._ready)
 
@@ -144,8 +146,9 @@ class ZeroSync:
     # ---- a step ------------------------------------------------------------------------------------
     def begin_step(self) -> None:
         """Before a step's first microstep: gather what the optimizer changed, set aside the slices'
-        gradients already present (added back after the reduction)."""
+        gradients already present (added back after the reduction; ``carried`` keeps them for the step)."""
         self.gather()
+        self.carried = {}
         self._stash = {m.shard: m.shard.grad for b in self.buckets for m in b.members if m.shard.grad is not None}
         for shard in self._stash:
             shard.grad = None
@@ -241,6 +244,8 @@ class ZeroSync:
         for m in b.members:
             piece = b.acc[m.offset:m.offset + m.numel].view(m.pre + (m.chunk,) + m.post).to(m.shard.dtype)
             before = self._stash.get(m.shard)
+            if before is not None:  # what the step added is ``grad - carried[shard]`` (tied weights sum only that)
+                self.carried[m.shard] = before.clone()
             m.shard.grad = piece if before is None else before.add_(piece)
         b.acc = None
 
