@@ -22,7 +22,7 @@ from autoshard.passes.cost.model import CostModel
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.layout.redistribution import R_CODE, encode
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.sharding.pins import Pins
+from autoshard.passes.sharding.pins import Pins, pins_name_zero_forms
 from autoshard.passes.sharding.strategies import StrategyTable, enumerate_strategies
 from autoshard.passes.solve.clustering import (OUTPUT, Clustering, cluster_edges, cluster_nodes, graph_edges,
                                                output_placements)
@@ -107,9 +107,10 @@ def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed:
 
 def strategy_choices(captured: CapturedGraph, mesh, pins, storage_forms: bool = False) -> tuple[Mesh, StrategyTable, dict]:
     """The mesh, every node's strategies and the pinned nodes' allowed indices (``storage_forms``: the
-    parameters' ZeRO-1/2 and reduce-once forms too, ``enumerate_strategies``)."""
+    parameters' ZeRO-1/2 and reduce-once forms too, ``enumerate_strategies``; also when the pins name a
+    ZeRO form, as a layout's distributed optimizer does)."""
     mesh = Mesh.of(mesh)
-    table = enumerate_strategies(captured, mesh, storage_forms=storage_forms)
+    table = enumerate_strategies(captured, mesh, storage_forms=storage_forms or pins_name_zero_forms(pins))
     if pins is not None and not isinstance(pins, Pins):
         pins = Pins(**pins)
     allowed = pins.resolve(captured, table, mesh) if pins is not None else {}

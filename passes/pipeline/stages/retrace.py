@@ -28,6 +28,7 @@ from autoshard.passes.pipeline.stages.boundary_pieces import sent_placements
 from autoshard.passes.pipeline.stages.stage_graphs import call_nodes, split_stages
 from autoshard.passes.pipeline.plan import Plan, Stage
 from autoshard.passes.pipeline.stages.stage_peak import stage_solution
+from autoshard.passes.pipeline.stages.stage_zero import pins_name_zero_forms, step_storage_collectives
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.levers import block_type, lever_rows
 from autoshard.passes.solve.context import PlanContext
@@ -212,17 +213,20 @@ def replan_at_microbatch(plan: Plan, full: CapturedGraph, small: CapturedGraph, 
     rounds = plan.accumulation
     stages, sent = [], {}
     for i, s in enumerate(plan.stages):
-        def solve(walk_limit: float, i=i, s=s):
-            return plan_sharding(graphs[i].captured, s.mesh, ctx.limited(walk_limit),
-                                 pins=stage_pins(params, graphs[i].captured),
+        pins = stage_pins(params, graphs[i].captured)
+
+        def solve(walk_limit: float, i=i, s=s, pins=pins):
+            # ZeRO forms where the pins name them (``stage_zero``); the planner does not pick them itself
+            return plan_sharding(graphs[i].captured, s.mesh, ctx.limited(walk_limit), pins=pins,
                                  levers=stage_levers(levers, graphs[i].captured),
-                                 storage_forms=False)  # a pipeline's stages run plain storage forms only
+                                 storage_forms=pins_name_zero_forms(pins))
         arrivals = {n: sent[n] for n, _ in graphs[i].receives if n in sent}
         solution = _fitted_stage(solve, lambda sol, i=i, s=s, arrivals=arrivals: stage_solution(
             sol, graphs[i], plan.schedule, plan.pp, plan.microbatches, s.recompute, arrivals=arrivals),
             _stage_budget(plan, i, limit))
         if rounds > 1:
             solution.levers = replace(solution.levers, accumulation=rounds)
+        solution = step_storage_collectives(solution, graphs[i].captured, ctx, rounds * plan.microbatches)
         sent.update(sent_placements(graphs[i], solution.strategies, [st.mesh for st in plan.stages]))
         stages.append(Stage(s.index, stage_nodes[i], s.group, list(s.ranks), s.mesh, solution, s.recompute))
     return plan.with_stages(stages, captured=small)
