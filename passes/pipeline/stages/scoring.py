@@ -25,20 +25,19 @@ from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import held_per_stage, prepared
-from autoshard.passes.pipeline.schedule.registry import get_schedule, searched_schedules
+from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.layer_costs import SubmeshProfile
 from autoshard.passes.pipeline.schedule.simulate import StageCosts, simulate
 from autoshard.passes.pipeline.stages.stage_problem import StageProblem, StageSolution
 
-if TYPE_CHECKING:  # annotations only: search_spec imports this module's DEFAULT_SCHEDULES
-    from autoshard.passes.pipeline.stages.search_spec import PipelineSearch
+from autoshard.passes.pipeline.stages.search_spec import DEFAULT_SCHEDULES, PipelineSearch
+
+if TYPE_CHECKING:
     from autoshard.passes.solve.context import PlanContext
 
 __all__ = ["DEFAULT_SCHEDULES", "Choice", "held_microbatches", "approx_held", "valid_schedule", "stage_problem",
            "score_stages", "overlapped_sync", "single_stage_step", "cut_seconds"]
 
-#: schedules searched unless pinned: the registry's ``searched`` ones (``schedule/registry.py``)
-DEFAULT_SCHEDULES = searched_schedules()
 _BACKWARD = ("B", "W", "BW")
 
 

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 from autoshard.passes.sharding.pins import HintsFor, PinsFor
-from autoshard.passes.pipeline.stages.scoring import DEFAULT_SCHEDULES
+from autoshard.passes.pipeline.schedule.registry import searched_schedules
 
-__all__ = ["PipelinePins", "PipelineSearch"]
+#: schedules searched unless pinned: the registry's ``searched`` ones (``schedule/registry.py``)
+DEFAULT_SCHEDULES = searched_schedules()
+
+__all__ = ["DEFAULT_SCHEDULES", "PipelinePins", "PipelineSearch"]
 
 
 @dataclass(frozen=True)
