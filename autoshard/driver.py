@@ -37,6 +37,7 @@ from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision, block_levers, lever_rows
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
+from autoshard.passes.pipeline.stages.search_spec import PipelinePins
 from autoshard.passes.pipeline.stages.retrace import microbatch_plan, replan_at_microbatch
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.context import PlanContext
@@ -140,18 +141,18 @@ def choose(batch: ModelBatch, mesh: Mesh, options: PlanOptions, *, for_runtime: 
     """The plan for ``batch`` on ``mesh``: the stage planner's when ``options.pipelined``, else the
     sharding planner's, levers included (``_choose_sharding``). ``for_runtime`` (``compile``): a
     pipeline's stages are re-solved at the microbatch, as the runtime runs them (``_choose_pipeline``)."""
-    hardware = resolve_hardware(options.hardware)
+    ctx = planning_context(options, resolve_hardware(options.hardware))  # the one context, handed down
     if options.layout is not None:
-        return _choose_layout(batch, mesh, options, hardware)
+        return _choose_layout(batch, mesh, options, ctx)
     if options.pipelined:
-        return _choose_pipeline(batch, mesh, options, hardware, for_runtime)
-    plan = _choose_sharding(batch, mesh, options, hardware)
+        return _choose_pipeline(batch, mesh, options, ctx, for_runtime)
+    plan = _choose_sharding(batch, mesh, options, ctx)
     if options.random_seed is None and not any(options.pins.values()):  # what was asked for runs as asked
         check_batch_uses_mesh(plan)
     return Chosen(plan)
 
 
-def _choose_layout(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware) -> Chosen:
+def _choose_layout(batch: ModelBatch, mesh: Mesh, options: PlanOptions, ctx: PlanContext) -> Chosen:
     """Exactly ``options.layout`` (``autoshard.layout_plans``): with pp == 1 its microstep program
     solved with every placement and lever pinned; with pp > 1 the stage planner with pp, the (dp, tp)
     submesh, the schedule, the microbatch count, (full or none) recompute, every placement and the even
@@ -163,25 +164,21 @@ def _choose_layout(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware
     if layout.pp > 1:
         full = trace(batch)
         check_pipelined_layout(full, run)
-        chosen = plan_pipeline(full, run.mesh, hardware=hardware, memory_limit=options.memory_limit,
-                               optimizer=options.optimizer, pp=layout.pp, schedule=layout.schedule_name,
-                               microbatches=run.microbatches, time_limit_s=options.time_limit_s,
-                               stages=layout_stage_starts(full, layout),
-                               shapes=[run.submesh_shape], recompute=run.stage_recompute,
-                               pins_for=run.stage_pins, overlap_grad_sync=layout.overlaps_communication,
-                               scatter_gather=layout.scatter_gathers_stage_boundaries)
+        chosen = plan_pipeline(full, run.mesh, ctx, PipelinePins(
+            pp=layout.pp, schedule=layout.schedule_name, microbatches=run.microbatches,
+            stages=layout_stage_starts(full, layout), shapes=[run.submesh_shape], recompute=run.stage_recompute,
+            pins_for=run.stage_pins, overlap_grad_sync=layout.overlaps_communication,
+            scatter_gather=layout.scatter_gathers_stage_boundaries))
         stamp_layout([stage.solution for stage in chosen.stages], layout)
         return Chosen(replace(chosen, batch_coupled=warn_per_microbatch(full, chosen.microbatches)), chosen)
     captured = trace(batch, run.microsteps, mixed_precision)
     pins, levers = layout_pins_and_levers(captured, run, mixed_precision)
-    solution = plan_sharding(captured, run.mesh, hardware=hardware, memory_limit=options.memory_limit, pins=pins,
-                             optimizer=options.optimizer, time_limit_s=options.time_limit_s, levers=levers,
-                             traced_at_microbatch=True)
+    solution = plan_sharding(captured, run.mesh, ctx, pins=pins, levers=levers, traced_at_microbatch=True)
     stamp_layout([solution], layout)
-    return Chosen(Plan.of_solution(solution, run.mesh, hardware, captured))
+    return Chosen(Plan.of_solution(solution, run.mesh, ctx.hardware, captured))
 
 
-def _choose_sharding(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware) -> Plan:
+def _choose_sharding(batch: ModelBatch, mesh: Mesh, options: PlanOptions, ctx: PlanContext) -> Plan:
     """The plan made on the program the runtime will run. With a pinned ``accumulation`` the microstep
     program is traced and planned directly; otherwise the planner chooses the levers on the global
     batch's program, and when it cuts the batch into k > 1 microsteps the microstep program is traced
@@ -190,13 +187,13 @@ def _choose_sharding(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardwa
     if pinned.accumulation is None:
         captured = trace(batch, 1, pinned.mixed_precision)
         check_block_levers(captured, options.levers)
-        first = _solve(captured, mesh, pinned, options, hardware, traced_at_microbatch=False)
+        first = _solve(captured, mesh, pinned, options, ctx, traced_at_microbatch=False)
         if first.solution.levers.accumulation == 1:
             return first
         pinned = _pins_of(first.solution.levers, captured)
     micro = trace(batch, pinned.accumulation, pinned.mixed_precision)
     check_block_levers(micro, options.levers)
-    return _solve(micro, mesh, pinned, options, hardware, traced_at_microbatch=True)
+    return _solve(micro, mesh, pinned, options, ctx, traced_at_microbatch=True)
 
 
 def _pins_of(chosen: Levers, captured: CapturedGraph) -> LeverPins:
@@ -212,29 +209,28 @@ def _pins_of(chosen: Levers, captured: CapturedGraph) -> LeverPins:
     return LeverPins(**step, **{k: v or None for k, v in per_block.items()})
 
 
-def _solve(captured: CapturedGraph, mesh: Mesh, levers: LeverPins, options: PlanOptions, hardware, *,
+def _solve(captured: CapturedGraph, mesh: Mesh, levers: LeverPins, options: PlanOptions, ctx: PlanContext, *,
            traced_at_microbatch: bool) -> Plan:
     """The solver's plan (or, with ``random_seed``, a random valid one) of ``captured`` under ``levers``."""
     attach_expert_load(captured.gm, options.expert_load)
     pins = options.pin_object()
     if options.random_seed is not None:
-        solution = random_solution(captured, mesh, seed=options.random_seed, pins=pins, hardware=hardware,
-                                   optimizer=options.optimizer, levers=levers,
+        solution = random_solution(captured, mesh, ctx, seed=options.random_seed, pins=pins, levers=levers,
                                    traced_at_microbatch=traced_at_microbatch)
     else:
         try:
-            solution = plan_sharding(captured, mesh, hardware=hardware, memory_limit=options.memory_limit, pins=pins,
-                                     optimizer=options.optimizer, time_limit_s=options.time_limit_s, levers=levers,
+            solution = plan_sharding(captured, mesh, ctx, pins=pins, levers=levers,
                                      traced_at_microbatch=traced_at_microbatch)
         except InfeasiblePlanError as e:
-            note = describe_replicated(replicated_op_costs(captured, mesh, hardware), mesh)
+            note = describe_replicated(replicated_op_costs(captured, mesh, ctx.spec), mesh)
             if not note:
                 raise
             raise InfeasiblePlanError(f"{e} {note}") from e
-    return Plan.of_solution(solution, mesh, hardware, captured)
+    return Plan.of_solution(solution, mesh, ctx.hardware, captured)
 
 
-def _choose_pipeline(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardware, for_runtime: bool) -> Chosen:
+def _choose_pipeline(batch: ModelBatch, mesh: Mesh, options: PlanOptions, ctx: PlanContext,
+                     for_runtime: bool) -> Chosen:
     """The stage planner on the program of one round of ``accumulation`` (the global batch without it;
     ``passes.pipeline.stages.planner``): its plan, or the sharding planner's when no pipeline is faster
     (re-solved with ``params=`` pins if any, or with the levers given). With ``accumulation=k`` the
@@ -247,20 +243,18 @@ def _choose_pipeline(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardwa
     mixed_precision = options.levers.get("mixed_precision")
     full = trace(batch, rounds, mixed_precision)
     check_block_levers(full, options.levers)
-    chosen = plan_pipeline(full, mesh, hardware=hardware, memory_limit=options.memory_limit,
-                           optimizer=options.optimizer, pp=options.pp_pin, schedule=options.schedule,
-                           microbatches=options.microbatches, stages=planner_stage_starts(full, options.stages),
-                           time_limit_s=options.time_limit_s, hints_for=published_layout_hints)
+    chosen = plan_pipeline(full, mesh, ctx, PipelinePins(pp=options.pp_pin, schedule=options.schedule,
+                                                         microbatches=options.microbatches,
+                                                         stages=planner_stage_starts(full, options.stages)),
+                           hints_for=published_layout_hints)
     if not chosen.pipelined:
         if options.levers:
-            return Chosen(_choose_sharding(batch, mesh, options, hardware), chosen)
+            return Chosen(_choose_sharding(batch, mesh, options, ctx), chosen)
         warn_per_microbatch(full, 1)
         solution = chosen.stages[0].solution
         if options.pins.get("params"):
-            solution = plan_sharding(full, mesh, hardware=hardware, memory_limit=options.memory_limit,
-                                     optimizer=options.optimizer, time_limit_s=options.time_limit_s,
-                                     pins=Pins(params=options.pins["params"]))
-        return Chosen(Plan.of_solution(solution, mesh, hardware, full), chosen)
+            solution = plan_sharding(full, mesh, ctx, pins=Pins(params=options.pins["params"]))
+        return Chosen(Plan.of_solution(solution, mesh, ctx.hardware, full), chosen)
     coupled = warn_per_microbatch(full, rounds * chosen.microbatches)
     plan = replace(chosen, batch_coupled=coupled)
     if rounds > 1:
@@ -270,7 +264,7 @@ def _choose_pipeline(batch: ModelBatch, mesh: Mesh, options: PlanOptions, hardwa
     block_levers_given = any(k not in ("accumulation",) for k in options.levers)
     if block_levers_given or for_runtime:
         small = trace(batch, rounds * plan.microbatches, mixed_precision, keyword="microbatches")
-        plan = replan_at_microbatch(plan, full, small, planning_context(options, hardware),
+        plan = replan_at_microbatch(plan, full, small, ctx,
                                     params=options.pins.get("params"),
                                     levers=options.lever_pins(accumulation=1) if block_levers_given else None)
     return Chosen(plan, chosen)

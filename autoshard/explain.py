@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 from typing import Optional
 
-from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.solve.explain import Explanation, explain_node
@@ -50,14 +50,13 @@ def explain(plan, name: str, *, memory_limit: Optional[float] = None, optimizer:
         raise PlanFormatError("this plan has no captured graph: attach it to its model's graph first "
                               "(Plan.attach), or run `autoshard explain` on a plan file written by `autoshard plan`")
     source = plan.source or {}
-    hardware = get_hardware(plan.hardware)
-    limit = memory_limit if memory_limit is not None else source.get("memory_limit") or hardware.memory_bytes
-    optimizer = optimizer or source.get("optimizer") or "adamw"
+    limit = memory_limit if memory_limit is not None else source.get("memory_limit") or None
+    ctx = PlanContext.of(plan.hardware, limit, optimizer or source.get("optimizer") or None)
     node = node_for(plan, name)
-    problem = build_problem(plan.captured, plan.mesh, hardware=hardware)
-    return explain_node(problem, plan.solution.strategies, node, cost_model=CostModel(plan.mesh, hardware, optimizer),
-                        step_time=plan.estimated_step_time, memory=sum(plan.solution.memory_breakdown.values()),
-                        memory_limit=float(limit),
+    problem = build_problem(plan.captured, plan.mesh, hardware=ctx.spec)
+    return explain_node(problem, plan.solution.strategies, node, ctx,
+                        cost_model=CostModel(plan.mesh, ctx.spec, ctx.optimizer), step_time=plan.estimated_step_time,
+                        memory=sum(plan.solution.memory_breakdown.values()),
                         status=plan.solution.solver_stats.get("status"))
 
 

@@ -36,7 +36,7 @@ def _fold(layout, world: int) -> Fold:
                      layout.replicas if layout.kind == "fsdp" else 1).without_ones()
 
 
-def _axes(fold: Fold, replicate_dp: bool, with_experts: bool) -> LayoutAxes:
+def _axes(fold: Fold, replicate_dp: bool, with_experts: bool, zero1: bool = False) -> LayoutAxes:
     att = fold.attention
     replicate = tuple(i for i, a in enumerate(att) if a == "replica" or (a == "dp" and replicate_dp))
     shard = tuple(i for i, a in enumerate(att) if a == "dp" and not replicate_dp and fold.shape[i] > 1)
@@ -44,20 +44,21 @@ def _axes(fold: Fold, replicate_dp: bool, with_experts: bool) -> LayoutAxes:
         replicate += tuple(i for i, a in enumerate(att) if a == "dp" and i not in replicate)
     return LayoutAxes(replicate=tuple(sorted(replicate)), shard=shard,
                       cp=att.index("cp") if "cp" in att else None, tp=att.index("tp") if "tp" in att else None,
-                      experts=expert_axes(fold, shard_data=bool(shard)) if with_experts else None)
+                      experts=expert_axes(fold, shard_data=bool(shard)) if with_experts else None,
+                      zero1=zero1 and bool(replicate))
 
 
 def single_stage_mesh(layout, world: int) -> tuple[Mesh, LayoutAxes]:
     """The planning mesh of a layout without a pipeline, and its axes' roles."""
     fold = _fold(layout, world)
-    replicate_dp = layout.kind == "megatron" and not layout.distributed_optimizer
-    return Mesh(fold.shape, fold.names), _axes(fold, replicate_dp, folded(layout))
+    megatron = layout.kind == "megatron"
+    return Mesh(fold.shape, fold.names), _axes(fold, megatron, folded(layout), megatron and layout.distributed_optimizer)
 
 
 def stage_submesh(layout, world: int) -> tuple[Mesh, LayoutAxes]:
     """On a mesh of ``world`` devices (every stage's), one pipeline stage's submesh (at least 2 axes: a size-1 "tp" axis is appended to a lone one) and
-    its axes' roles. Over data-parallel axes Megatron replicates (its distributed optimizer included:
-    the stage planner has no ZeRO-1 form) and FSDP shards."""
+    its axes' roles. Over data-parallel axes Megatron replicates (its distributed optimizer: ZeRO-1,
+    the optimizer state sharded there) and FSDP shards."""
     dp = layout.data_parallel(world)
     replicate_dp = layout.kind == "megatron"
     if not folded(layout) and layout.cp == 1:  # the (dp, tp) submesh pipelined layouts always had
@@ -66,4 +67,5 @@ def stage_submesh(layout, world: int) -> tuple[Mesh, LayoutAxes]:
         fold = _fold(layout, world)
         if len(fold.shape) == 1:
             fold = Fold(fold.shape + (1,), fold.names + ("tp",), fold.attention + ("tp",), fold.experts + ("etp",))
-    return Mesh(fold.shape, fold.names), _axes(fold, replicate_dp, folded(layout))
+    return Mesh(fold.shape, fold.names), _axes(fold, replicate_dp, folded(layout),
+                                               replicate_dp and layout.distributed_optimizer)

@@ -9,7 +9,7 @@ runs (one microbatch of ``batch / (dp x microbatch_size)``, traced in the mixed 
   sharding over the data-parallel axes, replicated over DDP / HSDP-replica axes), the
   normalisations' sequence split under sequence parallelism, ring attention under cp;
 - the levers: the microstep count, the recompute policy of every repeated block, reshard after
-  forward (FSDP's own; kept gathered for Megatron's distributed optimizer).
+  forward (FSDP's own). Megatron's distributed optimizer is ZeRO-1 (``R/zero1`` over dp).
 
 The ILP then only decides how activations move between those fixed points (it still prices the
 collectives that implies). With a pipeline (``pp > 1``) the stage planner runs with pp, each rank
@@ -18,9 +18,8 @@ and the recompute pinned (``recompute="full"``: every stage recomputes its forwa
 does; ``"selective"`` has no stage-level form, so each stage's is the planner's), and the same
 placements pinned on the submesh (``LayoutRun.stage_pins``: tp over its second axis; over the data-
 parallel axis FSDP shards, gathering for every microbatch as the stage planner prices sharded
-storage, and Megatron replicates, its distributed optimizer included: the stage planner has no
-ZeRO-1 form, so that is priced with DDP's traffic, the same bytes, and memory, which over-states
-the optimizer state by a factor of dp). The stage cut is Megatron's and torchtitan's too: the
+storage, and Megatron replicates, with its distributed optimizer as ZeRO-1: ``R/zero1``, the optimizer
+state sharded over dp, the pins asking the stage solves for storage forms). The stage cut is Megatron's and torchtitan's too: the
 numbered blocks split evenly over the stages (``layout_stage_starts``; a program without numbered
 blocks is cut by the stage planner, balanced by cost). The planner still chooses how activations
 move between the pinned points; a tensor crossing a cut is sent as the stage that makes it holds it
@@ -90,10 +89,7 @@ class LayoutRun:
             # policy inside each block) has no stage-level form, so the stage planner still chooses
             self.stage_recompute = {"full": True, "none": False}.get(layout.recompute)
             # Megatron's distributed optimizer computes with replicated parameters and shards only the
-            # optimizer state (ZeRO-1). The stage planner prices sharded storage as FSDP's, gathered for
-            # every microbatch, and has no ZeRO-1 form: replicated prices its traffic (reduce-scatter +
-            # all-gather moves the all-reduce's bytes) and over-states its memory by the optimizer state
-            # (``layout_meshes.stage_submesh``: Megatron replicates over the data axes, FSDP shards)
+            # optimizer state: ZeRO-1, ``R/zero1`` over the data axes (``layout_meshes.stage_submesh``)
         else:
             self.microsteps = layout.accumulation(global_batch, world)
             self.stage_recompute = None

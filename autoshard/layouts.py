@@ -16,12 +16,10 @@ True
   account_for_embedding/loss_in_pipeline_split=False)``:
   Megatron-LM's tensor parallel (column/row-parallel matmul pairs found from the graph, vocab-parallel
   embedding and head, sequence-parallel norms), data parallel with replicated parameters, gradient
-  accumulation of ``batch / (dp x microbatch_size)`` microbatches. There is no ZeRO-1 form (compute
-  copies replicated, optimizer state sharded) to price Megatron's distributed optimizer exactly:
-  without a pipeline it is priced and run as storage sharded over dp and kept gathered from forward
-  to backward (gathered and reduce-scattered once per accumulation microstep, where Megatron does
-  both once per step); with one, as replicated parameters (DDP's traffic, the same bytes once per
-  step, and its memory: the optimizer state not divided by dp). The step is the schedule's with the
+  accumulation of ``batch / (dp x microbatch_size)`` microbatches. ``distributed_optimizer=True`` is
+  ZeRO-1 (``passes.sharding.storage_forms``: parameters ``R/zero1`` over dp), with and without a
+  pipeline: compute copies replicated, the optimizer state and reduced gradients sharded over dp, the
+  gradients reduce-scattered and the parameters all-gathered once per step. The step is the schedule's with the
   gradient all-reduces after the backward, or under it with ``overlap_grad_reduce``; a pipeline's
   stages may be uneven, with Megatron-Core's options (``megatron``'s docstring).
 - ``fsdp(tp=1, pp=1, cp=1, checkpoint="none", reshard_after_forward=True, replicas=1, ..., ep=1, etp=None)``:
@@ -32,8 +30,8 @@ True
 Mixture-of-experts layers (``autoshard::moe_experts``) run over their own groups of the same ranks:
 ``ep`` experts split (tokens dispatched by all-to-all), each expert split ``etp`` ways inside (its
 intermediate dim; None: tp, Megatron's default; torchtitan's EP takes ``etp=1``), and expert data
-parallel over the rest, sharded where the layout shards (FSDP, the distributed optimizer without a
-pipeline). The expert groups may cut across the attention's tp, cp and dp groups: Megatron-Core's
+parallel over the rest, sharded where the layout shards (FSDP; the distributed optimizer shards their
+optimizer state there). The expert groups may cut across the attention's tp, cp and dp groups: Megatron-Core's
 parallel folding (``autoshard.layout_meshes``, ``passes.sharding.expert_layout``). Routers stay
 replicated over tp. On a dense model ep and etp change nothing but the mesh's axis names.
 
@@ -271,9 +269,10 @@ def fsdp(tp: int = 1, pp: int = 1, cp: int = 1, checkpoint: str = "none", reshar
          replicas: int = 1, dp: Optional[int] = None, microbatch_size: Optional[int] = None, schedule: str = "1f1b",
          virtual_stages: int = 1, ep: int = 1, etp: Optional[int] = None) -> Layout:
     """torchtitan's FSDP2 / HSDP (``replicas``) + TP (sequence parallel, as torchtitan applies it) + PP +
-    CP. ``checkpoint``: torchtitan's activation checkpointing ("none" | "selective" | "full"); "selective"
-    is the planner's selective policy (every matmul and attention output kept, the rest recomputed), not
-    torchtitan's op-level policy, which also recomputes every second matmul (``passes/solve/lever_costs.py``).
+    CP. ``checkpoint``: torchtitan's activation checkpointing ("none" | "selective" | "full" |
+    "selective_op"); "selective_op" is torchtitan's selective op AC (``mode="selective"``,
+    ``selective_ac_option="op"``: attention and every other ``aten.mm`` output kept, the rest recomputed);
+    "selective" is the planner's own selective policy (every matmul and attention output kept).
     ``ep`` / ``etp``: expert parallel as torchtitan applies it (experts split over ep ranks taken from the data-
     parallel, cp and, with ``etp=1``, tp ranks; their weights FSDP-sharded over the rest)."""
     return Layout("fsdp", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, virtual_stages=virtual_stages, microbatch_size=microbatch_size,

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Optional
 
 from autoshard.passes.solve.clustering import block_instance
-from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.pipeline.plan_work import known_hardware
 from autoshard.passes.cost.kernels import achievable
 from autoshard.passes.cost.validation import error_band_line
 from autoshard.passes.errors import AutoshardError
@@ -96,7 +96,8 @@ def overlap_lines(sol, hardware=None) -> list[str]:
         return []
     band = []
     try:
-        if hardware is not None and achievable(get_hardware(hardware)):
+        hw = known_hardware(hardware) if hardware is not None else None
+        if hw is not None and achievable(hw):
             band = [error_band_line()]
     except AutoshardError:
         band = []
@@ -337,7 +338,8 @@ def _replicated_lines(plan) -> list[str]:
     costs = None
     if plan.captured is not None and not plan.pipelined:
         try:
-            costs = replicated_op_costs(plan.captured, plan.mesh, get_hardware(plan.hardware))
+            hw = known_hardware(plan.hardware)
+            costs = replicated_op_costs(plan.captured, plan.mesh, hw) if hw is not None else None
         except (AutoshardError, OSError, ValueError):  # a hardware label naming no preset or profile here
             costs = None
     out = ["  ops run replicated for lack of a sharding rule (whole outputs on every device):"]

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from autoshard.passes.solve.context import PlanContext
 
 #: (label, mesh, layout, width d, global batch); layouts: dp, fsdp, tp (Megatron on the last axis,
 #: data parallel on the others), solver (no pins)
@@ -107,7 +108,7 @@ def _collective_counts(cm) -> tuple[int, int]:
 def _estimate(plan, profile: str):
     """Re-price the plan that ran (the same strategy for every op) with ``profile``: (seconds, breakdown)."""
     from autoshard.passes.solve.solution import evaluate
-    sol = evaluate(plan.captured, plan.mesh, plan.solution.strategies, profile)
+    sol = evaluate(plan.captured, plan.mesh, plan.solution.strategies, PlanContext.of(profile))
     return sol.estimated_step_time, dict(sol.time_breakdown)
 
 

@@ -32,6 +32,8 @@ from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.planner import (global_batch, held_microbatches, profile_candidates,
                                                score_stages, search_stages, stage_problem)
 from autoshard.passes.pipeline.stages.stage_problem import stage_costs
+from autoshard.passes.pipeline.stages.search_spec import PipelineSearch
+from autoshard.passes.solve.context import PlanContext
 
 # name: (blocks, width, heads, seq, gpus, global batch)
 ALPA = {"760M": (24, 1536, 16, 1024, 2, 1024), "1.3B": (24, 2048, 32, 1024, 4, 1024),
@@ -91,7 +93,8 @@ def grid_best(profiles, mesh, hw, batch):
     for bound, p, prof, m, schedule, recompute, starts in points:
         if best is not None and bound >= best[0]:
             break
-        prob = stage_problem(prof, p, m, schedule, mesh, hw, hw.memory_bytes, list(held_microbatches(schedule, p, m)))
+        prob = stage_problem(prof, (p, m, schedule), mesh, PlanContext.of(hw),
+                             list(held_microbatches(schedule, p, m)))
         rec = [recompute] * len(starts)
         _, _, mems = stage_costs(prob, starts, rec)
         per = {}
@@ -126,12 +129,11 @@ def main() -> None:
         captured = traced(args.trace_blocks, d, heads, seq, batch)
         t1 = time.perf_counter()
         pps = [p for p in range(1, mesh.shape[0] + 1) if mesh.shape[0] % p == 0 and p <= blocks + 2]
-        profiles = profile_candidates(captured, mesh, pps, hardware=hw, optimizer="adamw",
-                                      memory_limit=hw.memory_bytes, blocks=blocks, single=True,
-                                      time_limit_s=args.ilp_limit)
+        profiles = profile_candidates(captured, mesh, pps,
+                                      PlanContext.of(hw, optimizer="adamw", time_limit_s=args.ilp_limit),
+                                      PipelineSearch(blocks=blocks, single=True))
         t2 = time.perf_counter()
-        ours, stats = search_stages(profiles, mesh, hardware=hw, memory_limit=hw.memory_bytes,
-                                    batch=global_batch(captured))
+        ours, stats = search_stages(profiles, mesh, PlanContext.of(hw, time_limit_s=60.0), global_batch(captured))
         t3 = time.perf_counter()
         grid, points, scored = grid_best(profiles, mesh, hw, batch)
         t4 = time.perf_counter()

@@ -27,6 +27,9 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.pipeline.stages.layer_costs import plan_submesh, profile_submesh
 from autoshard.passes.pipeline.stages.search import profile_candidates, search_stages
+from autoshard.passes.pipeline.stages.layer_costs import CandidateSpec
+from autoshard.passes.solve.context import PlanContext
+from autoshard.passes.pipeline.stages.search_spec import PipelineSearch
 
 SLOW_IB = dataclasses.replace(PRESETS["h100"], name="h100, 1 GB/s between nodes", inter_node_bandwidth=1e9)
 MESH = Mesh((2, 8))
@@ -36,9 +39,10 @@ BLOCKS = 32
 def best_layout(batch: int, ilp_limit: float):
     """The planner's choice over pp in {1, 2} and every in-node shape."""
     captured = traced(2, 4096, 32, 2048, batch)
-    profiles = profile_candidates(captured, MESH, [1, 2], hardware=SLOW_IB, optimizer="adamw", single=True,
-                                  memory_limit=SLOW_IB.memory_bytes, blocks=BLOCKS, time_limit_s=ilp_limit)
-    best, _ = search_stages(profiles, MESH, hardware=SLOW_IB, memory_limit=SLOW_IB.memory_bytes, batch=batch)
+    profiles = profile_candidates(captured, MESH, [1, 2],
+                                  PlanContext.of(SLOW_IB, optimizer="adamw", time_limit_s=ilp_limit),
+                                  PipelineSearch(blocks=BLOCKS, single=True))
+    best, _ = search_stages(profiles, MESH, PlanContext.of(SLOW_IB, time_limit_s=60.0), batch)
     return captured, best
 
 
@@ -48,12 +52,11 @@ def data_parallel_in_node(captured, batch: int, ilp_limit: float):
     if batch % 8:
         return None
     pins = Pins(params={"*": ("R", "R")}, inputs={0: ("S(0)", "R")})
-    sol = plan_submesh(captured, Mesh((8, 1)), hardware=SLOW_IB, optimizer="adamw", microbatches=max(1, batch // 8),
-                       held=2, memory_limit=2 * SLOW_IB.memory_bytes, repeat=BLOCKS / 2, time_limit_s=ilp_limit,
-                       pins=pins)
-    prof = profile_submesh(captured, sol, hardware=SLOW_IB, optimizer="adamw").repeat_blocks(BLOCKS)
-    best, _ = search_stages({(2, (8, 1)): prof}, MESH, hardware=SLOW_IB, memory_limit=SLOW_IB.memory_bytes,
-                            batch=batch)
+    sol = plan_submesh(captured, Mesh((8, 1)),
+                       PlanContext.of(SLOW_IB, memory_limit=2 * SLOW_IB.memory_bytes, optimizer="adamw", time_limit_s=ilp_limit),
+                       CandidateSpec(microbatches=max(1, batch // 8), held=2, repeat=BLOCKS / 2), pins=pins)
+    prof = profile_submesh(captured, sol, PlanContext.of(SLOW_IB, optimizer="adamw")).repeat_blocks(BLOCKS)
+    best, _ = search_stages({(2, (8, 1)): prof}, MESH, PlanContext.of(SLOW_IB, time_limit_s=60.0), batch)
     return best
 
 

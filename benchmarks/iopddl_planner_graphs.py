@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from autoshard.passes.capture.export import capture
+from autoshard.passes.cost.hardware import PRESETS
 from autoshard.passes.cost.model import CostModel
 from autoshard.contest.iopddl.problem import IOPDDLFormatError, from_strategy_graph
 from autoshard.contest.iopddl.solver import solve_problem
@@ -62,7 +63,7 @@ def main() -> None:
     for name, build in (("Llama-3 8B", llama3_8b), ("GPT-3 175B (2 blocks)", gpt3_175b_two_blocks)):
         model, ids = build()
         captured = capture(model, (ids,), loss_fn=loss_fn, target=ids.clone())
-        problem = build_problem(captured, mesh, hardware="h100")
+        problem = build_problem(captured, mesh, hardware=PRESETS["h100"])
         cm = CostModel(problem.mesh, problem.hardware, "adamw")
         graph = problem.strategy_graph(cm, float(problem.hardware.memory_bytes))
         size = sum(len(n.cost) for n in graph.nodes)

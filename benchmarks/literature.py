@@ -23,9 +23,8 @@ Rows:
   The measured figure is their TFLOP/s per GPU with their accounting
   ``96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` per iteration.
 - torchtitan (PyTorch; docs/performance.md of 2024-12 and benchmarks/llama3_h100_202412_torchtitan.md):
-  Llama-3.1 8B on 8 H100 (FSDP, selective AC: torchtitan's op policy also recomputes every second
-  matmul, which the planner's selective policy does not, so this row is priced without that
-  recomputation), Llama-3 70B on 64 A100 (FSDP, full AC), Llama-3.1 405B on 128 H100 (FSDP 16 x TP 8
+  Llama-3.1 8B on 8 H100 (FSDP, torchtitan's selective op AC: ``checkpoint="selective_op"``, attention
+  and every other matmul output kept, the rest recomputed), Llama-3 70B on 64 A100 (FSDP, full AC), Llama-3.1 405B on 128 H100 (FSDP 16 x TP 8
   with sequence parallel, full AC); the model ``torchtitan_llama_2024.py``
   builds, bf16 compute with fp32 masters and reductions (``MixedPrecision``), foreach AdamW; tokens/s
   per GPU. The H100 rows run on the cards torchtitan names (96 GB HBM2e, 500 W:
@@ -178,7 +177,7 @@ ROWS = [
     _megatron("Megatron 529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 3, "local"),
     _megatron("Megatron 1T", 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, 1, "local"),
     _torchtitan("torchtitan Llama-3.1 8B", 8, "h100-96gb-500w", (32, 4096, 32, 8, 14336), 16, (8,),
-                layouts.fsdp(checkpoint="selective"), 5762),
+                layouts.fsdp(checkpoint="selective_op"), 5762),
     _torchtitan("torchtitan Llama-3 70B", 64, "a100", (80, 8192, 64, 8, 28672), 64, (64,),
                 layouts.fsdp(checkpoint="full"), 331),
     _torchtitan("torchtitan Llama-3.1 405B", 128, "h100-96gb-500w", (126, 16384, 128, 8, 53248), 32, (16, 8),

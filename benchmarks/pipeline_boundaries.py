@@ -21,6 +21,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from autoshard.passes.solve.context import PlanContext
 
 
 def worker(rank: int, world: int, args: dict) -> dict:
@@ -50,7 +51,7 @@ def worker(rank: int, world: int, args: dict) -> dict:
 
         def solve(graph, submesh):
             names = list(graph.captured.inputs) + ([graph.captured.target] if graph.captured.target else [])
-            return plan_sharding(graph.captured, submesh, hardware="cpu", time_limit_s=10,
+            return plan_sharding(graph.captured, submesh, PlanContext.of("cpu", time_limit_s=10),
                                  pins=Pins(params={"*": ("R",)}, inputs={n: ("S(0)",) for n in names}))
         payload = make_pipeline_plan(captured, nodes, (2, 2), schedule="1f1b", microbatches=micro,
                                      solve=solve).to_json()

@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from autoshard.testing.models import GPT, lm_loss
+from autoshard.passes.solve.context import PlanContext
 
 
 class _First(nn.Module):
@@ -115,7 +116,8 @@ def main() -> None:
     captured = capture(model, (ids[:mb],), loss_fn=lm_loss, target=target[:mb])
     nodes = stage_nodes_from_prefixes(captured, [f"blocks.{c}" for c in cuts])
     plan = make_pipeline_plan(captured, nodes, (pp,), schedule="1f1b", microbatches=m,
-                              solve=lambda g, sm: plan_sharding(g.captured, sm, hardware="cpu", time_limit_s=10))
+                              solve=lambda g, sm: plan_sharding(g.captured, sm,
+                                                                PlanContext.of("cpu", time_limit_s=10)))
     prog = RankProgram(plan.attach(captured), schedule=generate("1f1b", pp, m), model=model)
     if args.prefetch is not None:
         prog.interpreter.prefetch = args.prefetch

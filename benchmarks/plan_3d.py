@@ -30,6 +30,8 @@ from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.search import profile_candidates, search_stages
 from autoshard.passes.pipeline.stages.shallow import shallow_program
+from autoshard.passes.pipeline.stages.search_spec import PipelineSearch
+from autoshard.passes.solve.context import PlanContext
 
 
 def gpt3(blocks: int, d: int, heads: int, seq: int, vocab: int):
@@ -53,14 +55,14 @@ def megatron(plan, args, hw, finalist_limit: float) -> None:
     best = plan.estimated_step_time
     for pp in (8, 16):
         shape = (mesh.size // pp // 8, 8)
-        prof = profile_candidates(shallow.captured, mesh, [pp], hardware=hw, optimizer="adamw",
-                                  memory_limit=hw.memory_bytes, units=shallow.units, blocks=shallow.blocks,
-                                  time_limit_s=finalist_limit, shapes=[shape], deep_chain=True)[(pp, shape)]
+        prof = profile_candidates(shallow.captured, mesh, [pp],
+                                  PlanContext.of(hw, optimizer="adamw", time_limit_s=finalist_limit),
+                                  PipelineSearch(units=shallow.units, blocks=shallow.blocks, deep_chain=True, shapes=[shape]))[(pp, shape)]
         for schedule in ("1f1b", "interleaved-1f1b"):
             v = get_schedule(schedule).virtual_stages
             starts = [1 + args.blocks * k // (pp * v) for k in range(1, pp * v)]
-            ref, _ = search_stages({(pp, shape): prof}, mesh, hardware=hw, memory_limit=hw.memory_bytes,
-                                   batch=args.batch, schedules=(schedule,), starts=starts)
+            ref, _ = search_stages({(pp, shape): prof}, mesh, PlanContext.of(hw, time_limit_s=60.0), args.batch,
+                                   PipelineSearch(schedules=(schedule,), starts=starts))
             label = f"Megatron TP 8 / PP {pp} / {schedule}, even stages"
             if ref is None:
                 print(f"  {label}: does not fit")

@@ -10,12 +10,17 @@ the pipeline GPT on (4,) under 1f1b, zb-h1 and interleaved-1f1b and on (2, 2), a
 and prints per plan the estimated step time and memory (repr, every digit), a hash of the plan's JSON
 (``h``, which a change of the file format alone changes) and a hash of its decisions alone (``d``: per
 stage its ops, rank group, ranks, submesh, recompute and Solution; the schedule and microbatch count),
-which only a changed plan changes. About 3 minutes on 2 cores.
+which only a changed plan changes. Both hashes leave out the wall-clock seconds a plan records of its
+own search (``CLOCK_KEYS``: the solver's and the pipeline search's timings, which differ run to run), so
+two runs of the same code print the same bytes. ``--dump DIR`` also writes each plan's JSON (clock
+fields removed) to ``DIR/<tag>.json``, to diff a plan whose hash changed. About 3 minutes on 2 cores.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import os
 
 import torch
 
@@ -29,8 +34,24 @@ from autoshard.testing.long_context import cp_pins, seq_attention
 from autoshard.testing.moe_check import expert_pins
 
 
+#: keys of wall-clock seconds in a plan's JSON (the solver's stats and the pipeline search's, nested);
+#: ``work_s`` (deterministic solver work) is not one of them and stays
+CLOCK_KEYS = frozenset({"wall_s", "solve_s", "plan_wall_s", "quick_s", "rank_s", "thorough_s"})
+
+_DUMP = None
+
+
+def without_clock(obj):
+    """``obj`` (JSON data) with every ``CLOCK_KEYS`` entry removed, at any depth."""
+    if isinstance(obj, dict):
+        return {k: without_clock(v) for k, v in obj.items() if k not in CLOCK_KEYS}
+    if isinstance(obj, (list, tuple)):
+        return [without_clock(v) for v in obj]
+    return obj
+
+
 def _hash(obj) -> str:
-    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return hashlib.sha1(json.dumps(without_clock(obj), sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def decisions(plan) -> list:
@@ -48,9 +69,19 @@ def decisions(plan) -> list:
 def show(tag: str, plan) -> None:
     print(f"{tag:40s} t={plan.estimated_step_time!r} mem={plan.estimated_memory!r} "
           f"h={_hash(plan.to_json())} d={_hash(decisions(plan))}", flush=True)
+    if _DUMP:
+        name = "".join(c if c.isalnum() or c in "=-" else "_" for c in tag)
+        with open(os.path.join(_DUMP, name + ".json"), "w") as f:
+            json.dump(without_clock(plan.to_json()), f, sort_keys=True, indent=1, default=str)
 
 
 def main() -> None:
+    global _DUMP
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dump", metavar="DIR", help="also write each plan's JSON, clock fields removed, here")
+    _DUMP = parser.parse_args().dump
+    if _DUMP:
+        os.makedirs(_DUMP, exist_ok=True)
     torch.manual_seed(0)
     for name, ctor in (("gpt", lambda: models.gpt(d=64, n_layer=2, seq=32)), ("llama", models.hf_llama),
                        ("cnn", models.cnn)):

@@ -27,7 +27,7 @@ where that differs from the given mesh, autoshard is also planned on it. The lay
 stage count for Llama 3 (2) and Megatron's microbatch size (1) are assumptions where the papers do
 not give them. A pipelined layout is priced with its placements in every stage, Megatron's even
 stage cut and its sequence-split residual stream (``autoshard.layout_plans``); its distributed
-optimizer as replicated parameters (no ZeRO-1 form: the optimizer state's memory is over-stated).
+optimizer as ZeRO-1 (parameters ``R/zero1`` over dp: the optimizer state sharded over dp).
 """
 from __future__ import annotations
 
@@ -84,8 +84,8 @@ ROWS = {
     # Meta's layout (Llama 3 paper, sec. 3.3.2 and Table 4): 8 virtual stages per rank, one block fewer on
     # the first and the last stage (here the embedding alone and the head and loss alone: Megatron-Core's
     # account_for_embedding/loss_in_pipeline_split, 126 blocks + 2 = 128 = 16 x 8 stages), no activation
-    # checkpointing at 8K tokens (sec. 3.3.2). Priced without the memory limit: the distributed optimizer
-    # is priced replicated under a pipeline (no ZeRO-1 form), which over-states its state by dp.
+    # checkpointing at 8K tokens (sec. 3.3.2). Priced without the memory limit (set when the distributed
+    # optimizer was priced replicated under a pipeline; it is ZeRO-1 now, whether it fits is not re-checked).
     "llama3-meta": dict(name="Llama 3 405B / 16,384 H100, Meta's layout (v8, embedding and head alone)",
                         build=lambda: llama(126, 16384, 53248, 128, 8, 8192, dtype=torch.bfloat16),
                         mesh=(2048, 8), hw="h100", memory=1e15, batch=2048, seq=8192,

@@ -28,9 +28,8 @@ What the pricing leaves out, each a known gap rather than a fitted constant:
 - DeepSeek-V3's report trains with FP8 GEMMs on H800s (NVLink 400 GB/s against the H100's 900):
   the row is priced with the ``h100`` preset in bf16, so the prediction should come out slower than
   the published figure for the precision alone; its DualPipe schedule is priced as 1F1B (a layout's
-  schedules are 1F1B, GPipe and interleaved 1F1B), its ZeRO-1 as replicated parameters under a pipeline
-  (no ZeRO-1 form yet: the optimizer state's memory is over-stated, the traffic is the same bytes), and
-  its multi-token-prediction module is not in the Hugging Face model;
+  schedules are 1F1B, GPipe and interleaved 1F1B), its ZeRO-1 as ``R/zero1`` over dp in every stage,
+  and its multi-token-prediction module is not in the Hugging Face model;
 - the pipelined rows hold bf16 parameters (the stage planner traces in the model's dtype) and cut the
   blocks evenly over the stages (AutoModel's ``layers_per_stage`` and Megatron's uneven first/last
   stages are not modelled here);

@@ -26,6 +26,8 @@ from autoshard.passes.pipeline.stages.layer_costs import layer_units
 from autoshard.passes.pipeline.stages.scoring import DEFAULT_SCHEDULES
 from autoshard.passes.pipeline.stages.shallow import shallow_program
 from plan_3d import gpt3, loss_fn
+from autoshard.passes.pipeline.stages.search_spec import PipelineSearch
+from autoshard.passes.solve.context import PlanContext
 
 CANDIDATES = [(8, (16, 8)), (16, (16, 4)), (32, (4, 8)), (64, (2, 8))]
 
@@ -42,9 +44,9 @@ def main() -> None:
     hw, mesh = get_hardware("h100"), Mesh((128, 8))
     profiles = {}
     for pp, shape in CANDIDATES:
-        profiles.update(search.profile_candidates(
-            shallow.captured, mesh, [pp], hardware=hw, optimizer="adamw", memory_limit=hw.memory_bytes,
-            units=shallow.units, blocks=shallow.blocks, time_limit_s=30, shapes=[shape], deep_chain=True))
+        profiles.update(search.profile_candidates(shallow.captured, mesh, [pp],
+                                                  PlanContext.of(hw, optimizer="adamw", time_limit_s=30),
+                                                  PipelineSearch(units=shallow.units, blocks=shallow.blocks, deep_chain=True, shapes=[shape])))
     ilp_cpu = [0.0]
     solve = search.solve_stages
 
@@ -59,8 +61,7 @@ def main() -> None:
     for k in range(args.rounds):
         ilp_cpu[0] = 0.0
         c0, w0 = time.process_time(), time.perf_counter()
-        best, stats = search.search_stages(profiles, mesh, hardware=hw, memory_limit=hw.memory_bytes, batch=1536,
-                                           time_limit_s=600)
+        best, stats = search.search_stages(profiles, mesh, PlanContext.of(hw, time_limit_s=600), 1536)
         cpu = time.process_time() - c0
         print(f"round {k}: CPU {cpu:.2f} s (stage ILP {ilp_cpu[0]:.2f} s, the rest {cpu - ilp_cpu[0]:.2f} s), "
               f"wall {time.perf_counter() - w0:.2f} s; configs {stats['configs']}, simulated {stats['simulated']}, "

@@ -6,7 +6,9 @@ A plan chooses, next to one strategy per op:
   are synchronized once per step, overlapped with the last microstep's backward.
 - per repeated-block type (``"model.layers.#"``, the block path with its index folded), a ``BlockPolicy``:
   ``checkpoint`` ("none" keeps what autograd saves; "selective" keeps only matmul and attention
-  outputs and recomputes the ops between them; "full" keeps only the block's inputs and re-runs the
+  outputs and recomputes the ops between them; "selective_op" is torchtitan's op-level policy, which
+  keeps attention outputs and every other matmul output (the 1st, 3rd, ... of the block) and recomputes
+  the rest, the matmuls between included; "full" keeps only the block's inputs and re-runs the
   block before its backward) and ``reshard_after_forward`` (a sharded parameter's gathered copy is
   freed after its forward use and gathered again for backward, ZeRO-3; otherwise it is kept).
 - ``mixed_precision``: FSDP2-style ``MixedPrecision(param_dtype, reduce_dtype)``: parameters are kept
@@ -35,11 +37,14 @@ from typing import Any, Callable, Optional
 
 from autoshard.passes.errors import AutoshardError, OptionError, PlanFormatError
 
-__all__ = ["CHECKPOINT_POLICIES", "BlockPolicy", "MixedPrecision", "Levers", "block_type", "Lever", "LEVERS",
+__all__ = ["CHECKPOINT_POLICIES", "PINNED_ONLY_CHECKPOINTS", "BlockPolicy", "MixedPrecision", "Levers", "block_type", "Lever", "LEVERS",
            "LEVER_KEYWORDS", "lever", "block_levers", "block_policies", "check_lever", "chosen_keywords", "lever_rows",
            "lever_keywords"]
 
-CHECKPOINT_POLICIES = ("none", "selective", "full")
+CHECKPOINT_POLICIES = ("none", "selective", "full", "selective_op")
+#: checkpoint values in the block policy space that the planner takes only where they are pinned (a
+#: layout names torchtitan's op-level policy; the planner's own choice stays keep / reshard / selective / full)
+PINNED_ONLY_CHECKPOINTS = ("selective_op",)
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 

@@ -274,7 +274,8 @@ def compile_regions(program: fx.GraphModule, compiler: RegionCompiler, synced: O
     # the top graph, the partitions outline_regions made of it, and the checkpointed blocks' bodies
     graphs = [(program, None)] + [(m, None) for m in program.children() if isinstance(m, fx.GraphModule)]
     graphs += [(m.body, m.block) for m in program.modules() if isinstance(m, CheckpointRegion)]
-    selective = sorted({m.block for m in program.modules() if isinstance(m, CheckpointRegion) and m.policy == "selective"})
+    selective = sorted({m.block for m in program.modules() if isinstance(m, CheckpointRegion)
+                        and m.policy in ("selective", "selective_op")})
     for gm, where in graphs:
         report.ops_total += sum(1 for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
         for k, run in enumerate(_runs(gm.graph, report.eager, synced or {}, bucket_bytes)):

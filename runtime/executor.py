@@ -25,7 +25,9 @@ One program type runs every plan (``passes.pipeline.plan.Plan``: a list of stage
   gradients summed over the rounds and microbatches are the full-batch mean loss's. Each stage's
   replicated gradients are all-reduced over its mesh (``gradsync.GradSync``, one per stage, with
   ``reduce_dtype`` under mixed precision), armed for the last round's last weight-gradient action of
-  the stage only, so the reduction overlaps that action and the rest of the step. Parameters held by
+  the stage only, so the reduction overlaps that action and the rest of the step. Parameters in ZeRO
+forms are left out of it: each stage's ``zero.ZeroSync`` reduce-scatters them around the stage's weight
+actions and the optimizer steps their slices (``stage_zeros``). Parameters held by
   several stages (tied embeddings: stage 0 and the last stage each keep a copy, Megatron's embedding
   group) have their gradients summed across the holders, so the copies stay equal under any
   optimizer. The returned loss is the mean over the microbatches, the same float on every rank:
@@ -75,7 +77,7 @@ from .redistribute import redistribute
 from .rng_streams import MicrobatchStreams
 from .stage import LoweredStage
 from .state_dict import ModelState
-from .zero import zero_sync_for
+from .stage_zeros import StageZeros
 from .step_inputs import StepInputs
 from .step_results import LossReduction, assembled
 
@@ -141,11 +143,12 @@ class RankProgram:
                                        self.group, self.env.rank, dist.get_rank() if plan.pp > 1 else self.env.rank,
                                        self.device, self.schedule, prefetch=1 if gloo and plan.pp > 1 else 0)
         self._loss_comm = None if plan.pp > 1 else self.env.comm_for([a for a, s in enumerate(plan.mesh.shape) if s > 1])
-        # parameters in ZeRO forms (a plan without a pipeline): the optimizer steps their slices, ``zero``
-        # reduces and gathers them (``runtime.zero``); the grad sync leaves them out
-        self._zero = self._zero_sync(bucket_mb)
-        self._syncs = {s: self._grad_sync(st, bucket_mb, first_bucket_mb) for s, st in self.stages.items()}
+        # parameters in ZeRO forms: the optimizer steps their slices, each stage's ``ZeroSync`` reduces
+        # and gathers them over the stage's (sub)mesh (``runtime.zero``); the grad sync leaves them out
         self._holders = self._shared_params()
+        self._zeros = StageZeros.of(plan, self.captured, self.stages, self._strategies, self.env, self._holders,
+                                    int(bucket_mb * 2**20))
+        self._syncs = {s: self._grad_sync(st, bucket_mb, first_bucket_mb) for s, st in self.stages.items()}
         self._ties = (TieGroups(self.layout, sorted({k for _, k in self._holders.values()}), dist.get_rank())
                       if plan.pp > 1 else None)
         cast = any(st.levers.mixed_precision is not None for st in self.stages.values())
@@ -199,28 +202,22 @@ class RankProgram:
                     raise PlanFormatError(f"schedule runs {a} on rank group {group} but the plan puts stage "
                                           f"{a.stage} on group {plan.stages[a.stage].group}")
 
-    def _zero_sync(self, bucket_mb: float):
-        """The ``zero.ZeroSync`` of this rank's parameters in ZeRO forms, or None when none is."""
-        if self.plan.pipelined:
-            for s in self.plan.stages:
-                if any(s.solution.strategies[ph].lowerings and any(s.solution.strategies[ph].lowerings)
-                       for ph in self.captured.params if ph in s.solution.strategies):
-                    raise PlanFormatError(f"stage {s.index} stores parameters in ZeRO/reduce-once forms, which the "
-                                          "runtime runs only without a pipeline yet: plan the stages with plain "
-                                          "storage (R or S(d) pins without /zero1, /zero2, /once)")
-            return None
-        stage = self._only()
-        mp = stage.levers.mixed_precision
-        return zero_sync_for(self.captured, self._strategies[0], self.plan.mesh.shape,
-                             dict(zip(stage.param_names, stage.params)), self.env.comm_for,
-                             reduce_dtype=None if mp is None else (mp.reduce_dtype or mp.param_dtype),
-                             bucket_bytes=int(bucket_mb * 2**20))
+    @property
+    def _zero(self):
+        """The ZeroSync of this rank's one stage (None without ZeRO parameters; ``zero_calls`` sums
+        over several stages)."""
+        return self._zeros.get(next(iter(self.stages))) if len(self.stages) == 1 else None
+
+    def zero_calls(self) -> dict[str, int]:
+        """The collectives ``runtime.zero`` called on this rank so far, by kind, over its stages."""
+        return self._zeros.calls()
 
     def _grad_sync(self, stage: LoweredStage, bucket_mb: float, first_bucket_mb: float) -> GradSync:
         mp = stage.levers.mixed_precision
         order = stage.sync_order() if self.captured.loss_output else []
-        if self._zero is not None:  # a ZeRO parameter is reduced by ``zero``
-            order = [(p, comm) for p, comm in order if self._zero.optimizer_parameter(p) is p]
+        zero = self._zeros.get(stage.index)
+        if zero is not None:  # a ZeRO parameter is reduced by ``zero``
+            order = [(p, comm) for p, comm in order if zero.optimizer_parameter(p) is p]
         # a forward-only program never has gradients: no buckets for them
         return GradSync(order, bucket_bytes=int(bucket_mb * 2**20),
                         first_bucket_bytes=int(first_bucket_mb * 2**20), carry_comm=self._loss_comm,
@@ -335,8 +332,7 @@ class RankProgram:
                              "this one returns outputs: call forward()")
         user, targets = self._prepared(inputs, target, local_batch)
         gatherers = [st.gatherer for st in self.stages.values() if st.gatherer is not None]
-        if self._zero is not None:
-            self._zero.begin_step()
+        self._zeros.begin_step()
         for g in gatherers:
             g.begin_step()
         stashed = self._set_aside()
@@ -357,18 +353,18 @@ class RankProgram:
                 final = r == self.rounds - 1
                 hooks = dict(before_weights=before_weights, after_weights=lambda s: self._syncs[s].launch_rest(),
                              weight_ready=lambda s, p: self._syncs[s].mark_ready(p)) if final else {}
-                if self._zero is not None:
-                    self._zero.arm(final)
                 for g in gatherers:
                     g.final = final  # storage form ``once``: the copies' gradients are reduced in the last round
                 if self._streams is not None:
                     self._streams.begin()
+                if self._zeros:  # ZeRO buckets reduce around every weight action (zero1's: the step's last)
+                    hooks.update(around_weights=lambda s, after, last, final=final: self._zeros.around(
+                                     s, after, final and last),
+                                 weight_ready=lambda s, p, sync=hooks.get("weight_ready"): self._zeros.ready(s, p, sync))
                 self.interpreter.run([u[r * m:(r + 1) * m] for u in user], targets[r * m:(r + 1) * m],
                                      losses=losses, before_forward=self._streams and self._streams.enter, **hooks)
                 if self._streams is not None:
                     self._streams.end()
-                if self._zero is not None:
-                    self._zero.finish(final)
         finally:
             for st in self.stages.values():
                 st.end_step()
@@ -401,6 +397,8 @@ class RankProgram:
             mine = [self.stages[s] for s in holders if s in self.stages]
             if not mine:
                 continue
+            if self._zeros.tied_sum(mine, ph, self._ties.get(groups) if len(groups) > 1 else None):
+                continue  # held in a ZeRO form: its slices' gradients summed (``stage_zeros``)
             meta = self.captured.node(ph).meta[META]
             total = torch.zeros(meta.shape, dtype=meta.dtype, device=self.device)
             for st in mine:
@@ -450,13 +448,12 @@ class RankProgram:
 
     def optimizer_parameter(self, param: nn.Parameter) -> nn.Parameter:
         """What the optimizer steps in place of local parameter ``param`` (its ZeRO slice, or itself)."""
-        return self._zero.optimizer_parameter(param) if self._zero is not None else param
+        return self._zeros.optimizer_parameter(param)
 
     def sync_parameters(self) -> None:
         """Gather the ZeRO parameters the optimizer changed (``zero.ZeroSync.gather``; a collective when
         any did, on every rank alike): ``step``, ``forward`` and the state dicts call it."""
-        if self._zero is not None:
-            self._zero.gather()
+        self._zeros.gather()
 
     def buffers(self) -> list[torch.Tensor]:
         return [b for s in sorted(self.stages) for b in self.stages[s].buffers]

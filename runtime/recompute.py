@@ -10,6 +10,10 @@ block region, ``regions``), built on ``torch.utils.checkpoint.checkpoint(use_ree
   (cheap pointwise ops, norms, and the collectives, which are re-issued) is recomputed
   (``create_selective_checkpoint_contexts``). The c10d ops are never saved: they write into a
   buffer in place, so a cached result would hand back the buffer unreduced.
+- "selective_op": torchtitan's op-level policy (``passes.capture.saved.op_policy_saves``, which the
+  cost model prices too): the SDPA kernels' outputs and every other ``aten.mm`` output (the 1st, 3rd,
+  ... of the region, counted apart in the forward and in the recomputation) are kept, the rest
+  recomputed.
 
 ``Replay`` makes a forward function re-runnable as its first run was; both this path and the
 pipeline stage's recomputation (``pipeline.stage``) use it:
@@ -32,13 +36,13 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode, _push_mode
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from autoshard.passes.capture.saved import is_selective_save_op
+from autoshard.passes.capture.saved import OP_POLICY_COUNTED, is_selective_save_op, op_policy_saves
 import autoshard.passes.sharding.rules  # noqa: F401  (registers the op facts is_selective_save_op reads)
 
 __all__ = ["checkpointed", "Replay", "rerunning", "outside_selective_checkpoint", "rng_state", "restore_rng",
            "POLICIES"]
 
-POLICIES = ("full", "selective")
+POLICIES = ("full", "selective", "selective_op")
 _RERUN = contextvars.ContextVar("autoshard_rerun", default=False)
 _SELECTIVE_MODES: "weakref.WeakSet" = weakref.WeakSet()  # the dispatch modes our selective regions run under
 
@@ -99,6 +103,24 @@ def _selective_contexts():
     return caching, cached
 
 
+def _op_level_contexts():
+    """torchtitan's op-level policy for one region: a fresh ``aten.mm`` count per pass (forward,
+    recomputation), so both passes make the same decision for the same call."""
+    counts = {False: 0, True: 0}
+
+    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        name = op.overloadpacket.__name__
+        if name == OP_POLICY_COUNTED:
+            counts[ctx.is_recompute] += 1
+        saves = op_policy_saves(name, counts[ctx.is_recompute])
+        return CheckpointPolicy.MUST_SAVE if saves else CheckpointPolicy.PREFER_RECOMPUTE
+
+    caching, cached = create_selective_checkpoint_contexts(policy)
+    _SELECTIVE_MODES.add(caching)
+    _SELECTIVE_MODES.add(cached)
+    return caching, cached
+
+
 @contextlib.contextmanager
 def outside_selective_checkpoint():
     """Run the body unseen by the selective checkpointing of the region it is in (other dispatch modes,
@@ -116,13 +138,15 @@ def outside_selective_checkpoint():
 
 
 def checkpointed(fn: Callable, args: Sequence, *, policy: str, writable: Sequence[int] = ()):
-    """``fn(*args)``, its activations recomputed in backward under ``policy`` ("full" or "selective");
+    """``fn(*args)``, its activations recomputed in backward under ``policy`` (``POLICIES``);
     ``writable``: positions of ``args`` that ``fn`` writes in place (see ``Replay``)."""
     if policy not in POLICIES:
         raise ValueError(f"checkpoint policy {policy!r}: choose one of {list(POLICIES)}")
     kwargs = {}
     if policy == "selective":
         kwargs["context_fn"] = _selective_contexts
+    elif policy == "selective_op":
+        kwargs["context_fn"] = _op_level_contexts
     replay = Replay(fn, writable)
     # Written arguments reach the function by closure, not through checkpoint, which would keep them
     # and refuse to recompute once they are modified; the re-run reads Replay's copies instead.

@@ -61,7 +61,7 @@ def _written_placeholders(body: fx.GraphModule) -> set[str]:
 def outline_regions(program: fx.GraphModule, policy_of: Callable[[Optional[str]], str],
                     buffers: set[str]) -> fx.GraphModule:
     """``program`` with its checkpointed block runs outlined (see the module docstring); ``policy_of``
-    maps a block instance (or None) to "none" | "selective" | "full"; ``buffers``: names of the
+    maps a block instance (or None) to "none" or a ``recompute.POLICIES`` name; ``buffers``: names of the
     program's placeholders holding buffers. Returns ``program`` itself when nothing is checkpointed."""
     partition: dict[fx.Node, int] = {}
     checkpointed_parts: dict[int, tuple[str, str]] = {}

@@ -24,6 +24,12 @@ differs is what the optimizer sees and how the gradient is reduced:
   slices was written since its last gather (their version counters, which the optimizer's in-place
   update bumps), so every rank must step the same parameters, as with any data-parallel optimizer.
 
+One ``ZeroSync`` per stage of a rank's program (``runtime.executor``), over the stage's (sub)mesh:
+a "microstep" is one weight action of the stage (its BW, or a zero-bubble W, whose gradients land
+without autograd's hook and are handed over by ``ready``), so under a pipeline ``zero2`` buckets
+reduce-scatter once per microbatch of every round and ``zero1`` buckets once, in the stage's last
+weight action of the step; without a pipeline a round is one microstep, as before.
+
 Every rank issues the same collectives in the same order. ``calls`` counts them by kind.
 """
 from __future__ import annotations
@@ -121,6 +127,10 @@ class ZeroSync:
         self._stash: dict[nn.Parameter, torch.Tensor] = {}
         self.active = False
         self.calls: Counter = Counter()
+        #: the parameters the optimizer steps a slice of (whole parameter -> its slice)
+        self.shards = self._shards
+        #: slice -> its gradient before this step, where one was present (accumulation across steps)
+        self.carried: dict[nn.Parameter, torch.Tensor] = {}
         for p in self._bucket_of:
             p.register_post_accumulate_grad_hook(self._ready)
 
@@ -136,8 +146,9 @@ class ZeroSync:
     # ---- a step ------------------------------------------------------------------------------------
     def begin_step(self) -> None:
         """Before a step's first microstep: gather what the optimizer changed, set aside the slices'
-        gradients already present (added back after the reduction)."""
+        gradients already present (added back after the reduction; ``carried`` keeps them for the step)."""
         self.gather()
+        self.carried = {}
         self._stash = {m.shard: m.shard.grad for b in self.buckets for m in b.members if m.shard.grad is not None}
         for shard in self._stash:
             shard.grad = None
@@ -153,6 +164,13 @@ class ZeroSync:
             b.filled = set()
         self._next = 0
         self.active = any(b.armed for b in self.buckets)
+
+    def ready(self, p: nn.Parameter) -> None:
+        """``p``'s gradient of this microstep landed without autograd's hook (a zero-bubble W sets it
+        directly, ``SplitBackward.weight_grads``): bucket it as the hook would. Any parameter may be
+        passed; one not in a ZeRO form, or already bucketed this microstep, is left alone."""
+        if p in self._bucket_of:
+            self._ready(p)
 
     def _ready(self, p: nn.Parameter) -> None:
         b, m = self._bucket_of[p]
@@ -226,6 +244,8 @@ class ZeroSync:
         for m in b.members:
             piece = b.acc[m.offset:m.offset + m.numel].view(m.pre + (m.chunk,) + m.post).to(m.shard.dtype)
             before = self._stash.get(m.shard)
+            if before is not None:  # what the step added is ``grad - carried[shard]`` (tied weights sum only that)
+                self.carried[m.shard] = before.clone()
             m.shard.grad = piece if before is None else before.add_(piece)
         b.acc = None
 

@@ -28,6 +28,7 @@ from torch.distributed._tools.mem_tracker import MemTracker
 
 from .levers import MICRO, Probed, layouts, policy_levers
 from .tracker_hooks import gradients_not_held
+from autoshard.passes.solve.context import PlanContext
 
 __all__ = ["LEVER_CASES", "PEAK_CASES", "MicrostepTracker", "memory_against_estimates", "peak_against_estimates"]
 
@@ -121,8 +122,8 @@ def memory_against_estimates(rank: int, models, cases=LEVER_CASES) -> list[tuple
                                         levers=levers))
             x, y = lay.batch(MICRO * k, 1)
             probed.step(**x, target=y) if isinstance(x, dict) else probed.step(*x, target=y)
-            est = evaluate(lay.captured, Mesh.of(lay.mesh_shape), lay.strategies, "cpu", "adamw", levers=levers,
-                           traced_at_microbatch=True).estimated
+            est = evaluate(lay.captured, Mesh.of(lay.mesh_shape), lay.strategies, PlanContext.of("cpu", optimizer="adamw"),
+                           levers=levers, traced_at_microbatch=True).estimated
             rows.append((lay.model_name, str(lay.mesh_shape), case, probed.measured["saved"],
                          est["saved_activation_bytes"], probed.measured["gathered"], est["gathered_peak_bytes"]))
     return rows
@@ -161,8 +162,8 @@ def peak_against_estimates(rank: int, models, cases=PEAK_CASES) -> list[tuple]:
                 peak = next(iter(tracker.get_tracker_snapshot("peak").values()))["Total"]
                 if peak < measured:
                     measured, phases = peak, tracker.peak_phases
-            sol = evaluate(captured, Mesh.of(mesh_shape), strategies, "cpu", "adamw", levers=levers,
-                           traced_at_microbatch=True)
+            sol = evaluate(captured, Mesh.of(mesh_shape), strategies, PlanContext.of("cpu", optimizer="adamw"),
+                           levers=levers, traced_at_microbatch=True)
             rows.append((model_name, str(mesh_shape), case, measured, sol.estimated_memory, sol.memory_peak_phase,
                          phases))
     return rows

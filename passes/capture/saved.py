@@ -18,6 +18,9 @@ storage) to the node that created that storage: its *owner*. The answer per node
   and float mask);
 - ``selective_bytes``: bytes of the outputs of the matmul and attention kernels the node runs (the
   kernels whose ``OpFacts.selective_save`` is set): what selective checkpointing keeps of it;
+- ``kernel_outputs``: ``(op name, bytes)`` of every matmul / attention kernel the node runs
+  (the selective-save kernels), in dispatch order, with bytes 0 where the node does not own the
+  output's storage: what torchtitan's op-level policy (``op_policy_saves``) decides on, kernel by kernel;
 - ``alias_of``: ``(owner, slot)`` when the node's output shares another node's storage;
 - ``self_saved_outputs``: the slots of ``saved_outputs`` the node's own backward saves (``relu``,
   ``softmax``): kept whatever placement its readers need.
@@ -50,10 +53,34 @@ from autoshard.passes.graph import META, CapturedGraph, operands
 from autoshard.passes.op_facts import op_facts
 
 __all__ = ["SAVED", "SavedInfo", "saved_info", "saved_status", "is_selective_save_op", "fused_attention_call",
-           "run_as_saved"]
+           "run_as_saved", "OP_POLICY_COUNTED", "OP_POLICY_SAVE_OPS", "op_policy_saves"]
 
 SAVED = "autoshard.saved"
 _STATUS = "autoshard.saved_status"
+
+# torchtitan's op-level selective activation checkpointing (``selective_ac_option="op"``; torchtitan
+# torchtitan/parallelisms/parallelize_llama.py, ``_apply_ac_to_transformer_block``, 2024-12): in each
+# checkpointed block, the outputs of ``aten.mm`` and of the SDPA kernels are saved, except every second
+# ``aten.mm`` (the 2nd, 4th, ... of the block, counted apart in the forward and the recomputation),
+# which is recomputed with everything else. Its list also names the functional reduce-scatter (this
+# runtime's collectives write in place and are re-issued instead) and ``aten.max`` (for float8 scales).
+# The SDPA kernels here are the fused ones torch picks on GPU and on CPU; ``addmm`` (a biased linear) is
+# not on the list, so torchtitan recomputes it, and so does this policy.
+OP_POLICY_COUNTED = "mm"
+OP_POLICY_SAVE_OPS = frozenset({
+    "mm", "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+})
+
+
+def op_policy_saves(op_name: str, mm_ordinal: int) -> bool:
+    """Whether torchtitan's op-level policy saves the output of a kernel named ``op_name`` (an op
+    packet name), ``mm_ordinal`` being the count of ``aten.mm`` calls of the block so far, this one
+    included (1 for the block's first)."""
+    if op_name == OP_POLICY_COUNTED:
+        return mm_ordinal % 2 == 1
+    return op_name in OP_POLICY_SAVE_OPS
+
 
 def is_selective_save_op(func) -> bool:
     """Whether an ATen op (an OpOverload) is one whose outputs selective checkpointing keeps
@@ -71,6 +98,7 @@ class SavedInfo:
     selective_bytes: int = 0
     alias_of: Optional[tuple[str, int]] = None
     self_saved_outputs: tuple[int, ...] = ()
+    kernel_outputs: tuple[tuple[str, int], ...] = ()
 
 
 def saved_status(captured: CapturedGraph) -> Optional[str]:
@@ -120,13 +148,17 @@ class _KernelOutputs(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.storages: dict[int, int] = {}
+        self.calls: list[tuple[str, list[int]]] = []  # (op name, output storage keys) in dispatch order
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if is_selective_save_op(func):
+            keys = []
             for t in _tensors(out):
                 if t is not None:
                     self.storages[_storage_key(t)] = t.untyped_storage().nbytes()
+                    keys.append(_storage_key(t))
+            self.calls.append((func.overloadpacket.__name__, keys))
         return out
 
 
@@ -178,6 +210,7 @@ class _Recorder(fx.Interpreter):
         self.packed: list[torch.Tensor] = []  # packed while the current node runs
         self.kernels = _KernelOutputs()
         self.records: dict[str, tuple[list[torch.Tensor], dict[int, int]]] = {}
+        self.calls: dict[str, list[tuple[str, list[int]]]] = {}
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
         self.packed.append(t)
@@ -188,7 +221,7 @@ class _Recorder(fx.Interpreter):
 
     def run_node(self, n: fx.Node):
         self.packed = []
-        self.kernels.storages = {}
+        self.kernels.storages, self.kernels.calls = {}, []
         if n.op == "call_function":
             with self.kernels:
                 value = super().run_node(n)
@@ -198,6 +231,7 @@ class _Recorder(fx.Interpreter):
             for slot, t in enumerate(x for x in _tensors(value) if x is not None):
                 self.owner.setdefault(_storage_key(t), (n.name, slot))
             self.records[n.name] = (self.packed, dict(self.kernels.storages))
+            self.calls[n.name] = list(self.kernels.calls)
         return value
 
 
@@ -270,6 +304,8 @@ def _analyze(captured: CapturedGraph) -> dict[str, SavedInfo]:
                       if rec.owner[_storage_key(t)] == (n.name, slot) and _storage_key(t) in saved_storages)
         _, kernels = rec.records[n.name]
         selective = sum(b for k, b in kernels.items() if rec.owner.get(k, (n.name,))[0] == n.name)
+        calls = tuple((op, sum(kernels[k] for k in keys if rec.owner.get(k, (n.name,))[0] == n.name))
+                      for op, keys in rec.calls.get(n.name, ()))
         found[n.name] = SavedInfo(bool(slots), tuple(sorted(saved_ops[n.name])), slots, internal.get(n.name, 0),
-                                  selective, alias.get(n.name), tuple(sorted(self_saved.get(n.name, ()))))
+                                  selective, alias.get(n.name), tuple(sorted(self_saved.get(n.name, ()))), calls)
     return found

@@ -15,7 +15,7 @@ priced at peak: ``get_hardware`` warns (``PeakPricedWarning``) and says how to f
 >>> get_hardware("H100").name
 'h100'
 >>> from autoshard.passes.mesh import Mesh
->>> axis_link(Mesh.of((2, 8)), 0, "h100")      # axis 0 spans two nodes: the NIC
+>>> get_hardware("h100").axis_link(Mesh.of((2, 8)), 0)  # axis 0 spans two nodes: the NIC
 (50000000000.0, 5e-06)
 """
 from __future__ import annotations
@@ -28,9 +28,8 @@ from typing import Union
 from autoshard.passes.cost.hardware import PRESETS, Hardware, read_hardware_json
 from autoshard.passes.cost.profile_format import Profile
 from autoshard.passes.errors import AutoshardError, PeakPricedWarning
-from autoshard.passes.mesh import Mesh
 
-__all__ = ["get_hardware", "axis_link", "ACHIEVABLE_FIELDS"]
+__all__ = ["get_hardware", "ACHIEVABLE_FIELDS"]
 
 #: ``Hardware`` fields that say what rate kernels and collectives achieve, below the datasheet's peaks
 ACHIEVABLE_FIELDS = ("gemm_efficiency", "attention_efficiency", "memory_efficiency", "collective_model",
@@ -92,7 +91,3 @@ def _from_json(source, seen: tuple) -> Hardware:
                              f"{sorted(names)}")
     return Hardware.from_json({**base.to_json(), **overrides})
 
-
-def axis_link(mesh: Mesh, axis: int, hardware: Union[str, Hardware] = "h100") -> tuple[float, float]:
-    """Module-level form of ``Hardware.axis_link``."""
-    return get_hardware(hardware).axis_link(mesh, axis)

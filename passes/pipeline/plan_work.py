@@ -115,15 +115,24 @@ def hardware_label(hardware) -> str:
     return hardware if isinstance(hardware, str) else str(getattr(hardware, "name", "custom"))
 
 
+def known_hardware(hardware) -> Optional[Hardware]:
+    """A plan's ``hardware`` (its label: a preset name or a profile path, or a ``Hardware``) resolved,
+    None when it names no hardware known here (a plan file written on another machine). Planning resolves
+    its hardware once, in ``passes.solve.context.PlanContext``; this is the lookup for a plan's label."""
+    try:
+        return get_hardware(hardware)
+    except AutoshardError:
+        return None
+
+
 def plan_work(captured: CapturedGraph, hardware, devices: int, levers=None) -> Optional[ModelWork]:
     """``model_work`` for a plan of ``captured`` on ``devices`` devices; the matmuls run in the
     mixed-precision compute dtype when ``levers`` (``passes.levers.Levers``) cast. None when
     ``hardware`` names no known hardware. ``captured`` is one of the ``levers.accumulation`` microsteps of
     a step (``plan_captured``'s contract), so the step's FLOPs, tokens and samples are that many times the
     program's."""
-    try:
-        hw = get_hardware(hardware)
-    except AutoshardError:
+    hw = known_hardware(hardware)
+    if hw is None:
         return None
     mp = getattr(levers, "mixed_precision", None)
     work = model_work(captured, hw, devices, compute_dtype=getattr(mp, "param_dtype", None))

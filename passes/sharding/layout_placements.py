@@ -44,6 +44,8 @@ from autoshard.passes.capture.moe_experts import is_moe_node
 from autoshard.passes.errors import AutoshardError, LayoutError  # LayoutError re-exported: the layouts' error type
 from autoshard.passes.graph import META, MODULE, CapturedGraph
 from autoshard.passes.mesh import Mesh
+from autoshard.passes.sharding.storage_forms import zero_dim
+from autoshard.passes.spec import parse_placement
 from autoshard.passes.sharding.expert_layout import ExpertAxes, expert_axes_like_attention, expert_layout_pins, router_matmuls
 
 __all__ = ["LayoutError", "LayoutAxes", "TensorParallelRoles", "tensor_parallel_roles", "layout_pins",
@@ -61,12 +63,15 @@ class LayoutAxes:
     ``tp``: the tensor-parallel axis. Every mesh axis is in exactly one of them. ``experts``: what each
     axis carries for the experts of MoE layers (``passes.sharding.expert_layout``: Megatron-Core's
     parallel folding), None for a layout without expert roles (experts then follow tp and dp as
-    ``ExpertAxes(etp=tp, ...)`` would say)."""
+    ``ExpertAxes(etp=tp, ...)`` would say). ``zero1``: over the ``replicate`` axes the optimizer state
+    is sharded (Megatron's distributed optimizer: parameters ``R/zero1``, ``passes.sharding.storage_forms``;
+    a parameter with no dim those axes divide stays plain ``R``)."""
     replicate: tuple[int, ...] = ()
     shard: tuple[int, ...] = ()
     cp: Optional[int] = None
     tp: Optional[int] = None
     experts: Optional["ExpertAxes"] = None  # the MoE layers' axes (``expert_layout``); None: as the attention's
+    zero1: bool = False
 
     @property
     def data(self) -> tuple[int, ...]:
@@ -283,6 +288,18 @@ def _shard_dim(shape, mesh: Mesh, axes: LayoutAxes, tp_dim: Optional[int]) -> Op
     return None
 
 
+def _distributed_optimizer(pls: tuple, shape, mesh: Mesh, axes: LayoutAxes) -> tuple:
+    """A parameter pin ``pls`` with ``/zero1`` on the replicated data axes when ``axes.zero1`` (and a dim
+    of the parameter's local piece those axes divide, ``storage_forms.zero_dim``; else unchanged)."""
+    over = tuple(a for a in axes.replicate if mesh.shape[a] > 1 and pls[a] == "R")
+    if not axes.zero1 or not over:
+        return pls
+    storage = tuple(parse_placement(p) for p in pls)
+    if zero_dim(shape, storage, over, mesh.shape) is None:
+        return pls
+    return tuple(f"{p}/zero1" if a in over else p for a, p in enumerate(pls))
+
+
 def layout_pins(captured: CapturedGraph, mesh: Mesh, axes: LayoutAxes, *, sequence_parallel: bool = False,
                 roles: Optional[TensorParallelRoles] = None) -> dict:
     """``{"params": ..., "inputs": ..., "ops": ...}`` pinning the layout's placements (module docstring).
@@ -309,7 +326,7 @@ def layout_pins(captured: CapturedGraph, mesh: Mesh, axes: LayoutAxes, *, sequen
                 pls.append(f"S({sdim})")
             else:
                 pls.append("R")
-        params[fqn] = tuple(pls)
+        params[fqn] = _distributed_optimizer(tuple(pls), shape, mesh, axes)
 
     def activation(ndim: int, seq_on_tp: Optional[int] = None, seq: int = 1) -> tuple:
         pls = []

@@ -29,7 +29,7 @@ from autoshard.passes.spec import Placement, Strategy, TensorMeta, fmt_placement
 from autoshard.passes.sharding.storage_forms import fmt_storage, parse_storage
 from autoshard.passes.sharding.strategies import StrategyTable, why_not_divisible
 
-__all__ = ["Pins", "PinError", "parse_placements", "parse_param_pin", "PinsFor", "HintsFor"]
+__all__ = ["Pins", "PinError", "parse_placements", "parse_param_pin", "PinsFor", "HintsFor", "pins_name_zero_forms"]
 
 
 class PinError(AutoshardError, ValueError):
@@ -46,6 +46,23 @@ def parse_param_pin(value: Any, mesh: Mesh, what: str) -> tuple[tuple[Placement,
     ``"S(0)/once"``, ``"R"`` (``passes.sharding.storage_forms``; a bare placement is the plain form)."""
     pairs = _parse(value, mesh, what, parse_storage)
     return tuple(p for p, _ in pairs), tuple(f for _, f in pairs)
+
+
+def pins_name_zero_forms(pins) -> bool:
+    """Whether ``pins`` (a ``Pins``, its keyword dict, or None) pin some parameter to a ZeRO form on
+    some axis (``"R/zero1"``, ``"R/zero2"``): its solve must then offer the storage forms."""
+    if pins is None:
+        return False
+    params = pins.get("params") if isinstance(pins, dict) else getattr(pins, "params", None)
+
+    def texts(value):
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, (tuple, list)):
+            return [t for v in value for t in texts(v)]
+        return []
+
+    return any(t.strip().endswith(("/zero1", "/zero2")) for v in (params or {}).values() for t in texts(v))
 
 
 def _parse(value: Any, mesh: Mesh, what: str, parse_one) -> tuple:

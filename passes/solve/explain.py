@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.solve.clustering import OUTPUT, graph_edges, output_placements
 from autoshard.passes.solve.problem import ShardingProblem
@@ -76,9 +77,11 @@ def _local_cost(problem: ShardingProblem, cm: CostModel, chosen: dict, nodes: se
     return seconds, memory
 
 
-def explain_node(problem: ShardingProblem, strategies: dict, name: str, *, cost_model: CostModel,
-                 step_time: float, memory: float, memory_limit: float, status: Optional[str] = None) -> Explanation:
-    """Explain node ``name`` of a plan whose strategies are ``strategies`` (module docstring)."""
+def explain_node(problem: ShardingProblem, strategies: dict, name: str, ctx: PlanContext, *, cost_model: CostModel,
+                 step_time: float, memory: float, status: Optional[str] = None) -> Explanation:
+    """Explain node ``name`` of a plan whose strategies are ``strategies`` (module docstring), against
+    ``ctx``'s memory limit."""
+    memory_limit = ctx.memory_bytes
     table = problem.table[name]
     chosen_key = str(strategies[name])
     current = next((k for k, s in enumerate(table) if str(s) == chosen_key), None)

@@ -339,6 +339,9 @@ class ShardingILP:
         solver.parameters.cp_model_presolve = False
         if not portfolio:  # the sequential search's root probing: a full work second per solve, for nothing
             solver.parameters.cp_model_probing_level = 0  # measured (memory_search): 7.1 -> 3.8 on a tiny Llama
+            # the knapsack row's cuts at every node, not only the root: the tiny Llama's hardest memory-bound
+            # solve proves the same optimum, with the same answer, in 2.8 work-s instead of 8.5
+            solver.parameters.linearization_level = 2
         t0 = time.perf_counter()
         status = solver.solve(model)
         wall = time.perf_counter() - t0

@@ -8,11 +8,16 @@ The policies a repeated-block type may take, in the planner's order (fastest fir
     SELECTIVE  keep the outputs of matmul and attention kernels (and what leaves the block),
                recompute everything else before the block's backward; recomputation gathers again
     FULL       keep only what leaves the block, re-run the whole block before its backward
+    SELECTIVE_OP  torchtitan's op-level policy (``passes.capture.saved.op_policy_saves``): keep the
+               attention kernels' outputs and every other ``aten.mm`` output of each block run (the
+               runtime's checkpoint region: consecutive nodes of one instance), recompute the rest,
+               the other matmuls included. Chosen only when pinned (``passes.levers.PINNED_ONLY_CHECKPOINTS``).
 
 Prices per node and edge of a block instance (``LeverPrice``), with the saved-tensor analysis
 (``passes.capture.saved``) and the block structure (``passes.solve.blocks``):
 
-- time: the op's own price, plus under SELECTIVE (ops that are not matmul / attention kernels) and
+- time: the op's own price, plus under SELECTIVE (ops that are not matmul / attention kernels),
+  SELECTIVE_OP (ops none of whose kernels that policy saves: ``LeverPricer.op_level_recomputed``) and
   FULL its forward again (work and one launch); an edge into a recomputing block pays its forward
   collectives again (re-issued by the recomputation), and under RESHARD an edge from a parameter
   its gather again;
@@ -37,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from autoshard.passes.capture.saved import OP_POLICY_COUNTED, op_policy_saves
 from autoshard.passes.cost.collectives import Collective
 from autoshard.passes.cost.moe import is_moe_node, work_factor
 from autoshard.passes.cost.facts import GraphFacts
@@ -121,6 +127,7 @@ class LeverPricer:
         self._kinds = tuple(_kind(p) for p in space)  # index -> how checkpoint/reshard price it
         self._hooks = tuple(_price_hooks(p) for p in space)  # index -> the other levers' price hooks
         self._move_sums: dict = {}
+        self._op_level: Optional[dict[str, float]] = None
         self._block_reads: dict[tuple[str, int], int] = {}  # outside value -> edges reading it in blocks
         for u, slot, v, _ in graph_edges(captured):
             if v != OUTPUT and u not in blocks.instance and v in blocks.instance and facts.kind[u] == "op":
@@ -151,6 +158,11 @@ class LeverPricer:
         slots = tuple(s for s in self.blocks.leaving.get(name, ()) if s not in freed)
         leave = self._slot_bytes(name, strategy, slots)
         selective = self._selective_bytes(name, strategy) if self._space[policy].checkpoint == "selective" else 0.0
+        if self._space[policy].checkpoint == "selective_op":
+            selective = self._selective_bytes(name, strategy) * self.op_level_kept_fraction().get(name, 0.0)
+            if name in self.op_level_skipped():  # never re-run: re-creates nothing, costs nothing again
+                price.kept = max(selective, leave)
+                return
         price.kept = max(selective, leave)
         price.recompute = max(0.0, kept - price.kept) / n
         if self._space[policy].checkpoint == "full" or selective == 0.0:
@@ -163,6 +175,56 @@ class LeverPricer:
             if base.collectives:  # a lowering's own forward collectives run again (an MoE layer's all-to-alls)
                 again = again + sum(c.seconds for c in base.collectives if c.phase == "fwd")
             price.seconds += again + launch
+
+    def op_level_kept_fraction(self) -> dict[str, float]:
+        """Node -> the fraction of its matmul / attention kernel output bytes (``selective_bytes``) that
+        the op-level policy keeps (absent: none; such a node is recomputed unless ``op_level_skipped``).
+        The ``aten.mm`` count runs over each block run in graph order: the consecutive ops of one
+        instance, which the runtime checkpoints as one region (``runtime.regions``)."""
+        if self._op_level is None:
+            self._op_level, self._op_skipped = {}, set()
+            for run in self._block_runs():
+                count = 0
+                for name in run:
+                    info = self.facts.saved_of(name)
+                    kept = 0
+                    for op, nbytes in (info.kernel_outputs if info is not None else ()):
+                        count += op == OP_POLICY_COUNTED
+                        kept += nbytes if op_policy_saves(op, count) else 0
+                    if kept and info.selective_bytes:
+                        self._op_level[name] = kept / info.selective_bytes
+                self._op_skipped.update(_after_last_pack(run, self.facts.saved_of))
+        return self._op_level
+
+    def op_level_skipped(self) -> set[str]:
+        """Block ops the op-level policy's recomputation never reaches: torch's non-reentrant checkpoint
+        stops re-running a region once its last saved tensor is packed again (``early_stop``, on by
+        default; torch/utils/checkpoint.py ``_StopRecomputationError``), and an op packs its operands
+        before its kernel runs, its outputs after. So the ops after the region's last packing op, and
+        that op too when it packs only operands (a block's last linear), are not re-run."""
+        self.op_level_kept_fraction()
+        return self._op_skipped
+
+    def _block_runs(self) -> list[list[str]]:
+        """Runs of consecutive ops of one block instance, in graph order."""
+        runs, current = [], None
+        for node in self.captured.gm.graph.nodes:
+            if node.op != "call_function":
+                continue  # as the runtime's regions, which hold ops only
+            instance = self.blocks.instance.get(node.name)
+            if instance != current:
+                current = instance
+                if instance is not None:
+                    runs.append([])
+            if instance is not None:
+                runs[-1].append(node.name)
+        return runs
+
+    def op_level_recomputed(self, names) -> list[str]:
+        """The ops of ``names`` in numbered blocks that the op-level policy recomputes (re-runs)."""
+        kept, skipped = self.op_level_kept_fraction(), self.op_level_skipped()
+        return [n for n in names if n in self.blocks.instance and self.facts.kind.get(n) == "op" and n not in kept
+                and n not in skipped]
 
     def freed_outputs(self, strategies: dict[str, Strategy], policy_of) -> dict[str, tuple[int, ...]]:
         """Op outputs whose every holder for the backward reads a redistributed copy: the copy is
@@ -301,6 +363,21 @@ class LeverPricer:
             return 0.0
         meta: TensorMeta = self.facts.tensor_outputs(u)[slot]
         return self.cm.kept(self.cm.local_bytes(meta.nbytes, src)) / reads
+
+
+def _after_last_pack(run: list[str], saved_of) -> list[str]:
+    """The ops of ``run`` a non-reentrant recomputation stops before (``LeverPricer.op_level_skipped``)."""
+    for i in range(len(run) - 1, -1, -1):
+        info = saved_of(run[i])
+        if info is None:
+            return []  # unknown packs: assume everything re-runs
+        after = bool(info.self_saved_outputs) or info.internal_bytes > 0
+        before = bool(info.saved_operands) and info.alias_of is None  # a view's operand is packed by its user
+        if after:
+            return run[i + 1:]
+        if before:
+            return run[i:]
+    return list(run)
 
 
 def _is_param_copy(reading: tuple, forward: float) -> bool:

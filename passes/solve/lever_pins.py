@@ -7,7 +7,8 @@
 
 - ``accumulation``: an int k (the global batch runs as k microsteps), or None: the planner picks
   among the divisors of the batch.
-- ``checkpoint``: "none" | "selective" | "full" for every block type, a dict from block type (or an
+- ``checkpoint``: "none" | "selective" | "full" | "selective_op" (torchtitan's op-level policy,
+  never chosen unless pinned) for every block type, a dict from block type (or an
   fnmatch pattern over block types, ``"model.layers.*"``) to one of those, or None: chosen per type.
 - ``reshard_after_forward``: True / False for every block type, a dict as above, or None: chosen.
   A recomputing block gathers its sharded parameters again whatever is kept: False given per block
@@ -28,7 +29,7 @@ import fnmatch
 from typing import Optional
 
 from autoshard.passes.errors import AutoshardError
-from autoshard.passes.levers import block_levers, block_policies, check_lever, lever_rows
+from autoshard.passes.levers import PINNED_ONLY_CHECKPOINTS, block_levers, block_policies, check_lever, lever_rows
 
 __all__ = ["LeverPins"]
 
@@ -92,7 +93,8 @@ class LeverPins:
         found = {}
         for t in block_types:
             allowed = [i for i, p in enumerate(space)
-                       if all(pinned[r.keyword].get(t, getattr(p, r.keyword)) == getattr(p, r.keyword) for r in rows)]
+                       if (p.checkpoint not in PINNED_ONLY_CHECKPOINTS or pinned["checkpoint"].get(t) == p.checkpoint)
+                       and all(pinned[r.keyword].get(t, getattr(p, r.keyword)) == getattr(p, r.keyword) for r in rows)]
             if not allowed:
                 raise AutoshardError(_excluded(t, pinned))
             found[t] = allowed

@@ -9,6 +9,7 @@ import itertools
 import warnings
 from typing import Optional
 
+from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.batch_coupling import BatchCouplingWarning, CoupledOp, batch_coupled_ops, describe_coupled
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.hardware import Hardware
@@ -40,9 +41,10 @@ class LeverSearch:
     """One program's planning context: the strategy table (shared by every microstep count), the
     block structure, the policies each block type may take and the microstep counts to try."""
 
-    def __init__(self, captured: CapturedGraph, mesh, hw: Hardware, optimizer, pins, levers: LeverPins,
+    def __init__(self, captured: CapturedGraph, mesh, ctx: PlanContext, pins, levers: LeverPins,
                  traced_at_microbatch: bool, storage_forms: bool = False):
-        self.captured, self.hw, self.optimizer, self.levers = captured, hw, optimizer, levers
+        hw = ctx.spec
+        self.captured, self.ctx, self.hw, self.optimizer, self.levers = captured, ctx, hw, ctx.optimizer, levers
         self.traced_at_microbatch = traced_at_microbatch
         self.storage_forms = storage_forms
         self.choices = strategy_choices(captured, mesh, pins, storage_forms)

@@ -1,6 +1,6 @@
 """The planner: strategies -> prices -> clusters -> ILP -> Solution, memory levers included.
 
->>> sol = plan_sharding(captured, Mesh.of((2, 2)), hardware="h100", levers=LeverPins())   # doctest: +SKIP
+>>> sol = plan_sharding(captured, Mesh.of((2, 2)), PlanContext.of("h100"), levers=LeverPins())  # doctest: +SKIP
 >>> sol.param_placements["fc1.weight"], sol.levers.accumulation, sol.solver_stats["status"]  # doctest: +SKIP
 ((R, S(0)), 1, 'OPTIMAL')
 
@@ -44,11 +44,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Optional, Union
+from typing import Optional
 
 from autoshard.passes.batch_coupling import describe_coupled
-from autoshard.passes.cost.hardware import Hardware
-from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.errors import InfeasiblePlanError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import chosen_keywords
@@ -83,18 +82,17 @@ class _Found:
 
 
 @fewer_gc_pauses
-def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardware] = "h100",
-                  memory_limit: Optional[float] = None, pins: Optional[Pins] = None,
-                  optimizer: Union[str, float] = "adamw", time_limit_s: float = 30.0,
-                  workers: int = 2, levers: Optional[LeverPins] = None,
+def plan_sharding(captured: CapturedGraph, mesh, ctx: Optional[PlanContext] = None, *,
+                  pins: Optional[Pins] = None, levers: Optional[LeverPins] = None,
                   traced_at_microbatch: bool = False, explain: bool = True,
                   storage_forms: Optional[bool] = None) -> Solution:
-    """The cheapest plan (estimated step time) whose whole-step memory peak fits ``memory_limit``
-    bytes per device.
+    """The cheapest plan (estimated step time) whose whole-step memory peak fits ``ctx``'s memory limit
+    per device, priced on its hardware and optimizer (``ctx``: the settings every planner reads, built
+    once by the front door; None: the default context, ``PlanContext.of()``).
 
     ``levers``: which memory levers the planner chooses (``LeverPins()``: all) and which are pinned;
     None pulls none. ``traced_at_microbatch``: ``captured`` holds one microstep of
-    ``levers.accumulation`` (the runtime's program), not the global batch. ``time_limit_s`` bounds
+    ``levers.accumulation`` (the runtime's program), not the global batch. ``ctx.time_limit_s`` bounds
     the solves together as a WORK limit (CP-SAT deterministic seconds, about wall seconds on a quiet
     core), so the same inputs give the same plan however busy the machine is.
 
@@ -119,11 +117,15 @@ def plan_sharding(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     (``passes.sharding.storage_forms``), chosen per parameter and axis like placements; None: when
     ``levers`` is given (``levers=None`` plans as before levers existed, as the pipeline planner's
     stages want: their runtime runs plain forms only)."""
-    hw = get_hardware(hardware)
-    limit = float(hw.memory_bytes if memory_limit is None else memory_limit)
+    ctx = PlanContext.given(ctx)
     forms = levers is not None if storage_forms is None else storage_forms
-    return _plan_within(captured, mesh, hw, limit, pins, optimizer, time_limit_s, workers, levers,
-                        traced_at_microbatch, explain=explain, storage_forms=forms)
+    search = LeverSearch(captured, mesh, ctx, pins, LeverPins.off() if levers is None else levers,
+                         traced_at_microbatch, forms)
+    return _plan_within(search, ctx, explain=explain)
+
+
+#: CP-SAT workers of every solve: fixed, like its seed, so the same inputs give the same plan
+_WORKERS = 2
 
 
 #: how many times one policy combination is solved again with a tighter ILP limit when its plan's
@@ -133,18 +135,15 @@ _PEAK_RETRIES = 4
 _PEAK_STEP = 0.01
 
 
-def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins: Optional[Pins],
-                 optimizer: Union[str, float], time_limit_s: float, workers: int, levers: Optional[LeverPins],
-                 traced_at_microbatch: bool, prune: bool = True, explain: bool = True,
-                 storage_forms: bool = False) -> Solution:
-    """``plan_sharding`` with its hardware resolved and its limit in bytes. ``prune=False`` (for
+def _plan_within(search: LeverSearch, ctx: PlanContext, prune: bool = True, explain: bool = True) -> Solution:
+    """``plan_sharding`` of ``search``'s program, pins and levers within ``ctx``'s memory limit (in bytes)
+    and work budget. ``prune=False`` (for
     tests): no bound skips anything (no plan without levers first, no cutoff, no proven-fastest stop,
     no multiples of a cut-off microstep count): every microstep count and policy combination is
     solved, and the fastest that fits wins, in the same order of preference."""
     t0 = time.perf_counter()
-    budget = WorkBudget(time_limit_s)
-    levers = LeverPins.off() if levers is None else levers
-    search = LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch, storage_forms)
+    budget = WorkBudget(ctx.time_limit_s)
+    limit, workers = ctx.memory_bytes, _WORKERS
     ks = search.accumulations()
     combos = search.combinations()
     best: Optional[_Found] = None
@@ -230,8 +229,8 @@ def _plan_within(captured: CapturedGraph, mesh, hw: Hardware, limit: float, pins
     sol = _evaluated(search, best)
     if search.storage_forms:  # FSDP gradients reduced once per step where memory allows
         sol = hold_reductions(sol, search.captured, set(search.choices[2]) & set(search.captured.params), limit,
-                              lambda strategies: evaluate(search.captured, search.mesh, strategies, search.hw,
-                                                          search.optimizer, unruled=best.problem.table.unruled,
+                              lambda strategies: evaluate(search.captured, search.mesh, strategies, search.ctx,
+                                                          unruled=best.problem.table.unruled,
                                                           levers=sol.levers,
                                                           traced_at_microbatch=search.traced_at_microbatch))
     clustering = best.problem.clustering
@@ -253,7 +252,7 @@ def _evaluated(search: "LeverSearch", found: _Found) -> Solution:
     if found.solution is None:
         strategies, policies = found.lever_graph.decode(found.result.choice)
         found.problem.settle_inputs(strategies)
-        found.solution = evaluate(search.captured, search.mesh, strategies, search.hw, search.optimizer,
+        found.solution = evaluate(search.captured, search.mesh, strategies, search.ctx,
                                   unruled=found.problem.table.unruled, levers=search.levers_of(found.k, policies),
                                   traced_at_microbatch=search.traced_at_microbatch)
     return found.solution
@@ -387,7 +386,7 @@ def _infeasible(search: LeverSearch, k: int, problem: ShardingProblem, graph: Le
             "use more devices or a larger memory_limit")
     strategies, policies = graph.decode(smallest.choice)
     levers = search.levers_of(k, policies)
-    sol = evaluate(search.captured, mesh, strategies, search.hw, search.optimizer, unruled=problem.table.unruled,
+    sol = evaluate(search.captured, mesh, strategies, search.ctx, unruled=problem.table.unruled,
                    levers=levers, traced_at_microbatch=search.traced_at_microbatch)
     need = sol.estimated_memory
     parts = ", ".join(f"{key} {human_bytes(v)}" for key, v in

@@ -6,7 +6,7 @@ clusters of identical layer nodes and the graph facts. It turns a cost model int
 The planner (``passes.solve.planner``) builds one per microstep count it tries; the stage planner
 prices the same problem per microbatch (``passes.pipeline.stages.layer_costs.plan_submesh``):
 
->>> problem = build_problem(captured, (2, 2), hardware="h100")                       # doctest: +SKIP
+>>> problem = build_problem(captured, (2, 2), hardware=PRESETS["h100"])              # doctest: +SKIP
 >>> result = solve(problem.strategy_graph(CostModel(problem.mesh, problem.hardware, "adamw"), 80e9))
 >>> problem.solution(result.choice, optimizer="adamw").estimated_step_time           # doctest: +SKIP
 """
@@ -16,13 +16,13 @@ from dataclasses import dataclass, replace
 from typing import Callable, Collection, Optional, Union
 
 from autoshard.passes.cost.facts import GraphFacts
-from autoshard.passes.cost.hardware import Hardware
-from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.cost.hardware import PRESETS, Hardware
+from autoshard.passes.solve.context import DEFAULT_HARDWARE, PlanContext
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.layout.redistribution import R_CODE, encode
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.sharding.pins import Pins
+from autoshard.passes.sharding.pins import Pins, pins_name_zero_forms
 from autoshard.passes.sharding.strategies import StrategyTable, enumerate_strategies
 from autoshard.passes.solve.clustering import (OUTPUT, Clustering, cluster_edges, cluster_nodes, graph_edges,
                                                output_placements)
@@ -107,9 +107,10 @@ def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed:
 
 def strategy_choices(captured: CapturedGraph, mesh, pins, storage_forms: bool = False) -> tuple[Mesh, StrategyTable, dict]:
     """The mesh, every node's strategies and the pinned nodes' allowed indices (``storage_forms``: the
-    parameters' ZeRO-1/2 and reduce-once forms too, ``enumerate_strategies``)."""
+    parameters' ZeRO-1/2 and reduce-once forms too, ``enumerate_strategies``; also when the pins name a
+    ZeRO form, as a layout's distributed optimizer does)."""
     mesh = Mesh.of(mesh)
-    table = enumerate_strategies(captured, mesh, storage_forms=storage_forms)
+    table = enumerate_strategies(captured, mesh, storage_forms=storage_forms or pins_name_zero_forms(pins))
     if pins is not None and not isinstance(pins, Pins):
         pins = Pins(**pins)
     allowed = pins.resolve(captured, table, mesh) if pins is not None else {}
@@ -170,24 +171,26 @@ class ShardingProblem:
         """The ILP's ``choice`` as a priced ``Solution``: strategies assigned, inputs settled, evaluated."""
         chosen = self.strategies(choice)
         self.settle_inputs(chosen)
-        return evaluate(self.captured, self.mesh, chosen, self.hardware, optimizer, unruled=self.table.unruled,
+        return evaluate(self.captured, self.mesh, chosen, PlanContext.of(self.hardware, optimizer=optimizer),
+                        unruled=self.table.unruled,
                         solver_stats=solver_stats)
 
 
-def build_problem(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardware] = "h100",
+def build_problem(captured: CapturedGraph, mesh, *, hardware: Hardware = PRESETS[DEFAULT_HARDWARE],
                   pins: Optional[Pins] = None, facts: Optional[GraphFacts] = None,
                   narrow: Optional[Callable[[StrategyTable, Mesh, dict], dict]] = None,
                   choices: Optional[tuple] = None) -> ShardingProblem:
     """The sharding problem of ``captured`` on ``mesh``: strategies, pins resolved, clusters.
 
-    ``facts`` defaults to ``GraphFacts(captured, hardware)`` (a subclass prices, e.g., one
+    ``hardware``: resolved (``PlanContext.spec``). ``facts`` defaults to ``GraphFacts(captured, hardware)``
+    (a subclass prices, e.g., one
     microbatch). ``narrow(table, mesh, allowed) -> allowed`` has the last say on the allowed
     strategies before nodes are clustered (nodes cluster only with equally restricted ones; it gets
     a copy of ``allowed``). ``choices``: ``strategy_choices``' answer, when already computed."""
     mesh, table, allowed = choices or strategy_choices(captured, mesh, pins)
     if narrow is not None:
         allowed = narrow(table, mesh, {k: set(v) for k, v in allowed.items()})
-    hw = get_hardware(hardware)
+    hw = hardware
     facts = GraphFacts(captured, hw) if facts is None else facts
     clustering = cluster_nodes(captured, extra=lambda n: (
         len(table[n]), tuple(sorted(allowed[n])) if n in allowed else None, n in facts.requires_grad))

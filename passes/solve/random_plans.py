@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import random
-from typing import Optional, Union
+from typing import Optional
 
-from autoshard.passes.cost.hardware import Hardware
-from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.graph import CapturedGraph, operands
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.clustering import output_slot
@@ -20,12 +19,12 @@ from autoshard.passes.spec import Partial, Replicate, Strategy
 __all__ = ["random_solution"]
 
 
-def random_solution(captured: CapturedGraph, mesh, *, seed: int, pins: Optional[Pins] = None,
-                    hardware: Union[str, Hardware] = "h100", optimizer: Union[str, float] = "adamw",
-                    levers: Optional[LeverPins] = None, traced_at_microbatch: bool = False,
-                    storage_forms: bool = True) -> Solution:
+def random_solution(captured: CapturedGraph, mesh, ctx: Optional[PlanContext] = None, *, seed: int,
+                    pins: Optional[Pins] = None, levers: Optional[LeverPins] = None,
+                    traced_at_microbatch: bool = False, storage_forms: bool = True) -> Solution:
     """A random valid strategy per node (pins respected), and random memory levers, priced like a
-    solved plan on ``hardware`` with ``optimizer``. ``traced_at_microbatch``: as in ``plan_sharding``
+    solved plan on ``ctx``'s hardware with its optimizer (None: the default context).
+    ``traced_at_microbatch``: as in ``plan_sharding``
     (``captured`` holds one microstep of the pinned ``levers.accumulation``).
 
     Half the time an op takes a strategy whose operand placements match what its producers chose
@@ -39,8 +38,8 @@ def random_solution(captured: CapturedGraph, mesh, *, seed: int, pins: Optional[
     """
     forms = storage_forms
     levers = LeverPins.off() if levers is None else levers
-    hw = get_hardware(hardware)
-    search = LeverSearch(captured, mesh, hw, optimizer, pins, levers, traced_at_microbatch, forms)
+    ctx = PlanContext.given(ctx)
+    search = LeverSearch(captured, mesh, ctx, pins, levers, traced_at_microbatch, forms)
     mesh, table, allowed = search.choices
     if levers.accumulation not in (None, 1) and not traced_at_microbatch:
         allowed = search.problem(levers.accumulation)[0].allowed
@@ -71,5 +70,5 @@ def random_solution(captured: CapturedGraph, mesh, *, seed: int, pins: Optional[
     k = draw.choice(ks)
     stats = {"status": f"RANDOM(seed={seed})"}
     search.warn_if_coupled(k, stats)
-    return evaluate(captured, mesh, chosen, hw, optimizer, unruled=table.unruled, levers=search.levers_of(k, policies),
+    return evaluate(captured, mesh, chosen, ctx, unruled=table.unruled, levers=search.levers_of(k, policies),
                     solver_stats=stats, traced_at_microbatch=traced_at_microbatch)

@@ -6,7 +6,7 @@ and backward. ``replicated_op_costs`` adds that up per op name, with what the sa
 take split evenly over the mesh; ``describe_replicated`` words it for the plan summary and for
 ``InfeasiblePlanError``, with the remedy (``autoshard.register_sharding``).
 
->>> costs = replicated_op_costs(captured, Mesh.of((2, 2)), "h100")     # doctest: +SKIP
+>>> costs = replicated_op_costs(captured, Mesh.of((2, 2)), PRESETS["h100"])  # doctest: +SKIP
 >>> costs[0].op, costs[0].nodes, costs[0].output_bytes, costs[0].seconds  # doctest: +SKIP
 ('mylib.fused_rope.default', 4, 33554432, 0.00031)
 >>> print(describe_replicated(costs, Mesh.of((2, 2))))                    # doctest: +SKIP
@@ -14,11 +14,9 @@ take split evenly over the mesh; ``describe_replicated`` words it for the plan s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 from autoshard.passes.cost.facts import GraphFacts
-from autoshard.passes.cost.hardware import Hardware
-from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.cost.hardware import PRESETS, Hardware
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.strategies import unruled_ops
@@ -45,13 +43,14 @@ class ReplicatedOp:
         return self.output_bytes / mesh.size
 
 
-def replicated_op_costs(captured: CapturedGraph, mesh, hardware: Union[str, Hardware] = "h100") -> list[ReplicatedOp]:
-    """Every op without a sharding rule in ``captured``, costliest outputs first."""
+def replicated_op_costs(captured: CapturedGraph, mesh, hardware: Hardware) -> list[ReplicatedOp]:
+    """Every op without a sharding rule in ``captured``, costliest outputs first, priced on ``hardware``
+    (resolved: ``PlanContext.spec``)."""
     mesh = Mesh.of(mesh)
     unruled = unruled_ops(captured)
     if not unruled:
         return []
-    facts = GraphFacts(captured, get_hardware(hardware))
+    facts = GraphFacts(captured, hardware)
     totals: dict[str, list] = {}
     for node, op in unruled.items():
         t = totals.setdefault(op, [0, 0.0, 0.0])

@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 from autoshard.passes.cost.collectives import Collective
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.hardware import Hardware
-from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.cost.model import CostModel, encode
 from autoshard.passes.cost.overlap import Overlap, compute_slowdown, overlap_step
 from autoshard.passes.errors import PlanFormatError
@@ -28,7 +28,7 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.strategies import unruled_ops
 from autoshard.passes.solve.blocks import BlockMap, block_map
 from autoshard.passes.solve.clustering import OUTPUT, graph_edges, output_placements
-from autoshard.passes.solve.fused_gathers import fused_gather_correction
+from autoshard.passes.solve.fused_gathers import fused_gather_copies, fused_gather_correction
 from autoshard.passes.solve.gather_timeline import Segment, gathered_peak, segment_of
 from autoshard.passes.solve.lever_costs import LeverPricer, policy_index
 from autoshard.passes.solve.microbatch import MicrobatchCostModel, MicrobatchFacts
@@ -183,12 +183,13 @@ class Solution:
                                   "Solution.to_json?") from e
 
 
-def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], hardware: Union[str, Hardware] = "h100",
-             optimizer: Union[str, float] = "adamw", *, unruled: Optional[dict] = None,
+def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], ctx: Optional[PlanContext] = None, *,
+             unruled: Optional[dict] = None,
              solver_stats: Optional[dict] = None, levers: Optional[Levers] = None,
              traced_at_microbatch: bool = False) -> Solution:
     """Price a full assignment (one Strategy per placeholder and call_function node) and its
-    ``levers`` with the same cost model the ILP uses, and package it as a Solution.
+    ``levers`` with the same cost model the ILP uses, on ``ctx``'s hardware and optimizer (None: the
+    default context), and package it as a Solution.
 
     With ``levers.accumulation = k > 1`` the step is k microsteps of ``1/k`` of the batch each
     (``captured`` holds the global batch; ``traced_at_microbatch``: it holds one microstep already),
@@ -197,7 +198,8 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
     and (axes, dtype) (``passes.solve.fused_gathers``): ``time_breakdown["communication"]`` is then
     less than the sum of the per-parameter ``redistributions`` it lists."""
     mesh = Mesh.of(mesh)
-    hw = get_hardware(hardware)
+    ctx = PlanContext.given(ctx)
+    hw, optimizer = ctx.spec, ctx.optimizer
     levers = levers or Levers()
     k = levers.accumulation
     facts, cm = pricing_for(captured, mesh, hw, optimizer, k, levers.mixed_precision, traced_at_microbatch)
@@ -301,6 +303,11 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], har
     times["communication"] -= fwd_less + bwd_less
     weights["fwd"] -= fwd_less
     weights["bwd"] -= bwd_less
+    # and copies their shards in and out of the flat buffers, on the compute stream (fused_gathers)
+    for held in (False, True):
+        f, b = fused_gather_copies(cm, ((key, m[0], m[2]) for key, m in fused_moves.items() if (key[0] in once) == held),
+                                   again=lambda key: gathers[key][4] and not gathers[key][3])
+        times["compute"] += f + (b / k if held else b)
     # the ZeRO parameters' reductions and gathers run per bucket (``storage_buckets``): priced as called
     zero_calls = bucket_collectives(cm, captured, strategies, k, _reduce_dtype(levers.mixed_precision)) \
         if zero_priced["communication"] else []

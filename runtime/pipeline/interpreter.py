@@ -74,6 +74,7 @@ class Interpreter:
         self.prefetch = int(prefetch)
         self._weight_ready: Optional[Callable[[int, torch.Tensor], None]] = None
         self._before_forward: Optional[Callable[[int, int], None]] = None
+        self._around_weights: Optional[Callable[[int, bool, bool], None]] = None
         self.timeline: list[TimelineEvent] = []
         plan = plan_transfers(executed_schedule(schedule), wiring).get(group, [])
         for t in plan:
@@ -102,6 +103,7 @@ class Interpreter:
             before_weights: Optional[Callable[[int], None]] = None,
             after_weights: Optional[Callable[[int], None]] = None,
             weight_ready: Optional[Callable[[int, torch.Tensor], None]] = None,
+            around_weights: Optional[Callable[[int, bool, bool], None]] = None,
             losses: Optional[list] = None,
             before_forward: Optional[Callable[[int, int], None]] = None) -> list[torch.Tensor]:
         """Run the schedule once; returns the last stage's local loss pieces per microbatch (if it lives
@@ -110,8 +112,11 @@ class Interpreter:
         after the last action of the step that adds to its weight gradients (BW or W; the last action
         if none does): the same points on every rank of the group. ``weight_ready(s, p)``: during a
         W of stage s, as parameter p's gradient lands (a full backward's land through autograd hooks).
-        ``before_forward(s, i)``: right before the forward of stage s on microbatch i (``rng_streams``)."""
-        self._weight_ready, self._before_forward = weight_ready, before_forward
+        ``before_forward(s, i)``: right before the forward of stage s on microbatch i (``rng_streams``).
+        ``around_weights(s, after, last)``: right before (``after`` False) and after (True) every action
+        of stage s that adds to its weight gradients (BW or W), ``last`` for the stage's last such
+        action of this run (``runtime.zero`` reduces per microbatch around them)."""
+        self._weight_ready, self._before_forward, self._around_weights = weight_ready, before_forward, around_weights
         tp = Transport(self.device)
         ready: dict[Message, torch.Tensor] = {}
         self.timeline = []
@@ -141,7 +146,13 @@ class Interpreter:
         start = time.perf_counter()
         got = [tp.take(m) if src is None else tp.recv(m) for m, _, src in step.needs]
         waited = time.perf_counter() - start
+        around = self._around_weights if step.action.kind in ("BW", "W") else None
+        last = step.action.stage in self._weights_done.get(j, ())
+        if around is not None:
+            around(step.action.stage, False, last)
         outs = self._compute(step, got, user_mbs, target_mbs, losses)
+        if around is not None:
+            around(step.action.stage, True, last)
         for (m, _, remote), o in zip(step.makes, outs):
             if remote:
                 ready[m] = o

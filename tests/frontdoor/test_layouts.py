@@ -87,13 +87,37 @@ def test_megatron_without_sequence_parallel_keeps_norms_replicated_over_tp():
     assert all(p.checkpoint == "none" for p in plan.solution.levers.blocks.values())
 
 
-def test_megatron_distributed_optimizer_shards_over_dp_and_keeps_gathered_copies():
-    plan = plan_gpt(layouts.megatron(tp=2, recompute="none", distributed_optimizer=True, microbatch_size=2))
-    pls = plan.param_placements
-    assert tuple(pls["blocks.0.q.weight"]) == (S1, S0)  # dp shards the dim tp does not
-    assert tuple(pls["blocks.0.o.weight"]) == (S0, S1)
-    assert tuple(pls["blocks.0.ln1.weight"]) == (S0, R)
-    assert all(not p.reshard_after_forward for p in plan.solution.levers.blocks.values())
+def _zero1_over_dp(plan) -> None:
+    """Every stage of ``plan`` computes with its parameters replicated over dp (Megatron's tp placements)
+    and stores them ``R/zero1`` there: ZeRO-1, the optimizer state sharded over dp, priced as such. A
+    parameter whose tp slice has no dim dp divides without nesting outside tp's split (``fc.bias``, split
+    on its only dim by tp) stays plain ``R`` (``storage_forms.zero_dim``)."""
+    from autoshard.passes.sharding.storage_forms import zero_dim
+    captured = plan.captured
+    for stage in plan.stages:
+        for ph, fqn in captured.params.items():
+            if ph not in stage.solution.strategies:
+                continue
+            st = stage.solution.strategies[ph]
+            assert tuple(st.outputs[0]) == megatron_gpt_expected(fqn), fqn
+            shape = captured.node(ph).meta["autoshard.meta"].shape
+            can = zero_dim(shape, st.outputs[0], (0,), stage.solution.mesh.shape) is not None
+            assert tuple(st.lowerings) == (("zero1", None) if can else (None, None)), (fqn, st.lowerings)
+
+
+def test_megatron_distributed_optimizer_is_zero1_over_dp():
+    """``distributed_optimizer=True`` is ZeRO-1 (compute copies replicated, optimizer state sharded over
+    dp), with and without a pipeline; its memory is the plain layout's less most of the optimizer state,
+    its step about the same (reduce-scatter + all-gather move the all-reduce's bytes)."""
+    for pp, kw in ((1, dict(microbatch_size=2)), (2, {})):
+        model = (lambda: gpt_meta(layers=4)) if pp > 1 else gpt_meta
+        plain = plan_gpt(layouts.megatron(tp=2, pp=pp, recompute="none", **kw), model=model())
+        plan = plan_gpt(layouts.megatron(tp=2, pp=pp, recompute="none", distributed_optimizer=True, **kw),
+                        model=model())
+        _zero1_over_dp(plan)
+        for a, b in zip(plain.stages, plan.stages):
+            assert b.solution.estimated_memory < 0.8 * a.solution.estimated_memory, (pp, a.index)
+            assert b.solution.estimated_step_time == pytest.approx(a.solution.estimated_step_time, rel=0.1)
 
 
 def test_fsdp_and_hsdp_placements_and_levers():
@@ -162,8 +186,7 @@ def test_pipelined_megatron_pins_pp_schedule_microbatches_and_submesh():
 
 def test_pipelined_fsdp_shards_over_dp_in_every_stage_and_megatron_replicates():
     """FSDP's storage is sharded over dp in every stage. Megatron computes with replicated parameters,
-    its distributed optimizer included (the stage planner has no ZeRO-1 form: sharded storage there
-    would be priced as FSDP's gather for every microbatch)."""
+    its distributed optimizer included (ZeRO-1: ``test_megatron_distributed_optimizer_is_zero1_over_dp``)."""
     plan = plan_gpt(layouts.fsdp(tp=2, pp=2, checkpoint="full"), model=gpt_meta(layers=4))
     pls = plan.param_placements
     assert tuple(pls["blocks.3.q.weight"]) == (S1, S0)

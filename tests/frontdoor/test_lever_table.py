@@ -84,10 +84,13 @@ def test_a_lever_priced_beside_its_row_is_planned_with_that_price(offload_row):
 
 
 def test_the_generated_policy_space_is_the_one_the_planner_prices():
-    """Without a new row the space is the four policies the cost model prices, in the planner's order,
-    and a pin against a forced value says which lever forces it."""
+    """Without a new row the space is the five policies the cost model prices, in the planner's order
+    (torchtitan's op-level "selective_op" last: the planner takes it only where it is pinned), and a pin
+    against a forced value says which lever forces it."""
     assert POLICIES == (BlockPolicy("none", False), BlockPolicy("none", True), BlockPolicy("selective", True),
-                        BlockPolicy("full", True)) == block_policies()
+                        BlockPolicy("full", True), BlockPolicy("selective_op", True)) == block_policies()
+    assert LeverPins().policies(["b.#"]) == {"b.#": [0, 1, 2, 3]}
+    assert LeverPins(checkpoint="selective_op").policies(["b.#"]) == {"b.#": [4]}
     with pytest.raises(AutoshardError, match="checkpoint='full' with reshard_after_forward=False cannot hold"):
         LeverPins(checkpoint={"b.#": "full"}, reshard_after_forward={"b.#": False}).policies(["b.#"])
 

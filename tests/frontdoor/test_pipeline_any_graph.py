@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from autoshard.testing.equivalence import Tolerance, adamw, failures_of, train_against_one_device
 from autoshard.testing.models import gpt, unet1d
 from autoshard.testing.ranks import run_ranks
+from autoshard.passes.pipeline.stages.search_spec import PipelinePins
+from autoshard.passes.solve.context import PlanContext
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev")
 MICROBATCHES = 8  # the global batch: one sample per microbatch (dualpipev with pp=4 needs 2 * pp)
@@ -84,7 +86,8 @@ def test_planner_cuts_the_named_unet_on_its_op_graph():
     assert points["conv1d_1"].live_bytes == skip  # a alone crosses after d1
     assert points["conv1d_2"].live_bytes > skip  # a (the skip) and b cross inside the U
     assert points["getitem"].refused is not None
-    plan = plan_pipeline(captured, (4,), hardware="cpu", pp=4, schedule="1f1b", microbatches=8, time_limit_s=20)
+    plan = plan_pipeline(captured, (4,), PlanContext.of("cpu", time_limit_s=20),
+                         PipelinePins(pp=4, schedule="1f1b", microbatches=8))
     assert plan.pp == 4 and len(plan.stages) == 4
     assert [n for s in plan.stages for n in s.nodes] == [n.name for n in captured.gm.graph.nodes
                                                         if n.op == "call_function"]
@@ -111,11 +114,12 @@ def test_too_many_stages_is_a_cut_error_not_a_memory_error():
     for kw, stages, says in ((dict(pp=4, schedule="dualpipev"), 8, "4 units"),
                              (dict(pp=4, schedule="1f1b"), 4, "only 2 of the units read a parameter")):
         with pytest.raises(StageCutError, match=f"no valid stage cut into {stages} stages") as err:
-            plan_pipeline(captured, (4,), hardware="cpu", time_limit_s=10, **kw)
+            plan_pipeline(captured, (4,), PlanContext.of("cpu", time_limit_s=10), PipelinePins(**kw))
         assert not isinstance(err.value, InfeasiblePlanError) and "memory" not in str(err.value)
         assert "refused: before getitem" in str(err.value) and says in str(err.value)
     for schedule in ("1f1b", "dualpipev"):  # what the graph can give is planned
-        plan = plan_pipeline(captured, (4,), hardware="cpu", pp=2, schedule=schedule, time_limit_s=10)
+        plan = plan_pipeline(captured, (4,), PlanContext.of("cpu", time_limit_s=10),
+                             PipelinePins(pp=2, schedule=schedule))
         assert plan.pp == 2 and len(plan.stages) == 2 * (schedule == "dualpipev") + 2
 
 
@@ -129,7 +133,8 @@ def test_too_few_microbatches_for_the_schedule_is_a_schedule_error():
     captured = capture(model, inputs, loss_fn=loss_fn, target=target)
     for schedule, m, rule in (("dualpipev", 4, "m=4 < 2\\*p=8; use m >= 8"),):
         with pytest.raises(ScheduleError, match=rule) as err:
-            plan_pipeline(captured, (4,), hardware="cpu", pp=4, schedule=schedule, microbatches=m, time_limit_s=10)
+            plan_pipeline(captured, (4,), PlanContext.of("cpu", time_limit_s=10),
+                          PipelinePins(pp=4, schedule=schedule, microbatches=m))
         assert not isinstance(err.value, InfeasiblePlanError)
 
 
@@ -141,8 +146,10 @@ def test_more_stages_than_blocks_cut_inside_the_blocks():
     model, inputs, target, loss_fn = _model("gpt")
     captured = capture(model, inputs, loss_fn=loss_fn, target=target)
     assert [u.name for u in layer_units(captured)] == ["embedding", "blocks.0", "blocks.1", "head"]
-    plan = plan_pipeline(captured, (4,), hardware="cpu", pp=4, schedule="dualpipev", microbatches=8, time_limit_s=20)
+    plan = plan_pipeline(captured, (4,), PlanContext.of("cpu", time_limit_s=20),
+                         PipelinePins(pp=4, schedule="dualpipev", microbatches=8))
     assert len(plan.stages) == 8
-    plan = plan_pipeline(captured, (4,), hardware="cpu", pp=2, schedule="1f1b", microbatches=8, time_limit_s=20)
+    plan = plan_pipeline(captured, (4,), PlanContext.of("cpu", time_limit_s=20),
+                         PipelinePins(pp=2, schedule="1f1b", microbatches=8))
     starts = {u.nodes[0] for u in layer_units(captured)}
     assert plan.stages[1].nodes[0] in starts  # enough blocks: the cut stays between them

@@ -25,6 +25,8 @@ import autoshard
 from autoshard.testing.equivalence import Tolerance, adamw, failures_of, train_against_one_device
 from autoshard.testing.models import PIPELINE_BUILDERS
 from autoshard.testing.ranks import run_ranks
+from autoshard.passes.solve.context import PlanContext
+from autoshard.passes.pipeline.stages.search_spec import PipelinePins
 
 STEPS = 3
 TOL = Tolerance(rtol=1e-4, atol=2e-5)
@@ -68,11 +70,13 @@ def expected_plans(cases: list) -> list:
             model, inputs, target, loss_fn, _ = build(case["model"])
             traced[case["model"]] = capture(model, inputs, loss_fn=loss_fn, target=target)
         captured = traced[case["model"]]
-        kw = {k: v for k, v in case["kw"].items() if k in ("schedule", "microbatches", "memory_limit", "optimizer")}
-        pp = case["kw"].get("pp")
-        starts = planner_stage_starts(captured, case["kw"].get("stages"))
-        plan = plan_pipeline(captured, case["mesh"], hardware=case["hardware"], pp=None if pp == "auto" else pp,
-                             stages=starts, time_limit_s=30, **kw)
+        given = case["kw"]
+        pp = given.get("pp")
+        starts = planner_stage_starts(captured, given.get("stages"))
+        ctx = PlanContext.of(case["hardware"], given.get("memory_limit"), given.get("optimizer"), 30)
+        plan = plan_pipeline(captured, case["mesh"], ctx, PipelinePins(
+            pp=None if pp == "auto" else pp, schedule=given.get("schedule"), microbatches=given.get("microbatches"),
+            stages=starts))
         if starts is not None:
             assert [s.nodes[0] for s in plan.stages[1:]] == starts, "the planner moved pinned stage boundaries"
         out.append(plan_key(plan))
@@ -87,11 +91,12 @@ def recompute_limit(model_name: str, mesh, hardware) -> int:
     from autoshard.passes.pipeline.stages.planner import plan_pipeline
     model, inputs, target, loss_fn, _ = build(model_name)
     captured = capture(model, inputs, loss_fn=loss_fn, target=target)
-    free = plan_pipeline(captured, mesh, hardware=hardware, time_limit_s=30)
+    free = plan_pipeline(captured, mesh, PlanContext.of(hardware, time_limit_s=30))
     need = max(s.solution.estimated_memory for s in free.stages)
     for f in (0.6, 0.7, 0.5, 0.8, 0.9):
         try:
-            plan = plan_pipeline(captured, mesh, hardware=hardware, memory_limit=int(need * f), time_limit_s=30)
+            plan = plan_pipeline(captured, mesh,
+                                 PlanContext.of(hardware, memory_limit=int(need * f), time_limit_s=30))
         except InfeasiblePlanError:  # below what the leanest plan needs: recomputing cannot help there
             continue
         if any(s.recompute for s in plan.stages):

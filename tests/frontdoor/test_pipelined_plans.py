@@ -29,6 +29,8 @@ from autoshard.passes.spec import Replicate, Shard
 from autoshard.testing.equivalence import Tolerance, adamw, failures_of, train_against_one_device
 from autoshard.testing.models import PIPELINE_BUILDERS, gpt
 from autoshard.testing.ranks import run_ranks
+from autoshard.passes.pipeline.stages.search_spec import PipelinePins
+from autoshard.passes.solve.context import PlanContext
 
 
 def slow_network():
@@ -59,8 +61,8 @@ def test_plan_pp_is_the_stage_planners_choice_with_the_plan_surface(tmp_path):
     plan = _plan("gpt", (4,), slow, pp=2)
     assert plan.pipelined
     model, inputs, target, loss_fn, _ = build("gpt")
-    direct = plan_pipeline(capture(model, inputs, loss_fn=loss_fn, target=target), (4,), hardware=slow, pp=2,
-                           time_limit_s=30)
+    direct = plan_pipeline(capture(model, inputs, loss_fn=loss_fn, target=target), (4,),
+                           PlanContext.of(slow, time_limit_s=30), PipelinePins(pp=2))
     assert plan.pp == direct.pp == 2 and plan.schedule == direct.schedule
     assert plan.microbatches == direct.microbatches
     assert [s.nodes for s in plan.stages] == [s.nodes for s in direct.stages]

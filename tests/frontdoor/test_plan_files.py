@@ -22,6 +22,7 @@ from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
 from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.testing.models import gpt_pipeline, mlp
+from autoshard.passes.solve.context import PlanContext
 
 
 def _one_stage():
@@ -67,8 +68,8 @@ def test_a_version_1_pipelined_plan_loads_with_its_stages(tmp_path):
     model, inputs, target, loss_fn, prefixes = gpt_pipeline(n_layer=2)
     captured = capture(model, tuple(x[:4] for x in inputs), loss_fn=loss_fn, target=target[:4])
     plan = make_pipeline_plan(captured, stage_nodes_from_prefixes(captured, prefixes[2]), (2,), schedule="1f1b",
-                              microbatches=2, solve=lambda g, sm: plan_sharding(g.captured, sm, hardware="cpu",
-                                                                                  time_limit_s=10))
+                              microbatches=2, solve=lambda g, sm: plan_sharding(g.captured, sm,
+                                                                                PlanContext.of("cpu", time_limit_s=10)))
     v1 = {"format": "autoshard.pipelined_plan", "version": 1, "mesh": plan.mesh.to_json(), "hardware": "cpu",
           "fingerprint": plan.fingerprint, "work": None, "batch_coupled": [],
           "pipeline": {"pp": 2, "virtual": 1, "stages": [s.to_json() for s in plan.stages], "schedule": "1f1b",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from autoshard.testing.ranks import run_ranks
+from autoshard.passes.solve.context import PlanContext
 
 MESH = (2,)
 
@@ -38,7 +39,8 @@ def cast_copies_worker(rank: int, world: int) -> tuple:
     levers = Levers(mixed_precision=mp)
     probed = Probed(RankProgram.of_strategies(captured, strategies, MESH, env=env, model=model, levers=levers))
     probed.step(*inputs, target=target)
-    est = evaluate(captured, Mesh.of(MESH), strategies, "cpu", "adamw", levers=levers).estimated
+    est = evaluate(captured, Mesh.of(MESH), strategies, PlanContext.of("cpu", optimizer="adamw"),
+                   levers=levers).estimated
     return probed.measured["saved"], est["saved_activation_bytes"], probed.measured["gathered"], est["gathered_peak_bytes"]
 
 

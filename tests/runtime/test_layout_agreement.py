@@ -24,6 +24,7 @@ from autoshard.passes.spec import Partial
 from autoshard.runtime.groups import MeshEnv
 from autoshard.runtime.lower import COLLECTIVE_META, PARAM_STEPS_META, lower
 from autoshard.testing import models
+from autoshard.passes.solve.context import PlanContext
 
 CASES = [("gpt", (2, 2)), ("gpt", (4,)), ("gpt", (2, 1, 2)), ("mlp", (2, 2)), ("cnn", (2, 2))]
 SEEDS = range(6)
@@ -52,7 +53,7 @@ def test_gather_groups_priced_are_the_groups_run(name, mesh):
     mesh = Mesh.of(mesh)
     gathered = 0
     for seed in SEEDS:
-        solution = random_solution(captured, mesh, seed=seed, hardware="cpu", levers=LeverPins.off())
+        solution = random_solution(captured, mesh, PlanContext.of("cpu"), seed=seed, levers=LeverPins.off())
         program = lower(captured, solution.strategies, MeshEnv.offline(mesh, rank=0), solution.levers)
         want = _runtime_groups(program)
         assert _timeline_groups(solution) == want, (name, mesh.shape, seed)
@@ -65,7 +66,7 @@ def test_gather_groups_agree_under_random_levers():
     captured, _ = _capture("gpt")
     mesh = Mesh.of((2, 2))
     for seed in SEEDS:
-        solution = random_solution(captured, mesh, seed=seed, hardware="cpu", levers=LeverPins(accumulation=1))
+        solution = random_solution(captured, mesh, PlanContext.of("cpu"), seed=seed, levers=LeverPins(accumulation=1))
         program = lower(captured, solution.strategies, MeshEnv.offline(mesh, rank=0), solution.levers)
         assert _timeline_groups(solution) == _runtime_groups(program), seed
 
@@ -77,7 +78,7 @@ def test_gather_groups_agree_with_cast_only_copies():
     levers = LeverPins.off(MixedPrecision(param_dtype=torch.bfloat16))
     unfused = 0
     for seed in SEEDS:
-        solution = random_solution(captured, mesh, seed=seed, hardware="cpu", levers=levers)
+        solution = random_solution(captured, mesh, PlanContext.of("cpu"), seed=seed, levers=levers)
         program = lower(captured, solution.strategies, MeshEnv.offline(mesh, rank=0), solution.levers)
         want = _runtime_groups(program)
         assert _timeline_groups(solution) == want, seed
@@ -98,7 +99,7 @@ def test_collectives_priced_are_the_collectives_called(name):
         mesh = Mesh.of(shape)
         facts, cm = pricing_for(captured, mesh, get_hardware("cpu"), "adamw", 1)
         for seed in SEEDS:
-            solution = random_solution(captured, mesh, seed=seed, hardware="cpu", levers=LeverPins.off())
+            solution = random_solution(captured, mesh, PlanContext.of("cpu"), seed=seed, levers=LeverPins.off())
             program = lower(captured, solution.strategies, MeshEnv.offline(mesh, rank=0), solution.levers)
             ran: Counter = Counter()
             for node in program.graph.nodes:
@@ -124,7 +125,7 @@ def test_loss_output_is_priced_as_the_program_returns_it():
     captured, _ = _capture("gpt")
     mesh = Mesh.of((2, 2))
     for seed in SEEDS:
-        solution = random_solution(captured, mesh, seed=seed, hardware="cpu", levers=LeverPins.off())
+        solution = random_solution(captured, mesh, PlanContext.of("cpu"), seed=seed, levers=LeverPins.off())
         out = [m for m in solution.redistributions if m.consumer == OUTPUT]
         assert all(m.dst == (Partial(), Partial()) and not m.collectives for m in out), (seed, out)
 
@@ -145,7 +146,7 @@ def test_fused_parameter_gathers_are_priced_as_the_flat_collectives_run(shape):
     fits = tuple((k, n, 1e-3, 0.0) for k in COLLECTIVE_KINDS for n in (2, 4))
     hw = dataclasses.replace(get_hardware("cpu"), collective_fits=fits, op_overhead_s=0.0, devices_per_node=4)
     pins = Pins(params={"*": ("S(0)",) * len(shape)}, inputs={0: ("S(0)",) + ("R",) * (len(shape) - 1)})
-    solution = plan_sharding(captured, mesh, hardware=hw, pins=pins, levers=LeverPins.off())
+    solution = plan_sharding(captured, mesh, PlanContext.of(hw), pins=pins, levers=LeverPins.off())
     program = lower(captured, solution.strategies, MeshEnv.offline(mesh, rank=0), solution.levers)
     members = flat = 0
     for group in program.param_gatherer.groups:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from autoshard.testing.ranks import run_ranks
+from autoshard.passes.solve.context import PlanContext
 
 STEPS = 2
 
@@ -42,7 +43,7 @@ def data_parallel_pipeline(model, inputs, target, loss_fn, prefixes, microbatche
         def solve(g, sm):
             names = list(g.captured.inputs) + ([g.captured.target] if g.captured.target else [])
             pins = Pins(params={"*": ("R",)}, inputs={n: ("S(0)",) for n in names})
-            return plan_sharding(g.captured, sm, hardware="cpu", time_limit_s=10, pins=pins)
+            return plan_sharding(g.captured, sm, PlanContext.of("cpu", time_limit_s=10), pins=pins)
         payload = make_pipeline_plan(captured, stage_nodes_from_prefixes(captured, prefixes[2]), Mesh.of((2, 2)),
                                      schedule="1f1b", microbatches=microbatches, solve=solve).to_json()
     plan = Plan.from_json(broadcast_json(payload))

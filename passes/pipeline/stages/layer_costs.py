@@ -48,7 +48,7 @@ Identical blocks cost the same, so a profile traced with a few blocks stands for
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 from autoshard.passes.solve.clustering import (OUTPUT, block_instance, cluster_edges, graph_edges, module_path,
                                                output_placements)
@@ -58,7 +58,7 @@ from autoshard.passes.cost.moe import is_moe_node
 from autoshard.passes.errors import InfeasiblePlanError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.cost.hardware import Hardware
-from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.solve.hint_plans import pinned_choices
 from autoshard.passes.solve.ilp import solve
 from autoshard.passes.mesh import Mesh
@@ -74,7 +74,7 @@ from autoshard.passes.pipeline.stages.op_cuts import op_graph_units
 from autoshard.passes.solve.microbatch import (MicrobatchCostModel, MicrobatchFacts, batch_dependent, batch_granularity,
                                                microbatch_strategies)
 
-__all__ = ["LayerUnit", "UnitCost", "SubmeshProfile", "layer_units", "batch_dependent", "profile_submesh",
+__all__ = ["CandidateSpec", "LayerUnit", "UnitCost", "SubmeshProfile", "layer_units", "batch_dependent", "profile_submesh",
            "submesh_shapes", "plan_submesh"]
 
 
@@ -222,11 +222,12 @@ def submesh_shapes(group_size: int, hardware: Hardware) -> list[tuple[int, int]]
     return [(group_size // tp, tp) for tp in range(1, limit + 1) if group_size % tp == 0 and limit % tp == 0]
 
 
-def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Union[str, Hardware] = "h100",
-                    optimizer: Union[str, float] = "adamw",
+def profile_submesh(captured: CapturedGraph, solution: Solution, ctx: Optional[PlanContext] = None, *,
                     units: Optional[list[LayerUnit]] = None) -> SubmeshProfile:
-    """Price every layer unit of ``captured`` under ``solution`` (on ``solution.mesh``)."""
-    hw = get_hardware(hardware)
+    """Price every layer unit of ``captured`` under ``solution`` (on ``solution.mesh``), on ``ctx``'s
+    hardware and optimizer (None: the default context)."""
+    ctx = PlanContext.given(ctx)
+    hw, optimizer = ctx.spec, ctx.optimizer
     units = units if units is not None else layer_units(captured)
     mesh = solution.mesh
     facts = GraphFacts(captured, hw)
@@ -334,24 +335,35 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, *, hardware: Un
 _HINT_S = 0.5
 
 
-def plan_submesh(captured: CapturedGraph, mesh: Mesh, *, hardware: Hardware, optimizer, microbatches: int,
-                 held: int, memory_limit: float, repeat: float = 1.0, chain_repeat: Optional[float] = None,
-                 time_limit_s: float = 30.0,
+@dataclass(frozen=True)
+class CandidateSpec:
+    """How one pipeline candidate's intra-op plan is priced (``plan_submesh``): at ``microbatches``
+    microbatches, activations held ``held`` times; the real model has ``repeat`` times the traced blocks
+    (their ILP nodes and the edges inside one block count that many times more); ``chain_repeat``: how
+    many times more an edge from one traced block to the next counts (default ``repeat``; traced b of n
+    blocks: (n - 1) / (b - 1))."""
+    microbatches: int
+    held: int
+    repeat: float = 1.0
+    chain_repeat: Optional[float] = None
+
+
+def plan_submesh(captured: CapturedGraph, mesh: Mesh, ctx: PlanContext, spec: CandidateSpec, *,
                  pins: Optional[Pins] = None, hints: Sequence[Pins] = ()) -> Solution:
-    """The intra-op plan for the stages of a pipeline on ``mesh`` (see module docstring). ``repeat``:
-    the real model has ``repeat`` times the traced blocks (their ILP nodes and the edges inside one
-    block count that many times more); ``chain_repeat``: how many times more an edge from one traced
-    block to the next counts (default ``repeat``; traced b of n blocks: (n - 1) / (b - 1)).
-    ``time_limit_s`` caps the ILP solves together, in deterministic work (at least half a second each).
+    """The intra-op plan for the stages of a pipeline on ``mesh`` (see module docstring), priced as
+    ``spec`` says on ``ctx``'s hardware and optimizer, within ``ctx``'s memory limit.
+    ``ctx.time_limit_s`` caps the ILP solves together, in deterministic work (at least half a second each).
     ``pins``: decisions fixed as in ``plan_sharding`` (e.g. to price a rejected layout). ``hints``: pins
     of known plans (a published layout of this submesh's shape): each is priced on the same ILP
     (``solve.hint_plans``) and the solve starts from, and never returns worse than, the best of them.
 
-    When no plan fits ``memory_limit`` with activations held ``held`` times, the plan for ONE held
+    When no plan fits the memory limit with activations held ``held`` times, the plan for ONE held
     microbatch (what a recomputing stage keeps), and failing that the least-memory plan (storage
     sharded wherever it can be, e.g. FSDP on the data-parallel axis): the stage ILP then decides
     whether recompute or more stages make it fit. ``solver_stats["status"]`` says which;
     ``solver_stats["work_s"]``: the deterministic seconds its solves spent."""
+    hardware, optimizer, memory_limit, time_limit_s = ctx.spec, ctx.optimizer, ctx.memory_bytes, ctx.time_limit_s
+    microbatches, held, repeat, chain_repeat = spec.microbatches, spec.held, spec.repeat, spec.chain_repeat
     left = [float(time_limit_s)]  # deterministic seconds still to spend: never the clock
 
     def budget(floor: float) -> float:

@@ -29,7 +29,8 @@ from typing import Optional, Sequence
 import torch.fx as fx
 
 from autoshard.passes.cost.facts import GraphFacts
-from autoshard.passes.cost.hardware_lookup import get_hardware
+from autoshard.passes.cost.hardware import PRESETS
+from autoshard.passes.solve.context import DEFAULT_HARDWARE
 from autoshard.passes.graph import META, MODULE, CapturedGraph, is_getitem
 from autoshard.passes.spec import TensorMeta
 
@@ -128,7 +129,7 @@ def op_graph_units(captured: CapturedGraph, max_units: int = MAX_UNITS,
     if len(valid) + len(pinned) + 1 <= max_units:
         starts = sorted([c.index for c in valid] + pinned)
     else:
-        facts = GraphFacts(captured, get_hardware("h100"))
+        facts = GraphFacts(captured, PRESETS[DEFAULT_HARDWARE])  # ranks ops by work: any preset's FLOP rates
         work = [sum(facts.compute(n.name)) for n in ops]
         total = sum(work) or 1.0
         before, acc = {}, 0.0

@@ -1,7 +1,7 @@
 """Automatic 3D parallelism: pipeline stages, submesh shapes, microbatches, schedule and recompute,
 chosen jointly with the intra-op (data / tensor / FSDP) plan of every stage.
 
->>> plan = plan_pipeline(captured, (2, 8), hardware=slow_network)       # doctest: +SKIP
+>>> plan = plan_pipeline(captured, (2, 8), PlanContext.of(slow_network))  # doctest: +SKIP
 >>> plan.pp, plan.stages[0].mesh.shape, plan.schedule, plan.microbatches  # doctest: +SKIP
 (2, (8, 1), 'zb-h1', 64)
 
@@ -42,21 +42,21 @@ The search lives in ``search.py`` (candidates, stage search) and ``scoring.py`` 
 time); this module is the front door: pins, the pp = 1 comparison, and building the ``Plan``
 (``passes.pipeline.plan``: its stages, schedule and simulated estimates).
 
-Pins: ``pp``, ``schedule``, ``microbatches``, ``stages`` (the first unit of every stage after the
-first, as unit indices or node names; its length + 1 is the number of stages). Nothing fits ->
+Pins (``search_spec.PipelinePins``): ``pp``, ``schedule``, ``microbatches``, ``stages`` (the first unit of
+every stage after the first, as unit indices or node names; its length + 1 is the number of stages), and
+a layout's submesh shapes, recompute, placements and communication. Nothing fits ->
 ``InfeasiblePlanError`` saying what to relax.
 """
 from __future__ import annotations
 
 import time
-from typing import Optional, Sequence, Union
+from typing import Optional
 
 from autoshard.passes.errors import AutoshardError, InfeasiblePlanError, StageCutError
 from autoshard.passes.graph import CapturedGraph
-from autoshard.passes.cost.hardware import Hardware
-from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.sharding.pins import HintsFor, PinsFor
+from autoshard.passes.sharding.pins import HintsFor
+from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.pipeline.schedule.generators import stage_rank
@@ -68,45 +68,42 @@ from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice,
                       stage_problem, valid_schedule)
 from autoshard.passes.pipeline.stages.search import global_batch, microbatch_options, plan_candidates, profile_candidates, search_stages
 from autoshard.passes.pipeline.stages.shallow import ShallowProgram, shallow_program
+from autoshard.passes.pipeline.stages.search_spec import PipelinePins, PipelineSearch
 from autoshard.passes.pipeline.plan import Plan, Stage
 from autoshard.passes.pipeline.plan_file import graph_fingerprint
 from autoshard.passes.pipeline.plan_work import hardware_label, plan_work
 from autoshard.passes.units import human_bytes
 from autoshard.passes.gc_pauses import fewer_gc_pauses
 
-__all__ = ["plan_pipeline", "profile_candidates", "search_stages", "score_stages", "stage_problem",
+__all__ = ["plan_pipeline", "PipelinePins", "profile_candidates", "search_stages", "score_stages", "stage_problem",
            "held_microbatches", "microbatch_options", "Choice", "global_batch", "DEFAULT_SCHEDULES", "virtual_stages"]
 
 
 # ---- the front door --------------------------------------------------------------------------
 @fewer_gc_pauses
-def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardware] = "h100",
-                  memory_limit: Optional[float] = None, optimizer: Union[str, float] = "adamw",
-                  pp: Optional[int] = None, schedule: Optional[str] = None, microbatches: Optional[int] = None,
-                  stages: Optional[Sequence[Union[int, str]]] = None, time_limit_s: float = 60.0,
-                  fold_blocks: bool = True, shapes: Optional[Sequence[tuple[int, int]]] = None,
-                  recompute: Optional[bool] = None, pins_for: Optional[PinsFor] = None,
-                  hints_for: Optional[HintsFor] = None, overlap_grad_sync: bool = True, scatter_gather: bool = False) -> Plan:
-    """The fastest plan (simulated step time) that fits ``memory_limit`` bytes per device, a ``Plan`` of
+def plan_pipeline(captured: CapturedGraph, mesh, ctx: Optional[PlanContext] = None,
+                  pins: PipelinePins = PipelinePins(), *, fold_blocks: bool = True,
+                  hints_for: Optional[HintsFor] = None) -> Plan:
+    """The fastest plan (simulated step time) that fits ``ctx``'s memory limit per device (``ctx``: the
+    settings every planner reads, None for the default context; ``ctx.time_limit_s`` bounds the whole
+    search's solves in deterministic work), pinned as ``pins`` says (``PipelinePins``), a ``Plan`` of
     ``captured`` on ``mesh``: ``pp == 1`` means "no pipeline": one stage, the core plan on the whole mesh
     (``stages[0].solution``), its step time with the gradient sync overlapped (``simulated_step_time``).
 
     ``fold_blocks``: a program with many identical blocks is priced through its shallow copy
     (``shallow.shallow_program``: each kept block counted for the cut ones); the stages, their
     intra-op plans and the core plan are still the deep program's. False prices every block.
-    ``shapes``: only these (dp, tp) submeshes per rank group (a pinned layout's). ``recompute``: every
-    stage recomputes its forward in the backward (True) or none does (False); None lets each stage choose.
-    ``pins_for(program, submesh)``: decisions fixed on every intra-op solve (each candidate's, on the
-    shallow copy when there is one, and the core plan's on the whole mesh), e.g. a layout's placements.
-    ``overlap_grad_sync``: the runtime starts gradient all-reduces under the backward still running
-    (DDP's buckets: the default); False, after each rank group's backward (a layout run so).
-    ``scatter_gather``: a value crossing a stage cut whole on tp is sent as 1/tp pieces and all-gathered
-    by the receiving group (Megatron-LM's ``scatter_gather_tensors_in_pipeline``; ``scoring.cut_seconds``)."""
+    ``pins.pins_for(program, submesh)`` is applied to every intra-op solve (each candidate's, on the
+    shallow copy when there is one, and the core plan's on the whole mesh). ``overlap_grad_sync`` (DDP's
+    buckets: the default) and ``scatter_gather`` (Megatron-LM's ``scatter_gather_tensors_in_pipeline``;
+    ``scoring.cut_seconds``) price how the runtime communicates. ``hints_for``: known plans' pins that
+    every candidate's solve starts from (``search.profile_candidates``)."""
     t0 = time.perf_counter()
+    ctx = PlanContext.given(ctx)
     mesh = Mesh.of(mesh)
-    hw = get_hardware(hardware)
-    limit = float(memory_limit) if memory_limit is not None else hw.memory_bytes
-    schedules = _schedules(schedule)
+    pp, microbatches, stages, pins_for = pins.pp, pins.microbatches, pins.stages, pins.pins_for
+    time_limit_s, limit = ctx.time_limit_s, ctx.memory_bytes
+    schedules = _schedules(pins.schedule)
     keep = [b for b in stages or () if isinstance(b, str)]
     units = layer_units(captured, keep=keep)
     if (pp is not None and pp > 1 and any(u.block is not None for u in units)
@@ -128,49 +125,46 @@ def plan_pipeline(captured: CapturedGraph, mesh, *, hardware: Union[str, Hardwar
     if 1 in pps and starts is None and microbatches in (None, 1):
         try:
             # the reason is priced only if the error is shown (below): seconds on a deep model
-            core = plan_sharding(captured, mesh, hardware=hw, memory_limit=limit, optimizer=optimizer,
-                                 time_limit_s=min(30.0, time_limit_s), explain=False,
+            core = plan_sharding(captured, mesh, ctx.timed(min(30.0, time_limit_s)), explain=False,
                                  pins=pins_for(captured, mesh) if pins_for is not None else None)
         except InfeasiblePlanError as e:
             core_error = e
     core_step = None
     if core is not None:
-        core_profile = profile_submesh(captured, core, hardware=hw, optimizer=optimizer, units=units)
-        core_profile.overlap_grad_sync = overlap_grad_sync
-        core_profile.scatter_gather = scatter_gather
+        core_profile = profile_submesh(captured, core, ctx, units=units)
+        core_profile.overlap_grad_sync = pins.overlap_grad_sync
+        core_profile.scatter_gather = pins.scatter_gather
         core_step = single_stage_step(core_profile)
     shallow = shallow_program(captured, units) if fold_blocks else None
     candidates: dict = {}
-    profiles = plan_candidates(shallow.captured if shallow else captured, mesh, pps, hardware=hw, optimizer=optimizer,
-                               memory_limit=limit, units=shallow.units if shallow else units,
-                               blocks=shallow.blocks if shallow else None, quick_s=min(2.0, time_limit_s / 4),
-                               thorough_s=min(30.0, time_limit_s / 2), stats=candidates, deep_chain=True,
-                               shapes=shapes, schedules=schedules, microbatches=microbatches,
-                               total_s=time_limit_s / 2, pins_for=pins_for, hints_for=hints_for)
+    search = PipelineSearch(units=shallow.units if shallow else units, blocks=shallow.blocks if shallow else None,
+                            deep_chain=True, shapes=pins.shapes, pins_for=pins_for, hints_for=hints_for,
+                            quick_s=min(2.0, time_limit_s / 4), thorough_s=min(30.0, time_limit_s / 2),
+                            total_s=time_limit_s / 2, schedules=schedules, microbatches=microbatches, starts=starts,
+                            recompute=pins.recompute)
+    profiles = plan_candidates(shallow.captured if shallow else captured, mesh, pps, ctx, search, stats=candidates)
     for profile in profiles.values():
-        profile.overlap_grad_sync, profile.scatter_gather = overlap_grad_sync, scatter_gather
+        profile.overlap_grad_sync, profile.scatter_gather = pins.overlap_grad_sync, pins.scatter_gather
     # what is left of the WORK limit (deterministic seconds, never the clock: the plan must not
     # depend on the machine's load) after the core plan's and the candidates' solves
     spent = candidates.get("work_s", 0.0) + (core.solver_stats.get("work_s", 0.0) if core is not None else 0.0)
     left = max(1.0, time_limit_s - spent)
-    best, stats = search_stages(profiles, mesh, hardware=hw, memory_limit=limit, batch=batch, schedules=schedules,
-                                microbatches=microbatches, starts=starts, recompute=recompute, time_limit_s=left)
+    best, stats = search_stages(profiles, mesh, ctx.timed(left), batch, search)
     stats["plan_wall_s"] = round(time.perf_counter() - t0, 3)
     stats["candidates"] = _candidate_stats(candidates)
     if shallow is not None:
         stats["shallow_copy"] = {"blocks": shallow.blocks, "kept": len(shallow.units) - len(units) + shallow.blocks}
     if core is not None and (best is None or core_step <= best.step_time):
-        return _core_plan(core, core_step, captured, mesh, stats, hardware)
+        return _core_plan(core, core_step, captured, mesh, stats, ctx.hardware)
     if best is None:
         if core_error is not None:  # the same solve again, now saying what the smallest plan needs
             try:
-                plan_sharding(captured, mesh, hardware=hw, memory_limit=limit, optimizer=optimizer,
-                              time_limit_s=min(30.0, time_limit_s),
+                plan_sharding(captured, mesh, ctx.timed(min(30.0, time_limit_s)),
                               pins=pins_for(captured, mesh) if pins_for is not None else None)
             except InfeasiblePlanError as e:
                 core_error = e
         raise _infeasible(mesh, limit, pps, schedules, microbatches, starts, stats, core_error)
-    return _build(best, captured, mesh, stats, shallow, hardware)
+    return _build(best, captured, mesh, stats, shallow, ctx.hardware)
 
 
 def _candidate_stats(stats: dict) -> dict:

@@ -28,6 +28,7 @@ from autoshard.passes.pipeline.stages.boundary_pieces import sent_placements
 from autoshard.passes.pipeline.stages.stage_graphs import call_nodes, split_stages
 from autoshard.passes.pipeline.plan import Plan, Stage
 from autoshard.passes.pipeline.stages.stage_peak import stage_solution
+from autoshard.passes.pipeline.stages.stage_zero import pins_name_zero_forms, step_storage_collectives
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.levers import block_type, lever_rows
 from autoshard.passes.solve.context import PlanContext
@@ -199,7 +200,7 @@ def replan_at_microbatch(plan: Plan, full: CapturedGraph, small: CapturedGraph, 
     the same stage cut (``retrace_stage_nodes``), rank groups, stage submeshes, schedule,
     microbatches and estimates, on ``small`` (the program traced at microbatch shapes, which stage
     programs bake in), with every stage's intra-op Solution solved there by ``plan_sharding`` on the
-    stage's submesh (``ctx``: hardware, memory limit, optimizer, time limit as it takes them;
+    stage's submesh (``ctx``: its hardware, optimizer and time limit, with each stage's own memory bound;
     ``params``: the user's parameter pins, applied to the stages they concern; ``levers``: the memory
     levers, ``stage_levers`` of them for each stage: None pulls none). A Solution made at global
     shapes cannot be reused: its sizes differ, and it has no strategies for the values a stage
@@ -212,18 +213,20 @@ def replan_at_microbatch(plan: Plan, full: CapturedGraph, small: CapturedGraph, 
     rounds = plan.accumulation
     stages, sent = [], {}
     for i, s in enumerate(plan.stages):
-        def solve(walk_limit: float, i=i, s=s):
-            return plan_sharding(graphs[i].captured, s.mesh, hardware=ctx.hardware, memory_limit=walk_limit,
-                                 optimizer=ctx.optimizer, time_limit_s=ctx.time_limit_s,
-                                 pins=stage_pins(params, graphs[i].captured),
+        pins = stage_pins(params, graphs[i].captured)
+
+        def solve(walk_limit: float, i=i, s=s, pins=pins):
+            # ZeRO forms where the pins name them (``stage_zero``); the planner does not pick them itself
+            return plan_sharding(graphs[i].captured, s.mesh, ctx.limited(walk_limit), pins=pins,
                                  levers=stage_levers(levers, graphs[i].captured),
-                                 storage_forms=False)  # a pipeline's stages run plain storage forms only
+                                 storage_forms=pins_name_zero_forms(pins))
         arrivals = {n: sent[n] for n, _ in graphs[i].receives if n in sent}
         solution = _fitted_stage(solve, lambda sol, i=i, s=s, arrivals=arrivals: stage_solution(
             sol, graphs[i], plan.schedule, plan.pp, plan.microbatches, s.recompute, arrivals=arrivals),
             _stage_budget(plan, i, limit))
         if rounds > 1:
             solution.levers = replace(solution.levers, accumulation=rounds)
+        solution = step_storage_collectives(solution, graphs[i].captured, ctx, rounds * plan.microbatches)
         sent.update(sent_placements(graphs[i], solution.strategies, [st.mesh for st in plan.stages]))
         stages.append(Stage(s.index, stage_nodes[i], s.group, list(s.ranks), s.mesh, solution, s.recompute))
     return plan.with_stages(stages, captured=small)

@@ -19,22 +19,25 @@ pipeline (one stage, one microbatch), so "pipeline or not" compares like with li
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import held_per_stage, prepared
-from autoshard.passes.pipeline.schedule.registry import get_schedule, searched_schedules
+from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.layer_costs import SubmeshProfile
 from autoshard.passes.pipeline.schedule.simulate import StageCosts, simulate
 from autoshard.passes.pipeline.stages.stage_problem import StageProblem, StageSolution
 
+from autoshard.passes.pipeline.stages.search_spec import DEFAULT_SCHEDULES, PipelineSearch
+
+if TYPE_CHECKING:
+    from autoshard.passes.solve.context import PlanContext
+
 __all__ = ["DEFAULT_SCHEDULES", "Choice", "held_microbatches", "approx_held", "valid_schedule", "stage_problem",
            "score_stages", "overlapped_sync", "single_stage_step", "cut_seconds"]
 
-#: schedules searched unless pinned: the registry's ``searched`` ones (``schedule/registry.py``)
-DEFAULT_SCHEDULES = searched_schedules()
 _BACKWARD = ("B", "W", "BW")
 
 
@@ -80,11 +83,16 @@ def valid_schedule(schedule: str, p: int, m: int) -> bool:
     return get_schedule(schedule).accepts(p, m)
 
 
-def stage_problem(profile: SubmeshProfile, p: int, m: int, schedule: str, mesh: Mesh, hw: Hardware,
-                  memory_limit: float, held: Sequence[int], starts=None, recompute=None) -> StageProblem:
-    """The ``StageProblem`` of one configuration: ``profile`` at m microbatches, groups of ``schedule``,
-    the pipeline hop priced on the link of the mesh's first axis; stage memory is the whole-step stage
-    peak (``stage_ilp`` (3'), the per-unit form of ``stage_peak``)."""
+def stage_problem(profile: SubmeshProfile, config: tuple[int, int, str], mesh: Mesh, ctx: "PlanContext",
+                  held: Sequence[int], search: "Optional[PipelineSearch]" = None) -> StageProblem:
+    """The ``StageProblem`` of one configuration ``config`` = (p rank groups, m microbatches, schedule):
+    ``profile`` at m microbatches, groups of the schedule, the pipeline hop priced on the link of the mesh's
+    first axis (``ctx.spec``) under ``ctx``'s memory limit; stage memory is the whole-step stage peak
+    (``stage_ilp`` (3'), the per-unit form of ``stage_peak``). ``search``: its pinned ``starts`` and
+    ``recompute`` (None: neither pinned)."""
+    p, m, schedule = config
+    hw = ctx.spec
+    starts, recompute = (None, None) if search is None else (search.starts, search.recompute)
     costs = profile.costs
     bw, lat = hw.axis_link(Mesh((p, mesh.size // p)), 0)
     cut_bytes = profile.cut_bytes(m)
@@ -92,7 +100,7 @@ def stage_problem(profile: SubmeshProfile, p: int, m: int, schedule: str, mesh: 
         fwd=[c.fwd(m) for c in costs], bwd=[c.bwd(m) for c in costs], grad_sync=[c.grad_sync for c in costs],
         state=[c.state_bytes for c in costs], act=[c.act(m) for c in costs],
         cut_seconds=cut_seconds(profile, m, bw, lat, hw), cut_bytes=cut_bytes,
-        stage_group=get_schedule(schedule).stage_rank(p), held=list(held), m=m, memory_limit=memory_limit,
+        stage_group=get_schedule(schedule).stage_rank(p), held=list(held), m=m, memory_limit=ctx.memory_bytes,
         recompute=recompute, starts=starts, holds_params=[c.param_reads > 0 for c in costs],
         grads=[c.grads for c in costs], opt_fixed=[c.opt_fixed for c in costs], opt_peak=[c.opt_peak for c in costs],
         opt_step=[c.opt_step + (m - 1) * c.accumulate for c in costs], overlap_sync=profile.overlap_grad_sync)

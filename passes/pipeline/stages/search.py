@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from typing import Optional, Sequence
 
 from autoshard.passes.graph import CapturedGraph
-from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.sharding.pins import HintsFor, PinsFor
+from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.solve.microbatch import global_batch
 from autoshard.passes.solve.work_budget import WorkBudget
-from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, plan_submesh, profile_submesh, submesh_shapes
+from autoshard.passes.pipeline.stages.layer_costs import (CandidateSpec, SubmeshProfile, layer_units, plan_submesh,
+                                                           profile_submesh, submesh_shapes)
 from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice, approx_held, held_microbatches, score_stages,
                       stage_problem, valid_schedule)
@@ -30,30 +31,27 @@ from autoshard.passes.pipeline.stages.stage_fit import SHRINK, fitting_profile
 from autoshard.passes.pipeline.stages.stage_cuts import balanced_stages, balanced_starts, even_stages, leanest_memory
 from autoshard.passes.pipeline.stages.stage_ilp import solve_stages
 from autoshard.passes.pipeline.stages.stage_problem import StageProblem, StageSolution
+from autoshard.passes.pipeline.stages.search_spec import PipelineSearch
 
 __all__ = ["global_batch", "profile_candidates", "plan_candidates", "closed_form_best", "fit_check", "microbatch_options",
            "search_stages"]
 
 
 
-def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, hardware: Hardware,
-                       optimizer, memory_limit: float, units: Optional[list[LayerUnit]] = None,
-                       blocks: Optional[int] = None, single: bool = False, time_limit_s: float = 30.0,
-                       stats: Optional[dict] = None, shapes: Optional[Sequence[tuple[int, int]]] = None,
-                       deep_chain: bool = False, schedules: Sequence[str] = DEFAULT_SCHEDULES,
-                       microbatches: Optional[int] = None, budget_scale: float = 1.0,
-                       pins_for: Optional[PinsFor] = None, hints_for: Optional[HintsFor] = None
+def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], ctx: PlanContext,
+                       search: PipelineSearch, *, stats: Optional[dict] = None, budget_scale: float = 1.0
                        ) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
     """``(pp, (dp, tp)) -> SubmeshProfile`` for every pp > 1 in ``pps`` and every submesh shape of
     its rank groups: the intra-op plan of ``layer_costs.plan_submesh`` for one sequence per data-
     parallel rank per microbatch and a 1F1B stage's average in-flight count, priced per unit.
+    ``ctx``: the hardware, optimizer and memory limit; ``ctx.time_limit_s``: the intra-op ILP's limit per
+    candidate. From ``search``:
 
     ``blocks``: the model's real number of blocks when ``captured`` was traced with fewer (identical
     blocks cost the same); the profiles then stand for the deep model (``repeat_blocks``) and the
     intra-op ILP counts every traced block ``blocks / traced`` times. ``single``: also profile pp = 1
     (one stage on the whole mesh: plain gradient accumulation over m microbatches).
-    ``time_limit_s``: the intra-op ILP's limit per candidate. ``stats``: filled with each
-    candidate's wall time and intra-op status. ``shapes``: only these (dp, tp) shapes (those whose size is
+    ``stats``: filled with each candidate's wall time and intra-op status. ``shapes``: only these (dp, tp) shapes (those whose size is
     a rank group's, tp inside a node or not).
     ``deep_chain``: count the ILP edges from one traced block to the next as often as the deep model
     has them, (blocks - 1) / (traced - 1) times; by default they count blocks / traced times, like the
@@ -62,26 +60,28 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
     A pp > 1 candidate whose plan no balanced cut of ``schedules`` (at ``microbatches``, if pinned)
     fits is planned again, leaner (``stage_fit.fitting_profile``): more memory never leaves a
     candidate with only a plan its stages cannot hold. ``budget_scale``: the intra-op budget is
-    ``budget_scale`` x pp x ``memory_limit`` (``plan_candidates``' leaner finalists). ``pins_for``:
+    ``budget_scale`` x pp x the memory limit (``plan_candidates``' leaner finalists). ``pins_for``:
     the decisions fixed on each candidate's program and submesh (a pinned layout's placements).
     ``hints_for``: known plans' pins on each candidate's program and submesh (the published layouts of
     its shape), which its intra-op solve starts from and never prices worse than (unused with
     ``pins_for``: a pinned candidate has nothing to choose)."""
-    units = units if units is not None else layer_units(captured)
+    units = search.units if search.units is not None else layer_units(captured)
+    blocks, shapes, pins_for, hints_for = search.blocks, search.shapes, search.pins_for, search.hints_for
+    microbatches, memory_limit = search.microbatches, ctx.memory_bytes
     traced = sum(1 for u in units if u.block is not None)
     repeat = blocks / traced if blocks and traced else 1.0
-    chain = (blocks - 1) / (traced - 1) if deep_chain and blocks and traced > 1 else repeat
+    chain = (blocks - 1) / (traced - 1) if search.deep_chain and blocks and traced > 1 else repeat
     batch = global_batch(captured)
     stats = stats if stats is not None else {}
     out: dict = {}
     for p in pps:
-        if p == 1 and not single:
+        if p == 1 and not search.single:
             continue  # plan_pipeline prices "no pipeline" with the core plan on the physical mesh
         group = mesh.size // p
         # shapes asked for by name are planned even with tp across nodes (a layout that runs so is priced
         # so); the search's own keep tp inside a node
         for shape in ([tuple(x) for x in shapes if math.prod(x) == group] if shapes is not None
-                      else submesh_shapes(group, hardware)):
+                      else submesh_shapes(group, ctx.spec)):
             t0 = time.perf_counter()
             # a pinned layout (``pins_for``) prices its own microbatch count: its submesh's first axis need not
             # be all of its data parallelism (expert-parallel folding); else one sequence per first-axis rank
@@ -92,16 +92,14 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
             hints = hints_for(captured, Mesh(shape)) if hints_for is not None and pins is None else ()
 
             def plan(budget, shape=shape, m_ref=m_ref, p=p, pins=pins, hints=hints):
-                sol = plan_submesh(captured, Mesh(shape), hardware=hardware, optimizer=optimizer, microbatches=m_ref,
-                                   held=math.ceil((p + 1) / 2), memory_limit=budget, repeat=repeat,
-                                   chain_repeat=chain, time_limit_s=time_limit_s, pins=pins, hints=hints)
+                spec = CandidateSpec(m_ref, math.ceil((p + 1) / 2), repeat, chain)
+                sol = plan_submesh(captured, Mesh(shape), ctx.limited(budget), spec, pins=pins, hints=hints)
                 work[0] += sol.solver_stats["work_s"]
-                prof = profile_submesh(captured, sol, hardware=hardware, optimizer=optimizer, units=units)
+                prof = profile_submesh(captured, sol, ctx, units=units)
                 return sol, prof.repeat_blocks(blocks) if blocks else prof
 
             def check(prof, p=p):
-                return fit_check(prof, p, mesh, hardware=hardware, memory_limit=memory_limit, batch=batch,
-                                 schedules=schedules, microbatches=microbatches)
+                return fit_check(prof, p, mesh, ctx, batch, search)
 
             if p > 1:
                 sol, out[(p, shape)], replans = fitting_profile(plan, budget_scale * p * memory_limit, check,
@@ -115,15 +113,11 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
     return out
 
 
-def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, hardware: Hardware, optimizer,
-                    memory_limit: float, units: Optional[list[LayerUnit]] = None, blocks: Optional[int] = None,
-                    single: bool = False, quick_s: float = 2.0, thorough_s: float = 10.0, finalists: int = 3,
-                    stats: Optional[dict] = None, deep_chain: bool = False,
-                    shapes: Optional[Sequence[tuple[int, int]]] = None, schedules: Sequence[str] = DEFAULT_SCHEDULES,
-                    microbatches: Optional[int] = None, total_s: Optional[float] = None,
-                    pins_for: Optional[PinsFor] = None, hints_for: Optional[HintsFor] = None
+def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], ctx: PlanContext,
+                    search: PipelineSearch, stats: Optional[dict] = None
                     ) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
-    """``profile_candidates`` in two passes: every candidate's intra-op ILP capped at ``quick_s``,
+    """``profile_candidates`` in two passes (``search.quick_s``, ``thorough_s``, ``finalists``, ``total_s``;
+    ``ctx.time_limit_s`` is not read): every candidate's intra-op ILP capped at ``quick_s``,
     then the ``finalists`` whose quick plans rank best (``closed_form_best``: no simulation, a few ms
     each) solved again for up to ``thorough_s`` when the quick solve was not proven optimal; a
     re-solve replaces the quick plan only if it ranks better. The best-ranked finalist is also planned
@@ -144,23 +138,19 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
     the limit the caller was given instead of by the number of candidates. ``pins_for`` and
     ``hints_for``: as in ``profile_candidates``, for every solve."""
     stats = stats if stats is not None else {}
+    quick_s, thorough_s, total_s, memory_limit = search.quick_s, search.thorough_s, search.total_s, ctx.memory_bytes
     t0 = time.perf_counter()
     per: dict = {}
-    profiles = profile_candidates(captured, mesh, pps, hardware=hardware, optimizer=optimizer,
-                                  memory_limit=memory_limit, units=units, blocks=blocks, single=single,
-                                  time_limit_s=quick_s, stats=per, deep_chain=deep_chain, shapes=shapes,
-                                  schedules=schedules, microbatches=microbatches, pins_for=pins_for,
-                                  hints_for=hints_for)
+    profiles = profile_candidates(captured, mesh, pps, ctx.timed(quick_s), search, stats=per)
     batch = global_batch(captured)
     t1 = time.perf_counter()
 
     def searched(key, prof):
-        return fit_check(prof, key[0], mesh, hardware=hardware, memory_limit=memory_limit, batch=batch,
-                         schedules=schedules, microbatches=microbatches)[0]
+        return fit_check(prof, key[0], mesh, ctx, batch, search)[0]
 
     score = {key: searched(key, prof) for key, prof in profiles.items()}
     t2 = time.perf_counter()
-    chosen = sorted((k for k in score if score[k] < math.inf), key=score.get)[:finalists]
+    chosen = sorted((k for k in score if score[k] < math.inf), key=score.get)[:search.finalists]
     left = math.inf if total_s is None else total_s - sum(row["work_s"] for row in per.values())
     skipped = []
     for key in chosen:
@@ -171,11 +161,8 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
             skipped.append(key)
             continue
         again: dict = {}
-        better = profile_candidates(captured, mesh, [key[0]], hardware=hardware, optimizer=optimizer,
-                                    memory_limit=memory_limit, units=units, blocks=blocks, single=single,
-                                    time_limit_s=limit, stats=again, shapes=[key[1]], deep_chain=deep_chain,
-                                    schedules=schedules, microbatches=microbatches, pins_for=pins_for,
-                                  hints_for=hints_for)
+        better = profile_candidates(captured, mesh, [key[0]], ctx.timed(limit), replace(search, shapes=[key[1]]),
+                                    stats=again)
         left -= again[key]["work_s"]
         step = searched(key, better[key])
         per[key] = dict(again[key], quick=per[key], quick_step=score[key], step=step)
@@ -186,11 +173,8 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
         if any(row["budget"] == round(scale * key[0] * memory_limit) for row in per[key].get("replans", ())):
             continue  # the re-plan loop solved that budget already
         lean: dict = {}
-        leaner = profile_candidates(captured, mesh, [key[0]], hardware=hardware, optimizer=optimizer,
-                                    memory_limit=memory_limit, units=units, blocks=blocks, single=single,
-                                    time_limit_s=quick_s, stats=lean, shapes=[key[1]], deep_chain=deep_chain,
-                                    schedules=schedules, microbatches=microbatches, budget_scale=scale,
-                                    pins_for=pins_for, hints_for=hints_for)
+        leaner = profile_candidates(captured, mesh, [key[0]], ctx.timed(quick_s), replace(search, shapes=[key[1]]),
+                                    stats=lean, budget_scale=scale)
         step = searched(key, leaner[key])
         per[key] = dict(per[key], leaner=dict(lean[key], budget_scale=round(scale, 4), step=step))
         if step < score[key]:
@@ -202,27 +186,29 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], *, 
     return profiles
 
 
-def closed_form_best(prof: SubmeshProfile, p: int, mesh: Mesh, *, hardware: Hardware, memory_limit: float,
-                     batch: int, schedules: Sequence[str] = DEFAULT_SCHEDULES) -> float:
+def closed_form_best(prof: SubmeshProfile, p: int, mesh: Mesh, ctx: PlanContext, batch: int,
+                     schedules: Sequence[str] = DEFAULT_SCHEDULES) -> float:
     """The smallest closed-form step time (``stage_problem.pipeline_step_time`` of the balanced cut, in-
     flight counts from ``approx_held``) over microbatch counts and ``schedules``; inf if none fits.
     A ranking, not a simulation: it prices every configuration in microseconds."""
-    return fit_check(prof, p, mesh, hardware=hardware, memory_limit=memory_limit, batch=batch, schedules=schedules)[0]
+    return fit_check(prof, p, mesh, ctx, batch, PipelineSearch(schedules=tuple(schedules)))[0]
 
 
-def fit_check(prof: SubmeshProfile, p: int, mesh: Mesh, *, hardware: Hardware, memory_limit: float, batch: int,
-              schedules: Sequence[str], microbatches: Optional[int] = None) -> tuple[float, float]:
-    """(the smallest closed-form step of a balanced cut that fits ``memory_limit``, inf if none; the
-    least busiest-group memory of the balanced cuts, each stage recomputing where that is leaner)
-    over ``schedules`` and the microbatch counts searched (``microbatches``: only that one)."""
+def fit_check(prof: SubmeshProfile, p: int, mesh: Mesh, ctx: PlanContext, batch: int,
+              search: PipelineSearch) -> tuple[float, float]:
+    """(the smallest closed-form step of a balanced cut that fits ``ctx``'s memory limit, inf if none;
+    the least busiest-group memory of the balanced cuts, each stage recomputing where that is leaner)
+    over ``search.schedules`` and the microbatch counts searched (``search.microbatches``: only that
+    one). The pinned cut and recompute of ``search`` are not applied (a candidate's ranking)."""
     best, need = math.inf, math.inf
-    for schedule in schedules:
+    microbatches = search.microbatches
+    for schedule in search.schedules:
         if p * get_schedule(schedule).virtual_stages > len(prof.units):
             continue
         for m in microbatch_options(batch, prof.batch_shard, p, microbatches):
             if not valid_schedule(schedule, p, m):
                 continue
-            prob = stage_problem(prof, p, m, schedule, mesh, hardware, memory_limit, approx_held(schedule, p, m))
+            prob = stage_problem(prof, (p, m, schedule), mesh, ctx, approx_held(schedule, p, m))
             sol = balanced_stages(prob)
             if sol is not None:
                 best = min(best, sol.step_time)
@@ -243,12 +229,11 @@ def microbatch_options(batch: int, shard: int, p: int, pinned: Optional[int] = N
 EVEN_CUT_MARGIN = 1.3
 
 
-def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limit: float, batch: int,
-                  schedules: Sequence[str] = DEFAULT_SCHEDULES, microbatches: Optional[int] = None,
-                  starts: Optional[list[int]] = None, recompute: Optional[bool] = None,
-                  time_limit_s: float = 60.0, refine: int = 4, shortlist: int = 4) -> tuple[Optional[Choice], dict]:
+def search_stages(profiles: dict, mesh: Mesh, ctx: PlanContext, batch: int, search: PipelineSearch = PipelineSearch(),
+                  *, refine: int = 4, shortlist: int = 4) -> tuple[Optional[Choice], dict]:
     """The best ``Choice`` over ``profiles`` (from ``profile_candidates`` or ``repeat_blocks``) x
-    microbatch counts x ``schedules`` (None if nothing fits), and search statistics.
+    microbatch counts x ``search.schedules`` (None if nothing fits), and search statistics, under
+    ``ctx``'s memory limit; ``search.microbatches``, ``starts`` and ``recompute``: pinned when not None.
 
     Phase 1 prices every configuration's balanced cut (``stage_cuts.balanced_stages``) in closed form
     (activations in flight from the 1F1B / GPipe / interleaved formulas); the ``shortlist`` best of
@@ -260,12 +245,14 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
     Phase 3 (unpinned cuts) simulates the even cut of every configuration whose bound can still
     win, recompute on all stages or none (``_even_cuts``).
 
-    ``time_limit_s`` bounds the stage ILP solves together as a WORK limit (CP-SAT deterministic
+    ``ctx.time_limit_s`` bounds the stage ILP solves together as a WORK limit (CP-SAT deterministic
     seconds, each solve at most 2), never the clock: the same profiles give the same choice however
     busy the machine is. The closed-form and simulation phases are bounded by the configurations
     themselves. ``stats["work_s"]``: the deterministic seconds spent."""
     t0 = time.perf_counter()
-    budget = WorkBudget(time_limit_s)
+    budget = WorkBudget(ctx.time_limit_s)
+    schedules, microbatches, starts = search.schedules, search.microbatches, search.starts
+    memory_limit = ctx.memory_bytes
     configs = []
     for (p, shape), prof in profiles.items():
         for schedule in schedules:
@@ -285,8 +272,7 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
         if state > memory_limit:
             _note_memory(stats, state)
             continue
-        prob = stage_problem(prof, p, m, schedule, mesh, hardware, memory_limit, approx_held(schedule, p, m),
-                             starts, recompute)
+        prob = stage_problem(prof, (p, m, schedule), mesh, ctx, approx_held(schedule, p, m), search)
         stats["heuristic"] += 1
         sol = balanced_stages(prob)
         if sol is None:
@@ -302,7 +288,7 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
             if best is not None and bound >= best.step_time:
                 continue
             held = list(held_microbatches(schedule, p, m))
-            prob = stage_problem(prof, p, m, schedule, mesh, hardware, memory_limit, held, starts, recompute)
+            prob = stage_problem(prof, (p, m, schedule), mesh, ctx, held, search)
             sol = balanced_stages(prob)
             if sol is None:
                 unfit.append((bound, prob, (p, prof, m, schedule)))
@@ -339,15 +325,14 @@ def search_stages(profiles: dict, mesh: Mesh, *, hardware: Hardware, memory_limi
         if best is None or choice.step_time < best.step_time:
             best = choice
     if starts is None:
-        best = _even_cuts(configs, best, stats, mesh, hardware, memory_limit, recompute, budget)
+        best = _even_cuts(configs, best, stats, mesh, ctx, search.recompute, budget)
     stats["wall_s"] = round(time.perf_counter() - t0, 3)
     stats["work_s"] = round(budget.spent, 4)
     return best, stats
 
 
-def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, hardware: Hardware,
-               memory_limit: float, recompute: Optional[bool], budget: WorkBudget,
-               margin: float = EVEN_CUT_MARGIN) -> Optional[Choice]:
+def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, ctx: PlanContext,
+               recompute: Optional[bool], budget: WorkBudget, margin: float = EVEN_CUT_MARGIN) -> Optional[Choice]:
     """Every configuration whose bound can still win, cut evenly by unit count with recompute on
     all stages or none, simulated when its closed form is within ``margin`` of the best so far: the
     closed form ranks one schedule against itself well but can misjudge across schedules (zbv's V
@@ -358,14 +343,14 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, h
     for bound, p, prof, m, schedule in configs:  # sorted by bound
         if best is not None and bound >= best.step_time:
             break
-        rough = stage_problem(prof, p, m, schedule, mesh, hardware, memory_limit, approx_held(schedule, p, m), None,
-                              recompute)
+        unpinned = PipelineSearch(recompute=recompute)  # an even cut: no pinned starts
+        rough = stage_problem(prof, (p, m, schedule), mesh, ctx, approx_held(schedule, p, m), unpinned)
         for on in ((False, True) if recompute is None else (bool(recompute),)):
             guess = even_stages(rough, on)
             if guess is None or (best is not None and guess.step_time >= margin * best.step_time):
                 continue
             held = list(held_microbatches(schedule, p, m))
-            prob = stage_problem(prof, p, m, schedule, mesh, hardware, memory_limit, held, None, recompute)
+            prob = stage_problem(prof, (p, m, schedule), mesh, ctx, held, unpinned)
             sol = even_stages(prob, on)
             if sol is None:
                 continue

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 
 import torch
+from autoshard.passes.pipeline.stages.search_spec import PipelinePins
+from autoshard.passes.solve.context import PlanContext
 
 
 def test_drawing_names_the_planners_stage_boundaries():
@@ -17,7 +19,8 @@ def test_drawing_names_the_planners_stage_boundaries():
     torch.manual_seed(0)
     model, inputs, target, loss_fn, _ = unet1d()
     captured = capture(model, inputs, loss_fn=loss_fn, target=target)
-    plan = plan_pipeline(captured, (4,), hardware="cpu", pp=4, schedule="1f1b", microbatches=8, time_limit_s=20)
+    plan = plan_pipeline(captured, (4,), PlanContext.of("cpu", time_limit_s=20),
+                         PipelinePins(pp=4, schedule="1f1b", microbatches=8))
     dot = plan_to_dot(plan)
     labels = dict(re.findall(r'subgraph cluster_stage_(\d+) \{ label="([^"]*)"', dot))
     assert sorted(map(int, labels)) == [0, 1, 2, 3]

@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 import torch
+from autoshard.passes.solve.context import PlanContext
 
 
 def _unet_plan():
@@ -20,7 +21,8 @@ def _unet_plan():
     captured = capture(model, tuple(x[:2] for x in inputs), loss_fn=loss_fn, target=target[:2])
     nodes = stage_nodes_from_prefixes(captured, prefixes[4])
     plan = make_pipeline_plan(captured, nodes, (4, 2), schedule="1f1b", microbatches=4,
-                              solve=lambda g, sm: plan_sharding(g.captured, sm, hardware="cpu", time_limit_s=10))
+                              solve=lambda g, sm: plan_sharding(g.captured, sm,
+                                                                PlanContext.of("cpu", time_limit_s=10)))
     plan.stages[2].recompute = True
     return plan, captured
 

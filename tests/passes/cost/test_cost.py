@@ -13,7 +13,7 @@ from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.model import CostModel, encode, optimizer_state_bytes
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.cost.hardware import PRESETS, Hardware
-from autoshard.passes.cost.hardware_lookup import axis_link, get_hardware
+from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import P, R, S, Strategy, TensorMeta
 from autoshard.testing.graphs import mlp_graph
@@ -40,9 +40,9 @@ def test_axis_links_follow_node_boundaries():
     assert HW.axis_link(mesh, 2) == (1e10, 1e-6)
     assert HW.axis_link(mesh, 1) == (1e9, 1e-5)
     assert HW.axis_link(mesh, 0) == (1e9, 1e-5)
-    assert axis_link(Mesh.of((2, 8)), 1, "h100") == (450e9, 2e-6)
-    assert axis_link(Mesh.of((2, 8)), 0, "h100") == (50e9, 5e-6)
-    assert axis_link(Mesh.of((8,)), 0, "h100")[0] == 450e9
+    assert get_hardware("h100").axis_link(Mesh.of((2, 8)), 1) == (450e9, 2e-6)
+    assert get_hardware("h100").axis_link(Mesh.of((2, 8)), 0) == (50e9, 5e-6)
+    assert get_hardware("h100").axis_link(Mesh.of((8,)), 0)[0] == 450e9
 
 
 def test_reshard_itemizes_each_axis_with_bytes_of_that_point():

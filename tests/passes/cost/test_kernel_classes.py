@@ -19,6 +19,7 @@ from autoshard.passes.cost.kernels import exposed_write, gemm_seconds
 from autoshard.passes.cost.optimizer_step import accumulation_bytes, optimizer_step_bytes
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve.planner import plan_sharding
+from autoshard.passes.solve.context import PlanContext
 
 H100 = PRESETS["h100"]
 BENCH = pathlib.Path(__file__).resolve().parents[3] / "benchmarks"
@@ -130,12 +131,12 @@ def test_a_step_pays_the_optimizer_and_every_accumulation_after_the_first():
     rate = H100.memory_bandwidth * H100.memory_efficiency * CLASS_RATIO["elementwise"]
     steps = {}
     for opt in ("none", "sgd", "adamw"):
-        sol = plan_sharding(cg, Mesh.of(1), hardware=H100, optimizer=opt)
+        sol = plan_sharding(cg, Mesh.of(1), PlanContext.of(H100, optimizer=opt))
         steps[opt] = sol.estimated_step_time
     assert steps["sgd"] - steps["none"] == pytest.approx(params * optimizer_step_bytes("sgd", 4) / rate, rel=1e-6)
     assert steps["adamw"] - steps["none"] == pytest.approx(params * 80 / rate, rel=1e-6)
     from autoshard.passes.solve.lever_pins import LeverPins
-    k4 = plan_sharding(cg, Mesh.of(1), hardware=H100, optimizer="none", levers=LeverPins(accumulation=4))
-    k1 = plan_sharding(cg, Mesh.of(1), hardware=H100, optimizer="none", levers=LeverPins(accumulation=1))
+    k4 = plan_sharding(cg, Mesh.of(1), PlanContext.of(H100, optimizer="none"), levers=LeverPins(accumulation=4))
+    k1 = plan_sharding(cg, Mesh.of(1), PlanContext.of(H100, optimizer="none"), levers=LeverPins(accumulation=1))
     accumulate = 3 * params * accumulation_bytes(4, 4) / rate   # three microsteps after the first
     assert k4.estimated_step_time - k1.estimated_step_time >= accumulate * 0.999

@@ -16,6 +16,7 @@ from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.spec import Partial, Replicate, Shard, Strategy, TensorMeta
 from autoshard.testing.models import GPT, lm_loss
+from autoshard.passes.solve.context import PlanContext
 
 R, P, S0, S1 = Replicate(), Partial(), Shard(0), Shard(1)
 
@@ -40,7 +41,7 @@ def test_a_stages_p2p_buffers_are_the_pieces_its_ranks_hold():
     nodes = stage_nodes_from_starts(captured, [_first_node_of(captured, "blocks.2")])
 
     def solve(graph, submesh):  # data parallel over the submesh's first axis: every activation S(0)
-        return plan_sharding(graph.captured, submesh, hardware="h100",
+        return plan_sharding(graph.captured, submesh, PlanContext.of("h100"),
                              pins=Pins(params={"*": ("R", "R")}, inputs={0: ("S(0)", "R")}))
 
     plan = make_pipeline_plan(captured, nodes, (2, 2, 2), schedule="1f1b", microbatches=2, solve=solve)

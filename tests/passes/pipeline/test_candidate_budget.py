@@ -25,6 +25,8 @@ from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.problem import build_problem
 from autoshard.passes.solve.strategy_graph import StrategyGraph
 from autoshard.testing.models import GPT, lm_loss
+from autoshard.passes.solve.context import PlanContext
+from autoshard.passes.pipeline.stages.search_spec import PipelineSearch
 
 HW = PRESETS["h100"]
 
@@ -43,10 +45,10 @@ def _unproven(monkeypatch):
     real = search.profile_candidates
     calls = []
 
-    def wrapped(*args, time_limit_s, stats, **kwargs):
-        out = real(*args, time_limit_s=time_limit_s, stats=stats, **kwargs)
+    def wrapped(captured, mesh, pps, ctx, spec, *, stats, **kwargs):
+        out = real(captured, mesh, pps, ctx, spec, stats=stats, **kwargs)
         for key in out:
-            calls.append((key, time_limit_s))
+            calls.append((key, ctx.time_limit_s))
             stats[key]["status"] = "FEASIBLE"
         return out
 
@@ -62,9 +64,8 @@ def _leaner(stats) -> int:
 
 def _candidates(gpt, **kwargs):
     stats = {}
-    profiles = search.plan_candidates(gpt, Mesh((4,)), [2, 4], hardware=HW, optimizer="adamw",
-                                      memory_limit=HW.memory_bytes, quick_s=0.5, thorough_s=3.0, finalists=2,
-                                      stats=stats, **kwargs)
+    profiles = search.plan_candidates(gpt, Mesh((4,)), [2, 4], PlanContext.of(HW, optimizer="adamw"),
+                                      PipelineSearch(quick_s=0.5, thorough_s=3.0, finalists=2, **kwargs), stats=stats)
     return profiles, stats
 
 
@@ -107,9 +108,9 @@ def test_graph_reusing_edges_equals_the_graph_built_from_scratch(gpt):
 
 def test_core_plan_refusal_without_explanation_and_the_pipeline_error_with_it(gpt):
     with pytest.raises(InfeasiblePlanError, match="explain=True") as short:
-        plan_sharding(gpt, (2, 2), hardware=HW, memory_limit=1e5, explain=False)
+        plan_sharding(gpt, (2, 2), PlanContext.of(HW, memory_limit=1e5), explain=False)
     assert not re.search(r"smallest plan needs \d", str(short.value))
     with pytest.raises(InfeasiblePlanError, match=r"smallest plan needs \d"):
-        plan_sharding(gpt, (2, 2), hardware=HW, memory_limit=1e5)
+        plan_sharding(gpt, (2, 2), PlanContext.of(HW, memory_limit=1e5))
     with pytest.raises(InfeasiblePlanError, match=r"The plan without a pipeline failed too: .*smallest plan needs \d"):
-        plan_pipeline(gpt, (2, 2), hardware="h100", memory_limit=1e5)
+        plan_pipeline(gpt, (2, 2), PlanContext.of("h100", memory_limit=1e5, time_limit_s=60.0))

@@ -20,6 +20,7 @@ from autoshard.passes.cost.hardware import PRESETS
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.testing.models import GPT, lm_loss
 from autoshard.testing.cpu_load import busy_cores
+from autoshard.passes.solve.context import PlanContext
 
 # one device per node on a slow inter-node link: the gradient all-reduce is dear, so stages pay
 SLOW_LINKS = dataclasses.replace(PRESETS["h100"], name="h100-slow-links", sm_count=0, min_kernel_s=0.0,
@@ -46,7 +47,7 @@ def _planned(captured, monkeypatch) -> tuple:
         return best, stats
 
     monkeypatch.setattr(planner, "search_stages", recording)
-    plan = plan_pipeline(captured, (8,), hardware=SLOW_LINKS, time_limit_s=2.0)
+    plan = plan_pipeline(captured, (8,), PlanContext.of(SLOW_LINKS, time_limit_s=2.0))
     monkeypatch.setattr(planner, "search_stages", real)
     counted = {k: seen.get(k) for k in ("configs", "simulated", "ilp", "even", "timed_out", "work_s")}
     return (plan.pp, plan.schedule, plan.microbatches, round(plan.estimated_step_time, 12),

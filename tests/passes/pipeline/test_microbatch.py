@@ -15,6 +15,8 @@ from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.spec import Shard
 from autoshard.passes.sharding.strategies import enumerate_strategies
 from autoshard.testing.models import GPT, lm_loss
+from autoshard.passes.pipeline.stages.layer_costs import CandidateSpec
+from autoshard.passes.solve.context import PlanContext
 
 BATCH, SEQ = 8, 16
 
@@ -61,8 +63,9 @@ def test_plans_for_a_microbatch_are_valid_at_it_and_report_their_granularity():
     batch = batch_dependent(captured)
     nodes = {n.name: n for n in captured.gm.graph.nodes}
     for m in (BATCH, 2):
-        sol = plan_submesh(captured, Mesh((4, 1)), hardware=PRESETS["h100"], optimizer="adamw", microbatches=m, held=1,
-                           memory_limit=1e12, time_limit_s=10)
+        sol = plan_submesh(captured, Mesh((4, 1)),
+                           PlanContext.of(PRESETS["h100"], memory_limit=1e12, optimizer="adamw", time_limit_s=10),
+                           CandidateSpec(microbatches=m, held=1))
         rows = BATCH // m
         for name, s in sol.strategies.items():
             if name in batch:
@@ -95,7 +98,7 @@ def test_a_mask_broadcast_to_the_batch_follows_the_batch():
     assert broadcasts and masks, "premise: the traced Llama expands positions to the batch and builds its mask from them"
     found = batch_dependent(captured)
     assert all(n.name in found for n in broadcasts + masks)
-    profile = profile_submesh(captured, plan_sharding(captured, (1,), hardware="cpu"), hardware="cpu")
+    profile = profile_submesh(captured, plan_sharding(captured, (1,), PlanContext.of("cpu")), PlanContext.of("cpu"))
     mask_bytes = meta(masks[-1]).nbytes
     assert profile.cut_batch[1] >= mask_bytes  # the cut after the first block carries it, per microbatch
     assert all(fixed < mask_bytes for fixed in profile.cut_fixed), profile.cut_fixed

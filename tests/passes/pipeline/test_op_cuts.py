@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from autoshard.passes.capture.export import capture
 from autoshard.passes.pipeline.stages.layer_costs import layer_units
 from autoshard.passes.pipeline.stages.op_cuts import MAX_UNITS, cut_points, op_graph_units
+from autoshard.passes.pipeline.stages.search_spec import PipelinePins
+from autoshard.passes.solve.context import PlanContext
 
 D, BATCH = 64, 8
 
@@ -100,5 +102,6 @@ def test_a_pinned_boundary_starts_a_unit():
     assert all(u.nodes[0] != "linear_5" for u in layer_units(captured))  # premise: not a chosen boundary
     assert any(u.nodes[0] == "linear_5" for u in layer_units(captured, keep=["linear_5"]))
     assert len(layer_units(captured, keep=["linear_5"])) == MAX_UNITS
-    plan = plan_pipeline(captured, (2,), hardware="cpu", pp=2, schedule="1f1b", stages=["linear_5"], time_limit_s=10)
+    plan = plan_pipeline(captured, (2,), PlanContext.of("cpu", time_limit_s=10),
+                         PipelinePins(pp=2, schedule="1f1b", stages=["linear_5"]))
     assert plan.stages[1].nodes[0] == "linear_5"

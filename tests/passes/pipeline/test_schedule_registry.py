@@ -22,6 +22,8 @@ from autoshard.passes.pipeline.stages.scoring import DEFAULT_SCHEDULES, held_mic
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.plan import Plan, Stage
 from autoshard.testing.models import GPT, lm_loss
+from autoshard.passes.pipeline.stages.search_spec import PipelinePins
+from autoshard.passes.solve.context import PlanContext
 
 
 def test_every_descriptor_matches_its_generator():
@@ -98,11 +100,11 @@ def test_a_schedule_added_to_the_registry_alone_is_usable(monkeypatch, twelve_bl
     monkeypatch.setitem(SCHEDULES, "my-1f1b", Schedule("my-1f1b", 1, v_shape=False, split_backward=False,
                                                        order=one_f_one_b_order))
     assert [str(a) for a in generate("my-1f1b", 2, 2)[0]] == [str(a) for a in generate("1f1b", 2, 2)[0]]
-    plan = plan_pipeline(twelve_blocks, (4,), hardware=_tight(), pp=2, schedule="my-1f1b", microbatches=3,
-                         time_limit_s=10)
+    plan = plan_pipeline(twelve_blocks, (4,), PlanContext.of(_tight(), time_limit_s=10),
+                         PipelinePins(pp=2, schedule="my-1f1b", microbatches=3))
     assert (plan.pp, plan.virtual, plan.schedule, plan.microbatches) == (2, 1, "my-1f1b", 3)
     with pytest.raises(AutoshardError, match="unknown schedule 'nope'"):
-        plan_pipeline(twelve_blocks, (4,), hardware=_tight(), schedule="nope")
+        plan_pipeline(twelve_blocks, (4,), PlanContext.of(_tight(), time_limit_s=60.0), PipelinePins(schedule="nope"))
 
 
 def _tight():
@@ -114,8 +116,10 @@ def test_auto_pp_picks_interleaved_with_more_virtual_stages_and_odd_microbatches
     per rank and 6 microbatches (6 % 4 = 2): fewer bubbles than v = 2, and faster than what the
     search finds when v is held to 2."""
     family = ("1f1b", "interleaved-1f1b", "interleaved-1f1b-v3", "interleaved-1f1b-v4")
-    plan = plan_pipeline(twelve_longer_blocks, (4,), hardware=_tight(), schedule=family, time_limit_s=10)
+    plan = plan_pipeline(twelve_longer_blocks, (4,), PlanContext.of(_tight(), time_limit_s=10),
+                         PipelinePins(schedule=family))
     assert (plan.pp, plan.virtual, plan.schedule, plan.microbatches) == (4, 3, "interleaved-1f1b-v3", 6)
     assert len(plan.stages) == 12 and [s.group for s in plan.stages] == [s % 4 for s in range(12)]
-    two = plan_pipeline(twelve_longer_blocks, (4,), hardware=_tight(), schedule=family[:2], time_limit_s=10)
+    two = plan_pipeline(twelve_longer_blocks, (4,), PlanContext.of(_tight(), time_limit_s=10),
+                        PipelinePins(schedule=family[:2]))
     assert plan.estimated_step_time < two.estimated_step_time

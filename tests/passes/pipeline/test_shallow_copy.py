@@ -20,6 +20,8 @@ from autoshard.passes.pipeline.stages.shallow import shallow_program
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import evaluate
 from autoshard.testing.models import GPT, lm_loss
+from autoshard.passes.pipeline.stages.search_spec import PipelinePins
+from autoshard.passes.solve.context import PlanContext
 
 LAYERS = 20
 D = 768  # two blocks hold a gradient bucket of parameters (shallow.MIN_PARAM_BYTES)
@@ -63,12 +65,12 @@ def test_decisions_written_back_are_a_consistent_deep_plan(deep):
     shallow = shallow_program(deep)
     mesh = Mesh((2, 2))
     # tensor-parallel MLPs, so the plan moves data inside and between blocks
-    sol = plan_sharding(shallow.captured, mesh, hardware="h100", time_limit_s=20,
+    sol = plan_sharding(shallow.captured, mesh, PlanContext.of("h100", time_limit_s=20),
                         pins={"params": {"blocks.*.fc.weight": ("R", "S(0)"), "blocks.*.out.weight": ("R", "S(1)")}})
     full = shallow.deep_solution(sol)
     ours = {(r.producer, r.consumer, r.operand_index, tuple(map(str, r.src)), tuple(map(str, r.dst)))
             for r in full.redistributions}
-    fresh = evaluate(deep, mesh, full.strategies, "h100")
+    fresh = evaluate(deep, mesh, full.strategies, PlanContext.of("h100"))
     theirs = {(r.producer, r.consumer, r.operand_index, tuple(map(str, r.src)), tuple(map(str, r.dst)))
               for r in fresh.redistributions}
     assert ours == theirs and ours  # the plan moves data somewhere, and exactly where pricing it again says
@@ -82,8 +84,8 @@ def test_decisions_written_back_are_a_consistent_deep_plan(deep):
 def test_folded_planner_answers_as_the_full_depth_one(deep):
     hw = PRESETS["h100"]
     mesh = Mesh((8, 8))
-    folded = plan_pipeline(deep, mesh, hardware=hw, pp=4, time_limit_s=30)
-    full = plan_pipeline(deep, mesh, hardware=hw, pp=4, time_limit_s=30, fold_blocks=False)
+    folded = plan_pipeline(deep, mesh, PlanContext.of(hw, time_limit_s=30), PipelinePins(pp=4))
+    full = plan_pipeline(deep, mesh, PlanContext.of(hw, time_limit_s=30), PipelinePins(pp=4), fold_blocks=False)
     assert folded.stages[0].solution.solver_stats["pipeline_search"]["shallow_copy"]["blocks"] == LAYERS
     assert "shallow_copy" not in full.stages[0].solution.solver_stats["pipeline_search"]
     key = (folded.pp, folded.schedule, folded.microbatches, [len(s.nodes) for s in folded.stages],

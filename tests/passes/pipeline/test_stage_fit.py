@@ -19,6 +19,8 @@ from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.pipeline.stages.stage_cuts import leanest_memory
 from autoshard.passes.pipeline.stages.stage_problem import StageProblem, group_memory, stage_memory_terms
 from autoshard.testing.models import gpt
+from autoshard.passes.pipeline.stages.search_spec import PipelinePins
+from autoshard.passes.solve.context import PlanContext
 
 #: the limits of the case that broke (KB), and two past them
 LIMITS = [330_000, 360_000, 400_000, 420_000, 440_000]
@@ -39,7 +41,9 @@ def sweep():
     out = {}
     for limit in LIMITS:
         try:
-            out[limit] = plan_pipeline(captured, (2, 2), hardware=two_per_node(), memory_limit=limit, pp=2)
+            out[limit] = plan_pipeline(captured, (2, 2),
+                                       PlanContext.of(two_per_node(), memory_limit=limit, time_limit_s=60.0),
+                                       PipelinePins(pp=2))
         except InfeasiblePlanError as e:
             out[limit] = e
     return out
@@ -128,7 +132,8 @@ def test_the_infeasible_message_names_what_the_busiest_group_needs():
     model, inputs, target, loss_fn = gpt(n_layer=4, d=32, n_head=2, seq=8)
     captured = capture(model, inputs, loss_fn=loss_fn, target=target)
     with pytest.raises(InfeasiblePlanError, match="leanest configuration tried needs") as err:
-        plan_pipeline(captured, (2, 2), hardware=two_per_node(), memory_limit=200_000, pp=2)
+        plan_pipeline(captured, (2, 2), PlanContext.of(two_per_node(), memory_limit=200_000, time_limit_s=60.0),
+                      PipelinePins(pp=2))
     need = float(str(err.value).split("needs ")[1].split(" KiB")[0]) * 1024
     assert need > 200_000, f"the message says {need:.0f} bytes fit under the limit of 200000: {err.value}"
 
@@ -144,7 +149,8 @@ def test_a_stage_re_solved_at_the_microbatch_keeps_its_whole_step_peak_within_th
     model, inputs, target, loss_fn = gpt(n_layer=4, d=32, n_head=2, seq=8)
     full = capture(model, inputs, loss_fn=loss_fn, target=target)
     limit = 400_000
-    plan = plan_pipeline(full, (2, 2), hardware=two_per_node(), memory_limit=limit, pp=2)
+    plan = plan_pipeline(full, (2, 2), PlanContext.of(two_per_node(), memory_limit=limit, time_limit_s=60.0),
+                         PipelinePins(pp=2))
     k = inputs[0].shape[0] // plan.microbatches
     small = capture(model, (inputs[0][:k],), loss_fn=loss_fn, target=target[:k])
     staged = replan_at_microbatch(plan, full, small, PlanContext.of(two_per_node(), limit, time_limit_s=20))

@@ -26,6 +26,10 @@ from autoshard.passes.pipeline.stages.stage_ilp import solve_stages
 from autoshard.passes.pipeline.stages.stage_problem import StageProblem, group_memory, pipeline_step_time, stage_costs
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.testing.models import GPT, lm_loss
+from autoshard.passes.pipeline.stages.layer_costs import CandidateSpec
+from autoshard.passes.pipeline.stages.search_spec import PipelinePins
+from autoshard.passes.solve.context import PlanContext
+from autoshard.passes.pipeline.stages.search_spec import PipelineSearch
 
 
 #: The h100 preset priced at its datasheet peaks with the link formulas (no achievable-compute model,
@@ -61,8 +65,8 @@ def test_units_and_profile_add_up_to_the_core_estimate(small):
     ops = [n.name for n in small.gm.graph.nodes if n.op == "call_function"]
     assert [n for u in units for n in u.nodes] == ops  # contiguous slices, graph order, nothing lost
     for shape in [(2, 2), (4, 1)]:
-        sol = plan_sharding(small, Mesh(shape), hardware=PEAK_H100)
-        prof = profile_submesh(small, sol, hardware=PEAK_H100, units=units)
+        sol = plan_sharding(small, Mesh(shape), PlanContext.of(PEAK_H100))
+        prof = profile_submesh(small, sol, PlanContext.of(PEAK_H100), units=units)
         time_1 = sum(c.fwd(1) + c.bwd(1) + c.grad_sync + c.opt_step for c in prof.costs)
         mem_1 = sum(c.state_bytes + c.act(1) for c in prof.costs)
         assert time_1 == pytest.approx(sol.estimated_step_time, rel=1e-9)
@@ -197,7 +201,8 @@ def _blocks_per_stage(plan, units):
 
 
 def test_expensive_head_gets_a_short_stage(big_head):
-    plan = plan_pipeline(big_head, (4,), hardware=PEAK_H100, pp=4, schedule="1f1b")
+    plan = plan_pipeline(big_head, (4,), PlanContext.of(PEAK_H100, time_limit_s=60.0),
+                         PipelinePins(pp=4, schedule="1f1b"))
     units = layer_units(big_head)
     blocks, _ = _blocks_per_stage(plan, units)
     assert plan.pp == 4 and sum(blocks) == 8
@@ -211,8 +216,8 @@ def test_expensive_head_gets_a_short_stage(big_head):
 def test_pins_are_respected(small):
     units = layer_units(small)
     boundary = units[3].nodes[0]
-    plan = plan_pipeline(small, (4,), hardware="h100", pp=2, schedule="interleaved-1f1b", microbatches=4,
-                         stages=[2, boundary, 5])
+    plan = plan_pipeline(small, (4,), PlanContext.of("h100", time_limit_s=60.0),
+                         PipelinePins(pp=2, schedule="interleaved-1f1b", microbatches=4, stages=[2, boundary, 5]))
     assert (plan.pp, plan.virtual, plan.schedule, plan.microbatches) == (2, 2, "interleaved-1f1b", 4)
     starts = [next(i for i, u in enumerate(units) if u.nodes[0] == s.nodes[0]) for s in plan.stages]
     assert starts == [0, 2, 3, 5]
@@ -220,11 +225,11 @@ def test_pins_are_respected(small):
     assert [s.ranks for s in plan.stages] == [[0, 1], [2, 3], [0, 1], [2, 3]]
     assert plan.stages[0].solution is not None and plan.stages[0].solution.strategies
     with pytest.raises(AutoshardError, match="must divide the mesh's first axis"):
-        plan_pipeline(small, (4,), pp=3)
+        plan_pipeline(small, (4,), PlanContext.of(time_limit_s=60.0), PipelinePins(pp=3))
     with pytest.raises(AutoshardError, match="lies inside layer unit"):
-        plan_pipeline(small, (4,), pp=2, stages=[units[2].nodes[1]])
+        plan_pipeline(small, (4,), PlanContext.of(time_limit_s=60.0), PipelinePins(pp=2, stages=[units[2].nodes[1]]))
     with pytest.raises(AutoshardError, match="does not divide the global batch"):
-        plan_pipeline(small, (4,), pp=2, microbatches=3)
+        plan_pipeline(small, (4,), PlanContext.of(time_limit_s=60.0), PipelinePins(pp=2, microbatches=3))
 
 
 def test_fast_network_and_a_model_that_fits_plans_no_pipeline():
@@ -232,13 +237,13 @@ def test_fast_network_and_a_model_that_fits_plans_no_pipeline():
     fast = dataclasses.replace(PEAK_H100, name="fast-ib", inter_node_bandwidth=450e9, inter_node_latency=2e-6)
     # every schedule searched: a bubble is not worth paying when every link is fast and the model fits
     # (and no optimizer step: AdamW's, priced per rank group's parameters, would favour the pipeline's halves)
-    plan = plan_pipeline(captured, (2, 8), hardware=fast, optimizer="none")
+    plan = plan_pipeline(captured, (2, 8), PlanContext.of(fast, optimizer="none", time_limit_s=60.0))
     assert plan.pp == 1 and len(plan.stages) == 1 and plan.microbatches == 1
     sol = plan.stages[0].solution
     assert sol.mesh.shape == (2, 8)
     # its step: compute + activation collectives, then the gradient all-reduce, overlapped with the
     # backward exactly as a pipeline stage's is (a bucket starts once its unit's backward is done)
-    prof = profile_submesh(captured, sol, hardware=fast, optimizer="none")
+    prof = profile_submesh(captured, sol, PlanContext.of(fast, optimizer="none"))
     compute = sum(c.fwd(1) + c.bwd(1) for c in prof.costs)
     link, done = 0.0, sum(c.fwd(1) for c in prof.costs)
     for c in reversed(prof.costs):  # the backward visits the units last to first
@@ -248,7 +253,8 @@ def test_fast_network_and_a_model_that_fits_plans_no_pipeline():
     assert plan.estimated_step_time == pytest.approx(max(compute, link), rel=1e-9)
     assert compute <= plan.estimated_step_time <= sol.estimated_step_time
     for schedule in (None, "1f1b"):
-        forced = plan_pipeline(captured, (2, 8), hardware=fast, pp=2, schedule=schedule, optimizer="none")
+        forced = plan_pipeline(captured, (2, 8), PlanContext.of(fast, optimizer="none", time_limit_s=60.0),
+                               PipelinePins(pp=2, schedule=schedule))
         assert forced.pp == 2 and forced.estimated_step_time > plan.estimated_step_time
         assert [sorted(set(r for s in forced.stages if s.group == g for r in s.ranks)) for g in (0, 1)] == \
             [list(range(8)), list(range(8, 16))]  # a node per group
@@ -256,7 +262,7 @@ def test_fast_network_and_a_model_that_fits_plans_no_pipeline():
 
 def test_nothing_fits_names_what_to_relax(small):
     with pytest.raises(InfeasiblePlanError, match="memory_limit.*To relax"):
-        plan_pipeline(small, (2, 2), hardware="h100", memory_limit=1e5)
+        plan_pipeline(small, (2, 2), PlanContext.of("h100", memory_limit=1e5, time_limit_s=60.0))
 
 
 def _simulated(prof, p, m, schedule, virtual, ranges, recompute, mesh, hw):
@@ -313,14 +319,16 @@ def _plan_6p7b(batch: int, pins=None):
     captured = _gpt(vocab=50304, d=4096, layers=2, seq=2048, batch=batch, dtype=torch.bfloat16)
     mesh = Mesh((2, 8))
     if pins is None:
-        profiles = profile_candidates(captured, mesh, [1, 2], hardware=SLOW_IB, optimizer="adamw", single=True,
-                                      memory_limit=SLOW_IB.memory_bytes, blocks=32, time_limit_s=10)
+        profiles = profile_candidates(captured, mesh, [1, 2],
+                                      PlanContext.of(SLOW_IB, optimizer="adamw", time_limit_s=10),
+                                      PipelineSearch(blocks=32, single=True))
         assert len(profiles) == 8 and all(len(p.units) == 34 for p in profiles.values())
     else:
-        sol = plan_submesh(captured, Mesh((8, 1)), hardware=SLOW_IB, optimizer="adamw", microbatches=max(1, batch // 8),
-                           held=2, memory_limit=2 * SLOW_IB.memory_bytes, repeat=16, time_limit_s=10, pins=pins)
-        profiles = {(2, (8, 1)): profile_submesh(captured, sol, hardware=SLOW_IB, optimizer="adamw").repeat_blocks(32)}
-    best, _ = search_stages(profiles, mesh, hardware=SLOW_IB, memory_limit=SLOW_IB.memory_bytes, batch=batch)
+        sol = plan_submesh(captured, Mesh((8, 1)),
+                           PlanContext.of(SLOW_IB, memory_limit=2 * SLOW_IB.memory_bytes, optimizer="adamw", time_limit_s=10),
+                           CandidateSpec(microbatches=max(1, batch // 8), held=2, repeat=16), pins=pins)
+        profiles = {(2, (8, 1)): profile_submesh(captured, sol, PlanContext.of(SLOW_IB, optimizer="adamw")).repeat_blocks(32)}
+    best, _ = search_stages(profiles, mesh, PlanContext.of(SLOW_IB, time_limit_s=60.0), batch)
     assert best is not None and max(best.stages.memory) <= SLOW_IB.memory_bytes
     assert best.step_time == pytest.approx(_choice_simulated(best, mesh, SLOW_IB), rel=1e-9)
     return best
@@ -378,12 +386,12 @@ def test_gpt3_6p7b_on_slow_linked_nodes_with_a_large_batch_is_data_parallel_insi
 def test_returned_plan_objective_is_the_simulated_step_time(big_head):
     mesh = Mesh((4,))
     hw = PRESETS["h100"]
-    profiles = profile_candidates(big_head, mesh, [2, 4], hardware=hw, optimizer="adamw",
-                                  memory_limit=hw.memory_bytes)
-    best, _ = search_stages(profiles, mesh, hardware=hw, memory_limit=hw.memory_bytes, batch=16)
+    profiles = profile_candidates(big_head, mesh, [2, 4], PlanContext.of(hw, optimizer="adamw"), PipelineSearch())
+    best, _ = search_stages(profiles, mesh, PlanContext.of(hw, time_limit_s=60.0), 16)
     assert best.step_time == pytest.approx(_choice_simulated(best, mesh, hw), rel=1e-9)
     # the front door's plan: map its stages back to unit ranges and simulate them
-    plan = plan_pipeline(big_head, mesh, hardware=hw, pp=best.pp, schedule=best.schedule, microbatches=best.m)
+    plan = plan_pipeline(big_head, mesh, PlanContext.of(hw, time_limit_s=60.0),
+                         PipelinePins(pp=best.pp, schedule=best.schedule, microbatches=best.m))
     units = layer_units(big_head)
     first = {u.nodes[0]: i for i, u in enumerate(units)}
     starts = [first[s.nodes[0]] for s in plan.stages] + [len(units)]
@@ -397,10 +405,12 @@ def test_returned_plan_objective_is_the_simulated_step_time(big_head):
 def test_a_candidate_that_cannot_fit_falls_back_to_the_least_memory_plan(small):
     hw = PRESETS["h100"]
     mesh = Mesh((4, 1))
-    roomy = plan_submesh(small, mesh, hardware=hw, optimizer="adamw", microbatches=4, held=2, memory_limit=1e12)
+    roomy = plan_submesh(small, mesh, PlanContext.of(hw, memory_limit=1e12, optimizer="adamw"),
+                         CandidateSpec(microbatches=4, held=2))
     assert roomy.solver_stats["status"] == "OPTIMAL"
     # nothing fits 1 kB: the fallback is the plan needing the least memory, never replicated weights
-    tight = plan_submesh(small, mesh, hardware=hw, optimizer="adamw", microbatches=4, held=2, memory_limit=1e3)
+    tight = plan_submesh(small, mesh, PlanContext.of(hw, memory_limit=1e3, optimizer="adamw"),
+                         CandidateSpec(microbatches=4, held=2))
     assert tight.solver_stats["status"] == "MEMORY_FALLBACK"
     state = sum(tight.memory_breakdown[k] for k in ("params", "grads", "optimizer"))
     roomy_state = sum(roomy.memory_breakdown[k] for k in ("params", "grads", "optimizer"))
@@ -413,11 +423,11 @@ def test_two_pass_candidates_rank_by_closed_form_and_keep_every_candidate(big_he
     mesh = Mesh((4,))
     hw = PRESETS["h100"]
     stats = {}
-    profiles = plan_candidates(big_head, mesh, [2, 4], hardware=hw, optimizer="adamw", memory_limit=hw.memory_bytes,
-                               quick_s=2.0, thorough_s=4.0, finalists=1, stats=stats)
-    plain = profile_candidates(big_head, mesh, [2, 4], hardware=hw, optimizer="adamw", memory_limit=hw.memory_bytes)
+    profiles = plan_candidates(big_head, mesh, [2, 4], PlanContext.of(hw, optimizer="adamw"),
+                               PipelineSearch(quick_s=2.0, thorough_s=4.0, finalists=1), stats=stats)
+    plain = profile_candidates(big_head, mesh, [2, 4], PlanContext.of(hw, optimizer="adamw"), PipelineSearch())
     assert set(profiles) == set(plain) == set(stats["candidates"])
-    rank = {k: closed_form_best(p, k[0], mesh, hardware=hw, memory_limit=hw.memory_bytes, batch=16)
+    rank = {k: closed_form_best(p, k[0], mesh, PlanContext.of(hw), 16)
             for k, p in profiles.items()}
     assert stats["finalists"] == [min(rank, key=rank.get)]
     # these small ILPs are proven optimal in the first pass: nothing to re-solve, same plans
@@ -443,9 +453,9 @@ def test_search_is_never_worse_than_any_evenly_cut_configuration(big_head):
     mesh = Mesh((8,))
     hw = dataclasses.replace(PRESETS["h100"], memory_bytes=2e8)  # tight: recompute and deep pipelines matter
     batch = 16
-    profiles = profile_candidates(big_head, mesh, [1, 2, 4, 8], hardware=hw, optimizer="adamw", single=True,
-                                  memory_limit=hw.memory_bytes)
-    best, _ = search_stages(profiles, mesh, hardware=hw, memory_limit=hw.memory_bytes, batch=batch)
+    profiles = profile_candidates(big_head, mesh, [1, 2, 4, 8], PlanContext.of(hw, optimizer="adamw"),
+                                  PipelineSearch(single=True))
+    best, _ = search_stages(profiles, mesh, PlanContext.of(hw, time_limit_s=60.0), batch)
     grid = math.inf
     for (p, _), prof in profiles.items():
         for schedule in DEFAULT_SCHEDULES:
@@ -454,7 +464,7 @@ def test_search_is_never_worse_than_any_evenly_cut_configuration(big_head):
             for m in microbatch_options(batch, prof.batch_shard, p):
                 if not valid_schedule(schedule, p, m):
                     continue
-                prob = stage_problem(prof, p, m, schedule, mesh, hw, hw.memory_bytes,
+                prob = stage_problem(prof, (p, m, schedule), mesh, PlanContext.of(hw),
                                      list(held_microbatches(schedule, p, m)))
                 for on in (False, True):
                     sol = even_stages(prob, on)
@@ -474,8 +484,8 @@ def test_a_stage_before_the_last_is_planned_as_trained(small):
     assert not first.captured.loss_output and first.captured.training and last.captured.training
     assert GraphFacts(first.captured, PEAK_H100).training
     forward_only = dataclasses.replace(first.captured, receives_output_grads=False)
-    trained = plan_sharding(first.captured, Mesh((1,)), hardware=PEAK_H100, time_limit_s=5)
-    inference = plan_sharding(forward_only, Mesh((1,)), hardware=PEAK_H100, time_limit_s=5)
+    trained = plan_sharding(first.captured, Mesh((1,)), PlanContext.of(PEAK_H100, time_limit_s=5))
+    inference = plan_sharding(forward_only, Mesh((1,)), PlanContext.of(PEAK_H100, time_limit_s=5))
     params = trained.memory_breakdown["params"]
     assert trained.memory_breakdown["grads"] == params > 0 and trained.memory_breakdown["optimizer"] == 2 * params
     assert inference.memory_breakdown.get("grads", 0.0) == 0.0

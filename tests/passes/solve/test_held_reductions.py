@@ -14,6 +14,7 @@ from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.solve.solution import evaluate
 from autoshard.testing.models import GPT, lm_loss
+from autoshard.passes.solve.context import PlanContext
 
 MESH = Mesh.of((4,))
 
@@ -27,14 +28,14 @@ def gpt():
 
 
 def _plan(gpt, storage_forms: bool, limit=None):
-    return plan_sharding(gpt, MESH, hardware="h100", memory_limit=limit, pins=Pins(params={"*": ("S(0)",)}),
+    return plan_sharding(gpt, MESH, PlanContext.of("h100", memory_limit=limit), pins=Pins(params={"*": ("S(0)",)}),
                          levers=LeverPins(accumulation=2, checkpoint="none", reshard_after_forward=False),
                          traced_at_microbatch=True, storage_forms=storage_forms)
 
 
 def _price(gpt, plain):
-    return lambda strategies: evaluate(gpt, MESH, strategies, "h100", "adamw", levers=plain.levers,
-                                       traced_at_microbatch=True)
+    return lambda strategies: evaluate(gpt, MESH, strategies, PlanContext.of("h100", optimizer="adamw"),
+                                       levers=plain.levers, traced_at_microbatch=True)
 
 
 def test_held_where_memory_allows_saving_reduce_scatters(gpt):

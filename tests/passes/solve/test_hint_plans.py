@@ -15,7 +15,8 @@ import autoshard.passes.solve.ilp as ilp
 from autoshard.layout_plans import published_layout_hints
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.stages.layer_costs import plan_submesh
+from autoshard.passes.pipeline.stages.layer_costs import CandidateSpec, plan_submesh
+from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.solve.ilp import ILPResult, solve
 from autoshard.passes.solve.strategy_graph import SGEdge, SGNode, StrategyGraph
 from autoshard.testing.graphs import gpt_graph
@@ -80,8 +81,8 @@ def test_a_real_solve_is_never_worse_than_its_hints():
 def test_a_pipeline_candidate_is_never_priced_above_the_layout_it_contains(solver_stops_short):
     captured = gpt_graph(2, batch=4, seq=32, d=1024)  # wide and a small batch: Megatron's kind of model
     submesh = Mesh((2, 2))
-    common = dict(hardware=get_hardware("h100"), optimizer="adamw", microbatches=2, held=2, memory_limit=2 * 80e9,
-                  time_limit_s=2.0)
+    common = dict(ctx=PlanContext.of(get_hardware("h100"), 2 * 80e9, "adamw", 2.0),
+                  spec=CandidateSpec(microbatches=2, held=2))
     hints = published_layout_hints(captured, submesh)
     assert len(hints) == 2  # Megatron's and FSDP's placements on (dp, tp) = (2, 2)
     layouts = [plan_submesh(captured, submesh, pins=h, **common).estimated_step_time for h in hints]

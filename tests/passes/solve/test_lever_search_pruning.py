@@ -18,7 +18,9 @@ from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve import planner
 from autoshard.passes.solve.lever_pins import LeverPins
+from autoshard.passes.solve.lever_search import LeverSearch
 from autoshard.testing.models import GPT, lm_loss
+from autoshard.passes.solve.context import PlanContext
 
 H100 = get_hardware("h100")
 
@@ -41,8 +43,8 @@ def state_heavy():
 
 
 def _search(captured, mesh, limit, prune: bool):
-    return planner._plan_within(captured, Mesh.of(mesh), H100, limit, None, "adamw", 30.0, 2, LeverPins(), False,
-                                prune=prune)
+    ctx = PlanContext.of(H100, limit, "adamw", 30.0)
+    return planner._plan_within(LeverSearch(captured, Mesh.of(mesh), ctx, None, LeverPins(), False), ctx, prune=prune)
 
 
 def _decisions(sol) -> tuple:
@@ -80,8 +82,9 @@ def test_accumulating_is_never_faster_than_one_step_with_the_same_strategies():
     from autoshard.passes.solve.solution import evaluate
     captured = _gpt(d=512, layers=2, seq=64, batch=8)  # 512 tokens: 64 rows per device per microstep of 2
     mesh = Mesh.of((4,))
-    accumulated = planner.plan_sharding(captured, mesh, hardware=H100, levers=LeverPins(accumulation=2))
-    one_step = evaluate(captured, mesh, accumulated.strategies, H100, "adamw", levers=Levers(1))
+    accumulated = planner.plan_sharding(captured, mesh, PlanContext.of(H100), levers=LeverPins(accumulation=2))
+    one_step = evaluate(captured, mesh, accumulated.strategies, PlanContext.of(H100, optimizer="adamw"),
+                        levers=Levers(1))
     assert one_step.estimated_step_time <= accumulated.estimated_step_time * (1 + 1e-9)
 
 

@@ -8,6 +8,7 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.testing.graphs import gpt_graph
+from autoshard.passes.solve.context import PlanContext
 
 MESH = Mesh.of((4,))
 
@@ -29,7 +30,8 @@ def _additive_comm(sol) -> float:
 
 
 def test_overlap_hides_most_of_fsdp_communication(gpt_many_tokens):
-    fsdp = plan_sharding(gpt_many_tokens, MESH, hardware="h100", pins=Pins(params={"*": ("S(0)",)}, inputs={0: ("S(0)",)}))
+    fsdp = plan_sharding(gpt_many_tokens, MESH, PlanContext.of("h100"),
+                         pins=Pins(params={"*": ("S(0)",)}, inputs={0: ("S(0)",)}))
     est = fsdp.estimated
     comm = _additive_comm(fsdp)
     assert comm > 0
@@ -51,7 +53,7 @@ def test_a_tensor_parallel_all_reduce_is_not_hidden(gpt):
                             "*o.bias": ("R",), "*out.bias": ("R",), "*ln*": ("R",), "wte.weight": ("R",),
                             "wpe.weight": ("R",), "head.weight": ("R",)},
                     inputs={0: ("R",)})
-    tp = plan_sharding(gpt, MESH, hardware="h100", pins=megatron)
+    tp = plan_sharding(gpt, MESH, PlanContext.of("h100"), pins=megatron)
     est = tp.estimated
     # the planner may still gather a stored-sharded weight (storage is pinned, not its use): those
     # gathers may hide; the collectives on activations (the TP all-reduces) may not
@@ -65,7 +67,7 @@ def test_a_tensor_parallel_all_reduce_is_not_hidden(gpt):
 
 
 def test_without_a_communication_stream_nothing_hides(gpt):
-    fsdp = plan_sharding(gpt, MESH, hardware="cpu", pins=Pins(params={"*": ("S(0)",)}, inputs={0: ("S(0)",)}))
+    fsdp = plan_sharding(gpt, MESH, PlanContext.of("cpu"), pins=Pins(params={"*": ("S(0)",)}, inputs={0: ("S(0)",)}))
     est = fsdp.estimated
     assert est["hidden_communication_s"] == 0.0
     assert est["overlapped_step_s"] == pytest.approx(fsdp.estimated_step_time, rel=1e-9)

@@ -6,6 +6,7 @@ import json
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve.peak_timeline import StepTrace, optimizer_temporaries, peak_of
 from autoshard.passes.solve.solution import Solution
+from autoshard.passes.solve.context import PlanContext
 
 
 def _trace(**kw) -> StepTrace:
@@ -99,11 +100,11 @@ def test_a_planned_gpt_reports_its_peak_above_the_saved_activations_and_fits_its
     model = gpt(vocab=512, d=64, n_layer=2, n_head=4, seq=32)[0]
     ids = torch.randint(0, 512, (8, 32))
     cg = capture(model, (ids,), loss_fn=lm_loss, target=ids)
-    free = plan_sharding(cg, Mesh.of(4), hardware="h100", levers=LeverPins())
+    free = plan_sharding(cg, Mesh.of(4), PlanContext.of("h100"), levers=LeverPins())
     state = sum(free.memory_breakdown[k] for k in ("params", "grads", "optimizer"))
     assert free.estimated_memory > state + free.estimated["saved_activation_bytes"] / 2
     assert free.memory_peak_phase.split(" ")[0] in ("forward", "backward", "optimizer")
     limit = 0.6 * free.estimated_memory
-    tight = plan_sharding(cg, Mesh.of(4), hardware="h100", memory_limit=limit, levers=LeverPins())
+    tight = plan_sharding(cg, Mesh.of(4), PlanContext.of("h100", memory_limit=limit), levers=LeverPins())
     assert tight.estimated_memory <= limit  # the peak, not the additive sum, fits
 

@@ -19,6 +19,7 @@ from autoshard.passes.solve.solution import evaluate
 from autoshard.passes.spec import Strategy
 
 from autoshard.testing.models import GPT, lm_loss
+from autoshard.passes.solve.context import PlanContext
 
 MESH = Mesh.of((4,))
 
@@ -34,11 +35,11 @@ def gpt():
 
 @pytest.fixture(scope="module")
 def free(gpt):
-    return plan_sharding(gpt, MESH, hardware="h100", levers=LeverPins())
+    return plan_sharding(gpt, MESH, PlanContext.of("h100"), levers=LeverPins())
 
 
 def _plan(gpt, limit, **pins):
-    return plan_sharding(gpt, MESH, hardware="h100", memory_limit=limit, levers=LeverPins(**pins))
+    return plan_sharding(gpt, MESH, PlanContext.of("h100", memory_limit=limit), levers=LeverPins(**pins))
 
 
 def test_ample_memory_pulls_no_lever(free):
@@ -54,7 +55,7 @@ def test_tight_memory_makes_the_planner_checkpoint_or_accumulate_and_the_plan_fi
     # once the fastest plan stopped keeping a costly layout's activations: 53 MB, was 136 MB)
     limit = 0.45 * free.estimated_memory
     with pytest.raises(InfeasiblePlanError):  # without levers nothing fits: sharding state is not enough
-        plan_sharding(gpt, MESH, hardware="h100", memory_limit=limit)
+        plan_sharding(gpt, MESH, PlanContext.of("h100", memory_limit=limit))
     chosen = _plan(gpt, limit)
     assert chosen.levers.any_pulled and chosen.estimated_memory <= limit
     assert chosen.estimated_step_time > free.estimated_step_time
@@ -86,7 +87,7 @@ def test_the_solver_objective_is_the_evaluated_step_with_levers(gpt, free):
         # runtime's buckets and once-per-step reductions the step prices by exactly this
         saving += sol.estimated["storage_form_difference_s"]
         assert sol.solver_stats["objective_s"] == pytest.approx(sol.estimated_step_time + saving, rel=1e-9)
-        again = evaluate(gpt, MESH, sol.strategies, "h100", "adamw", levers=sol.levers)
+        again = evaluate(gpt, MESH, sol.strategies, PlanContext.of("h100", optimizer="adamw"), levers=sol.levers)
         assert again.estimated_step_time == pytest.approx(sol.estimated_step_time, rel=1e-12)
         assert again.estimated_memory == pytest.approx(sol.estimated_memory, rel=1e-12)
 
@@ -96,7 +97,7 @@ def _without_held(gpt, sol):
                   if n in gpt.params and st.lowerings else st for n, st in sol.strategies.items()}
     if strategies == sol.strategies:
         return sol
-    return evaluate(gpt, MESH, strategies, "h100", "adamw", levers=sol.levers)
+    return evaluate(gpt, MESH, strategies, PlanContext.of("h100", optimizer="adamw"), levers=sol.levers)
 
 
 def test_per_policy_solves_and_the_joint_ilp_find_the_same_optimum(gpt, free, monkeypatch):
@@ -115,8 +116,9 @@ def test_per_policy_solves_and_the_joint_ilp_find_the_same_optimum(gpt, free, mo
 
 def test_policies_order_memory_as_they_should(gpt):
     """Keeping everything > selective > full for what a block keeps; a recomputing block pays for it."""
-    strategies = plan_sharding(gpt, MESH, hardware="h100").strategies
-    priced = {c: evaluate(gpt, MESH, strategies, "h100", levers=Levers(1, {"blocks.#": BlockPolicy(c, c != "none")}))
+    strategies = plan_sharding(gpt, MESH, PlanContext.of("h100")).strategies
+    priced = {c: evaluate(gpt, MESH, strategies, PlanContext.of("h100"),
+                          levers=Levers(1, {"blocks.#": BlockPolicy(c, c != "none")}))
               for c in ("none", "selective", "full")}
     saved = {c: s.estimated["saved_activation_bytes"] for c, s in priced.items()}
     assert saved["none"] > saved["selective"] > saved["full"]
@@ -135,8 +137,8 @@ def test_reshard_after_forward_frees_gathered_weights_for_regathers():
     cg = capture(model, (ids,), loss_fn=lm_loss, target=ids)
     fsdp = {"params": {"*": ("S(0)",)}, "inputs": {0: ("S(0)",)}}
     from autoshard.passes.sharding.pins import Pins
-    keep = plan_sharding(cg, MESH, hardware="h100", pins=Pins(**fsdp), levers=LeverPins(1, "none", False))
-    reshard = plan_sharding(cg, MESH, hardware="h100", pins=Pins(**fsdp), levers=LeverPins(1, "none", True))
+    keep = plan_sharding(cg, MESH, PlanContext.of("h100"), pins=Pins(**fsdp), levers=LeverPins(1, "none", False))
+    reshard = plan_sharding(cg, MESH, PlanContext.of("h100"), pins=Pins(**fsdp), levers=LeverPins(1, "none", True))
     assert reshard.levers.blocks["blocks.#"] == BlockPolicy("none", True)
     assert reshard.memory_breakdown["gathered_weights"] < keep.memory_breakdown["gathered_weights"]
     assert reshard.estimated["gathered_peak_bytes"] <= keep.estimated["gathered_peak_bytes"]
@@ -183,8 +185,8 @@ def test_random_plans_draw_levers_and_are_priced_on_the_hardware_and_optimizer_a
     assert len({d.levers.blocks.get("blocks.#", BlockPolicy()).checkpoint for d in drawn}) > 1
     plain = random_solution(gpt, MESH, seed=3)
     assert plain.strategies == drawn[3].strategies and not plain.levers.any_pulled
-    on_cpu = random_solution(gpt, MESH, seed=3, hardware="cpu", optimizer="sgd", levers=LeverPins())
-    same = evaluate(gpt, MESH, on_cpu.strategies, "cpu", "sgd", levers=on_cpu.levers)
+    on_cpu = random_solution(gpt, MESH, PlanContext.of("cpu", optimizer="sgd"), seed=3, levers=LeverPins())
+    same = evaluate(gpt, MESH, on_cpu.strategies, PlanContext.of("cpu", optimizer="sgd"), levers=on_cpu.levers)
     assert on_cpu.estimated_step_time == pytest.approx(same.estimated_step_time, rel=1e-12)
     assert on_cpu.estimated_step_time > 10 * drawn[3].estimated_step_time  # a CPU is far slower than an H100
     assert on_cpu.memory_breakdown["optimizer"] == 0
@@ -192,7 +194,8 @@ def test_random_plans_draw_levers_and_are_priced_on_the_hardware_and_optimizer_a
     # (it plans the captured program as the one that runs: the microstep count stays 1 there)
     front = plan_captured(gpt, MESH, hardware="cpu", optimizer="sgd", random_seed=3)
     assert front.solution.strategies == on_cpu.strategies and front.solution.levers.accumulation == 1
-    same = evaluate(gpt, MESH, front.solution.strategies, "cpu", "sgd", levers=front.solution.levers)
+    same = evaluate(gpt, MESH, front.solution.strategies, PlanContext.of("cpu", optimizer="sgd"),
+                    levers=front.solution.levers)
     assert front.estimated_step_time == pytest.approx(same.estimated_step_time, rel=1e-12)
     assert front.estimated_step_time > 10 * drawn[3].estimated_step_time
 
@@ -207,8 +210,8 @@ def test_a_program_traced_at_the_microbatch_plans_like_the_global_one_cut_into_m
     whole = capture(model, (ids,), loss_fn=lm_loss, target=ids)
     micro = capture(model, (ids[:4],), loss_fn=lm_loss, target=ids[:4])
     pins = LeverPins(accumulation=2, checkpoint="selective")
-    a = plan_sharding(whole, MESH, hardware="h100", levers=pins)
-    b = plan_sharding(micro, MESH, hardware="h100", levers=pins, traced_at_microbatch=True)
+    a = plan_sharding(whole, MESH, PlanContext.of("h100"), levers=pins)
+    b = plan_sharding(micro, MESH, PlanContext.of("h100"), levers=pins, traced_at_microbatch=True)
     assert a.levers == b.levers
     assert b.estimated_step_time == pytest.approx(a.estimated_step_time, rel=1e-3)
     assert b.estimated_memory == pytest.approx(a.estimated_memory, rel=1e-6)

@@ -26,6 +26,7 @@ from autoshard.passes.spec import P, R, S, Replicate, Shard, fmt_placements
 from autoshard.passes.sharding.strategies import divides, enumerate_strategies
 from autoshard.testing.graphs import gpt_graph, mlp_graph
 from autoshard.testing.models import GPT, lm_loss
+from autoshard.passes.solve.context import PlanContext
 
 ATEN = torch.ops.aten
 
@@ -122,7 +123,7 @@ NO_STEP = "none"
 @pytest.mark.parametrize("shape", [(4,), (2, 2)])
 def test_small_weights_large_batch_is_data_parallel(shape):
     cg = mlp_graph(256, 1024, 65536, out=16, loss="ce")
-    sol = plan_sharding(cg, Mesh.of(shape), hardware="h100", optimizer=NO_STEP)
+    sol = plan_sharding(cg, Mesh.of(shape), PlanContext.of("h100", optimizer=NO_STEP))
     assert sol.solver_stats["status"] == "OPTIMAL"
     assert all(p == tuple(R for _ in shape) for p in sol.param_placements.values()), sol.param_placements
     for name in (cg.inputs[0], cg.target):
@@ -141,7 +142,7 @@ def test_fsdp_over_a_mesh_that_crosses_nodes_shards_over_both_axes():
     (as the runtime does), so the plan is as fast as on (16,). Priced one gather per axis, the whole
     weight crossed nodes through one NIC on axis 0, and it chose (R, S(0)) (HSDP), 0.6% slower."""
     cg = mlp_graph(2048, 8192, 64 * 1024, out=2048)
-    sols = {mesh: plan_sharding(cg, Mesh.of(mesh), hardware="a100", memory_limit=2.0e9, time_limit_s=10,
+    sols = {mesh: plan_sharding(cg, Mesh.of(mesh), PlanContext.of("a100", memory_limit=2.0e9, time_limit_s=10),
                                 pins=Pins(inputs={0: tuple(S(0) for _ in mesh)}))
             for mesh in ((2, 8), (16,))}
     two = sols[(2, 8)]
@@ -154,7 +155,7 @@ def test_fsdp_over_a_mesh_that_crosses_nodes_shards_over_both_axes():
 
 def test_large_weights_tiny_batch_is_megatron_column_then_row():
     cg = mlp_graph(4096, 16384, 2)
-    sol = plan_sharding(cg, Mesh.of(4), hardware="h100")
+    sol = plan_sharding(cg, Mesh.of(4), PlanContext.of("h100"))
     assert pl(sol, "fc1.weight") == (S(0),) and pl(sol, "fc2.weight") == (S(1),)
     assert pl(sol, "fc1.bias") == (S(0),)
     # fc2's partial sums are reduce-scattered over the batch, the loss taken on batch shards and
@@ -167,11 +168,11 @@ def test_large_weights_tiny_batch_is_megatron_column_then_row():
 
 def test_memory_limit_below_replicated_state_gives_sharded_parameters():
     cg = mlp_graph(1024, 4096, 8192, loss="mse")
-    free = plan_sharding(cg, Mesh.of(4), hardware="h100", optimizer=NO_STEP)
+    free = plan_sharding(cg, Mesh.of(4), PlanContext.of("h100", optimizer=NO_STEP))
     state = sum(free.memory_breakdown[k] for k in ("params", "grads", "optimizer"))
     assert all(p == (R,) for p in free.param_placements.values())  # DP while memory allows
     limit = free.estimated_memory - state / 2
-    sol = plan_sharding(cg, Mesh.of(4), hardware="h100", memory_limit=limit, optimizer=NO_STEP)
+    sol = plan_sharding(cg, Mesh.of(4), PlanContext.of("h100", memory_limit=limit, optimizer=NO_STEP))
     assert sol.estimated_memory <= limit
     assert any(Shard(0) in p or Shard(1) in p for p in sol.param_placements.values())
     assert sol.estimated_step_time >= free.estimated_step_time
@@ -181,13 +182,13 @@ def test_impossible_memory_limit_raises_with_the_smallest_need():
     cg = mlp_graph(1024, 4096, 64)
     state_bytes = 2 * 4096 * 1024 * (4 + 4 + 8)  # two weights: fp32 params, grads, 2 AdamW states
     with pytest.raises(InfeasiblePlanError) as info:
-        plan_sharding(cg, Mesh.of(4), hardware="h100", memory_limit=1e6)
+        plan_sharding(cg, Mesh.of(4), PlanContext.of("h100", memory_limit=1e6))
     msg = str(info.value)
     need = int(re.search(r"smallest plan needs (\d+) bytes", msg).group(1))
     assert need > 1e6 and need >= state_bytes / 4  # params+grads+AdamW at best split 4 ways
     assert "memory_limit=1000000" in msg and "more devices" in msg and "larger memory_limit" in msg
     fsdp = Pins(params={"*.weight": ("S(0)",), "*.bias": ("S(0)",)}, inputs={0: ("S(0)",)})
-    sharded = plan_sharding(cg, Mesh.of(4), hardware="h100", pins=fsdp)
+    sharded = plan_sharding(cg, Mesh.of(4), PlanContext.of("h100"), pins=fsdp)
     assert need <= sharded.estimated_memory * (1 + 1e-6)
 
 
@@ -197,14 +198,14 @@ def test_two_axes_are_decided_jointly_tp_on_nvlink_dp_across_nodes():
     hw = dataclasses.replace(PRESETS["h100"], devices_per_node=2, name="h100-2-per-node")
     cg = mlp_graph(512, 2048, 8192)
     mesh = Mesh.of((2, 2))
-    sol = plan_sharding(cg, mesh, hardware=hw, optimizer=NO_STEP)
+    sol = plan_sharding(cg, mesh, PlanContext.of(hw, optimizer=NO_STEP))
     assert pl(sol, "fc1.weight") == (R, S(0)) and pl(sol, "fc2.weight") == (R, S(1)), sol.param_placements
     assert sol.strategies[cg.inputs[0]].outputs[0][0] == S(0)
     assert all(c.axis == 1 for _, c in fwd_collectives(sol) if c.bytes > 4)
-    dp = plan_sharding(cg, mesh, hardware=hw, pins=Pins(params={"*": ("R", "R")}, inputs={0: ("S(0)", "S(0)")}),
-                       optimizer=NO_STEP)
+    dp = plan_sharding(cg, mesh, PlanContext.of(hw, optimizer=NO_STEP),
+                       pins=Pins(params={"*": ("R", "R")}, inputs={0: ("S(0)", "S(0)")}))
     tp_only = Pins(params={"fc1.*": ("S(0)", "S(0)"), "fc2.weight": ("S(1)", "S(1)")}, inputs={0: ("R", "R")})
-    tp = plan_sharding(cg, mesh, hardware=hw, pins=tp_only, optimizer=NO_STEP)
+    tp = plan_sharding(cg, mesh, PlanContext.of(hw, optimizer=NO_STEP), pins=tp_only)
     # the pure-TP plan's weight gathers are priced as the runtime's fused flat calls (one over both
     # axes): its step fell from 0.79 to 0.69 ms, so the joint plan wins by 4.5% there, not 13%
     assert sol.estimated_step_time < 0.97 * min(dp.estimated_step_time, tp.estimated_step_time)
@@ -213,9 +214,9 @@ def test_two_axes_are_decided_jointly_tp_on_nvlink_dp_across_nodes():
 def test_objective_equals_evaluated_step_time_and_beats_random_plans():
     cg = gpt_graph(2)
     mesh = Mesh.of((2, 2))
-    sol = plan_sharding(cg, mesh, hardware="h100")
+    sol = plan_sharding(cg, mesh, PlanContext.of("h100"))
     assert sol.solver_stats["objective_s"] == pytest.approx(sol.estimated_step_time, rel=1e-9)
-    again = evaluate(cg, mesh, sol.strategies, "h100", "adamw")
+    again = evaluate(cg, mesh, sol.strategies, PlanContext.of("h100", optimizer="adamw"))
     assert again.estimated_step_time == pytest.approx(sol.estimated_step_time, rel=1e-12)
     assert again.estimated_memory == pytest.approx(sol.estimated_memory, rel=1e-12)
     for seed in range(5):
@@ -230,7 +231,7 @@ def test_repeated_blocks_share_decisions_so_depth_does_not_grow_the_ilp():
     for layers in (2, 16):
         cg = gpt_graph(layers)
         t0 = time.perf_counter()
-        sols[layers] = plan_sharding(cg, mesh, hardware="h100")
+        sols[layers] = plan_sharding(cg, mesh, PlanContext.of("h100"))
         stats[layers] = dict(sols[layers].solver_stats, measured_s=time.perf_counter() - t0)
     print(f"\nsolve stats 2 vs 16 layers: {stats}")
     assert stats[2]["clusters"] == stats[16]["clusters"]
@@ -251,7 +252,7 @@ def test_pins_are_respected():
     first_op = next(n.name for n in cg.gm.graph.nodes if n.target == ATEN.linear.default)
     pins = Pins(params={"fc1.weight": "R, S(0)", "fc2.*": (Replicate(), Shard(0))}, inputs={"target": ("S(0)", "R")},
                 ops={first_op: ("R", "S(1)")})
-    sol = plan_sharding(cg, mesh, hardware="h100", pins=pins)
+    sol = plan_sharding(cg, mesh, PlanContext.of("h100"), pins=pins)
     assert pl(sol, "fc1.weight") == (R, S(0))
     assert pl(sol, "fc2.weight") == (R, S(0)) and pl(sol, "fc2.bias") == (R, S(0))
     assert sol.strategies[cg.target].outputs[0] == (S(0), R)
@@ -299,7 +300,7 @@ def test_bad_pins_say_what_is_wrong():
 # ---- solutions --------------------------------------------------------------------------------------
 def test_solution_json_round_trip_without_pickle():
     cg = mlp_graph(64, 256, 64)
-    sol = plan_sharding(cg, Mesh.of((2, 2)), hardware="h100")
+    sol = plan_sharding(cg, Mesh.of((2, 2)), PlanContext.of("h100"))
     text = json.dumps(sol.to_json())
     back = Solution.from_json(json.loads(text))
     saved = dataclasses.replace(sol, solver_stats={k: v for k, v in sol.solver_stats.items() if k not in CLOCK_STATS})

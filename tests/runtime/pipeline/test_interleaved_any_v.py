@@ -17,6 +17,7 @@ from autoshard.testing.equivalence import (Tolerance, adamw, failures_of, pipeli
                                            train_against_one_device)
 from autoshard.testing.models import gpt_pipeline
 from autoshard.testing.ranks import run_ranks
+from autoshard.passes.solve.context import PlanContext
 
 TOL = Tolerance(rtol=1e-4, atol=2e-5, grad_atol=1e-6)
 MICROBATCH = 2
@@ -50,7 +51,7 @@ def interleaved_worker(rank: int, world: int) -> list:
             if rank == 0:
                 nodes = stage_nodes_from_prefixes(captured, prefixes[8])
                 assert len(nodes) == 2 * v, (case, len(nodes))
-                solve = lambda g, sm: plan_sharding(g.captured, sm, hardware="cpu", time_limit_s=10)  # noqa: E731
+                solve = lambda g, sm: plan_sharding(g.captured, sm, PlanContext.of("cpu", time_limit_s=10))  # noqa: E731
                 payload = make_pipeline_plan(captured, nodes, (world,), schedule=name, microbatches=m, virtual=v,
                                              solve=solve).to_json()
             plans[blocks] = captured, broadcast_json(payload, src=0)

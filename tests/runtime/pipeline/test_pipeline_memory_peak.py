@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from autoshard.testing.ranks import run_ranks
+from autoshard.passes.solve.context import PlanContext
 
 SCHEDULE, MICROBATCHES = "1f1b", 4
 
@@ -50,7 +51,8 @@ def peak_worker(rank: int, world: int) -> tuple:
     if rank == 0:
         nodes = stage_nodes_from_prefixes(captured, ["blocks.2"])
         plan = make_pipeline_plan(captured, nodes, (2,), schedule=SCHEDULE, microbatches=MICROBATCHES,
-                                  solve=lambda sg, sm: plan_sharding(sg.captured, sm, hardware="cpu", time_limit_s=10))
+                                  solve=lambda sg, sm: plan_sharding(sg.captured, sm,
+                                                                     PlanContext.of("cpu", time_limit_s=10)))
         payload = plan.to_json()
     plan = Plan.from_json(broadcast_json(payload, src=0))
     program = RankProgram(plan.attach(captured), schedule=generate(SCHEDULE, 2, MICROBATCHES), model=model)

@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from autoshard.testing.equivalence import Tolerance, adamw, failures_of, tensor_mismatches, train_against_one_device
 from autoshard.testing.ranks import run_ranks
+from autoshard.passes.solve.context import PlanContext
 
 STEPS = 3
 TOL = Tolerance(rtol=1e-4, atol=2e-5)
@@ -49,7 +50,8 @@ def _program(model, x, y, schedule: str, recompute: bool, m: int):
     if torch.distributed.get_rank() == 0:
         nodes = stage_nodes_from_prefixes(captured, ["b"])
         plan = make_pipeline_plan(captured, nodes, (2,), schedule=schedule, microbatches=m,
-                                  solve=lambda g, sm: plan_sharding(g.captured, sm, hardware="cpu", time_limit_s=10))
+                                  solve=lambda g, sm: plan_sharding(g.captured, sm,
+                                                                    PlanContext.of("cpu", time_limit_s=10)))
         for s in plan.stages:
             s.recompute = recompute
         payload = plan.to_json()

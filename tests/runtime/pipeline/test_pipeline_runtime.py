@@ -24,6 +24,7 @@ from autoshard.testing.equivalence import (Tolerance, adamw, failures_of, pipeli
                                            train_against_one_device)
 from autoshard.testing.models import PIPELINE_BUILDERS, unet
 from autoshard.testing.ranks import run_ranks
+from autoshard.passes.solve.context import PlanContext
 
 STEPS = 3
 TOL = Tolerance(rtol=1e-4, atol=2e-5, grad_atol=1e-6)
@@ -116,8 +117,8 @@ def _model_cases(rank: int, model_name: str, configs: list) -> list:
             payload = None
             if rank == 0:
                 nodes = stage_nodes_from_prefixes(captured, prefixes[n_stages])
-                solve = lambda g, sm: plan_sharding(g.captured, sm, hardware="cpu", time_limit_s=10,  # noqa: E731
-                                                     pins=Pins(**stage_pins(layout, model_name, g.captured, sm)))
+                solve = lambda g, sm: plan_sharding(g.captured, sm, PlanContext.of("cpu", time_limit_s=10),
+                                                    pins=Pins(**stage_pins(layout, model_name, g.captured, sm)))
                 key = (n_stages, sched_name in ("zbv", "dualpipev"), m)
                 if key not in plans:
                     plans[key] = make_pipeline_plan(captured, nodes, mesh, schedule=sched_name,

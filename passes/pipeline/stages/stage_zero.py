@@ -1,0 +1,53 @@
+"""A pipeline stage's parameters in ZeRO forms (``passes.sharding.storage_forms``): when its solve
+offers them, and the collectives one step of the stage runs for them.
+
+A stage's Solution is solved at one microbatch (``retrace.replan_at_microbatch``), so the ZeRO
+collectives it carries (``Solution.storage_collectives``) are one microstep's. The runtime
+(``runtime.zero``, one ``ZeroSync`` per stage) reduces around every weight action of the stage: a
+``zero2`` bucket is reduce-scattered once per microbatch of every round (``rounds x microbatches``
+per step, held sharded between them), a ``zero1`` bucket once, after the stage's last weight action;
+the all-reduce over the other replicated axes and the all-gather after the optimizer step run once
+per step. ``step_storage_collectives`` prices that list for the stage, by the same rule
+(``storage_buckets.bucket_collectives``) and the same cost model as a plan without a pipeline.
+
+Which stage solves may take ZeRO forms: those whose parameter pins name one (``"R/zero1"``), so a
+user's or a layout's distributed optimizer runs under a pipeline. The stage planner does not choose
+them on its own yet (its per-microbatch pricing does not see the per-step count of ``zero2``).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from autoshard.passes.cost.model import CostModel
+from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.sharding.pins import pins_name_zero_forms
+from autoshard.passes.solve.context import PlanContext
+from autoshard.passes.solve.solution import Solution
+from autoshard.passes.solve.storage_buckets import bucket_collectives
+
+__all__ = ["pins_name_zero_forms", "stage_storage_collectives", "step_storage_collectives"]
+
+
+def stage_storage_collectives(solution: Solution, captured: CapturedGraph, ctx: PlanContext,
+                              microsteps: int) -> list:
+    """The ZeRO collectives one step of a stage (``captured``, its program at one microbatch) stored
+    as ``solution`` runs, its weight actions running ``microsteps`` times per step (module
+    docstring); [] without ZeRO parameters. A plan read from JSON keeps none: this prices them again."""
+    mp = solution.levers.mixed_precision if solution.levers is not None else None
+    reduce_dtype = None if mp is None else (mp.reduce_dtype or mp.param_dtype)
+    cm = CostModel(solution.mesh, ctx.spec, ctx.optimizer, reduce_dtype=None if mp is None else mp.reduce_dtype)
+    return bucket_collectives(cm, captured, solution.strategies, microsteps, reduce_dtype)
+
+
+def step_storage_collectives(solution: Solution, captured: CapturedGraph, ctx: PlanContext,
+                             microsteps: int) -> Solution:
+    """``solution`` (a stage's, solved at one microbatch) with ``storage_collectives`` the ZeRO
+    collectives one step runs when the stage's weight actions run ``microsteps`` times per step
+    (rounds x microbatches; module docstring). Its time estimates are left as solved (one
+    microbatch's); ``estimated["zero_step_collectives_s"]`` is what the step's list costs."""
+    if not solution.storage_collectives:
+        return solution
+    calls = stage_storage_collectives(solution, captured, ctx, microsteps)
+    estimated = dict(solution.estimated or {})
+    estimated["zero_step_collectives_s"] = sum(c.seconds for c in calls)
+    return replace(solution, storage_collectives=calls, estimated=estimated)
