@@ -25,6 +25,9 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PRELUDE = """
 import sys, os, time, json, hashlib
 root = {root!r}
+# ``python -c`` puts the working directory first on sys.path: run from a checkout, its autoshard/ would
+# shadow the other tree's front door (the finder below maps only what the path does not find)
+sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
 try:
     import __editable___autoshard_0_1_0_finder as finder
     for key, path in list(finder.MAPPING.items()):
