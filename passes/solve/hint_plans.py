@@ -13,20 +13,20 @@ free problem's table does not have, which no choice of its graph can name.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Sequence
+from typing import Optional, Sequence
 
 from autoshard.passes.sharding.pins import PinError, Pins
 from autoshard.passes.solve.ilp import solve
 from autoshard.passes.solve.problem import ShardingProblem
-from autoshard.passes.solve.strategy_graph import StrategyGraph
+from autoshard.passes.solve.strategy_graph import PolicyGroup, SGEdge, SGNode, StrategyGraph
 
 __all__ = ["pinned_choices"]
 
 
-def _restricted(problem: ShardingProblem, graph: StrategyGraph, pins: Pins):
-    """``graph`` with each cluster node limited to what ``pins`` allow every member, or None when the pins
-    do not hold here (a ``PinError``) or leave some cluster nothing."""
+def _kept(problem: ShardingProblem, graph: StrategyGraph, pins: Pins) -> Optional[list[list[int]]]:
+    """Per node of ``graph``, the strategies ``pins`` allow every member of its cluster (within what the
+    node already allows), or None when the pins do not hold here (a ``PinError``) or leave some
+    cluster nothing."""
     try:
         allowed = Pins(params=pins.params, inputs=pins.inputs, ops=pins.ops).resolve(problem.captured, problem.table,
                                                                                      problem.mesh)
@@ -35,7 +35,7 @@ def _restricted(problem: ShardingProblem, graph: StrategyGraph, pins: Pins):
     members = problem.clustering.members
     if len(graph.nodes) != len(members) + 1:  # the program's outputs are the graph's last node
         raise AssertionError(f"{len(graph.nodes)} ILP nodes for {len(members)} clusters: not this problem's graph")
-    nodes = []
+    kept = []
     for node, names in zip(graph.nodes, members):
         keep = set(node.choices())
         for name in names:
@@ -43,9 +43,25 @@ def _restricted(problem: ShardingProblem, graph: StrategyGraph, pins: Pins):
                 keep &= set(allowed[name])
         if not keep:
             return None
-        nodes.append(node if len(keep) == len(node.choices()) else replace(node, allowed=sorted(keep)))
-    nodes.append(graph.nodes[-1])
-    return StrategyGraph(nodes, graph.edges, graph.memory_limit, graph.groups)
+        kept.append(sorted(keep))
+    kept.append(graph.nodes[-1].choices())
+    return kept
+
+
+def _sliced(graph: StrategyGraph, kept: list[list[int]]) -> StrategyGraph:
+    """``graph`` with node i holding only its strategies ``kept[i]`` (prices sliced, never recomputed):
+    the same problem as ``graph`` with those pins, its choice j at node i being ``kept[i][j]``. Built
+    smaller rather than pinned: a pinned node keeps a variable per strategy and is never folded into
+    its producer (``merge_followers``), while a node left one strategy here is folded into its
+    neighbours' prices (``ShardingILP``), so a layout's mostly fixed problem solves in a fraction of
+    the free one's work."""
+    nodes = [SGNode(n.name, [n.cost[s] for s in keep], [n.memory[s] for s in keep], n.multiplicity)
+             for n, keep in zip(graph.nodes, kept)]
+    edges = [SGEdge(e.u, e.v, [e.u_class[s] for s in kept[e.u]], [e.v_class[s] for s in kept[e.v]], e.cost, e.memory,
+                    e.multiplicity, e.follow) for e in graph.edges]
+    groups = [PolicyGroup(g.name, g.num_policies, {i: [pol[s] for s in kept[i]] for i, pol in g.members.items()})
+              for g in graph.groups]
+    return StrategyGraph(nodes, edges, graph.memory_limit, groups)
 
 
 def pinned_choices(problem: ShardingProblem, graph: StrategyGraph, hints: Sequence[Pins], *,
@@ -55,11 +71,11 @@ def pinned_choices(problem: ShardingProblem, graph: StrategyGraph, hints: Sequen
     the deterministic work-seconds the solves spent. Each solve is capped at ``time_limit_s``."""
     choices, work = [], 0.0
     for pins in hints:
-        sub = _restricted(problem, graph, pins)
-        if sub is None:
+        kept = _kept(problem, graph, pins)
+        if kept is None:
             continue
-        result = solve(sub, time_limit_s=time_limit_s)
+        result = solve(_sliced(graph, kept), time_limit_s=time_limit_s)
         work += float(result.stats.get("work", 0.0))
         if result.choice is not None:
-            choices.append(result.choice)
+            choices.append([keep[j] for keep, j in zip(kept, result.choice)])
     return choices, work
