@@ -320,13 +320,14 @@ def build(runtime: Plan, batch: ModelBatch, env: Any, *, state_dict: Optional[di
 
 
 def build_from_plan(plan: Plan, model: torch.nn.Module, *, example_inputs, loss_fn=None, example_target=None,
-                    state_dict: Optional[dict] = None, device: Any = None, full: Optional[CapturedGraph] = None,
-                    small: Optional[CapturedGraph] = None) -> CompiledModel:
+                    state_dict: Optional[dict] = None, device: Any = None,
+                    traces: tuple[Optional[CapturedGraph], Optional[CapturedGraph]] = (None, None)) -> CompiledModel:
     """This rank's ``CompiledModel`` for a saved pipelined ``plan`` (``to_microbatch`` then ``build``);
     ``torch.distributed`` must be initialized with the plan's world. ``device``: where the local shards
-    live (default: the backend's device; "meta" builds the programs without allocating). ``full`` /
-    ``small``: the model already traced at one round of the batch / at the microbatch size (a caller
-    building several ranks' programs in one process traces once)."""
+    live (default: the backend's device; "meta" builds the programs without allocating). ``traces``:
+    (full, small), the model already traced at one round of the batch / at the microbatch size (a caller
+    building several ranks' programs in one process traces once); None where not traced yet."""
+    full, small = traces
     started = time.perf_counter()
     check_pipeline_inputs(example_inputs)
     batch = ModelBatch(model, example_inputs, loss_fn, example_target)

@@ -7,6 +7,8 @@ Each mesh axis of more than one device gets a role (``axis_roles``):
   whole: data parallel;
 - with parameters stored split and gathered before use (a redistribution of the parameter to ``R``
   on that axis): FSDP (ZeRO-3);
+- parameters in a ZeRO-1 / ZeRO-2 storage form on the axis (replicated for compute, optimizer state,
+  and for ZeRO-2 gradients, sharded): ZeRO-1 / ZeRO-2;
 - parameters used split (stored ``S`` on the axis and never gathered on it): tensor parallel (MoE
   experts split with their tokens dispatched over the axis are also named: expert parallel);
 - an input split along another dim (``S(1)`` of token ids: the sequence): sequence/context parallel;
@@ -48,11 +50,12 @@ class AxisRole:
     params: int = 0
     split_ops: bool = False
     expert_layers: int = 0  # MoE layers whose tokens are dispatched to their experts over this axis
+    zero: dict = field(default_factory=dict)  # "zero1" / "zero2" -> parameters in that form on this axis
 
     @property
     def idle(self) -> bool:
         """Nothing split on this axis: its devices all compute the whole step."""
-        return not (self.batch or self.input_dims or self.gathered or self.used_split or self.split_ops)
+        return not (self.batch or self.input_dims or self.gathered or self.used_split or self.split_ops or self.zero)
 
     def describe(self) -> str:
         """``FSDP (12 of 12 parameters sharded)`` and the like; "" when idle."""
@@ -63,6 +66,10 @@ class AxisRole:
             parts.append(f"parameters sharded and gathered for use ({len(self.gathered)} of {self.params})")
         elif self.batch:
             parts.append("data parallel")
+        for form in sorted(self.zero):
+            parts.append(f"ZeRO-{form[-1]} ({len(self.zero[form])} of {self.params} parameters replicated for compute, "
+                         f"{'their optimizer state' if form == 'zero1' else 'their gradients and optimizer state'} "
+                         "sharded)")
         if self.expert_layers:
             parts.append(f"expert parallel ({self.expert_layers} MoE layer{'s' if self.expert_layers > 1 else ''}, "
                          "tokens dispatched by all-to-all)")
@@ -111,6 +118,11 @@ def axis_roles(solution, mesh, captured=None) -> list[AxisRole]:
             stored = solution.param_placements.get(fqn)
             if stored is not None and isinstance(stored[a], Shard):
                 (role.gathered if (node, a) in gathered_on else role.used_split).add(fqn)
+        for node, fqn in params.items():
+            strategy = solution.strategies.get(node)
+            form = strategy.lowerings[a] if strategy is not None and a < len(strategy.lowerings) else None
+            if form in ("zero1", "zero2"):
+                role.zero.setdefault(form, set()).add(fqn)
         # a Partial alone divides no work (a replicated value viewed as a sum of pieces): only shards count
         role.split_ops = any(isinstance(p[a], Shard) for s in solution.strategies.values()
                              for p in (*s.inputs, *s.outputs))

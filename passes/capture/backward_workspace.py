@@ -12,7 +12,7 @@ operands as meta tensors (those that need a gradient in the program marked so), 
 backward from gradients of its differentiable outputs, under a dispatch mode that follows every
 storage the backward makes. The answer is the most bytes alive at once among those that are not the
 gradients it returns, at the node's global shapes (``0`` for a single-kernel backward such as
-``mm``'s or ``silu``'s). Attention runs as the fused kernel (``saved.run_as_saved``), as the
+``mm``'s or ``silu``'s). Attention runs as the fused kernel (``saved.fused_attention``), as the
 runtime runs it; kernels' own scratch (inside one ATen call) is not seen, here as by ``MemTracker``.
 
 Results are cached per (op, operand shapes and dtypes, which operands need gradients, other
@@ -29,7 +29,8 @@ import torch.fx as fx
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autoshard.passes.capture.saved import run_as_saved
+from autoshard.passes.capture.saved import attention_call, fused_attention, run_as_saved
+from autoshard.passes.op_facts import op_facts
 from autoshard.passes.graph import META
 from autoshard.passes.spec import TensorMeta
 
@@ -118,7 +119,12 @@ def _run(node: fx.Node, needs_grad) -> int:
     if not inputs:
         return 0
     with torch.enable_grad():
-        out = run_as_saved(node.target, args, kwargs)
+        if op_facts(node.target).saved_as is not None and op_facts(node.target).attention:
+            # attention's backward is the fused kernel's whatever its heads or dropout (no S x S
+            # scores), as priced before op facts; the saved-tensor analysis keeps its stricter test
+            out = fused_attention(**attention_call(args, kwargs))
+        else:
+            out = run_as_saved(node.target, args, kwargs)
         outs = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
                 if isinstance(t, torch.Tensor) and t.requires_grad and t.dtype.is_floating_point]
         if not outs:

@@ -53,7 +53,7 @@ from autoshard.passes.graph import META, CapturedGraph, operands
 from autoshard.passes.op_facts import op_facts
 
 __all__ = ["SAVED", "SavedInfo", "saved_info", "saved_status", "is_selective_save_op", "fused_attention_call",
-           "run_as_saved", "OP_POLICY_COUNTED", "OP_POLICY_SAVE_OPS", "op_policy_saves"]
+           "fused_attention", "attention_call", "run_as_saved", "OP_POLICY_COUNTED", "OP_POLICY_SAVE_OPS", "op_policy_saves"]
 
 SAVED = "autoshard.saved"
 _STATUS = "autoshard.saved_status"

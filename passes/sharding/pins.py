@@ -113,16 +113,18 @@ class Pins:
         return {k: sorted(v) for k, v in allowed.items()}
 
     # ---- one kind of pin each ------------------------------------------------------------------
-    def _placeholder_pin(self, captured, table, mesh, node_name, label, pls, what, restrict, forms=None) -> None:
+    def _placeholder_pin(self, captured, table, mesh, node_name, label, storage, what, restrict) -> None:
+        """Restrict ``node_name`` to ``storage``: (placements, storage forms per axis or None)."""
+        pls, forms = storage
         meta = captured.node(node_name).meta.get(META)
         forms = tuple(f if size > 1 else None for f, size in zip(forms or (None,) * mesh.ndim, mesh.shape))
         idx = {i for i, s in enumerate(table[node_name]) if s.outputs and tuple(s.outputs[0]) == pls
                and (tuple(s.lowerings) or (None,) * mesh.ndim) == forms}
         if not idx and any(forms):
             raise PinError(f"{what}: {label} cannot take the storage {fmt_storage(pls, forms)} on mesh {mesh.shape}: "
-                           "storage forms are for the parameters of a trained program planned without a pipeline, "
-                           "zero1/zero2 on R axes with a dim they divide, once on S axes with every other axis's "
-                           "form (see passes/sharding/storage_forms.py)")
+                           "storage forms are for the parameters of a trained program (under a pipeline zero1/zero2 "
+                           "only): zero1/zero2 on R axes with a dim they divide, once on S axes with every other "
+                           "axis's form (see passes/sharding/storage_forms.py)")
         if not idx:
             shape = meta.shape if isinstance(meta, TensorMeta) else None
             why = why_not_divisible(shape, pls, mesh) if shape is not None else "it is not a tensor"
@@ -151,8 +153,8 @@ class Pins:
                     raise PinError(f"pins params[{prev[1]!r}] = {fmt_storage(*prev[2])} and params[{pattern!r}] = "
                                    f"{fmt_storage(*pls)} disagree on parameter {captured.params[node]!r}")
         for node, (_, pattern, (pls, forms)) in chosen.items():
-            self._placeholder_pin(captured, table, mesh, node, f"parameter {captured.params[node]!r}", pls,
-                                  f"pin params[{pattern!r}]", restrict, forms)
+            self._placeholder_pin(captured, table, mesh, node, f"parameter {captured.params[node]!r}", (pls, forms),
+                                  f"pin params[{pattern!r}]", restrict)
 
     def _resolve_inputs(self, captured, table, mesh, restrict) -> None:
         names = list(captured.inputs) + ([captured.target] if captured.target else [])
@@ -170,7 +172,7 @@ class Pins:
                 node = key
             else:
                 raise PinError(f"{what} names no input; inputs are {names} (or indices 0..{len(captured.inputs) - 1})")
-            self._placeholder_pin(captured, table, mesh, node, f"input {node!r}", pls, what, restrict)
+            self._placeholder_pin(captured, table, mesh, node, f"input {node!r}", (pls, None), what, restrict)
 
     def _resolve_ops(self, captured, table, mesh, restrict) -> None:
         ops = [n for n in captured.gm.graph.nodes if n.op == "call_function"]

@@ -304,10 +304,12 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], ctx
     weights["fwd"] -= fwd_less
     weights["bwd"] -= bwd_less
     # and copies their shards in and out of the flat buffers, on the compute stream (fused_gathers)
+    copies = 0.0
     for held in (False, True):
         f, b = fused_gather_copies(cm, ((key, m[0], m[2]) for key, m in fused_moves.items() if (key[0] in once) == held),
                                    again=lambda key: gathers[key][4] and not gathers[key][3])
-        times["compute"] += f + (b / k if held else b)
+        copies += f + (b / k if held else b)
+    times["compute"] += copies
     # the ZeRO parameters' reductions and gathers run per bucket (``storage_buckets``): priced as called
     zero_calls = bucket_collectives(cm, captured, strategies, k, _reduce_dtype(levers.mixed_precision)) \
         if zero_priced["communication"] else []
@@ -325,6 +327,9 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], ctx
                  # and what the storage forms' node-local prices differ from their buckets' and edges'
                  # (``passes.cost.storage_prices``): the objective is this much above the step too
                  "storage_form_difference_s": ilp_less * k,
+                 # the flat buffers' copy-in / copy-out, which the ILP does not price: the objective is
+                 # this much below the step
+                 "fused_gather_copies_s": copies * k,
                  **{key: value * k for key, value in overlap.to_json().items()}}
     cpu = hw.name.lower() == "cpu"  # gloo's collectives, torch's for-loop optimizer
     trace.gather_segments(gathers, staged_reduce_scatter=cpu)

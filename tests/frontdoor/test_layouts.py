@@ -115,6 +115,7 @@ def test_megatron_distributed_optimizer_is_zero1_over_dp():
         plan = plan_gpt(layouts.megatron(tp=2, pp=pp, recompute="none", distributed_optimizer=True, **kw),
                         model=model())
         _zero1_over_dp(plan)
+        assert "ZeRO-1" in plan.summary().splitlines()[0] and "ZeRO" not in plain.summary().splitlines()[0]
         for a, b in zip(plain.stages, plan.stages):
             assert b.solution.estimated_memory < 0.8 * a.solution.estimated_memory, (pp, a.index)
             assert b.solution.estimated_step_time == pytest.approx(a.solution.estimated_step_time, rel=0.1)

@@ -77,7 +77,7 @@ def test_a_rank_of_the_175b_plan_builds_its_own_program(planned, rank):
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=1024)
     try:
         cm = build_from_plan(plan, model, example_inputs=(ids,), loss_fn=lm_loss, example_target=target,
-                                   state_dict=model.state_dict(), device="meta", full=plan.captured, small=small)
+                                   state_dict=model.state_dict(), device="meta", traces=(plan.captured, small))
         program = cm._program
         mine = [s for s in plan.stages if rank in s.ranks]
         assert [s.index for s in mine] == sorted(program.stages), "the rank builds exactly its group's stages"

@@ -75,7 +75,7 @@ def test_gather_groups_agree_with_cast_only_copies():
     """Mixed precision: a parameter stored as its op needs it is still copied (cast), unfused."""
     captured, _ = _capture("gpt", param_dtype=torch.bfloat16)
     mesh = Mesh.of((2, 2))
-    levers = LeverPins.off(MixedPrecision(param_dtype=torch.bfloat16))
+    levers = LeverPins.off(mixed_precision=MixedPrecision(param_dtype=torch.bfloat16))
     unfused = 0
     for seed in SEEDS:
         solution = random_solution(captured, mesh, PlanContext.of("cpu"), seed=seed, levers=levers)

@@ -29,7 +29,7 @@ from autoshard.contest.iopddl.problem import FORBIDDEN
 from autoshard.contest.iopddl.belief_propagation import BeliefPropagation
 from autoshard.contest.iopddl.local_search import State, icm
 
-__all__ = ["MemoryIndex", "node_prices", "repair", "priced_core", "choose_mode", "lagrange_search"]
+__all__ = ["LagrangeSettings", "MemoryIndex", "node_prices", "repair", "priced_core", "choose_mode", "lagrange_search"]
 
 
 class MemoryIndex:
@@ -103,11 +103,24 @@ def priced_core(core, price: np.ndarray):
     return dataclasses.replace(core, cost=cost, limit=None)
 
 
-def lagrange_search(core, deadline: float, offer: Callable[[State], None], *, bp_iters: int = 8,
-                    jump: float = 1e4, grow: float = 100.0, rounds: int = 400, patience: int = 6,
-                    shake: float = 0.5, sweep_len: int = 10, sweep_top: float = 1e3,
-                    mode_share: float = 0.5, mode_nodes: int = 12,
-                    seed: int = 0, verbose: bool = False) -> Optional[State]:
+@dataclasses.dataclass(frozen=True)
+class LagrangeSettings:
+    """The search's knobs (``lagrange_search`` says what each does)."""
+    bp_iters: int = 8
+    jump: float = 1e4
+    grow: float = 100.0
+    rounds: int = 400
+    patience: int = 6
+    shake: float = 0.5
+    sweep_len: int = 10
+    sweep_top: float = 1e3
+    mode_share: float = 0.5
+    mode_nodes: int = 12
+
+
+def lagrange_search(core, deadline: float, offer: Callable[[State], None],
+                    settings: LagrangeSettings = LagrangeSettings(), *, seed: int = 0,
+                    verbose: bool = False) -> Optional[State]:
     """Price memory, solve the priced problem with belief propagation and priced ICM, repair and
     polish (memory-safe ICM), ``offer`` every feasible answer; returns the cheapest feasible state
     (``None`` when none was found before ``deadline``).
@@ -129,6 +142,10 @@ def lagrange_search(core, deadline: float, offer: Callable[[State], None], *, bp
     prices keeps the decoded answers near feasibility (cold starts at the final price land in far
     worse fixed points).
     """
+    bp_iters, jump, grow, rounds, patience = (settings.bp_iters, settings.jump, settings.grow, settings.rounds,
+                                              settings.patience)
+    shake, sweep_len, sweep_top = settings.shake, settings.sweep_len, settings.sweep_top
+    mode_share, mode_nodes = settings.mode_share, settings.mode_nodes
     if core.n == 0:
         return None
     rng = np.random.default_rng(seed)

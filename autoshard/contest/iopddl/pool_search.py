@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -27,15 +28,30 @@ from autoshard.contest.iopddl.penalties import PenaltySearch
 from autoshard.contest.iopddl.pool import Pool, recombine
 from autoshard.contest.iopddl.regions import adjacency, bfs_region, time_region
 
-__all__ = ["pool_search"]
+__all__ = ["PoolSettings", "pool_search"]
 
 
-def pool_search(search: PenaltySearch, shared: SharedBest, share: Callable[[State], None], deadline: float, *,
-                seed: int = 0, penalty_share: float = 0.6, solve_s: float = 4.0, pool_size: int = 8,
-                region_vars: int = 4000, region_s: float = 1.0, chain_s: float = 0.5,
-                on_round: Optional[Callable[[], None]] = None, verbose: bool = False) -> dict:
+@dataclass(frozen=True)
+class PoolSettings:
+    """The search's knobs: ``seed``; ``penalty_share`` of the time in the penalty phase; ``solve_s`` per
+    toulbar2 solve (doubled while it finds nothing); ``pool_size`` answers kept; ``region_vars`` and
+    ``region_s`` of a CP-SAT neighbourhood; ``chain_s`` per chain-move run."""
+    seed: int = 0
+    penalty_share: float = 0.6
+    solve_s: float = 4.0
+    pool_size: int = 8
+    region_vars: int = 4000
+    region_s: float = 1.0
+    chain_s: float = 0.5
+
+
+def pool_search(search: PenaltySearch, shared: SharedBest, share: Callable[[State], None], deadline: float,
+                settings: PoolSettings = PoolSettings(), *, on_round: Optional[Callable[[], None]] = None,
+                verbose: bool = False) -> dict:
     """Run both phases until ``deadline`` (``time.perf_counter``); returns statistics.
     ``on_round()`` is called between steps (the main process brings in the shared best there)."""
+    seed, penalty_share, solve_s, pool_size = settings.seed, settings.penalty_share, settings.solve_s, settings.pool_size
+    region_vars, region_s, chain_s = settings.region_vars, settings.region_s, settings.chain_s
     core = search.core
     rng = random.Random(seed)
     pool = Pool(pool_size)

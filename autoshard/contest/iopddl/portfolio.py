@@ -30,7 +30,7 @@ from autoshard.contest.iopddl.local_search import State, icm
 from autoshard.contest.iopddl.neighbourhood_search import region_size, solve_region
 from autoshard.contest.iopddl.parallel import SharedBest, fork_worker, wait_worker
 from autoshard.contest.iopddl.penalties import PenaltySearch, lower_bound
-from autoshard.contest.iopddl.pool_search import pool_search
+from autoshard.contest.iopddl.pool_search import PoolSettings, pool_search
 from autoshard.contest.iopddl.problem import FORBIDDEN
 from autoshard.contest.iopddl.wcsp import WcspModel
 
@@ -113,8 +113,8 @@ def toulbar2_portfolio(core, deadline: float, timeout_s: float, cfg, offer, note
     search = PenaltySearch(core, model, seed=cfg.seed)
     # no memory-free answer: toulbar2 is too slow here, the main process only improves the pool
     share = cfg.penalty_share if free.choice is not None else 0.0
-    stats.update(pool_search(search, shared, share_main, end, seed=cfg.seed, penalty_share=share,
-                             solve_s=solve_s, pool_size=cfg.pool_size, on_round=bring_in, verbose=cfg.verbose))
+    stats.update(pool_search(search, shared, share_main, end, PoolSettings(seed=cfg.seed, penalty_share=share,
+                             solve_s=solve_s, pool_size=cfg.pool_size), on_round=bring_in, verbose=cfg.verbose))
     bring_in()
     choice = shared.read(timeout=1.0)[2] if whole else []
     if choice:  # the cheapest answer of either process
@@ -144,8 +144,8 @@ def _worker(core, model, cfg, shared: SharedBest, share, end: float, solve_s: fl
     if cfg.worker == "wcsp":
         search = PenaltySearch(core, model, seed=cfg.seed + 7)
         search.w *= 0.1  # another starting scale than the main process's
-        pool_search(search, shared, share, end, seed=cfg.seed + 7, penalty_share=cfg.penalty_share,
-                    solve_s=solve_s, pool_size=cfg.pool_size)
+        pool_search(search, shared, share, end, PoolSettings(seed=cfg.seed + 7, penalty_share=cfg.penalty_share,
+                    solve_s=solve_s, pool_size=cfg.pool_size))
         return
     now = time.perf_counter()
     state = lagrange_search(core, now + cfg.bp_share * (end - now), share, seed=cfg.seed + 7)
@@ -155,8 +155,8 @@ def _worker(core, model, cfg, shared: SharedBest, share, end: float, solve_s: fl
     if shared.total < (1.0 - 1e-3) * state.total():  # toulbar2 is ahead: help it instead
         search = PenaltySearch(core, model, seed=cfg.seed + 7)
         search.w *= 0.1
-        pool_search(search, shared, share, end, seed=cfg.seed + 7, penalty_share=cfg.penalty_share,
-                    solve_s=solve_s, pool_size=cfg.pool_size)
+        pool_search(search, shared, share, end, PoolSettings(seed=cfg.seed + 7, penalty_share=cfg.penalty_share,
+                    solve_s=solve_s, pool_size=cfg.pool_size))
         return
     lns(state, lambda: end, cfg, random.Random(cfg.seed + 7), share)
     share(state)
