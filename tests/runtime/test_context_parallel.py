@@ -91,6 +91,8 @@ def llama_worker(rank: int, world: int) -> list:
         env = setup_distributed(Mesh.of(mesh_shape))
         seq = tuple("S(1)" for _ in mesh_shape)
         pins = {"inputs": {"input_ids": seq, "target": seq}, "ops": {SDPA_NODES: attention}}
+        if "S(2)" not in attention:  # Ulysses keeps the projections sequence-split (the planner may otherwise
+            pins["ops"]["linear*"] = seq  # gather the sequence once and slice heads, a program without all-to-all)
         case = f"hf_llama mesh={mesh_shape} attention={attention}"
         torch.manual_seed(0)
         model, inputs, target, loss_fn = hf_llama()
