@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional
 
 from autoshard.passes.errors import AutoshardError, OptionError, PlanFormatError
 
-__all__ = ["CHECKPOINT_POLICIES", "PINNED_ONLY_CHECKPOINTS", "BlockPolicy", "MixedPrecision", "Levers", "block_type", "Lever", "LEVERS",
+__all__ = ["row_values", "CHECKPOINT_POLICIES", "PINNED_ONLY_CHECKPOINTS", "BlockPolicy", "MixedPrecision", "Levers", "block_type", "Lever", "LEVERS",
            "LEVER_KEYWORDS", "lever", "block_levers", "block_policies", "check_lever", "chosen_keywords", "lever_rows",
            "lever_keywords"]
 
@@ -62,14 +62,7 @@ class BlockPolicy:
 
     def __init__(self, *args, **kwargs):
         rows = block_levers()
-        if len(args) > len(rows):
-            raise TypeError(f"BlockPolicy() takes at most {len(rows)} values ({[r.keyword for r in rows]})")
-        values = {row.keyword: v for row, v in zip(rows, args)}
-        for key, value in kwargs.items():
-            if key in values or key not in {r.keyword for r in rows}:
-                raise TypeError(f"BlockPolicy() got an unexpected or repeated value {key!r}; its levers are "
-                                f"{[r.keyword for r in rows]}")
-            values[key] = value
+        values = row_values("BlockPolicy", "its levers are", rows, args, kwargs)
         for row in rows:
             check_lever(row.keyword, values.setdefault(row.keyword, row.default), per_block=False)
         object.__setattr__(self, "_values", values)
@@ -380,3 +373,17 @@ def check_lever(keyword: str, value, *, per_block: Optional[bool] = None) -> Non
         why = row.problem(v)
         if why:
             raise OptionError(why)
+
+
+def row_values(owner: str, listed: str, rows, args: tuple, kwargs: dict) -> dict:
+    """``owner(*args, **kwargs)``'s values by lever keyword, positional ones in ``rows``' order; TypeError
+    for too many, unknown or repeated values (``listed`` introduces the keywords in the message)."""
+    if len(args) > len(rows):
+        raise TypeError(f"{owner}() takes at most {len(rows)} values ({[r.keyword for r in rows]})")
+    values = {row.keyword: v for row, v in zip(rows, args)}
+    for key, value in kwargs.items():
+        if key in values or key not in {r.keyword for r in rows}:
+            raise TypeError(f"{owner}() got an unexpected or repeated value {key!r}; {listed} "
+                            f"{[r.keyword for r in rows]}")
+        values[key] = value
+    return values

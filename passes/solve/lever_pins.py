@@ -29,7 +29,8 @@ import fnmatch
 from typing import Optional
 
 from autoshard.passes.errors import AutoshardError
-from autoshard.passes.levers import PINNED_ONLY_CHECKPOINTS, block_levers, block_policies, check_lever, lever_rows
+from autoshard.passes.levers import (PINNED_ONLY_CHECKPOINTS, block_levers, block_policies, check_lever, lever_rows,
+                                     row_values)
 
 __all__ = ["LeverPins"]
 
@@ -41,14 +42,7 @@ class LeverPins:
 
     def __init__(self, *args, **kwargs):
         rows = lever_rows()
-        if len(args) > len(rows):
-            raise TypeError(f"LeverPins() takes at most {len(rows)} values ({[r.keyword for r in rows]})")
-        values = {row.keyword: v for row, v in zip(rows, args)}
-        for key, value in kwargs.items():
-            if key in values or key not in {r.keyword for r in rows}:
-                raise TypeError(f"LeverPins() got an unexpected or repeated value {key!r}; the levers are "
-                                f"{[r.keyword for r in rows]}")
-            values[key] = value
+        values = row_values("LeverPins", "the levers are", rows, args, kwargs)
         for row in rows:  # one check per lever, the table's (``passes.levers.check_lever``)
             check_lever(row.keyword, values.get(row.keyword))
         self._values = values
