@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from autoshard.passes.solve.context import PlanContext
 
 __all__ = ["DEFAULT_SCHEDULES", "Choice", "held_microbatches", "approx_held", "valid_schedule", "stage_problem",
-           "score_stages", "overlapped_sync", "single_stage_step", "cut_seconds"]
+           "score_stages", "busiest_rank_seconds", "overlapped_sync", "single_stage_step", "cut_seconds"]
 
 _BACKWARD = ("B", "W", "BW")
 
@@ -181,6 +181,25 @@ def score_stages(prob: StageProblem, schedule: str, starts: Sequence[int], recom
         after[g] = after.get(g, 0.0) + (sum(prob.opt_step[a:e]) if prob.opt_step else 0.0)
     ends_at = max(max(overlapped_sync(buckets), backward_done[g]) + after[g] for g, buckets in groups.items())
     return max(result.step_time, ends_at), result.bubble_fraction
+
+
+def busiest_rank_seconds(prob: StageProblem, schedule: str, starts: Sequence[int], recompute: Sequence[bool]
+                         ) -> float:
+    """A lower bound on ``score_stages(prob, schedule, starts, recompute)``'s step time that needs no
+    simulation: the compute of the busiest rank group, m times the F and B(+W) durations of its stages
+    as ``score_stages`` builds them. The simulator runs a rank's actions one after another and
+    transfers take no compute time, so no step is shorter than one rank's work (summed in another
+    order, the two may differ by rounding: compare with a relative tolerance)."""
+    L = len(prob.fwd)
+    ends = list(starts[1:]) + [L]
+    busy: dict[int, float] = {}
+    for s, (a, e) in enumerate(zip(starts, ends)):
+        fwd = sum(prob.fwd[a:e])
+        f = fwd + (prob.cut_seconds[a - 1] if a > 0 else 0.0)
+        b = sum(prob.bwd[a:e]) + (fwd if recompute[s] else 0.0) + (prob.cut_seconds[e - 1] if e < L else 0.0)
+        g = prob.stage_group[s]
+        busy[g] = busy.get(g, 0.0) + prob.m * (f + b)
+    return max(busy.values(), default=0.0)
 
 
 def single_stage_step(profile: SubmeshProfile) -> float:

@@ -1,0 +1,80 @@
+"""The stage search skips simulations that cannot win, and its answer stays the same.
+
+``_even_cuts`` simulates the even cut of every configuration whose closed form is near the best; a
+cut whose busiest rank group's compute alone (``scoring.busiest_rank_seconds``) exceeds the best step
+so far cannot replace it (only a strictly shorter step does), so it is not generated nor simulated.
+Checked here: the bound is below every simulated step, and the search with the skip chooses exactly
+what it chooses without it, with fewer simulations."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import autoshard.passes.pipeline.stages.search as search_module
+from autoshard.passes.capture.export import capture
+from autoshard.passes.mesh import Mesh
+from autoshard.passes.pipeline.schedule.registry import get_schedule
+from autoshard.passes.pipeline.stages.scoring import DEFAULT_SCHEDULES, busiest_rank_seconds, score_stages
+from autoshard.passes.pipeline.stages.search import profile_candidates, search_stages
+from autoshard.passes.pipeline.stages.search_spec import PipelineSearch
+from autoshard.passes.pipeline.stages.stage_problem import StageProblem
+from autoshard.passes.solve.context import PlanContext
+from autoshard.testing.models import GPT, lm_loss
+
+
+
+def _problem(rng: random.Random, units: int, p: int, m: int, schedule: str) -> StageProblem:
+    fwd = [rng.uniform(0.1, 2.0) for _ in range(units)]
+    return StageProblem(
+        fwd=fwd, bwd=[2 * f * rng.uniform(0.8, 1.2) for f in fwd], grad_sync=[rng.uniform(0, 0.5) for _ in fwd],
+        state=[1.0] * units, act=[1.0] * units, cut_seconds=[rng.uniform(0, 0.3) for _ in fwd],
+        cut_bytes=[1.0] * units, stage_group=get_schedule(schedule).stage_rank(p), held=[1] * units, m=m,
+        memory_limit=1e30, holds_params=[True] * units, grads=[0.0] * units, opt_fixed=[0.0] * units,
+        opt_peak=[0.0] * units, opt_step=[rng.uniform(0, 0.2) for _ in fwd])
+
+
+@pytest.mark.parametrize("schedule", DEFAULT_SCHEDULES)
+def test_the_busiest_rank_bound_is_below_every_simulated_step(schedule):
+    rng = random.Random(7)
+    v = get_schedule(schedule).virtual_stages
+    checked = 0
+    for p in (2, 4):
+        for m in (4, 8, 12):
+            if not get_schedule(schedule).accepts(p, m):
+                continue
+            stages = p * v
+            units = stages + 3
+            for _ in range(5):
+                prob = _problem(rng, units, p, m, schedule)
+                starts = [0] + sorted(rng.sample(range(1, units), stages - 1))
+                recompute = [rng.random() < 0.5 for _ in range(stages)]
+                step = score_stages(prob, schedule, starts, recompute)[0]
+                bound = busiest_rank_seconds(prob, schedule, starts, recompute)
+                assert bound <= step * (1 + 1e-12), (p, m, starts)
+                checked += 1
+    assert checked >= 10
+
+
+def _choice_key(best):
+    return (best.pp, tuple(best.profile.mesh.shape), best.m, best.schedule, tuple(best.stages.starts),
+            tuple(best.stages.recompute), best.step_time)
+
+
+def test_even_cuts_skip_what_cannot_win_and_choose_the_same(monkeypatch):
+    # a head worth a few blocks: the even cut's last stage is the busiest, and many even cuts cannot win
+    with torch.device("meta"):
+        model = GPT(7680, 256, 8, 4, 128, False)
+    ids = torch.empty(64, 128, dtype=torch.long, device="meta")
+    captured = capture(model, (ids,), loss_fn=lm_loss, target=ids.clone())
+    mesh = Mesh((8,))
+    profiles = profile_candidates(captured, mesh, [2, 4, 8], PlanContext.of("h100", optimizer="adamw"),
+                                  PipelineSearch())
+    ctx = PlanContext.of("h100", time_limit_s=4.0)
+    best, stats = search_stages(profiles, mesh, ctx, 64)
+    monkeypatch.setattr(search_module, "_cannot_beat", lambda *a: False)
+    every, every_stats = search_stages(profiles, mesh, ctx, 64)
+    assert _choice_key(best) == _choice_key(every)
+    assert stats["ilp"] == every_stats["ilp"] and stats["work_s"] == every_stats["work_s"]
+    assert stats["even"] < every_stats["even"], (stats["even"], every_stats["even"])
