@@ -8,9 +8,9 @@ included) are the figure the load disturbs least.
 
 ``8b``: Llama-3 8B on (8, 8) as ``plan_time.py`` (trace and solve timed apart); ``175b``: GPT-3 175B
 on (128, 8) through ``autoshard.plan(pp="auto")`` as ``plan_3d.py`` (trace included). Each run prints
-one line: wall (CPU) seconds, the load average before and after, and the plan's decisions, so a
-speedup that changed the plan shows. The other tree is imported in place of this one by pointing the
-editable install's finder at it (the package maps ``autoshard.passes`` to ``passes/``), in a fresh
+one line: wall (CPU) seconds, the load average before and after, and the plan's decisions (with a
+digest of the whole plan, search statistics left out), so a speedup that changed the plan shows.
+The other tree is imported in place of this one by pointing the editable install's finder at it (the package maps ``autoshard.passes`` to ``passes/``), in a fresh
 interpreter per run.
 """
 from __future__ import annotations
@@ -73,10 +73,16 @@ plan = autoshard.plan(model, (128, 8), example_inputs=(ids,), loss_fn=plan_3d.lo
                       hardware="h100", pp="auto", time_limit_s=60)
 wall, cpu = time.perf_counter() - t, time.process_time() - c
 search = plan.stages[0].solution.solver_stats.get("pipeline_search", {{}})
+def decisions(d):  # the plan without its search statistics (which differ when a search skips work)
+    if isinstance(d, dict):
+        return {{k: decisions(v) for k, v in d.items() if k != "solver_stats"}}
+    return [decisions(v) for v in d] if isinstance(d, list) else d
+digest = hashlib.sha1(json.dumps(decisions(plan.to_json()), sort_keys=True, default=str).encode()).hexdigest()[:12]
 print(f"{{label}}: plan {{wall:.1f}} s ({{cpu:.1f}}); load {{l0:.1f}} -> {{os.getloadavg()[0]:.1f}}; "
       f"pp {{plan.pp}} submesh {{plan.stages[0].mesh.shape}} {{plan.schedule}} m {{plan.microbatches}} "
       f"recompute {{sum(s.recompute for s in plan.stages)}} step {{plan.estimated_step_time:.6f}} s; stage search "
-      f"{{search.get('wall_s')}} s, ilp {{search.get('ilp')}}, timed out {{search.get('timed_out', False)}}", flush=True)
+      f"{{search.get('wall_s')}} s, ilp {{search.get('ilp')}}, even cuts simulated {{search.get('even')}}, timed out "
+      f"{{search.get('timed_out', False)}}; plan {{digest}}", flush=True)
 """
 
 
