@@ -2,9 +2,11 @@
 stage with the plan's cost model (``CostModel.price_node`` under the chosen strategy) and sums the seconds
 by kind (expert GEMMs, attention, other GEMMs, memory-bound ops by op, launch overhead, an op lowering's
 own collectives such as MoE all-to-alls, parameters' gradient syncs and optimizer steps, redistributions).
-Used by ``published_moe_layouts.py --breakdown``; figures are one rank's additive seconds per step (a
-pipelined plan: one stage's per microbatch times its microbatches, summed over the stages one rank group
-runs), before overlap, bubble and recompute (the solution's ``time_breakdown`` is printed next to them).
+Used by ``published_moe_layouts.py --breakdown``; figures are one rank's additive seconds per step, before
+overlap, bubble and recompute (each stage's ``time_breakdown`` is printed next to them). Without a pipeline
+the captured program is one accumulation microstep, so its prices are multiplied by the accumulation; a
+pipelined plan's captured program is the whole batch (each stage's work divided over its data-parallel
+ranks), so the prices of the stages one rank group runs are summed as they are.
 """
 from __future__ import annotations
 
@@ -35,8 +37,8 @@ def price_breakdown(plan, top: int = 14) -> list[str]:
     for st in plan.stages:
         groups[st.group].append(st)
     rank_group = max(groups, key=lambda g: sum(s.solution.estimated_step_time for s in groups[g]))
-    m = plan.microbatches if plan.pipelined else max(1, plan.accumulation)
     sums: dict[str, float] = defaultdict(float)
+    once: dict[str, float] = defaultdict(float)  # per step, whatever the accumulation
     launches = 0.0
     lines = []
     for st in groups[rank_group]:
@@ -49,8 +51,8 @@ def price_breakdown(plan, top: int = 14) -> list[str]:
             price = cm.price_node(name, strat, facts)
             node = facts.nodes[name]
             if kind == "param":
-                sums["params: grad sync (unscaled, per microbatch)"] += sum(c.seconds for c in price.grad_sync)
-                sums["params: optimizer step + accumulate"] += price.compute - facts.overhead(name)
+                once["params: gradient all-reduces (once per step)"] += sum(c.seconds for c in price.grad_sync)
+                once["params: optimizer step (once per step)"] += price.compute - facts.overhead(name)
                 continue
             if kind != "op":
                 continue
@@ -66,15 +68,17 @@ def price_breakdown(plan, top: int = 14) -> list[str]:
                      + ", ".join(f"{k} {v:.3f} s" for k, v in sol.time_breakdown.items())
                      + "; memory " + ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sol.memory_breakdown.items()))
     sums["launch overhead (all ops)"] = launches
-    scale = m if plan.pipelined else 1
-    head = (f"  breakdown of rank group {rank_group} ({len(groups[rank_group])} stage(s)), seconds per step "
-            f"(x{scale} microbatches)" if plan.pipelined else
-            f"  breakdown, seconds per captured program (accumulation {plan.accumulation})")
+    scale = 1 if plan.pipelined else max(1, plan.accumulation)
+    head = (f"  breakdown of rank group {rank_group} ({len(groups[rank_group])} stage(s)), seconds per step, "
+            f"recompute and bubble not included" if plan.pipelined else
+            f"  breakdown, seconds per step (captured microstep x accumulation {scale}), recompute not included")
     out = [head]
-    items = sorted(sums.items(), key=lambda kv: -kv[1])
+    scaled = {k: v * scale for k, v in sums.items()}
+    scaled.update(once)
+    items = sorted(scaled.items(), key=lambda kv: -kv[1])
     rest = sum(v for _, v in items[top:])
     for k, v in items[:top]:
-        out.append(f"    {k:<58} {v * scale:9.3f}")
-    out.append(f"    {'(other)':<58} {rest * scale:9.3f}")
-    out.append(f"    {'sum':<58} {sum(sums.values()) * scale:9.3f}")
+        out.append(f"    {k:<58} {v:9.3f}")
+    out.append(f"    {'(other)':<58} {rest:9.3f}")
+    out.append(f"    {'sum':<58} {sum(scaled.values()):9.3f}")
     return out + lines
