@@ -35,7 +35,15 @@ What the pricing leaves out, each a known gap rather than a fitted constant:
   stages are not modelled here);
 - the Hugging Face models compute the routers' top-k, DeepSeek-V3's group-limited routing included,
   with ordinary ops; the experts are one ``autoshard::moe_experts`` op (no capacity factor: every
-  routed pair computed), priced at uniform expert load.
+  routed pair computed), priced at uniform expert load;
+- both NeMo configs set ``fake_balanced_gate: true``: expert ids ``arange(T*k).view(-1, k) % E``, so a
+  token's k experts are contiguous (one rank of 8 for Qwen3, one node for DeepSeek-V3 at ep 64), and
+  DeepEP sends a token once per destination rank (once per node over RDMA); autoshard's dispatch
+  (``runtime/moe_dispatch.py``) and its price move every routed pair, about k times those bytes;
+- Hugging Face materialises its causal mask under tracing, so the captured ``sdpa`` carries an explicit
+  mask and is priced (and run) as full, not causal, attention; the published runs use TE's causal
+  attention and fused RMSNorm (``attn: te``, ``rms_norm: te``), autoshard the eager norm chain.
+``--breakdown`` prints the priced step by kind (``moe_breakdown.py``) to attribute these.
 
 A layout this cost model says does not fit the GPUs' memory (when the run itself did) is reported with
 the error, then priced at twice the limit, labelled so ("layout@160GB"): a step estimate, not a fit.
