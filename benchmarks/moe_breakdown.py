@@ -30,7 +30,9 @@ def _kind(node, facts: GraphFacts) -> str:
     return f"memory-bound: {name}"
 
 
-def price_breakdown(plan, top: int = 14) -> list[str]:
+def breakdown_parts(plan) -> tuple[dict[str, float], list[str]]:
+    """Seconds per step by kind for the busiest rank group (module docstring), and one line per stage
+    with its solution's own time and memory breakdowns."""
     hw = get_hardware(plan.hardware)
     facts = GraphFacts(plan.captured, hw)
     groups = defaultdict(list)
@@ -46,19 +48,16 @@ def price_breakdown(plan, top: int = 14) -> list[str]:
         cm = CostModel(st.mesh, hw, "adamw")
         for name, strat in sol.strategies.items():
             kind = facts.kind.get(name)
-            if kind is None:
+            if kind not in ("param", "op"):
                 continue
             price = cm.price_node(name, strat, facts)
-            node = facts.nodes[name]
             if kind == "param":
                 once["params: gradient all-reduces (once per step)"] += sum(c.seconds for c in price.grad_sync)
                 once["params: optimizer step (once per step)"] += price.compute - facts.overhead(name)
                 continue
-            if kind != "op":
-                continue
             over = facts.overhead(name)
             launches += over
-            sums[_kind(node, facts)] += price.compute - over
+            sums[_kind(facts.nodes[name], facts)] += price.compute - over
             for c in price.collectives:
                 sums[f"collective: {c.kind} (op lowering, axis {c.axis})"] += c.seconds
         for r in sol.redistributions:
@@ -69,16 +68,20 @@ def price_breakdown(plan, top: int = 14) -> list[str]:
                      + "; memory " + ", ".join(f"{k} {v / 2**30:.1f} GiB" for k, v in sol.memory_breakdown.items()))
     sums["launch overhead (all ops)"] = launches
     scale = 1 if plan.pipelined else max(1, plan.accumulation)
-    head = (f"  breakdown of rank group {rank_group} ({len(groups[rank_group])} stage(s)), seconds per step, "
-            f"recompute and bubble not included" if plan.pipelined else
-            f"  breakdown, seconds per step (captured microstep x accumulation {scale}), recompute not included")
-    out = [head]
-    scaled = {k: v * scale for k, v in sums.items()}
-    scaled.update(once)
-    items = sorted(scaled.items(), key=lambda kv: -kv[1])
-    rest = sum(v for _, v in items[top:])
-    for k, v in items[:top]:
-        out.append(f"    {k:<58} {v:9.3f}")
-    out.append(f"    {'(other)':<58} {rest:9.3f}")
-    out.append(f"    {'sum':<58} {sum(scaled.values()):9.3f}")
+    parts = {k: v * scale for k, v in sums.items()}
+    parts.update(once)
+    return parts, lines
+
+
+def price_breakdown(plan, top: int = 14) -> list[str]:
+    """``breakdown_parts`` as report lines: the ``top`` largest kinds, the rest, the sum, the stages."""
+    parts, lines = breakdown_parts(plan)
+    head = (f"  breakdown of the busiest rank group, seconds per step, recompute and bubble not included"
+            if plan.pipelined else
+            f"  breakdown, seconds per step (captured microstep x accumulation {max(1, plan.accumulation)}), "
+            "recompute not included")
+    items = sorted(parts.items(), key=lambda kv: -kv[1])
+    out = [head] + [f"    {k:<58} {v:9.4f}" for k, v in items[:top]]
+    out.append(f"    {'(other)':<58} {sum(v for _, v in items[top:]):9.4f}")
+    out.append(f"    {'sum':<58} {sum(parts.values()):9.4f}")
     return out + lines

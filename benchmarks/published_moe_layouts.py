@@ -43,7 +43,8 @@ What the pricing leaves out, each a known gap rather than a fitted constant:
 - Hugging Face materialises its causal mask under tracing, so the captured ``sdpa`` carries an explicit
   mask and is priced (and run) as full, not causal, attention; the published runs use TE's causal
   attention and fused RMSNorm (``attn: te``, ``rms_norm: te``), autoshard the eager norm chain.
-``--breakdown`` prints the priced step by kind (``moe_breakdown.py``) to attribute these.
+``--breakdown`` prints the priced step by kind (``moe_breakdown.py``) to attribute these; its
+redistribution lines are the listed (unfused) moves x accumulation, above the solution's fused gathers.
 
 A layout this cost model says does not fit the GPUs' memory (when the run itself did) is reported with
 the error, then priced at twice the limit, labelled so ("layout@160GB"): a step estimate, not a fit.
