@@ -20,8 +20,8 @@ Contenders, on mesh (4,), 4 gloo ranks (CPU, one thread each), the same model va
   FSDP2, for the like-for-like ratio.
 
 ``BENCH_AB=1`` adds autoshard eager and compiled with the gradients copied into their all-reduce buckets
-(``GradSync.grads_in_buckets`` off: the runtime before gradients accumulated in their buckets), for the
-lever's before / after in the same run. ``BENCH_PLAN=dp``: autoshard's contenders run the data-parallel
+and ZeRO's buckets reduce-scattered by gloo from a copy (``GradSync.grads_in_buckets`` and
+``ZeroSync.reduce_in_place`` off: the runtime before both), for the levers' before / after in one run. ``BENCH_PLAN=dp``: autoshard's contenders run the data-parallel
 preset's plan (every parameter replicated, so every gradient goes through the bucketed all-reduce)
 instead of the solver's.
 
@@ -118,6 +118,8 @@ def contenders(name: str, ids: torch.Tensor, target: torch.Tensor) -> list:
             cm = autoshard.compile(copy.deepcopy(model), (world,), plan=eager.plan, compile=on, **kw)
             for sync in cm._program._syncs.values():
                 sync.grads_in_buckets = False
+            for zero in cm._program._zeros.syncs.values():  # and ZeRO's buckets reduce-scattered from a copy
+                zero.reduce_in_place = False
             pairs.append((label, cm))
     base = autoshard.plan(model, (world,), **kw, **autoshard.presets.data_parallel((world,)))
     zero3_plan(base)

@@ -6,7 +6,8 @@ then stepped without ``zero_grad`` (gradients add up across steps), after ``zero
 (the buckets' zeros are kept, nothing set aside), and after an optimizer-like replacement of every
 ``.grad`` by a copy (plain SGD, gradients compared within 1e-5 once the parameters carry its rounding). A dispatch mode counts the copies into bucket storage during each step: none,
 where before the change every synced gradient was copied into its bucket once per step. A
-parameter that receives no gradient keeps ``None``.
+parameter that receives no gradient keeps ``None``. ZeRO-1 buckets on gloo are all-reduced in place
+(no copy of a whole bucket in a step; gloo's reduce-scatter copied each) and match one device.
 """
 from __future__ import annotations
 
@@ -94,6 +95,24 @@ def _worker(rank: int, world: int) -> dict:
                 for p in b.params:
                     if p.grad is not None and p.grad.untyped_storage().data_ptr() != b.flat.untyped_storage().data_ptr():
                         bad.append(f"{label}: a synced gradient is not a view of its bucket after the step")
+
+    # ZeRO-1 on gloo: each bucket's rows are all-reduced in place (gloo's reduce-scatter would copy them whole
+    # first, then copy this rank's chunk out); the same sums, so the training matches one device
+    torch.manual_seed(0)
+    model, (ids,), target, loss_fn = gpt()
+    ref = copy.deepcopy(model)
+    cm = autoshard.compile(model, (4,), example_inputs=(ids,), loss_fn=loss_fn, example_target=target,
+                           hardware="cpu", params={"*": ("R/zero1",)})
+    bad += train_against_one_device("zero1", cm, ref, ((ids,), target), loss_fn=loss_fn, steps=2, optimizer=sgd)
+    zero = cm._program._zero
+    rows = {len(zero_bucket.members) and 4 * zero_bucket.numel for zero_bucket in zero.buckets}
+    from torch.profiler import profile
+    with profile(record_shapes=True) as prof:
+        cm.step(ids, target=target)
+    whole_copies = sum(1 for e in prof.events() if e.name == "aten::copy_" and e.input_shapes
+                       and e.input_shapes[0] and len(e.input_shapes[0]) == 1 and e.input_shapes[0][0] in rows)
+    if whole_copies:
+        bad.append(f"zero1: {whole_copies} copies of a whole bucket's rows in a step (buckets of {sorted(rows)})")
 
     # a parameter that receives no gradient in the step keeps None (an optimizer then skips it)
     used, unused = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(4))
