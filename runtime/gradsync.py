@@ -182,8 +182,10 @@ class GradSync:
         self.active = True
 
     def mark_ready(self, p: nn.Parameter) -> None:
-        """``p``'s gradient is final for this step: copy it into its bucket (after ``arm``; the hooks call
-        this, and a zero-bubble W calls it for the gradients it sets without hooks)."""
+        """``p``'s gradient is final for this step: put it in its bucket (after ``arm``; nothing to copy
+        where it accumulated there), launching what is full. The hooks call this (in every round: they
+        note which parameters received a gradient), and a zero-bubble W for the gradients it sets
+        without hooks."""
         self._received.add(p)
         if not self.active or p not in self._where or p in self._copied:
             return
