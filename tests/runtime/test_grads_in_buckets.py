@@ -66,7 +66,7 @@ def _worker(rank: int, world: int) -> dict:
                 return out
 
         prog = Counted()
-        bad += train_against_one_device(label, prog, ref, ((ids,), target), loss_fn=loss_fn, steps=2,
+        bad += train_against_one_device(label, prog, ref, ((ids,), target), loss_fn=loss_fn, steps=1,
                                         optimizer=sgd)
         opt, ref_opt = sgd(cm.parameters()), sgd(ref.parameters())
         tol = Tolerance(grad_atol=1e-5)  # the parameters differ by the SGD steps' rounding by then
@@ -133,4 +133,4 @@ def test_gradients_accumulate_in_their_buckets_on_4_ranks():
     for label, n in results[0]["synced"].items():
         assert n > 0, f"{label}: no parameter is all-reduced by the grad sync, nothing was tested"
     for label, counts in results[0]["copies"].items():
-        assert len(counts) == 6 and counts == [0] * 6, f"{label}: copies into buckets per step {counts}"
+        assert len(counts) == 5 and counts == [0] * 5, f"{label}: copies into buckets per step {counts}"
