@@ -70,8 +70,7 @@ from autoshard.passes.solve.step_trace import STEP_COUNTER_BYTES
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.layout.shapes import normalize
 from autoshard.passes.layout.redistribution import R_CODE, encode
-from autoshard.passes.sharding.storage_forms import form_of
-from autoshard.passes.spec import Shard
+from autoshard.passes.pipeline.stages.stage_zero import zero_step_costs
 from autoshard.passes.writes import written_operands
 from autoshard.passes.pipeline.stages.op_cuts import op_graph_units
 from autoshard.passes.solve.microbatch import (MicrobatchCostModel, MicrobatchFacts, batch_dependent, batch_granularity,
@@ -287,7 +286,7 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, ctx: Optional[P
             acc[owner]["opt_peak"] = max(acc[owner]["opt_peak"], 0.0 if foreach else temporaries)
             acc[owner]["opt_fixed"] += STEP_COUNTER_BYTES if adam else 0.0
         if kind == "param" and price.grads > 0:
-            _zero_step_costs(acc[owner], cm, name, strategies[name], price, facts)
+            zero_step_costs(acc[owner], cm, name, strategies[name], price, facts)
         else:
             acc[owner]["grad_sync"] += sum(c.seconds for c in price.grad_sync)
     out_placements = output_placements(captured, mesh.ndim)
@@ -332,31 +331,6 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, ctx: Optional[P
     costs = [UnitCost(**a) for a in acc]
     return SubmeshProfile(mesh, list(units), costs, cut_fixed, cut_batch, solution, batch_granularity(captured, solution),
                           cut_whole_fixed=whole_fixed, cut_whole_batch=whole_batch)
-
-
-def _zero_step_costs(acc: dict, cm: CostModel, name: str, strategy, price, facts: GraphFacts) -> None:
-    """Add one trained parameter's per-step and per-microbatch costs to its unit's ``acc``: gradient
-    reductions, the optimizer's update and a microbatch's gradient accumulation. In a ZeRO form
-    (``passes.cost.storage_prices``, priced here at one microbatch per step) a ``zero2`` reduce-scatter
-    runs every microbatch (the backward's fixed cost), a ``zero1`` one once per step with the other
-    syncs; the optimizer updates the ZeRO slice only, a ``zero2`` gradient accumulates into that slice,
-    and the parameter all-gather after the optimizer step (``phase="step"``, exposed: the runtime
-    gathers before the next step's forward) counts with the optimizer step."""
-    meta = facts.tensor_outputs(name)[0]
-    storage = strategy.outputs[0]
-    form = form_of(strategy, meta.shape, cm.mesh.shape)
-    master = facts.master_dtype(name)
-    sliced = storage
-    if form.zero:
-        sliced = tuple(Shard(form.zero_dim) if a in form.zero_axes else p for a, p in enumerate(storage))
-    for c in price.grad_sync:
-        if form.zero and not form.zero_reduced_once and c.kind == "reduce_scatter":
-            acc["bwd_fixed"] += c.seconds
-        else:
-            acc["grad_sync"] += c.seconds
-    acc["opt_step"] += cm.optimizer_step_seconds(meta, sliced, master)
-    acc["opt_step"] += sum(c.seconds for c in price.collectives if c.phase == "step")
-    acc["accumulate"] += cm.accumulate_seconds(meta, storage if form.zero_reduced_once else sliced, master)
 
 
 #: work-seconds each hinted layout's own (pinned, mostly fixed) solve may spend
