@@ -127,7 +127,9 @@ class UnitCost:
     stage takes the largest of (the for-loop's two copies of its largest parameter). ``opt_step``:
     seconds of the optimizer's update of the unit's parameters (per step); ``accumulate``: seconds of
     adding one microbatch's gradients into theirs (``passes/cost/optimizer_step.py``; the scorer adds
-    both after the unit's group's gradient sync)."""
+    both after the unit's group's gradient sync). ``held_grads``: a ``zero1`` parameter's unreduced
+    gradient, held whole over the microbatches beside its reduced slice (``grads``: what one backward
+    adds in flight is counted from ``grads``, as for the other forms)."""
     fwd_fixed: float = 0.0
     fwd_batch: float = 0.0
     bwd_fixed: float = 0.0
@@ -143,10 +145,11 @@ class UnitCost:
     opt_peak: float = 0.0
     opt_step: float = 0.0
     accumulate: float = 0.0
+    held_grads: float = 0.0
 
     @property
     def state_bytes(self) -> float:
-        return self.params + self.grads + self.optimizer
+        return self.params + self.grads + self.optimizer + self.held_grads
 
     def fwd(self, m: int) -> float:
         return self.fwd_fixed + self.fwd_batch / m
@@ -279,7 +282,7 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, ctx: Optional[P
         price = cm.price_node(name, strategies[name], facts)
         for key in ("params", "grads", "optimizer"):
             acc[owner][key] += getattr(price, key)
-        acc[owner]["grads"] += price.held_grads  # zero1: the unreduced gradient, held over the microbatches
+        acc[owner]["held_grads"] += price.held_grads  # zero1: the unreduced gradient, held over the microbatches
         if kind == "param" and price.grads > 0:
             temporaries = optimizer_temporaries([price.params], optimizer, foreach)
             acc[owner]["opt_fixed"] += temporaries if foreach else 0.0

@@ -339,6 +339,7 @@ def _stage_solution(prof: SubmeshProfile, full: Optional[Solution], rng: range, 
     fqns |= {a for a, c in captured.aliases.items() if c in fqns}
     costs = [prof.costs[i] for i in rng]
     mem = {k: sum(getattr(c, k) for c in costs) for k in ("params", "grads", "optimizer")}
+    mem["grads"] += sum(c.held_grads for c in costs)  # zero1's unreduced gradients
     mem["activations"] = best.stages.memory[s] - sum(mem.values())
     m = best.m
     times = {"compute+communication": m * best.stages.stage_time[s], "grad_sync": best.stages.stage_sync[s]}
