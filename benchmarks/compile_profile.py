@@ -6,12 +6,16 @@
 The model, batch, mesh (4,), plan (the solver's for ``hardware="cpu"``) and AdamW step are
 ``compile_step_time.py``'s. After two warm-up steps (the compiles) and ``BENCH_ROUNDS`` interleaved
 rounds of 2 timed steps each, rank 0 profiles one step of each contender with ``torch.profiler`` and
-prints the share of the profiled self CPU time per category:
+prints the share of the profiled self CPU time of the step's thread per category (gloo's worker threads,
+which copy and reduce the buffers beside the step, are summed apart):
 
 - matmul: ``aten::mm``/``addmm``/``bmm`` (the same oneDNN/MKL kernels eager and compiled);
 - attention: ``scaled_dot_product`` kernels (a fallback kernel under inductor as well);
-- gradient sync: ``AccumulateGrad`` and ``aten::copy_`` (gradients copied into the all-reduce buckets and
-  back) and the collectives (``c10d::``, ``_AllReduce``, ``wait_tensor``);
+- gradient sync: everything inside autograd's ``AccumulateGrad`` (the sync hooks: gradients copied into
+  the all-reduce / reduce-scatter buckets, collective launches, the wait for the bucket before) and the
+  collectives (``c10d::``, ``_AllReduce``, ``wait_tensor``);
+- other copies: ``aten::copy_`` outside those hooks (ZeRO's gather after the optimizer, ``.contiguous()``
+  of activations, casts);
 - optimizer: the ``Optimizer.step`` ops (``_foreach_``/``lerp_``/``addcdiv_``/...);
 - compiled graphs: inductor's fused kernels (self time of ``Call CompiledFxGraph``);
 - other: everything else (eager elementwise ops, views, Python glue).
@@ -41,7 +45,8 @@ from compile_step_time import BATCH, SEQ, VOCAB, build, lm_loss  # noqa: E402
 CATEGORIES = (
     ("matmul", ("aten::mm", "aten::addmm", "aten::bmm")),
     ("attention", ("scaled_dot_product",)),
-    ("gradient sync", ("AccumulateGrad", "aten::copy_", "c10d::", "_AllReduce", "wait_tensor", "all_reduce")),
+    ("gradient sync", ("AccumulateGrad", "c10d::", "_AllReduce", "wait_tensor", "all_reduce")),
+    ("other copies", ("aten::copy_",)),
     ("optimizer", ("Optimizer.step", "_foreach_", "lerp_", "addcdiv_", "addcmul_", "aten::sqrt", "aten::div",
                    "_local_scalar_dense")),
     ("compiled graphs", ("CompiledFxGraph",)),
@@ -55,10 +60,33 @@ def category(name: str) -> str:
     return "other"
 
 
+def _in_hook(event) -> bool:
+    """Whether ``event`` ran inside autograd's gradient accumulation (the sync hooks: bucket copies,
+    collective launches, waits for the bucket before)."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if "AccumulateGrad" in parent.name:
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
 def shares(prof) -> Counter:
+    """Self CPU time by category on the step's thread (the one with the most self time); the time of
+    the other threads (gloo's workers copying and reducing buffers beside the step) as "background"."""
+    per_thread = Counter()
+    events = prof.events()
+    for event in events:
+        per_thread[event.thread] += event.self_cpu_time_total
+    main = per_thread.most_common(1)[0][0]
     out = Counter()
-    for event in prof.key_averages():
-        out[category(event.key)] += event.self_cpu_time_total
+    for event in events:
+        if event.thread != main:
+            out["background"] += event.self_cpu_time_total
+        elif _in_hook(event) or "AccumulateGrad" in event.name:
+            out["gradient sync"] += event.self_cpu_time_total
+        else:
+            out[category(event.name)] += event.self_cpu_time_total
     return out
 
 
@@ -107,11 +135,14 @@ def main() -> None:
               f"ratio {med['compiled'] / med['eager']:.3f} (rounds {[round(t * 1e3) for t in times['eager']]} / "
               f"{[round(t * 1e3) for t in times['compiled']]})")
         labels = [label for label, _ in CATEGORIES] + ["other"]
-        print(f"{'self CPU share of one profiled step (rank 0)':46s} {'eager':>8s} {'compiled':>9s}")
+        on_step = [sum(v for k, v in s.items() if k != "background") for s in profiled]
+        print(f"{'self CPU share of one profiled step (rank 0, its thread)':58s} {'eager':>8s} {'compiled':>9s}")
         for label in labels:
-            cells = [100 * s[label] / max(sum(s.values()), 1) for s in profiled]
-            print(f"  {label:44s} {cells[0]:7.1f}% {cells[1]:8.1f}%")
-        print(f"  {'total ms':44s} {sum(profiled[0].values()) / 1e3:8.0f} {sum(profiled[1].values()) / 1e3:9.0f}")
+            cells = [100 * s[label] / max(t, 1) for s, t in zip(profiled, on_step)]
+            print(f"  {label:56s} {cells[0]:7.1f}% {cells[1]:8.1f}%")
+        print(f"  {'total ms on the step thread':56s} {on_step[0] / 1e3:8.0f} {on_step[1] / 1e3:9.0f}")
+        print(f"  {'ms on gloo worker threads (beside the step)':56s} {profiled[0]['background'] / 1e3:8.0f} "
+              f"{profiled[1]['background'] / 1e3:9.0f}")
     dist.destroy_process_group()
 
 

@@ -19,6 +19,12 @@ Contenders, on mesh (4,), 4 gloo ranks (CPU, one thread each), the same model va
   stored sharded, ``testing.levers.zero3_plan``, reshard after forward), compiled: the same layout as
   FSDP2, for the like-for-like ratio.
 
+``BENCH_AB=1`` adds autoshard eager and compiled with the gradients copied into their all-reduce buckets
+and ZeRO's buckets reduce-scattered by gloo from a copy (``GradSync.grads_in_buckets`` and
+``ZeroSync.reduce_in_place`` off: the runtime before both), for the levers' before / after in one run. ``BENCH_PLAN=dp``: autoshard's contenders run the data-parallel
+preset's plan (every parameter replicated, so every gradient goes through the bucketed all-reduce)
+instead of the solver's.
+
 A step is forward + backward + ``torch.optim.AdamW`` step (not compiled, on every contender). Each
 contender is warmed up first (its compiles happen there), then rounds interleave the contenders
 (``BENCH_ROUNDS`` rounds of ``BENCH_ITERS`` steps, default 5 x 3), so machine noise hits all alike;
@@ -102,8 +108,19 @@ def contenders(name: str, ids: torch.Tensor, target: torch.Tensor) -> list:
     rank, world = dist.get_rank(), dist.get_world_size()
     model, _ = build(name)
     kw = dict(example_inputs=(ids,), loss_fn=lm_loss, example_target=target, hardware="cpu")
-    eager = autoshard.compile(copy.deepcopy(model), (world,), **kw)
+    given = autoshard.plan(model, (world,), **kw, **autoshard.presets.data_parallel((world,))) \
+        if os.environ.get("BENCH_PLAN") == "dp" else None
+    eager = autoshard.compile(copy.deepcopy(model), (world,), plan=given, **kw)
     compiled = autoshard.compile(copy.deepcopy(model), (world,), plan=eager.plan, compile=True, **kw)
+    pairs = [("autoshard eager", eager), ("autoshard compiled", compiled)]
+    if os.environ.get("BENCH_AB") == "1":  # the same programs with their gradients copied into the buckets
+        for label, on in (("eager, grads copied", False), ("compiled, grads copied", True)):
+            cm = autoshard.compile(copy.deepcopy(model), (world,), plan=eager.plan, compile=on, **kw)
+            for sync in cm._program._syncs.values():
+                sync.grads_in_buckets = False
+            for zero in cm._program._zeros.syncs.values():  # and ZeRO's buckets reduce-scattered from a copy
+                zero.reduce_in_place = False
+            pairs.append((label, cm))
     base = autoshard.plan(model, (world,), **kw, **autoshard.presets.data_parallel((world,)))
     zero3_plan(base)
     zero3 = autoshard.compile(copy.deepcopy(model), (world,), plan=base, reshard_after_forward=True, compile=True, **kw)
@@ -111,7 +128,7 @@ def contenders(name: str, ids: torch.Tensor, target: torch.Tensor) -> list:
     ref = fsdp2_compiled(ref, blocks, world)
     local_ids, local_target = ids.chunk(world)[rank], target.chunk(world)[rank]
     out = []
-    for label, cm in (("autoshard eager", eager), ("autoshard compiled", compiled)):
+    for label, cm in pairs[:2]:
         opt = torch.optim.AdamW(cm.parameters(), lr=1e-3)
 
         def step(cm=cm, opt=opt):
@@ -136,6 +153,15 @@ def contenders(name: str, ids: torch.Tensor, target: torch.Tensor) -> list:
         opt_z.zero_grad(set_to_none=True)
 
     out.append(("autoshard zero3 compiled", zero3_step, zero3))
+    for label, cm in pairs[2:]:
+        opt_c = torch.optim.AdamW(cm.parameters(), lr=1e-3)
+
+        def copied_step(cm=cm, opt=opt_c):
+            cm.step(ids, target=target)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        out.append((label, copied_step, cm))
     return out
 
 
@@ -173,6 +199,10 @@ def main() -> None:
             print(f"  compiled / eager:                 {med[1] / med[0]:.3f}   CPU time {cpu[1] / cpu[0]:.3f}")
             print(f"  compiled / FSDP2 + torch.compile: {med[1] / med[2]:.3f}   CPU time {cpu[1] / cpu[2]:.3f}")
             print(f"  zero3 compiled / FSDP2 + compile: {med[3] / med[2]:.3f}   CPU time {cpu[3] / cpu[2]:.3f}")
+            if len(runs) > 4:
+                print(f"  grads in buckets / copied, eager:    {med[0] / med[4]:.3f}   CPU time {cpu[0] / cpu[4]:.3f}")
+                print(f"  grads in buckets / copied, compiled: {med[1] / med[5]:.3f}   CPU time {cpu[1] / cpu[5]:.3f}")
+                print(f"  compiled / eager, both copied:       {med[5] / med[4]:.3f}   CPU time {cpu[5] / cpu[4]:.3f}")
             print("\n".join(line for line in cm.plan.summary().splitlines() if line.startswith(("  compiled", "    "))
                             and ("compiled" in line or "eager between" in line or "graph break" in line
                                  or "note" in line)))

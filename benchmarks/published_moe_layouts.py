@@ -2,7 +2,7 @@
 ``autoshard.plan(layout=...)``, predicted next to published (issue 28 item 3); with ``--autoshard``
 also autoshard's own plan of the same program under the same cost model.
 
-    python benchmarks/published_moe_layouts.py [--only qwen3-30b,dsv3-256] [--time-limit 60] [--autoshard]
+    python benchmarks/published_moe_layouts.py [--only qwen3-30b,dsv3-256] [--time-limit 60] [--autoshard] [--breakdown]
 
 | key | run (source) | mesh | batch x seq | layout |
 |---|---|---|---|---|
@@ -35,7 +35,16 @@ What the pricing leaves out, each a known gap rather than a fitted constant:
   stages are not modelled here);
 - the Hugging Face models compute the routers' top-k, DeepSeek-V3's group-limited routing included,
   with ordinary ops; the experts are one ``autoshard::moe_experts`` op (no capacity factor: every
-  routed pair computed), priced at uniform expert load.
+  routed pair computed), priced at uniform expert load;
+- both NeMo configs set ``fake_balanced_gate: true``: expert ids ``arange(T*k).view(-1, k) % E``, so a
+  token's k experts are contiguous (one rank of 8 for Qwen3, one node for DeepSeek-V3 at ep 64), and
+  DeepEP sends a token once per destination rank (once per node over RDMA); autoshard's dispatch
+  (``runtime/moe_dispatch.py``) and its price move every routed pair, about k times those bytes;
+- Hugging Face materialises its causal mask under tracing, so the captured ``sdpa`` carries an explicit
+  mask and is priced (and run) as full, not causal, attention; the published runs use TE's causal
+  attention and fused RMSNorm (``attn: te``, ``rms_norm: te``), autoshard the eager norm chain.
+``--breakdown`` prints the priced step by kind (``moe_breakdown.py``) to attribute these; its
+redistribution lines are the listed (unfused) moves x accumulation, above the solution's fused gathers.
 
 A layout this cost model says does not fit the GPUs' memory (when the run itself did) is reported with
 the error, then priced at twice the limit, labelled so ("layout@160GB"): a step estimate, not a fit.
@@ -63,6 +72,7 @@ from autoshard.passes.cost.hardware_lookup import get_hardware
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from published_layouts import line, _ratio  # noqa: E402  the same report line as the dense rows
+from moe_breakdown import price_breakdown  # noqa: E402
 
 GB = 1e9
 BF16 = autoshard.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -116,7 +126,7 @@ ROWS = {
 }
 
 
-def run(key: str, time_limit: float, with_autoshard: bool) -> None:
+def run(key: str, time_limit: float, with_autoshard: bool, breakdown: bool = False) -> None:
     r = ROWS[key]
     gpus = 1
     for s in r["mesh"]:
@@ -152,6 +162,8 @@ def run(key: str, time_limit: float, with_autoshard: bool) -> None:
     print(f"  predicted / published step: {b['step'] / pub['step']:.3f} additive"
           + (f", {b['overlap'] / pub['step']:.3f} with overlap" if b["overlap"] else "") + at_published + mfu,
           flush=True)
+    if breakdown:
+        print("\n".join(price_breakdown(theirs)), flush=True)
     if not with_autoshard:
         return
     t1 = time.perf_counter()
@@ -170,10 +182,11 @@ def main() -> None:
     ap.add_argument("--only", default="qwen3-30b,dsv3-256")
     ap.add_argument("--autoshard", action="store_true", help="also plan each program with autoshard's search")
     ap.add_argument("--time-limit", type=float, default=60.0, help="solver work-seconds per plan")
+    ap.add_argument("--breakdown", action="store_true", help="print the layout's priced step by op kind")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     for key in args.only.split(","):
-        run(key.strip(), args.time_limit, args.autoshard)
+        run(key.strip(), args.time_limit, args.autoshard, args.breakdown)
         print()
 
 

@@ -295,9 +295,18 @@ def start_flat_gather(flat: torch.Tensor, comm: AxisComm) -> tuple[torch.Tensor,
     return out, work
 
 
-def start_flat_reduce_scatter(flat: torch.Tensor, comm: AxisComm) -> tuple[torch.Tensor, Any]:
+def start_flat_reduce_scatter(flat: torch.Tensor, comm: AxisComm, *, consume: bool = False
+                              ) -> tuple[torch.Tensor, Any]:
     """Start summing a 1-d tensor over ``comm``, keeping this rank's ``1 / comm.size`` chunk (rank
-    order): (the chunk's output, the async work to ``wait()`` before reading it)."""
+    order): (the chunk's output, the async work to ``wait()`` before reading it).
+
+    ``consume``: the caller discards ``flat`` afterwards, so it may be overwritten. On gloo, whose
+    reduce-scatter copies its whole input, all-reduces the copy and copies this rank's chunk out, the
+    all-reduce then runs on ``flat`` itself and the output is a view of its chunk (the same sum,
+    bitwise, without the input's copy): clone it to let ``flat`` go."""
+    if consume and flat.is_contiguous() and dist.get_backend(comm.pg()) == "gloo":
+        work = dist.all_reduce(flat, group=comm.pg(), async_op=True)
+        return flat.view(comm.size, -1)[comm.rank], work
     out = flat.new_empty((flat.numel() // comm.size,))
     work = _reduce_scatter_single(out, flat.contiguous(), group=comm.pg(), async_op=True)
     return out, work

@@ -219,9 +219,12 @@ class RankProgram:
         if zero is not None:  # a ZeRO parameter is reduced by ``zero``
             order = [(p, comm) for p, comm in order if zero.optimizer_parameter(p) is p]
         # a forward-only program never has gradients: no buckets for them
+        # a zero-bubble W sets gradients outside autograd's hooks: their buckets stay copied into
+        in_buckets = not any(a.kind == "W" and a.stage == stage.index for acts in self.schedule.values() for a in acts)
         return GradSync(order, bucket_bytes=int(bucket_mb * 2**20),
                         first_bucket_bytes=int(first_bucket_mb * 2**20), carry_comm=self._loss_comm,
-                        reduce_dtype=None if mp is None else (mp.reduce_dtype or mp.param_dtype))
+                        reduce_dtype=None if mp is None else (mp.reduce_dtype or mp.param_dtype),
+                        grads_in_buckets=in_buckets)
 
     def _shared_params(self) -> dict[str, tuple[list[int], tuple[int, ...]]]:
         """param placeholder -> (stages holding it, the distinct groups holding it), for params in 2+ stages."""
@@ -378,13 +381,14 @@ class RankProgram:
             return loss.result(losses)
 
     def _set_aside(self) -> dict:
-        """Take the gradients present before the step off the parameters (a copy where the gradient is a
-        view into a reduction bucket the step will overwrite)."""
-        synced = {p for sync in self._syncs.values() for b in sync.buckets for p in b.params}
-        stashed = {}
+        """Take the gradients present before the step off the parameters: each grad sync takes its own
+        (``GradSync.begin_step``: a copy where one lives in a bucket the step overwrites) and points
+        them at their buckets."""
+        stashed = {p: g for sync in self._syncs.values() for p, g in sync.begin_step().items()}
+        in_bucket = set().union(*(sync.in_bucket for sync in self._syncs.values()))
         for p in self.parameters():
-            if p.grad is not None:
-                stashed[p] = p.grad.clone() if p in synced else p.grad
+            if p.grad is not None and p not in in_bucket:
+                stashed[p] = p.grad
                 p.grad = None
         return stashed
 

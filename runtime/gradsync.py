@@ -21,6 +21,19 @@ when a step begins are the program's to set aside (``runtime.executor``).
 ``reduce_dtype`` (mixed precision): buckets hold and reduce gradients in that dtype; each gradient
 is cast back to its parameter's dtype after the reduction.
 
+Gradients in their buckets (``grads_in_buckets``, DDP's ``gradient_as_bucket_view``): ``begin_step``
+zeroes every bucket whose dtype is its parameters' and points each parameter's ``.grad`` at its slice
+of it before the step's first backward, so autograd accumulates every microbatch's gradient in place
+in the bucket and nothing is copied in (``copies`` counts the gradients copied into buckets in the
+step: 0 unless someone replaced a ``.grad`` during the step, or a bucket's dtype differs). A
+parameter that received no gradient in the step gets ``None`` back, as without the views, so an
+optimizer skips it. Gradients present when the step begins are taken off first and returned to the
+executor, which adds them back after the reduction: a bucket view left all zeros (``zero_grad(
+set_to_none=False)``) is the identity and not copied. Caveats, as DDP's: between steps ``.grad`` is
+a view into the bucket, so ``grad.detach_()`` raises and the next step overwrites what a caller kept
+of it (clone it to keep it). Off for a stage whose zero-bubble W sets gradients outside the hooks in
+rounds before the last (it could not tell which parameters received one).
+
 ``carry``: a bucket reduced over ``carry_comm`` may reserve one extra slot for a scalar (the step's
 loss), which then rides along with the gradients instead of costing a collective of its own.
 """
@@ -59,8 +72,14 @@ class GradSync:
 
     def __init__(self, params: list[tuple[nn.Parameter, AxisComm]], *, bucket_bytes: int = 25 * 2**20,
                  first_bucket_bytes: int = 2**20, carry_comm: Optional[AxisComm] = None,
-                 reduce_dtype: Optional[torch.dtype] = None):
+                 reduce_dtype: Optional[torch.dtype] = None, grads_in_buckets: bool = True):
         self.buckets: list[_Bucket] = []
+        self.grads_in_buckets = grads_in_buckets
+        #: gradients copied into a bucket in the last step (module docstring)
+        self.copies = 0
+        #: parameters whose ``.grad`` this step's ``begin_step`` pointed at their bucket
+        self.in_bucket: set = set()
+        self._received: set = set()  # parameters autograd accumulated a gradient into this step
         self._where: dict[nn.Parameter, tuple[_Bucket, int]] = {}
         self._flat_view: dict[nn.Parameter, torch.Tensor] = {}
         self._grad_view: dict[nn.Parameter, torch.Tensor] = {}
@@ -118,6 +137,41 @@ class GradSync:
     def carried(self) -> torch.Tensor:
         return self._carrier.flat[self._carrier.slot].clone()
 
+    def _is_view(self, p: nn.Parameter, grad: torch.Tensor) -> bool:
+        view = self._grad_view[p]
+        return (grad.data_ptr() == view.data_ptr() and grad.dtype == view.dtype and grad.shape == view.shape
+                and grad.stride() == view.stride())
+
+    def _aliases_bucket(self, p: nn.Parameter, grad: torch.Tensor) -> bool:
+        flat = self._where[p][0].flat
+        return grad.device == flat.device and grad.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+
+    def begin_step(self) -> dict:
+        """Before a step's first forward: take the synced parameters' gradients present off them and
+        return them (parameter -> what to add back after the reduction: a copy where it lives in a
+        bucket, nothing for an all-zero bucket view); then, with ``grads_in_buckets``, zero each bucket
+        whose dtype is its parameters' and point their ``.grad`` at it (module docstring)."""
+        stashed = {}
+        for p in self._where:
+            grad = p.grad
+            if grad is None:
+                continue
+            if not self._aliases_bucket(p, grad):
+                stashed[p] = grad
+            elif not self._is_view(p, grad) or bool(grad.any()):
+                stashed[p] = grad.clone()
+            p.grad = None
+        self.in_bucket, self._received, self.copies = set(), set(), 0
+        if self.grads_in_buckets:
+            with torch.no_grad():
+                for b in self.buckets:
+                    if all(p.dtype == b.dtype for p in b.params):
+                        b.flat.zero_()
+                        for p in b.params:
+                            p.grad = self._grad_view[p]
+                        self.in_bucket.update(b.params)
+        return stashed
+
     def arm(self) -> None:
         """Call before the backward whose gradients are final: each one is then bucketed as it lands."""
         for b in self.buckets:
@@ -128,15 +182,24 @@ class GradSync:
         self.active = True
 
     def mark_ready(self, p: nn.Parameter) -> None:
-        """``p``'s gradient is final for this step: copy it into its bucket (after ``arm``; the hooks call
-        this, and a zero-bubble W calls it for the gradients it sets without hooks)."""
+        """``p``'s gradient is final for this step: put it in its bucket (after ``arm``; nothing to copy
+        where it accumulated there), launching what is full. The hooks call this (in every round: they
+        note which parameters received a gradient), and a zero-bubble W for the gradients it sets
+        without hooks."""
+        self._received.add(p)
         if not self.active or p not in self._where or p in self._copied:
             return
         b, _ = self._where[p]
-        self._flat_view[p].copy_(p.grad.reshape(-1))
+        self._bucket(p)
         self._copied.add(p)
         b.pending -= 1
         self._launch_ready()
+
+    def _bucket(self, p: nn.Parameter) -> None:
+        """Put ``p``'s gradient in its bucket: nothing to do where it is accumulated there already."""
+        if not self._is_view(p, p.grad):
+            self._flat_view[p].copy_(p.grad.reshape(-1))
+            self.copies += 1
 
     def _launch_ready(self) -> None:
         while self._next < len(self.buckets) and self.buckets[self._next].pending == 0:
@@ -156,7 +219,7 @@ class GradSync:
                     if p.grad is None:
                         self._flat_view[p].zero_()
                     else:
-                        self._flat_view[p].copy_(p.grad.reshape(-1))
+                        self._bucket(p)
                     self._copied.add(p)
             b.pending = 0
         self._launch_ready()
@@ -169,6 +232,8 @@ class GradSync:
             note(f"all_reduce of a gradient bucket ({b.flat.numel()} elements)", b.comm)
             b.work.wait()
             for p in b.params:
+                if p in self.in_bucket and p not in self._received:
+                    p.grad = None  # no gradient reached it in this step: None, as without the views
                 if p.grad is None:
                     continue
                 view = self._grad_view[p]

@@ -126,6 +126,9 @@ class ZeroSync:
         self._in_flight: Optional[_Bucket] = None
         self._stash: dict[nn.Parameter, torch.Tensor] = {}
         self.active = False
+        #: the bucket's rows are reduced in place where the backend's reduce-scatter would copy them
+        #: (``collectives.start_flat_reduce_scatter(consume=True)``: gloo)
+        self.reduce_in_place = True
         self.calls: Counter = Counter()
         #: the parameters the optimizer steps a slice of (whole parameter -> its slice)
         self.shards = self._shards
@@ -222,7 +225,7 @@ class ZeroSync:
             if not b.armed or b.rows is None:
                 continue
             self._drain()  # at most one in flight: the previous bucket's buffers go before the next fills
-            b.launched = start_flat_reduce_scatter(b.rows.view(-1), b.zero)
+            b.launched = start_flat_reduce_scatter(b.rows.view(-1), b.zero, consume=self.reduce_in_place)
             self.calls["reduce_scatter"] += 1
             self._in_flight = b
 
@@ -233,7 +236,10 @@ class ZeroSync:
         out, work = b.launched
         work.wait()
         b.launched, b.rows = None, None
-        b.acc = out if b.acc is None else b.acc.add_(out)
+        if b.acc is None:  # a view of the rows (``consume``) is cloned, so they go
+            b.acc = out if out._base is None else out.clone()
+        else:
+            b.acc.add_(out)
 
     def _publish(self, b: _Bucket) -> None:
         if b.acc is None:

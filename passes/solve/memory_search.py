@@ -17,9 +17,11 @@ interleaved portfolio spent its whole work budget without closing the gap (a 22 
    costs ``d``, every feasible point with ``x_j = 1`` costs at least ``LB + d_j`` (the memory row's
    dual only adds). A variable with ``LB + d_j`` above the warm start's objective ``UB`` is 0 in every
    plan at least as good as the warm start, so it becomes the constant 0: the optimum is unchanged,
-   and on that Llama 22 K of 34 K variables go. When the planner already holds a faster plan (its
-   ``cutoff``), ``UB`` is that plan's step and the objective is bounded by it too: a solve then answers
-   only with a plan that beats it, or "CUTOFF".
+   and on that Llama 22 K of 34 K variables go. When the planner already holds a plan (its
+   ``cutoff``), ``UB`` is the smaller of that plan's step and the warm start's, and the objective is
+   bounded by the cutoff too: a solve then answers only with a plan that beats it, or "CUTOFF". The
+   warm start is priced under a cutoff as well: the cutoff comes from another policy or microstep
+   count and can lie far above this problem's optimum, where the Lagrangian plan often is.
 3. **One sequential search**: CP-SAT's portfolio runs six full-problem subsolvers, each paying its own
    root propagation and probing before searching; one LP-guided search proves the same optimum in a
    quarter of the work there (``ShardingILP.solve_cpsat(portfolio=False)``).

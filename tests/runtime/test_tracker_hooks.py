@@ -1,5 +1,6 @@
-"""``MicrostepTracker`` measures what a step keeps; torch's ``MemTracker`` on a compiled program holds
-every parameter gradient twice to the end of the backward (``autoshard.testing.tracker_hooks``)."""
+"""``MicrostepTracker`` and torch's ``MemTracker`` measure what a step keeps (``MemTracker`` saw every
+parameter gradient twice to the end of the backward while the runtime copied gradients into their
+all-reduce buckets; they accumulate there now)."""
 from __future__ import annotations
 
 import pytest
@@ -55,8 +56,10 @@ def rank_results() -> list:
 def test_microstep_tracker_holds_no_gradient_a_step_frees(rank_results):
     for got in rank_results:
         assert abs(got["tracker"] - got["bare"]) <= 0.02 * got["bare"], got
-        # torch's tracker: gradients held twice at the peak (measured 2026-11-27: +10%, a 512 KiB weight's)
-        assert got["torch"] >= got["bare"] + 0.4 * got["grads"], got
+        # torch's tracker held every gradient twice at the peak while autograd's gradient and its bucket copy
+        # were both alive (2026-11-27: +10%, a 512 KiB weight's); gradients now accumulate in their buckets
+        # (runtime/gradsync.py), so it agrees too (2026-11-29: +0.5%)
+        assert abs(got["torch"] - got["bare"]) <= 0.02 * got["bare"], got
 
 
 def test_local_module_holds_the_gradient_buckets_from_the_start(rank_results):

@@ -101,3 +101,22 @@ def test_a_cutoff_returns_only_a_plan_that_beats_it(seed):
     assert above.status == "OPTIMAL" and above.cost == pytest.approx(best[0], rel=1e-6, abs=1e-9)
     below = solve(g, time_limit_s=10, merge=False, cutoff=best[0] * 0.999)
     assert below.choice is None and below.status == "CUTOFF"
+
+
+def test_a_cutoff_the_warm_start_does_not_beat_still_gets_the_lagrangian_plan():
+    """The cutoff (another policy's plan) does not replace the Lagrangian warm start when the rounded or
+    greedy one does not beat it: a tiny Llama's second policy had a cutoff 14 % above its optimum, and
+    reduced-cost fixing bounded by the cutoff alone kept 29 K of 34 K variables (3.8 work-s of search);
+    with its Lagrangian plan, optimal there, 28 K were fixed and the search took 0.002 work-s."""
+    taken = 0
+    for seed in range(8):
+        g = _graph(seed)
+        best = _brute_force(g)
+        free = solve(g, time_limit_s=10, merge=False)
+        if not free.stats.get("lagrangian_warm_start"):
+            continue
+        tight = solve(g, time_limit_s=10, merge=False, cutoff=best[0] * (1 + 1e-4))
+        assert tight.status == "OPTIMAL" and tight.cost == pytest.approx(best[0], rel=1e-6, abs=1e-9)
+        taken += bool(tight.stats.get("lagrangian_warm_start"))
+        assert tight.stats["fixed_by_reduced_cost"] >= free.stats["fixed_by_reduced_cost"]
+    assert taken > 0
