@@ -258,16 +258,18 @@ def stamp_layout(solutions, layout: Layout) -> None:
 def published_layout_hints(captured: CapturedGraph, submesh: Mesh) -> list[Pins]:
     """The placements of the published layouts that fit a stage planner candidate's (dp, tp) ``submesh``,
     as pins on ``captured`` (``passes.sharding.pins.HintsFor``): Megatron's (replicated over dp, tensor
-    and sequence parallel over tp, the residual stream sequence-split between blocks) and FSDP's
-    (sharded over dp, the same over tp). The stage planner seeds each candidate's intra-op solve with
-    them, so the candidate is never priced worse than these layouts of its shape. A layout the model
-    cannot take (tp not dividing the heads or the sequence) gives no hint."""
+    and sequence parallel over tp, the residual stream sequence-split between blocks), the same with
+    its distributed optimizer (parameters ``R/zero1`` over dp) and FSDP's (sharded over dp, the same
+    over tp). The stage planner seeds each candidate's intra-op solve with them, so the candidate is
+    never priced worse than these layouts of its shape. A layout the model cannot take (tp not dividing
+    the heads or the sequence) gives no hint."""
     if submesh.ndim != 2:
         return []
     dp, tp = submesh.shape
     hints = []
-    for sharded in (False, True) if dp > 1 else (False,):
-        axes = LayoutAxes(replicate=() if sharded else (0,), shard=(0,) if sharded else (), tp=1)
+    kinds = ((False, False), (False, True), (True, False)) if dp > 1 else ((False, False),)
+    for sharded, zero1 in kinds:
+        axes = LayoutAxes(replicate=() if sharded else (0,), shard=(0,) if sharded else (), tp=1, zero1=zero1)
         try:
             pins = layout_pins(captured, submesh, axes, sequence_parallel=tp > 1)
         except LayoutError:

@@ -107,7 +107,7 @@ def _zero1_over_dp(plan) -> None:
 
 def test_megatron_distributed_optimizer_is_zero1_over_dp():
     """``distributed_optimizer=True`` is ZeRO-1 (compute copies replicated, optimizer state sharded over
-    dp), with and without a pipeline; its memory is the plain layout's less most of the optimizer state,
+    dp), with and without a pipeline; its memory is the plain layout's less half the optimizer state (dp 2),
     its step about the same (reduce-scatter + all-gather move the all-reduce's bytes)."""
     for pp, kw in ((1, dict(microbatch_size=2)), (2, {})):
         model = (lambda: gpt_meta(layers=4)) if pp > 1 else gpt_meta
@@ -117,7 +117,10 @@ def test_megatron_distributed_optimizer_is_zero1_over_dp():
         _zero1_over_dp(plan)
         assert "ZeRO-1" in plan.summary().splitlines()[0] and "ZeRO" not in plain.summary().splitlines()[0]
         for a, b in zip(plain.stages, plan.stages):
-            assert b.solution.estimated_memory < 0.8 * a.solution.estimated_memory, (pp, a.index)
+            # dp = 2 halves the optimizer state; the unreduced gradient stays whole (held until the step's
+            # reduce-scatter), so the saving is about half the optimizer state
+            saved = a.solution.estimated_memory - b.solution.estimated_memory
+            assert saved >= 0.45 * a.solution.memory_breakdown["optimizer"], (pp, a.index, saved)
             assert b.solution.estimated_step_time == pytest.approx(a.solution.estimated_step_time, rel=0.1)
 
 

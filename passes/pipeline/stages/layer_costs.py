@@ -64,11 +64,13 @@ from autoshard.passes.solve.ilp import solve
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins, PinError
 from autoshard.passes.solve.peak_timeline import optimizer_temporaries
-from autoshard.passes.solve.problem import build_problem
+from autoshard.passes.solve.problem import build_problem, strategy_choices
+from autoshard.passes.solve.lever_search import free_forms
 from autoshard.passes.solve.step_trace import STEP_COUNTER_BYTES
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.layout.shapes import normalize
 from autoshard.passes.layout.redistribution import R_CODE, encode
+from autoshard.passes.pipeline.stages.stage_zero import zero_step_costs
 from autoshard.passes.writes import written_operands
 from autoshard.passes.pipeline.stages.op_cuts import op_graph_units
 from autoshard.passes.solve.microbatch import (MicrobatchCostModel, MicrobatchFacts, batch_dependent, batch_granularity,
@@ -125,7 +127,9 @@ class UnitCost:
     stage takes the largest of (the for-loop's two copies of its largest parameter). ``opt_step``:
     seconds of the optimizer's update of the unit's parameters (per step); ``accumulate``: seconds of
     adding one microbatch's gradients into theirs (``passes/cost/optimizer_step.py``; the scorer adds
-    both after the unit's group's gradient sync)."""
+    both after the unit's group's gradient sync). ``held_grads``: a ``zero1`` parameter's unreduced
+    gradient, held whole over the microbatches beside its reduced slice (``grads``: what one backward
+    adds in flight is counted from ``grads``, as for the other forms)."""
     fwd_fixed: float = 0.0
     fwd_batch: float = 0.0
     bwd_fixed: float = 0.0
@@ -141,10 +145,11 @@ class UnitCost:
     opt_peak: float = 0.0
     opt_step: float = 0.0
     accumulate: float = 0.0
+    held_grads: float = 0.0
 
     @property
     def state_bytes(self) -> float:
-        return self.params + self.grads + self.optimizer
+        return self.params + self.grads + self.optimizer + self.held_grads
 
     def fwd(self, m: int) -> float:
         return self.fwd_fixed + self.fwd_batch / m
@@ -277,16 +282,16 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, ctx: Optional[P
         price = cm.price_node(name, strategies[name], facts)
         for key in ("params", "grads", "optimizer"):
             acc[owner][key] += getattr(price, key)
+        acc[owner]["held_grads"] += price.held_grads  # zero1: the unreduced gradient, held over the microbatches
         if kind == "param" and price.grads > 0:
             temporaries = optimizer_temporaries([price.params], optimizer, foreach)
             acc[owner]["opt_fixed"] += temporaries if foreach else 0.0
             acc[owner]["opt_peak"] = max(acc[owner]["opt_peak"], 0.0 if foreach else temporaries)
             acc[owner]["opt_fixed"] += STEP_COUNTER_BYTES if adam else 0.0
-        acc[owner]["grad_sync"] += sum(c.seconds for c in price.grad_sync)
         if kind == "param" and price.grads > 0:
-            meta, storage = facts.tensor_outputs(name)[0], strategies[name].outputs[0]
-            acc[owner]["opt_step"] += cm.optimizer_step_seconds(meta, storage, facts.master_dtype(name))
-            acc[owner]["accumulate"] += cm.accumulate_seconds(meta, storage, facts.master_dtype(name))
+            zero_step_costs(acc[owner], cm, name, strategies[name], price, facts)
+        else:
+            acc[owner]["grad_sync"] += sum(c.seconds for c in price.grad_sync)
     out_placements = output_placements(captured, mesh.ndim)
     made: set = set()  # copies made by an earlier reader, shared as ``evaluate`` prices them
     for u, slot, v, k in graph_edges(captured):
@@ -353,6 +358,9 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, ctx: PlanContext, spec: Ca
     """The intra-op plan for the stages of a pipeline on ``mesh`` (see module docstring), priced as
     ``spec`` says on ``ctx``'s hardware and optimizer, within ``ctx``'s memory limit.
     ``ctx.time_limit_s`` caps the ILP solves together, in deterministic work (at least half a second each).
+    The parameters may take ZeRO-1 / ZeRO-2 storage forms (``passes.sharding.storage_forms``; not
+    ``once``, which ``held_reductions`` adds to finished plans), priced at ``microbatches`` per step
+    (``passes.cost.storage_prices``; ``profile_submesh`` prices the chosen ones per microbatch and step).
     ``pins``: decisions fixed as in ``plan_sharding`` (e.g. to price a rejected layout). ``hints``: pins
     of known plans (a published layout of this submesh's shape): each is priced on the same ILP
     (``solve.hint_plans``) and the solve starts from, and never returns worse than, the best of them.
@@ -379,10 +387,11 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, ctx: PlanContext, spec: Ca
                 raise PinError(f"the pins on {name!r} split its batch dimension more ways than a microbatch of "
                                f"1/{microbatches} of the batch has rows; pin fewer ways or use fewer microbatches")
             allowed[name] = both
-        return allowed
+        return free_forms(captured, table, allowed, microbatches)
 
     problem = build_problem(captured, mesh, hardware=hardware, pins=pins,
-                            facts=MicrobatchFacts(captured, hardware, microbatches), narrow=divisible_at_microbatch)
+                            facts=MicrobatchFacts(captured, hardware, microbatches), narrow=divisible_at_microbatch,
+                            choices=strategy_choices(captured, mesh, pins, storage_forms=True))
     mesh = problem.mesh
     nodes = {n.name: n for n in captured.gm.graph.nodes}
     graph, result, status = None, None, None
@@ -410,7 +419,7 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, ctx: PlanContext, spec: Ca
     if result.choice is None:
         raise InfeasiblePlanError(f"the intra-op solver found no plan at all on submesh {mesh.shape} within "
                                   f"{time_limit_s} s ({result.status}); raise time_limit_s")
-    stats = {"status": status, "solve_s": round(result.wall_s, 4), "microbatches": microbatches,
+    stats = {"status": status, "solve_s": round(result.wall_s, 4), "objective": result.cost, "microbatches": microbatches,
              "held": held, "memory_limit": memory_limit, "work_s": round(float(time_limit_s) - left[0], 4)}
     return problem.solution(result.choice, optimizer=optimizer, solver_stats=stats)
 

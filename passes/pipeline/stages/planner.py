@@ -18,7 +18,8 @@ The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-o
    groups uses the first axis's link (``Hardware.axis_link``: the NIC across nodes, NVLink within).
 3. Intra-op plan per (pp, submesh shape): the core ILP on the whole program priced per microbatch,
    with activations held as a 1F1B stage holds them, under pp x the memory limit
-   (``layer_costs.plan_submesh``); then priced per unit (``layer_costs.profile_submesh``).
+   (``layer_costs.plan_submesh``; parameters may be stored in ZeRO-1/2 forms, chosen per parameter and
+   data axis where they pay or are needed to fit); then priced per unit (``layer_costs.profile_submesh``).
    Identical blocks share costs and decisions. Every candidate's ILP first runs with a short cap;
    the few whose plans search best are re-solved with a longer one, from what is left of half of
    ``time_limit_s`` (deterministic work) after the first pass (``search.plan_candidates``).
@@ -338,6 +339,7 @@ def _stage_solution(prof: SubmeshProfile, full: Optional[Solution], rng: range, 
     fqns |= {a for a, c in captured.aliases.items() if c in fqns}
     costs = [prof.costs[i] for i in rng]
     mem = {k: sum(getattr(c, k) for c in costs) for k in ("params", "grads", "optimizer")}
+    mem["grads"] += sum(c.held_grads for c in costs)  # zero1's unreduced gradients
     mem["activations"] = best.stages.memory[s] - sum(mem.values())
     m = best.m
     times = {"compute+communication": m * best.stages.stage_time[s], "grad_sync": best.stages.stage_sync[s]}

@@ -28,7 +28,7 @@ from autoshard.passes.pipeline.stages.boundary_pieces import sent_placements
 from autoshard.passes.pipeline.stages.stage_graphs import call_nodes, split_stages
 from autoshard.passes.pipeline.plan import Plan, Stage
 from autoshard.passes.pipeline.stages.stage_peak import stage_solution
-from autoshard.passes.pipeline.stages.stage_zero import pins_name_zero_forms, step_storage_collectives
+from autoshard.passes.pipeline.stages.stage_zero import planned_zero_pins, pins_name_zero_forms, step_storage_collectives
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.levers import block_type, lever_rows
 from autoshard.passes.solve.context import PlanContext
@@ -213,10 +213,12 @@ def replan_at_microbatch(plan: Plan, full: CapturedGraph, small: CapturedGraph, 
     rounds = plan.accumulation
     stages, sent = [], {}
     for i, s in enumerate(plan.stages):
-        pins = stage_pins(params, graphs[i].captured)
+        planned = {fqn: v for fqn, v in planned_zero_pins(s.solution, full).items()
+                   if not any(fnmatch.fnmatchcase(fqn, k) for k in params or {})}  # the user's pins win
+        pins = stage_pins({**planned, **(params or {})}, graphs[i].captured)
 
         def solve(walk_limit: float, i=i, s=s, pins=pins):
-            # ZeRO forms where the pins name them (``stage_zero``); the planner does not pick them itself
+            # ZeRO forms where the pins name them or the stage planner chose them (``stage_zero``)
             return plan_sharding(graphs[i].captured, s.mesh, ctx.limited(walk_limit), pins=pins,
                                  levers=stage_levers(levers, graphs[i].captured),
                                  storage_forms=pins_name_zero_forms(pins))

@@ -10,22 +10,43 @@ the all-reduce over the other replicated axes and the all-gather after the optim
 per step. ``step_storage_collectives`` prices that list for the stage, by the same rule
 (``storage_buckets.bucket_collectives``) and the same cost model as a plan without a pipeline.
 
-Which stage solves may take ZeRO forms: those whose parameter pins name one (``"R/zero1"``), so a
-user's or a layout's distributed optimizer runs under a pipeline. The stage planner does not choose
-them on its own yet (its per-microbatch pricing does not see the per-step count of ``zero2``).
+Which stage solves may take ZeRO forms: the stage planner's candidates always may (``layer_costs``
+prices them per microbatch and per step, ``plan_submesh`` offers them); a stage re-solved at the
+microbatch for the runtime (``retrace.replan_at_microbatch``) takes those its parameter pins name
+(``"R/zero1"``: a user's or a layout's distributed optimizer) and those the stage planner chose for it
+(``planned_zero_pins``: such parameters keep the planned storage and form). ``zero_step_costs`` is how
+the stage planner's unit profiles (``layer_costs.profile_submesh``) price a parameter's form.
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Optional
 
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.sharding.pins import pins_name_zero_forms
+from autoshard.passes.sharding.storage_forms import ZERO1, ZERO2, form_of
+from autoshard.passes.spec import Shard, fmt
 from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.solve.storage_buckets import bucket_collectives
 
-__all__ = ["pins_name_zero_forms", "stage_storage_collectives", "step_storage_collectives"]
+__all__ = ["pins_name_zero_forms", "planned_zero_pins", "zero_step_costs", "stage_storage_collectives", "step_storage_collectives"]
+
+
+def planned_zero_pins(solution: Optional[Solution], captured: CapturedGraph) -> dict[str, tuple[str, ...]]:
+    """Parameter pins (FQN -> per-axis storage with its form, ``"R/zero1"``) of the parameters ``solution``
+    (a stage of a plan of ``captured``) stores in a ZeRO form: the stage's re-solve at the microbatch
+    keeps them, since at one microbatch per solve ``zero1`` is not offered (``lever_search.free_forms``)
+    and the forms' per-step prices are the stage planner's. {} without any."""
+    if solution is None:
+        return {}
+    out = {}
+    for name, strategy in solution.strategies.items():
+        if name in captured.params and any(f in (ZERO1, ZERO2) for f in strategy.lowerings):
+            out[captured.params[name]] = tuple(fmt(p) + (f"/{f}" if f else "")
+                                               for p, f in zip(strategy.outputs[0], strategy.lowerings))
+    return out
 
 
 def stage_storage_collectives(solution: Solution, captured: CapturedGraph, ctx: PlanContext,
@@ -51,3 +72,29 @@ def step_storage_collectives(solution: Solution, captured: CapturedGraph, ctx: P
     estimated = dict(solution.estimated or {})
     estimated["zero_step_collectives_s"] = sum(c.seconds for c in calls)
     return replace(solution, storage_collectives=calls, estimated=estimated)
+
+
+def zero_step_costs(acc: dict, cm: CostModel, name: str, strategy, price, facts) -> None:
+    """Add one trained parameter's per-step and per-microbatch costs to its layer unit's ``acc`` (the
+    fields of ``layer_costs.UnitCost``; ``price``: its ``NodePrice`` by ``cm``, ``facts``: ``GraphFacts``): gradient
+    reductions, the optimizer's update and a microbatch's gradient accumulation. In a ZeRO form
+    (``passes.cost.storage_prices``, priced here at one microbatch per step) a ``zero2`` reduce-scatter
+    runs every microbatch (the backward's fixed cost), a ``zero1`` one once per step with the other
+    syncs; the optimizer updates the ZeRO slice only, a ``zero2`` gradient accumulates into that slice,
+    and the parameter all-gather after the optimizer step (``phase="step"``, exposed: the runtime
+    gathers before the next step's forward) counts with the optimizer step."""
+    meta = facts.tensor_outputs(name)[0]
+    storage = strategy.outputs[0]
+    form = form_of(strategy, meta.shape, cm.mesh.shape)
+    master = facts.master_dtype(name)
+    sliced = storage
+    if form.zero:
+        sliced = tuple(Shard(form.zero_dim) if a in form.zero_axes else p for a, p in enumerate(storage))
+    for c in price.grad_sync:
+        if form.zero and not form.zero_reduced_once and c.kind == "reduce_scatter":
+            acc["bwd_fixed"] += c.seconds
+        else:
+            acc["grad_sync"] += c.seconds
+    acc["opt_step"] += cm.optimizer_step_seconds(meta, sliced, master)
+    acc["opt_step"] += sum(c.seconds for c in price.collectives if c.phase == "step")
+    acc["accumulate"] += cm.accumulate_seconds(meta, storage if form.zero_reduced_once else sliced, master)
