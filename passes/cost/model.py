@@ -119,7 +119,8 @@ class CostModel(CollectivePricing):
         if kind == "param" and metas and not facts.training:  # inference: no gradient, no optimizer state
             return NodePrice(compute=facts.overhead(name), params=self.param_memory(metas[0], strategy.outputs[0])[0])
         if kind == "param" and metas and any(strategy.lowerings):  # ZeRO-1/2, reduce once per step
-            return NodePrice(compute=facts.overhead(name), **storage_price(self, name, strategy, facts))
+            price = storage_price(self, name, strategy, facts)
+            return NodePrice(compute=facts.overhead(name) + price.pop("step_seconds"), **price)
         if kind == "param" and metas:
             master = facts.master_dtype(name)
             p, g, o = self.param_memory(metas[0], strategy.outputs[0], master)

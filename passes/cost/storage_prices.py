@@ -10,6 +10,8 @@ product ``z``, one of ``m`` microsteps per step (``MicrobatchCostModel.microbatc
   ``numel * state bytes / (f z)``, reduced gradient ``B / (f z)``; ``zero1`` also holds the unreduced
   gradient ``B / f`` over the microsteps (``held_grads``), and ``once`` the gradients of its gathered
   copies, ``G`` (gathered over every sharded axis, FSDP's case: an upper bound);
+- time: the optimizer step over the local slice (``param_step_seconds`` of the ``1/(f z)`` piece, as a
+  plain parameter's price includes its whole update; none where the caller adds it per rank group);
 - ``zero1`` / ``zero2``: a reduce-scatter of ``G / f`` over the ZeRO axes flattened (``zero1`` once
   per step: ``1/m`` of it per microstep; ``zero2`` every microstep), an all-reduce of the reduced
   slice ``G / (f z)`` over the other ``R`` axes (once per step, as ``grad_sync`` prices it), and an
@@ -66,11 +68,14 @@ def storage_price(cm: "CostModel", name: str, strategy: Strategy, facts: "GraphF
         grads = own / (f * z)
         held = own / f if form.zero_once else 0.0
     else:
+        sliced = storage
         grads = own / f
         syncs.extend(cm.grad_sync(meta, storage, total))
+    # the optimizer updates the local slice (as a plain parameter's price includes its whole update)
+    step = cm.param_step_seconds(meta, sliced, master) if cm.price_step else 0.0
     if form.held_copies:
         held += meta.nbytes * cm.reduce_scale(meta)
-    return {"grad_sync": tuple(syncs), "collectives": collectives, "params": own / f, "grads": grads,
+    return {"step_seconds": step, "grad_sync": tuple(syncs), "collectives": collectives, "params": own / f, "grads": grads,
             "optimizer": meta.numel * cm.opt_bytes / (f * z), "held_grads": held}
 
 

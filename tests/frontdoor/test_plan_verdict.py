@@ -49,13 +49,14 @@ def test_data_parallel_is_called_plain_data_parallel():
 
 
 def test_zero_forms_are_named_and_shown_beside_the_placements():
-    """The solver's own data-parallel plan keeps the two weights' gradients and optimizer state sharded
-    (ZeRO-2): the verdict must not call it "every parameter replicated", and the placement lines show
+    """A data-parallel plan keeping the two weights' gradients and optimizer state sharded (ZeRO-2,
+    pinned): the verdict must not call it "every parameter replicated", and the placement lines show
     each form after its axis (``R/zero2``)."""
-    plan = _plan((4,), 64, seq=6)
+    plan = _plan((4,), 64, seq=6, params={"fc1.weight": ("R/zero2",), "fc2.weight": ("R/zero2",),
+                                          "fc1.bias": ("R",), "fc2.bias": ("R",)})
     lines = plan.summary().splitlines()
     zero2 = sorted(n for n, forms in _zero_forms_of(plan).items() if forms == ("zero2",))
-    assert zero2, "the planner chose no ZeRO form here: pick a case where it does"
+    assert zero2 == ["fc1.weight", "fc2.weight"]
     assert lines[0].startswith(f"verdict: data parallel + ZeRO-2 ({len(zero2)} of 4 parameters replicated for compute")
     shown = {line.split()[0]: line.split()[1] for line in lines if line.startswith("    fc")}
     assert {n for n, pls in shown.items() if pls == "(R/zero2)"} == set(zero2)
