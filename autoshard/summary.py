@@ -19,9 +19,9 @@ from autoshard.passes.errors import AutoshardError
 from autoshard.passes.cost.moe import capacity_factor_of, moe_nodes
 from autoshard.passes.sharding.rules.moe import moe_role
 from autoshard.passes.solve.replicated_ops import REGISTER_HINT, replicated_op_costs
-from autoshard.passes.spec import fmt_placements
+from autoshard.passes.spec import fmt
 from autoshard.passes.units import human_bytes, human_time
-from autoshard.verdict import plan_verdict
+from autoshard.verdict import placeholder_kinds, plan_verdict, zero_forms
 
 __all__ = ["plan_summary", "throughput_line", "fold_name", "fold_names", "placement_lines",
            "moe_lines", "lever_text"]
@@ -46,20 +46,28 @@ def throughput_line(plan) -> str:
             f"dense peak {work.peak_flops / 1e12:.4g} TFLOP/s per device)")
 
 
-def placement_lines(named: dict, out: list, indent: str = "    ") -> None:
+def placement_lines(named: dict, out: list, indent: str = "    ", forms: Optional[dict] = None) -> None:
     """One line per parameter, repeated blocks folded (``fold_names``); a folded name whose members
-    differ in placement is listed member by member, so no folded name appears twice."""
+    differ in placement is listed member by member, so no folded name appears twice. ``forms``: FQN ->
+    its ZeRO storage form per axis (``verdict.zero_forms``), shown after that axis' placement (``R/zero1``)."""
+    forms = forms or {}
+
+    def shown(pls, fqn):
+        shown = [fmt(p) + (f"/{f}" if f else "") for p, f in zip(pls, forms.get(fqn) or (None,) * len(pls))]
+        return "(" + ", ".join(shown) + ")"
+
+    named = {m: shown(pls, m) for m, pls in named.items()}
     folded_of = fold_names(list(named))
     groups: dict[str, list[str]] = {}
     for name in named:
         groups.setdefault(folded_of[name], []).append(name)
     rows: list[tuple[str, str, int]] = []
     for folded, members in groups.items():
-        placements = {fmt_placements(named[m]) for m in members}
+        placements = {named[m] for m in members}
         if len(placements) == 1:
             rows.append((folded, placements.pop(), len(members)))
         else:
-            rows += [(m, fmt_placements(named[m]), 1) for m in members]
+            rows += [(m, named[m], 1) for m in members]
     width = max((len(r[0]) for r in rows), default=10)
     for name, pls, count in rows:
         out.append(f"{indent}{name:<{width}}  {pls}" + (f"  x{count}" if count > 1 else ""))
@@ -156,7 +164,7 @@ def plan_summary(plan) -> str:
         out += _pipeline_lines(plan)
     out.append(f"  parameters (storage placement per {'sub' if pipelined else ''}mesh axis; repeated blocks folded "
                "as #):")
-    placement_lines(plan.param_placements, out)
+    placement_lines(plan.param_placements, out, forms=_zero_forms(plan))
     out += _collective_lines(plan, solutions)
     out += _replicated_lines(plan)
     if not pipelined:
@@ -168,6 +176,19 @@ def plan_summary(plan) -> str:
     if report is not None:
         out += report.lines()
     return "\n".join([plan_verdict(plan)] + out)
+
+
+def _zero_forms(plan) -> dict:
+    """FQN -> ZeRO storage form per axis, over every stage (a stage's first holding wins, as in
+    ``Plan.param_placements``)."""
+    out: dict = {}
+    for stage in plan.stages:
+        if stage.solution is not None:
+            captured = None if plan.pipelined else getattr(plan, "captured", None)
+            params, _ = placeholder_kinds(stage.solution, captured)
+            for fqn, forms in zero_forms(stage.solution, params).items():
+                out.setdefault(fqn, forms)
+    return out
 
 
 def lever_text(levers) -> str:

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from autoshard.passes.sharding.rules.moe import DISPATCH_LOWERINGS
 from autoshard.passes.spec import Shard
 
-__all__ = ["AxisRole", "axis_roles", "idle_axes", "plan_verdict", "pipelined_verdict", "solution_verdict"]
+__all__ = ["AxisRole", "axis_roles", "idle_axes", "plan_verdict", "pipelined_verdict", "placeholder_kinds",
+           "solution_verdict", "zero_forms"]
 
 
 @dataclass
@@ -90,19 +91,44 @@ def _gathered(solution, producers) -> set:
             for a, (src, dst) in enumerate(zip(r.src, r.dst)) if isinstance(src, Shard) and not isinstance(dst, Shard)}
 
 
-def _placeholder_kinds(solution, captured) -> tuple[dict[str, str], list[str]]:
+def _loss_reads_batch_split(solution, captured, axis: int) -> bool:
+    """Whether the op producing the loss reads an operand split on dim 0 over ``axis`` (the rows of the
+    batch, or of batch x sequence flattened): the step's data is split even where no input is."""
+    if captured is None:
+        return False
+    output = next((n for n in captured.gm.graph.nodes if n.op == "output"), None)
+    loss = output.args[0] if output is not None and output.args else None
+    loss = loss[0] if isinstance(loss, (tuple, list)) and loss else loss
+    strategy = solution.strategies.get(getattr(loss, "name", None))
+    return strategy is not None and any(isinstance(pls[axis], Shard) and pls[axis].dim == 0
+                                        for pls in strategy.inputs if axis < len(pls))
+
+
+def placeholder_kinds(solution, captured) -> tuple[dict[str, str], list[str]]:
     """(parameter placeholder -> FQN, user-input placeholder names)."""
-    if captured is not None:
-        return dict(captured.params), list(captured.inputs)
+    if captured is not None:  # an input nothing reads (one passed twice, e.g. as the target) splits no work
+        return dict(captured.params), [n for n in captured.inputs if captured.node(n).users]
     fqn_of = {"p_" + fqn.replace(".", "_"): fqn for fqn in solution.param_placements}
     leaves = [n for n, s in solution.strategies.items() if not s.inputs]
     inputs = [n for n in leaves if n not in fqn_of and not n.startswith("b_") and n != "target"]
     return fqn_of, inputs
 
 
+def zero_forms(solution, params: dict) -> dict[str, tuple]:
+    """Parameter FQN -> its storage form per mesh axis (``"zero1"``, ``"zero2"`` or ``None``) for the
+    parameters of ``params`` (placeholder -> FQN) held in a ZeRO form on at least one axis."""
+    out = {}
+    for node, fqn in params.items():
+        strategy = solution.strategies.get(node)
+        forms = tuple(f if f in ("zero1", "zero2") else None for f in (strategy.lowerings if strategy else ()))
+        if any(forms):
+            out[fqn] = forms
+    return out
+
+
 def axis_roles(solution, mesh, captured=None) -> list[AxisRole]:
     """One ``AxisRole`` per mesh axis of ``solution`` (a ``passes.solve.solution.Solution``)."""
-    params, inputs = _placeholder_kinds(solution, captured)
+    params, inputs = placeholder_kinds(solution, captured)
     gathered_on = _gathered(solution, set(params) | set(inputs))
     roles = []
     for a, (name, size) in enumerate(zip(mesh.axis_names, mesh.shape)):
@@ -118,12 +144,16 @@ def axis_roles(solution, mesh, captured=None) -> list[AxisRole]:
             stored = solution.param_placements.get(fqn)
             if stored is not None and isinstance(stored[a], Shard):
                 (role.gathered if (node, a) in gathered_on else role.used_split).add(fqn)
-        for node, fqn in params.items():
-            strategy = solution.strategies.get(node)
-            form = strategy.lowerings[a] if strategy is not None and a < len(strategy.lowerings) else None
-            if form in ("zero1", "zero2"):
-                role.zero.setdefault(form, set()).add(fqn)
+        for fqn, forms in zero_forms(solution, params).items():
+            if forms[a]:
+                role.zero.setdefault(forms[a], set()).add(fqn)
         # a Partial alone divides no work (a replicated value viewed as a sum of pieces): only shards count
+        # inputs that arrive whole and are split on dim 0 after a first op (a split embedding, a
+        # dispatch): data parallel when the loss reads rows split and most parameters compute whole
+        # (under tensor parallelism the loss may read rows split too, after a reduce-scatter)
+        most_whole = 2 * (len(role.used_split) + len(role.gathered)) < role.params
+        if not role.batch and not role.input_dims and most_whole and _loss_reads_batch_split(solution, captured, a):
+            role.batch = True
         role.split_ops = any(isinstance(p[a], Shard) for s in solution.strategies.values()
                              for p in (*s.inputs, *s.outputs))
         role.expert_layers = sum(1 for n, s in solution.strategies.items() if n.startswith("moe_experts")
@@ -150,7 +180,7 @@ def solution_verdict(solution, mesh, captured=None, unit: str = "step") -> str:
     if all(r.idle for r in roles):
         return (f"replicated: each of the {devices} devices computes the whole {unit} (no speed-up over one device; "
                 "the planner found no split that pays on this model and batch)")
-    if all(r.batch and not (r.gathered or r.used_split or r.input_dims) for r in roles):
+    if all(r.batch and not (r.gathered or r.used_split or r.input_dims or r.zero) for r in roles):
         return (f"plain data parallel over {devices} devices: every parameter replicated, the batch split "
                 f"{devices} ways")
     text = []
