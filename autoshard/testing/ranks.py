@@ -107,7 +107,7 @@ def _worker(fn, rank, world, init, rendezvous, out, args, kwargs):
 
 _PRELOAD = ["torch", "torch.distributed", "torch.distributed.device_mesh", "torch.fx", "numpy", "torch.export",
             "torch._dynamo", "autoshard.passes.capture.export", "autoshard.passes.solve.planner",
-            "autoshard.runtime.executor"]
+            "autoshard.runtime.executor", "autoshard.testing.rank_warmup"]
 
 
 def _context():

@@ -32,7 +32,7 @@ def _train(label, build, world, **options) -> list:
                            hardware="cpu", time_limit_s=5, **options)
     if cm.plan.pipelined != bool(options.get("pp")):
         return [f"{label}: compiled to a plan with pipelined={cm.plan.pipelined}, asked pp={options.get('pp')}"]
-    return train_against_one_device(label, cm, copy.deepcopy(model), (inputs, target), loss_fn=loss_fn, steps=3,
+    return train_against_one_device(label, cm, copy.deepcopy(model), (inputs, target), loss_fn=loss_fn, steps=2,
                                     tol=TOL, optimizer=_sgd)
 
 

@@ -3,7 +3,7 @@
 On 4 gloo ranks, one process spawn for every case: with a hardware whose inter-node link is slow
 (one rank per node, 1 MB/s), the planner pipelines the small GPT; compile must build exactly the
 plan ``plan_pipeline`` chooses for the same program (checked against a call made here, in the test
-process), and training must match one device (loss at every step, full parameters after 3 AdamW
+process), and training must match one device (loss at every step, full parameters after 2 AdamW
 steps). Pins hold (pp=2 with the schedule left to the planner on a (2, 2) mesh; a pinned schedule,
 microbatch count and stage boundaries given as module names). On fast links the planner keeps one
 stage and compile returns an ordinary ``CompiledModel``. Under a memory limit the planner can only
@@ -28,7 +28,7 @@ from autoshard.testing.ranks import run_ranks
 from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.pipeline.stages.search_spec import PipelinePins
 
-STEPS = 3
+STEPS = 2  # the first step checks gradients and loss, the second the optimizer state carried over
 TOL = Tolerance(rtol=1e-4, atol=2e-5)
 ADAM_EPS = 1e-6
 

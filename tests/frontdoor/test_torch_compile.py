@@ -15,12 +15,8 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
 import re
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -67,27 +63,23 @@ def test_compiled_steps_equal_one_device_with_checkpointing_and_resharding():
             assert re.search(r"eager between regions: \d x parameter gathers", summary), summary
 
 
-_SCRIPT = textwrap.dedent("""
-    import json, sys, torch
-    import autoshard
+def _compile_once(rank: int, world: int, cache_dir: str) -> dict:
+    """One process (forked from ``run_ranks``' forkserver, which has compiled nothing) compiles the MLP
+    with ``cache_dir`` and reports inductor's cache statistics."""
+    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
     from autoshard.testing.models import mlp
     torch.manual_seed(0)
     model, inputs, target, loss_fn = mlp()
     cm = autoshard.compile(model, (1,), example_inputs=inputs, loss_fn=loss_fn, example_target=target,
-                           hardware="cpu", compile=autoshard.CompileOptions(cache_dir=sys.argv[1]))
+                           hardware="cpu", compile=autoshard.CompileOptions(cache_dir=cache_dir))
     cm.step(*inputs, target=target)
     s = cm.compile_report.stats
-    print(json.dumps({"hits": s.cache_hits, "misses": s.cache_misses, "seconds": s.seconds}))
-""")
+    return {"hits": s.cache_hits, "misses": s.cache_misses, "seconds": s.seconds}
 
 
 def test_a_second_process_reuses_the_compile_cache(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
-    runs = []
-    for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", _SCRIPT, str(tmp_path / "cache")], capture_output=True, text=True,
-                             env=env, timeout=600, check=True)
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    # each run is its own process, forked from a server that never compiled: only the directory is shared
+    runs = [run_ranks(_compile_once, 1, str(tmp_path / "cache"), init="env", timeout=600)[0] for _ in range(2)]
     first, second = runs
     assert first["misses"] >= 2 and first["hits"] == 0, first  # forward and backward graphs compiled
     assert second["misses"] == 0 and second["hits"] == first["misses"], second

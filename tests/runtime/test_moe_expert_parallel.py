@@ -8,6 +8,8 @@ the plan summary says whether tokens can be dropped. All cases run in one spawn 
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -40,6 +42,7 @@ def results():
     return run_ranks(moe_worker, 4, CASES, timeout=600)
 
 
+@functools.lru_cache(maxsize=None)
 def _layers(name: str) -> int:
     model, inputs, target, loss_fn = build(name)
     return len(moe_nodes(capture(model, inputs, loss_fn=loss_fn, target=target)))
