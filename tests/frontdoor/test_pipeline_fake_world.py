@@ -24,6 +24,7 @@ import autoshard
 from autoshard.passes.capture.export import capture
 from autoshard.passes.graph import META
 from autoshard.passes.layout.shapes import local_shape, normalize
+from autoshard.passes.sharding.storage_forms import form_of
 from autoshard.passes.spec import Shard
 from autoshard.driver import build_from_plan
 
@@ -112,17 +113,22 @@ def test_a_rank_of_the_175b_plan_builds_its_own_program(planned, rank):
         if s < len(plan.stages) - 1:
             assert wiring.peer(k, s + 1) == plan.stages[s + 1].ranks[k]
             assert any(s + 1 in consumers for _, consumers in wiring.sends[s])
-        # every local shard: the full shape cut by the submesh axes the plan shards it on
+        # every local shard the optimizer steps: the full shape cut by the submesh axes the plan shards
+        # it on, and a ZeRO-1/2 parameter's slice cut again over its ZeRO axes
         local = dict(cm.named_parameters())
         assert set(local) == set(stage.solution.param_placements) - set(plan.captured.aliases)
         assert len(local) >= 4 * 6, "six blocks of four weights at least"
         full = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}
+        placeholder_of = {fqn: ph for ph, fqn in program.captured.params.items()}
         for fqn, tensor in local.items():
             assert tensor.is_meta
             want = list(full[fqn])
             for axis, pl in enumerate(stage.solution.param_placements[fqn]):
                 if isinstance(pl, Shard):
                     want[pl.dim] //= stage.mesh.shape[axis]
+            form = form_of(stage.solution.strategies[placeholder_of[fqn]], full[fqn], stage.mesh.shape)
+            if form.zero:
+                want[form.zero_dim] //= math.prod(stage.mesh.shape[a] for a in form.zero_axes)
             assert tuple(tensor.shape) == tuple(want), fqn
         assert any(tuple(t.shape) != full[n] for n, t in local.items()), "the plan shards some weight here"
     finally:
