@@ -127,16 +127,17 @@ def contenders(name: str, ids: torch.Tensor, target: torch.Tensor) -> list:
     ref, blocks = build(name)
     ref = fsdp2_compiled(ref, blocks, world)
     local_ids, local_target = ids.chunk(world)[rank], target.chunk(world)[rank]
-    out = []
-    for label, cm in pairs[:2]:
+
+    def autoshard_step(cm):
         opt = torch.optim.AdamW(cm.parameters(), lr=1e-3)
 
-        def step(cm=cm, opt=opt):
+        def step():
             cm.step(ids, target=target)
             opt.step()
             opt.zero_grad(set_to_none=True)
+        return step
 
-        out.append((label, step, cm))
+    out = [(label, autoshard_step(cm), cm) for label, cm in pairs[:2]]
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
 
     def torch_step():
@@ -145,23 +146,8 @@ def contenders(name: str, ids: torch.Tensor, target: torch.Tensor) -> list:
         opt.zero_grad(set_to_none=True)
 
     out.append(("FSDP2 + torch.compile", torch_step, None))
-    opt_z = torch.optim.AdamW(zero3.parameters(), lr=1e-3)
-
-    def zero3_step():
-        zero3.step(ids, target=target)
-        opt_z.step()
-        opt_z.zero_grad(set_to_none=True)
-
-    out.append(("autoshard zero3 compiled", zero3_step, zero3))
-    for label, cm in pairs[2:]:
-        opt_c = torch.optim.AdamW(cm.parameters(), lr=1e-3)
-
-        def copied_step(cm=cm, opt=opt_c):
-            cm.step(ids, target=target)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        out.append((label, copied_step, cm))
+    out.append(("autoshard zero3 compiled", autoshard_step(zero3), zero3))
+    out += [(label, autoshard_step(cm), cm) for label, cm in pairs[2:]]
     return out
 
 
