@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from autoshard.passes.solve.context import PlanContext
 
 __all__ = ["DEFAULT_SCHEDULES", "Choice", "held_microbatches", "approx_held", "valid_schedule", "stage_problem",
-           "score_stages", "busiest_rank_seconds", "overlapped_sync", "single_stage_step", "cut_seconds"]
+           "score_stages", "busiest_rank_seconds", "step_floor", "config_floor", "overlapped_sync", "single_stage_step", "cut_seconds"]
 
 _BACKWARD = ("B", "W", "BW")
 
@@ -200,6 +200,33 @@ def busiest_rank_seconds(prob: StageProblem, schedule: str, starts: Sequence[int
         g = prob.stage_group[s]
         busy[g] = busy.get(g, 0.0) + prob.m * (f + b)
     return max(busy.values(), default=0.0)
+
+
+def step_floor(prob: StageProblem, schedule: str, starts: Sequence[int], recompute: Sequence[bool]) -> float:
+    """A lower bound on ``score_stages``' step time, tighter than ``busiest_rank_seconds``: the busiest
+    group's compute PLUS what follows its sync (``prob.opt_step``: the optimizer's update and the
+    m - 1 gradient accumulations). A group's last action is a backward (every forward has a later
+    one), so its backward ends no earlier than its summed work, and ``score_stages`` adds the group's
+    optimizer step after that end. Compare with a relative tolerance (rounding, as above)."""
+    L = len(prob.fwd)
+    ends = list(starts[1:]) + [L]
+    busy: dict[int, float] = {}
+    for s, (a, e) in enumerate(zip(starts, ends)):
+        fwd = sum(prob.fwd[a:e])
+        f = fwd + (prob.cut_seconds[a - 1] if a > 0 else 0.0)
+        b = sum(prob.bwd[a:e]) + (fwd if recompute[s] else 0.0) + (prob.cut_seconds[e - 1] if e < L else 0.0)
+        g = prob.stage_group[s]
+        busy[g] = busy.get(g, 0.0) + prob.m * (f + b) + (sum(prob.opt_step[a:e]) if prob.opt_step else 0.0)
+    return max(busy.values(), default=0.0)
+
+
+def config_floor(costs: Sequence, p: int, m: int) -> float:
+    """A lower bound on the simulated step of every cut of one configuration (p rank groups, m
+    microbatches, unit costs ``costs``, ``layer_costs.UnitCost``): the groups together do at least
+    every unit's m forwards and backwards and its per-step update (optimizer step plus m - 1
+    accumulations, as ``stage_problem`` builds ``opt_step``), so the busiest does at least 1/p of it
+    (``step_floor``; cuts add transfers and recompute, never less)."""
+    return sum(m * (c.fwd(m) + c.bwd(m)) + c.opt_step + (m - 1) * c.accumulate for c in costs) / p
 
 
 def single_stage_step(profile: SubmeshProfile) -> float:

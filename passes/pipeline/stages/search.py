@@ -25,8 +25,9 @@ from autoshard.passes.solve.work_budget import WorkBudget
 from autoshard.passes.pipeline.stages.layer_costs import (CandidateSpec, SubmeshProfile, layer_units, plan_submesh,
                                                            profile_submesh, submesh_shapes)
 from autoshard.passes.pipeline.schedule.registry import get_schedule
-from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice, approx_held, busiest_rank_seconds,
-                                                       held_microbatches, score_stages, stage_problem, valid_schedule)
+from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice, approx_held, config_floor,
+                                                       held_microbatches, score_stages, stage_problem, step_floor,
+                                                       valid_schedule)
 from autoshard.passes.pipeline.stages.stage_fit import SHRINK, fitting_profile
 from autoshard.passes.pipeline.stages.stage_cuts import balanced_stages, balanced_starts, even_stages, leanest_memory
 from autoshard.passes.pipeline.stages.stage_ilp import solve_stages
@@ -262,12 +263,13 @@ def search_stages(profiles: dict, mesh: Mesh, ctx: PlanContext, batch: int, sear
             for m in microbatch_options(batch, prof.batch_shard, p, microbatches):
                 if valid_schedule(schedule, p, m):
                     work = sum(c.fwd(m) + c.bwd(m) for c in prof.costs)
-                    configs.append((m * work / p, p, prof, m, schedule))  # the busiest group's compute
+                    # the busiest group's compute (the order searched), and the floor with the optimizer step
+                    configs.append((m * work / p, p, prof, m, schedule, config_floor(prof.costs, p, m)))
     configs.sort(key=lambda c: c[0])
     stats = {"configs": len(configs), "heuristic": 0, "simulated": 0, "ilp": 0, "smallest_memory": None}
     ranked: dict[str, list] = {}
-    unfit: list[tuple[float, StageProblem, tuple]] = []
-    for bound, p, prof, m, schedule in configs:
+    unfit: list[tuple[float, StageProblem, tuple, float]] = []
+    for bound, p, prof, m, schedule, floor in configs:
         state = sum(c.state_bytes for c in prof.costs) / p
         if state > memory_limit:
             _note_memory(stats, state)
@@ -277,21 +279,21 @@ def search_stages(profiles: dict, mesh: Mesh, ctx: PlanContext, batch: int, sear
         sol = balanced_stages(prob)
         if sol is None:
             _note_memory(stats, leanest_memory(prob, balanced_starts(prob)))
-            unfit.append((bound, prob, (p, prof, m, schedule)))
+            unfit.append((bound, prob, (p, prof, m, schedule), floor))
         else:
             ranked.setdefault(get_schedule(schedule).ranking_family, []).append(
-                (sol.step_time, bound, p, prof, m, schedule))
+                (sol.step_time, bound, p, prof, m, schedule, floor))
     scored: list[tuple[float, int, Choice, StageProblem]] = []
     best: Optional[Choice] = None
     for rows in ranked.values():  # the closed form ranks configurations of one schedule family alike
-        for _, bound, p, prof, m, schedule in sorted(rows, key=lambda r: r[0])[:shortlist]:
-            if best is not None and bound >= best.step_time:
+        for _, bound, p, prof, m, schedule, floor in sorted(rows, key=lambda r: r[0])[:shortlist]:
+            if _below(best, bound, floor):
                 continue
             held = list(held_microbatches(schedule, p, m))
             prob = stage_problem(prof, (p, m, schedule), mesh, ctx, held, search)
             sol = balanced_stages(prob)
             if sol is None:
-                unfit.append((bound, prob, (p, prof, m, schedule)))
+                unfit.append((bound, prob, (p, prof, m, schedule), floor))
                 continue
             stats["simulated"] += 1
             choice = _choice(prob, sol, p, prof, m, schedule, held)
@@ -300,14 +302,14 @@ def search_stages(profiles: dict, mesh: Mesh, ctx: PlanContext, batch: int, sear
                 best = choice
     unfit.sort(key=lambda u: u[0])
     scored.sort(key=lambda c: (c[0], c[1]))
-    todo = [(c.step_time, prob, (c.pp, c.profile, c.m, c.schedule), c.stages) for _, _, c, prob in scored[:refine]]
-    todo += [(bound, prob, key, None) for bound, prob, key in unfit[:refine]]
-    for bound, prob, (p, prof, m, schedule), hint in todo:
+    todo = [(c.step_time, prob, (c.pp, c.profile, c.m, c.schedule), c.stages, 0.0) for _, _, c, prob in scored[:refine]]
+    todo += [(bound, prob, key, None, floor) for bound, prob, key, floor in unfit[:refine]]
+    for bound, prob, (p, prof, m, schedule), hint, floor in todo:
         left = budget.left()
         if left <= 0:
             stats["timed_out"] = True
             break
-        if hint is None and best is not None and bound >= best.step_time:
+        if hint is None and _below(best, bound, floor):
             continue
         if hint is None:
             prob = StageProblem(**{**prob.__dict__, "held": list(held_microbatches(schedule, p, m))})
@@ -340,9 +342,11 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, c
     The stage ILP that refines the winner spends from ``budget`` (deterministic work)."""
     stats["even"] = 0
     improved = None
-    for bound, p, prof, m, schedule in configs:  # sorted by bound
+    for bound, p, prof, m, schedule, floor in configs:  # sorted by bound
         if best is not None and bound >= best.step_time:
             break
+        if _below(best, bound, floor):
+            continue
         unpinned = PipelineSearch(recompute=recompute)  # an even cut: no pinned starts
         rough = stage_problem(prof, (p, m, schedule), mesh, ctx, approx_held(schedule, p, m), unpinned)
         for on in ((False, True) if recompute is None else (bool(recompute),)):
@@ -371,12 +375,18 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, c
 
 def _cannot_beat(prob: StageProblem, schedule: str, sol: StageSolution, best: Optional[Choice]) -> bool:
     """No simulation of ``sol`` can give a step shorter than ``best``'s: its busiest rank group's compute
-    alone (``scoring.busiest_rank_seconds``, a lower bound on the simulated step) is longer, beyond
+    and optimizer step (``scoring.step_floor``, a lower bound on the simulated step) are longer, beyond
     rounding. Skipping it leaves the search's answer as it was (only a strictly shorter step replaces
     the best) and saves the schedule's generation and simulation (tenths of a second each at m ~ 100)."""
     if best is None:
         return False
-    return busiest_rank_seconds(prob, schedule, sol.starts, sol.recompute) > best.step_time * (1 + BOUND_TOLERANCE)
+    return step_floor(prob, schedule, sol.starts, sol.recompute) > best.step_time * (1 + BOUND_TOLERANCE)
+
+
+def _below(best: Optional[Choice], bound: float, floor: float) -> bool:
+    """No cut of a configuration can beat ``best``: its busiest group's compute ``bound`` reaches the best
+    step, or its floor with the optimizer step (``scoring.config_floor``) exceeds it beyond rounding."""
+    return best is not None and (bound >= best.step_time or floor > best.step_time * (1 + BOUND_TOLERANCE))
 
 
 #: relative slack on ``_cannot_beat``'s bound: the simulator and the bound add the same durations in

@@ -16,7 +16,8 @@ import autoshard.passes.pipeline.stages.search as search_module
 from autoshard.passes.capture.export import capture
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.registry import get_schedule
-from autoshard.passes.pipeline.stages.scoring import DEFAULT_SCHEDULES, busiest_rank_seconds, score_stages
+from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, busiest_rank_seconds, config_floor, score_stages,
+                                                       step_floor)
 from autoshard.passes.pipeline.stages.search import profile_candidates, search_stages
 from autoshard.passes.pipeline.stages.search_spec import PipelineSearch
 from autoshard.passes.pipeline.stages.stage_problem import StageProblem
@@ -57,20 +58,26 @@ def test_the_busiest_rank_bound_is_below_every_simulated_step(schedule):
     assert checked >= 10
 
 
-def _choice_key(best):
-    return (best.pp, tuple(best.profile.mesh.shape), best.m, best.schedule, tuple(best.stages.starts),
-            tuple(best.stages.recompute), best.step_time)
-
-
-def test_even_cuts_skip_what_cannot_win_and_choose_the_same(monkeypatch):
-    # a head worth a few blocks: the even cut's last stage is the busiest, and many even cuts cannot win
+@pytest.fixture(scope="module")
+def small_gpt_profiles():
+    """(mesh, candidate profiles) of a small GPT on (8,), pp 2/4/8: a head worth a few blocks, so the even
+    cut's last stage is the busiest and many even cuts cannot win (shared by the search tests)."""
     with torch.device("meta"):
         model = GPT(7680, 256, 8, 4, 128, False)
     ids = torch.empty(64, 128, dtype=torch.long, device="meta")
     captured = capture(model, (ids,), loss_fn=lm_loss, target=ids.clone())
     mesh = Mesh((8,))
-    profiles = profile_candidates(captured, mesh, [2, 4, 8], PlanContext.of("h100", optimizer="adamw"),
-                                  PipelineSearch())
+    return mesh, profile_candidates(captured, mesh, [2, 4, 8], PlanContext.of("h100", optimizer="adamw"),
+                                    PipelineSearch())
+
+
+def _choice_key(best):
+    return (best.pp, tuple(best.profile.mesh.shape), best.m, best.schedule, tuple(best.stages.starts),
+            tuple(best.stages.recompute), best.step_time)
+
+
+def test_even_cuts_skip_what_cannot_win_and_choose_the_same(monkeypatch, small_gpt_profiles):
+    mesh, profiles = small_gpt_profiles
     ctx = PlanContext.of("h100", time_limit_s=4.0)
     best, stats = search_stages(profiles, mesh, ctx, 64)
     monkeypatch.setattr(search_module, "_cannot_beat", lambda *a: False)
@@ -78,3 +85,52 @@ def test_even_cuts_skip_what_cannot_win_and_choose_the_same(monkeypatch):
     assert _choice_key(best) == _choice_key(every)
     assert stats["ilp"] == every_stats["ilp"] and stats["work_s"] == every_stats["work_s"]
     assert stats["even"] < every_stats["even"], (stats["even"], every_stats["even"])
+
+
+@pytest.mark.parametrize("schedule", DEFAULT_SCHEDULES)
+def test_the_step_floor_is_below_every_simulated_step_and_above_the_config_floor(schedule):
+    # the floor adds each group's optimizer step (what follows its backward) to its compute; the
+    # configuration's floor is the average group's, below every cut's
+    from autoshard.passes.pipeline.stages.layer_costs import UnitCost
+    rng = random.Random(11)
+    v = get_schedule(schedule).virtual_stages
+    checked = tighter = 0
+    for p in (2, 4):
+        for m in (4, 8, 12):
+            if not get_schedule(schedule).accepts(p, m):
+                continue
+            stages = p * v
+            units = stages + 3
+            for _ in range(5):
+                costs = [UnitCost(fwd_fixed=rng.uniform(0, 0.05), fwd_batch=rng.uniform(0.1, 2.0) * m,
+                                  bwd_batch=rng.uniform(0.2, 4.0) * m, opt_step=rng.uniform(0, 0.5),
+                                  accumulate=rng.uniform(0, 0.05)) for _ in range(units)]
+                prob = _problem(rng, units, p, m, schedule)
+                prob.fwd, prob.bwd = [c.fwd(m) for c in costs], [c.bwd(m) for c in costs]
+                prob.cut_seconds = [0.0] * units
+                prob.opt_step = [c.opt_step + (m - 1) * c.accumulate for c in costs]
+                starts = [0] + sorted(rng.sample(range(1, units), stages - 1))
+                recompute = [rng.random() < 0.5 for _ in range(stages)]
+                step = score_stages(prob, schedule, starts, recompute)[0]
+                floor = step_floor(prob, schedule, starts, recompute)
+                assert config_floor(costs, p, m) <= floor * (1 + 1e-12), (p, m, starts)
+                assert floor <= step * (1 + 1e-12), (p, m, starts)
+                tighter += floor > busiest_rank_seconds(prob, schedule, starts, recompute)
+                checked += 1
+    assert checked >= 10 and tighter == checked
+
+
+def test_the_optimizer_step_floor_skips_more_and_chooses_the_same(monkeypatch, small_gpt_profiles):
+    # the floors with each group's optimizer step prune configurations and even cuts that the compute
+    # bound alone lets through; the answer must not move
+    mesh, profiles = small_gpt_profiles
+    ctx = PlanContext.of("h100", time_limit_s=4.0)
+    best, stats = search_stages(profiles, mesh, ctx, 64)
+    monkeypatch.setattr(search_module, "_below", lambda best, bound, floor: best is not None and bound >= best.step_time)
+    monkeypatch.setattr(search_module, "step_floor", busiest_rank_seconds)
+    old, old_stats = search_stages(profiles, mesh, ctx, 64)
+    assert _choice_key(best) == _choice_key(old)
+    assert stats["work_s"] <= old_stats["work_s"]
+    done = stats["simulated"] + stats["even"] + stats["ilp"]
+    old_done = old_stats["simulated"] + old_stats["even"] + old_stats["ilp"]
+    assert done < old_done, (stats, old_stats)
