@@ -127,7 +127,8 @@ class UnitCost:
     stage takes the largest of (the for-loop's two copies of its largest parameter). ``opt_step``:
     seconds of the optimizer's update of the unit's parameters (per step); ``accumulate``: seconds of
     adding one microbatch's gradients into theirs (``passes/cost/optimizer_step.py``; the scorer adds
-    both after the unit's group's gradient sync). ``held_grads``: a ``zero1`` parameter's unreduced
+    the step after the unit's group's gradient sync and the accumulations inside the backwards,
+    ``scoring.accumulation_share``). ``held_grads``: a ``zero1`` parameter's unreduced
     gradient, held whole over the microbatches beside its reduced slice (``grads``: what one backward
     adds in flight is counted from ``grads``, as for the other forms)."""
     fwd_fixed: float = 0.0

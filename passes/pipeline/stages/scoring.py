@@ -9,9 +9,11 @@ each rank group's all-reduces run one after another on its own link, overlapped 
 backward is still running (``overlapped_sync``). The step ends when the last group's compute and
 its last all-reduce are done. A profile whose runtime starts the all-reduces only after the backward (``overlap_grad_sync`` False:
 Megatron-LM without ``--overlap-grad-reduce``) has them all ready when its group's backward ends.
-Each group's optimizer step and gradient accumulations (``UnitCost.opt_step`` /
-``accumulate``) follow its sync. ``single_stage_step`` applies the same rule to a plan without a
-pipeline (one stage, one microbatch), so "pipeline or not" compares like with like:
+Each group's optimizer step (``UnitCost.opt_step``) follows its sync; the gradient accumulations of
+microbatches after the first (``UnitCost.accumulate``) run inside their backwards (``accumulation_share``),
+where autograd and Megatron-LM's gradient hooks run them, so they lengthen the warm-up and drain too.
+``single_stage_step`` applies the same rule to a plan without a pipeline (one stage, one
+microbatch), so "pipeline or not" compares like with like:
 
 >>> overlapped_sync([(1.0, 0.5), (2.0, 0.5), (2.1, 0.5)])   # (ready time, seconds) per gradient
 3.0
@@ -36,7 +38,8 @@ if TYPE_CHECKING:
     from autoshard.passes.solve.context import PlanContext
 
 __all__ = ["DEFAULT_SCHEDULES", "Choice", "held_microbatches", "approx_held", "valid_schedule", "stage_problem",
-           "score_stages", "busiest_rank_seconds", "overlapped_sync", "single_stage_step", "cut_seconds"]
+           "score_stages", "busiest_rank_seconds", "overlapped_sync", "single_stage_step", "cut_seconds",
+           "accumulation_share"]
 
 _BACKWARD = ("B", "W", "BW")
 
@@ -97,13 +100,24 @@ def stage_problem(profile: SubmeshProfile, config: tuple[int, int, str], mesh: M
     bw, lat = hw.axis_link(Mesh((p, mesh.size // p)), 0)
     cut_bytes = profile.cut_bytes(m)
     return StageProblem(
-        fwd=[c.fwd(m) for c in costs], bwd=[c.bwd(m) for c in costs], grad_sync=[c.grad_sync for c in costs],
+        fwd=[c.fwd(m) for c in costs], bwd=[c.bwd(m) + accumulation_share(c, m) for c in costs],
+        grad_sync=[c.grad_sync for c in costs],
         state=[c.state_bytes for c in costs], act=[c.act(m) for c in costs],
         cut_seconds=cut_seconds(profile, m, bw, lat, hw), cut_bytes=cut_bytes,
         stage_group=get_schedule(schedule).stage_rank(p), held=list(held), m=m, memory_limit=ctx.memory_bytes,
         recompute=recompute, starts=starts, holds_params=[c.param_reads > 0 for c in costs],
         grads=[c.grads for c in costs], opt_fixed=[c.opt_fixed for c in costs], opt_peak=[c.opt_peak for c in costs],
-        opt_step=[c.opt_step + (m - 1) * c.accumulate for c in costs], overlap_sync=profile.overlap_grad_sync)
+        opt_step=[c.opt_step for c in costs], overlap_sync=profile.overlap_grad_sync)
+
+
+def accumulation_share(cost, m: int) -> float:
+    """Seconds one backward of unit ``cost`` spends adding its gradients into the held ones, averaged
+    over ``m`` microbatches. The accumulation runs inside the backward that produces the gradient
+    (autograd's ``AccumulateGrad`` adds into ``.grad`` as each parameter's gradient is ready; Megatron-LM's
+    local DDP adds ``param.grad`` into ``param.main_grad`` in a gradient hook, megatron/model/distributed.py),
+    so it lengthens every backward after the first, and with them the pipeline's warm-up and drain: m - 1
+    accumulations spread over the m backwards of a step, not paid once after the gradient sync."""
+    return (m - 1) / m * cost.accumulate if m > 1 else 0.0
 
 
 def cut_seconds(profile: SubmeshProfile, m: int, bw: float, lat: float, hw: Hardware) -> list[float]:
@@ -172,7 +186,7 @@ def score_stages(prob: StageProblem, schedule: str, starts: Sequence[int], recom
             last[action.stage] = finish
     groups: dict[int, list] = {}
     backward_done: dict[int, float] = {}
-    after: dict[int, float] = {}  # the group's optimizer step and gradient accumulations, after its sync
+    after: dict[int, float] = {}  # the group's optimizer step, after its sync
     frac = (0.5 if split else 1.0) if prob.overlap_sync else 0.0
     for s, (a, e) in enumerate(zip(starts, ends)):
         g = prob.stage_group[s]

@@ -57,8 +57,9 @@ activations stage s holds at its peak under the schedule (k_s). ``recompute``: N
     opt_fixed: Optional[list[float]] = None
     opt_peak: Optional[list[float]] = None
     #: per unit, what follows its group's gradient sync each step: the optimizer's update of its
-    #: parameters and its m - 1 gradient accumulations; whether the gradient all-reduces overlap the
-    #: backward still running (else they start when the group's backward ends)
+    #: parameters (its gradient accumulations are in ``bwd``: ``scoring.accumulation_share``); whether
+    #: the gradient all-reduces overlap the backward still running (else they start when the group's
+    #: backward ends)
     opt_step: Optional[list[float]] = None
     overlap_sync: bool = True
 
