@@ -185,6 +185,7 @@ class SubmeshProfile:
     cut_whole_fixed: list = field(default_factory=list)
     cut_whole_batch: list = field(default_factory=list)
     scatter_gather: bool = False
+    blocking_sends: bool = False  # sends block the sender's stream too (``scoring.send_seconds``)
 
     def cut_bytes(self, m: int) -> list[float]:
         return [f + b / m for f, b in zip(self.cut_fixed, self.cut_batch)]
@@ -218,7 +219,8 @@ class SubmeshProfile:
         return SubmeshProfile(self.mesh, units, costs, cuts(self.cut_fixed), cuts(self.cut_batch), self.solution,
                               self.batch_shard, dict(self.stats, repeated_blocks=n), self.overlap_grad_sync,
                               cuts(self.cut_whole_fixed) if self.cut_whole_fixed else [],
-                              cuts(self.cut_whole_batch) if self.cut_whole_batch else [], self.scatter_gather)
+                              cuts(self.cut_whole_batch) if self.cut_whole_batch else [], self.scatter_gather,
+                              self.blocking_sends)
 
 
 def submesh_shapes(group_size: int, hardware: Hardware) -> list[tuple[int, int]]:

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_SCHEDULES", "Choice", "held_microbatches", "approx_held", "valid_schedule", "stage_problem",
            "score_stages", "busiest_rank_seconds", "overlapped_sync", "single_stage_step", "cut_seconds",
-           "accumulation_share"]
+           "accumulation_share", "send_seconds"]
 
 _BACKWARD = ("B", "W", "BW")
 
@@ -104,6 +104,7 @@ def stage_problem(profile: SubmeshProfile, config: tuple[int, int, str], mesh: M
         grad_sync=[c.grad_sync for c in costs],
         state=[c.state_bytes for c in costs], act=[c.act(m) for c in costs],
         cut_seconds=cut_seconds(profile, m, bw, lat, hw), cut_bytes=cut_bytes,
+        send_seconds=send_seconds(profile, m, bw, lat) if profile.blocking_sends else None,
         stage_group=get_schedule(schedule).stage_rank(p), held=list(held), m=m, memory_limit=ctx.memory_bytes,
         recompute=recompute, starts=starts, holds_params=[c.param_reads > 0 for c in costs],
         grads=[c.grads for c in costs], opt_fixed=[c.opt_fixed for c in costs], opt_peak=[c.opt_peak for c in costs],
@@ -138,6 +139,35 @@ def cut_seconds(profile: SubmeshProfile, m: int, bw: float, lat: float, hw: Hard
     return out
 
 
+def send_seconds(profile: SubmeshProfile, m: int, bw: float, lat: float) -> list[float]:
+    """Seconds a sending rank's stream is held by each cut's send when sends block (``profile.
+    blocking_sends``: a separate ``dist.send`` that returns once the transfer is done): what the rank
+    sends over the link (its 1/tp piece of a tensor whole on tp under ``scatter_gather``) plus the latency."""
+    tp = profile.mesh.shape[-1]
+    out = []
+    for x, whole in zip(profile.cut_bytes(m), profile.cut_whole_bytes(m)):
+        sent = x - whole + whole / tp if profile.scatter_gather and tp > 1 else x
+        out.append(sent / bw + lat if x > 0 else 0.0)
+    return out
+
+
+def _stage_durations(prob: StageProblem, starts: Sequence[int], recompute: Sequence[bool]
+                     ) -> tuple[list[float], list[float]]:
+    """Per stage, its F and B(+W) durations: its units' forward, plus receiving its input (and, when
+    sends block, sending its output); its units' backward, the recomputed forward, receiving its
+    output's gradient (and, when sends block, sending its input's gradient)."""
+    L = len(prob.fwd)
+    ends = list(starts[1:]) + [L]
+    send = prob.send_seconds
+    f, b = [], []
+    for s, (a, e) in enumerate(zip(starts, ends)):
+        fwd = sum(prob.fwd[a:e])
+        f.append(fwd + (prob.cut_seconds[a - 1] if a > 0 else 0.0) + (send[e - 1] if send and e < L else 0.0))
+        b.append(sum(prob.bwd[a:e]) + (fwd if recompute[s] else 0.0) + (prob.cut_seconds[e - 1] if e < L else 0.0)
+                 + (send[a - 1] if send and a > 0 else 0.0))
+    return f, b
+
+
 def overlapped_sync(buckets: Iterable[tuple[float, float]]) -> float:
     """When the last of ``buckets`` ((ready time, seconds) gradient all-reduces sharing one link) is
     done: each starts once it is ready and the link is free, in ready order."""
@@ -166,14 +196,11 @@ def score_stages(prob: StageProblem, schedule: str, starts: Sequence[int], recom
 
     Stage s's forward is its units' forward plus receiving its input; its backward, its units'
     backward, the recomputed forward and receiving its output's gradient (split half input-grad B,
-    half weight-grad W for the zero-bubble schedules)."""
+    half weight-grad W for the zero-bubble schedules); with blocking sends, its sends too
+    (``_stage_durations``)."""
     L = len(prob.fwd)
     ends = list(starts[1:]) + [L]
-    f, b = [], []
-    for s, (a, e) in enumerate(zip(starts, ends)):
-        fwd = sum(prob.fwd[a:e])
-        f.append(fwd + (prob.cut_seconds[a - 1] if a > 0 else 0.0))
-        b.append(sum(prob.bwd[a:e]) + (fwd if recompute[s] else 0.0) + (prob.cut_seconds[e - 1] if e < L else 0.0))
+    f, b = _stage_durations(prob, starts, recompute)
     split = get_schedule(schedule).split_backward
     if split:
         costs = StageCosts(f=f, b=[x / 2 for x in b], w=[x / 2 for x in b])
@@ -204,13 +231,8 @@ def busiest_rank_seconds(prob: StageProblem, schedule: str, starts: Sequence[int
     as ``score_stages`` builds them. The simulator runs a rank's actions one after another and
     transfers take no compute time, so no step is shorter than one rank's work (summed in another
     order, the two may differ by rounding: compare with a relative tolerance)."""
-    L = len(prob.fwd)
-    ends = list(starts[1:]) + [L]
     busy: dict[int, float] = {}
-    for s, (a, e) in enumerate(zip(starts, ends)):
-        fwd = sum(prob.fwd[a:e])
-        f = fwd + (prob.cut_seconds[a - 1] if a > 0 else 0.0)
-        b = sum(prob.bwd[a:e]) + (fwd if recompute[s] else 0.0) + (prob.cut_seconds[e - 1] if e < L else 0.0)
+    for s, (f, b) in enumerate(zip(*_stage_durations(prob, starts, recompute))):
         g = prob.stage_group[s]
         busy[g] = busy.get(g, 0.0) + prob.m * (f + b)
     return max(busy.values(), default=0.0)

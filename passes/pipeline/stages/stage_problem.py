@@ -62,6 +62,9 @@ activations stage s holds at its peak under the schedule (k_s). ``recompute``: N
     #: backward ends)
     opt_step: Optional[list[float]] = None
     overlap_sync: bool = True
+    #: per cut, seconds its send holds the sending rank's stream when sends block (separate blocking
+    #: send calls, ``scoring.send_seconds``); None: sends are posted and cost the sender nothing
+    send_seconds: Optional[list[float]] = None
 
     @property
     def step_peak(self) -> bool:

@@ -35,3 +35,25 @@ def test_accumulations_lengthen_every_backward_and_so_the_bubble(p, m):
 def test_one_microbatch_accumulates_nothing():
     prof = _profile(3, accumulate=10.0)
     assert single_stage_step(prof) == pytest.approx(3 * (1.0 + 2.0) + 3 * 0.25)
+
+
+def test_blocking_sends_cost_the_sender_too():
+    """DeepSpeed's pipeline engine sends with a blocking ``dist.send``: a stage's stream carries its sends
+    as well as its receives, two more transfers per microbatch for a middle stage."""
+    p, m = 4, 8
+    prof = _profile(p, accumulate=0.0)
+    prof.cut_fixed = [4e9] * (p - 1)  # 4 GB per boundary: seconds on any link
+    ctx = PlanContext.of("a100")
+    held = held_microbatches("1f1b", p, m)
+    posted = stage_problem(prof, (p, m, "1f1b"), Mesh((p, 1)), ctx, held)
+    prof.blocking_sends = True
+    blocking = stage_problem(prof, (p, m, "1f1b"), Mesh((p, 1)), ctx, held)
+    assert posted.send_seconds is None and blocking.send_seconds == pytest.approx(posted.cut_seconds)
+    send = blocking.send_seconds[0]
+    assert send > 0.01
+    starts, rec = list(range(p)), [False] * p
+    before, _ = score_stages(posted, "1f1b", starts, rec)
+    after, _ = score_stages(blocking, "1f1b", starts, rec)
+    # a middle stage's m forwards and m backwards each carry one more transfer; the warm-up and drain
+    # at most p - 1 more slots of them
+    assert 2 * m * send * (1 - 1e-9) <= after - before <= 2 * (m + p - 1) * send * (1 + 1e-9)
