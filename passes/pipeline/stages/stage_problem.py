@@ -129,7 +129,7 @@ def stage_costs(prob: StageProblem, starts: Sequence[int], recompute: Sequence[b
                 ) -> tuple[list[float], list[float], list[float]]:
     """(per-microbatch time, per-step gradient sync, memory) of every stage of a given cut, in
     floating point: the same formulas as the ILP's constraints (2)-(3)."""
-    L, S = len(prob.fwd), len(starts)
+    L = len(prob.fwd)
     ends = list(starts[1:]) + [L]
     times, syncs, mems = [], [], []
     for s, (a, b) in enumerate(zip(starts, ends)):
