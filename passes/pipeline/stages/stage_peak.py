@@ -17,7 +17,12 @@ The optimizer step runs after the last microbatch, when none of these are alive:
 walk's. The stage planner's ILP constrains the same peak per layer unit (``stage_ilp`` (3')), so the
 cut it picks is one every stage's own plan fits.
 
-Measured against ``MemTracker`` on each stage rank by ``tests/runtime/pipeline/test_pipeline_memory_peak.py``.
+A rank group holding several stages (virtual stages) is not priced at the sum of these peaks: its
+stages run one at a time, so ``stage_memory_record`` splits each stage's peak into what it keeps and
+what running adds, and ``passes.pipeline.group_peak`` takes the group's peak over the schedule's moments.
+
+Measured against ``MemTracker`` on each stage rank (and, interleaved, each rank group) by
+``tests/runtime/pipeline/test_pipeline_memory_peak.py``.
 """
 from __future__ import annotations
 
