@@ -45,6 +45,7 @@ from typing import Callable, Optional, Sequence
 from ortools.linear_solver import linear_solver_pb2, pywraplp
 from ortools.sat.python import cp_model
 
+from autoshard.passes.solve.cpsat_model import cpsat_model
 from autoshard.passes.solve.memory_search import cutoff_units, hint_objective, lagrangian_hint, reduced_cost_fixings
 from autoshard.passes.solve.strategy_graph import SGEdge, StrategyGraph, greedy, merge_followers
 
@@ -297,16 +298,7 @@ class ShardingILP:
         (``memory_search.reduced_cost_fixings``); ``upper_bound``: only answers whose objective is at
         most this are wanted (INFEASIBLE when there is none). ``portfolio``: with ``workers > 1``,
         CP-SAT's interleaved portfolio of subsolvers; False: one sequential LP-guided search."""
-        model = cp_model.CpModel()
-        v = [model.new_constant(0) if k in fixed_zero else model.new_bool_var(f"v{k}") for k in range(self.num_vars)]
-        for kind, ids, coefs, lo, hi in self.rows:
-            if kind == "exactly_one":
-                model.add_exactly_one([v[k] for k in ids])
-            else:
-                expr = cp_model.LinearExpr.weighted_sum([v[k] for k in ids], coefs)
-                model.add_linear_constraint(expr, int(max(lo, -2 ** 62)), int(hi))
-        objective = cp_model.LinearExpr.weighted_sum([v[k] for k in self.objective[0]], self.objective[1])
-        model.minimize(objective)
+        model, index_of = cpsat_model(self.num_vars, self.rows, self.objective, fixed_zero)
         if lower_bound is not None or upper_bound is not None:  # the LP bound, loosened against GLOP's tolerance
             lo = -2 ** 62 if lower_bound is None else math.floor(lower_bound - 1e-6 * abs(lower_bound) - 1)
             top = sum(c for c in self.objective[1] if c > 0)
@@ -315,8 +307,8 @@ class ShardingILP:
             on = self.hint_literals(hint)
             # what add_hint does var by var (a positive literal: its index, its value), in one call each:
             # a million Python calls across the stage planner's solves
-            free = [k for k in range(len(v)) if k not in fixed_zero]
-            model.proto.solution_hint.vars.extend(v[k].index for k in free)
+            free = [k for k in range(self.num_vars) if k not in fixed_zero]
+            model.proto.solution_hint.vars.extend(index_of[k] for k in free)
             model.proto.solution_hint.values.extend(int(k in on) for k in free)
         solver = cp_model.CpSolver()
         # A work limit, not a clock: the same model gives the same answer however busy the machine
@@ -350,7 +342,8 @@ class ShardingILP:
         work = float(solver.response_proto.deterministic_time)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return ILPResult(None, math.inf, math.inf, name, wall, self.num_vars, ncons, {"work": work})
-        choice = self.choice_from(lambda k: solver.boolean_value(v[k]))
+        values = solver.response_proto.solution
+        choice = self.choice_from(lambda k: values[index_of[k]])
         cost, mem = self.g.evaluate(choice)
         return ILPResult(choice, cost, mem, name, wall, self.num_vars, ncons,
                          {"objective": solver.objective_value, "bound": solver.best_objective_bound, "work": work})
