@@ -88,7 +88,8 @@ def lp_bound(graph: StrategyGraph) -> Optional[float]:
 
 
 def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float = 30.0, workers: int = 2,
-          merge: bool = True, cutoff: Optional[float] = None, hints: Sequence[list[int]] = ()) -> ILPResult:
+          merge: bool = True, cutoff: Optional[float] = None, hints: Sequence[list[int]] = (),
+          kept: Optional[dict] = None) -> ILPResult:
     """Minimize ``objective`` ("cost" under the memory limit, or "memory") over ``graph``.
 
     Steps: fold followers (``merge_followers``, unless ``merge=False``); solve the LP relaxation
@@ -109,29 +110,44 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
     deterministic seconds spent; ``stats["lower_bound"]``: the best proven lower bound on the
     objective (seconds or bytes), from the LP relaxation or CP-SAT, whichever is higher.
 
+    ``kept``: a dict the caller keeps between solves of one ``graph`` whose memory limit it lowers (the
+    planner's peak retries): the first solve leaves its ILP there, later ones change only the memory
+    row's bound (in the units the row was built in), and their LPs start from the last optimal basis
+    (``ShardingILP.solve_lp``).
+
     ``hints``: known choices of ``graph`` (one strategy index per node, e.g. a published layout's plan
     on this problem). The cheapest one that fits becomes CP-SAT's warm start when it beats the solver's
     own, and the answer is never worse than it: when CP-SAT stops at something costlier (or at
     nothing), that hint is the answer (``stats["hint_kept"]``). So a problem never prices above a plan
     it was shown.
     """
-    reduced, expand = merge_followers(graph) if merge else (graph, list)
+    again = kept is not None and kept.get("graph") is graph and objective == "cost" and graph.memory_limit
+    if again:  # the same graph, its memory limit lowered: the ILP and its LP solver are kept
+        reduced, expand, ilp, (cost_floor, memory_floor) = kept["model"]
+        reduced.memory_limit = graph.memory_limit
+    else:
+        reduced, expand = merge_followers(graph) if merge else (graph, list)
+        cost_floor, memory_floor = _floors(reduced)
     t0 = time.perf_counter()
-    cost_floor, memory_floor = _floors(reduced)
     if objective == "cost" and reduced.memory_limit is not None and memory_floor > reduced.memory_limit:
         return ILPResult(None, math.inf, math.inf, "INFEASIBLE", time.perf_counter() - t0, 0, 0,
                          {"memory_floor": memory_floor})
     if objective == "cost" and cutoff is not None and cost_floor >= cutoff * (1 - 1e-6):
         return ILPResult(None, cost_floor, math.inf, "CUTOFF", time.perf_counter() - t0, 0, 0,
                          {"memory_binding": False})
-    ilp = ShardingILP(reduced)
-    ilp.add_one_strategy_per_node()
-    ilp.add_edge_consistency()
-    ilp.add_policy_groups()
-    if objective == "cost":
-        ilp.add_memory_constraint()
-    ilp.add_pins()
-    ilp.set_objective(objective)
+    if again:
+        ilp.set_memory_limit(graph.memory_limit)
+    else:
+        ilp = ShardingILP(reduced)
+        ilp.add_one_strategy_per_node()
+        ilp.add_edge_consistency()
+        ilp.add_policy_groups()
+        if objective == "cost":
+            ilp.add_memory_constraint()
+        ilp.add_pins()
+        ilp.set_objective(objective)
+        if kept is not None and objective == "cost" and ilp.memory_row is not None:
+            kept.update(graph=graph, model=(reduced, expand, ilp, (cost_floor, memory_floor)))
     limit = reduced.memory_limit if objective == "cost" else None
 
     def fits(choice):  # (an inconsistent choice evaluates to infinity)
