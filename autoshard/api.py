@@ -103,7 +103,8 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
     opts.check_entry("plan")
     if opts.pipelined:
         check_pipeline_inputs(example_inputs)
-    return choose(ModelBatch(model, example_inputs, loss_fn, example_target), Mesh.of(mesh), opts).plan
+    batch = ModelBatch(model, example_inputs, loss_fn, example_target, stack_traces=False)  # priced, never run
+    return choose(batch, Mesh.of(mesh), opts).plan
 
 
 

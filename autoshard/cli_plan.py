@@ -211,7 +211,8 @@ def _explain(args: argparse.Namespace) -> int:
         progress.stage("building and tracing the model")
         built = build_model(source["spec"], batch=source["batch"], seq=source.get("seq", 2048),
                             dtype=source.get("dtype", "fp32"))
-        captured = capture(built.model, built.example_inputs, loss_fn=built.loss_fn, target=built.example_target)
+        captured = capture(built.model, built.example_inputs, loss_fn=built.loss_fn, target=built.example_target,
+                           stack_traces=False)
         plan = plan.attach(captured, plan.mesh)
         progress.stage("pricing the alternatives")
         result = explain(plan, args.name)

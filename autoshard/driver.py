@@ -78,6 +78,8 @@ def planning_context(options: PlanOptions, hardware) -> PlanContext:
 class ModelBatch:
     """What is traced: ``model`` on one GLOBAL batch (``example_inputs``, ``example_target``) with
     ``loss_fn``. ``traces``: the programs traced so far, by (microsteps, compute dtype name).
+    ``stack_traces``: whether they record each op's source line (``capture``); ``plan`` turns it off,
+    as its programs are priced, never run.
     ``agree``: applied once to every program ``trace`` returns from then on (``compile`` sets it once the
     plan is chosen: ``rank_traces.same_program_as_rank0``, a collective every rank calls alike)."""
     model: Optional[torch.nn.Module]
@@ -87,6 +89,7 @@ class ModelBatch:
     traces: dict = field(default_factory=dict, repr=False)
     agree: Optional[Callable[[CapturedGraph], CapturedGraph]] = field(default=None, repr=False)
     agreed: set = field(default_factory=set, repr=False)
+    stack_traces: bool = True
 
     @classmethod
     def of_captured(cls, captured: CapturedGraph, microsteps: int = 1,
@@ -112,7 +115,8 @@ def trace(batch: ModelBatch, microsteps: int = 1, mixed_precision: Optional[Mixe
                                   "autoshard.plan instead of plan_captured")
         inputs, target = microbatch(batch.example_inputs, batch.example_target, microsteps, keyword=keyword)
         batch.traces[key] = capture(batch.model, inputs, loss_fn=batch.loss_fn, target=target,
-                                    param_dtype=None if mixed_precision is None else mixed_precision.param_dtype)
+                                    param_dtype=None if mixed_precision is None else mixed_precision.param_dtype,
+                                    stack_traces=batch.stack_traces)
     if batch.agree is not None and key not in batch.agreed:
         batch.traces[key] = batch.agree(batch.traces[key])
         batch.agreed.add(key)
