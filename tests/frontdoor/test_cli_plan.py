@@ -181,3 +181,13 @@ def test_the_process_command_freezes_what_is_left_and_a_call_with_argv_does_not(
     finally:
         gc.unfreeze()
     assert "missing.json" in capsys.readouterr().err
+
+
+def test_planning_imports_leave_the_runtime_unloaded():
+    """What ``autoshard plan`` imports to plan (``cli_plan._plan``'s imports) loads no runtime beyond
+    ``compile=``'s options: the executor and ``CompiledModel`` load when ``compile`` runs."""
+    code = ("import sys, autoshard.api, autoshard.layout_compare, autoshard.layouts, autoshard.model_specs; "
+            "sys.exit(sorted(m for m in sys.modules if m in ('autoshard.compiled', 'autoshard.runtime.executor', "
+            "'autoshard.runtime.groups', 'autoshard.runtime.lower')) or 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
