@@ -135,6 +135,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, ctx: Optional[PlanContext] = No
         core_profile = profile_submesh(captured, core, ctx, units=units)
         core_profile.overlap_grad_sync = pins.overlap_grad_sync
         core_profile.scatter_gather = pins.scatter_gather
+        core_profile.blocking_sends = pins.blocking_sends
         core_step = single_stage_step(core_profile)
     shallow = shallow_program(captured, units) if fold_blocks else None
     candidates: dict = {}
@@ -146,6 +147,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, ctx: Optional[PlanContext] = No
     profiles = plan_candidates(shallow.captured if shallow else captured, mesh, pps, ctx, search, stats=candidates)
     for profile in profiles.values():
         profile.overlap_grad_sync, profile.scatter_gather = pins.overlap_grad_sync, pins.scatter_gather
+        profile.blocking_sends = pins.blocking_sends
     # what is left of the WORK limit (deterministic seconds, never the clock: the plan must not
     # depend on the machine's load) after the core plan's and the candidates' solves
     spent = candidates.get("work_s", 0.0) + (core.solver_stats.get("work_s", 0.0) if core is not None else 0.0)

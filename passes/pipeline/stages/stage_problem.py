@@ -57,10 +57,14 @@ activations stage s holds at its peak under the schedule (k_s). ``recompute``: N
     opt_fixed: Optional[list[float]] = None
     opt_peak: Optional[list[float]] = None
     #: per unit, what follows its group's gradient sync each step: the optimizer's update of its
-    #: parameters and its m - 1 gradient accumulations; whether the gradient all-reduces overlap the
-    #: backward still running (else they start when the group's backward ends)
+    #: parameters (its gradient accumulations are in ``bwd``: ``scoring.accumulation_share``); whether
+    #: the gradient all-reduces overlap the backward still running (else they start when the group's
+    #: backward ends)
     opt_step: Optional[list[float]] = None
     overlap_sync: bool = True
+    #: per cut, seconds its send holds the sending rank's stream when sends block (separate blocking
+    #: send calls, ``scoring.send_seconds``); None: sends are posted and cost the sender nothing
+    send_seconds: Optional[list[float]] = None
 
     @property
     def step_peak(self) -> bool:
@@ -125,7 +129,7 @@ def stage_costs(prob: StageProblem, starts: Sequence[int], recompute: Sequence[b
                 ) -> tuple[list[float], list[float], list[float]]:
     """(per-microbatch time, per-step gradient sync, memory) of every stage of a given cut, in
     floating point: the same formulas as the ILP's constraints (2)-(3)."""
-    L, S = len(prob.fwd), len(starts)
+    L = len(prob.fwd)
     ends = list(starts[1:]) + [L]
     times, syncs, mems = [], [], []
     for s, (a, b) in enumerate(zip(starts, ends)):
