@@ -65,6 +65,7 @@ from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, profile_submesh
 from autoshard.passes.pipeline.stages.op_cuts import cut_points, op_graph_units
 from autoshard.passes.pipeline.schedule.simulate import ScheduleError
+from autoshard.passes.pipeline.group_peak import memory_record
 from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice, held_microbatches, score_stages, single_stage_step,
                       stage_problem, valid_schedule)
 from autoshard.passes.pipeline.stages.search import global_batch, microbatch_options, plan_candidates, profile_candidates, search_stages
@@ -349,6 +350,7 @@ def _stage_solution(prof: SubmeshProfile, full: Optional[Solution], rng: range, 
         mesh=prof.mesh, strategies=strategies,
         param_placements={k: v for k, v in full.param_placements.items() if k in fqns},
         estimated_step_time=sum(times.values()), estimated_memory=best.stages.memory[s], memory_breakdown=mem,
+        estimated=memory_record(*best.stages.records[s]) if best.stages.records else {},
         time_breakdown=times, unruled_ops=list(full.unruled_ops),
         redistributions=[r for r in full.redistributions if r.consumer in mine],
         param_grad_syncs={k: v for k, v in full.param_grad_syncs.items() if k in fqns},

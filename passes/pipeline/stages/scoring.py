@@ -27,6 +27,7 @@ from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import held_per_stage, prepared
+from autoshard.passes.pipeline.schedule.held_moments import held_moments
 from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.layer_costs import SubmeshProfile
 from autoshard.passes.pipeline.schedule.simulate import StageCosts, simulate
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from autoshard.passes.solve.context import PlanContext
 
 __all__ = ["DEFAULT_SCHEDULES", "Choice", "held_microbatches", "approx_held", "valid_schedule", "stage_problem",
+           "group_moments",
            "score_stages", "busiest_rank_seconds", "overlapped_sync", "single_stage_step", "cut_seconds",
            "accumulation_share", "send_seconds"]
 
@@ -86,13 +88,23 @@ def valid_schedule(schedule: str, p: int, m: int) -> bool:
     return get_schedule(schedule).accepts(p, m)
 
 
+def group_moments(schedule: str, p: int, m: int) -> Optional[tuple]:
+    """The schedule's moments per rank group (``schedule.held_moments``) where a group holds several
+    stages; None with one stage per group (its peak is then its stage's, at ``held_microbatches``)."""
+    if get_schedule(schedule).virtual_stages == 1:
+        return None
+    return held_moments(schedule, p, m)
+
+
 def stage_problem(profile: SubmeshProfile, config: tuple[int, int, str], mesh: Mesh, ctx: "PlanContext",
-                  held: Sequence[int], search: "Optional[PipelineSearch]" = None) -> StageProblem:
+                  held: Sequence[int], search: "Optional[PipelineSearch]" = None,
+                  moments: Optional[tuple] = None) -> StageProblem:
     """The ``StageProblem`` of one configuration ``config`` = (p rank groups, m microbatches, schedule):
     ``profile`` at m microbatches, groups of the schedule, the pipeline hop priced on the link of the mesh's
     first axis (``ctx.spec``) under ``ctx``'s memory limit; stage memory is the whole-step stage peak
     (``stage_ilp`` (3'), the per-unit form of ``stage_peak``). ``search``: its pinned ``starts`` and
-    ``recompute`` (None: neither pinned)."""
+    ``recompute`` (None: neither pinned). ``moments``: the schedule's (``group_moments``), which price a
+    group of several stages at its worst moment rather than each stage at its own worst count."""
     p, m, schedule = config
     hw = ctx.spec
     starts, recompute = (None, None) if search is None else (search.starts, search.recompute)
@@ -108,7 +120,7 @@ def stage_problem(profile: SubmeshProfile, config: tuple[int, int, str], mesh: M
         stage_group=get_schedule(schedule).stage_rank(p), held=list(held), m=m, memory_limit=ctx.memory_bytes,
         recompute=recompute, starts=starts, holds_params=[c.param_reads > 0 for c in costs],
         grads=[c.grads for c in costs], opt_fixed=[c.opt_fixed for c in costs], opt_peak=[c.opt_peak for c in costs],
-        opt_step=[c.opt_step for c in costs], overlap_sync=profile.overlap_grad_sync)
+        opt_step=[c.opt_step for c in costs], overlap_sync=profile.overlap_grad_sync, moments=moments)
 
 
 def accumulation_share(cost, m: int) -> float:
