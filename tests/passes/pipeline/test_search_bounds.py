@@ -16,7 +16,8 @@ import autoshard.passes.pipeline.stages.search as search_module
 from autoshard.passes.capture.export import capture
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.registry import get_schedule
-from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, busiest_rank_seconds, config_floor, score_stages,
+from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, accumulation_share, busiest_rank_seconds,
+                                                       config_floor, score_stages,
                                                        step_floor)
 from autoshard.passes.pipeline.stages.search import profile_candidates, search_stages
 from autoshard.passes.pipeline.stages.search_spec import PipelineSearch
@@ -106,9 +107,11 @@ def test_the_step_floor_is_below_every_simulated_step_and_above_the_config_floor
                                   bwd_batch=rng.uniform(0.2, 4.0) * m, opt_step=rng.uniform(0, 0.5),
                                   accumulate=rng.uniform(0, 0.05)) for _ in range(units)]
                 prob = _problem(rng, units, p, m, schedule)
-                prob.fwd, prob.bwd = [c.fwd(m) for c in costs], [c.bwd(m) for c in costs]
+                # as ``stage_problem`` builds them: accumulations inside the backwards, the update after
+                prob.fwd = [c.fwd(m) for c in costs]
+                prob.bwd = [c.bwd(m) + accumulation_share(c, m) for c in costs]
                 prob.cut_seconds = [0.0] * units
-                prob.opt_step = [c.opt_step + (m - 1) * c.accumulate for c in costs]
+                prob.opt_step = [c.opt_step for c in costs]
                 starts = [0] + sorted(rng.sample(range(1, units), stages - 1))
                 recompute = [rng.random() < 0.5 for _ in range(stages)]
                 step = score_stages(prob, schedule, starts, recompute)[0]
