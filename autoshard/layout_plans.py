@@ -298,9 +298,11 @@ def mesh_layout_hints(captured: CapturedGraph, mesh: Mesh) -> list[Pins]:
     kinds += [LayoutAxes(replicate=rest, tp=last), LayoutAxes(replicate=rest, tp=last, zero1=True),
               LayoutAxes(shard=rest, tp=last)]
     hints: list[Pins] = []
+    roles = tensor_parallel_roles(captured)
     for axes in kinds:
         try:
-            pins = layout_pins(captured, mesh, axes, sequence_parallel=axes.tp is not None and mesh.shape[axes.tp] > 1)
+            pins = layout_pins(captured, mesh, axes, sequence_parallel=axes.tp is not None and mesh.shape[axes.tp] > 1,
+                               roles=roles)
         except LayoutError:
             continue
         hint = Pins(params=pins["params"], inputs=pins["inputs"], ops=pins["ops"])

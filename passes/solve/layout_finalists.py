@@ -28,9 +28,10 @@ from typing import Callable, Optional, Sequence
 
 from autoshard.passes.sharding.pins import PinError, Pins
 from autoshard.passes.solve.hint_plans import _sliced
-from autoshard.passes.solve.strategy_graph import StrategyGraph
+from autoshard.passes.solve.ilp import cost_floor
+from autoshard.passes.solve.strategy_graph import SGEdge, SGNode, StrategyGraph
 
-__all__ = ["kept_strategies", "layout_finalists"]
+__all__ = ["kept_strategies", "layout_finalists", "exposed_floor"]
 
 
 def kept_strategies(problem, lever_graph, pins: Pins) -> Optional[list[list[int]]]:
@@ -38,7 +39,8 @@ def kept_strategies(problem, lever_graph, pins: Pins) -> Optional[list[list[int]
     strategy ``pins`` allow every member of its cluster, under every policy of an expanded node (its
     choice ``r * S + s`` is strategy ``s`` of its table of ``S``); None when the pins do not hold here
     (a ``PinError``) or leave some node nothing."""
-    try:
+    try:  # the inputs first: a batch the layout's data axes do not divide fails there, at no cost
+        Pins(inputs=pins.inputs).resolve(problem.captured, problem.table, problem.mesh)
         allowed = Pins(params=pins.params, inputs=pins.inputs, ops=pins.ops).resolve(problem.captured, problem.table,
                                                                                      problem.mesh)
     except PinError:
@@ -80,21 +82,43 @@ def layout_finalists(search, finalists: list, hints: Sequence[Pins], *, limit: f
     ``found``'s microstep count (for a search that stopped at its plan without levers)."""
     if not hints or not finalists:
         return []
-    target = min(_overlapped(evaluated(f)) for f in finalists)
+    target = [min(_overlapped(evaluated(f)) for f in finalists)]  # the best overlapped step so far
     last_at = {}
     for f in finalists:
         last_at[f.k] = f
     out, seen = [], set()
     for base in last_at.values():
+        wide = None  # the lever graph of every policy at base.k, built once when needed
         for pins in hints:
-            found = _solve_hint(search, base, pins, limit, solve_policies, evaluated, seen)
+            pins = _at_microsteps(pins, base.k)
+            kept = kept_strategies(base.problem, base.lever_graph, pins)
+            if kept is None:
+                continue
+            unfit: list[float] = []
+            found = _solve_hint(search, base, kept, limit, solve_policies, evaluated, seen, target, unfit)
             if not found and not _every_policy(search, base.lever_graph):
-                probe = _solve_hint(search, base, pins, None, solve_policies, evaluated, set())
-                if probe and _overlapped(evaluated(probe[0])) < target:
-                    wide = replace(base, lever_graph=graph_of_every_policy(base), solution=None)
-                    found = _solve_hint(search, wide, pins, limit, solve_policies, evaluated, seen)
+                # the search's graph of the fastest policies has no ILP memory limit: ``unfit`` holds the
+                # overlapped step of the layout's fastest plan, which its levered plans can only exceed
+                if unfit and min(unfit) < target[0]:
+                    if wide is None:
+                        wide = replace(base, lever_graph=graph_of_every_policy(base), solution=None)
+                    wide_kept = kept_strategies(wide.problem, wide.lever_graph, pins)
+                    if wide_kept is not None:
+                        found = _solve_hint(search, wide, wide_kept, limit, solve_policies, evaluated, seen, target,
+                                            [])
             out.extend(found)
+            target[0] = min([target[0]] + [_overlapped(evaluated(f)) for f in found])
     return out
+
+
+def _at_microsteps(pins: Pins, k: int) -> Pins:
+    """``pins`` as the ILP of ``k`` microsteps can take them: with one, ZeRO-1 runs exactly as ZeRO-2,
+    which the search's graph holds in its place (``lever_search.free_forms``)."""
+    if k != 1:
+        return pins
+    def two(value):
+        return tuple(p.replace("/zero1", "/zero2") for p in value) if isinstance(value, tuple) else value
+    return Pins(params={name: two(v) for name, v in pins.params.items()}, inputs=pins.inputs, ops=pins.ops)
 
 
 def _every_policy(search, lever_graph) -> bool:
@@ -108,15 +132,61 @@ def _overlapped(solution) -> float:
     return float(est.get("overlapped_step_s", solution.estimated_step_time))
 
 
-def _solve_hint(search, base, pins: Pins, limit: Optional[float], solve_policies, evaluated, seen: set) -> list:
-    """``pins``' plans on ``base``'s lever graph, one per policy combination that fits ``limit``
-    (fastest first; a combination no faster in any block type than one that fitted is skipped), those
-    already ``seen`` left out. ``limit`` None: only the fastest combination, solved and kept whatever
-    its memory."""
-    kept = kept_strategies(base.problem, base.lever_graph, pins)
-    if kept is None:
-        return []
+def exposed_floor(problem, lever_graph, choice: list[int], k: int) -> float:
+    """A floor under the overlapped step of ``choice`` (of ``lever_graph``), read off the ILP's prices
+    without pricing the plan: what its op nodes and the edges that do not leave a parameter cost, k
+    times. Those are compute (recomputation included) and activation collectives, which the overlap
+    model never hides (``passes/cost/overlap.py``: only parameter gathers, their re-gathers and the
+    gradient reductions run on the communication stream); parameters' own prices (gradient syncs,
+    storage forms, the optimizer step) and their gathers are left out."""
+    graph = lever_graph.graph
+    ops, params = _node_kinds(problem, lever_graph)
+    total = sum(graph.nodes[i].multiplicity * graph.nodes[i].cost[choice[i]] for i in ops)
+    for e in graph.edges:
+        if e.u not in params:
+            total += e.multiplicity * e.cost[e.u_class[choice[e.u]]][e.v_class[choice[e.v]]]
+    return total * k
+
+
+def _exposed_only(graph: StrategyGraph, problem, lever_graph) -> StrategyGraph:
+    """``graph`` (a slice of ``lever_graph``'s) with every price ``exposed_floor`` leaves out set to 0:
+    its ``ilp.cost_floor`` is a floor under the overlapped step of every choice, solver-free."""
+    ops, params = _node_kinds(problem, lever_graph)
+    nodes = [n if i in ops else SGNode(n.name, [0.0] * len(n.cost), n.memory, n.multiplicity, n.allowed)
+             for i, n in enumerate(graph.nodes)]
+    edges = [e if e.u not in params else SGEdge(e.u, e.v, e.u_class, e.v_class, [[0.0] * len(r) for r in e.cost],
+                                                 e.memory, e.multiplicity, e.follow) for e in graph.edges]
+    return StrategyGraph(nodes, edges, None, graph.groups)
+
+
+def _node_kinds(problem, lever_graph) -> tuple[set, set]:
+    """(ILP nodes that are op clusters, ILP nodes that hold a parameter)."""
+    kind = problem.facts.kind
+    ops, params = set(), set()
+    for i, names in enumerate(lever_graph.members):
+        if all(kind.get(n) == "op" for n in names):
+            ops.add(i)
+        if any(n in problem.captured.params for n in names):
+            params.add(i)
+    return ops, params
+
+
+#: a layout's plan whose ``exposed_floor`` is within this share of the best overlapped step is priced
+_FLOOR_SLACK = 1e-3
+
+
+def _solve_hint(search, base, kept: list[list[int]], limit: Optional[float], solve_policies, evaluated,
+                seen: set, target: list, unfit: list) -> list:
+    """The plans on ``base``'s lever graph within ``kept`` (``kept_strategies`` of a layout's pins),
+    one per policy combination that fits ``limit`` (fastest first; a combination no faster in any
+    block type than one that fitted is skipped), those already ``seen`` left out. ``limit`` None: only
+    the fastest combination, solved and kept whatever its memory. A plan whose ``exposed_floor`` is
+    above ``target[0]`` (the best overlapped step so far) cannot win and is not priced; when the floor of
+    every choice within ``kept`` is, nothing is solved. ``unfit`` gets the overlapped steps of the
+    plans priced that did not fit."""
     part = _sliced(base.lever_graph.graph, kept)
+    if cost_floor(_exposed_only(part, base.problem, base.lever_graph)) * base.k > target[0] * (1 + _FLOOR_SLACK):
+        return []
     if limit is None:
         part.memory_limit = None
     if not part.groups:
@@ -137,8 +207,12 @@ def _solve_hint(search, base, pins: Pins, limit: Optional[float], solve_policies
                                     solution=None)
         return cache[choice]
 
+    def beaten(result) -> bool:
+        choice = [keep[j] for keep, j in zip(kept, result.choice)]
+        return exposed_floor(base.problem, base.lever_graph, choice, k) > target[0] * (1 + _FLOOR_SLACK)
+
     def tighten(result):
-        if limit is None:
+        if limit is None or beaten(result):
             return None
         sol = evaluated(found_of(result))
         if sol.estimated_memory <= limit:
@@ -151,8 +225,12 @@ def _solve_hint(search, base, pins: Pins, limit: Optional[float], solve_policies
         for _, result in solve_policies(sliced_graph, [combo], policies, tighten):
             if result.choice is None:
                 continue
+            if beaten(result):  # and so is every combination it dominates (each only adds work)
+                fitted.append(combo)
+                continue
             found = found_of(result)
             if limit is not None and evaluated(found).estimated_memory > limit:
+                unfit.append(_overlapped(evaluated(found)))
                 continue
             fitted.append(combo)
             key = (k, tuple(found.result.choice))
