@@ -29,8 +29,8 @@ One program type runs every plan (``passes.pipeline.plan.Plan``: a list of stage
 forms are left out of it: each stage's ``zero.ZeroSync`` reduce-scatters them around the stage's weight
 actions and the optimizer steps their slices (``stage_zeros``). Parameters held by
   several stages (tied embeddings: stage 0 and the last stage each keep a copy, Megatron's embedding
-  group) have their gradients summed across the holders, so the copies stay equal under any
-  optimizer. The returned loss is the mean over the microbatches, the same float on every rank:
+  group) have their gradients summed across the holders (``pipeline.tied_grads``), so the copies stay
+  equal under any optimizer. The returned loss is the mean over the microbatches, the same float on every rank:
   without a pipeline it rides in a gradient bucket reduced over every axis (or is all-reduced
   alone); a pipeline all-reduces it over the world from the last stage's group (on gloo the other
   ranks post their zero share when the step begins, so nobody waits for it at the end).
@@ -56,24 +56,22 @@ import torch.fx as fx
 import torch.nn as nn
 
 from autoshard.passes.errors import BatchError, MeshError, PlanFormatError
-from autoshard.passes.graph import META, CapturedGraph
+from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.pipeline.plan import Plan
 from autoshard.passes.pipeline.schedule.generators import generate
-from autoshard.passes.pipeline.schedule.simulate import check_deadlock
 from autoshard.passes.pipeline.stages.stage_graphs import split_stages, whole_program
-from autoshard.passes.spec import Replicate
 
 from .collective_watch import arm_timeout, watching
 from .compile_backend import CompileOptions, RegionCompiler
 from .gradsync import GradSync
 from .groups import MeshEnv, choose_device_backend, setup_distributed
-from .layout import shard_tensor
 from .local_batch import DataLayout, InputCheck, arrivals_for, data_layout, local_shapes
 from .lower import COLLECTIVE_META, PARAM_STEPS_META
 from .pipeline.boundaries import boundary_placements, stage_strategies, wiring
 from .pipeline.groups import TieGroups, build_pipeline_envs, group_layout
-from .pipeline.interpreter import Interpreter, TimelineEvent, executed_schedule
-from .redistribute import redistribute
+from .pipeline.interpreter import Interpreter, TimelineEvent
+from .pipeline.schedule_check import check_schedule
+from .pipeline.tied_grads import shared_params, sum_tied_gradients
 from .rng_streams import MicrobatchStreams
 from .stage import LoweredStage
 from .state_dict import ModelState
@@ -111,7 +109,7 @@ class RankProgram:
         self._setup_groups(env, device)
         self.schedule = schedule if schedule is not None else generate(plan.schedule, plan.pp, plan.microbatches,
                                                                       plan.virtual)
-        self._check_schedule()
+        check_schedule(plan, self.schedule)
         if plan.pipelined:
             self.graphs = split_stages(self.captured, [s.nodes for s in plan.stages])
             self._strategies = {g.index: stage_strategies(g, plan.stages[g.index].solution.strategies)
@@ -145,7 +143,7 @@ class RankProgram:
         self._loss_comm = None if plan.pp > 1 else self.env.comm_for([a for a, s in enumerate(plan.mesh.shape) if s > 1])
         # parameters in ZeRO forms: the optimizer steps their slices, each stage's ``ZeroSync`` reduces
         # and gathers them over the stage's (sub)mesh (``runtime.zero``); the grad sync leaves them out
-        self._holders = self._shared_params()
+        self._holders = shared_params(plan, self.captured, self.graphs)
         self._zeros = StageZeros.of(plan, self.captured, self.stages, self._strategies, self.env, self._holders,
                                     int(bucket_mb * 2**20))
         self._syncs = {s: self._grad_sync(st, bucket_mb, first_bucket_mb) for s, st in self.stages.items()}
@@ -189,19 +187,6 @@ class RankProgram:
         self.device, self.group = self.env.device, 0
         self.layout = {0: (plan.mesh, list(range(plan.mesh.size)))}
 
-    def _check_schedule(self) -> None:
-        plan, schedule = self.plan, self.schedule
-        check_deadlock(executed_schedule(schedule), require_comms=False)
-        mbs = sorted({a.microbatch for acts in schedule.values() for a in acts})
-        if mbs != list(range(plan.microbatches)):
-            raise PlanFormatError(f"the schedule runs microbatches {mbs[:3]}..{mbs[-1:]} but the plan cuts the batch "
-                                  f"into {plan.microbatches}; generate the schedule with m={plan.microbatches}")
-        for group, acts in schedule.items():
-            for a in acts:
-                if a.kind in ("F", "B", "W", "BW") and plan.stages[a.stage].group != group:
-                    raise PlanFormatError(f"schedule runs {a} on rank group {group} but the plan puts stage "
-                                          f"{a.stage} on group {plan.stages[a.stage].group}")
-
     @property
     def _zero(self):
         """The ZeroSync of this rank's one stage (None without ZeRO parameters; ``zero_calls`` sums
@@ -225,15 +210,6 @@ class RankProgram:
                         first_bucket_bytes=int(first_bucket_mb * 2**20), carry_comm=self._loss_comm,
                         reduce_dtype=None if mp is None else (mp.reduce_dtype or mp.param_dtype),
                         grads_in_buckets=in_buckets)
-
-    def _shared_params(self) -> dict[str, tuple[list[int], tuple[int, ...]]]:
-        """param placeholder -> (stages holding it, the distinct groups holding it), for params in 2+ stages."""
-        out = {}
-        for ph in self.captured.params:
-            holders = [g.index for g in self.graphs if ph in g.captured.params]
-            if len(holders) > 1:
-                out[ph] = (holders, tuple(sorted({self.plan.stages[s].group for s in holders})))
-        return out
 
     # ---- what it runs ----------------------------------------------------------------------------
     def _only(self) -> LoweredStage:
@@ -376,7 +352,8 @@ class RankProgram:
         with watching(action=f"the gradient and loss reductions after the step of stages {sorted(self.stages)}"):
             for sync in self._syncs.values():
                 sync.finish()
-            self._sync_tied()
+            sum_tied_gradients(self._holders, self.stages, self.captured, self.env, self.device, self._zeros,
+                               self._ties)
             self._restore(stashed)
             return loss.result(losses)
 
@@ -395,26 +372,6 @@ class RankProgram:
     def _restore(self, stashed: dict) -> None:
         for p, g in stashed.items():
             p.grad = g if p.grad is None else p.grad.add_(g)
-
-    def _sync_tied(self) -> None:
-        for ph, (holders, groups) in self._holders.items():
-            mine = [self.stages[s] for s in holders if s in self.stages]
-            if not mine:
-                continue
-            if self._zeros.tied_sum(mine, ph, self._ties.get(groups) if len(groups) > 1 else None):
-                continue  # held in a ZeRO form: its slices' gradients summed (``stage_zeros``)
-            meta = self.captured.node(ph).meta[META]
-            total = torch.zeros(meta.shape, dtype=meta.dtype, device=self.device)
-            for st in mine:
-                p = st.params[st.param_names.index(ph)]
-                if p.grad is not None:
-                    total += redistribute(p.grad, st.grad_layout(ph), (Replicate(),) * self.env.mesh.ndim, self.env)
-            if len(groups) > 1:
-                dist.all_reduce(total, group=self._ties.get(groups))
-            for st in mine:
-                p = st.params[st.param_names.index(ph)]
-                if p.requires_grad:
-                    p.grad = shard_tensor(total, st.grad_layout(ph), self.env.mesh.shape, self.env.coordinate).clone()
 
     def forward(self, *inputs, target=None, local_batch: bool = False):
         """Forward only, without autograd (a plan without a pipeline): the full outputs (the loss,
