@@ -16,11 +16,10 @@ to_microbatch, build); no entry makes a plan any other way.
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from autoshard.compiled import CompiledModel
 from autoshard.driver import ModelBatch, build, choose, compile_plan, hardware_label, resolve_hardware, to_microbatch
 from autoshard.lever_args import block_types, check_lever_values, lever_pins, microbatch, pin_levers
 from autoshard.options import PIN_KEYWORDS, PlanOptions
@@ -30,8 +29,9 @@ from autoshard.passes.levers import LEVER_KEYWORDS
 from autoshard.passes.mesh import Mesh
 from autoshard.pipelines import check_pipeline_inputs, planner_stage_starts
 from autoshard.plans import Plan
-from autoshard.rank_traces import same_program_as_rank0
-from autoshard.runtime.groups import setup_distributed
+
+if TYPE_CHECKING:  # compile's result and runtime load when compile runs: plan() never needs them
+    from autoshard.compiled import CompiledModel
 
 __all__ = ["plan", "compile", "plan_captured", "resolve_hardware", "hardware_label", "planner_stage_starts",
            "PIN_KEYWORDS", "pin_levers", "check_lever_values", "block_types", "microbatch",
@@ -103,7 +103,8 @@ def plan(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, exa
     opts.check_entry("plan")
     if opts.pipelined:
         check_pipeline_inputs(example_inputs)
-    return choose(ModelBatch(model, example_inputs, loss_fn, example_target), Mesh.of(mesh), opts).plan
+    batch = ModelBatch(model, example_inputs, loss_fn, example_target, stack_traces=False)  # priced, never run
+    return choose(batch, Mesh.of(mesh), opts).plan
 
 
 
@@ -142,6 +143,9 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     reduce_dtype=torch.float32)`` computes with ``param_dtype`` copies of the parameters (traced so),
     keeps and updates the parameters in their own dtype and reduces gradients in ``reduce_dtype``.
     """
+    from autoshard.rank_traces import same_program_as_rank0
+    from autoshard.runtime.groups import setup_distributed
+
     opts = PlanOptions.of(**options)
     opts.check_entry("compile", saved=plan)
     if opts.pipelined or (plan is not None and plan.pipelined):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import gc
 import glob
 import json
 import os
@@ -159,6 +160,18 @@ def _process_start() -> float:
 
 
 def main(argv=None) -> int:
+    """Run one command; returns the exit status. ``argv`` None: the process's own command line (the
+    ``autoshard`` script, ``python -m autoshard.cli``), whose end is the process's end: every object
+    left is then frozen (``gc.freeze``) so the interpreter's shutdown does not walk them in its
+    collections (~2 CPU s after ``autoshard plan`` of Llama-3 8B, of ~20)."""
+    try:
+        return _main(argv)
+    finally:
+        if argv is None:
+            gc.freeze()
+
+
+def _main(argv) -> int:
     start = _process_start()
     ap = argparse.ArgumentParser(prog="autoshard", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
 from autoshard.batch_fit import check_batch_uses_mesh
-from autoshard.compiled import CompiledModel
 from autoshard.layout_plans import (check_pipelined_layout, layout_pins_and_levers, layout_run, layout_stage_starts,
                                     mesh_layout_hints, published_layout_hints, stamp_layout)
 from autoshard.lever_args import block_types, check_block_levers, microbatch, pin_levers
@@ -48,7 +47,9 @@ from autoshard.passes.solve.replicated_ops import describe_replicated, replicate
 from autoshard.passes.gc_pauses import fewer_gc_pauses
 from autoshard.pipelines import check_pipeline_inputs, planner_stage_starts, warn_per_microbatch
 from autoshard.plans import Plan, graph_fingerprint, hardware_label
-from autoshard.runtime.groups import run_and_broadcast
+
+if TYPE_CHECKING:  # the runtime loads when a program is built: planning never needs it
+    from autoshard.compiled import CompiledModel
 
 __all__ = ["ModelBatch", "Chosen", "trace", "choose", "compile_plan", "to_microbatch", "build", "build_from_plan",
            "resolve_hardware", "hardware_label", "planning_context"]
@@ -78,6 +79,8 @@ def planning_context(options: PlanOptions, hardware) -> PlanContext:
 class ModelBatch:
     """What is traced: ``model`` on one GLOBAL batch (``example_inputs``, ``example_target``) with
     ``loss_fn``. ``traces``: the programs traced so far, by (microsteps, compute dtype name).
+    ``stack_traces``: whether they record each op's source line (``capture``); ``plan`` turns it off,
+    as its programs are priced, never run.
     ``agree``: applied once to every program ``trace`` returns from then on (``compile`` sets it once the
     plan is chosen: ``rank_traces.same_program_as_rank0``, a collective every rank calls alike)."""
     model: Optional[torch.nn.Module]
@@ -87,6 +90,7 @@ class ModelBatch:
     traces: dict = field(default_factory=dict, repr=False)
     agree: Optional[Callable[[CapturedGraph], CapturedGraph]] = field(default=None, repr=False)
     agreed: set = field(default_factory=set, repr=False)
+    stack_traces: bool = True
 
     @classmethod
     def of_captured(cls, captured: CapturedGraph, microsteps: int = 1,
@@ -112,7 +116,8 @@ def trace(batch: ModelBatch, microsteps: int = 1, mixed_precision: Optional[Mixe
                                   "autoshard.plan instead of plan_captured")
         inputs, target = microbatch(batch.example_inputs, batch.example_target, microsteps, keyword=keyword)
         batch.traces[key] = capture(batch.model, inputs, loss_fn=batch.loss_fn, target=target,
-                                    param_dtype=None if mixed_precision is None else mixed_precision.param_dtype)
+                                    param_dtype=None if mixed_precision is None else mixed_precision.param_dtype,
+                                    stack_traces=batch.stack_traces)
     if batch.agree is not None and key not in batch.agreed:
         batch.traces[key] = batch.agree(batch.traces[key])
         batch.agreed.add(key)
@@ -168,7 +173,7 @@ def _choose_layout(batch: ModelBatch, mesh: Mesh, options: PlanOptions, ctx: Pla
             pp=layout.pp, schedule=layout.schedule_name, microbatches=run.microbatches,
             stages=layout_stage_starts(full, layout), shapes=[run.submesh_shape], recompute=run.stage_recompute,
             pins_for=run.stage_pins, overlap_grad_sync=layout.overlaps_communication,
-            scatter_gather=layout.scatter_gathers_stage_boundaries))
+            scatter_gather=layout.scatter_gathers_stage_boundaries, blocking_sends=layout.sends_block_the_sender))
         stamp_layout([stage.solution for stage in chosen.stages], layout)
         return Chosen(replace(chosen, batch_coupled=warn_per_microbatch(full, chosen.microbatches)), chosen)
     captured = trace(batch, run.microsteps, mixed_precision)
@@ -273,6 +278,7 @@ def _choose_pipeline(batch: ModelBatch, mesh: Mesh, options: PlanOptions, ctx: P
 def compile_plan(batch: ModelBatch, mesh: Mesh, options: PlanOptions, env: Any) -> Chosen:
     """``compile``'s choice: ``choose(..., for_runtime=True)`` on rank 0 only, sent to every rank as JSON
     (``runtime.groups.run_and_broadcast``: when it fails there, every rank raises the same error)."""
+    from autoshard.runtime.groups import run_and_broadcast
     return Chosen.from_json(run_and_broadcast(lambda: choose(batch, mesh, options, for_runtime=True).to_json(),
                                               env=env))
 
@@ -312,6 +318,7 @@ def build(runtime: Plan, batch: ModelBatch, env: Any, *, state_dict: Optional[di
     """This rank's ``CompiledModel`` for ``runtime`` (``to_microbatch``'s result). ``planner``: the stage
     planner's choice it came from, kept on the result; ``started``: when compiling began; ``compile``:
     ``CompileOptions`` to run every stage's program through ``torch.compile`` by regions."""
+    from autoshard.compiled import CompiledModel
     started = time.perf_counter() if started is None else started
     model = CompiledModel(batch.model, runtime, env, state_dict=state_dict, device=device, planner_plan=planner,
                           compile=compile)

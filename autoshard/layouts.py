@@ -57,11 +57,12 @@ KINDS = ("megatron", "fsdp")
 _MEGATRON_ONLY = ("sequence_parallel", "distributed_optimizer", "overlap_grad_reduce",
                   "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                   "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-                  "scatter_gather_tensors_in_pipeline")
+                  "scatter_gather_tensors_in_pipeline", "blocking_p2p")
 #: fields ``describe`` leaves out at their default (added after the text form was fixed)
 _QUIET_DEFAULTS = {"overlap_grad_reduce": False, "decoder_first_pipeline_num_layers": None,
                    "decoder_last_pipeline_num_layers": None, "account_for_embedding_in_pipeline_split": False,
-                   "account_for_loss_in_pipeline_split": False, "scatter_gather_tensors_in_pipeline": True}
+                   "account_for_loss_in_pipeline_split": False, "scatter_gather_tensors_in_pipeline": True,
+                   "blocking_p2p": False}
 _FSDP_ONLY = ("reshard_after_forward", "replicas")
 
 
@@ -93,6 +94,7 @@ class Layout:
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
     scatter_gather_tensors_in_pipeline: bool = True
+    blocking_p2p: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -206,6 +208,12 @@ class Layout:
         return self.kind == "megatron" and self.scatter_gather_tensors_in_pipeline
 
     @property
+    def sends_block_the_sender(self) -> bool:
+        """Each stage-boundary send is its own blocking call on the sending stage's stream (``blocking_p2p``:
+        DeepSpeed's pipeline engine), so a stage pays its sends as well as its receives."""
+        return self.kind == "megatron" and self.blocking_p2p
+
+    @property
     def keeps_gathered_parameters(self) -> bool:
         """reshard_after_forward's value: FSDP's own; Megatron's distributed optimizer keeps its gathered copies
         from forward to backward (it gathers once per step; here once per accumulation microstep)."""
@@ -240,7 +248,8 @@ def megatron(tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1, ep
              decoder_last_pipeline_num_layers: Optional[int] = None,
              account_for_embedding_in_pipeline_split: bool = False,
              account_for_loss_in_pipeline_split: bool = False,
-             scatter_gather_tensors_in_pipeline: bool = True, etp: Optional[int] = None) -> Layout:
+             scatter_gather_tensors_in_pipeline: bool = True, etp: Optional[int] = None,
+             blocking_p2p: bool = False) -> Layout:
     """Megatron-LM's layout (module docstring). ``recompute``: "full" | "selective" | "none".
     ``overlap_grad_reduce``: gradient all-reduces start under the backward (Megatron-LM's
     ``--overlap-grad-reduce``; PyTorch DDP, ``--DDP-impl torch`` in 2021); off by default, as in
@@ -251,7 +260,13 @@ def megatron(tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1, ep
     the final norm, head and loss count as one block each in the even split (with pp x virtual_stages =
     blocks + 2, the first and last stages hold only the embedding and the head: Llama 3 405B's layout).
     ``scatter_gather_tensors_in_pipeline``: a tensor crossing a stage cut whole on tp travels as 1/tp
-    pieces, all-gathered by the receiving stage (Megatron-LM's default). ``ep`` / ``etp``: the MoE layers'
+    pieces, all-gathered by the receiving stage (Megatron-LM's default). ``blocking_p2p``: every send and
+    receive between stages is its own blocking call, one after another on the stage's stream, so the
+    sender pays for its sends (DeepSpeed's pipeline engine, which Megatron-DeepSpeed runs: its
+    ``TrainSchedule`` issues SendGrad, RecvActivation, RecvGrad and SendActivation as separate
+    instructions, each ``p2p.send`` / ``p2p.recv``, i.e. ``dist.send`` / ``dist.recv`` without
+    ``async_op``; deepspeed/runtime/pipe/schedule.py and p2p.py). Megatron-LM batches a stage's send and
+    receive into one exchange (``send_forward_recv_backward``), which the default prices. ``ep`` / ``etp``: the MoE layers'
     expert-parallel and expert-tensor-parallel sizes (``etp`` None: tp, Megatron's default), carved from the
     same tp x cp x dp ranks (parallel folding: ``autoshard.layout_meshes``)."""
     return Layout("megatron", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, virtual_stages=virtual_stages,
@@ -262,7 +277,7 @@ def megatron(tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1, ep
                   decoder_last_pipeline_num_layers=decoder_last_pipeline_num_layers,
                   account_for_embedding_in_pipeline_split=account_for_embedding_in_pipeline_split,
                   account_for_loss_in_pipeline_split=account_for_loss_in_pipeline_split,
-                  scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline)
+                  scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline, blocking_p2p=blocking_p2p)
 
 
 def fsdp(tp: int = 1, pp: int = 1, cp: int = 1, checkpoint: str = "none", reshard_after_forward: bool = True,

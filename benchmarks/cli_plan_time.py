@@ -7,8 +7,9 @@ vocab 128256, untied) to a temporary directory and times, from outside, the whol
 
     autoshard plan config.json --mesh 8x8 --batch 8 --seq 8192 --hardware h100 --dtype bf16 --out plan.json
 
-(interpreter start and imports included). Prints the wall time per run and the command's own line
-("planned in N s": model built on meta, traced, solved) and the plan's status.
+(interpreter start and imports included). Prints the wall and CPU time per run and the command's own line
+("planned in N s": model built on meta, traced, solved; the build includes importing transformers, which
+benchmarks/plan_time.py does outside its timing) and the plan's status.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -27,6 +29,13 @@ LLAMA3_8B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidd
              "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,
              "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False, "hidden_act": "silu",
              "torch_dtype": "bfloat16"}
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process's finished children (on a loaded machine the CPU
+    time moves far less than the wall time)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -45,15 +54,15 @@ def main() -> None:
                   "--hardware", "h100", "--dtype", "bf16", "--out", os.path.join(root, "plan.json")]
     print("$ autoshard " + " ".join(cmd[len(base):]).replace(root + "/", ""))
     for run in range(args.runs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _children_cpu()
         done = subprocess.run(cmd, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, _children_cpu() - c0
         if done.returncode:
             sys.exit(done.stdout + done.stderr)
         own = re.search(r"planned in ([0-9.]+) s", done.stdout)
         status = re.search(r"status (\w+)", done.stdout)
         progress = [line for line in done.stderr.splitlines() if line.startswith("autoshard plan:")]
-        print(f"run {run}: wall {wall:.2f} s (the command's own: built + traced + solved in "
+        print(f"run {run}: wall {wall:.2f} s, CPU {cpu:.2f} s (user + sys; the command's own: built + traced + solved in "
               f"{own.group(1) if own else '?'} s; status {status.group(1) if status else '?'}; "
               f"{len(progress)} progress lines)")
     print(done.stdout.splitlines()[0])

@@ -188,12 +188,14 @@ ROWS = [
 def _mt_nlg(nodes: int, step_s: float, measured: float) -> Row:
     """Megatron-Turing NLG 530B (Smith et al. 2022, sec. 2.4): 105 blocks of 20480, 128 heads, sequence
     2048, batch 1920 on DGX A100 nodes, tensor 8 x pipeline 35 x data (nodes x 8 / 280), microbatch 1,
-    DeepSpeed's 1F1B pipeline sending whole activations, its gradients reduced after the backward, full
+    DeepSpeed's 1F1B pipeline sending whole activations with blocking sends (its ``TrainSchedule`` issues
+    each send and receive as its own instruction, ``p2p.send`` / ``p2p.recv`` = ``dist.send`` / ``dist.recv``:
+    deepspeed/runtime/pipe/schedule.py, p2p.py), its gradients reduced after the backward, full
     recomputation; the paper's iteration time and TFLOP/s per GPU (its accounting, eq. 3 above)."""
     layers, h, heads, seq, vocab, batch = 105, 20480, 128, 2048, 50272, 1920
     gpus = nodes * 8
     layout = layouts.megatron(tp=8, pp=35, microbatch_size=1, recompute="full", sequence_parallel=False,
-                              scatter_gather_tensors_in_pipeline=False)
+                              scatter_gather_tensors_in_pipeline=False, blocking_p2p=True)
     return Row(f"MT-NLG 530B, {nodes} nodes ({step_s} s)", gpus, lambda: megatron_gpt(layers, h, heads, seq, vocab),
                megatron_loss, batch, seq, (gpus // 8, 8), layout, "a100", measured, "TFLOP/s/GPU",
                optimizer="megatron_adam", flops=megatron_flops(batch, seq, layers, h, vocab),

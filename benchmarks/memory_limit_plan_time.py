@@ -74,6 +74,11 @@ def _decisions(plan) -> str:
     return hashlib.sha1(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+def _overlapped(plan) -> float:
+    """The overlap model's step of ``plan`` (what the planner's finalists are ranked by)."""
+    return float((plan.solution.estimated or {}).get("overlapped_step_s", plan.estimated_step_time))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="llama,gpt,mlp")
@@ -98,7 +103,8 @@ def main() -> None:
             print(f"{name:<7} {params:>7} {free_cpu:>8.2f} {limited_cpu:>11.2f} {limited_cpu / free_cpu:>6.2f} "
                   f"{free_s:>6.1f}/{limited_s:<6.1f} {os.getloadavg()[0]:>5.1f}  "
                   f"{limit} B, status {stats.get('status')}, gap {stats.get('gap')}, work {stats.get('work_s')} s, "
-                  f"step {limited.estimated_step_time * 1e6:.1f} us vs {free.estimated_step_time * 1e6:.1f} us free, "
+                  f"step {limited.estimated_step_time * 1e6:.2f} us (overlapped {_overlapped(limited) * 1e6:.2f}) vs "
+                  f"{free.estimated_step_time * 1e6:.2f} us free, "
                   f"memory {limited.estimated_memory} B; tried {stats.get('accumulation_tried')}; "
                   f"d free {_decisions(free)} limited {_decisions(limited)}", flush=True)
 

@@ -14,7 +14,7 @@ value, and autoshard's plan of the same program:
 | 175b | GPT-3 175B (Narayanan et al. 2021's configuration class: TP 8, PP 8-16, batch 1536) | (128, 8) h100 | 1536 x 2048 | ``megatron(tp=8, pp=16, recompute="full")`` |
 | llama3 | Llama 3 405B (Llama 3 paper, Table 4: TP 8, CP 1, PP 16, DP 128, 16M tokens) | (2048, 8) h100 | 2048 x 8192 | ``megatron(tp=8, pp=16, virtual_stages=2, distributed_optimizer=True)`` |
 | llama3-v4 | the same, 4 virtual stages per rank | (2048, 8) h100 | 2048 x 8192 | ``megatron(tp=8, pp=16, virtual_stages=4, distributed_optimizer=True)`` |
-| llama3-meta | the same, Meta's layout: 8 virtual stages, the first and last stage the embedding and the head alone | (2048, 8) h100 | 2048 x 8192 | ``megatron(tp=8, pp=16, virtual_stages=8, distributed_optimizer=True, recompute="none", account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)``, priced without the memory limit |
+| llama3-meta | the same, Meta's layout: 8 virtual stages, the first and last stage the embedding and the head alone | (2048, 8) h100 | 2048 x 8192 | ``megatron(tp=8, pp=16, virtual_stages=8, distributed_optimizer=True, recompute="none", account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)``, priced without the memory limit; autoshard planned under the memory the layout needs |
 
 The torchtitan rows train with bf16 compute and fp32 masters (``MixedPrecision``), as
 ``torchtitan_recipes.py`` does, and autoshard plans them without a pipeline (``plan_captured``). The
@@ -85,10 +85,11 @@ ROWS = {
     # the first and the last stage (here the embedding alone and the head and loss alone: Megatron-Core's
     # account_for_embedding/loss_in_pipeline_split, 126 blocks + 2 = 128 = 16 x 8 stages), no activation
     # checkpointing at 8K tokens (sec. 3.3.2). Priced without the memory limit (set when the distributed
-    # optimizer was priced replicated under a pipeline; it is ZeRO-1 now, whether it fits is not re-checked).
+    # optimizer was priced replicated under a pipeline; it is ZeRO-1 now, whether it fits is not re-checked);
+    # autoshard's plan gets the same budget: the memory the layout's plan needs (``ours_under_layout_memory``).
     "llama3-meta": dict(name="Llama 3 405B / 16,384 H100, Meta's layout (v8, embedding and head alone)",
                         model="llama3-405b-bf16", build=lambda: llama(126, 16384, 53248, 128, 8, 8192, dtype=torch.bfloat16),
-                        mesh=(2048, 8), hw="h100", memory=1e15, batch=2048, seq=8192,
+                        mesh=(2048, 8), hw="h100", memory=1e15, ours_under_layout_memory=True, batch=2048, seq=8192,
                         layout=layouts.megatron(tp=8, pp=16, virtual_stages=8, distributed_optimizer=True,
                                                 recompute="none", account_for_embedding_in_pipeline_split=True,
                                                 account_for_loss_in_pipeline_split=True)),
@@ -140,8 +141,15 @@ def run(key: str, time_limit: float, layout_only: bool = False) -> None:
         ours = _OURS[_signature(r, time_limit)]
         print("  autoshard    (the plan of an earlier row of the same model, mesh and limits)")
     elif pipelined:
+        mine = dict(common)
+        if r.get("ours_under_layout_memory"):
+            # the layout is priced without the device's limit: autoshard gets the same budget, the
+            # memory the layout's own plan needs, so the two are compared under one constraint
+            mine["memory_limit"] = autoshard.plan(model, r["mesh"], example_inputs=(ids,), loss_fn=lm_loss,
+                                                  example_target=ids, layout=r["layout"], **common).estimated_memory
+            print(f"  autoshard    planned under the layout's own memory, {human_bytes(mine['memory_limit'])}")
         ours = autoshard.plan(model, r["mesh"], example_inputs=(ids,), loss_fn=lm_loss, example_target=ids,
-                              pp="auto", **common)
+                              pp="auto", **mine)
         _OURS[_signature(r, time_limit)] = ours
     else:
         captured = capture(model, (ids,), loss_fn=lm_loss, target=ids, param_dtype=torch.bfloat16)

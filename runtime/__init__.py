@@ -23,7 +23,22 @@
 May import: torch and ``autoshard.passes``. Never the front door (``autoshard``'s own modules) or
 ``autoshard.testing``.
 """
-from .executor import RankProgram  # noqa: F401
-from .groups import MeshEnv, broadcast_json, setup_distributed  # noqa: F401
+import importlib
 
 __all__ = ["RankProgram", "MeshEnv", "setup_distributed", "broadcast_json"]
+
+# loaded on first use: planning imports one runtime module (``compile_backend``, for ``compile=``'s
+# options) and must not pay for the whole runtime with it
+_LAZY = {"RankProgram": ".executor", "MeshEnv": ".groups", "setup_distributed": ".groups", "broadcast_json": ".groups"}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

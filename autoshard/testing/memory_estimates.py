@@ -50,8 +50,9 @@ PEAK_CASES = (("none", 1, "none", False), ("full + reshard", 1, "full", True), (
 class MicrostepTracker(MemTracker):
     """torch's ``MemTracker`` for a step of several microsteps: the program's GraphModule is called
     once per microstep, which ``MemTracker`` takes for a second iteration of a root module and
-    refuses; this one clears its per-module statistics before such a call (the peak and the
-    tracked storages are kept, so the step's peak is whole). ``peak_phases`` names the phases whose
+    refuses; this one clears that module's own statistics before such a call (the peak and the
+    tracked storages are kept, so the step's peak is whole; the other root modules' statistics are kept,
+    as a rank of an interleaved pipeline runs several stage programs in turn). ``peak_phases`` names the phases whose
     own peak comes within ``TIE`` of the step's: where a forward and a backward peak differ by a few
     transient buffers, either may be the step's peak from one run to the next.
 
@@ -104,7 +105,10 @@ class MicrostepTracker(MemTracker):
         tracker = self._mod_tracker
         if (module in self.memory_tracking and not tracker.is_bw
                 and set(tracker.parents) - {tracker.get_known_fqn(module)} == {"Global"}):
-            self.reset_mod_stats()
+            # only this root's statistics: a rank running several stages (interleaved 1F1B) calls
+            # another stage's program between a forward and its backward, whose backward hooks then
+            # look its statistics up (clearing them all raised KeyError in ``_pre_bw_hook``)
+            del self.memory_tracking[module]
         super()._pre_fw_hook(module, inputs)
 
 

@@ -15,8 +15,8 @@ __all__ = ["LITERATURE_RESIDUALS", "error_band_line"]
 #: ``python benchmarks/literature.py``
 LITERATURE_RESIDUALS = {
     "Megatron 1.7B": 0.125, "Megatron 3.6B": 0.116, "Megatron 7.5B": 0.098, "Megatron 18.4B": 0.097,
-    "Megatron 39.1B": 0.037, "Megatron 76.1B": 0.106, "Megatron 145.6B": 0.069, "Megatron 310.1B": 0.014,
-    "Megatron 529.6B": -0.037, "Megatron 1T": -0.035,
+    "Megatron 39.1B": 0.037, "Megatron 76.1B": 0.102, "Megatron 145.6B": 0.066, "Megatron 310.1B": 0.003,
+    "Megatron 529.6B": -0.045, "Megatron 1T": -0.035,
     "torchtitan Llama-3.1 8B": 0.12, "torchtitan Llama-3 70B": 0.094, "torchtitan Llama-3.1 405B": 0.087,
 }
 

@@ -41,6 +41,7 @@ from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import Levers
 from autoshard.passes.mesh import Mesh
+from autoshard.passes.pipeline.group_peak import group_peaks
 from autoshard.passes.pipeline.plan_file import PLAN_FORMAT, PLAN_VERSION, graph_fingerprint, upgraded
 from autoshard.passes.pipeline.plan_work import ModelWork, hardware_label, plan_work
 from autoshard.passes.pipeline.schedule.registry import get_schedule
@@ -226,16 +227,17 @@ class Plan:
         return 0.0
 
     def _group_memory(self) -> dict[int, float]:
-        per_group: dict[int, float] = {}
-        for stage in self.stages:
-            if stage.solution is not None:
-                per_group[stage.group] = per_group.get(stage.group, 0.0) + stage.solution.estimated_memory
-        return per_group
+        """Per rank group, its peak bytes per device (``group_peak``: several stages of a group run
+        one at a time)."""
+        return group_peaks(((s.index, s.group, None if s.solution is None else s.solution.estimated,
+                             0.0 if s.solution is None else s.solution.estimated_memory) for s in self.stages),
+                           self.schedule, self.pp, self.microbatches)
 
     @property
     def estimated_memory(self) -> int:
         """Estimated bytes on the busiest device at the step's peak (``passes.solve.peak_timeline``; a
-        pipeline stage's whole-step peak, ``stage_peak``; a rank group holding several stages sums them):
+        pipeline stage's whole-step peak, ``stage_peak``; a rank group holding several stages: its
+        stages' kept bytes at the schedule's worst moment plus the running one's working set, ``group_peak``):
         parameters, gradients, optimizer state, activations, gathered copies, buffers; ``memory_peak_phase``
         says where."""
         return int(max(self._group_memory().values(), default=0.0))

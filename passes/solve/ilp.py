@@ -39,321 +39,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
-from ortools.linear_solver import linear_solver_pb2, pywraplp
-from ortools.sat.python import cp_model
-
+from autoshard.passes.solve.ilp_model import CPSAT_SEED, ILPResult, ShardingILP
 from autoshard.passes.solve.memory_search import cutoff_units, hint_objective, lagrangian_hint, reduced_cost_fixings
-from autoshard.passes.solve.strategy_graph import SGEdge, StrategyGraph, greedy, merge_followers
+from autoshard.passes.solve.strategy_graph import StrategyGraph, greedy, merge_followers
 
 __all__ = ["ILPResult", "ShardingILP", "solve", "lp_bound", "cost_floor", "CPSAT_SEED"]
-
-_SCALE_TARGET = 1e9
-CPSAT_SEED = 0  # fixed: the same inputs give the same plan
-
-
-@dataclass
-class ILPResult:
-    choice: Optional[list[int]]
-    cost: float
-    memory: float
-    status: str
-    wall_s: float
-    num_variables: int
-    num_constraints: int
-    stats: dict = field(default_factory=dict)
-
-
-class ShardingILP:
-    """The model as plain rows over numbered variables, one constraint family per method; solved by
-    CP-SAT (``solve_cpsat``), with GLOP's LP relaxation (``lp_relaxation``) as bound and warm start."""
-
-    def __init__(self, graph: StrategyGraph):
-        self.g = graph
-        self.C = [[n.multiplicity * c for c in n.cost] for n in graph.nodes]
-        self.M = [[n.multiplicity * m for m in n.memory] for n in graph.nodes]
-        self.allowed = [n.choices() for n in graph.nodes]
-        self.num_vars = 0
-        self.x = [[self._new_var() for _ in n.cost] for n in graph.nodes]
-        self.y = [[self._new_var() for _ in range(g.num_policies)] for g in graph.groups]
-        self.edge_terms: list[tuple[SGEdge, dict]] = []  # edges kept as variables: (edge, {(p, q): var})
-        self.rows: list[tuple[str, list[int], list[int], float, float]] = []  # (kind, vars, coefs, lo, hi)
-        self.objective: tuple[list[int], list[int]] = ([], [])
-        self.memory_row: Optional[int] = None
-        self.memory_binding: Optional[bool] = None  # at the LP optimum (after ``lp_relaxation``)
-        self.scale = 1.0
-        self._fold_edges()
-
-    def _new_var(self) -> int:
-        self.num_vars += 1
-        return self.num_vars - 1
-
-    def _classes(self, e: SGEdge) -> tuple[list[int], list[int]]:
-        ps = sorted({e.u_class[s] for s in self.allowed[e.u]})
-        qs = sorted({e.v_class[s] for s in self.allowed[e.v]})
-        return ps, qs
-
-    def _fold_edges(self) -> None:
-        for e in self.g.edges:
-            m = e.multiplicity
-            ps, qs = self._classes(e)
-            w = e.memory or [[0.0] * len(e.cost[0]) for _ in e.cost]
-            if e.u == e.v:
-                for s in range(len(self.C[e.u])):
-                    p, q = e.u_class[s], e.v_class[s]
-                    self.C[e.u][s] += m * e.cost[p][q]
-                    self.M[e.u][s] += m * w[p][q]
-            elif len(ps) == 1 or len(qs) == 1:
-                node, fixed_p = (e.v, True) if len(ps) == 1 else (e.u, False)
-                for s in range(len(self.C[node])):
-                    p, q = (ps[0], e.v_class[s]) if fixed_p else (e.u_class[s], qs[0])
-                    self.C[node][s] += m * e.cost[p][q]
-                    self.M[node][s] += m * w[p][q]
-            else:
-                self.edge_terms.append((e, {(p, q): self._new_var() for p in ps for q in qs
-                                            if not math.isinf(e.cost[p][q])}))
-            self._drop_infinite(e.u)
-            self._drop_infinite(e.v)
-
-    def _drop_infinite(self, i: int) -> None:
-        """Exclude node ``i``'s strategies that folding left with an infinite (forbidden) cost."""
-        keep = [s for s in self.allowed[i] if math.isfinite(self.C[i][s])]
-        if len(keep) < len(self.allowed[i]):
-            self.allowed[i] = keep
-
-    # ---- constraint families -------------------------------------------------------------------
-    def add_one_strategy_per_node(self) -> None:
-        """(1) sum_s x[i,s] = 1."""
-        for xs in self.x:
-            self.rows.append(("exactly_one", xs, [1] * len(xs), 1, 1))
-
-    def add_edge_consistency(self) -> None:
-        """(2) transportation form: row p of e sums to the producer's class-p indicator, column q to
-        the consumer's class-q indicator."""
-        for e, evars in self.edge_terms:
-            ps, qs = self._classes(e)
-            for (p, q), var in evars.items():
-                if p not in ps or q not in qs:  # a class a later fold excluded
-                    self.rows.append(("linear", [var], [1], 0, 0))
-            for p in ps:
-                ys = [self.x[e.u][s] for s in self.allowed[e.u] if e.u_class[s] == p]
-                es = [evars[p, q] for q in qs if (p, q) in evars]
-                self.rows.append(("linear", es + ys, [1] * len(es) + [-1] * len(ys), 0, 0))
-            for q in qs:
-                zs = [self.x[e.v][s] for s in self.allowed[e.v] if e.v_class[s] == q]
-                es = [evars[p, q] for p in ps if (p, q) in evars]
-                self.rows.append(("linear", es + zs, [1] * len(es) + [-1] * len(zs), 0, 0))
-
-    def add_policy_groups(self) -> None:
-        """(5) one policy per group, and every member's strategy of that policy."""
-        for g, group in enumerate(self.g.groups):
-            ys = self.y[g]
-            self.rows.append(("exactly_one", ys, [1] * len(ys), 1, 1))
-            for i, pol in group.members.items():
-                for r in range(group.num_policies):
-                    xs = [self.x[i][s] for s in self.allowed[i] if pol[s] == r]
-                    self.rows.append(("linear", xs + [ys[r]], [1] * len(xs) + [-1], 0, 0))
-
-    def _memory_terms(self, unit: float) -> tuple[list[int], list[int]]:
-        ids, coefs = [], []
-        for i, xs in enumerate(self.x):
-            for s in self.allowed[i]:
-                c = round(self.M[i][s] / unit)
-                if c:
-                    ids.append(xs[s])
-                    coefs.append(c)
-        for e, evars in self.edge_terms:
-            for (p, q), var in evars.items():
-                c = round(e.multiplicity * e.memory[p][q] / unit) if e.memory else 0
-                if c:
-                    ids.append(var)
-                    coefs.append(c)
-        return ids, coefs
-
-    def add_memory_constraint(self) -> None:
-        """(3) total bytes per device <= L, in units of L / 1e9 (no-op without a limit)."""
-        limit = self.g.memory_limit
-        if limit is None:
-            return
-        unit = limit / _SCALE_TARGET if limit > 0 else 1.0
-        ids, coefs = self._memory_terms(unit)
-        self.memory_row = len(self.rows)
-        self.rows.append(("linear", ids, coefs, -math.inf, math.floor(limit / unit)))
-
-    def add_pins(self) -> None:
-        """(4) x[i,s] = 0 for strategies a pin (or a forbidden cost) excludes."""
-        for i, xs in enumerate(self.x):
-            keep = set(self.allowed[i])
-            for s, var in enumerate(xs):
-                if s not in keep:
-                    self.rows.append(("linear", [var], [1], 0, 0))
-
-    def set_objective(self, what: str = "cost") -> None:
-        """Minimize estimated step time ("cost") or bytes per device ("memory"), scaled to integers
-        so the largest possible total is about 1e9."""
-        table = self.M if what == "memory" else self.C
-        def edge_value(e, p, q):
-            return (e.memory[p][q] if e.memory else 0.0) if what == "memory" else e.cost[p][q]
-
-        upper = sum(max(table[i][s] for s in self.allowed[i]) for i in range(len(self.x)))
-        upper += sum(e.multiplicity * max(edge_value(e, p, q) for p, q in evars)
-                     for e, evars in self.edge_terms if evars)
-        self.scale = _SCALE_TARGET / upper if upper > 0 else 1.0
-        if what == "memory":
-            self.objective = self._memory_terms(1.0 / self.scale)
-            return
-        ids, coefs = [], []
-        for i, xs in enumerate(self.x):
-            for s in self.allowed[i]:
-                c = round(self.C[i][s] * self.scale)
-                if c:
-                    ids.append(xs[s])
-                    coefs.append(c)
-        for e, evars in self.edge_terms:
-            for (p, q), var in evars.items():
-                c = round(e.multiplicity * e.cost[p][q] * self.scale)
-                if c:
-                    ids.append(var)
-                    coefs.append(c)
-        self.objective = (ids, coefs)
-
-    # ---- solving -------------------------------------------------------------------------------
-    def choice_from(self, value: Callable[[int], float]) -> list[int]:
-        return [max(self.allowed[i], key=lambda s: value(xs[s])) for i, xs in enumerate(self.x)]
-
-    def lp_relaxation(self) -> tuple[str, Optional[list[int]], Optional[float], bool]:
-        """GLOP on the relaxation (0 <= x, e <= 1): (status, rounded choice, objective lower bound in
-        objective units, whether the LP optimum is integral). Status "INFEASIBLE" proves the ILP
-        infeasible too; "UNKNOWN" when GLOP is unavailable or fails. The optimum's reduced costs and
-        row duals are kept (``lp_reduced_costs``, ``lp_duals``) for ``passes.solve.memory_search``."""
-        status, response = self.solve_lp()
-        if status != "OPTIMAL":
-            return status, None, None, False
-        values = list(response.variable_value)
-        self.lp_reduced_costs, self.lp_duals = list(response.reduced_cost), list(response.dual_value)
-        integral = all(min(values[k], 1 - values[k]) < 1e-6 for xs in self.x for k in xs)
-        if self.memory_row is not None:
-            _, ids, coefs, _, hi = self.rows[self.memory_row]
-            self.memory_binding = sum(values[k] * c for k, c in zip(ids, coefs)) > hi * (1 - 1e-6)
-        return "OPTIMAL", self.choice_from(lambda k: values[k]), response.objective_value, integral
-
-    def solve_lp(self, extra_costs: Optional[dict[int, float]] = None, skip_row: Optional[int] = None
-                 ) -> tuple[str, Optional["linear_solver_pb2.MPSolutionResponse"]]:
-        """GLOP on the relaxation, the objective plus ``extra_costs`` (variable -> coefficient), row
-        ``skip_row`` left out: (status, response); status "OPTIMAL", "INFEASIBLE" or "UNKNOWN"."""
-        lp = pywraplp.Solver.CreateSolver("GLOP")
-        if lp is None:
-            return "UNKNOWN", None
-        # built as one proto (repeated fields filled in bulk), not a Python call per variable and per
-        # coefficient: on GPT-3 175B's pipeline plan those calls were 4.8 s against GLOP's 6.3 s
-        model = linear_solver_pb2.MPModelProto()
-        costs = [0.0] * self.num_vars
-        for k, c in zip(*self.objective):
-            costs[k] += c
-        for k, c in (extra_costs or {}).items():
-            costs[k] += c
-        for c in costs:
-            var = model.variable.add()
-            var.lower_bound, var.upper_bound = 0.0, 1.0
-            var.objective_coefficient = c
-        for index, (_, ids, coefs, lo, hi) in enumerate(self.rows):
-            if index == skip_row:
-                continue
-            row = model.constraint.add()
-            row.var_index.extend(ids)
-            row.coefficient.extend(coefs)
-            row.lower_bound = lo
-            row.upper_bound = hi
-        error = lp.LoadModelFromProto(model)
-        if error:
-            return "UNKNOWN", None
-        status = lp.Solve()
-        if status == pywraplp.Solver.INFEASIBLE:
-            return "INFEASIBLE", None
-        if status != pywraplp.Solver.OPTIMAL:
-            return "UNKNOWN", None
-        response = linear_solver_pb2.MPSolutionResponse()
-        lp.FillSolutionResponseProto(response)
-        return "OPTIMAL", response
-
-    def hint_literals(self, hint: list[int]) -> set[int]:
-        """The variables set to 1 by the full choice ``hint`` (its strategies, edge pairs, policies)."""
-        on = {self.x[i][s] for i, s in enumerate(hint)}
-        for e, evars in self.edge_terms:
-            on.add(evars.get((e.u_class[hint[e.u]], e.v_class[hint[e.v]]), -1))
-        for g, group in enumerate(self.g.groups):
-            r = group.policy_of(hint)
-            if r is not None:
-                on.add(self.y[g][r])
-        on.discard(-1)
-        return on
-
-    def solve_cpsat(self, work_limit: float, workers: int, hint: Optional[list[int]] = None,
-                    lower_bound: Optional[float] = None, fixed_zero: frozenset = frozenset(),
-                    portfolio: bool = True, upper_bound: Optional[int] = None) -> ILPResult:
-        """CP-SAT on the rows, warm-started from ``hint``; variables in ``fixed_zero`` are the constant 0
-        (``memory_search.reduced_cost_fixings``); ``upper_bound``: only answers whose objective is at
-        most this are wanted (INFEASIBLE when there is none). ``portfolio``: with ``workers > 1``,
-        CP-SAT's interleaved portfolio of subsolvers; False: one sequential LP-guided search."""
-        model = cp_model.CpModel()
-        v = [model.new_constant(0) if k in fixed_zero else model.new_bool_var(f"v{k}") for k in range(self.num_vars)]
-        for kind, ids, coefs, lo, hi in self.rows:
-            if kind == "exactly_one":
-                model.add_exactly_one([v[k] for k in ids])
-            else:
-                expr = cp_model.LinearExpr.weighted_sum([v[k] for k in ids], coefs)
-                model.add_linear_constraint(expr, int(max(lo, -2 ** 62)), int(hi))
-        objective = cp_model.LinearExpr.weighted_sum([v[k] for k in self.objective[0]], self.objective[1])
-        model.minimize(objective)
-        if lower_bound is not None or upper_bound is not None:  # the LP bound, loosened against GLOP's tolerance
-            lo = -2 ** 62 if lower_bound is None else math.floor(lower_bound - 1e-6 * abs(lower_bound) - 1)
-            top = sum(c for c in self.objective[1] if c > 0)
-            model.proto.objective.domain.extend([lo, top if upper_bound is None else min(top, int(upper_bound))])
-        if hint is not None:
-            on = self.hint_literals(hint)
-            # what add_hint does var by var (a positive literal: its index, its value), in one call each:
-            # a million Python calls across the stage planner's solves
-            free = [k for k in range(len(v)) if k not in fixed_zero]
-            model.proto.solution_hint.vars.extend(v[k].index for k in free)
-            model.proto.solution_hint.values.extend(int(k in on) for k in free)
-        solver = cp_model.CpSolver()
-        # A work limit, not a clock: the same model gives the same answer however busy the machine
-        # is. CP-SAT's deterministic time counts its own work units, about one second of a quiet core
-        # each; with several workers, interleaved search keeps their schedule deterministic too.
-        solver.parameters.max_deterministic_time = float(work_limit)
-        workers = int(workers) if portfolio else 1
-        solver.parameters.num_workers = workers
-        solver.parameters.random_seed = CPSAT_SEED
-        if workers > 1:
-            solver.parameters.interleave_search = True
-            solver.parameters.share_binary_clauses = False
-            # one subsolver chunk per worker per batch: by default a batch runs every full-problem
-            # subsolver (six here) a chunk each, so a 2 s limit spent 6.5 s (GPT-3 175B's pipeline
-            # candidates); the limit the planner hands out is then the work it gets
-            solver.parameters.interleave_batch_size = int(workers)
-        solver.parameters.relative_gap_limit = 1e-5
-        # Presolve (probing, symmetry) costs seconds on these models and buys nothing once the LP
-        # bound and a complete hint are given; measured on a Llama block: 11 s -> 0.1 s.
-        solver.parameters.cp_model_presolve = False
-        if not portfolio:  # the sequential search's root probing: a full work second per solve, for nothing
-            solver.parameters.cp_model_probing_level = 0  # measured (memory_search): 7.1 -> 3.8 on a tiny Llama
-            # the knapsack row's cuts at every node, not only the root: the tiny Llama's hardest memory-bound
-            # solve proves the same optimum, with the same answer, in 2.8 work-s instead of 8.5
-            solver.parameters.linearization_level = 2
-        t0 = time.perf_counter()
-        status = solver.solve(model)
-        wall = time.perf_counter() - t0
-        name = solver.status_name(status)
-        ncons = len(model.proto.constraints)
-        work = float(solver.response_proto.deterministic_time)
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return ILPResult(None, math.inf, math.inf, name, wall, self.num_vars, ncons, {"work": work})
-        choice = self.choice_from(lambda k: solver.boolean_value(v[k]))
-        cost, mem = self.g.evaluate(choice)
-        return ILPResult(choice, cost, mem, name, wall, self.num_vars, ncons,
-                         {"objective": solver.objective_value, "bound": solver.best_objective_bound, "work": work})
 
 
 def _floors(graph: StrategyGraph) -> tuple[float, float]:
@@ -396,7 +88,8 @@ def lp_bound(graph: StrategyGraph) -> Optional[float]:
 
 
 def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float = 30.0, workers: int = 2,
-          merge: bool = True, cutoff: Optional[float] = None, hints: Sequence[list[int]] = ()) -> ILPResult:
+          merge: bool = True, cutoff: Optional[float] = None, hints: Sequence[list[int]] = (),
+          kept: Optional[dict] = None) -> ILPResult:
     """Minimize ``objective`` ("cost" under the memory limit, or "memory") over ``graph``.
 
     Steps: fold followers (``merge_followers``, unless ``merge=False``); solve the LP relaxation
@@ -417,29 +110,44 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
     deterministic seconds spent; ``stats["lower_bound"]``: the best proven lower bound on the
     objective (seconds or bytes), from the LP relaxation or CP-SAT, whichever is higher.
 
+    ``kept``: a dict the caller keeps between solves of one ``graph`` whose memory limit it lowers (the
+    planner's peak retries): the first solve leaves its ILP there, later ones change only the memory
+    row's bound (in the units the row was built in), and their LPs start from the last optimal basis
+    (``ShardingILP.solve_lp``).
+
     ``hints``: known choices of ``graph`` (one strategy index per node, e.g. a published layout's plan
     on this problem). The cheapest one that fits becomes CP-SAT's warm start when it beats the solver's
     own, and the answer is never worse than it: when CP-SAT stops at something costlier (or at
     nothing), that hint is the answer (``stats["hint_kept"]``). So a problem never prices above a plan
     it was shown.
     """
-    reduced, expand = merge_followers(graph) if merge else (graph, list)
+    again = kept is not None and kept.get("graph") is graph and objective == "cost" and graph.memory_limit
+    if again:  # the same graph, its memory limit lowered: the ILP and its LP solver are kept
+        reduced, expand, ilp, (cost_floor, memory_floor) = kept["model"]
+        reduced.memory_limit = graph.memory_limit
+    else:
+        reduced, expand = merge_followers(graph) if merge else (graph, list)
+        cost_floor, memory_floor = _floors(reduced)
     t0 = time.perf_counter()
-    cost_floor, memory_floor = _floors(reduced)
     if objective == "cost" and reduced.memory_limit is not None and memory_floor > reduced.memory_limit:
         return ILPResult(None, math.inf, math.inf, "INFEASIBLE", time.perf_counter() - t0, 0, 0,
                          {"memory_floor": memory_floor})
     if objective == "cost" and cutoff is not None and cost_floor >= cutoff * (1 - 1e-6):
         return ILPResult(None, cost_floor, math.inf, "CUTOFF", time.perf_counter() - t0, 0, 0,
                          {"memory_binding": False})
-    ilp = ShardingILP(reduced)
-    ilp.add_one_strategy_per_node()
-    ilp.add_edge_consistency()
-    ilp.add_policy_groups()
-    if objective == "cost":
-        ilp.add_memory_constraint()
-    ilp.add_pins()
-    ilp.set_objective(objective)
+    if again:
+        ilp.set_memory_limit(graph.memory_limit)
+    else:
+        ilp = ShardingILP(reduced)
+        ilp.add_one_strategy_per_node()
+        ilp.add_edge_consistency()
+        ilp.add_policy_groups()
+        if objective == "cost":
+            ilp.add_memory_constraint()
+        ilp.add_pins()
+        ilp.set_objective(objective)
+        if kept is not None and objective == "cost" and ilp.memory_row is not None:
+            kept.update(graph=graph, model=(reduced, expand, ilp, (cost_floor, memory_floor)))
     limit = reduced.memory_limit if objective == "cost" else None
 
     def fits(choice):  # (an inconsistent choice evaluates to infinity)

@@ -119,10 +119,13 @@ class StepTrace:
 
 @dataclass(frozen=True)
 class Peak:
-    """The step's peak live bytes and the phase (and node) that sets it; ``phases``: each phase's peak."""
+    """The step's peak live bytes and the phase (and node) that sets it; ``phases``: each phase's peak;
+    ``resident``: the bytes alive through the whole forward and backward (``resident``, the gradient
+    buckets, gradients held unreduced), which a pipeline stage keeps while another stage of its rank runs."""
     bytes: float
     phase: str
     phases: dict
+    resident: float = 0.0
 
 
 def optimizer_temporaries(param_bytes: list[float], optimizer, foreach: bool) -> float:
@@ -189,4 +192,5 @@ def peak_of(trace: StepTrace) -> Peak:
          + max(trace.optimizer_temporaries, trace.after_step_gather), "")
     phase, (peak, where) = max(best.items(), key=lambda kv: kv[1][0])
     label = f"{phase} ({where})" if where else phase
-    return Peak(peak, label, {p: v for p, (v, _) in best.items()})
+    return Peak(peak, label, {p: v for p, (v, _) in best.items()},
+                trace.resident + trace.comm_buffer + trace.held_unreduced)

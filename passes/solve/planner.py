@@ -346,9 +346,10 @@ def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, 
         else:
             chosen = dict(combo)
             part, expand = fix_policies(graph.graph, [policies[g.name].index(chosen[g.name]) for g in groups])
+        kept: dict = {}  # the ILP of ``part``, solved again under a lower limit by a retry
         for attempt in range(_PEAK_RETRIES + 1):
             result = solve(part, objective=objective, time_limit_s=budget.next_limit(),
-                           workers=workers, cutoff=cutoff() if objective == "cost" else None)
+                           workers=workers, cutoff=cutoff() if objective == "cost" else None, kept=kept)
             budget.charge(result)
             if result.choice is not None:
                 result.choice = expand(result.choice)

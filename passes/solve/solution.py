@@ -343,6 +343,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], ctx
     peak = peak_of(trace.finish(optimizer, foreach=not cpu, microsteps=k,
                                 gathered_peak=estimated["gathered_peak_bytes"]))
     estimated.update({f"peak_{phase.replace(' ', '_')}_bytes": v for phase, v in peak.phases.items()})
+    estimated["step_resident_bytes"] = peak.resident
     placements = {fqn: tuple(strategies[node].outputs[0]) for node, fqn in captured.params.items()}
     for alias, canon in captured.aliases.items():
         if canon in placements:

@@ -164,3 +164,30 @@ def test_bad_specs_and_flags_name_the_problem(capsys):
 def test_solve_command_imports_no_torch():
     code = "import sys, autoshard.cli; sys.exit(any(m == 'torch' or m.startswith('torch.') for m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_the_process_command_freezes_what_is_left_and_a_call_with_argv_does_not(monkeypatch, tmp_path, capsys):
+    """``main()`` reading the process's own command line ends the process: it freezes every object
+    left, so the interpreter's shutdown collections skip them (~2 CPU s after planning Llama-3 8B);
+    ``main(argv)`` called from Python (tests, notebooks) leaves the collector as it was."""
+    import gc
+
+    missing = str(tmp_path / "missing.json")
+    gc.unfreeze()
+    try:
+        assert cli.main(["summary", missing]) == 2 and gc.get_freeze_count() == 0
+        monkeypatch.setattr(sys, "argv", ["autoshard", "summary", missing])
+        assert cli.main() == 2 and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    assert "missing.json" in capsys.readouterr().err
+
+
+def test_planning_imports_leave_the_runtime_unloaded():
+    """What ``autoshard plan`` imports to plan (``cli_plan._plan``'s imports) loads no runtime beyond
+    ``compile=``'s options: the executor and ``CompiledModel`` load when ``compile`` runs."""
+    code = ("import sys, autoshard.api, autoshard.layout_compare, autoshard.layouts, autoshard.model_specs; "
+            "sys.exit(sorted(m for m in sys.modules if m in ('autoshard.compiled', 'autoshard.runtime.executor', "
+            "'autoshard.runtime.groups', 'autoshard.runtime.lower')) or 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

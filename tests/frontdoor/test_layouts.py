@@ -223,6 +223,7 @@ def test_bad_layouts_name_the_cause():
 
 def test_layouts_round_trip_through_text_and_json():
     for layout in (layouts.megatron(tp=8, pp=16, virtual_stages=4, microbatch_size=1, distributed_optimizer=True),
+                   layouts.megatron(tp=8, pp=35, scatter_gather_tensors_in_pipeline=False, blocking_p2p=True),
                    layouts.fsdp(tp=8, checkpoint="full", replicas=2)):
         assert layouts.parse(layout.describe()) == layout
         assert layouts.Layout.from_json(layout.to_json()) == layout
@@ -392,7 +393,8 @@ def test_megatron_2021s_gpt_is_split_as_megatron_split_it():
 def test_megatrons_pipeline_runtime_prices_its_stage_boundaries_and_gradient_reduce():
     """Megatron's stage boundaries held whole on tp travel as 1/tp pieces, all-gathered by the receiver
     (scatter_gather_tensors_in_pipeline: cheaper than each tp rank sending the whole tensor over the
-    network); its gradient all-reduces start after the backward unless overlap_grad_reduce."""
+    network); its gradient all-reduces start after the backward unless overlap_grad_reduce; with
+    blocking_p2p (DeepSpeed's pipeline engine) a stage also pays for its own sends."""
     import dataclasses
     from autoshard.passes.cost.hardware import PRESETS
     four_per_node = dataclasses.replace(PRESETS["a100"], name="a100-4-per-node", devices_per_node=4)
@@ -407,3 +409,4 @@ def test_megatrons_pipeline_runtime_prices_its_stage_boundaries_and_gradient_red
     default = step()
     assert step(scatter_gather_tensors_in_pipeline=False) > default
     assert step(overlap_grad_reduce=True) < default
+    assert step(blocking_p2p=True) > default

@@ -67,10 +67,7 @@ def test_plan_pp_is_the_stage_planners_choice_with_the_plan_surface(tmp_path):
     assert plan.microbatches == direct.microbatches
     assert [s.nodes for s in plan.stages] == [s.nodes for s in direct.stages]
     assert plan.estimated_step_time == pytest.approx(direct.estimated_step_time, rel=1e-12)
-    per_group = {}
-    for s in direct.stages:
-        per_group[s.group] = per_group.get(s.group, 0.0) + s.solution.estimated_memory
-    assert plan.estimated_memory == int(max(per_group.values()))
+    assert plan.estimated_memory == direct.estimated_memory  # the busiest rank group's peak (group_peak)
     assert set(plan.param_placements) == {n for n, _ in model.named_parameters(remove_duplicate=False)}
     # throughput and MFU follow passes.pipeline.plan_work: tokens = batch x sequence, matmul FLOPs x3
     tokens = inputs[0].numel()

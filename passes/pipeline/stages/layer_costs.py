@@ -127,7 +127,8 @@ class UnitCost:
     stage takes the largest of (the for-loop's two copies of its largest parameter). ``opt_step``:
     seconds of the optimizer's update of the unit's parameters (per step); ``accumulate``: seconds of
     adding one microbatch's gradients into theirs (``passes/cost/optimizer_step.py``; the scorer adds
-    both after the unit's group's gradient sync). ``held_grads``: a ``zero1`` parameter's unreduced
+    the step after the unit's group's gradient sync and the accumulations inside the backwards,
+    ``scoring.accumulation_share``). ``held_grads``: a ``zero1`` parameter's unreduced
     gradient, held whole over the microbatches beside its reduced slice (``grads``: what one backward
     adds in flight is counted from ``grads``, as for the other forms)."""
     fwd_fixed: float = 0.0
@@ -184,6 +185,7 @@ class SubmeshProfile:
     cut_whole_fixed: list = field(default_factory=list)
     cut_whole_batch: list = field(default_factory=list)
     scatter_gather: bool = False
+    blocking_sends: bool = False  # sends block the sender's stream too (``scoring.send_seconds``)
 
     def cut_bytes(self, m: int) -> list[float]:
         return [f + b / m for f, b in zip(self.cut_fixed, self.cut_batch)]
@@ -217,7 +219,8 @@ class SubmeshProfile:
         return SubmeshProfile(self.mesh, units, costs, cuts(self.cut_fixed), cuts(self.cut_batch), self.solution,
                               self.batch_shard, dict(self.stats, repeated_blocks=n), self.overlap_grad_sync,
                               cuts(self.cut_whole_fixed) if self.cut_whole_fixed else [],
-                              cuts(self.cut_whole_batch) if self.cut_whole_batch else [], self.scatter_gather)
+                              cuts(self.cut_whole_batch) if self.cut_whole_batch else [], self.scatter_gather,
+                              self.blocking_sends)
 
 
 def submesh_shapes(group_size: int, hardware: Hardware) -> list[tuple[int, int]]:

@@ -65,6 +65,7 @@ from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.layer_costs import LayerUnit, SubmeshProfile, layer_units, profile_submesh
 from autoshard.passes.pipeline.stages.op_cuts import cut_points, op_graph_units
 from autoshard.passes.pipeline.schedule.simulate import ScheduleError
+from autoshard.passes.pipeline.group_peak import memory_record
 from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice, held_microbatches, score_stages, single_stage_step,
                       stage_problem, valid_schedule)
 from autoshard.passes.pipeline.stages.search import global_batch, microbatch_options, plan_candidates, profile_candidates, search_stages
@@ -135,6 +136,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, ctx: Optional[PlanContext] = No
         core_profile = profile_submesh(captured, core, ctx, units=units)
         core_profile.overlap_grad_sync = pins.overlap_grad_sync
         core_profile.scatter_gather = pins.scatter_gather
+        core_profile.blocking_sends = pins.blocking_sends
         core_step = single_stage_step(core_profile)
     shallow = shallow_program(captured, units) if fold_blocks else None
     candidates: dict = {}
@@ -146,6 +148,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, ctx: Optional[PlanContext] = No
     profiles = plan_candidates(shallow.captured if shallow else captured, mesh, pps, ctx, search, stats=candidates)
     for profile in profiles.values():
         profile.overlap_grad_sync, profile.scatter_gather = pins.overlap_grad_sync, pins.scatter_gather
+        profile.blocking_sends = pins.blocking_sends
     # what is left of the WORK limit (deterministic seconds, never the clock: the plan must not
     # depend on the machine's load) after the core plan's and the candidates' solves
     spent = candidates.get("work_s", 0.0) + (core.solver_stats.get("work_s", 0.0) if core is not None else 0.0)
@@ -347,6 +350,7 @@ def _stage_solution(prof: SubmeshProfile, full: Optional[Solution], rng: range, 
         mesh=prof.mesh, strategies=strategies,
         param_placements={k: v for k, v in full.param_placements.items() if k in fqns},
         estimated_step_time=sum(times.values()), estimated_memory=best.stages.memory[s], memory_breakdown=mem,
+        estimated=memory_record(*best.stages.records[s]) if best.stages.records else {},
         time_breakdown=times, unruled_ops=list(full.unruled_ops),
         redistributions=[r for r in full.redistributions if r.consumer in mine],
         param_grad_syncs={k: v for k, v in full.param_grad_syncs.items() if k in fqns},

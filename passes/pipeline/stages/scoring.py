@@ -9,9 +9,11 @@ each rank group's all-reduces run one after another on its own link, overlapped 
 backward is still running (``overlapped_sync``). The step ends when the last group's compute and
 its last all-reduce are done. A profile whose runtime starts the all-reduces only after the backward (``overlap_grad_sync`` False:
 Megatron-LM without ``--overlap-grad-reduce``) has them all ready when its group's backward ends.
-Each group's optimizer step and gradient accumulations (``UnitCost.opt_step`` /
-``accumulate``) follow its sync. ``single_stage_step`` applies the same rule to a plan without a
-pipeline (one stage, one microbatch), so "pipeline or not" compares like with like:
+Each group's optimizer step (``UnitCost.opt_step``) follows its sync; the gradient accumulations of
+microbatches after the first (``UnitCost.accumulate``) run inside their backwards (``accumulation_share``),
+where autograd and Megatron-LM's gradient hooks run them, so they lengthen the warm-up and drain too.
+``single_stage_step`` applies the same rule to a plan without a pipeline (one stage, one
+microbatch), so "pipeline or not" compares like with like:
 
 >>> overlapped_sync([(1.0, 0.5), (2.0, 0.5), (2.1, 0.5)])   # (ready time, seconds) per gradient
 3.0
@@ -25,6 +27,7 @@ from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import held_per_stage, prepared
+from autoshard.passes.pipeline.schedule.held_moments import held_moments
 from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.layer_costs import SubmeshProfile
 from autoshard.passes.pipeline.schedule.simulate import StageCosts, simulate
@@ -36,7 +39,9 @@ if TYPE_CHECKING:
     from autoshard.passes.solve.context import PlanContext
 
 __all__ = ["DEFAULT_SCHEDULES", "Choice", "held_microbatches", "approx_held", "valid_schedule", "stage_problem",
-           "score_stages", "busiest_rank_seconds", "overlapped_sync", "single_stage_step", "cut_seconds"]
+           "group_moments",
+           "score_stages", "busiest_rank_seconds", "overlapped_sync", "single_stage_step", "cut_seconds",
+           "accumulation_share", "send_seconds"]
 
 _BACKWARD = ("B", "W", "BW")
 
@@ -83,13 +88,23 @@ def valid_schedule(schedule: str, p: int, m: int) -> bool:
     return get_schedule(schedule).accepts(p, m)
 
 
+def group_moments(schedule: str, p: int, m: int) -> Optional[tuple]:
+    """The schedule's moments per rank group (``schedule.held_moments``) where a group holds several
+    stages; None with one stage per group (its peak is then its stage's, at ``held_microbatches``)."""
+    if get_schedule(schedule).virtual_stages == 1:
+        return None
+    return held_moments(schedule, p, m)
+
+
 def stage_problem(profile: SubmeshProfile, config: tuple[int, int, str], mesh: Mesh, ctx: "PlanContext",
-                  held: Sequence[int], search: "Optional[PipelineSearch]" = None) -> StageProblem:
+                  held: Sequence[int], search: "Optional[PipelineSearch]" = None,
+                  moments: Optional[tuple] = None) -> StageProblem:
     """The ``StageProblem`` of one configuration ``config`` = (p rank groups, m microbatches, schedule):
     ``profile`` at m microbatches, groups of the schedule, the pipeline hop priced on the link of the mesh's
     first axis (``ctx.spec``) under ``ctx``'s memory limit; stage memory is the whole-step stage peak
     (``stage_ilp`` (3'), the per-unit form of ``stage_peak``). ``search``: its pinned ``starts`` and
-    ``recompute`` (None: neither pinned)."""
+    ``recompute`` (None: neither pinned). ``moments``: the schedule's (``group_moments``), which price a
+    group of several stages at its worst moment rather than each stage at its own worst count."""
     p, m, schedule = config
     hw = ctx.spec
     starts, recompute = (None, None) if search is None else (search.starts, search.recompute)
@@ -97,13 +112,25 @@ def stage_problem(profile: SubmeshProfile, config: tuple[int, int, str], mesh: M
     bw, lat = hw.axis_link(Mesh((p, mesh.size // p)), 0)
     cut_bytes = profile.cut_bytes(m)
     return StageProblem(
-        fwd=[c.fwd(m) for c in costs], bwd=[c.bwd(m) for c in costs], grad_sync=[c.grad_sync for c in costs],
+        fwd=[c.fwd(m) for c in costs], bwd=[c.bwd(m) + accumulation_share(c, m) for c in costs],
+        grad_sync=[c.grad_sync for c in costs],
         state=[c.state_bytes for c in costs], act=[c.act(m) for c in costs],
         cut_seconds=cut_seconds(profile, m, bw, lat, hw), cut_bytes=cut_bytes,
+        send_seconds=send_seconds(profile, m, bw, lat) if profile.blocking_sends else None,
         stage_group=get_schedule(schedule).stage_rank(p), held=list(held), m=m, memory_limit=ctx.memory_bytes,
         recompute=recompute, starts=starts, holds_params=[c.param_reads > 0 for c in costs],
         grads=[c.grads for c in costs], opt_fixed=[c.opt_fixed for c in costs], opt_peak=[c.opt_peak for c in costs],
-        opt_step=[c.opt_step + (m - 1) * c.accumulate for c in costs], overlap_sync=profile.overlap_grad_sync)
+        opt_step=[c.opt_step for c in costs], overlap_sync=profile.overlap_grad_sync, moments=moments)
+
+
+def accumulation_share(cost, m: int) -> float:
+    """Seconds one backward of unit ``cost`` spends adding its gradients into the held ones, averaged
+    over ``m`` microbatches. The accumulation runs inside the backward that produces the gradient
+    (autograd's ``AccumulateGrad`` adds into ``.grad`` as each parameter's gradient is ready; Megatron-LM's
+    local DDP adds ``param.grad`` into ``param.main_grad`` in a gradient hook, megatron/model/distributed.py),
+    so it lengthens every backward after the first, and with them the pipeline's warm-up and drain: m - 1
+    accumulations spread over the m backwards of a step, not paid once after the gradient sync."""
+    return (m - 1) / m * cost.accumulate if m > 1 else 0.0
 
 
 def cut_seconds(profile: SubmeshProfile, m: int, bw: float, lat: float, hw: Hardware) -> list[float]:
@@ -122,6 +149,35 @@ def cut_seconds(profile: SubmeshProfile, m: int, bw: float, lat: float, hw: Hard
         gather = cm.collective_time("all_gather", profile.mesh.ndim - 1, whole) if whole > 0 else 0.0
         out.append(sent / bw + lat + gather if x > 0 else 0.0)
     return out
+
+
+def send_seconds(profile: SubmeshProfile, m: int, bw: float, lat: float) -> list[float]:
+    """Seconds a sending rank's stream is held by each cut's send when sends block (``profile.
+    blocking_sends``: a separate ``dist.send`` that returns once the transfer is done): what the rank
+    sends over the link (its 1/tp piece of a tensor whole on tp under ``scatter_gather``) plus the latency."""
+    tp = profile.mesh.shape[-1]
+    out = []
+    for x, whole in zip(profile.cut_bytes(m), profile.cut_whole_bytes(m)):
+        sent = x - whole + whole / tp if profile.scatter_gather and tp > 1 else x
+        out.append(sent / bw + lat if x > 0 else 0.0)
+    return out
+
+
+def _stage_durations(prob: StageProblem, starts: Sequence[int], recompute: Sequence[bool]
+                     ) -> tuple[list[float], list[float]]:
+    """Per stage, its F and B(+W) durations: its units' forward, plus receiving its input (and, when
+    sends block, sending its output); its units' backward, the recomputed forward, receiving its
+    output's gradient (and, when sends block, sending its input's gradient)."""
+    L = len(prob.fwd)
+    ends = list(starts[1:]) + [L]
+    send = prob.send_seconds
+    f, b = [], []
+    for s, (a, e) in enumerate(zip(starts, ends)):
+        fwd = sum(prob.fwd[a:e])
+        f.append(fwd + (prob.cut_seconds[a - 1] if a > 0 else 0.0) + (send[e - 1] if send and e < L else 0.0))
+        b.append(sum(prob.bwd[a:e]) + (fwd if recompute[s] else 0.0) + (prob.cut_seconds[e - 1] if e < L else 0.0)
+                 + (send[a - 1] if send and a > 0 else 0.0))
+    return f, b
 
 
 def overlapped_sync(buckets: Iterable[tuple[float, float]]) -> float:
@@ -152,14 +208,11 @@ def score_stages(prob: StageProblem, schedule: str, starts: Sequence[int], recom
 
     Stage s's forward is its units' forward plus receiving its input; its backward, its units'
     backward, the recomputed forward and receiving its output's gradient (split half input-grad B,
-    half weight-grad W for the zero-bubble schedules)."""
+    half weight-grad W for the zero-bubble schedules); with blocking sends, its sends too
+    (``_stage_durations``)."""
     L = len(prob.fwd)
     ends = list(starts[1:]) + [L]
-    f, b = [], []
-    for s, (a, e) in enumerate(zip(starts, ends)):
-        fwd = sum(prob.fwd[a:e])
-        f.append(fwd + (prob.cut_seconds[a - 1] if a > 0 else 0.0))
-        b.append(sum(prob.bwd[a:e]) + (fwd if recompute[s] else 0.0) + (prob.cut_seconds[e - 1] if e < L else 0.0))
+    f, b = _stage_durations(prob, starts, recompute)
     split = get_schedule(schedule).split_backward
     if split:
         costs = StageCosts(f=f, b=[x / 2 for x in b], w=[x / 2 for x in b])
@@ -172,7 +225,7 @@ def score_stages(prob: StageProblem, schedule: str, starts: Sequence[int], recom
             last[action.stage] = finish
     groups: dict[int, list] = {}
     backward_done: dict[int, float] = {}
-    after: dict[int, float] = {}  # the group's optimizer step and gradient accumulations, after its sync
+    after: dict[int, float] = {}  # the group's optimizer step, after its sync
     frac = (0.5 if split else 1.0) if prob.overlap_sync else 0.0
     for s, (a, e) in enumerate(zip(starts, ends)):
         g = prob.stage_group[s]
@@ -190,13 +243,8 @@ def busiest_rank_seconds(prob: StageProblem, schedule: str, starts: Sequence[int
     as ``score_stages`` builds them. The simulator runs a rank's actions one after another and
     transfers take no compute time, so no step is shorter than one rank's work (summed in another
     order, the two may differ by rounding: compare with a relative tolerance)."""
-    L = len(prob.fwd)
-    ends = list(starts[1:]) + [L]
     busy: dict[int, float] = {}
-    for s, (a, e) in enumerate(zip(starts, ends)):
-        fwd = sum(prob.fwd[a:e])
-        f = fwd + (prob.cut_seconds[a - 1] if a > 0 else 0.0)
-        b = sum(prob.bwd[a:e]) + (fwd if recompute[s] else 0.0) + (prob.cut_seconds[e - 1] if e < L else 0.0)
+    for s, (f, b) in enumerate(zip(*_stage_durations(prob, starts, recompute))):
         g = prob.stage_group[s]
         busy[g] = busy.get(g, 0.0) + prob.m * (f + b)
     return max(busy.values(), default=0.0)

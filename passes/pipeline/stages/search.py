@@ -26,7 +26,8 @@ from autoshard.passes.pipeline.stages.layer_costs import (CandidateSpec, Submesh
                                                            profile_submesh, submesh_shapes)
 from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice, approx_held, busiest_rank_seconds,
-                                                       held_microbatches, score_stages, stage_problem, valid_schedule)
+                                                       held_microbatches, score_stages, stage_problem, valid_schedule,
+                                                       group_moments)
 from autoshard.passes.pipeline.stages.stage_fit import SHRINK, fitting_profile
 from autoshard.passes.pipeline.stages.stage_cuts import balanced_stages, balanced_starts, even_stages, leanest_memory
 from autoshard.passes.pipeline.stages.stage_ilp import solve_stages
@@ -288,7 +289,7 @@ def search_stages(profiles: dict, mesh: Mesh, ctx: PlanContext, batch: int, sear
             if best is not None and bound >= best.step_time:
                 continue
             held = list(held_microbatches(schedule, p, m))
-            prob = stage_problem(prof, (p, m, schedule), mesh, ctx, held, search)
+            prob = stage_problem(prof, (p, m, schedule), mesh, ctx, held, search, group_moments(schedule, p, m))
             sol = balanced_stages(prob)
             if sol is None:
                 unfit.append((bound, prob, (p, prof, m, schedule)))
@@ -310,7 +311,8 @@ def search_stages(profiles: dict, mesh: Mesh, ctx: PlanContext, batch: int, sear
         if hint is None and best is not None and bound >= best.step_time:
             continue
         if hint is None:
-            prob = StageProblem(**{**prob.__dict__, "held": list(held_microbatches(schedule, p, m))})
+            prob = StageProblem(**{**prob.__dict__, "held": list(held_microbatches(schedule, p, m)),
+                                   "moments": group_moments(schedule, p, m)})
             if prob.memory_lower_bound() > memory_limit:  # no cut fits: proven without the ILP
                 stats["proven_unfit"] = stats.get("proven_unfit", 0) + 1
                 continue
@@ -350,7 +352,7 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, c
             if guess is None or (best is not None and guess.step_time >= margin * best.step_time):
                 continue
             held = list(held_microbatches(schedule, p, m))
-            prob = stage_problem(prof, (p, m, schedule), mesh, ctx, held, unpinned)
+            prob = stage_problem(prof, (p, m, schedule), mesh, ctx, held, unpinned, group_moments(schedule, p, m))
             sol = even_stages(prob, on)
             if sol is None or _cannot_beat(prob, schedule, sol, best):
                 continue

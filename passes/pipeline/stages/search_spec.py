@@ -29,7 +29,8 @@ class PipelinePins:
     group. ``recompute``: every stage recomputes (True) or none does (False). ``pins_for(program,
     submesh)``: decisions fixed on every intra-op solve (a layout's placements). ``overlap_grad_sync``:
     the runtime starts gradient all-reduces under the backward still running (False: after it).
-    ``scatter_gather``: a value crossing a stage cut whole on tp is sent as 1/tp pieces and gathered."""
+    ``scatter_gather``: a value crossing a stage cut whole on tp is sent as 1/tp pieces and gathered.
+    ``blocking_sends``: a stage's sends block its stream as its receives do (``scoring.send_seconds``)."""
     pp: Optional[int] = None
     schedule: Optional[Union[str, Sequence[str]]] = None
     microbatches: Optional[int] = None
@@ -39,6 +40,7 @@ class PipelinePins:
     pins_for: Optional[PinsFor] = None
     overlap_grad_sync: bool = True
     scatter_gather: bool = False
+    blocking_sends: bool = False
 
 
 @dataclass(frozen=True)

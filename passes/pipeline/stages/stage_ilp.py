@@ -24,6 +24,11 @@ microbatches in flight on stage s at its peak (the schedule simulator's count).
                                   received activations and the sent ones' gradients)
                        optimizer  sum w_l + sum_{l in s} opt_fixed_l + max_{l in s} opt_peak_l + x_{start_s - 1}
                                   (AdamW's temporaries: ``peak_timeline.optimizer_temporaries``)
+    (3'') moments    with the schedule's moments given (``StageProblem.moments``: which stage runs, how many
+                     microbatches each stage of its group holds), the in-step side is instead, per group
+                     and moment, sum_{s on g} [sum w_l + x_{start_s - 1} + x_{start_{s+1} - 1} + k_s(t) A_s
+                     (recomputing: k_s(t) x_{start_s - 1})] + the running stage's sum grad_l (+ its A_s if
+                     recomputing): one stage runs at a time (``passes.pipeline.group_peak``)
     (4) bottleneck   T >= sum_{s on g} t_s,   G >= sum_{s on g} sum_{l in s} g_l      for every group g
     (5) pins         start_s = pinned boundary; r_s = pinned recompute
     (6) parameters   every group's stages read at least one parameter (when any unit does): a rank
@@ -153,8 +158,45 @@ class StageILP:
                 per_optimizer.setdefault(prob.stage_group[s], []).append(optimizer)
             else:
                 per_group.setdefault(prob.stage_group[s], []).append(pw[s + 1] - pw[s] + held)
+        if prob.moments is not None:  # (3''): the in-step side at each of the schedule's moments instead
+            per_group = {}
+            self._add_moments(pa, x, x_out, limit)
         for terms in list(per_group.values()) + list(per_optimizer.values()):
             self.model.add(sum(terms) <= limit)
+
+    def _add_moments(self, pa: list, x: list, x_out: list, limit: int) -> None:
+        """(3''), the schedule's moments given (``StageProblem.moments``): per group and moment, its
+        stages' states, p2p buffers and the microbatches each holds then, plus the running stage's
+        gradients (and, recomputing, its one microbatch of activations) <= M
+        (``stage_problem.stage_memory_record``, as linear expressions)."""
+        prob = self.prob
+        pw = [self._at(self.PW, s, "mw") for s in range(self.S + 1)]
+        acts = [pa[s + 1] - pa[s] for s in range(self.S)]
+        held: dict = {}
+
+        def holding(s: int, k: int):
+            if (s, k) not in held:
+                var = self.model.new_int_var(0, k * (self.PA[-1] + max(self.X)), f"hold{s}_{k}")
+                self.model.add(var == k * acts[s]).only_enforce_if(~self.r[s])
+                self.model.add(var == k * x[s]).only_enforce_if(self.r[s])
+                held[(s, k)] = var
+            return held[(s, k)]
+
+        running = []
+        for s in range(self.S):
+            var = self.model.new_int_var(0, self.PA[-1], f"again{s}")
+            self.model.add(var == acts[s]).only_enforce_if(self.r[s])
+            self.model.add(var == 0).only_enforce_if(~self.r[s])
+            if prob.step_peak:
+                pg = self._at(self.PGR, s, "mg"), self._at(self.PGR, s + 1, "mg")
+                running.append(var + pg[1] - pg[0])
+            else:
+                running.append(var)
+        for g, moments in enumerate(prob.moments):
+            mine = [s for s in range(self.S) if prob.stage_group[s] == g]
+            idle = sum(pw[s + 1] - pw[s] + (x[s] + x_out[s] if prob.step_peak else 0) for s in mine)
+            for stage, counts in moments:
+                self.model.add(idle + sum(holding(s, k) for s, k in counts if k) + running[stage] <= limit)
 
     def _step_peak(self, s: int, pw: list, held, x_in, x_out) -> tuple:
         """(3'): the stage's in-step and optimizer-step peaks, as linear expressions."""

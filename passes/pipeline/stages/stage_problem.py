@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 __all__ = ["StageProblem", "StageSolution", "pipeline_step_time", "stage_costs", "stage_memory_terms",
-           "group_memory", "priced_solution", "every_group_holds_params", "fits_memory"]
+           "stage_memory_record", "group_memory", "priced_solution", "every_group_holds_params", "fits_memory"]
 
 
 def pipeline_step_time(stage_times: Sequence[float], stage_group: Sequence[int], m: int, v: int,
@@ -57,10 +57,18 @@ activations stage s holds at its peak under the schedule (k_s). ``recompute``: N
     opt_fixed: Optional[list[float]] = None
     opt_peak: Optional[list[float]] = None
     #: per unit, what follows its group's gradient sync each step: the optimizer's update of its
-    #: parameters and its m - 1 gradient accumulations; whether the gradient all-reduces overlap the
-    #: backward still running (else they start when the group's backward ends)
+    #: parameters (its gradient accumulations are in ``bwd``: ``scoring.accumulation_share``); whether
+    #: the gradient all-reduces overlap the backward still running (else they start when the group's
+    #: backward ends)
     opt_step: Optional[list[float]] = None
     overlap_sync: bool = True
+    #: per rank group, the schedule's moments (``schedule.held_moments``: the stage that runs, and how
+    #: many microbatches each of the group's stages holds then); given, a group's memory is its peak over
+    #: them (``group_memory``), not the sum of its stages' own peaks at ``held``
+    moments: Optional[tuple] = None
+    #: per cut, seconds its send holds the sending rank's stream when sends block (separate blocking
+    #: send calls, ``scoring.send_seconds``); None: sends are posted and cost the sender nothing
+    send_seconds: Optional[list[float]] = None
 
     @property
     def step_peak(self) -> bool:
@@ -95,7 +103,9 @@ activations stage s holds at its peak under the schedule (k_s). ``recompute``: N
         acts = self.act if min(self.held, default=0) >= 1 else [0.0] * len(self.act)
         grads = self.grads if self.step_peak else [0.0] * len(self.act)
         per_unit = [w + a + g for w, a, g in zip(self.state, acts, grads)]
-        bound = max(sum(per_unit) / self.p, max(per_unit, default=0.0))
+        # over moments, only the running stage surely holds a microbatch and makes gradients
+        spread = self.state if self.moments is not None else per_unit
+        bound = max(sum(spread) / self.p, max(per_unit, default=0.0))
         if self.step_peak:
             opt = [w + o for w, o in zip(self.state, self.opt_fixed)]
             bound = max(bound, sum(opt) / self.p, max((o + k for o, k in zip(opt, self.opt_peak)), default=0.0))
@@ -115,6 +125,8 @@ class StageSolution:
     status: str
     wall_s: float
     stats: dict = field(default_factory=dict)
+    #: per stage, (idle, per held microbatch, running, optimizer) bytes (``stage_memory_record``)
+    records: list = field(default_factory=list)
 
     def ranges(self, num_units: int) -> list[range]:
         ends = self.starts[1:] + [num_units]
@@ -125,7 +137,7 @@ def stage_costs(prob: StageProblem, starts: Sequence[int], recompute: Sequence[b
                 ) -> tuple[list[float], list[float], list[float]]:
     """(per-microbatch time, per-step gradient sync, memory) of every stage of a given cut, in
     floating point: the same formulas as the ILP's constraints (2)-(3)."""
-    L, S = len(prob.fwd), len(starts)
+    L = len(prob.fwd)
     ends = list(starts[1:]) + [L]
     times, syncs, mems = [], [], []
     for s, (a, b) in enumerate(zip(starts, ends)):
@@ -153,17 +165,45 @@ def stage_memory_terms(prob: StageProblem, a: int, b: int, recompute: bool, s: i
             state + sum(prob.opt_fixed[a:b]) + max(prob.opt_peak[a:b], default=0.0) + x_in)
 
 
+def stage_memory_record(prob: StageProblem, a: int, b: int, recompute: bool) -> tuple[float, float, float, float]:
+    """(idle, per held microbatch, running, optimizer) bytes of a stage holding units a..b-1: the terms
+    of its group's peak over the schedule's moments (``passes.pipeline.group_peak``). With k
+    microbatches held, idle + k x per microbatch + running is ``stage_memory_terms``' in-step peak:
+    idle, its states (and the p2p buffers of both cuts); per microbatch, its activations (recomputing:
+    its received inputs); running, the gradients one backward makes before they are added in (and a
+    recomputing stage's one microbatch of activations)."""
+    L = len(prob.fwd)
+    acts = sum(prob.act[a:b])
+    x_in = prob.cut_bytes[a - 1] if a > 0 else 0.0
+    state = sum(prob.state[a:b])
+    per = x_in if recompute else acts
+    again = acts if recompute else 0.0
+    if not prob.step_peak:
+        return state, per, again, 0.0
+    x_out = prob.cut_bytes[b - 1] if b < L else 0.0
+    return (state + x_in + x_out, per, sum(prob.grads[a:b]) + again,
+            state + sum(prob.opt_fixed[a:b]) + max(prob.opt_peak[a:b], default=0.0) + x_in)
+
+
 def group_memory(prob: StageProblem, starts: Sequence[int], recompute: Sequence[bool]) -> dict[int, float]:
     """Per rank group, the peak of its stages together: the larger of their in-step peaks' sum and
-    their optimizer-step peaks' sum (the ILP's constraint (3) / (3'), in floating point)."""
+    their optimizer-step peaks' sum (the ILP's constraint (3) / (3'), in floating point); with the
+    schedule's ``moments``, the in-step side is the group's peak over them (``stage_memory_record``)."""
     ends = list(starts[1:]) + [len(prob.fwd)]
     in_step: dict[int, float] = {}
     optimizer: dict[int, float] = {}
+    records = {}
     for s, (a, b) in enumerate(zip(starts, ends)):
         g = prob.stage_group[s]
         x, y = stage_memory_terms(prob, a, b, recompute[s], s)
         in_step[g] = in_step.get(g, 0.0) + x
         optimizer[g] = optimizer.get(g, 0.0) + y
+        records[s] = stage_memory_record(prob, a, b, recompute[s])
+    if prob.moments is not None:
+        for g in in_step:
+            idle = sum(r[0] for s, r in records.items() if prob.stage_group[s] == g)
+            in_step[g] = max(idle + sum(k * records[t][1] for t, k in counts) + records[stage][2]
+                             for stage, counts in prob.moments[g])
     return {g: max(in_step[g], optimizer[g]) for g in in_step}
 
 
@@ -173,7 +213,9 @@ def priced_solution(prob: StageProblem, starts: list[int], recompute: list[bool]
     and ``pipeline_step_time`` (``status``, ``wall`` and ``stats`` say how it was found)."""
     times, syncs, mems = stage_costs(prob, starts, recompute)
     step = pipeline_step_time(times, prob.stage_group, prob.m, prob.v, syncs)
-    return StageSolution(list(starts), list(recompute), times, syncs, mems, step, status, wall, stats or {})
+    ends = list(starts[1:]) + [len(prob.fwd)]
+    records = [stage_memory_record(prob, a, b, r) for a, b, r in zip(starts, ends, recompute)]
+    return StageSolution(list(starts), list(recompute), times, syncs, mems, step, status, wall, stats or {}, records)
 
 
 def every_group_holds_params(prob: StageProblem, starts: Sequence[int]) -> bool:

@@ -370,3 +370,25 @@ def test_builders_are_meta_constructible_and_deterministic():
         a, b = build(name)[0], build(name)[0]
         assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
         assert input_values(build(name)[1])[0].shape[0] == 8
+
+
+def test_stack_traces_are_recorded_unless_only_priced():
+    """``capture`` records each op's source line (fx shows it when a running node fails);
+    ``stack_traces=False`` (what ``autoshard.plan`` traces with: a quarter of Llama-3 8B's trace CPU)
+    records none and leaves the program the same, and fx's own setting as it was."""
+    import torch.fx.config as fx_config
+
+    from autoshard.api import plan
+    from autoshard.plans import graph_fingerprint
+    model, inputs, target, loss_fn = build("mlp")
+
+    def lines(cg):
+        return sum(bool(n.meta.get("stack_trace")) for n in cg.gm.graph.nodes if n.op == "call_function")
+
+    with_lines = capture(model, inputs, loss_fn=loss_fn, target=target)
+    without = capture(model, inputs, loss_fn=loss_fn, target=target, stack_traces=False)
+    assert lines(with_lines) > 0 and lines(without) == 0
+    assert graph_fingerprint(with_lines) == graph_fingerprint(without)
+    assert fx_config.do_not_emit_stack_traces is False
+    planned = plan(model, 2, example_inputs=inputs, loss_fn=loss_fn, example_target=target, hardware="cpu")
+    assert lines(planned.captured) == 0

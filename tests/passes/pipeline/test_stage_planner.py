@@ -275,7 +275,9 @@ def _simulated(prof, p, m, schedule, virtual, ranges, recompute, mesh, hw):
     for s, rng in enumerate(ranges):
         fwd = sum(prof.costs[i].fwd(m) for i in rng)
         f.append(fwd + (cut[rng.start - 1] if rng.start > 0 else 0.0))
-        b.append(sum(prof.costs[i].bwd(m) for i in rng) + (fwd if recompute[s] else 0.0)
+        # a backward after the first microbatch's also adds its gradients into the held ones
+        b.append(sum(prof.costs[i].bwd(m) + (m - 1) / m * prof.costs[i].accumulate for i in rng)
+                 + (fwd if recompute[s] else 0.0)
                  + (cut[rng.stop - 1] if rng.stop < L else 0.0))
     groups = [s % p for s in range(len(f))] if schedule not in ("zbv", "dualpipev") else \
         list(range(p)) + list(range(p - 1, -1, -1))
@@ -286,7 +288,7 @@ def _simulated(prof, p, m, schedule, virtual, ranges, recompute, mesh, hw):
     for s, rng in enumerate(ranges):
         end = max(e for _, a, _, e in result.events if a.stage == s and a.kind in ("B", "W", "BW"))
         for i in rng:  # unit i's gradient is done once the units after it in the stage are
-            earlier = sum(prof.costs[j].bwd(m) for j in range(rng.start, i))
+            earlier = sum(prof.costs[j].bwd(m) + (m - 1) / m * prof.costs[j].accumulate for j in range(rng.start, i))
             ready.setdefault(groups[s], []).append((end - (0.5 if split else 1.0) * earlier,
                                                     prof.costs[i].grad_sync))
     finish = 0.0
@@ -295,11 +297,9 @@ def _simulated(prof, p, m, schedule, virtual, ranges, recompute, mesh, hw):
         for t, secs in sorted(items):
             if secs > 0:
                 link = max(link, t) + secs
-        # then, after its backward and its sync, the group's optimizer step and the gradient
-        # accumulations of its m - 1 later microbatches
+        # then, after its backward and its sync, the group's optimizer step
         link = max(link, max(e for _, a, _, e in result.events if groups[a.stage] == g and a.kind in ("B", "W", "BW")))
-        link += sum(prof.costs[i].opt_step + (m - 1) * prof.costs[i].accumulate
-                    for s, rng in enumerate(ranges) if groups[s] == g for i in rng)
+        link += sum(prof.costs[i].opt_step for s, rng in enumerate(ranges) if groups[s] == g for i in rng)
         finish = max(finish, link)
     return max(result.step_time, finish)
 
