@@ -26,7 +26,7 @@ import torch
 
 from autoshard.batch_fit import check_batch_uses_mesh
 from autoshard.layout_plans import (check_pipelined_layout, layout_pins_and_levers, layout_run, layout_stage_starts,
-                                    published_layout_hints, stamp_layout)
+                                    mesh_layout_hints, published_layout_hints, stamp_layout)
 from autoshard.lever_args import block_types, check_block_levers, microbatch, pin_levers
 from autoshard.options import PlanOptions
 from autoshard.passes.capture.export import capture
@@ -225,7 +225,7 @@ def _solve(captured: CapturedGraph, mesh: Mesh, levers: LeverPins, options: Plan
     else:
         try:
             solution = plan_sharding(captured, mesh, ctx, pins=pins, levers=levers,
-                                     traced_at_microbatch=traced_at_microbatch)
+                                     traced_at_microbatch=traced_at_microbatch, hints_for=mesh_layout_hints)
         except InfeasiblePlanError as e:
             note = describe_replicated(replicated_op_costs(captured, mesh, ctx.spec), mesh)
             if not note:

@@ -48,7 +48,8 @@ from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
 
 __all__ = ["check_layout_arguments", "global_batch_of", "LayoutRun", "layout_run", "layout_pins_and_levers",
-           "check_pipelined_layout", "layout_stage_starts", "stage_block_counts", "stamp_layout", "published_layout_hints"]
+           "check_pipelined_layout", "layout_stage_starts", "stage_block_counts", "stamp_layout", "published_layout_hints",
+           "mesh_layout_hints"]
 
 
 def global_batch_of(example_inputs) -> int:
@@ -276,4 +277,35 @@ def published_layout_hints(captured: CapturedGraph, submesh: Mesh) -> list[Pins]
             continue
         pins["ops"].update(_residual_stream_between_units(captured, pins["ops"]))
         hints.append(Pins(params=pins["params"], inputs=pins["inputs"], ops=pins["ops"]))
+    return hints
+
+
+def mesh_layout_hints(captured: CapturedGraph, mesh: Mesh) -> list[Pins]:
+    """The placements of the published layouts without a pipeline that fit ``mesh`` as given (its axes
+    in order, none folded), as pins on ``captured`` exactly as ``plan(layout=...)`` pins them
+    (``layout_pins_and_levers``), for the planner's overlap re-rank (``passes.solve.layout_finalists``):
+    data parallel over every axis (DDP: replicated; Megatron's distributed optimizer: ``R/zero1``;
+    FSDP: sharded; with two axes or more HSDP: replicated over the first, sharded over the rest) and,
+    tensor parallel over the last axis (sequence parallel where it is more than one device), the other
+    axes data parallel (Megatron's, with and without its distributed optimizer; FSDP + TP, torchtitan's
+    2D). Duplicates (a size-1 axis) are given once; a layout the model cannot take (tp not dividing the
+    heads or the sequence) gives no hint."""
+    every = tuple(range(mesh.ndim))
+    rest, last = every[:-1], mesh.ndim - 1
+    kinds = [LayoutAxes(replicate=every), LayoutAxes(replicate=every, zero1=True), LayoutAxes(shard=every)]
+    if mesh.ndim >= 2:
+        kinds.append(LayoutAxes(replicate=every[:1], shard=every[1:]))
+    kinds += [LayoutAxes(replicate=rest, tp=last), LayoutAxes(replicate=rest, tp=last, zero1=True),
+              LayoutAxes(shard=rest, tp=last)]
+    hints: list[Pins] = []
+    roles = tensor_parallel_roles(captured)
+    for axes in kinds:
+        try:
+            pins = layout_pins(captured, mesh, axes, sequence_parallel=axes.tp is not None and mesh.shape[axes.tp] > 1,
+                               roles=roles)
+        except LayoutError:
+            continue
+        hint = Pins(params=pins["params"], inputs=pins["inputs"], ops=pins["ops"])
+        if hint not in hints:
+            hints.append(hint)
     return hints

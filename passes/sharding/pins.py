@@ -140,7 +140,8 @@ class Pins:
         chosen: dict[str, tuple] = {}  # node -> (exact?, pattern, placements)
         for pattern, value in self.params.items():
             pls = parse_param_pin(value, mesh, f"pin params[{pattern!r}]")
-            hits = sorted({node for fqn, node in fqns.items() if fnmatch.fnmatchcase(fqn, pattern)})
+            hits = sorted({node for fqn, node in fqns.items() if fnmatch.fnmatchcase(fqn, pattern)}) \
+                if _is_glob(pattern) else [fqns[pattern]] if pattern in fqns else []
             if not hits:
                 raise PinError(f"pin params[{pattern!r}] matches no parameter; parameters are e.g. "
                                f"{sorted(fqns)[:8]}")
@@ -176,10 +177,12 @@ class Pins:
 
     def _resolve_ops(self, captured, table, mesh, restrict) -> None:
         ops = [n for n in captured.gm.graph.nodes if n.op == "call_function"]
+        by_name = {n.name: n for n in ops}
         for pattern, value in self.ops.items():
             what = f"pin ops[{pattern!r}]"
             pls = parse_placements(value, mesh, what)
-            hits = [n for n in ops if fnmatch.fnmatchcase(n.name, pattern)]
+            hits = [n for n in ops if fnmatch.fnmatchcase(n.name, pattern)] if _is_glob(pattern) else \
+                [by_name[pattern]] if pattern in by_name else []
             if not hits:
                 raise PinError(f"{what} matches no op node; op nodes are e.g. {[n.name for n in ops[:10]]}")
             for n in hits:
@@ -227,6 +230,12 @@ class Pins:
 #: program it solves (the shallow copy of a deep model, a stage traced at the microbatch) with the
 #: rank group's submesh, e.g. a hand-written layout's placements (``autoshard.layout_plans``).
 #: None from it: nothing pinned there.
+def _is_glob(pattern: str) -> bool:
+    """Whether ``pattern`` has fnmatch wildcards (else it matches only the name equal to it: a layout's
+    pins name every parameter exactly, and matching each against every name was quadratic)."""
+    return any(c in pattern for c in "*?[")
+
+
 PinsFor = Callable[[CapturedGraph, Mesh], Optional["Pins"]]
 #: pins of known plans (e.g. published layouts) on a program and submesh, for a solver to start from
 HintsFor = Callable[[CapturedGraph, Mesh], Sequence["Pins"]]

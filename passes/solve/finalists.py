@@ -15,7 +15,7 @@ of the choice for ``solver_stats["finalists"]``, which ``plan.summary()`` prints
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Optional, Sequence, TypeVar
 
 __all__ = ["overlapped_step", "pick_finalist"]
 
@@ -28,19 +28,24 @@ def overlapped_step(solution) -> float:
     return float(est.get("overlapped_step_s", solution.estimated_step_time))
 
 
-def pick_finalist(finalists: Sequence[T], solution_of: Callable[[T], object]) -> tuple[T, dict]:
+def pick_finalist(finalists: Sequence[T], solution_of: Callable[[T], object],
+                  additive_index: Optional[int] = None) -> tuple[T, dict]:
     """(the finalist with the smallest overlapped step, a JSON record of the re-scoring). ``finalists``
-    in the order the search found them; the last is the additive choice."""
+    in the order the search found them; ``additive_index`` (default: the last) is the additive choice,
+    those after it the published layouts' plans (``layout_finalists``). Ties: the search's plans before the
+    layouts', the later (additively better) of the search's first."""
     if not finalists:
         raise ValueError("pick_finalist needs at least one finalist")
-    scored = [(overlapped_step(solution_of(f)), -i) for i, f in enumerate(finalists)]
-    best_step, best_i = min(scored)
+    additive_i = len(finalists) - 1 if additive_index is None else additive_index
+    scored = [(overlapped_step(solution_of(f)), i > additive_i, -i) for i, f in enumerate(finalists)]
+    best_step, _, best_i = min(scored)
     best_i = -best_i
-    additive_i = len(finalists) - 1
     record = {"count": len(finalists), "rescored_by": "overlap",
               "additive_choice_overlapped_s": scored[additive_i][0], "chosen_overlapped_s": best_step,
               "chosen_additive_s": float(solution_of(finalists[best_i]).estimated_step_time),
               "changed": best_i != additive_i}
+    if additive_i < len(finalists) - 1:
+        record.update(layouts=len(finalists) - 1 - additive_i, layout_chosen=best_i > additive_i)
     return finalists[best_i], record
 
 

@@ -52,10 +52,11 @@ from autoshard.passes.errors import InfeasiblePlanError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import chosen_keywords
 
-from autoshard.passes.sharding.pins import PinError, Pins
+from autoshard.passes.sharding.pins import HintsFor, PinError, Pins
 from autoshard.passes.solve.ilp import ILPResult, cost_floor, lp_bound, solve
 from autoshard.passes.solve.lever_costs import LeverPricer
 from autoshard.passes.solve.finalists import pick_finalist
+from autoshard.passes.solve.layout_finalists import layout_finalists
 from autoshard.passes.solve.held_reductions import hold_reductions
 from autoshard.passes.solve.lever_search import LeverSearch
 from autoshard.passes.solve.lever_graph import LeverGraph, build_lever_graph
@@ -85,7 +86,7 @@ class _Found:
 def plan_sharding(captured: CapturedGraph, mesh, ctx: Optional[PlanContext] = None, *,
                   pins: Optional[Pins] = None, levers: Optional[LeverPins] = None,
                   traced_at_microbatch: bool = False, explain: bool = True,
-                  storage_forms: Optional[bool] = None) -> Solution:
+                  storage_forms: Optional[bool] = None, hints_for: Optional[HintsFor] = None) -> Solution:
     """The cheapest plan (estimated step time) whose whole-step memory peak fits ``ctx``'s memory limit
     per device, priced on its hardware and optimizer (``ctx``: the settings every planner reads, built
     once by the front door; None: the default context, ``PlanContext.of()``).
@@ -116,12 +117,17 @@ def plan_sharding(captured: CapturedGraph, mesh, ctx: Optional[PlanContext] = No
     ``storage_forms``: the parameters may also take ZeRO-1/2 and reduce-once storage forms
     (``passes.sharding.storage_forms``), chosen per parameter and axis like placements; None: when
     ``levers`` is given (``levers=None`` plans as before levers existed, as the pipeline planner's
-    stages want: their runtime runs plain forms only)."""
+    stages want: their runtime runs plain forms only).
+
+    ``hints_for(captured, mesh)``: pins of known plans of this mesh's shape (the published layouts'
+    placements): each is priced at the search's microstep counts and policies and enters the overlap
+    re-rank as a finalist (``layout_finalists``), so the plan is never worse under the overlapped step
+    than they are."""
     ctx = PlanContext.given(ctx)
     forms = levers is not None if storage_forms is None else storage_forms
     search = LeverSearch(captured, mesh, ctx, pins, LeverPins.off() if levers is None else levers,
                          traced_at_microbatch, forms)
-    return _plan_within(search, ctx, explain=explain)
+    return _plan_within(search, ctx, explain=explain, hints_for=hints_for)
 
 
 #: CP-SAT workers of every solve: fixed, like its seed, so the same inputs give the same plan
@@ -135,7 +141,8 @@ _PEAK_RETRIES = 4
 _PEAK_STEP = 0.01
 
 
-def _plan_within(search: LeverSearch, ctx: PlanContext, prune: bool = True, explain: bool = True) -> Solution:
+def _plan_within(search: LeverSearch, ctx: PlanContext, prune: bool = True, explain: bool = True,
+                 hints_for: Optional[HintsFor] = None) -> Solution:
     """``plan_sharding`` of ``search``'s program, pins and levers within ``ctx``'s memory limit (in bytes)
     and work budget. ``prune=False`` (for
     tests): no bound skips anything (no plan without levers first, no cutoff, no proven-fastest stop,
@@ -212,7 +219,9 @@ def _plan_within(search: LeverSearch, ctx: PlanContext, prune: bool = True, expl
                 break  # provably the fastest plan
         tried[k] = "/".join(statuses)
     if finalists:  # the ILP ranks by the additive sum; the overlap model picks among what it found
-        best, rescored = pick_finalist(finalists, lambda f: _evaluated(search, f))
+        hinted = _hinted(search, finalists, hints_for, limit, budget, workers)
+        best, rescored = pick_finalist(finalists + hinted, lambda f: _evaluated(search, f),
+                                       additive_index=len(finalists) - 1)
     status = None if best is None else best.result.status
     if best is None:
         if last is None:
@@ -245,6 +254,23 @@ def _plan_within(search: LeverSearch, ctx: PlanContext, prune: bool = True, expl
     search.warn_if_coupled(best.k, stats)
     sol.solver_stats = dict(stats, **{k: v for k, v in sol.solver_stats.items() if k == "held_reductions"})
     return sol
+
+
+def _hinted(search: LeverSearch, finalists: list[_Found], hints_for: Optional[HintsFor], limit: float,
+            budget: WorkBudget, workers: int) -> list[_Found]:
+    """The plans of the published layouts' placements ``hints_for`` gives (``layout_finalists``)."""
+    hints = hints_for(search.captured, search.mesh) if hints_for is not None else ()
+    if not hints:
+        return []
+
+    def every_policy(found: _Found) -> LeverGraph:
+        problem, cm = search.problem(found.k)
+        return search.graph(problem, cm, limit)
+
+    return layout_finalists(search, finalists, hints, limit=limit, evaluated=lambda f: _evaluated(search, f),
+                            solve_policies=lambda graph, combos, policies, tighten: _solve_policies(
+                                graph, combos, policies, budget, workers, lambda: None, tighten=tighten),
+                            graph_of_every_policy=every_policy)
 
 
 def _evaluated(search: "LeverSearch", found: _Found) -> Solution:
