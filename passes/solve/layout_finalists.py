@@ -116,9 +116,13 @@ def _at_microsteps(pins: Pins, k: int) -> Pins:
     which the search's graph holds in its place (``lever_search.free_forms``)."""
     if k != 1:
         return pins
-    def two(value):
-        return tuple(p.replace("/zero1", "/zero2") for p in value) if isinstance(value, tuple) else value
-    return Pins(params={name: two(v) for name, v in pins.params.items()}, inputs=pins.inputs, ops=pins.ops)
+    def two(value):  # a pin is a text, a Placement, or a tuple / list of them (``pins.parse_param_pin``)
+        if isinstance(value, str):
+            return value.replace("/zero1", "/zero2")
+        if isinstance(value, (tuple, list)):
+            return type(value)(two(v) for v in value)
+        return value
+    return replace(pins, params={name: two(v) for name, v in pins.params.items()})
 
 
 def _every_policy(search, lever_graph) -> bool:

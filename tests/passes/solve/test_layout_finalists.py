@@ -65,3 +65,18 @@ def test_a_layout_wins_only_when_strictly_faster_under_overlap():
     assert chosen is searched and not record["changed"] and record["layouts"] == 1 and not record["layout_chosen"]
     chosen, record = pick_finalist([searched, tie, faster], lambda s: s, additive_index=0)
     assert chosen is faster and record["layout_chosen"] and record["layouts"] == 2
+
+
+def test_a_layout_pinned_at_one_microstep_reads_zero1_as_zero2_in_any_pin_form():
+    """A layout's pins may hold texts, Placements or tuples of both (an expert-parallel layout's do):
+    at one microstep only the texts' ``/zero1`` become ``/zero2``, every other pin kept as given."""
+    from autoshard.passes.solve.layout_finalists import _at_microsteps
+    from autoshard.passes.sharding.pins import Pins
+    from autoshard.passes.spec import Replicate, Shard
+
+    pins = Pins(params={"w": ("R/zero1", "S(0)"), "e": (Shard(0), Replicate()), "b": "R/zero1", "n": Replicate()},
+                inputs={0: ("S(0)", "R")}, strategies={"mm": 3})
+    one = _at_microsteps(pins, 1)
+    assert one.params == {"w": ("R/zero2", "S(0)"), "e": (Shard(0), Replicate()), "b": "R/zero2", "n": Replicate()}
+    assert one.inputs == pins.inputs and one.strategies == pins.strategies
+    assert _at_microsteps(pins, 2) is pins
