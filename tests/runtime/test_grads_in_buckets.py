@@ -1,7 +1,7 @@
 """Gradients accumulate in their all-reduce buckets (``runtime.gradsync``, DDP's gradient_as_bucket_view).
 
 On 4 gloo ranks, the toy GPT (tied embedding and head) on mesh (4,), under the solver's plan with
-accumulation 2 and every block checkpointed, and under a random plan: trained next to one device,
+every parameter replicated, accumulation 2 and every block checkpointed, and under a random plan: trained next to one device,
 then stepped without ``zero_grad`` (gradients add up across steps), after ``zero_grad(set_to_none=False)``
 (the buckets' zeros are kept, nothing set aside), and after an optimizer-like replacement of every
 ``.grad`` by a copy (plain SGD, gradients compared within 1e-5 once the parameters carry its rounding). A dispatch mode counts the copies into bucket storage during each step: none,
@@ -43,7 +43,10 @@ def _worker(rank: int, world: int) -> dict:
 
     torch.set_num_threads(1)
     bad, copies, synced = [], {}, {}
-    for label, levers in (("solver, accumulation 2, checkpointed", dict(accumulation=2, checkpoint="full")),
+    # replicated parameters pinned: the solver's own choice may shard or ZeRO every one (then nothing
+    # goes through the grad sync's buckets), and the buckets are what this test is about
+    for label, levers in (("replicated, accumulation 2, checkpointed",
+                           dict(accumulation=2, checkpoint="full", params={"*": ("R",)})),
                           ("random plan 5", dict(random_seed=5))):
         torch.manual_seed(0)
         model, (ids,), target, loss_fn = gpt()
