@@ -20,7 +20,7 @@ from autoshard.passes.solve.ilp import solve
 from autoshard.passes.solve.problem import ShardingProblem
 from autoshard.passes.solve.strategy_graph import PolicyGroup, SGEdge, SGNode, StrategyGraph
 
-__all__ = ["pinned_choices"]
+__all__ = ["pinned_choices", "slice_graph"]
 
 
 def _kept(problem: ShardingProblem, graph: StrategyGraph, pins: Pins) -> Optional[list[list[int]]]:
@@ -48,7 +48,7 @@ def _kept(problem: ShardingProblem, graph: StrategyGraph, pins: Pins) -> Optiona
     return kept
 
 
-def _sliced(graph: StrategyGraph, kept: list[list[int]]) -> StrategyGraph:
+def slice_graph(graph: StrategyGraph, kept: list[list[int]]) -> StrategyGraph:
     """``graph`` with node i holding only its strategies ``kept[i]`` (prices sliced, never recomputed):
     the same problem as ``graph`` with those pins, its choice j at node i being ``kept[i][j]``. Built
     smaller rather than pinned: a pinned node keeps a variable per strategy and is never folded into
@@ -74,7 +74,7 @@ def pinned_choices(problem: ShardingProblem, graph: StrategyGraph, hints: Sequen
         kept = _kept(problem, graph, pins)
         if kept is None:
             continue
-        result = solve(_sliced(graph, kept), time_limit_s=time_limit_s)
+        result = solve(slice_graph(graph, kept), time_limit_s=time_limit_s)
         work += float(result.stats.get("work", 0.0))
         if result.choice is not None:
             choices.append([keep[j] for keep, j in zip(kept, result.choice)])

@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Callable, Optional, Sequence
 
 from autoshard.passes.sharding.pins import PinError, Pins
-from autoshard.passes.solve.hint_plans import _sliced
+from autoshard.passes.solve.hint_plans import slice_graph
 from autoshard.passes.solve.ilp import cost_floor
 from autoshard.passes.solve.strategy_graph import SGEdge, SGNode, StrategyGraph
 
@@ -188,7 +188,7 @@ def _solve_hint(search, base, kept: list[list[int]], limit: Optional[float], sol
     above ``target[0]`` (the best overlapped step so far) cannot win and is not priced; when the floor of
     every choice within ``kept`` is (every node and edge at its cheapest), nothing is solved. ``unfit`` gets the overlapped steps of the
     plans priced that did not fit."""
-    part = _sliced(base.lever_graph.graph, kept)
+    part = slice_graph(base.lever_graph.graph, kept)
     exposed = _exposed_only(part, base.problem, base.lever_graph)
     above = target[0] * (1 + _FLOOR_SLACK) / base.k
     # (the LP bound of that graph was tried too: on Llama-3 8B it pruned nothing and cost a third of the hints)
