@@ -17,6 +17,7 @@ with torch.distributed uninitialized.
 from __future__ import annotations
 
 import os
+import shutil
 import pickle
 import queue as queue_mod
 import socket
@@ -166,6 +167,7 @@ def run_ranks(fn: Callable, world_size: int, *args, timeout: float = 180.0, init
                     p.kill()
         for p in procs:
             p.join(timeout=10)
+        shutil.rmtree(tmp, ignore_errors=True)
     if failure is not None:
         rank, exc, tb = failure
         if hasattr(exc, "add_note"):
