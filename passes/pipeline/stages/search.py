@@ -354,6 +354,10 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, c
             guess = even_stages(rough, on)
             if guess is None or (best is not None and guess.step_time >= margin * best.step_time):
                 continue
+            # the floor reads no held count: the even cut priced with the schedule's exact ones below has
+            # the same starts and the same floor, so what cannot win is dropped before its counts are built
+            if _cannot_beat(rough, schedule, guess, best):
+                continue
             held = list(held_microbatches(schedule, p, m))
             prob = stage_problem(prof, (p, m, schedule), mesh, ctx, held, unpinned, group_moments(schedule, p, m))
             sol = even_stages(prob, on)
@@ -375,9 +379,9 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, c
 
 
 def _cannot_beat(prob: StageProblem, schedule: str, sol: StageSolution, best: Optional[Choice]) -> bool:
-    """No simulation of ``sol`` can give a step shorter than ``best``'s: its busiest rank group's compute
-    and optimizer step (``scoring.step_floor``, a lower bound on the simulated step) are longer, beyond
-    rounding. Skipping it leaves the search's answer as it was (only a strictly shorter step replaces
+    """No simulation of ``sol`` can give a step shorter than ``best``'s: some rank group's wait for its
+    first input, compute, and optimizer step or backward tail below it (``scoring.step_floor``, a lower
+    bound on the simulated step) are longer, beyond rounding. Skipping it leaves the search's answer as it was (only a strictly shorter step replaces
     the best) and saves the schedule's generation and simulation (tenths of a second each at m ~ 100)."""
     if best is None:
         return False
