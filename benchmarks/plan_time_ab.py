@@ -114,10 +114,14 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="the other tree (a checkout or `git archive` of a commit)")
     ap.add_argument("--bench", choices=("8b", "175b", "405b"), default="8b")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--only", choices=("base", "this"), default=None,
+                    help="run one tree only (two such commands started together compare under the same load)")
     args = ap.parse_args()
     body = {"8b": _8B, "175b": _175B, "405b": _405B}[args.bench]
     for r in range(args.rounds):
         for label, root in (("base", os.path.abspath(args.base)), ("this", HERE)):
+            if args.only not in (None, label):
+                continue
             code = (_PRELUDE + body).format(root=root, here=HERE)
             subprocess.run([sys.executable, "-c", code.replace("{label}", f"round {r + 1} {label}")], check=True)
 
