@@ -7,8 +7,9 @@
    (``dY @ W``) and weight-gradient (``dY.T @ X``) product of the 512 x 512, 512 x 2048 and
    2048 x 512 layers, run by ATen (MKL's sgemm, what eager and inductor's default both call) and by
    ``torch.compile`` with ``max_autotune`` over inductor's CPP GEMM template and ATen
-   (``max_autotune_gemm_backends="CPP,ATEN"``: the template wins only where it is faster), with the
-   achieved GFLOP/s. If the template beat MKL on these shapes, ``CompileOptions(mode=
+   (``max_autotune_gemm_backends="CPP,ATEN"``: per product, the choice autotuning timed fastest at
+   compile time, which load can mislead; the compiled call's own cost, dynamo's guards and the
+   wrapper, tens of microseconds, counts against it), with the achieved GFLOP/s. If the template beat MKL on these shapes, ``CompileOptions(mode=
    "max-autotune-no-cudagraphs")`` would be a compile gain.
 2. One rank's forward + backward of that GPT alone (seed 0, the same batch every step), eager and
    ``torch.compile``'d (inductor defaults, as ``compile=True``), interleaved, and the CPU seconds of
