@@ -165,8 +165,7 @@ def test_the_pipeline_floor_counts_the_wait_and_the_tail_and_stays_below_the_ste
             units = stages + 3
             for _ in range(6):
                 prob = _problem(rng, units, p, m, schedule)
-                starts = [0] + sorted(rng.sample(range(1, units), stages - 1))
-                recompute = [rng.random() < 0.5 for _ in range(stages)]
+                starts, recompute = _random_cut(rng, units, stages)
                 step = score_stages(prob, schedule, starts, recompute)[0]
                 floor = step_floor(prob, schedule, starts, recompute)
                 old = _compute_and_update_floor(prob, schedule, starts, recompute)
