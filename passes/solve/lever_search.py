@@ -13,7 +13,6 @@ from typing import Optional
 from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.batch_coupling import BatchCouplingWarning, CoupledOp, batch_coupled_ops, describe_coupled
 from autoshard.passes.cost.facts import GraphFacts
-from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.graph import CapturedGraph
