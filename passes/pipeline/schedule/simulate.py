@@ -248,7 +248,15 @@ def _waits_for(a: Action, owner: dict, n_stages: int) -> str:
 
 def _check_complete(schedule: dict, done: dict, n_stages: int) -> None:
     """Every (stage, microbatch) ran F and either BW or B+W exactly once."""
-    n_mb = 1 + max((a.microbatch for acts in schedule.values() for a in acts), default=-1)
+    problems = _incomplete([(r, a) for r, acts in schedule.items() for a in acts], done, n_stages)
+    if problems:
+        raise ScheduleError("every stage must run F and either BW or B then W for every microbatch; "
+                            "incomplete: " + "; ".join(problems[:6]) + (" ..." if len(problems) > 6 else ""))
+
+
+def _incomplete(flat: list, done, n_stages: int) -> list[str]:
+    """The (stage, microbatch) pairs of ``_check_complete``'s rule that ``done`` breaks."""
+    n_mb = 1 + max((a.microbatch for _, a in flat), default=-1)
     problems = []
     for s in range(n_stages):
         for i in range(n_mb):
@@ -256,9 +264,7 @@ def _check_complete(schedule: dict, done: dict, n_stages: int) -> None:
             bw, b, w = (s, "BW", i) in done, (s, "B", i) in done, (s, "W", i) in done
             if not (has_f and ((bw and not b and not w) or (b and w and not bw))):
                 problems.append(f"stage {s} microbatch {i}: F={has_f} B={b} W={w} BW={bw}")
-    if problems:
-        raise ScheduleError("every stage must run F and either BW or B then W for every microbatch; "
-                            "incomplete: " + "; ".join(problems[:6]) + (" ..." if len(problems) > 6 else ""))
+    return problems
 
 
 def _missing_recvs(schedule: dict, owner: dict, n_stages: int) -> list[str]:
@@ -318,26 +324,111 @@ class PreparedSchedule:
     peak_rank: list[int]
 
 
-def prepare(schedule: dict) -> PreparedSchedule:
-    """Validate ``schedule`` (DeadlockError/ScheduleError as ``simulate``) and compile it for timing."""
-    has_comms = any(a.kind not in COMPUTE_KINDS for acts in schedule.values() for a in acts)
+def prepare(schedule: dict, order: Optional[Sequence[tuple[int, int]]] = None) -> PreparedSchedule:
+    """Validate ``schedule`` (DeadlockError/ScheduleError as ``simulate``) and compile it for timing.
+
+    ``order``, if given, claims a completion order of the whole schedule as (rank, index in its list),
+    e.g. the global sequence ``generators.with_comms`` builds: it is then checked in one linear pass
+    (a permutation, each rank's list in order, every dependency, payload, SEND and input RECV earlier,
+    transfers matching FIFO per rank pair, every compute action once) instead of dry-running the
+    schedule. A claim that fails any check is dropped for the full dry run, which raises its errors.
+    """
+    n_stages, owner = _index(schedule)
+    flat, base = _flatten(schedule)
+    if order is not None:
+        tables = _tables(flat, n_stages)
+        if tables is not None and _order_holds(flat, base, order, owner, n_stages, *tables):
+            return _compile(schedule, n_stages, owner, flat, base, tables[0], tables[1], order)
+    has_comms = any(a.kind not in COMPUTE_KINDS for _, a in flat)
     run_order, done, stuck, n_stages, owner = _run(schedule, comms="eager", need_recv=has_comms)
     if stuck:
         raise DeadlockError("schedule deadlocks; first stuck action per rank:\n" + "\n".join(stuck))
     _check_complete(schedule, done, n_stages)
-    ranks = sorted(schedule)
+    where, sends, _ = _tables(flat, n_stages)
+    return _compile(schedule, n_stages, owner, flat, base, where, sends, run_order)
+
+
+def _flatten(schedule: dict) -> tuple[list[tuple[int, Action]], dict[int, int]]:
+    """(rank, action) rank-major, and the index of each rank's first action."""
     base, flat = {}, []
-    for r in ranks:
+    for r in sorted(schedule):
         base[r] = len(flat)
         flat += [(r, a) for a in schedule[r]]
-    where, sends = {}, {}
+    return flat, base
+
+
+def _tables(flat: list, n_stages: int) -> Optional[tuple[dict, dict, dict]]:
+    """Index of every compute key (("G" also: input grad of the stage), SEND and (rank, RECV) key;
+    None when one repeats (the dry run names the repeat)."""
+    where, sends, recvs = {}, {}, {}
     for g, (r, a) in enumerate(flat):
-        if a.kind in COMPUTE_KINDS:
-            where[(a.stage, a.kind, a.microbatch)] = g
-            if a.kind in ("B", "BW"):
+        k = a.kind
+        if k in COMPUTE_KINDS:
+            key = (a.stage, k, a.microbatch)
+            if key in where:
+                return None
+            where[key] = g
+            if k == "B" or k == "BW":
                 where[(a.stage, "G", a.microbatch)] = g
-        elif a.kind.startswith("SEND"):
-            sends[_transfer_key(a)] = g
+        else:
+            table, key = (sends, _transfer_key(a)) if k[0] == "S" else (recvs, (r, _transfer_key(a)))
+            if key in table:
+                return None
+            table[key] = g
+    return where, sends, recvs
+
+
+def _order_holds(flat, base, order, owner, n_stages, where, sends, recvs) -> bool:
+    """Whether ``order`` is a completion order the eager dry run (``need_recv`` when the schedule
+    carries transfers) would accept, with every compute action present: see ``prepare``."""
+    n = len(flat)
+    if len(order) != n:
+        return False
+    pos = [-1] * n
+    try:
+        for t, (r, i) in enumerate(order):
+            pos[base[r] + i] = t
+    except (KeyError, IndexError, TypeError):
+        return False
+    if -1 in pos:
+        return False
+    need_recv = bool(sends or recvs)
+    channels: dict[tuple, list] = {}
+    for g, (r, a) in enumerate(flat):
+        here = pos[g]
+        if g > base[r] and pos[g - 1] > here:
+            return False
+        k = a.kind
+        if k in COMPUTE_KINDS:
+            for d in _deps(a, n_stages):
+                src = where.get(d)
+                if src is None or pos[src] > here:
+                    return False
+                if need_recv and owner[d[0]] != r:
+                    rv = recvs.get((r, _input_key(d, a.stage)))
+                    if rv is None or pos[rv] > here:
+                        return False
+        else:
+            peer = owner.get(a.peer)
+            if peer is None:
+                return False
+            if k[0] == "S":
+                payload = where.get((a.stage, "F" if k == "SEND_F" else "G", a.microbatch))
+                if payload is None or pos[payload] > here:
+                    return False
+                channels.setdefault((r, peer, "S"), []).append(_transfer_key(a))
+            else:
+                sent = sends.get(_transfer_key(a))
+                if sent is None or pos[sent] > here:
+                    return False
+                channels.setdefault((peer, r, "R"), []).append(_transfer_key(a))
+    for (src, dst, side), keys in channels.items():
+        if channels.get((src, dst, "R" if side == "S" else "S")) != keys:
+            return False
+    return not _incomplete(flat, where, n_stages)
+
+
+def _compile(schedule, n_stages, owner, flat, base, where, sends, run_order) -> PreparedSchedule:
     prev, deps = [], []
     for g, (r, a) in enumerate(flat):
         prev.append(g - 1 if g > base[r] else -1)
@@ -348,7 +439,7 @@ def prepare(schedule: dict) -> PreparedSchedule:
         else:
             deps.append(())
     peak_stage, peak_rank = in_flight_peaks(schedule, n_stages)
-    return PreparedSchedule(n_stages, ranks, flat, [base[r] + i for r, i in run_order], prev, deps,
+    return PreparedSchedule(n_stages, sorted(schedule), flat, [base[r] + i for r, i in run_order], prev, deps,
                             peak_stage, peak_rank)
 
 
