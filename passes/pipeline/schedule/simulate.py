@@ -335,17 +335,21 @@ def prepare(schedule: dict, order: Optional[Sequence[tuple[int, int]]] = None) -
     """
     n_stages, owner = _index(schedule)
     flat, base = _flatten(schedule)
-    if order is not None:
-        tables = _tables(flat, n_stages)
-        if tables is not None and _order_holds(flat, base, order, owner, n_stages, *tables):
-            return _compile(schedule, n_stages, owner, flat, base, tables[0], tables[1], order)
-    has_comms = any(a.kind not in COMPUTE_KINDS for _, a in flat)
+    where, sends, recvs, unique = _tables(flat)
+    if order is not None and unique:
+        try:
+            prev, deps = _edges(flat, base, owner, n_stages, where, sends)
+        except KeyError:  # a dependency no rank runs: the dry run says which
+            prev = deps = None
+        if deps is not None and _order_holds(flat, base, order, owner, n_stages, where, sends, recvs, deps):
+            return _compiled(schedule, n_stages, flat, base, prev, deps, order)
+    has_comms = len(sends) + len(recvs) > 0
     run_order, done, stuck, n_stages, owner = _run(schedule, comms="eager", need_recv=has_comms)
     if stuck:
         raise DeadlockError("schedule deadlocks; first stuck action per rank:\n" + "\n".join(stuck))
     _check_complete(schedule, done, n_stages)
-    where, sends, _ = _tables(flat, n_stages)
-    return _compile(schedule, n_stages, owner, flat, base, where, sends, run_order)
+    prev, deps = _edges(flat, base, owner, n_stages, where, sends)
+    return _compiled(schedule, n_stages, flat, base, prev, deps, run_order)
 
 
 def _flatten(schedule: dict) -> tuple[list[tuple[int, Action]], dict[int, int]]:
@@ -357,28 +361,46 @@ def _flatten(schedule: dict) -> tuple[list[tuple[int, Action]], dict[int, int]]:
     return flat, base
 
 
-def _tables(flat: list, n_stages: int) -> Optional[tuple[dict, dict, dict]]:
-    """Index of every compute key (("G" also: input grad of the stage), SEND and (rank, RECV) key;
-    None when one repeats (the dry run names the repeat)."""
+def _tables(flat: list) -> tuple[dict, dict, dict, bool]:
+    """Index of every compute key (("G" also: input grad of the stage), SEND and (rank, RECV) key
+    (the last of a repeat), and whether none repeats."""
     where, sends, recvs = {}, {}, {}
+    unique = True
     for g, (r, a) in enumerate(flat):
         k = a.kind
         if k in COMPUTE_KINDS:
             key = (a.stage, k, a.microbatch)
-            if key in where:
-                return None
+            unique = unique and key not in where
             where[key] = g
             if k == "B" or k == "BW":
                 where[(a.stage, "G", a.microbatch)] = g
+        elif k[0] == "S":
+            key = _transfer_key(a)
+            unique = unique and key not in sends
+            sends[key] = g
         else:
-            table, key = (sends, _transfer_key(a)) if k[0] == "S" else (recvs, (r, _transfer_key(a)))
-            if key in table:
-                return None
-            table[key] = g
-    return where, sends, recvs
+            key = (r, _transfer_key(a))
+            unique = unique and key not in recvs
+            recvs[key] = g
+    return where, sends, recvs, unique
 
 
-def _order_holds(flat, base, order, owner, n_stages, where, sends, recvs) -> bool:
+def _edges(flat, base, owner, n_stages, where, sends) -> tuple[list[int], list[tuple]]:
+    """``PreparedSchedule.prev`` and ``.deps``; KeyError when a dependency is missing."""
+    prev, deps = [], []
+    for g, (r, a) in enumerate(flat):
+        prev.append(g - 1 if g > base[r] else -1)
+        k = a.kind
+        if k in COMPUTE_KINDS:
+            deps.append(tuple((where[d], owner[d[0]] != r) for d in _deps(a, n_stages)))
+        elif k[0] == "R":
+            deps.append(((sends[_transfer_key(a)], True),))
+        else:
+            deps.append(())
+    return prev, deps
+
+
+def _order_holds(flat, base, order, owner, n_stages, where, sends, recvs, deps) -> bool:
     """Whether ``order`` is a completion order the eager dry run (``need_recv`` when the schedule
     carries transfers) would accept, with every compute action present: see ``prepare``."""
     n = len(flat)
@@ -387,8 +409,10 @@ def _order_holds(flat, base, order, owner, n_stages, where, sends, recvs) -> boo
     pos = [-1] * n
     try:
         for t, (r, i) in enumerate(order):
+            if not 0 <= i or base[r] + i >= n or flat[base[r] + i][0] != r:
+                return False
             pos[base[r] + i] = t
-    except (KeyError, IndexError, TypeError):
+    except (KeyError, TypeError, ValueError):
         return False
     if -1 in pos:
         return False
@@ -398,46 +422,35 @@ def _order_holds(flat, base, order, owner, n_stages, where, sends, recvs) -> boo
         here = pos[g]
         if g > base[r] and pos[g - 1] > here:
             return False
+        for d, _ in deps[g]:
+            if pos[d] > here:
+                return False
         k = a.kind
         if k in COMPUTE_KINDS:
-            for d in _deps(a, n_stages):
-                src = where.get(d)
-                if src is None or pos[src] > here:
-                    return False
-                if need_recv and owner[d[0]] != r:
-                    rv = recvs.get((r, _input_key(d, a.stage)))
-                    if rv is None or pos[rv] > here:
-                        return False
-        else:
-            peer = owner.get(a.peer)
-            if peer is None:
+            if need_recv:
+                for d in _deps(a, n_stages):
+                    if owner[d[0]] != r:
+                        rv = recvs.get((r, _input_key(d, a.stage)))
+                        if rv is None or pos[rv] > here:
+                            return False
+            continue
+        peer = owner.get(a.peer)
+        if peer is None:
+            return False
+        if k[0] == "S":
+            payload = where.get((a.stage, "F" if k == "SEND_F" else "G", a.microbatch))
+            if payload is None or pos[payload] > here:
                 return False
-            if k[0] == "S":
-                payload = where.get((a.stage, "F" if k == "SEND_F" else "G", a.microbatch))
-                if payload is None or pos[payload] > here:
-                    return False
-                channels.setdefault((r, peer, "S"), []).append(_transfer_key(a))
-            else:
-                sent = sends.get(_transfer_key(a))
-                if sent is None or pos[sent] > here:
-                    return False
-                channels.setdefault((peer, r, "R"), []).append(_transfer_key(a))
+            channels.setdefault((r, peer, "S"), []).append(_transfer_key(a))
+        else:
+            channels.setdefault((peer, r, "R"), []).append(_transfer_key(a))
     for (src, dst, side), keys in channels.items():
         if channels.get((src, dst, "R" if side == "S" else "S")) != keys:
             return False
     return not _incomplete(flat, where, n_stages)
 
 
-def _compile(schedule, n_stages, owner, flat, base, where, sends, run_order) -> PreparedSchedule:
-    prev, deps = [], []
-    for g, (r, a) in enumerate(flat):
-        prev.append(g - 1 if g > base[r] else -1)
-        if a.kind in COMPUTE_KINDS:
-            deps.append(tuple((where[d], owner[d[0]] != r) for d in _deps(a, n_stages)))
-        elif a.kind.startswith("RECV"):
-            deps.append(((sends[_transfer_key(a)], True),))
-        else:
-            deps.append(())
+def _compiled(schedule, n_stages, flat, base, prev, deps, run_order) -> PreparedSchedule:
     peak_stage, peak_rank = in_flight_peaks(schedule, n_stages)
     return PreparedSchedule(n_stages, sorted(schedule), flat, [base[r] + i for r, i in run_order], prev, deps,
                             peak_stage, peak_rank)
