@@ -127,7 +127,7 @@ def _ordered_with_comms(compute: dict[int, list[Action]], owner: list[int]
             dst = owner[s - 1]
             seq.append((end, 0, r, idx, [(r, Action(s, "SEND_B", i, s - 1)),
                                          (dst, Action(s - 1, "RECV_B", i, s))]))
-    seq.sort(key=lambda e: e[:4])
+    seq.sort()  # (time, kind, rank, index) never ties, so the lists are never compared
     out: dict[int, list[Action]] = {r: [] for r in compute}
     order = []
     for *_, items in seq:

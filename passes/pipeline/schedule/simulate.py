@@ -406,48 +406,48 @@ def _order_holds(flat, base, order, owner, n_stages, where, sends, recvs, deps) 
     n = len(flat)
     if len(order) != n:
         return False
-    pos = [-1] * n
-    try:
-        for t, (r, i) in enumerate(order):
-            if not 0 <= i or base[r] + i >= n or flat[base[r] + i][0] != r:
-                return False
-            pos[base[r] + i] = t
-    except (KeyError, TypeError, ValueError):
-        return False
-    if -1 in pos:
-        return False
     need_recv = bool(sends or recvs)
+    done = bytearray(n)
     channels: dict[tuple, list] = {}
-    for g, (r, a) in enumerate(flat):
-        here = pos[g]
-        if g > base[r] and pos[g - 1] > here:
-            return False
-        for d, _ in deps[g]:
-            if pos[d] > here:
+    try:
+        for r, i in order:
+            g = base[r] + i
+            if i < 0 or g >= n or done[g] or flat[g][0] != r or (i > 0 and not done[g - 1]):
                 return False
-        k = a.kind
-        if k in COMPUTE_KINDS:
-            if need_recv:
-                for d in _deps(a, n_stages):
-                    if owner[d[0]] != r:
-                        rv = recvs.get((r, _input_key(d, a.stage)))
-                        if rv is None or pos[rv] > here:
-                            return False
-            continue
-        peer = owner.get(a.peer)
-        if peer is None:
-            return False
-        if k[0] == "S":
-            payload = where.get((a.stage, "F" if k == "SEND_F" else "G", a.microbatch))
-            if payload is None or pos[payload] > here:
-                return False
-            channels.setdefault((r, peer, "S"), []).append(_transfer_key(a))
-        else:
-            channels.setdefault((peer, r, "R"), []).append(_transfer_key(a))
+            for d, cross in deps[g]:
+                if not done[d]:
+                    return False
+            a = flat[g][1]
+            k = a.kind
+            if k in COMPUTE_KINDS:
+                if need_recv:
+                    for d, cross in deps[g]:
+                        if cross:
+                            rv = recvs.get((r, _input_key(_key_of(flat[d][1]), a.stage)))
+                            if rv is None or not done[rv]:
+                                return False
+            else:
+                peer = owner[a.peer]
+                key = _transfer_key(a)
+                if k[0] == "S":
+                    payload = where.get((a.stage, "F" if k == "SEND_F" else "G", a.microbatch))
+                    if payload is None or not done[payload]:
+                        return False
+                    channels.setdefault((r, peer, "S"), []).append(key)
+                else:
+                    channels.setdefault((peer, r, "R"), []).append(key)
+            done[g] = 1
+    except (KeyError, TypeError, ValueError, IndexError):
+        return False
     for (src, dst, side), keys in channels.items():
         if channels.get((src, dst, "R" if side == "S" else "S")) != keys:
             return False
     return not _incomplete(flat, where, n_stages)
+
+
+def _key_of(producer: Action) -> tuple:
+    """The dependency key a compute action satisfies for its consumer (B/BW: the input grad "G")."""
+    return (producer.stage, "F" if producer.kind == "F" else "G", producer.microbatch)
 
 
 def _compiled(schedule, n_stages, flat, base, prev, deps, run_order) -> PreparedSchedule:
