@@ -355,30 +355,47 @@ def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, 
             chosen = dict(combo)
             part, expand = fix_policies(graph.graph, [policies[g.name].index(chosen[g.name]) for g in groups])
         kept: dict = {}  # the ILP of ``part``, solved again under a lower limit by a retry
-        nothing_below, over = 0.0, None  # a limit under which the ILP found nothing; the last too-big plan's bytes
+        retry = _Retry()
         for attempt in range(_PEAK_RETRIES + 1):
             result = solve(part, objective=objective, time_limit_s=budget.next_limit(),
                            workers=workers, cutoff=cutoff() if objective == "cost" else None, kept=kept)
             budget.charge(result)
             if result.choice is not None:
                 result.choice = expand(result.choice)
-            if tighten is None or attempt == _PEAK_RETRIES:
+            if tighten is None:
                 break
-            if result.choice is None:
-                if over is None or result.status != "INFEASIBLE":
-                    break
-                # tightened too far: bisect between the empty limit and the last plan that did not fit
-                nothing_below = part.memory_limit
-                lower = (nothing_below + over) / 2
-            else:
-                lower = tighten(result)
-                if lower is None or lower <= 0:
-                    break
-                over = result.memory
-                if lower <= nothing_below:
-                    lower = (nothing_below + over) / 2
+            lower = retry.next_limit(part.memory_limit, result, tighten, last=attempt == _PEAK_RETRIES)
+            if lower is None:
+                break
             part.memory_limit = lower
         yield combo, result
+
+
+class _Retry:
+    """The ILP limits one policy combination is solved under while its plans' peaks exceed the memory
+    limit (``_solve_policies``): ``tighten(result)`` proposes the next limit below a plan that does not
+    fit, and a limit the ILP finds nothing under is raised halfway back to the bytes of the last plan
+    that did not fit (a small model's ZeRO buckets and whole gradients, outside the ILP's bytes, put
+    its first answers' peaks far above the limit, and their excess cut straight off left nothing)."""
+
+    def __init__(self):
+        self.below = 0.0  # the largest limit the ILP found nothing under
+        self.over: Optional[float] = None  # the ILP bytes of the last plan whose peak did not fit
+
+    def next_limit(self, limit: float, result: ILPResult, tighten, last: bool) -> Optional[float]:
+        """The ILP limit to solve under next, after ``result`` under ``limit``; None: stop (the answer stands)."""
+        if last:
+            return None
+        if result.choice is None:
+            if self.over is None or result.status != "INFEASIBLE":
+                return None
+            self.below = limit  # tightened too far
+            return (self.below + self.over) / 2
+        lower = tighten(result)
+        if lower is None:
+            return None  # its peak fits
+        self.over = result.memory
+        return lower if lower > self.below else (self.below + self.over) / 2
 
 
 class _FloorCheck:
