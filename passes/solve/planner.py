@@ -195,11 +195,18 @@ def _plan_within(search: LeverSearch, ctx: PlanContext, prune: bool = True, expl
         statuses = []
         def tighten(result, k=k, problem=problem, graph=graph):
             """The ILP bounds additive bytes: a plan whose peak exceeds the limit is solved again
-            below its own additive bytes by the excess (at least ``_PEAK_STEP`` of the limit)."""
+            below its own additive bytes by the excess (at least ``_PEAK_STEP`` of the limit), or, when
+            the excess is more than those bytes, at those bytes times limit / peak."""
             sol = _evaluated(search, _Found(k, problem, graph, result, result.cost * k))
             if sol.estimated_memory <= limit:
                 return None
-            return sum(sol.memory_breakdown.values()) - max(sol.estimated_memory - limit, _PEAK_STEP * limit)
+            # the ILP's own additive bytes (what its limit bounds: a zero1 gradient held over the
+            # microsteps included, which the breakdown's categories leave out)
+            additive = result.memory
+            lower = additive - max(sol.estimated_memory - limit, _PEAK_STEP * limit)
+            # terms outside the additive sum larger than the sum itself (a small model's ZeRO buckets and
+            # whole gradients): cut the sum in the proportion the peak exceeds the limit instead of giving up
+            return lower if lower > 0 else additive * limit / sol.estimated_memory
 
         def cutoff(k=k):
             return None if best is None or not prune else best.step_time / k
@@ -338,7 +345,8 @@ def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, 
     jointly when ``combos`` is ``[None]``. Yields (combination, ILPResult). ``cutoff()``: the
     per-microstep objective to beat, read before each solve. ``tighten(result)``: None when the
     answer stands, else a lower ILP memory limit for this combination, solved again (at most
-    ``_PEAK_RETRIES`` times; the last answer is yielded either way)."""
+    ``_PEAK_RETRIES`` times; a limit the ILP finds nothing under is raised halfway back to the bytes of
+    the last plan that did not fit; the last answer is yielded either way)."""
     groups = graph.graph.groups
     for combo in combos:
         if combo is None or not groups:
@@ -347,17 +355,47 @@ def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, 
             chosen = dict(combo)
             part, expand = fix_policies(graph.graph, [policies[g.name].index(chosen[g.name]) for g in groups])
         kept: dict = {}  # the ILP of ``part``, solved again under a lower limit by a retry
+        retry = _Retry()
         for attempt in range(_PEAK_RETRIES + 1):
             result = solve(part, objective=objective, time_limit_s=budget.next_limit(),
                            workers=workers, cutoff=cutoff() if objective == "cost" else None, kept=kept)
             budget.charge(result)
             if result.choice is not None:
                 result.choice = expand(result.choice)
-            lower = None if tighten is None or result.choice is None or attempt == _PEAK_RETRIES else tighten(result)
-            if lower is None or lower <= 0:
+            if tighten is None:
+                break
+            lower = retry.next_limit(part.memory_limit, result, tighten, last=attempt == _PEAK_RETRIES)
+            if lower is None:
                 break
             part.memory_limit = lower
         yield combo, result
+
+
+class _Retry:
+    """The ILP limits one policy combination is solved under while its plans' peaks exceed the memory
+    limit (``_solve_policies``): ``tighten(result)`` proposes the next limit below a plan that does not
+    fit, and a limit the ILP finds nothing under is raised halfway back to the bytes of the last plan
+    that did not fit (a small model's ZeRO buckets and whole gradients, outside the ILP's bytes, put
+    its first answers' peaks far above the limit, and their excess cut straight off left nothing)."""
+
+    def __init__(self):
+        self.below = 0.0  # the largest limit the ILP found nothing under
+        self.over: Optional[float] = None  # the ILP bytes of the last plan whose peak did not fit
+
+    def next_limit(self, limit: float, result: ILPResult, tighten, last: bool) -> Optional[float]:
+        """The ILP limit to solve under next, after ``result`` under ``limit``; None: stop (the answer stands)."""
+        if last:
+            return None
+        if result.choice is None:
+            if self.over is None or result.status != "INFEASIBLE":
+                return None
+            self.below = limit  # tightened too far
+            return (self.below + self.over) / 2
+        lower = tighten(result)
+        if lower is None:
+            return None  # its peak fits
+        self.over = result.memory
+        return lower if lower > self.below else (self.below + self.over) / 2
 
 
 class _FloorCheck:
