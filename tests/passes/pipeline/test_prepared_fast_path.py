@@ -34,12 +34,12 @@ def _costs(rng: random.Random, n: int) -> StageCosts:
 
 def _count_dry_runs(monkeypatch) -> list:
     calls = []
-    real = simulate_module._run
+    real = simulate_module.dry_run
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
-    monkeypatch.setattr(simulate_module, "_run", counted)
+    monkeypatch.setattr(simulate_module, "dry_run", counted)
     return calls
 
 
