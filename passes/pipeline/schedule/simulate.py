@@ -1,21 +1,8 @@
 """Time a pipeline schedule: step time, bubble and activation memory (its validity: ``dry_run.py``).
 
-A schedule is ``dict[rank, list[Action]]`` (see ``actions.py``). Each rank runs its list in order,
-one action at a time. Data dependencies between compute actions (S stages, stage ``s``, microbatch
-``i``):
-
-* ``F(s, i)`` needs ``F(s-1, i)``;
-* ``B(s, i)`` / ``BW(s, i)`` needs the input gradient of stage ``s+1`` (``B`` or ``BW`` of ``s+1``),
-  or, on the last stage, its own ``F(s, i)``;
-* ``W(s, i)`` needs ``B(s, i)``.
-
-Communication semantics (what the runtime must honour): ``SEND_*`` is posted without waiting for the
-receiver (an ``isend``; zero time on the compute stream); ``RECV_*`` blocks its rank until the
-matching send has been posted and the payload arrived (post time + ``latency``). Transfers between
-one pair of ranks match in FIFO order per direction, so a receiver must take them in the order the
-sender posted them. A compute action whose input comes from another rank must come after that
-input's RECV on its rank. ``check_deadlock(..., blocking_sends=True)`` also proves the stricter
-rendezvous reading (a send waits for its receive); every generated schedule passes both.
+A schedule is ``dict[rank, list[Action]]`` (see ``actions.py``); which action may run when, and how
+SEND/RECV match, is ``dry_run.py``'s. For timing, a ``RECV_*`` ends when the matching send was posted
+plus ``latency``; a ``SEND_*`` takes no time on the compute stream.
 
 Costs: ``StageCosts(f, b, w, latency)`` with scalars or per-stage lists; ``BW = B + W``. A compute
 dependency crossing ranks pays ``latency`` even when the schedule carries no SEND/RECV actions, so

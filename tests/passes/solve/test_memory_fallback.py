@@ -9,24 +9,15 @@ although FSDP over both axes without accumulation fits at 1.3x. Meta tensors: no
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import autoshard
-
-
-class _MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(64, 256), nn.Linear(256, 256), nn.Linear(256, 64)
-
-    def forward(self, x):
-        return self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x)))))
+from autoshard.testing.models import DeepMLP
 
 
 def test_limited_plan_finds_a_fast_plan_that_fits_instead_of_the_smallest():
     with torch.device("meta"):
-        model = _MLP()
+        model = DeepMLP()
     x, y = torch.empty(8, 16, 64, device="meta"), torch.empty(8, 16, 64, device="meta")
     kw = dict(example_inputs=(x,), loss_fn=F.mse_loss, example_target=y, hardware="h100")
     free = autoshard.plan(model, (2, 2), **kw)
