@@ -118,7 +118,8 @@ class _OneDevice:
                 raise
             noise = self.tol
             warnings.warn(f"{self.label}: the float64 twin cannot run ({str(e).splitlines()[0][:200]}); "
-                          f"comparing with the fixed tolerance {noise.fallback or Tolerance()} instead of a measured one")
+                          f"comparing with the fixed tolerance {noise.fallback or Tolerance()} instead of a "
+                          "measured one")
             self.twin, self.optimizers, self.tol = None, self.optimizers[:1], noise.fallback or Tolerance()
             return want.item(), None
         return want.item(), want64.item()
@@ -146,7 +147,8 @@ class OneDeviceRun:
     def __init__(self, reference: torch.nn.Module, batches, *, loss_fn: Optional[Callable] = None,
                  reference_loss: Optional[Callable] = None, steps: int = 3, optimizer: Callable = adamw(),
                  tol: Union[Tolerance, NoiseFloor] = Tolerance(), label: str = "one-device run"):
-        live = _OneDevice(label, reference, _batch_at(batches), _reference_loss(loss_fn, reference_loss), optimizer, tol)
+        live = _OneDevice(label, reference, _batch_at(batches), _reference_loss(loss_fn, reference_loss), optimizer,
+                          tol)
         self.steps, self.losses, self.gradients = steps, [], None
         for step in range(steps):
             self.losses.append(live.backward(step))

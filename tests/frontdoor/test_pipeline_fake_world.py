@@ -42,7 +42,8 @@ PINS = dict(pp=16, schedule="zb-h1", microbatches=48)
 
 def gpt3_175b_width():
     cfg = transformers.GPT2Config(n_layer=N_LAYER, n_embd=D, n_head=96, n_positions=SEQ, vocab_size=51200,
-                                  attn_pdrop=0, resid_pdrop=0, embd_pdrop=0, use_cache=False, bos_token_id=0, eos_token_id=0)
+                                  attn_pdrop=0, resid_pdrop=0, embd_pdrop=0, use_cache=False, bos_token_id=0,
+                                  eos_token_id=0)
     cfg._attn_implementation = "sdpa"
     with torch.device("meta"):
         return transformers.GPT2LMHeadModel(cfg).to(torch.bfloat16)
