@@ -205,6 +205,12 @@ def _solve_hint(search, base, kept: list[list[int]], limit: Optional[float], sol
         combos = [tuple(sorted((t, allowed[0]) for t, allowed in policies.items()))]
     ordered_by_work = all(list(a) == sorted(a) for a in search.policies.values())
     sliced_graph = replace(base.lever_graph, graph=part)
+    cap = None
+    if part.memory_limit is not None:
+        # only plans whose exposed floor is within ``above`` are wanted: the ILP is told so (its optimum is
+        # unchanged when it is not beaten; when it is, the old answer was discarded after a long search)
+        ops, params = _node_kinds(base.problem, base.lever_graph)
+        cap = (ops, {j for j, e in enumerate(part.edges) if e.u not in params}, above)
     k, cache, fitted, out = base.k, {}, [], []
 
     def found_of(result):
@@ -229,7 +235,7 @@ def _solve_hint(search, base, kept: list[list[int]], limit: Optional[float], sol
     for combo in combos:
         if ordered_by_work and any(_dominated(combo, by) for by in fitted):
             continue
-        for _, result in solve_policies(sliced_graph, [combo], policies, tighten):
+        for _, result in solve_policies(sliced_graph, [combo], policies, tighten, cap=cap):
             if result.choice is None:
                 continue
             if beaten(result):  # and so is every combination it dominates (each only adds work)
