@@ -17,6 +17,11 @@ is non-decreasing in every kind of work. Each plan that fits becomes a finalist,
 returned is never worse under the overlapped step than these layouts' placements with the
 microstep counts and policies the search considered.
 
+Under a memory limit each solve is given the exposed-floor bound as a cap (``ilp.solve(cap=...)``): a
+memory-bound search that would run long (a tiny GPT's layout: 2.5 work-s to prove an optimum whose floor
+was above the bound, so discarded) is solved for the cheapest plan within the bound instead. Its answer,
+if any, is one more finalist; a solve that ends quickly answers as without the cap.
+
 When the search stopped at the plan without levers (its graph holds only the fastest policies), a
 layout whose fastest-policy plan does not fit is tried under every policy only if that plan, priced
 without the limit, beats the best finalist's overlapped step: its levered forms only add work.
