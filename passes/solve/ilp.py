@@ -209,8 +209,10 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
         if bound is not None:
             fixed = reduced_cost_fixings(ilp, bound, hint if fits(hint) else None, upper)
         stats.update(memory_search=True, fixed_by_reduced_cost=len(fixed))
-    result = ilp.solve_cpsat(max(0.1, time_limit_s), workers, hint, bound, fixed_zero=fixed, portfolio=not binding,
-                             upper_bound=upper)
+    result = _confirmed(ilp, hint, rounded, bound, integral, binding)
+    if result is None:
+        result = ilp.solve_cpsat(max(0.1, time_limit_s), workers, hint, bound, fixed_zero=fixed,
+                                 portfolio=not binding, upper_bound=upper)
     if upper is not None and result.status == "INFEASIBLE":  # nothing here beats the cutoff
         result.status, result.cost = "CUTOFF", cutoff
         result.stats["memory_binding"] = True  # so no multiple of k is pruned on its account
@@ -232,6 +234,30 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
         result.status = "FEASIBLE" if result.status in ("OPTIMAL", "UNKNOWN", "GREEDY", "INFEASIBLE") else result.status
         result.stats["hint_kept"] = True
     return result
+
+
+#: CP-SAT's ``relative_gap_limit`` (``ShardingILP.solve_cpsat``)
+_GAP = 1e-5
+
+
+def _confirmed(ilp: ShardingILP, hint: list[int], rounded: Optional[list[int]], bound: Optional[float],
+               integral: bool, binding: bool) -> Optional[ILPResult]:
+    """The answer CP-SAT gives without searching, or None when it would search: the LP optimum is
+    integral, its memory row (if any) does not bind, and it is CP-SAT's warm start, so the warm start is
+    optimal; when its objective is within CP-SAT's relative gap of the lower bound CP-SAT is handed
+    (``solve_cpsat``'s, from the LP bound), CP-SAT stops at that first solution, spending no work
+    (measured: deterministic time 0.0 on the 405B's candidates), and returns it. Building its model
+    (a bulk proto of ~30 K variables) and loading it cost a 405B candidate's solve about as much as the
+    LP itself; the choice, status and work charged are the same as CP-SAT's."""
+    if not integral or binding or rounded is None or hint is not rounded or bound is None:
+        return None
+    objective = hint_objective(ilp, hint)
+    lo = math.floor(bound - 1e-6 * abs(bound) - 1)  # as solve_cpsat loosens the LP bound
+    if objective - lo > 0.99 * _GAP * max(1.0, abs(objective)):  # a hair inside: whichever side CP-SAT divides by
+        return None
+    cost, memory = ilp.g.evaluate(hint)
+    return ILPResult(list(hint), cost, memory, "OPTIMAL", 0.0, ilp.num_vars, len(ilp.rows),
+                     {"objective": float(objective), "bound": float(lo), "work": 0.0, "confirmed_by_lp": True})
 
 
 def _value(graph: StrategyGraph, choice: list[int], objective: str) -> float:
