@@ -40,7 +40,7 @@ import torch
 from autoshard.runtime.layout import shard_tensor
 from autoshard.testing.noise_floor import NoiseFloor, UNIT_ROUNDOFF, allowed_distances, measured_distance
 
-__all__ = ["Tolerance", "NoiseFloor", "adamw", "train_against_one_device", "tensor_mismatches", "compiled_gradient_mismatches",
+__all__ = ["Tolerance", "NoiseFloor", "adamw", "train_against_one_device", "OneDeviceRun", "tensor_mismatches", "compiled_gradient_mismatches",
            "pipeline_gradient_mismatches", "failures_of"]
 
 
@@ -90,7 +90,124 @@ def _as_inputs(inputs):
     return (inputs,) if isinstance(inputs, torch.Tensor) else inputs
 
 
-def train_against_one_device(label: str, program, reference: torch.nn.Module, batches, *,
+class _OneDevice:
+    """The single-device side of ``train_against_one_device``, run a step at a time: the reference (and, under a
+    ``NoiseFloor``, its float64 twin) trained on the same batches with its own optimizer."""
+
+    def __init__(self, label: str, reference: torch.nn.Module, batch_at: Callable, reference_loss: Callable,
+                 optimizer: Callable, tol: Union[Tolerance, NoiseFloor]):
+        self.label, self.reference, self.batch_at, self.reference_loss = label, reference, batch_at, reference_loss
+        self.tol = tol  # a NoiseFloor becomes its fallback where the float64 twin cannot run
+        noise = isinstance(tol, NoiseFloor)
+        self.twin = copy.deepcopy(reference).double() if noise else None
+        self.optimizers = [optimizer(reference.parameters())] + ([optimizer(self.twin.parameters())] if noise else [])
+
+    def backward(self, step: int) -> tuple[float, Optional[float]]:
+        """Step ``step``'s loss (and the float64 twin's, or None), gradients left on the parameters."""
+        inputs, target = self.batch_at(step)
+        inputs = _as_inputs(inputs)
+        want = self.reference_loss(self.reference, inputs, target)
+        want.backward()
+        if self.twin is None:
+            return want.item(), None
+        try:
+            want64 = self.reference_loss(self.twin, _to_float64(inputs), _to_float64(target))
+            want64.backward()
+        except RuntimeError as e:  # an op with no float64 kernel (torch._grouped_mm): nothing to measure
+            if step:
+                raise
+            noise = self.tol
+            warnings.warn(f"{self.label}: the float64 twin cannot run ({str(e).splitlines()[0][:200]}); "
+                          f"comparing with the fixed tolerance {noise.fallback or Tolerance()} instead of a "
+                          "measured one")
+            self.twin, self.optimizers, self.tol = None, self.optimizers[:1], noise.fallback or Tolerance()
+            return want.item(), None
+        return want.item(), want64.item()
+
+    def first_gradients(self) -> tuple[torch.nn.Module, Optional[torch.nn.Module]]:
+        """The reference and the twin (or None) holding the first step's gradients."""
+        return self.reference, self.twin
+
+    def optimizer_step(self) -> None:
+        for o in self.optimizers:
+            o.step()
+            o.zero_grad()
+
+    def final(self) -> tuple[dict, Optional[dict]]:
+        return self.reference.state_dict(), None if self.twin is None else self.twin.state_dict()
+
+
+class OneDeviceRun:
+    """A single-device run recorded once (``one_device_run``) and replayed by ``train_against_one_device`` in
+    place of its ``reference`` module: the same losses, first-step gradients and final state that training the
+    reference beside the program would give, for many programs (every case, every rank forked from the process
+    that recorded it) at the cost of one run. Its ``batches``, ``steps``, optimizer and loss are the recording's;
+    a replay must pass the same ``batches`` and at most ``steps``."""
+
+    def __init__(self, reference: torch.nn.Module, batches, *, loss_fn: Optional[Callable] = None,
+                 reference_loss: Optional[Callable] = None, steps: int = 3, optimizer: Callable = adamw(),
+                 tol: Union[Tolerance, NoiseFloor] = Tolerance(), label: str = "one-device run"):
+        live = _OneDevice(label, reference, _batch_at(batches), _reference_loss(loss_fn, reference_loss), optimizer,
+                          tol)
+        self.steps, self.losses, self.gradients = steps, [], None
+        for step in range(steps):
+            self.losses.append(live.backward(step))
+            if step == 0:
+                self.gradients = tuple(None if m is None else _with_gradients(m) for m in live.first_gradients())
+            live.optimizer_step()
+        self.tol, self.states = live.tol, tuple(None if s is None else {k: v.clone() for k, v in s.items()}
+                                                for s in live.final())
+        self.float64 = live.twin is not None
+
+    def replay(self, tol: Union[Tolerance, NoiseFloor]) -> "_Replay":
+        return _Replay(self, tol)
+
+
+class _Replay:
+    """``OneDeviceRun`` read a step at a time, as ``_OneDevice`` computes it; ``tol`` the replay's own (its
+    ``ratios`` list and ``factor``), turned into its fallback where the recording's twin could not run."""
+
+    def __init__(self, run: OneDeviceRun, tol: Union[Tolerance, NoiseFloor]):
+        self.run = run
+        self.tol = tol.fallback or Tolerance() if isinstance(tol, NoiseFloor) and not run.float64 else tol
+
+    def backward(self, step: int) -> tuple[float, Optional[float]]:
+        if step >= self.run.steps:
+            raise ValueError(f"the one-device run recorded {self.run.steps} steps; step {step} asked")
+        return self.run.losses[step]
+
+    def first_gradients(self):
+        return self.run.gradients
+
+    def optimizer_step(self) -> None:
+        pass
+
+    def final(self):
+        return self.run.states
+
+
+def _with_gradients(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose parameters hold copies of its gradients (``deepcopy`` drops ``.grad``)."""
+    twin = copy.deepcopy(model)
+    copies = dict(twin.named_parameters(remove_duplicate=False))
+    for name, p in model.named_parameters(remove_duplicate=False):
+        copies[name].grad = None if p.grad is None else p.grad.detach().clone()
+    return twin
+
+
+def _reference_loss(loss_fn: Optional[Callable], reference_loss: Optional[Callable]) -> Callable:
+    if reference_loss is not None:
+        return reference_loss
+    if loss_fn is None:
+        raise TypeError("train_against_one_device needs loss_fn or reference_loss")
+    return lambda model, inputs, target: loss_fn(_call(model, inputs), target)
+
+
+def _batch_at(batches) -> Callable:
+    return batches if callable(batches) else (lambda step: batches)
+
+
+def train_against_one_device(label: str, program, reference: Union[torch.nn.Module, OneDeviceRun], batches, *,
                              loss_fn: Optional[Callable] = None, reference_loss: Optional[Callable] = None,
                              steps: int = 3, optimizer: Callable = adamw(),
                              tol: Union[Tolerance, NoiseFloor] = Tolerance(),
@@ -103,19 +220,15 @@ def train_against_one_device(label: str, program, reference: torch.nn.Module, ba
     ``batches``: ``(inputs, target)`` used at every step, or a function ``step -> (inputs, target)``;
     ``inputs`` is a tuple, a dict of keyword inputs or one tensor. The reference's loss is
     ``reference_loss(reference, inputs, target)``, by default ``loss_fn(output, target)`` (``output`` exactly
-    what the model returns, as autoshard's loss receives it). ``optimizer(params)`` builds each side's optimizer."""
-    if reference_loss is None:
-        if loss_fn is None:
-            raise TypeError("train_against_one_device needs loss_fn or reference_loss")
-
-        def reference_loss(model, inputs, target):
-            return loss_fn(_call(model, inputs), target)
-
-    batch_at = batches if callable(batches) else (lambda step: batches)
-    noise = tol if isinstance(tol, NoiseFloor) else None
-    twin = copy.deepcopy(reference).double() if noise else None
-    opt, ref_opt = optimizer(program.parameters()), optimizer(reference.parameters())
-    twin_opt = optimizer(twin.parameters()) if noise else None
+    what the model returns, as autoshard's loss receives it). ``optimizer(params)`` builds each side's optimizer.
+    ``reference`` may be a ``OneDeviceRun`` recorded once with the same batches, loss and optimizer: then it is
+    replayed instead of trained (after a loss that differs, the state is compared with the recording's last)."""
+    batch_at = _batch_at(batches)
+    if isinstance(reference, OneDeviceRun):
+        one = reference.replay(tol)
+    else:
+        one = _OneDevice(label, reference, batch_at, _reference_loss(loss_fn, reference_loss), optimizer, tol)
+    opt = optimizer(program.parameters())
     failures = []
     for step in range(steps):
         inputs, target = batch_at(step)
@@ -124,51 +237,41 @@ def train_against_one_device(label: str, program, reference: torch.nn.Module, ba
             got = program.step(target=target, **inputs)
         else:
             got = program.step(*inputs, target=target)
-        want = reference_loss(reference, inputs, target)
-        want.backward()
-        want64 = None
-        if noise:
-            try:
-                want64 = reference_loss(twin, _to_float64(inputs), _to_float64(target))
-                want64.backward()
-            except RuntimeError as e:  # an op with no float64 kernel (torch._grouped_mm): nothing to measure
-                if step:
-                    raise
-                warnings.warn(f"{label}: the float64 twin cannot run ({str(e).splitlines()[0][:200]}); "
-                              f"comparing with the fixed tolerance {noise.fallback or Tolerance()} instead of a measured one")
-                noise, twin, twin_opt, tol = None, None, None, noise.fallback or Tolerance()
+        want, exact = one.backward(step)
+        tol = one.tol
+        noise = tol if isinstance(tol, NoiseFloor) else None
         if step == 0:
+            ref, twin = one.first_gradients()
             if check_gradients is not None:
-                failures += check_gradients(program, reference)
+                failures += check_gradients(program, ref)
             if gradients is not None:
                 if noise:
-                    measured = Tolerance(per_name=allowed_distances(_grads(reference), _grads(twin), noise.factor),
+                    measured = Tolerance(per_name=allowed_distances(_grads(ref), _grads(twin), noise.factor),
                                          factor=noise.factor, ratios=noise.ratios)
                     failures += gradients(label, program, twin, measured)
                 else:
-                    failures += gradients(label, program, reference, tol)
-        for o in (ref_opt, opt) + ((twin_opt,) if noise else ()):
-            o.step()
-            o.zero_grad()
+                    failures += gradients(label, program, ref, tol)
+        one.optimizer_step()
+        opt.step()
+        opt.zero_grad()
         if noise:
-            exact = want64.item()
-            allowed = noise.factor * max(abs(want.item() - exact), UNIT_ROUNDOFF * abs(exact))
+            allowed = noise.factor * max(abs(want - exact), UNIT_ROUNDOFF * abs(exact))
             close, shown = abs(got - exact) <= allowed, f"{exact:.7f} (float64; allowed distance {allowed:.3g})"
             if noise.ratios is not None and allowed > 0:
                 noise.ratios.append((f"loss at step {step}", abs(got - exact) * noise.factor / allowed))
         else:
-            close, shown = tol.loss_close(got, want.item()), f"{want.item():.7f}"
+            close, shown = tol.loss_close(got, want), f"{want:.7f}"
         if not close:
             failures.append(f"{label}: loss at step {step} is {got:.7f}, one device gives {shown}")
             break
-    if noise:
-        final = twin.state_dict()
-        tol = Tolerance(per_name=allowed_distances(reference.state_dict(), final, noise.factor),
-                        factor=noise.factor, ratios=noise.ratios)
-    else:
-        final = reference.state_dict()
+    state, state64 = one.final()
+    if isinstance(one.tol, NoiseFloor):
+        noise = one.tol
+        tol = Tolerance(per_name=allowed_distances(state, state64, noise.factor), factor=noise.factor,
+                        ratios=noise.ratios)
+        state = state64
     return failures + tensor_mismatches(f"{label}, full_state_dict after {steps} steps vs one device",
-                                        program.full_state_dict(), final, tol)
+                                        program.full_state_dict(), state, tol)
 
 
 def _to_float64(value):

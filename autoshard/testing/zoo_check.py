@@ -24,7 +24,8 @@ from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from autoshard.testing.equivalence import NoiseFloor, Tolerance, compiled_gradient_mismatches, train_against_one_device
+from autoshard.testing.equivalence import (NoiseFloor, OneDeviceRun, Tolerance, compiled_gradient_mismatches,
+                                          train_against_one_device)
 from autoshard.testing.hf_zoo import build
 from autoshard.testing.shared_work import spread_over_ranks
 
@@ -101,12 +102,16 @@ def _to_dtype(value, dtype: torch.dtype):
 
 
 def zoo_captures(names: Sequence[str], dtype: torch.dtype = torch.float32,
-                 setup: Optional[Callable[[], None]] = None) -> list:
+                 setup: Optional[Callable[[], None]] = None, steps: Optional[int] = None,
+                 tol: Union[Tolerance, NoiseFloor] = TOL) -> list:
     """Every model of ``names`` built (``torch.manual_seed(0)`` first), cast to ``dtype`` and captured, in
     order: ``[(ZooResult, (model, inputs, target, loss_fn, captured) or None when it failed), ...]``.
     ``setup()`` runs first (a patch the run needs, e.g. ``test_hf_zoo_float64``'s). A model that computes
     narrower than float64 on a gradient path (``narrower_on_gradient_path``) fails at stage "premise"
-    under ``dtype=torch.float64``; any other exception at stage "capture"."""
+    under ``dtype=torch.float64``; any other exception at stage "capture". With ``steps``, each captured model's
+    one-device training (``equivalence.OneDeviceRun``: ``steps`` SGD steps, ``tol``) is recorded here too, once,
+    and appended to its tuple: every case on every rank compares with it instead of training its own copy
+    (an exception there fails the model at stage "train")."""
     from autoshard.passes.capture.export import capture
 
     if setup is not None:
@@ -133,6 +138,13 @@ def zoo_captures(names: Sequence[str], dtype: torch.dtype = torch.float32,
             built = (model, inputs, target, loss_fn, captured)
         except Exception as e:  # noqa: BLE001 - one model's failure must not hide the others'
             _failed(result, "premise" if isinstance(e, _Premise) else "capture", e)
+        if built is not None and steps is not None:
+            try:
+                built += (OneDeviceRun(copy.deepcopy(model), (inputs, target), loss_fn=loss_fn, steps=steps,
+                                       optimizer=sgd, tol=tol, label=name),)
+            except Exception as e:  # noqa: BLE001 - as above
+                built = None
+                _failed(result, "train", e)
         out.append((result, built))
     return out
 
@@ -147,7 +159,7 @@ def run_zoo(names: Sequence[str], world: int = 4, *, cases: Sequence = CASES, st
 
     from autoshard.testing.ranks import run_ranks
     return merge_results(run_ranks(prepared_zoo_worker, world, cases, steps, time_limit_s, tol, timeout=timeout,
-                                   prepare=functools.partial(zoo_captures, list(names), dtype, setup)))
+                                   prepare=functools.partial(zoo_captures, list(names), dtype, setup, steps, tol)))
 
 
 def zoo_worker(rank: int, world: int, names: Sequence[str], cases: Sequence = CASES, steps: int = STEPS,
@@ -160,12 +172,14 @@ def zoo_worker(rank: int, world: int, names: Sequence[str], cases: Sequence = CA
     ``tol``, e.g. ``FLOAT64_TOL``): there a correct plan agrees with one device to ~1e-12, so a
     difference is a bug, not rounding; a model that computes narrower on a gradient path
     (``narrower_on_gradient_path``) fails at stage "premise" instead of being compared."""
-    return prepared_zoo_worker(rank, world, zoo_captures(names, dtype), cases, steps, time_limit_s, tol)
+    return prepared_zoo_worker(rank, world, zoo_captures(names, dtype, steps=steps, tol=tol), cases, steps,
+                               time_limit_s, tol)
 
 
 def prepared_zoo_worker(rank: int, world: int, captures: list, cases: Sequence = CASES, steps: int = STEPS,
                         time_limit_s: float = 20.0, tol: Union[Tolerance, NoiseFloor] = TOL) -> list[ZooResult]:
-    """``zoo_worker`` for models already captured (``zoo_captures``' list, the same on every rank)."""
+    """``zoo_worker`` for models already captured (``zoo_captures``' list, the same on every rank); where
+    ``zoo_captures`` recorded the one-device run, every case replays it, else each trains its own copy."""
     from autoshard.compiled import CompiledModel
     from autoshard.passes.mesh import Mesh
     from autoshard.plans import Plan
@@ -184,7 +198,7 @@ def prepared_zoo_worker(rank: int, world: int, captures: list, cases: Sequence =
         outcomes = [next(planned) for _ in cases]
         if result.name not in built:
             continue
-        model, inputs, target, loss_fn, captured = built.pop(result.name)
+        model, inputs, target, loss_fn, captured, *recorded = built.pop(result.name)
         if isinstance(tol, NoiseFloor) and tol.ratios is not None:
             tol = dataclasses.replace(tol, ratios=result.noise_ratios)
         stage = "plan"
@@ -201,7 +215,7 @@ def prepared_zoo_worker(rank: int, world: int, captures: list, cases: Sequence =
                 stage = "compile"
                 cm = CompiledModel(model, plan, env)
                 stage = "train"
-                ref = copy.deepcopy(model)
+                ref = recorded[0] if recorded else copy.deepcopy(model)
                 result.failures += train_against_one_device(
                     label, cm, ref, (inputs, target), loss_fn=loss_fn, steps=steps, tol=tol, optimizer=sgd,
                     gradients=compiled_gradient_mismatches)
@@ -233,7 +247,7 @@ def _plan_job(built, mesh_shape, seed, time_limit_s: float):
         from autoshard.api import plan_captured
         from autoshard.passes.mesh import Mesh
         t = time.perf_counter()
-        p = plan_captured(built[-1], Mesh.of(mesh_shape), hardware="cpu", random_seed=seed, time_limit_s=time_limit_s)
+        p = plan_captured(built[4], Mesh.of(mesh_shape), hardware="cpu", random_seed=seed, time_limit_s=time_limit_s)
         return {"plan": p.to_json(), "seconds": time.perf_counter() - t}
     return solve
 

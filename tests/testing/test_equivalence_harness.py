@@ -139,3 +139,29 @@ def test_the_noise_floor_catches_an_error_far_smaller_than_the_fixed_tolerance()
                                         batches, loss_fn=F.mse_loss, tol=NoiseFloor(), gradients=_grads_match,
                                         optimizer=sgd)
     assert any("fc2.bias" in f for f in measured), measured
+
+
+def test_a_recorded_one_device_run_judges_like_training_the_reference_beside_the_program():
+    """``OneDeviceRun`` (recorded once, replayed for every case and rank of the zoo) gives the same verdicts
+    and the same measured ratios as training the reference beside each program, and catches the same bugs."""
+    from autoshard.testing.equivalence import OneDeviceRun
+    from autoshard.testing.noise_floor import NoiseFloor
+    model, batches = _wide_model_and_batches()
+    sgd = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    run = OneDeviceRun(copy.deepcopy(model), batches, loss_fn=F.mse_loss, steps=3, optimizer=sgd, tol=NoiseFloor())
+    assert run.float64 and len(run.losses) == 3
+    for error, passes in ((0.0, True), (1e-6, False)):
+        live, replayed = NoiseFloor(ratios=[]), NoiseFloor(ratios=[])
+        verdicts = [train_against_one_device("split", SplitSumProgram(copy.deepcopy(model), error=error), ref,
+                                             batches, loss_fn=F.mse_loss, tol=floor, gradients=_grads_match,
+                                             optimizer=sgd)
+                    for ref, floor in ((copy.deepcopy(model), live), (run, replayed))]
+        assert verdicts[0] == verdicts[1] and (verdicts[0] == []) == passes, verdicts
+        assert live.ratios == replayed.ratios and live.ratios
+    # a fixed tolerance, a wrong loss: the same failures, the step-0 gradients the reference's
+    fixed = OneDeviceRun(copy.deepcopy(model), batches, loss_fn=F.mse_loss, steps=3, optimizer=sgd)
+    seen = []
+    failures = train_against_one_device("scaled", EagerProgram(copy.deepcopy(model), loss_scale=2.0), fixed, batches,
+                                        optimizer=sgd, check_gradients=lambda p, r: seen.append(r) or [])
+    assert failures[0].startswith("scaled: loss at step 0 is ") and any("fc1.weight differs" in f for f in failures)
+    assert all(p.grad is not None for p in seen[0].parameters())
