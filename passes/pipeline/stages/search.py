@@ -242,7 +242,8 @@ def search_stages(profiles: dict, mesh: Mesh, ctx: PlanContext, batch: int, sear
     re-cut with the simulator's in-flight counts and simulated, skipping those whose bound
     m * work / pp (no bubble, no communication) cannot beat the best so far.
     Phase 2 runs the stage ILP on the ``refine`` best simulated ones, and on configurations the
-    balanced cut could not fit (the ``refine`` with the smallest bounds, while they can still win).
+    balanced cut could not fit (the ``refine`` with the smallest bounds that can still win and that the
+    memory lower bound does not prove unfit: a proof costs no ILP, so it takes no place).
     Phase 3 (unpinned cuts) simulates the even cut of every configuration whose bound can still
     win, recompute on all stages or none (``_even_cuts``).
 
@@ -303,13 +304,14 @@ def search_stages(profiles: dict, mesh: Mesh, ctx: PlanContext, batch: int, sear
     unfit.sort(key=lambda u: u[0])
     scored.sort(key=lambda c: (c[0], c[1]))
     todo = [(c.step_time, prob, (c.pp, c.profile, c.m, c.schedule), c.stages, 0.0) for _, _, c, prob in scored[:refine]]
-    todo += [(bound, prob, key, None, floor) for bound, prob, key, floor in unfit[:refine]]
+    todo += [(bound, prob, key, None, floor) for bound, prob, key, floor in unfit]
+    unfit_solves = 0  # the ILP runs on at most ``refine`` unfit configurations; those proven unfit cost none
     for bound, prob, (p, prof, m, schedule), hint, floor in todo:
         left = budget.left()
         if left <= 0:
             stats["timed_out"] = True
             break
-        if hint is None and _below(best, bound, floor):
+        if hint is None and (unfit_solves >= refine or _below(best, bound, floor)):
             continue
         if hint is None:
             prob = StageProblem(**{**prob.__dict__, "held": list(held_microbatches(schedule, p, m)),
@@ -317,6 +319,7 @@ def search_stages(profiles: dict, mesh: Mesh, ctx: PlanContext, batch: int, sear
             if prob.memory_lower_bound() > memory_limit:  # no cut fits: proven without the ILP
                 stats["proven_unfit"] = stats.get("proven_unfit", 0) + 1
                 continue
+            unfit_solves += 1
         outcome: dict = {}
         sol = solve_stages(prob, time_limit_s=min(2.0, left), hint=hint, budget=budget, outcome=outcome)
         stats["ilp"] += 1
