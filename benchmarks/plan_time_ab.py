@@ -5,9 +5,11 @@ included) are the figure the load disturbs least.
     git archive <commit> | tar -x -C /tmp/base
     python benchmarks/plan_time_ab.py --base /tmp/base --bench 8b --rounds 2
     python benchmarks/plan_time_ab.py --base /tmp/base --bench 175b --rounds 1
+    python benchmarks/plan_time_ab.py --base /tmp/base --bench 405b --rounds 1
 
 ``8b``: Llama-3 8B on (8, 8) as ``plan_time.py`` (trace and solve timed apart); ``175b``: GPT-3 175B
-on (128, 8) through ``autoshard.plan(pp="auto")`` as ``plan_3d.py`` (trace included). Each run prints
+on (128, 8) through ``autoshard.plan(pp="auto")`` as ``plan_3d.py`` (trace included); ``405b``: Llama 3 405B
+on (2048, 8) the same way, as ``plan_llama3_405b.py``. Each run prints
 one line: wall (CPU) seconds, the load average before and after, and the plan's decisions (with a
 digest of the whole plan, search statistics left out), so a speedup that changed the plan shows.
 The other tree is imported in place of this one by pointing the editable install's finder at it (the package maps ``autoshard.passes`` to ``passes/``), in a fresh
@@ -63,13 +65,24 @@ print(f"{{label}}: trace {{t2-t1:.2f}} s ({{c2-c1:.2f}}) solve {{t3-t2:.2f}} s (
       f"solution {{digest}}", flush=True)
 """
 
-_175B = """
+_175B_MODEL = """
 import autoshard, plan_3d
 model = plan_3d.gpt3(96, 12288, 96, 2048, 51200)
 ids = torch.empty(1536, 2048, dtype=torch.long, device="meta")
+mesh = (128, 8)
+"""
+
+_405B_MODEL = """
+import autoshard, plan_3d, published_layouts
+model = published_layouts.llama(126, 16384, 53248, 128, 8, 8192, dtype=torch.bfloat16)
+ids = torch.empty(2048, 8192, dtype=torch.long, device="meta")
+mesh = (2048, 8)
+"""
+
+_PIPELINED = """
 l0 = os.getloadavg()[0]
 t, c = time.perf_counter(), time.process_time()
-plan = autoshard.plan(model, (128, 8), example_inputs=(ids,), loss_fn=plan_3d.loss_fn, example_target=ids.clone(),
+plan = autoshard.plan(model, mesh, example_inputs=(ids,), loss_fn=plan_3d.loss_fn, example_target=ids.clone(),
                       hardware="h100", pp="auto", time_limit_s=60)
 wall, cpu = time.perf_counter() - t, time.process_time() - c
 search = plan.stages[0].solution.solver_stats.get("pipeline_search", {{}})
@@ -89,10 +102,10 @@ print(f"{{label}}: plan {{wall:.1f}} s ({{cpu:.1f}}); load {{l0:.1f}} -> {{os.ge
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True, help="the other tree (a checkout or `git archive` of a commit)")
-    ap.add_argument("--bench", choices=("8b", "175b"), default="8b")
+    ap.add_argument("--bench", choices=("8b", "175b", "405b"), default="8b")
     ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args()
-    body = _8B if args.bench == "8b" else _175B
+    body = {"8b": _8B, "175b": _175B_MODEL + _PIPELINED, "405b": _405B_MODEL + _PIPELINED}[args.bench]
     for r in range(args.rounds):
         for label, root in (("base", os.path.abspath(args.base)), ("this", HERE)):
             code = (_PRELUDE + body).format(root=root, here=HERE)

@@ -343,9 +343,12 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, c
     all stages or none, simulated when its closed form is within ``margin`` of the best so far: the
     closed form ranks one schedule against itself well but can misjudge across schedules (zbv's V
     against 1F1B), and this pass keeps such a miss from hiding a textbook layout that beats the answer.
-    The stage ILP that refines the winner spends from ``budget`` (deterministic work)."""
+    The stage ILP then refines every even cut that was the best when simulated (the winner first, then
+    the earlier ones while their floor can still win: a slower even cut can refine to a faster plan, e.g.
+    v 4 with an uneven cut and some recompute against v 8 cut one unit per stage; a few solves, since each
+    had to beat the one before), spending from ``budget`` (deterministic work)."""
     stats["even"] = 0
-    improved = None
+    improved: list[tuple[Choice, StageProblem, float]] = []
     for bound, p, prof, m, schedule, floor in configs:  # sorted by bound
         if best is not None and bound >= best.step_time:
             break
@@ -367,13 +370,18 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, c
             stats["even"] += 1
             choice = _choice(prob, sol, p, prof, m, schedule, held)
             if best is None or choice.step_time < best.step_time:
-                best, improved = choice, prob
-    left = budget.left()
-    if improved is not None and left > 0:  # the stage ILP refines the even cut that won
-        sol = solve_stages(improved, time_limit_s=min(2.0, left), hint=best.stages, budget=budget)
+                best = choice
+                improved.append((choice, prob, floor))
+    for even, prob, floor in reversed(improved):  # the stage ILP refines the winner, then the runners-up
+        left = budget.left()
+        if left <= 0:
+            break
+        if even is not best and _below(best, 0.0, floor):
+            continue
+        sol = solve_stages(prob, time_limit_s=min(2.0, left), hint=even.stages, budget=budget)
         stats["ilp"] += 1
         if sol is not None:
-            choice = _choice(improved, sol, best.pp, best.profile, best.m, best.schedule, improved.held)
+            choice = _choice(prob, sol, even.pp, even.profile, even.m, even.schedule, prob.held)
             if choice.step_time < best.step_time:
                 best = choice
     return best
