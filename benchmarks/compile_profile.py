@@ -23,6 +23,21 @@ which copy and reduce the buffers beside the step, are summed apart):
 Only "other" and part of "compiled graphs" is what fusing can shrink; matmuls and the eager gradient
 sync are the same work in both. The medians of the timed rounds are printed too (a loaded machine
 moves them a lot: read them as a rough ratio, ``compile_step_time.py`` for the measured one).
+
+The profiler's times are the clock's: on a loaded machine a rank descheduled inside a kernel or
+waiting for a bucket counts that time too. So the script also prints CPU time, the work the cores
+did, per step and averaged over the ranks (medians of the timed rounds):
+
+- step thread: ``time.thread_time`` of the thread running the step (compute, hooks, copies, waits
+  cost nothing while blocked);
+- gloo's threads: the process's CPU time (``time.process_time``) minus the step thread's: the
+  collectives' buffer copies and reductions;
+- matmuls alone: every ``aten::mm``/``addmm``/``bmm`` of the profiled eager step (shapes from
+  ``record_shapes``) run again alone on contiguous operands of those shapes, on the same thread
+  (``thread_time``, the least of 3 repeats). Compiled regions call the same kernels (inductor's CPP
+  GEMM templates are not faster here: ``compile_gemm.py``), so a compiled step cannot do less than
+  these plus gloo's threads; ``floor`` is that sum over eager's process CPU, the best compiled / eager
+  any fusion could reach on this machine with this plan.
 """
 from __future__ import annotations
 
@@ -90,6 +105,28 @@ def shares(prof) -> Counter:
     return out
 
 
+def matmul_seconds(prof) -> float:
+    """CPU seconds (``thread_time``) of the profiled step's matmuls run again alone, on the step's
+    thread, operands contiguous and of the recorded shapes; the least of 3 repeats."""
+    calls = []
+    main = Counter()
+    for event in prof.events():
+        main[event.thread] += event.self_cpu_time_total
+    thread = main.most_common(1)[0][0]
+    for event in prof.events():
+        if event.thread == thread and event.name in ("aten::mm", "aten::addmm", "aten::bmm") and event.input_shapes:
+            shapes = [s for s in event.input_shapes if s]
+            calls.append((event.name, [torch.randn(s) for s in shapes]))
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(3):
+            started = time.thread_time()
+            for name, args in calls:
+                getattr(torch, name.split("::")[1])(*args)
+            best = min(best, time.thread_time() - started)
+    return best
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -113,19 +150,29 @@ def main() -> None:
         step()
         runs.append((label, step))
     times = {label: [] for label, _ in runs}
+    cpu = {label: ([], []) for label, _ in runs}  # (step thread, whole process) CPU seconds per step
     for _ in range(int(os.environ.get("BENCH_ROUNDS", 3))):
         for label, step in runs:
             dist.barrier()
-            started = time.perf_counter()
+            started, thread, process = time.perf_counter(), time.thread_time(), time.process_time()
             step()
             step()
+            cpu[label][0].append((time.thread_time() - thread) / 2)
+            cpu[label][1].append((time.process_time() - process) / 2)
             dist.barrier()
             times[label].append((time.perf_counter() - started) / 2)
-    profiled = []
+    profiled, matmuls = [], 0.0
     for label, step in runs:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=label == "eager") as prof:
             step()
         profiled.append(shares(prof))
+        if label == "eager":
+            matmuls = matmul_seconds(prof)
+    # per-step CPU seconds averaged over the ranks: step thread, gloo's threads, eager's matmuls alone
+    means = {label: (statistics.median(t), statistics.median(p) - statistics.median(t)) for label, (t, p) in cpu.items()}
+    flat = torch.tensor([v for label, _ in runs for v in means[label]] + [matmuls], dtype=torch.float64)
+    dist.all_reduce(flat)
+    flat /= world
     if rank == 0:
         for line in compiled.plan.summary().splitlines():
             if line.startswith("  compiled") or line.startswith("    eager between"):
@@ -143,6 +190,15 @@ def main() -> None:
         print(f"  {'total ms on the step thread':56s} {on_step[0] / 1e3:8.0f} {on_step[1] / 1e3:9.0f}")
         print(f"  {'ms on gloo worker threads (beside the step)':56s} {profiled[0]['background'] / 1e3:8.0f} "
               f"{profiled[1]['background'] / 1e3:9.0f}")
+        (e_thread, e_gloo, c_thread, c_gloo, mm) = (1e3 * v for v in flat.tolist())
+        print(f"{'CPU ms per step, mean over the ranks (medians of the rounds)':58s} {'eager':>8s} {'compiled':>9s}")
+        print(f"  {'step thread':56s} {e_thread:8.0f} {c_thread:9.0f}")
+        print(f"  {'gloo threads':56s} {e_gloo:8.0f} {c_gloo:9.0f}")
+        print(f"  {'process (the two)':56s} {e_thread + e_gloo:8.0f} {c_thread + c_gloo:9.0f}   "
+              f"compiled / eager {(c_thread + c_gloo) / (e_thread + e_gloo):.3f}")
+        print(f"  {'matmuls alone (eager step shapes, thread_time)':56s} {mm:8.0f}   "
+              f"{100 * mm / e_thread:.0f}% of eager's step thread")
+        print(f"  floor (matmuls + compiled's gloo threads) / eager process: {(mm + c_gloo) / (e_thread + e_gloo):.3f}")
     dist.destroy_process_group()
 
 

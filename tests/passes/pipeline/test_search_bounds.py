@@ -26,7 +26,6 @@ from autoshard.passes.solve.context import PlanContext
 from autoshard.testing.models import GPT, lm_loss
 
 
-
 def _problem(rng: random.Random, units: int, p: int, m: int, schedule: str) -> StageProblem:
     fwd = [rng.uniform(0.1, 2.0) for _ in range(units)]
     return StageProblem(
@@ -37,25 +36,34 @@ def _problem(rng: random.Random, units: int, p: int, m: int, schedule: str) -> S
         opt_peak=[0.0] * units, opt_step=[rng.uniform(0, 0.2) for _ in fwd])
 
 
+def _random_shapes(schedule: str):
+    """(p, m, stages, units) of five random cuts per pipeline shape the schedule accepts: three units
+    more than stages, so the cuts differ."""
+    sched = get_schedule(schedule)
+    for p in (2, 4):
+        for m in (4, 8, 12):
+            if sched.accepts(p, m):
+                for _ in range(5):
+                    yield p, m, p * sched.virtual_stages, p * sched.virtual_stages + 3
+
+
+def _random_cut(rng: random.Random, units: int, stages: int) -> tuple[list[int], list[bool]]:
+    """Stage starts (the first at 0) and a recompute flag per stage, drawn at random."""
+    starts = [0] + sorted(rng.sample(range(1, units), stages - 1))
+    return starts, [rng.random() < 0.5 for _ in range(stages)]
+
+
 @pytest.mark.parametrize("schedule", DEFAULT_SCHEDULES)
 def test_the_busiest_rank_bound_is_below_every_simulated_step(schedule):
     rng = random.Random(7)
-    v = get_schedule(schedule).virtual_stages
     checked = 0
-    for p in (2, 4):
-        for m in (4, 8, 12):
-            if not get_schedule(schedule).accepts(p, m):
-                continue
-            stages = p * v
-            units = stages + 3
-            for _ in range(5):
-                prob = _problem(rng, units, p, m, schedule)
-                starts = [0] + sorted(rng.sample(range(1, units), stages - 1))
-                recompute = [rng.random() < 0.5 for _ in range(stages)]
-                step = score_stages(prob, schedule, starts, recompute)[0]
-                bound = busiest_rank_seconds(prob, schedule, starts, recompute)
-                assert bound <= step * (1 + 1e-12), (p, m, starts)
-                checked += 1
+    for p, m, stages, units in _random_shapes(schedule):
+        prob = _problem(rng, units, p, m, schedule)
+        starts, recompute = _random_cut(rng, units, stages)
+        step = score_stages(prob, schedule, starts, recompute)[0]
+        bound = busiest_rank_seconds(prob, schedule, starts, recompute)
+        assert bound <= step * (1 + 1e-12), (p, m, starts)
+        checked += 1
     assert checked >= 10
 
 
@@ -94,32 +102,24 @@ def test_the_step_floor_is_below_every_simulated_step_and_above_the_config_floor
     # configuration's floor is the average group's, below every cut's
     from autoshard.passes.pipeline.stages.layer_costs import UnitCost
     rng = random.Random(11)
-    v = get_schedule(schedule).virtual_stages
     checked = tighter = 0
-    for p in (2, 4):
-        for m in (4, 8, 12):
-            if not get_schedule(schedule).accepts(p, m):
-                continue
-            stages = p * v
-            units = stages + 3
-            for _ in range(5):
-                costs = [UnitCost(fwd_fixed=rng.uniform(0, 0.05), fwd_batch=rng.uniform(0.1, 2.0) * m,
-                                  bwd_batch=rng.uniform(0.2, 4.0) * m, opt_step=rng.uniform(0, 0.5),
-                                  accumulate=rng.uniform(0, 0.05)) for _ in range(units)]
-                prob = _problem(rng, units, p, m, schedule)
-                # as ``stage_problem`` builds them: accumulations inside the backwards, the update after
-                prob.fwd = [c.fwd(m) for c in costs]
-                prob.bwd = [c.bwd(m) + accumulation_share(c, m) for c in costs]
-                prob.cut_seconds = [0.0] * units
-                prob.opt_step = [c.opt_step for c in costs]
-                starts = [0] + sorted(rng.sample(range(1, units), stages - 1))
-                recompute = [rng.random() < 0.5 for _ in range(stages)]
-                step = score_stages(prob, schedule, starts, recompute)[0]
-                floor = step_floor(prob, schedule, starts, recompute)
-                assert config_floor(costs, p, m) <= floor * (1 + 1e-12), (p, m, starts)
-                assert floor <= step * (1 + 1e-12), (p, m, starts)
-                tighter += floor > busiest_rank_seconds(prob, schedule, starts, recompute)
-                checked += 1
+    for p, m, stages, units in _random_shapes(schedule):
+        costs = [UnitCost(fwd_fixed=rng.uniform(0, 0.05), fwd_batch=rng.uniform(0.1, 2.0) * m,
+                          bwd_batch=rng.uniform(0.2, 4.0) * m, opt_step=rng.uniform(0, 0.5),
+                          accumulate=rng.uniform(0, 0.05)) for _ in range(units)]
+        prob = _problem(rng, units, p, m, schedule)
+        # as ``stage_problem`` builds them: accumulations inside the backwards, the update after
+        prob.fwd = [c.fwd(m) for c in costs]
+        prob.bwd = [c.bwd(m) + accumulation_share(c, m) for c in costs]
+        prob.cut_seconds = [0.0] * units
+        prob.opt_step = [c.opt_step for c in costs]
+        starts, recompute = _random_cut(rng, units, stages)
+        step = score_stages(prob, schedule, starts, recompute)[0]
+        floor = step_floor(prob, schedule, starts, recompute)
+        assert config_floor(costs, p, m) <= floor * (1 + 1e-12), (p, m, starts)
+        assert floor <= step * (1 + 1e-12), (p, m, starts)
+        tighter += floor > busiest_rank_seconds(prob, schedule, starts, recompute)
+        checked += 1
     assert checked >= 10 and tighter == checked
 
 
