@@ -348,7 +348,7 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, c
     v 4 with an uneven cut and some recompute against v 8 cut one unit per stage; a few solves, since each
     had to beat the one before), spending from ``budget`` (deterministic work)."""
     stats["even"] = 0
-    improved: list[tuple[Choice, StageProblem, float]] = []
+    improved: list[tuple[Choice, StageProblem, float, float]] = []
     for bound, p, prof, m, schedule, floor in configs:  # sorted by bound
         if best is not None and bound >= best.step_time:
             break
@@ -371,12 +371,12 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, c
             choice = _choice(prob, sol, p, prof, m, schedule, held)
             if best is None or choice.step_time < best.step_time:
                 best = choice
-                improved.append((choice, prob, floor))
-    for even, prob, floor in reversed(improved):  # the stage ILP refines the winner, then the runners-up
+                improved.append((choice, prob, bound, floor))
+    for even, prob, bound, floor in reversed(improved):  # the stage ILP refines the winner, then the runners-up
         left = budget.left()
         if left <= 0:
             break
-        if even is not best and _below(best, 0.0, floor):
+        if even is not best and _below(best, bound, floor):
             continue
         sol = solve_stages(prob, time_limit_s=min(2.0, left), hint=even.stages, budget=budget)
         stats["ilp"] += 1
