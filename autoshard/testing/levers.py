@@ -11,7 +11,9 @@ one-device reference of gradient accumulation, and program wrappers.
   Megatron TP on a 2-D mesh with ``layers``) and broadcasts it; every rank returns its ZeRO-3 strategies.
 - ``layouts(rank, models)``: per model (``build``'s, a Hugging Face zoo model ``"hf:opt"``,
   ``"hf:gpt_neox"``, ``"hf:gemma"``, or a held-out one of ``heldout_models``: ``"mid:llama"``, ...) and mesh, a ``Layout``: the model captured at ``MICRO`` samples,
-  the rank's mesh env and its ``planned`` strategies (the one worker loop the lever and memory tests share);
+  the rank's mesh env and its ``planned`` strategies (the one worker loop the lever and memory tests share;
+  every model is captured before the first is yielded, and the plans are spread over the ranks,
+  ``shared_work.spread_over_ranks``);
   ``policy_levers(model_name, k, checkpoint, reshard)``: ``Levers`` with that policy on its block type.
 - ``accumulated_loss(loss_fn, k, twice=False)``: the ``reference_loss`` for
   ``equivalence.train_against_one_device`` of one device doing the same accumulation: k microbatches,
@@ -153,20 +155,31 @@ def policy_levers(model_name: str, k: int, checkpoint: str, reshard: bool) -> Le
 
 def layouts(rank: int, models) -> Iterator[Layout]:
     """See the module docstring. ``models``: ``[(name, [mesh_shape, ...]), ...]``; run on every rank."""
+    from autoshard.api import plan_captured
     from autoshard.passes.capture.export import capture
     from autoshard.passes.mesh import Mesh
+    from autoshard.plans import Plan
     from autoshard.runtime.groups import setup_distributed
 
+    from .shared_work import spread_over_ranks
+
     torch.set_num_threads(1)
-    for model_name, meshes in models:
+    built, jobs = [], []
+    for model_name, meshes in models:  # every model captured first, so that the plans can be spread
         torch.manual_seed(0)
         model, batch, loss_fn, layers = _build_any(model_name)
         inputs, target = batch(MICRO, 0)
         captured = capture(model, inputs, loss_fn=loss_fn, target=target)
         for mesh_shape in meshes:
-            env = setup_distributed(Mesh.of(mesh_shape))
-            yield Layout(model_name, mesh_shape, env, captured, model, batch, loss_fn,
-                         planned(captured, model, mesh_shape, layers, rank, env))
+            built.append((model_name, mesh_shape, captured, model, batch, loss_fn))
+            jobs.append(lambda c=captured, m=model, s=mesh_shape, l=layers: plan_captured(
+                c, Mesh.of(s), hardware="cpu", time_limit_s=20, pins=layout_pins(m, s, l)).to_json())
+    # ``planned``'s plans, each made once, on one rank (rank 0 alone planned them all, one core idle)
+    for (model_name, mesh_shape, captured, model, batch, loss_fn), outcome in zip(built, spread_over_ranks(jobs)):
+        env = setup_distributed(Mesh.of(mesh_shape))
+        plan = Plan.from_json(outcome.value()).attach(captured, Mesh.of(mesh_shape))
+        yield Layout(model_name, mesh_shape, env, captured, model, batch, loss_fn,
+                     zero3(captured, plan.solution.strategies, mesh_shape))
 
 
 def _build_any(name: str):

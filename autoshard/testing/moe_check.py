@@ -1,15 +1,16 @@
 """Expert-parallel plans of the Hugging Face MoE models, trained on gloo ranks against one device.
 
     results = run_ranks(moe_worker, 4, [("mixtral", (4,), ("ep",))])
-    failures, counts, summary = results[0][0]
+    failures, counts, summary, layers = results[0][0]
 
 ``roles`` names one ``moe_experts`` strategy per mesh axis (``ROLES``): "ep" (expert parallel, tokens
 dispatched by all-to-all), "ep_local" (experts sharded, tokens replicated, no all-to-all), "dp"
 (data parallel) or "tp" (tensor parallel inside each expert). ``expert_pins`` pins every MoE layer
-of a capture to that combination; the solver places everything else. Rank 0 plans and broadcasts,
-every rank compiles and trains next to a single-device copy running the model's own (unfused) code
-(``equivalence.train_against_one_device``). Each case returns ``(failures, collective counts of the
-rank's program, the plan's MoE summary lines)``.
+of a capture to that combination; the solver places everything else. Each case is planned once, the
+cases spread over the ranks (``shared_work.spread_over_ranks``); every rank compiles and trains next
+to a single-device copy running the model's own (unfused) code (``equivalence.train_against_one_device``).
+Each case returns ``(failures, collective counts of the rank's program, the plan's MoE summary lines,
+the number of MoE layers in the capture)``.
 
 A case may add a fourth item, a capacity factor (``set_moe_capacity_factor`` before capturing: the
 static-shape formulation, ``expert_dispatch_capacity``; None: exact), and a fifth, the ``checkpoint``
@@ -27,6 +28,7 @@ from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.spec import Partial, Replicate, Shard, Strategy
 from autoshard.testing.equivalence import compiled_gradient_mismatches, train_against_one_device
 from autoshard.testing.hf_zoo import build
+from autoshard.testing.shared_work import spread_over_ranks
 from autoshard.testing.zoo_check import TOL, sgd
 
 __all__ = ["ROLES", "moe_nodes", "expert_pins", "moe_worker"]
@@ -64,35 +66,44 @@ def moe_worker(rank: int, world: int, cases: Sequence, steps: int = 2, time_limi
     from autoshard.passes.capture.export import capture
     from autoshard.passes.mesh import Mesh
     from autoshard.plans import Plan
-    from autoshard.runtime.groups import run_and_broadcast, setup_distributed
+    from autoshard.runtime.groups import setup_distributed
 
     torch.set_num_threads(1)
-    out = []
     captures = {}  # (name, factor) -> capture: the checkpoint lever and the pins are the plan's, not the graph's
+    jobs = []
     for name, mesh_shape, roles, *options in cases:
+        factor = options[0] if options else None
+        checkpoint = options[1] if len(options) > 1 else None
+        if (name, factor) not in captures:
+            torch.manual_seed(0)
+            model, inputs, target, loss_fn = build(name)
+            set_moe_capacity_factor(model, factor)
+            captures[name, factor] = capture(model, inputs, loss_fn=loss_fn, target=target)
+        captured = captures[name, factor]
+
+        def solve(captured=captured, mesh=Mesh.of(mesh_shape), roles=roles, factor=factor, checkpoint=checkpoint):
+            p = plan_captured(captured, mesh, hardware="cpu", pins=expert_pins(captured, roles, bool(factor)),
+                              time_limit_s=time_limit_s, checkpoint=checkpoint)
+            return {"plan": p.to_json(), "summary": [line for line in p.summary().splitlines() if "xpert" in line]}
+        jobs.append(solve)
+    planned = spread_over_ranks(jobs)  # every case planned once, the cases spread over the ranks
+    out = []
+    for (name, mesh_shape, roles, *options), outcome in zip(cases, planned):
         factor = options[0] if options else None
         checkpoint = options[1] if len(options) > 1 else None
         label = f"{name} mesh={mesh_shape} roles={roles} capacity_factor={factor} checkpoint={checkpoint}"
         torch.manual_seed(0)
         model, inputs, target, loss_fn = build(name)  # fresh weights every case (built in milliseconds)
         set_moe_capacity_factor(model, factor)
-        if (name, factor) not in captures:
-            captures[name, factor] = capture(model, inputs, loss_fn=loss_fn, target=target)
         captured = captures[name, factor]
         mesh = Mesh.of(mesh_shape)
         env = setup_distributed(mesh)
-
-        def solve():
-            p = plan_captured(captured, mesh, hardware="cpu", pins=expert_pins(captured, roles, bool(factor)),
-                              time_limit_s=time_limit_s, checkpoint=checkpoint)
-            return {"plan": p.to_json(), "summary": [line for line in p.summary().splitlines() if "xpert" in line]}
-
-        got = run_and_broadcast(solve, env=env)
+        got = outcome.value()
         plan = Plan.from_json(got["plan"]).attach(captured, mesh)
         cm = CompiledModel(model, plan, env)
         ref = copy.deepcopy(model)
         failures = train_against_one_device(
             label, cm, ref, (inputs, target), loss_fn=loss_fn, steps=steps, tol=TOL, optimizer=sgd,
             gradients=compiled_gradient_mismatches)
-        out.append((failures, cm.collective_counts(), got["summary"]))
+        out.append((failures, cm.collective_counts(), got["summary"], len(moe_nodes(captured))))
     return out

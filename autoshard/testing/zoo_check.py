@@ -5,12 +5,13 @@
     assert all(r.status == "ok" for r in table.values())
 
 For each model (built by ``autoshard.testing.hf_zoo``, seeded identically on every rank): capture the
-training step, then for each case ``(mesh, seed)`` rank 0 plans (``seed`` None: the solver, else a
-random valid plan drawn with that seed), every rank compiles the broadcast plan and trains it next
-to a single-device copy (``equivalence.train_against_one_device``: the loss every step, the first
-step's local gradients and the full state dict at the end). A failure at any stage (capture, the
-float64 premise, plan, compile, train) is caught and recorded with its stage and message, so one
-model's bug never hides another's result. Timings are rank 0's.
+training step; every case ``(mesh, seed)`` of every model is planned once (``seed`` None: the solver,
+else a random valid plan drawn with that seed), the cases spread over the ranks
+(``shared_work.spread_over_ranks``); then every rank compiles each plan and trains it next to a
+single-device copy (``equivalence.train_against_one_device``: the loss every step, the first step's
+local gradients and the full state dict at the end). A failure at any stage (capture, the float64
+premise, plan, compile, train) is caught and recorded with its stage and message, so one model's bug
+never hides another's result. Capture times are rank 0's, plan times those of the rank that planned.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import torch
 
 from autoshard.testing.equivalence import NoiseFloor, Tolerance, compiled_gradient_mismatches, train_against_one_device
 from autoshard.testing.hf_zoo import build
+from autoshard.testing.shared_work import spread_over_ranks
 
 __all__ = ["ZooResult", "CASES", "TOL", "FLOAT64_TOL", "zoo_worker", "merge_results", "narrower_on_gradient_path"]
 
@@ -106,21 +108,17 @@ def zoo_worker(rank: int, world: int, names: Sequence[str], cases: Sequence = CA
     ``tol``, e.g. ``FLOAT64_TOL``): there a correct plan agrees with one device to ~1e-12, so a
     difference is a bug, not rounding; a model that computes narrower on a gradient path
     (``narrower_on_gradient_path``) fails at stage "premise" instead of being compared."""
-    from autoshard.api import plan_captured
     from autoshard.compiled import CompiledModel
     from autoshard.passes.capture.export import capture
     from autoshard.passes.mesh import Mesh
     from autoshard.plans import Plan
-    from autoshard.runtime.groups import run_and_broadcast, setup_distributed
+    from autoshard.runtime.groups import setup_distributed
 
     torch.set_num_threads(1)
-    out = []
-    for name in names:
+    out, built, jobs = [], {}, []
+    for name in names:  # capture every model first, so that their cases' plans can be spread over the ranks
         result = ZooResult(name)
         out.append(result)
-        if isinstance(tol, NoiseFloor) and tol.ratios is not None:
-            tol = dataclasses.replace(tol, ratios=result.noise_ratios)
-        stage = "capture"
         try:
             torch.manual_seed(0)
             model, inputs, target, loss_fn = build(name)
@@ -129,26 +127,34 @@ def zoo_worker(rank: int, world: int, names: Sequence[str], cases: Sequence = CA
             captured = capture(model, inputs, loss_fn=loss_fn, target=target)
             result.capture_s = time.perf_counter() - t0
             if dtype == torch.float64:
-                stage = "premise"
                 narrow = narrower_on_gradient_path(captured, dtype)
                 if narrow:
-                    raise ValueError(f"{name} computes narrower than float64 on a gradient path, so a float64 "
-                                     f"comparison there holds only to float32 rounding: {', '.join(narrow[:6])}"
-                                     f"{' ...' if len(narrow) > 6 else ''}; make those ops compute in the input's "
-                                     f"dtype for this run (as test_hf_zoo_float64 does for RMSNorm) or leave the "
-                                     f"model out of the float64 sweep")
-            for mesh_shape, seed in cases:
-                label = _case_label(name, mesh_shape, seed)
+                    raise _Premise(f"{name} computes narrower than float64 on a gradient path, so a float64 "
+                                   f"comparison there holds only to float32 rounding: {', '.join(narrow[:6])}"
+                                   f"{' ...' if len(narrow) > 6 else ''}; make those ops compute in the input's "
+                                   f"dtype for this run (as test_hf_zoo_float64 does for RMSNorm) or leave the "
+                                   f"model out of the float64 sweep")
+            built[name] = (model, inputs, target, loss_fn, captured)
+        except Exception as e:  # noqa: BLE001 - one model's failure must not hide the others'
+            _failed(result, "premise" if isinstance(e, _Premise) else "capture", e)
+        for mesh_shape, seed in cases:  # one job per case on every rank, captured or not: the same count
+            jobs.append(_plan_job(built.get(name), mesh_shape, seed, time_limit_s))
+    planned = iter(spread_over_ranks(jobs))  # each case planned once, on one rank
+    for result in out:
+        outcomes = [next(planned) for _ in cases]
+        if result.name not in built:
+            continue
+        model, inputs, target, loss_fn, captured = built.pop(result.name)
+        if isinstance(tol, NoiseFloor) and tol.ratios is not None:
+            tol = dataclasses.replace(tol, ratios=result.noise_ratios)
+        stage = "plan"
+        try:
+            for (mesh_shape, seed), outcome in zip(cases, outcomes):
+                label = _case_label(result.name, mesh_shape, seed)
                 mesh = Mesh.of(mesh_shape)
                 env = setup_distributed(mesh)
                 stage = "plan"
-
-                def solve():
-                    t = time.perf_counter()
-                    p = plan_captured(captured, mesh, hardware="cpu", random_seed=seed, time_limit_s=time_limit_s)
-                    return {"plan": p.to_json(), "seconds": time.perf_counter() - t}
-
-                got = run_and_broadcast(solve, env=env)
+                got = outcome.value()
                 result.plan_s[label] = got["seconds"]
                 plan = Plan.from_json(got["plan"]).attach(captured, mesh)
                 result.unruled = list(plan.replicated_ops)
@@ -164,10 +170,32 @@ def zoo_worker(rank: int, world: int, names: Sequence[str], cases: Sequence = CA
                     result.status = "train failed"
                     break
         except Exception as e:  # noqa: BLE001 - one model's failure must not hide the others'
-            result.status = f"{stage} failed"
-            last = traceback.format_exc().strip().splitlines()[-3:]
-            result.failures.append(f"{name}: {stage} raised {type(e).__name__}: {str(e)[:500]} | {' / '.join(last)}")
+            _failed(result, stage, e)
+        del model, captured
     return out
+
+
+class _Premise(ValueError):
+    """A float64 model that computes narrower on a gradient path (``narrower_on_gradient_path``)."""
+
+
+def _failed(result: ZooResult, stage: str, e: Exception) -> None:
+    result.status = f"{stage} failed"
+    last = traceback.format_exc().strip().splitlines()[-3:]
+    result.failures.append(f"{result.name}: {stage} raised {type(e).__name__}: {str(e)[:500]} | {' / '.join(last)}")
+
+
+def _plan_job(built, mesh_shape, seed, time_limit_s: float):
+    """The job planning one case of a captured model (``built``); None when its capture failed."""
+    def solve():
+        if built is None:
+            return None
+        from autoshard.api import plan_captured
+        from autoshard.passes.mesh import Mesh
+        t = time.perf_counter()
+        p = plan_captured(built[-1], Mesh.of(mesh_shape), hardware="cpu", random_seed=seed, time_limit_s=time_limit_s)
+        return {"plan": p.to_json(), "seconds": time.perf_counter() - t}
+    return solve
 
 
 def merge_results(per_rank: list[list[ZooResult]]) -> dict[str, ZooResult]:

@@ -26,6 +26,10 @@ _LOWEST = -2 ** 62
 
 def _flat(indices: Sequence[int], coefs: Sequence[int], index_of: list[int]) -> tuple[list[int], list[int]]:
     """(variables, coefficients) of ``sum coefs[j] * var[indices[j]]`` merged, without zeros, by index."""
+    js = [index_of[k] for k in indices]
+    if len(set(js)) == len(js):  # nothing to merge (most rows): one sort, no dictionary
+        pairs = sorted(zip(js, map(int, coefs)))
+        return [j for j, c in pairs if c], [c for _, c in pairs if c]
     terms: dict[int, int] = {}
     for k, c in zip(indices, coefs):
         j = index_of[k]

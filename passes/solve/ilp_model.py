@@ -89,8 +89,10 @@ class ShardingILP:
                     self.C[node][s] += m * e.cost[p][q]
                     self.M[node][s] += m * w[p][q]
             else:
-                self.edge_terms.append((e, {(p, q): self._new_var() for p in ps for q in qs
-                                            if not math.isinf(e.cost[p][q])}))
+                pairs = [(p, q) for p in ps for q in qs if not math.isinf(e.cost[p][q])]
+                first = self.num_vars  # numbered in that order, as a _new_var per pair would
+                self.num_vars += len(pairs)
+                self.edge_terms.append((e, dict(zip(pairs, range(first, self.num_vars)))))
             self._drop_infinite(e.u)
             self._drop_infinite(e.v)
 

@@ -135,11 +135,14 @@ class LeverPricer:
 
     # ---- nodes ---------------------------------------------------------------------------------
     def node(self, name: str, strategy: Strategy, policy: Optional[int],
-             freed: tuple[int, ...] = ()) -> tuple[NodePrice, LeverPrice]:
+             freed: tuple[int, ...] = (), base: Optional[NodePrice] = None) -> tuple[NodePrice, LeverPrice]:
         """The node's cost-model price (parameter state, gradient syncs, its KEEP activations) and
         its price under ``policy`` (None: no policy applies). ``freed``: output slots no one keeps
-        in the node's own placement (``freed_outputs``), left out of what it keeps."""
-        base = self.cm.price_node(name, strategy, self.facts)
+        in the node's own placement (``freed_outputs``), left out of what it keeps. ``base``: the
+        cost-model price of this node and strategy when the caller already has it (it does not
+        depend on the policy), else worked out here."""
+        if base is None:
+            base = self.cm.price_node(name, strategy, self.facts)
         kept = base.activations - self._slot_bytes(name, strategy, freed, saved_only=True)
         price = LeverPrice(seconds=base.seconds, kept=kept)
         if policy is None or self.facts.kind[name] != "op":

@@ -70,9 +70,11 @@ def build_lever_graph(problem, pricer: LeverPricer, allowed_policies: dict[str, 
         rs: list[Optional[int]] = list(allowed_policies[btype]) if btype in allowed_policies else [None]
         strategies = table[rep]
         costs, mems = [], []
+        bases: list = [None] * len(strategies)  # a strategy's cost-model price is the same under every policy
         for r in rs:
-            for s in strategies:
-                base, lever = pricer.node(rep, s, r)
+            for j, s in enumerate(strategies):
+                base, lever = pricer.node(rep, s, r, base=bases[j])
+                bases[j] = base
                 costs.append(lever.seconds)
                 mems.append(base.params + base.grads + base.optimizer + lever.memory)
         pinned = problem.allowed.get(rep)

@@ -26,7 +26,6 @@ policies a pin allows (``passes.levers.block_policies``, a row's ``forced_by``).
 from __future__ import annotations
 
 import fnmatch
-from typing import Optional
 
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.levers import (PINNED_ONLY_CHECKPOINTS, block_levers, block_policies, check_lever, lever_rows,

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from dataclasses import replace
 from typing import Optional
 
 from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.batch_coupling import BatchCouplingWarning, CoupledOp, batch_coupled_ops, describe_coupled
 from autoshard.passes.cost.facts import GraphFacts
-from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.errors import AutoshardError
 from autoshard.passes.graph import CapturedGraph
@@ -56,6 +56,11 @@ class LeverSearch:
         self.policies = levers.policies(op_types)
         self._splits: Optional[BatchSplits] = None
         self._moves: dict = {}  # priced moves, shared by every microstep count's cost model
+        # each count's problem and its pricer, made once: a binding memory limit prices the fastest
+        # policies' graph and then every policy's at the same count, and the published layouts ask again
+        self._problems: dict[int, tuple[ShardingProblem, CostModel]] = {}
+        self._pricers: dict[int, tuple[ShardingProblem, LeverPricer]] = {}
+        self._last_graph: Optional[tuple] = None  # (key, problem, LeverGraph): ``lever_graph``'s last
         self.coupled: list[CoupledOp] = batch_coupled_ops(captured)
 
     def accumulations(self) -> list[int]:
@@ -75,7 +80,20 @@ class LeverSearch:
 
     def problem(self, k: int) -> tuple[ShardingProblem, CostModel]:
         """The problem of one of ``k`` microsteps (strategies that still divide the microbatch) and
-        the cost model that prices it."""
+        the cost model that prices it, built once per count (a ``PinError`` when the pins leave none)."""
+        if k not in self._problems:
+            self._problems[k] = self._build_problem(k)
+        return self._problems[k]
+
+    def pricer(self, problem: ShardingProblem, cm: CostModel) -> LeverPricer:
+        """The ``LeverPricer`` of ``problem`` (one of ``problem()``'s), one per problem: what it works
+        out once (moves, op-level recomputation) serves every lever graph built on it."""
+        hit = self._pricers.get(id(problem))
+        if hit is None or hit[0] is not problem:
+            hit = self._pricers[id(problem)] = (problem, LeverPricer(self.captured, problem.facts, cm, self.blocks))
+        return hit[1]
+
+    def _build_problem(self, k: int) -> tuple[ShardingProblem, CostModel]:
         facts, cm = pricing_for(self.captured, self.mesh, self.hw, self.optimizer, k, self.levers.mixed_precision,
                                 self.traced_at_microbatch, self._moves)
 
@@ -98,8 +116,22 @@ class LeverSearch:
                              choices=self.choices), cm
 
     def graph(self, problem: ShardingProblem, cm: CostModel, limit: Optional[float]) -> LeverGraph:
-        return build_lever_graph(problem, LeverPricer(self.captured, problem.facts, cm, self.blocks),
-                                 self.policies, limit)
+        """The lever graph of ``problem`` with every policy the search allows, under ``limit``."""
+        return self.lever_graph(problem, cm, self.policies, limit)
+
+    def lever_graph(self, problem: ShardingProblem, cm: CostModel, policies: dict[str, list[int]],
+                    limit: Optional[float]) -> LeverGraph:
+        """``build_lever_graph`` of ``problem`` under ``policies`` and ``limit``. The last one built is
+        kept: asked again for the same problem and policies (a program whose block types have one
+        policy each, or none, asks for its fastest policies' graph and then for every policy's, the
+        same graph), it is handed out again with ``limit`` (a copy of the graph; nodes and edges shared)."""
+        key = (id(problem), tuple((t, tuple(rs)) for t, rs in sorted(policies.items())))
+        if self._last_graph is not None and self._last_graph[0] == key and self._last_graph[1] is problem:
+            built = self._last_graph[2]
+            return replace(built, graph=replace(built.graph, memory_limit=limit))
+        built = build_lever_graph(problem, self.pricer(problem, cm), policies, limit)
+        self._last_graph = (key, problem, built)
+        return built
 
     def combinations(self) -> list[Optional[tuple]]:
         """The block-type policy combinations to solve one by one, fastest policies first (each a

@@ -59,7 +59,7 @@ from autoshard.passes.solve.finalists import pick_finalist
 from autoshard.passes.solve.layout_finalists import layout_finalists
 from autoshard.passes.solve.held_reductions import hold_reductions
 from autoshard.passes.solve.lever_search import LeverSearch
-from autoshard.passes.solve.lever_graph import LeverGraph, build_lever_graph
+from autoshard.passes.solve.lever_graph import LeverGraph
 from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.strategy_graph import fix_policies
 from autoshard.passes.solve.work_budget import WorkBudget, solve_gap
@@ -313,7 +313,7 @@ def _fastest_graph(search: "LeverSearch", problem: ShardingProblem, cm) -> tuple
     # priced for the fastest policies only: the graph of every policy costs each block type's ops and
     # edges once per policy (3.6 of 9.6 profiled seconds for Llama-3 8B on (8, 8)), to solve one slice
     only = {t: [r] for t, r in fastest}
-    graph = build_lever_graph(problem, LeverPricer(search.captured, problem.facts, cm, search.blocks), only, None)
+    graph = search.lever_graph(problem, cm, only, None)
     return fastest, only, graph
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from autoshard.passes.cost.facts import GraphFacts
-from autoshard.passes.cost.hardware import PRESETS, Hardware
+from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.strategies import unruled_ops

@@ -4,7 +4,7 @@ For each model (MLP, GPT with tied embeddings, a CNN with BatchNorm, Hugging Fac
 built from configs, a Llama whose rotary embedding multiplies complex numbers), on 4 gloo ranks with meshes (4,) and (2, 2), and for each layout (the solver's
 plan, pinned DP, FSDP and Megatron TP, and several randomly drawn valid plans): the loss at every
 step and the full parameters after 2 AdamW steps match a single-device copy (float32, rtol 1e-4).
-One process spawn per model; every case runs inside it.
+One process spawn per model; every case runs inside it, planned once on one of the ranks.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from autoshard.testing.equivalence import (Tolerance, adamw, compiled_gradient_m
                                            train_against_one_device)
 from autoshard.testing.models import BUILDERS
 from autoshard.testing.ranks import run_ranks
+from autoshard.testing.shared_work import spread_over_ranks
 
 MESHES = ((4,), (2, 2))
 N_RANDOM = 5
@@ -76,32 +77,33 @@ def equivalence_worker(rank: int, world: int, model_name: str, meshes, only=None
     from autoshard.passes.capture.export import capture
     from autoshard.passes.mesh import Mesh
     from autoshard.plans import Plan
-    from autoshard.runtime.groups import broadcast_json, setup_distributed
+    from autoshard.runtime.groups import setup_distributed
 
     torch.set_num_threads(1)
     failures = []
     torch.manual_seed(0)
     model, inputs, target, loss_fn = BUILDERS[model_name]()
     captured = capture(model, inputs, loss_fn=loss_fn, target=target)
-    for mesh_shape in meshes:
+    cases = [(mesh_shape, name, pins, seed) for mesh_shape in meshes
+             for name, pins, seed in layouts(model_name, model, mesh_shape) if not only or name in only]
+
+    def solve(mesh_shape, pins, seed):
+        return plan_captured(captured, Mesh.of(mesh_shape), hardware="cpu", random_seed=seed, time_limit_s=20,
+                             pins=pins).to_json()
+    # every case planned once, the cases spread over the ranks (rank 0 alone planned them all, one core idle)
+    planned = spread_over_ranks([lambda c=c: solve(c[0], c[2], c[3]) for c in cases])
+    for (mesh_shape, name, _, _), outcome in zip(cases, planned):
         mesh = Mesh.of(mesh_shape)
         env = setup_distributed(mesh)
-        for name, pins, seed in layouts(model_name, model, mesh_shape):
-            if only and name not in only:
-                continue
-            case = f"{model_name} mesh={mesh_shape} layout={name}"
-            payload = None
-            if rank == 0:
-                plan = plan_captured(captured, mesh, hardware="cpu", random_seed=seed, time_limit_s=20, pins=pins)
-                payload = plan.to_json()
-            plan = Plan.from_json(broadcast_json(payload, src=0, env=env)).attach(captured, mesh)
-            cm = CompiledModel(model, plan, env)
-            ref = copy.deepcopy(model)
-            failures += train_against_one_device(
-                case, cm, ref, (inputs, target), loss_fn=loss_fn, steps=STEPS, tol=TOL,
-                optimizer=adamw(lr=1e-3, eps=ADAM_EPS),
-                check_gradients=lambda program, reference: compiled_gradient_mismatches(case, program, reference, TOL))
-            del cm
+        case = f"{model_name} mesh={mesh_shape} layout={name}"
+        plan = Plan.from_json(outcome.value()).attach(captured, mesh)
+        cm = CompiledModel(model, plan, env)
+        ref = copy.deepcopy(model)
+        failures += train_against_one_device(
+            case, cm, ref, (inputs, target), loss_fn=loss_fn, steps=STEPS, tol=TOL,
+            optimizer=adamw(lr=1e-3, eps=ADAM_EPS),
+            check_gradients=lambda program, reference: compiled_gradient_mismatches(case, program, reference, TOL))
+        del cm
     return failures
 
 

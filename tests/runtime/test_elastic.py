@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,15 +129,15 @@ def _final_params(ckpt) -> dict:
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds torchrun's ranks through /proc")
 def test_lose_a_node_and_get_it_back_trains_as_an_unbroken_run(tmp_path):
-    _example(tmp_path, "ck_unbroken", "unbroken.jsonl")
-    want = _losses(tmp_path / "unbroken.jsonl")
-    assert sorted(want) == list(range(STEPS))
-
+    # the unbroken run (world 1, its own folder) goes beside the elastic job, which mostly sleeps between steps
+    unbroken = subprocess.Popen([sys.executable, EXAMPLE, "--checkpoint-dir", "ck_unbroken", "--loss-log",
+                                 "unbroken.jsonl", *ARGS], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                                stderr=open(tmp_path / "unbroken.txt", "w"))
     port, ck = free_port(), tmp_path / "ck"
     outs = [tmp_path / "agent_a.txt", tmp_path / "agent_b.txt"]
-    a = _agent(tmp_path, port, True, outs[0])
-    b = None
+    a = b = None
     try:
+        a = _agent(tmp_path, port, True, outs[0])
         deadline = time.monotonic() + 400
         _wait_for("a checkpoint of world 2", lambda: _pointer_world(ck) == 2, [a], deadline, outs[:1])
         b = _agent(tmp_path, port, False, outs[1])
@@ -147,8 +148,13 @@ def test_lose_a_node_and_get_it_back_trains_as_an_unbroken_run(tmp_path):
         for p in (a, b):
             if p is not None and p.poll() is None:
                 _kill_tree(p)
+        if unbroken.poll() is None and (a is None or a.returncode != 0):
+            unbroken.kill()  # the test fails on the elastic job: nothing waits for this run
     out_a = outs[0].read_text()
     assert a.returncode == 0, out_a[-4000:]
+    assert unbroken.wait(timeout=300) == 0, (tmp_path / "unbroken.txt").read_text()[-3000:]
+    want = _losses(tmp_path / "unbroken.jsonl")
+    assert sorted(want) == list(range(STEPS))
 
     starts = [json.loads(line) for line in open(ck / "elastic_log.jsonl")]
     changes = [(s["old_world"], s["new_world"]) for s in starts]
@@ -169,18 +175,30 @@ def test_lose_a_node_and_get_it_back_trains_as_an_unbroken_run(tmp_path):
         assert torch.allclose(mine[name], ref[name], rtol=1e-4, atol=1e-5), name
 
 
-def test_no_checkpoint_starts_at_step_zero_and_a_restart_resumes(tmp_path):
-    out = _example(tmp_path, "ck", "a.jsonl", "--stop-after", "6")
+@pytest.fixture(scope="module")
+def six_steps(tmp_path_factory):
+    """One run of the example from no checkpoint, stopped after 6 steps: (its folder, its output). Each
+    test works on a copy of the folder (``_copy``)."""
+    cwd = tmp_path_factory.mktemp("six_steps")
+    return cwd, _example(cwd, "ck", "a.jsonl", "--stop-after", "6")
+
+
+def _copy(run, tmp_path):
+    shutil.copytree(run[0], tmp_path, dirs_exist_ok=True)
+    return tmp_path
+
+
+def test_no_checkpoint_starts_at_step_zero_and_a_restart_resumes(six_steps, tmp_path):
+    out = six_steps[1]
     assert "no checkpoint yet: starting at step 0" in out and "done: steps 0..5" in out
-    out = _example(tmp_path, "ck", "a.jsonl", "--stop-after", "10")
+    out = _example(_copy(six_steps, tmp_path), "ck", "a.jsonl", "--stop-after", "10")
     assert "restart on the same world: world 1 -> 1" in out and "resumed at step 6" in out
     assert "re-plan" in out and "from the plan cache" in out and "done: steps 6..9" in out
 
 
-def test_a_checkpoint_of_another_model_is_refused(tmp_path):
-    _example(tmp_path, "ck", "a.jsonl", "--stop-after", "4")
-    done = subprocess.run([sys.executable, EXAMPLE, "--checkpoint-dir", "ck", *ARGS, "--width", "48"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+def test_a_checkpoint_of_another_model_is_refused(six_steps, tmp_path):
+    done = subprocess.run([sys.executable, EXAMPLE, "--checkpoint-dir", "ck", *ARGS, "--width", "48"],
+                          cwd=_copy(six_steps, tmp_path), capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert "CheckpointError" in done.stderr and "different model or batch shape (fingerprint" in done.stderr
 

@@ -1,10 +1,11 @@
 """Kill a rank mid-run under torchrun, restart from the last checkpoint: the run goes on as if unbroken.
 
 ``examples/train_gpt.py`` on 2 CPU ranks (a real ``python -m torch.distributed.run``), 60 steps,
-a checkpoint every 10. One run goes through; another has one rank SIGKILLed once its first checkpoint
-is complete: torchrun ends every rank and fails. Restarted with ``--resume`` (same mesh, so the plan
+a checkpoint every 10. One run goes through; another, launched beside it in another directory, has
+one rank SIGKILLed once its first checkpoint is complete: torchrun ends every rank and fails. Restarted with ``--resume`` (same mesh, so the plan
 saved with the checkpoints), the losses after the checkpoint equal the unbroken run's bit for bit;
-restarted from the same checkpoint as a 2-stage pipeline (another plan), within float tolerance.
+restarted from a copy of the same checkpoint as a 2-stage pipeline (another plan, launched beside
+the first restart), within float tolerance.
 """
 from __future__ import annotations
 
@@ -18,21 +19,31 @@ import time
 
 import pytest
 
+from autoshard.testing.ranks import free_port
+
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_gpt.py")
 STEPS, EVERY = 60, 10
 
 
 def _launch(cwd, ckpt: str, log: str, *extra: str) -> subprocess.Popen:
+    """One torchrun of the example on its own free port, its output in ``<log>.out`` and its drawings
+    named after ``log``: two runs go side by side (while one's rank 0 plans, its rank 1 waits and the
+    other run's ranks use the core)."""
+    stem = os.path.splitext(log)[0]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "0",
-           "--monitor-interval", "0.1", os.path.abspath(EXAMPLE), "--mesh", "2", "--steps", str(STEPS),
-           "--checkpoint-every", str(EVERY), "--checkpoint-dir", ckpt, "--loss-log", log,
-           "--plan-svg", "plan.svg", "--trace", "trace.json", *extra]
-    return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           "--monitor-interval", "0.1", "--master-port", str(free_port()), os.path.abspath(EXAMPLE),
+           "--mesh", "2", "--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--checkpoint-dir", ckpt,
+           "--loss-log", log, "--plan-svg", f"{stem}_plan.svg", "--trace", f"{stem}_trace.json", *extra]
+    with open(os.path.join(cwd, f"{stem}.out"), "w") as out:  # a file, not a pipe nobody drains meanwhile
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, text=True)
+    proc.out_path = out.name
+    return proc
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 300) -> str:
-    out, _ = proc.communicate(timeout=timeout)
-    return out
+    proc.wait(timeout=timeout)
+    with open(proc.out_path) as f:
+        return f.read()
 
 
 def _losses(path) -> dict:
@@ -68,12 +79,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds torchrun's ranks through /proc")
 def test_sigkill_one_rank_then_resume_equals_an_unbroken_run(tmp_path):
     unbroken = _launch(tmp_path, "ck_unbroken", "unbroken.jsonl")
-    out = _finish(unbroken)
-    assert unbroken.returncode == 0, out[-3000:]
-    want = _losses(tmp_path / "unbroken.jsonl")
-    assert sorted(want) == list(range(STEPS))
-
-    broken = _launch(tmp_path, "ck", "broken.jsonl")
+    broken = _launch(tmp_path, "ck", "broken.jsonl")  # at the same time: the two runs share nothing
     first = tmp_path / "ck" / f"step_{EVERY}" / ".metadata.json"
     deadline = time.monotonic() + 240
     while not first.exists():
@@ -85,11 +91,16 @@ def test_sigkill_one_rank_then_resume_equals_an_unbroken_run(tmp_path):
     out = _finish(broken)
     assert broken.returncode != 0, "torchrun reported success after a rank was killed"
     assert not any(_alive(pid) for pid in ranks), "a rank outlived the run"
+    out = _finish(unbroken)
+    assert unbroken.returncode == 0, out[-3000:]
+    want = _losses(tmp_path / "unbroken.jsonl")
+    assert sorted(want) == list(range(STEPS))
     done = _losses(tmp_path / "broken.jsonl")
     assert max(done) < STEPS - 1, "premise: the kill landed before the run finished"
     shutil.copytree(tmp_path / "ck", tmp_path / "ck_other_plan")
 
     resumed = _launch(tmp_path, "ck", "resumed.jsonl", "--resume")
+    other = _launch(tmp_path, "ck_other_plan", "other.jsonl", "--resume", "--pp", "2")
     out = _finish(resumed)
     assert resumed.returncode == 0, out[-3000:]
     got = _losses(tmp_path / "resumed.jsonl")
@@ -97,7 +108,6 @@ def test_sigkill_one_rank_then_resume_equals_an_unbroken_run(tmp_path):
     assert start % EVERY == 0 and start <= max(done) + 1 and f"at step {start}" in out
     assert got == {k: want[k] for k in range(start, STEPS)}, "the resumed run's losses differ from the unbroken run's"
 
-    other = _launch(tmp_path, "ck_other_plan", "other.jsonl", "--resume", "--pp", "2")
     out = _finish(other)
     assert other.returncode == 0, out[-3000:]
     assert "pipeline: pp 2" in out

@@ -8,7 +8,8 @@ actions in order. With data parallel inside the stages, every stage launches gra
 buckets during its last weight action (BW through autograd hooks, zero-bubble W through
 ``mark_ready``). DualPipeV needs m >= 2p microbatches: at pp=4 it runs 8 microbatches of the
 traced size on a global batch of 16 (``larger_batch``); every other case runs 4 on a batch of 8.
-One process spawn per world size; every case runs inside it. The front door
+One process spawn per world size; every case runs inside it, each plan made once on one of the ranks
+(``shared_work.spread_over_ranks``). The front door
 (``autoshard.compile(..., pp=...)``) is tested in test_pipeline_auto.py.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from autoshard.testing.equivalence import (Tolerance, adamw, failures_of, pipeli
                                            train_against_one_device)
 from autoshard.testing.models import PIPELINE_BUILDERS, unet
 from autoshard.testing.ranks import run_ranks
+from autoshard.testing.shared_work import spread_over_ranks
 from autoshard.passes.solve.context import PlanContext
 
 STEPS = 2  # the first step checks gradients and loss, the second the optimizer state carried over
@@ -88,7 +90,6 @@ def _model_cases(rank: int, model_name: str, configs: list) -> list:
     from autoshard.passes.pipeline.schedule.generators import generate
     from autoshard.passes.pipeline.plan import Plan
     from autoshard.passes.solve.planner import plan_sharding
-    from autoshard.runtime.groups import broadcast_json
     from autoshard.runtime.executor import RankProgram
     from autoshard.passes.pipeline.stages.by_hand import make_pipeline_plan
     from autoshard.passes.pipeline.stages.stage_graphs import stage_nodes_from_prefixes
@@ -104,49 +105,51 @@ def _model_cases(rank: int, model_name: str, configs: list) -> list:
         print(f"{model_name}: trace {time.perf_counter() - t_trace:.2f}s", flush=True)
     batches = {MICROBATCHES: (inputs, target)}
 
+    cases = []  # (pp, sub_shape, layout, schedule, virtual, m, plan key): a plan per key, shared by schedules
     for pp, sub_shape, layout in configs:
-        mesh = Mesh.of((pp,) + tuple(sub_shape))
-        plans: dict = {}
         for sched_name, virtual in SCHEDULES:
-            case = f"{model_name} pp={pp} sub={sub_shape} {layout} {sched_name}"
-            n_stages = pp * virtual
             m = microbatches_for(sched_name, pp)
-            if m not in batches:  # more microbatches of the traced size: a larger global batch
-                batches[m] = (larger_batch(inputs, m // MICROBATCHES), larger_batch((target,), m // MICROBATCHES)[0])
-            x, y = batches[m]
-            payload = None
-            if rank == 0:
-                nodes = stage_nodes_from_prefixes(captured, prefixes[n_stages])
-                solve = lambda g, sm: plan_sharding(g.captured, sm, PlanContext.of("cpu", time_limit_s=10),
-                                                    pins=Pins(**stage_pins(layout, model_name, g.captured, sm)))
-                key = (n_stages, sched_name in ("zbv", "dualpipev"), m)
-                if key not in plans:
-                    plans[key] = make_pipeline_plan(captured, nodes, mesh, schedule=sched_name,
-                                                    microbatches=m, virtual=virtual, solve=solve)
-                plan = plans[key]
-                plan.schedule = sched_name
-                payload = plan.to_json()
-            plan = Plan.from_json(broadcast_json(payload, src=0))
-            schedule = generate(sched_name, pp, m, virtual=virtual)
-            t_build = time.perf_counter()
-            prog = RankProgram(plan.attach(captured), schedule=schedule, model=model)
-            t_steps = time.perf_counter()
-            ref = copy.deepcopy(model)
-            failures += train_against_one_device(
-                case, prog, ref, (x, y), loss_fn=loss_fn, steps=STEPS, tol=TOL, optimizer=adamw(lr=1e-3, eps=ADAM_EPS),
-                check_gradients=lambda program, reference: pipeline_gradient_mismatches(case, program, reference, TOL))
-            if layout == "dp":  # the gradient all-reduce starts inside the last BW / W, not after it
-                late = [s for s, sync in prog._syncs.items() if sync.buckets and sync.overlapped == 0]
-                if late:
-                    failures.append(f"{case}: stages {late} launched no gradient bucket during their last weight action")
-            executed = [e.action for e in prog.timeline]
-            planned = [str(a) for a in schedule[prog.group] if a.kind in ("F", "B", "W", "BW")]
-            if executed != planned:
-                failures.append(f"{case}: rank {rank} ran {executed}, the schedule says {planned}")
-            if os.environ.get("AUTOSHARD_PP_TIMING") and rank == 0:
-                print(f"{case}: build {t_steps - t_build:.2f}s, steps+checks {time.perf_counter() - t_steps:.2f}s",
-                      flush=True)
-            del prog
+            key = (pp, tuple(sub_shape), layout, pp * virtual, sched_name in ("zbv", "dualpipev"), m)
+            cases.append((pp, sub_shape, layout, sched_name, virtual, m, key))
+    first = {}  # plan key -> the first schedule that needs it (the one it is made for)
+    for case in cases:
+        first.setdefault(case[-1], case)
+
+    def make(pp, sub_shape, layout, sched_name, virtual, m, key):
+        nodes = stage_nodes_from_prefixes(captured, prefixes[pp * virtual])
+        solve = lambda g, sm: plan_sharding(g.captured, sm, PlanContext.of("cpu", time_limit_s=10),  # noqa: E731
+                                            pins=Pins(**stage_pins(layout, model_name, g.captured, sm)))
+        return make_pipeline_plan(captured, nodes, Mesh.of((pp,) + tuple(sub_shape)), schedule=sched_name,
+                                  microbatches=m, virtual=virtual, solve=solve).to_json()
+    # each plan made once, the plans spread over the ranks (rank 0 alone made them all, one core idle)
+    plans = dict(zip(first, spread_over_ranks([lambda c=c: make(*c) for c in first.values()])))
+
+    for pp, sub_shape, layout, sched_name, virtual, m, key in cases:
+        case = f"{model_name} pp={pp} sub={sub_shape} {layout} {sched_name}"
+        if m not in batches:  # more microbatches of the traced size: a larger global batch
+            batches[m] = (larger_batch(inputs, m // MICROBATCHES), larger_batch((target,), m // MICROBATCHES)[0])
+        x, y = batches[m]
+        plan = Plan.from_json({**plans[key].value(), "schedule": sched_name})
+        schedule = generate(sched_name, pp, m, virtual=virtual)
+        t_build = time.perf_counter()
+        prog = RankProgram(plan.attach(captured), schedule=schedule, model=model)
+        t_steps = time.perf_counter()
+        ref = copy.deepcopy(model)
+        failures += train_against_one_device(
+            case, prog, ref, (x, y), loss_fn=loss_fn, steps=STEPS, tol=TOL, optimizer=adamw(lr=1e-3, eps=ADAM_EPS),
+            check_gradients=lambda program, reference: pipeline_gradient_mismatches(case, program, reference, TOL))
+        if layout == "dp":  # the gradient all-reduce starts inside the last BW / W, not after it
+            late = [s for s, sync in prog._syncs.items() if sync.buckets and sync.overlapped == 0]
+            if late:
+                failures.append(f"{case}: stages {late} launched no gradient bucket during their last weight action")
+        executed = [e.action for e in prog.timeline]
+        planned = [str(a) for a in schedule[prog.group] if a.kind in ("F", "B", "W", "BW")]
+        if executed != planned:
+            failures.append(f"{case}: rank {rank} ran {executed}, the schedule says {planned}")
+        if os.environ.get("AUTOSHARD_PP_TIMING") and rank == 0:
+            print(f"{case}: build {t_steps - t_build:.2f}s, steps+checks {time.perf_counter() - t_steps:.2f}s",
+                  flush=True)
+        del prog
     return failures
 
 
