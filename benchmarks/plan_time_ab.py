@@ -5,11 +5,10 @@ included) are the figure the load disturbs least.
     git archive <commit> | tar -x -C /tmp/base
     python benchmarks/plan_time_ab.py --base /tmp/base --bench 8b --rounds 2
     python benchmarks/plan_time_ab.py --base /tmp/base --bench 175b --rounds 1
-    python benchmarks/plan_time_ab.py --base /tmp/base --bench 405b --rounds 1
 
 ``8b``: Llama-3 8B on (8, 8) as ``plan_time.py`` (trace and solve timed apart); ``175b``: GPT-3 175B
-on (128, 8) through ``autoshard.plan(pp="auto")`` as ``plan_3d.py`` (trace included); ``405b``: Llama 3 405B
-on (2048, 8) the same way, as ``plan_llama3_405b.py``. Each run prints
+on (128, 8) through ``autoshard.plan(pp="auto")`` as ``plan_3d.py`` (trace included); ``405b``: Llama 3 405B on
+(2048, 8) the same way, as ``plan_llama3_405b.py`` (the model built outside the timing). Each run prints
 one line: wall (CPU) seconds, the load average before and after, and the plan's decisions (with a
 digest of the whole plan, search statistics left out), so a speedup that changed the plan shows.
 The other tree is imported in place of this one by pointing the editable install's finder at it (the package maps ``autoshard.passes`` to ``passes/``), in a fresh
@@ -65,24 +64,35 @@ print(f"{{label}}: trace {{t2-t1:.2f}} s ({{c2-c1:.2f}}) solve {{t3-t2:.2f}} s (
       f"solution {{digest}}", flush=True)
 """
 
-_175B_MODEL = """
+_175B = """
 import autoshard, plan_3d
 model = plan_3d.gpt3(96, 12288, 96, 2048, 51200)
 ids = torch.empty(1536, 2048, dtype=torch.long, device="meta")
-mesh = (128, 8)
+l0 = os.getloadavg()[0]
+t, c = time.perf_counter(), time.process_time()
+plan = autoshard.plan(model, (128, 8), example_inputs=(ids,), loss_fn=plan_3d.loss_fn, example_target=ids.clone(),
+                      hardware="h100", pp="auto", time_limit_s=60)
+wall, cpu = time.perf_counter() - t, time.process_time() - c
+search = plan.stages[0].solution.solver_stats.get("pipeline_search", {{}})
+def decisions(d):  # the plan without its search statistics (which differ when a search skips work)
+    if isinstance(d, dict):
+        return {{k: decisions(v) for k, v in d.items() if k != "solver_stats"}}
+    return [decisions(v) for v in d] if isinstance(d, list) else d
+digest = hashlib.sha1(json.dumps(decisions(plan.to_json()), sort_keys=True, default=str).encode()).hexdigest()[:12]
+print(f"{{label}}: plan {{wall:.1f}} s ({{cpu:.1f}}); load {{l0:.1f}} -> {{os.getloadavg()[0]:.1f}}; "
+      f"pp {{plan.pp}} submesh {{plan.stages[0].mesh.shape}} {{plan.schedule}} m {{plan.microbatches}} "
+      f"recompute {{sum(s.recompute for s in plan.stages)}} step {{plan.estimated_step_time:.6f}} s; stage search "
+      f"{{search.get('wall_s')}} s, ilp {{search.get('ilp')}}, even cuts simulated {{search.get('even')}}, timed out "
+      f"{{search.get('timed_out', False)}}; plan {{digest}}", flush=True)
 """
 
-_405B_MODEL = """
+_405B = """
 import autoshard, plan_3d, published_layouts
 model = published_layouts.llama(126, 16384, 53248, 128, 8, 8192, dtype=torch.bfloat16)
 ids = torch.empty(2048, 8192, dtype=torch.long, device="meta")
-mesh = (2048, 8)
-"""
-
-_PIPELINED = """
 l0 = os.getloadavg()[0]
 t, c = time.perf_counter(), time.process_time()
-plan = autoshard.plan(model, mesh, example_inputs=(ids,), loss_fn=plan_3d.loss_fn, example_target=ids.clone(),
+plan = autoshard.plan(model, (2048, 8), example_inputs=(ids,), loss_fn=plan_3d.loss_fn, example_target=ids.clone(),
                       hardware="h100", pp="auto", time_limit_s=60)
 wall, cpu = time.perf_counter() - t, time.process_time() - c
 search = plan.stages[0].solution.solver_stats.get("pipeline_search", {{}})
@@ -104,10 +114,14 @@ def main() -> None:
     ap.add_argument("--base", required=True, help="the other tree (a checkout or `git archive` of a commit)")
     ap.add_argument("--bench", choices=("8b", "175b", "405b"), default="8b")
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--only", choices=("base", "this"), default=None,
+                    help="run one tree only (two such commands started together compare under the same load)")
     args = ap.parse_args()
-    body = {"8b": _8B, "175b": _175B_MODEL + _PIPELINED, "405b": _405B_MODEL + _PIPELINED}[args.bench]
+    body = {"8b": _8B, "175b": _175B, "405b": _405B}[args.bench]
     for r in range(args.rounds):
         for label, root in (("base", os.path.abspath(args.base)), ("this", HERE)):
+            if args.only not in (None, label):
+                continue
             code = (_PRELUDE + body).format(root=root, here=HERE)
             subprocess.run([sys.executable, "-c", code.replace("{label}", f"round {r + 1} {label}")], check=True)
 

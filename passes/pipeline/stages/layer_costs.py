@@ -357,7 +357,7 @@ class CandidateSpec:
 
 
 def plan_submesh(captured: CapturedGraph, mesh: Mesh, ctx: PlanContext, spec: CandidateSpec, *,
-                 pins: Optional[Pins] = None, hints: Sequence[Pins] = ()) -> Solution:
+                 pins: Optional[Pins] = None, hints: Sequence[Pins] = (), memo: Optional[dict] = None) -> Solution:
     """The intra-op plan for the stages of a pipeline on ``mesh`` (see module docstring), priced as
     ``spec`` says on ``ctx``'s hardware and optimizer, within ``ctx``'s memory limit.
     ``ctx.time_limit_s`` caps the ILP solves together, in deterministic work (at least half a second each).
@@ -372,7 +372,13 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, ctx: PlanContext, spec: Ca
     microbatch (what a recomputing stage keeps), and failing that the least-memory plan (storage
     sharded wherever it can be, e.g. FSDP on the data-parallel axis): the stage ILP then decides
     whether recompute or more stages make it fit. ``solver_stats["status"]`` says which;
-    ``solver_stats["work_s"]``: the deterministic seconds its solves spent."""
+    ``solver_stats["work_s"]``: the deterministic seconds its solves spent.
+
+    ``memo``: a dict the caller keeps for calls on the same ``captured``, submesh shape, ``ctx`` (but its
+    memory and time limits), ``spec.microbatches`` and ``hints``, without ``pins`` (a candidate planned
+    again: re-solved longer, under a leaner budget, re-planned to fit). The problem is built once,
+    each strategy graph once per held count and memory limit, and each hint solved once per graph and
+    work limit (its work charged again as if solved): the answer is the one a fresh call gives."""
     hardware, optimizer, memory_limit, time_limit_s = ctx.spec, ctx.optimizer, ctx.memory_bytes, ctx.time_limit_s
     microbatches, held, repeat, chain_repeat = spec.microbatches, spec.held, spec.repeat, spec.chain_repeat
     left = [float(time_limit_s)]  # deterministic seconds still to spend: never the clock
@@ -392,23 +398,34 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, ctx: PlanContext, spec: Ca
             allowed[name] = both
         return free_forms(captured, table, allowed, microbatches)
 
-    problem = build_problem(captured, mesh, hardware=hardware, pins=pins,
-                            facts=MicrobatchFacts(captured, hardware, microbatches), narrow=divisible_at_microbatch,
-                            choices=strategy_choices(captured, mesh, pins, storage_forms=True))
+    memo = memo if memo is not None and pins is None else {}
+    problem = memo.get("problem")
+    if problem is None:
+        problem = memo["problem"] = build_problem(
+            captured, mesh, hardware=hardware, pins=pins, facts=MicrobatchFacts(captured, hardware, microbatches),
+            narrow=divisible_at_microbatch, choices=strategy_choices(captured, mesh, pins, storage_forms=True))
     mesh = problem.mesh
     nodes = {n.name: n for n in captured.gm.graph.nodes}
     graph, result, status = None, None, None
     for k in dict.fromkeys((held, 1)):
         # the optimizer step and accumulations: priced per rank group by the stage scorer, not per candidate
-        cm = MicrobatchCostModel(mesh, hardware, optimizer, microbatches, k, price_step=False)
-        # the held count changes what nodes keep, not what edges cost: the second graph reuses the first's edges
-        graph = problem.strategy_graph(cm, memory_limit, edges_from=graph)
-        if repeat != 1.0:
-            _repeat(graph, problem.clustering, nodes, captured, repeat,
-                    repeat if chain_repeat is None else chain_repeat)
+        key = (k, memory_limit, repeat, chain_repeat)
+        if ("graph",) + key in memo:
+            graph = memo[("graph",) + key]
+        else:
+            cm = MicrobatchCostModel(mesh, hardware, optimizer, microbatches, k, price_step=False)
+            # the held count changes what nodes keep, not what edges cost: the second graph reuses the first's edges
+            graph = problem.strategy_graph(cm, memory_limit, edges_from=graph)
+            if repeat != 1.0:
+                _repeat(graph, problem.clustering, nodes, captured, repeat,
+                        repeat if chain_repeat is None else chain_repeat)
+            memo[("graph",) + key] = graph
         hinted = []
         if hints:
-            hinted, work = pinned_choices(problem, graph, hints, time_limit_s=min(_HINT_S, budget(0.1)))
+            hint_s = min(_HINT_S, budget(0.1))
+            if ("hinted", hint_s) + key not in memo:
+                memo[("hinted", hint_s) + key] = pinned_choices(problem, graph, hints, time_limit_s=hint_s)
+            hinted, work = memo[("hinted", hint_s) + key]
             left[0] -= work
         result = solve(graph, time_limit_s=budget(0.5), hints=hinted)
         spend(result)

@@ -251,18 +251,39 @@ def busiest_rank_seconds(prob: StageProblem, schedule: str, starts: Sequence[int
 
 
 def step_floor(prob: StageProblem, schedule: str, starts: Sequence[int], recompute: Sequence[bool]) -> float:
-    """A lower bound on ``score_stages``' step time, tighter than ``busiest_rank_seconds``: the busiest
-    group's compute PLUS its optimizer step (``prob.opt_step``). A group's last action is a backward
-    (every forward has a later one), so its backward ends no earlier than its summed work, and
-    ``score_stages`` adds the group's optimizer step after that end. Compare with a relative tolerance
-    (rounding, as above)."""
+    """A lower bound on ``score_stages``' step time, tighter than ``busiest_rank_seconds``: per rank
+    group, the time before it can start, its compute, and what must follow its last action; the
+    largest over the groups. Compare with a relative tolerance (rounding, as above).
+
+    - Start: every action of group g needs the forward of one of its stages, which needs the forwards
+      of every stage before it on the same microbatch, one after another: nothing on g starts before
+      the forwards of the stages before its first stage add up (``head``).
+    - Compute: g runs its m forwards and backwards (the F and B(+W) durations ``score_stages`` builds)
+      one at a time, so its last action ends no earlier than head + that work.
+    - After: its last action is a backward (every forward has a later one on the same group), and
+      ``score_stages`` adds the group's optimizer step (``prob.opt_step``) after its last backward. With
+      a joint backward (BW, no split schedule) that backward's input gradient is then needed by every
+      stage below it on the same microbatch, one after another: the step lasts at least their backward
+      durations more (``tail``; a split schedule's last action may be a W nothing waits for: no tail).
+    """
     L = len(prob.fwd)
     ends = list(starts[1:]) + [L]
+    f, b = _stage_durations(prob, starts, recompute)
+    joint = not get_schedule(schedule).split_backward
+    head = [0.0]  # head[s]: the forwards of stages 0..s-1 of one microbatch, end to end
+    tail = [0.0]  # tail[s]: their backwards
+    for s in range(len(f)):
+        head.append(head[-1] + f[s])
+        tail.append(tail[-1] + b[s])
     busy: dict[int, float] = {}
-    for s, ((f, b), a, e) in enumerate(zip(zip(*_stage_durations(prob, starts, recompute)), starts, ends)):
+    first: dict[int, int] = {}
+    opt: dict[int, float] = {}
+    for s, (a, e) in enumerate(zip(starts, ends)):
         g = prob.stage_group[s]
-        busy[g] = busy.get(g, 0.0) + prob.m * (f + b) + (sum(prob.opt_step[a:e]) if prob.opt_step else 0.0)
-    return max(busy.values(), default=0.0)
+        busy[g] = busy.get(g, 0.0) + prob.m * (f[s] + b[s])
+        opt[g] = opt.get(g, 0.0) + (sum(prob.opt_step[a:e]) if prob.opt_step else 0.0)
+        first.setdefault(g, s)
+    return max((head[first[g]] + busy[g] + max(opt[g], tail[first[g]] if joint else 0.0) for g in busy), default=0.0)
 
 
 def config_floor(costs: Sequence, p: int, m: int) -> float:

@@ -40,8 +40,8 @@ __all__ = ["global_batch", "profile_candidates", "plan_candidates", "closed_form
 
 
 def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], ctx: PlanContext,
-                       search: PipelineSearch, *, stats: Optional[dict] = None, budget_scale: float = 1.0
-                       ) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
+                       search: PipelineSearch, *, stats: Optional[dict] = None, budget_scale: float = 1.0,
+                       memo: Optional[dict] = None) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
     """``(pp, (dp, tp)) -> SubmeshProfile`` for every pp > 1 in ``pps`` and every submesh shape of
     its rank groups: the intra-op plan of ``layer_costs.plan_submesh`` for one sequence per data-
     parallel rank per microbatch and a 1F1B stage's average in-flight count, priced per unit.
@@ -65,7 +65,9 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
     the decisions fixed on each candidate's program and submesh (a pinned layout's placements).
     ``hints_for``: known plans' pins on each candidate's program and submesh (the published layouts of
     its shape), which its intra-op solve starts from and never prices worse than (unused with
-    ``pins_for``: a pinned candidate has nothing to choose)."""
+    ``pins_for``: a pinned candidate has nothing to choose). ``memo``: a dict kept between calls with the
+    same ``captured``, ``mesh``, ``ctx`` (but its time limit) and ``search`` (but its shapes): what a
+    candidate planned again reuses (``layer_costs.plan_submesh``'s ``memo``; the same plans)."""
     units = search.units if search.units is not None else layer_units(captured)
     blocks, shapes, pins_for, hints_for = search.blocks, search.shapes, search.pins_for, search.hints_for
     microbatches, memory_limit = search.microbatches, ctx.memory_bytes
@@ -89,12 +91,16 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
             m_ref = (microbatches if pins_for is not None and microbatches else
                      max(1, batch // shape[0]) if batch % shape[0] == 0 else 1)
             work = [0.0]
+            mine = (memo if memo is not None else {}).setdefault((p, shape, m_ref), {})
             pins = pins_for(captured, Mesh(shape)) if pins_for is not None else None
-            hints = hints_for(captured, Mesh(shape)) if hints_for is not None and pins is None else ()
+            if "hints" not in mine:
+                mine["hints"] = hints_for(captured, Mesh(shape)) if hints_for is not None and pins is None else ()
+            hints = mine["hints"]
 
-            def plan(budget, shape=shape, m_ref=m_ref, p=p, pins=pins, hints=hints):
+            def plan(budget, shape=shape, m_ref=m_ref, p=p, pins=pins, hints=hints, mine=mine):
                 spec = CandidateSpec(m_ref, math.ceil((p + 1) / 2), repeat, chain)
-                sol = plan_submesh(captured, Mesh(shape), ctx.limited(budget), spec, pins=pins, hints=hints)
+                sol = plan_submesh(captured, Mesh(shape), ctx.limited(budget), spec, pins=pins, hints=hints,
+                                   memo=mine.setdefault("plan_submesh", {}))
                 work[0] += sol.solver_stats["work_s"]
                 prof = profile_submesh(captured, sol, ctx, units=units)
                 return sol, prof.repeat_blocks(blocks) if blocks else prof
@@ -142,7 +148,8 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], ctx
     quick_s, thorough_s, total_s, memory_limit = search.quick_s, search.thorough_s, search.total_s, ctx.memory_bytes
     t0 = time.perf_counter()
     per: dict = {}
-    profiles = profile_candidates(captured, mesh, pps, ctx.timed(quick_s), search, stats=per)
+    memo: dict = {}  # a candidate planned again (re-solved, leaner) reuses its problem, graphs and hint solves
+    profiles = profile_candidates(captured, mesh, pps, ctx.timed(quick_s), search, stats=per, memo=memo)
     batch = global_batch(captured)
     t1 = time.perf_counter()
 
@@ -163,7 +170,7 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], ctx
             continue
         again: dict = {}
         better = profile_candidates(captured, mesh, [key[0]], ctx.timed(limit), replace(search, shapes=[key[1]]),
-                                    stats=again)
+                                    stats=again, memo=memo)
         left -= again[key]["work_s"]
         step = searched(key, better[key])
         per[key] = dict(again[key], quick=per[key], quick_step=score[key], step=step)
@@ -175,7 +182,7 @@ def plan_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], ctx
             continue  # the re-plan loop solved that budget already
         lean: dict = {}
         leaner = profile_candidates(captured, mesh, [key[0]], ctx.timed(quick_s), replace(search, shapes=[key[1]]),
-                                    stats=lean, budget_scale=scale)
+                                    stats=lean, budget_scale=scale, memo=memo)
         step = searched(key, leaner[key])
         per[key] = dict(per[key], leaner=dict(lean[key], budget_scale=round(scale, 4), step=step))
         if step < score[key]:
@@ -363,6 +370,10 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, c
             guess = even_stages(rough, on)
             if guess is None or (best is not None and guess.step_time >= margin * best.step_time):
                 continue
+            # the floor reads no held count: the even cut priced with the schedule's exact ones below has
+            # the same starts and the same floor, so what cannot win is dropped before its counts are built
+            if _cannot_beat(rough, schedule, guess, best):
+                continue
             held = list(held_microbatches(schedule, p, m))
             prob = stage_problem(prof, (p, m, schedule), mesh, ctx, held, unpinned, group_moments(schedule, p, m))
             sol = even_stages(prob, on)
@@ -389,9 +400,9 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, c
 
 
 def _cannot_beat(prob: StageProblem, schedule: str, sol: StageSolution, best: Optional[Choice]) -> bool:
-    """No simulation of ``sol`` can give a step shorter than ``best``'s: its busiest rank group's compute
-    and optimizer step (``scoring.step_floor``, a lower bound on the simulated step) are longer, beyond
-    rounding. Skipping it leaves the search's answer as it was (only a strictly shorter step replaces
+    """No simulation of ``sol`` can give a step shorter than ``best``'s: some rank group's wait for its
+    first input, compute, and optimizer step or backward tail below it (``scoring.step_floor``, a lower
+    bound on the simulated step) are longer, beyond rounding. Skipping it leaves the search's answer as it was (only a strictly shorter step replaces
     the best) and saves the schedule's generation and simulation (tenths of a second each at m ~ 100)."""
     if best is None:
         return False

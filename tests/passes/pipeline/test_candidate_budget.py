@@ -114,3 +114,30 @@ def test_core_plan_refusal_without_explanation_and_the_pipeline_error_with_it(gp
         plan_sharding(gpt, (2, 2), PlanContext.of(HW, memory_limit=1e5))
     with pytest.raises(InfeasiblePlanError, match=r"The plan without a pipeline failed too: .*smallest plan needs \d"):
         plan_pipeline(gpt, (2, 2), PlanContext.of("h100", memory_limit=1e5, time_limit_s=60.0))
+
+
+def test_a_candidate_planned_again_reuses_its_problem_graphs_and_hint_solves_with_the_same_plans(gpt, monkeypatch):
+    # re-solves and the leaner try plan a candidate again: its problem is built once (per candidate), its
+    # graphs once per held count and budget, its hints solved once per graph; every plan is what a fresh
+    # build gives, and every solve is charged the same work
+    from autoshard.layout_plans import published_layout_hints
+    from autoshard.passes.pipeline.stages import layer_costs
+    _unproven(monkeypatch)
+    built = []
+    real_build = layer_costs.build_problem
+    monkeypatch.setattr(layer_costs, "build_problem", lambda *a, **k: built.append(1) or real_build(*a, **k))
+    profiles, stats = _candidates(gpt, hints_for=published_layout_hints)
+    reused = len(built)
+    real_plan = layer_costs.plan_submesh
+    monkeypatch.setattr(search, "plan_submesh", lambda *a, memo=None, **k: real_plan(*a, **k))
+    built.clear()
+    fresh, fresh_stats = _candidates(gpt, hints_for=published_layout_hints)
+    assert reused == len(stats["candidates"]) < len(built)
+
+    def solves(row):
+        return {k: (v if not isinstance(v, dict) else solves(v)) for k, v in row.items() if k not in ("wall_s",)}
+    assert {k: solves(r) for k, r in stats["candidates"].items()} == {k: solves(r) for k, r in fresh_stats["candidates"].items()}
+    assert profiles.keys() == fresh.keys()
+    for key, prof in profiles.items():
+        assert prof.costs == fresh[key].costs, key
+        assert prof.solution.solver_stats["objective"] == fresh[key].solution.solver_stats["objective"], key

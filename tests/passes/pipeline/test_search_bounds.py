@@ -137,3 +137,51 @@ def test_the_optimizer_step_floor_skips_more_and_chooses_the_same(monkeypatch, s
     done = stats["simulated"] + stats["even"] + stats["ilp"]
     old_done = old_stats["simulated"] + old_stats["even"] + old_stats["ilp"]
     assert done < old_done, (stats, old_stats)
+
+
+def _compute_and_update_floor(prob, schedule, starts, recompute):
+    """The floor before the start and tail terms: the busiest group's compute plus its optimizer step."""
+    from autoshard.passes.pipeline.stages.scoring import _stage_durations
+    ends = list(starts[1:]) + [len(prob.fwd)]
+    busy: dict = {}
+    for s, ((f, b), a, e) in enumerate(zip(zip(*_stage_durations(prob, starts, recompute)), starts, ends)):
+        g = prob.stage_group[s]
+        busy[g] = busy.get(g, 0.0) + prob.m * (f + b) + sum(prob.opt_step[a:e])
+    return max(busy.values())
+
+
+@pytest.mark.parametrize("schedule", DEFAULT_SCHEDULES)
+def test_the_pipeline_floor_counts_the_wait_and_the_tail_and_stays_below_the_step(schedule):
+    # the floor adds, per group, the forwards before its first stage and (joint backwards) the
+    # backwards below it: the pipeline's fill and drain as that group sees them
+    rng = random.Random(23)
+    v = get_schedule(schedule).virtual_stages
+    checked = tighter = 0
+    for p in (2, 3, 4):
+        for m in (1, 4, 8, 12):
+            if not get_schedule(schedule).accepts(p, m):
+                continue
+            stages = p * v
+            units = stages + 3
+            for _ in range(6):
+                prob = _problem(rng, units, p, m, schedule)
+                starts, recompute = _random_cut(rng, units, stages)
+                step = score_stages(prob, schedule, starts, recompute)[0]
+                floor = step_floor(prob, schedule, starts, recompute)
+                old = _compute_and_update_floor(prob, schedule, starts, recompute)
+                assert old <= floor * (1 + 1e-12), (p, m, starts)
+                assert floor <= step * (1 + 1e-12), (p, m, starts, floor, step)
+                tighter += floor > old * (1 + 1e-9)
+                checked += 1
+    assert checked >= 10 and tighter >= checked // 2, (tighter, checked)
+
+
+def test_the_pipeline_floor_skips_more_even_cuts_and_chooses_the_same(monkeypatch, small_gpt_profiles):
+    mesh, profiles = small_gpt_profiles
+    ctx = PlanContext.of("h100", time_limit_s=4.0)
+    best, stats = search_stages(profiles, mesh, ctx, 64)
+    monkeypatch.setattr(search_module, "step_floor", _compute_and_update_floor)
+    old, old_stats = search_stages(profiles, mesh, ctx, 64)
+    assert _choice_key(best) == _choice_key(old)
+    assert stats["ilp"] == old_stats["ilp"] and stats["work_s"] == old_stats["work_s"]
+    assert stats["even"] < old_stats["even"], (stats["even"], old_stats["even"])
