@@ -20,10 +20,10 @@ import os
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import autoshard
+from autoshard.testing.models import DeepMLP
 
 
 def tiny_llama():
@@ -44,17 +44,8 @@ def tiny_gpt():
     return model, inputs, loss_fn, target
 
 
-class _MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(64, 256), nn.Linear(256, 256), nn.Linear(256, 64)
-
-    def forward(self, x):
-        return self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x)))))
-
-
 def tiny_mlp():
-    return _MLP(), (torch.randn(8, 16, 64),), F.mse_loss, torch.randn(8, 16, 64)
+    return DeepMLP(), (torch.randn(8, 16, 64),), F.mse_loss, torch.randn(8, 16, 64)
 
 
 MODELS = {"llama": tiny_llama, "gpt": tiny_gpt, "mlp": tiny_mlp}

@@ -64,13 +64,11 @@ print(f"{{label}}: trace {{t2-t1:.2f}} s ({{c2-c1:.2f}}) solve {{t3-t2:.2f}} s (
       f"solution {{digest}}", flush=True)
 """
 
-_175B = """
-import autoshard, plan_3d
-model = plan_3d.gpt3(96, 12288, 96, 2048, 51200)
-ids = torch.empty(1536, 2048, dtype=torch.long, device="meta")
+#: the pipeline benches' common part: plan with pp="auto", print the time, the choice and a digest of the plan
+_PIPELINE = """
 l0 = os.getloadavg()[0]
 t, c = time.perf_counter(), time.process_time()
-plan = autoshard.plan(model, (128, 8), example_inputs=(ids,), loss_fn=plan_3d.loss_fn, example_target=ids.clone(),
+plan = autoshard.plan(model, mesh, example_inputs=(ids,), loss_fn=plan_3d.loss_fn, example_target=ids.clone(),
                       hardware="h100", pp="auto", time_limit_s=60)
 wall, cpu = time.perf_counter() - t, time.process_time() - c
 search = plan.stages[0].solution.solver_stats.get("pipeline_search", {{}})
@@ -86,27 +84,19 @@ print(f"{{label}}: plan {{wall:.1f}} s ({{cpu:.1f}}); load {{l0:.1f}} -> {{os.ge
       f"{{search.get('timed_out', False)}}; plan {{digest}}", flush=True)
 """
 
+_175B = """
+import autoshard, plan_3d
+model = plan_3d.gpt3(96, 12288, 96, 2048, 51200)
+ids = torch.empty(1536, 2048, dtype=torch.long, device="meta")
+mesh = (128, 8)
+""" + _PIPELINE
+
 _405B = """
 import autoshard, plan_3d, published_layouts
 model = published_layouts.llama(126, 16384, 53248, 128, 8, 8192, dtype=torch.bfloat16)
 ids = torch.empty(2048, 8192, dtype=torch.long, device="meta")
-l0 = os.getloadavg()[0]
-t, c = time.perf_counter(), time.process_time()
-plan = autoshard.plan(model, (2048, 8), example_inputs=(ids,), loss_fn=plan_3d.loss_fn, example_target=ids.clone(),
-                      hardware="h100", pp="auto", time_limit_s=60)
-wall, cpu = time.perf_counter() - t, time.process_time() - c
-search = plan.stages[0].solution.solver_stats.get("pipeline_search", {{}})
-def decisions(d):  # the plan without its search statistics (which differ when a search skips work)
-    if isinstance(d, dict):
-        return {{k: decisions(v) for k, v in d.items() if k != "solver_stats"}}
-    return [decisions(v) for v in d] if isinstance(d, list) else d
-digest = hashlib.sha1(json.dumps(decisions(plan.to_json()), sort_keys=True, default=str).encode()).hexdigest()[:12]
-print(f"{{label}}: plan {{wall:.1f}} s ({{cpu:.1f}}); load {{l0:.1f}} -> {{os.getloadavg()[0]:.1f}}; "
-      f"pp {{plan.pp}} submesh {{plan.stages[0].mesh.shape}} {{plan.schedule}} m {{plan.microbatches}} "
-      f"recompute {{sum(s.recompute for s in plan.stages)}} step {{plan.estimated_step_time:.6f}} s; stage search "
-      f"{{search.get('wall_s')}} s, ilp {{search.get('ilp')}}, even cuts simulated {{search.get('even')}}, timed out "
-      f"{{search.get('timed_out', False)}}; plan {{digest}}", flush=True)
-"""
+mesh = (2048, 8)
+""" + _PIPELINE
 
 
 def main() -> None:

@@ -51,7 +51,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["BATCH", "lm_loss", "hf_lm_loss", "MLP", "ResidualMLP", "MaskedMLP", "Block", "GPT", "CNN", "BlockCNN", "ComplexRopeLlama",
+__all__ = ["BATCH", "lm_loss", "hf_lm_loss", "MLP", "DeepMLP", "ResidualMLP", "MaskedMLP", "Block", "GPT", "CNN", "BlockCNN", "ComplexRopeLlama",
            "UNet", "UNet1d", "mlp", "gpt", "cnn", "hf_gpt2", "hf_llama", "complex_rope_llama", "unet", "gpt_pipeline", "unet1d", "BUILDERS",
            "PIPELINE_BUILDERS"]
 
@@ -97,6 +97,18 @@ class ResidualMLP(nn.Module):
         for up, down in zip(self.ups, self.downs):
             x = x + down(F.gelu(up(x)))
         return x
+
+
+class DeepMLP(nn.Module):
+    """Three linears 64 -> 256 -> 256 -> 64 with GELUs between: the tiny model of the memory-limited plan-time
+    benchmark (``benchmarks/memory_limit_plan_time.py``) and of the memory-fallback test."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(64, 256), nn.Linear(256, 256), nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x)))))
 
 
 class MaskedMLP(nn.Module):

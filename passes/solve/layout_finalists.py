@@ -77,7 +77,7 @@ def layout_finalists(search, finalists: list, hints: Sequence[Pins], *, limit: f
     ``_Found`` records (copies of a finalist with another result), in hint order.
 
     ``finalists``: the search's, in order; ``solve_policies(lever_graph, combos, policies, tighten)``:
-    the planner's ``_solve_policies`` with its budget, workers and no cutoff; ``evaluated(found)``: a
+    the planner's ``policy_solves.solve_policies`` with its budget, workers and no cutoff; ``evaluated(found)``: a
     record's priced ``Solution``; ``graph_of_every_policy(found)``: the lever graph of every policy at
     ``found``'s microstep count (for a search that stopped at its plan without levers)."""
     if not hints or not finalists:

@@ -76,7 +76,7 @@ def build_lever_graph(problem, pricer: LeverPricer, allowed_policies: dict[str, 
                 base, lever = pricer.node(rep, s, r, base=bases[j])
                 bases[j] = base
                 costs.append(lever.seconds)
-                mems.append(base.params + base.grads + base.optimizer + lever.memory)
+                mems.append(base.params + base.grads + base.optimizer + base.held_grads + lever.memory)
         pinned = problem.allowed.get(rep)
         allowed = None if pinned is None else [j * len(strategies) + k for j in range(len(rs)) for k in sorted(pinned)]
         nodes.append(SGNode(rep, costs, mems, len(names), allowed))

@@ -43,7 +43,7 @@ planning context (strategy table, blocks, policies, microstep counts) is ``lever
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 from autoshard.passes.batch_coupling import describe_coupled
@@ -53,7 +53,7 @@ from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import chosen_keywords
 
 from autoshard.passes.sharding.pins import HintsFor, PinError, Pins
-from autoshard.passes.solve.ilp import ILPResult, cost_floor, lp_bound, solve
+from autoshard.passes.solve.ilp import ILPResult, cost_floor, lp_bound
 from autoshard.passes.solve.lever_costs import LeverPricer
 from autoshard.passes.solve.finalists import pick_finalist
 from autoshard.passes.solve.layout_finalists import layout_finalists
@@ -61,6 +61,7 @@ from autoshard.passes.solve.held_reductions import hold_reductions
 from autoshard.passes.solve.lever_search import LeverSearch
 from autoshard.passes.solve.lever_graph import LeverGraph
 from autoshard.passes.solve.lever_pins import LeverPins
+from autoshard.passes.solve.policy_solves import solve_policies
 from autoshard.passes.solve.strategy_graph import fix_policies
 from autoshard.passes.solve.work_budget import WorkBudget, solve_gap
 from autoshard.passes.solve.problem import ShardingProblem
@@ -109,7 +110,7 @@ def plan_sharding(captured: CapturedGraph, mesh, ctx: Optional[PlanContext] = No
     in flight, optimizer temporaries, the batch). Each answer of the ILP (one per microstep count
     and block-policy combination) is evaluated; one whose peak exceeds the limit is solved again
     with the ILP's limit below that answer's additive bytes by the excess (at least ``_PEAK_STEP``
-    of the limit), up to ``_PEAK_RETRIES`` times. Only a plan whose peak fits is returned
+    of the limit), up to ``policy_solves.PEAK_RETRIES`` times. Only a plan whose peak fits is returned
     (else ``InfeasiblePlanError``, which says what the smallest plan needs and its largest items;
     ``explain=False`` skips pricing that (seconds on a deep model) for a caller that only needs to
     know nothing fits).
@@ -137,7 +138,6 @@ _WORKERS = 2
 #: how many times one policy combination is solved again with a tighter ILP limit when its plan's
 #: peak exceeds the limit, each time at least this fraction of the limit below the additive bytes
 #: of the plan that failed
-_PEAK_RETRIES = 4
 _PEAK_STEP = 0.01
 
 
@@ -195,16 +195,23 @@ def _plan_within(search: LeverSearch, ctx: PlanContext, prune: bool = True, expl
         statuses = []
         def tighten(result, k=k, problem=problem, graph=graph):
             """The ILP bounds additive bytes: a plan whose peak exceeds the limit is solved again
-            below its own additive bytes by the excess (at least ``_PEAK_STEP`` of the limit)."""
+            below its own additive bytes by the excess (at least ``_PEAK_STEP`` of the limit), or, when
+            the excess is more than those bytes, at those bytes times limit / peak."""
             sol = _evaluated(search, _Found(k, problem, graph, result, result.cost * k))
             if sol.estimated_memory <= limit:
                 return None
-            return sum(sol.memory_breakdown.values()) - max(sol.estimated_memory - limit, _PEAK_STEP * limit)
+            # the ILP's own additive bytes (what its limit bounds: a zero1 gradient held over the
+            # microsteps included, which the breakdown's categories leave out)
+            additive = result.memory
+            lower = additive - max(sol.estimated_memory - limit, _PEAK_STEP * limit)
+            # terms outside the additive sum larger than the sum itself (a small model's ZeRO buckets and
+            # whole gradients): cut the sum in the proportion the peak exceeds the limit instead of giving up
+            return lower if lower > 0 else additive * limit / sol.estimated_memory
 
         def cutoff(k=k):
             return None if best is None or not prune else best.step_time / k
 
-        for combo, result in _solve_policies(graph, todo, search.policies, budget, workers, cutoff, tighten=tighten):
+        for combo, result in solve_policies(graph, todo, search.policies, budget, workers, cutoff, tighten=tighten):
             statuses.append(result.status)
             if result.status == "CUTOFF" and not result.stats.get("memory_binding", True):
                 # the bound ignores memory, and a plan of k' = multiple of k microsteps runs as a plan
@@ -227,7 +234,7 @@ def _plan_within(search: LeverSearch, ctx: PlanContext, prune: bool = True, expl
         if last is None:
             raise InfeasiblePlanError("no microstep count allows a plan: " + repr(tried))
         k, problem, graph = last  # the most microsteps: the least activation memory
-        found = [r for _, r in _solve_policies(graph, combos, search.policies, budget, workers, lambda: None,
+        found = [r for _, r in solve_policies(graph, combos, search.policies, budget, workers, lambda: None,
                                                objective="memory") if r.choice is not None]
         smallest = min(found, key=lambda r: r.memory) if found else None
         if smallest is None or smallest.memory > limit:
@@ -268,7 +275,7 @@ def _hinted(search: LeverSearch, finalists: list[_Found], hints_for: Optional[Hi
         return search.graph(problem, cm, limit)
 
     return layout_finalists(search, finalists, hints, limit=limit, evaluated=lambda f: _evaluated(search, f),
-                            solve_policies=lambda graph, combos, policies, tighten: _solve_policies(
+                            solve_policies=lambda graph, combos, policies, tighten: solve_policies(
                                 graph, combos, policies, budget, workers, lambda: None, tighten=tighten),
                             graph_of_every_policy=every_policy)
 
@@ -301,7 +308,7 @@ def _solve_unlevered(search: "LeverSearch", ks: list[int], budget: WorkBudget, w
     except PinError:
         return None
     fastest, only, graph = _fastest_graph(search, problem, cm)
-    for _, result in _solve_policies(graph, [fastest], only, budget, workers, lambda: None):
+    for _, result in solve_policies(graph, [fastest], only, budget, workers, lambda: None):
         if result.choice is not None:
             return _Found(k, problem, graph, result, result.cost * k)
     return None
@@ -329,35 +336,6 @@ def _cut_off_unpriced(search: "LeverSearch", problem: ShardingProblem, cm, best_
         return False  # the first allowed policy is not the cheapest: no claim
     _, _, graph = _fastest_graph(search, problem, cm)
     return cost_floor(graph.graph) >= best_step / k * (1 - 1e-6)
-
-
-def _solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, list[int]], budget: WorkBudget,
-                    workers: int, cutoff, objective: str = "cost", tighten=None):
-    """Solve ``graph`` once per combination of block-type policies in ``combos`` (each a sorted
-    tuple of (block type, policy index); answers mapped back to ``graph``'s strategy indices), or
-    jointly when ``combos`` is ``[None]``. Yields (combination, ILPResult). ``cutoff()``: the
-    per-microstep objective to beat, read before each solve. ``tighten(result)``: None when the
-    answer stands, else a lower ILP memory limit for this combination, solved again (at most
-    ``_PEAK_RETRIES`` times; the last answer is yielded either way)."""
-    groups = graph.graph.groups
-    for combo in combos:
-        if combo is None or not groups:
-            part, expand = replace(graph.graph), list
-        else:
-            chosen = dict(combo)
-            part, expand = fix_policies(graph.graph, [policies[g.name].index(chosen[g.name]) for g in groups])
-        kept: dict = {}  # the ILP of ``part``, solved again under a lower limit by a retry
-        for attempt in range(_PEAK_RETRIES + 1):
-            result = solve(part, objective=objective, time_limit_s=budget.next_limit(),
-                           workers=workers, cutoff=cutoff() if objective == "cost" else None, kept=kept)
-            budget.charge(result)
-            if result.choice is not None:
-                result.choice = expand(result.choice)
-            lower = None if tighten is None or result.choice is None or attempt == _PEAK_RETRIES else tighten(result)
-            if lower is None or lower <= 0:
-                break
-            part.memory_limit = lower
-        yield combo, result
 
 
 class _FloorCheck:

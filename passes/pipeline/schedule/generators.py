@@ -41,14 +41,19 @@ def generate(schedule: str, n_stages_physical: int, n_microbatches: int, virtual
     ``virtual`` (stages per rank) defaults to the schedule's own (``interleaved-1f1b-v3``: 3); if
     given it must equal it. The result passes ``check_deadlock`` (also with blocking sends).
     """
-    p, m = n_stages_physical, n_microbatches
+    return _generated(schedule, n_stages_physical, n_microbatches, virtual)[0]
+
+
+def _generated(schedule: str, p: int, m: int, virtual: Optional[int]
+               ) -> tuple[dict[int, list[Action]], list[tuple[int, int]]]:
+    """``generate``'s schedule and the global sequence it was read off (``_ordered_with_comms``)."""
     desc = get_schedule(schedule) if virtual is None else _checked(schedule, virtual)
     if not (isinstance(p, int) and isinstance(m, int)) or p < 1 or m < 1:
         raise ScheduleError(f"need integers p >= 1, m >= 1; got p={p}, m={m}")
     problem = desc.problem(p, m)
     if problem:
         raise ScheduleError(problem)
-    return with_comms(desc.order(p, m, desc.virtual_stages), desc.stage_rank(p))
+    return _ordered_with_comms(desc.order(p, m, desc.virtual_stages), desc.stage_rank(p))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -71,9 +76,11 @@ def prepared(schedule: str, n_stages_physical: int, n_microbatches: int, virtual
     """``prepare(generate(...))``, memoised: time a generated schedule under many costs cheaply.
 
     ``simulate(prepared("1f1b", 8, 32), costs)`` costs a few ms against tens of ms for
-    ``simulate(generate(...), costs)``; the result is shared, so treat it as read-only.
+    ``simulate(generate(...), costs)``; the result is shared, so treat it as read-only. The global
+    sequence ``with_comms`` built is handed to ``prepare`` as the completion order, which it checks
+    in one pass instead of dry-running the schedule a second time.
     """
-    return prepare(generate(schedule, n_stages_physical, n_microbatches, virtual))
+    return prepare(*_generated(schedule, n_stages_physical, n_microbatches, virtual))
 
 
 def _checked(schedule: str, virtual: int):
@@ -95,6 +102,12 @@ def with_comms(compute: dict[int, list[Action]], owner: list[int]) -> dict[int, 
     consumer on both sides and all ranks agree on the order of transfers, so the schedule completes
     even if every send blocks until its receive (the proof: run the global sequence in order).
     """
+    return _ordered_with_comms(compute, owner)[0]
+
+
+def _ordered_with_comms(compute: dict[int, list[Action]], owner: list[int]
+                        ) -> tuple[dict[int, list[Action]], list[tuple[int, int]]]:
+    """``with_comms`` and its global sequence, as (rank, index in that rank's list)."""
     n = len(owner)
     try:
         timed = simulate(compute, StageCosts(1.0, 1.0, 1.0))
@@ -114,9 +127,11 @@ def with_comms(compute: dict[int, list[Action]], owner: list[int]) -> dict[int, 
             dst = owner[s - 1]
             seq.append((end, 0, r, idx, [(r, Action(s, "SEND_B", i, s - 1)),
                                          (dst, Action(s - 1, "RECV_B", i, s))]))
-    seq.sort(key=lambda e: e[:4])
+    seq.sort()  # (time, kind, rank, index) never ties, so the lists are never compared
     out: dict[int, list[Action]] = {r: [] for r in compute}
+    order = []
     for *_, items in seq:
         for r, a in items:
+            order.append((r, len(out[r])))
             out[r].append(a)
-    return out
+    return out, order
