@@ -5,15 +5,15 @@ The case, Meta's Llama 3 405B layout in small: a meta GPT of 14 blocks with a la
 embedding and the head outweigh a block) on 2 H100s, laid out as Megatron-Core runs it: pp 2 x 8 virtual
 stages (interleaved 1F1B), the embedding and the head each a stage of its own
 (``account_for_embedding/loss_in_pipeline_split``: 14 blocks + 2 = 16 stages), no recompute. ``pp="auto"``
-then plans under the memory the layout's own plan needs. It finds no plan (InfeasiblePlanError): the even
-cut that equals the layout's fits only when a group of several stages is priced at the schedule's worst
-moment, and the stage search's even pass checks it as the sum of its stages' own peaks. Checking it with the
-moments makes this test pass (1.4% faster than the layout), but compile's per-stage re-solve
-(``stages/retrace.py``) budgets each stage by the other stages' own peaks and then cannot build such plans
-(``test_pipeline_auto``'s tight-memory case failed), so that check is not made yet: the test is a strict
-xfail, the open part of issue 27/28. What landed and passes: interleaving searched up to v 8, proven-unfit
-configurations not taking the unfit ILP's places, every leading even cut refined, the plan's memory rounded
-up (as a limit it admits the plan).
+then plans under the memory the layout's own plan needs, and must be at least as fast.
+
+On main before this test passed, ``pp="auto"`` found no plan there (InfeasiblePlanError): the even cut that
+equals the layout fits only when a group of several stages is priced at the schedule's worst moment, and the
+stage search's even pass checked it as the sum of its stages' own peaks. The even pass now checks it by the
+moments, compile's per-stage re-solve (``stages/retrace.py``) budgets each stage by its group's peak at the
+worst moment too (``tests/passes/pipeline/test_retrace_group_budget.py``), and a group's moments count every
+stage's accumulated gradients and the sends the runtime keeps (``stage_problem.stage_memory_record``, as the
+runtime's ``stage_peak.stage_memory_record``).
 """
 from __future__ import annotations
 
@@ -42,8 +42,6 @@ def case():
     return model, dict(example_inputs=(ids,), loss_fn=lm_loss, example_target=ids, hardware="h100")
 
 
-@pytest.mark.xfail(strict=True, raises=autoshard.AutoshardError,
-                   reason="the even pass checks groups of several stages without the schedule's moments (docstring)")
 def test_auto_is_not_slower_than_a_v8_layout_with_the_embedding_and_head_alone_at_its_memory(case):
     model, common = case
     meta = layouts.megatron(pp=2, virtual_stages=8, distributed_optimizer=True, recompute="none",

@@ -364,10 +364,9 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, c
         unpinned = PipelineSearch(recompute=recompute)  # an even cut: no pinned starts
         rough = stage_problem(prof, (p, m, schedule), mesh, ctx, approx_held(schedule, p, m), unpinned)
         for on in ((False, True) if recompute is None else (bool(recompute),)):
-            # without the schedule's moments this sums each stage's own worst count, above what a group of
-            # several stages holds at once; kept because compile's per-stage re-solve (``retrace``) budgets
-            # each stage by the others' own peaks, and cannot build plans that fit only at the group's moments
-            guess = even_stages(rough, on)
+            # the closed form's step decides whether to simulate; its memory does not: without the schedule's
+            # moments it sums each stage's own worst count, above what a group of several stages holds at once
+            guess = even_stages(rough, on, check_memory=get_schedule(schedule).virtual_stages == 1)
             if guess is None or (best is not None and guess.step_time >= margin * best.step_time):
                 continue
             # the floor reads no held count: the even cut priced with the schedule's exact ones below has
