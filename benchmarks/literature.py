@@ -2,6 +2,7 @@
 measured.
 
     python benchmarks/literature.py [--only 1.7B,8B] [--json residuals.json] [--sensitivity]
+    python benchmarks/literature.py --held-out [--microbatch 2]
 
 Each row is a published run: its model, built on the meta device from the run's shape with the kernels
 the run executed, its cluster, and its parallel layout as an ``autoshard.layouts`` value. The step is
@@ -187,15 +188,24 @@ ROWS = [
 
 def _mt_nlg(nodes: int, step_s: float, measured: float) -> Row:
     """Megatron-Turing NLG 530B (Smith et al. 2022, sec. 2.4): 105 blocks of 20480, 128 heads, sequence
-    2048, batch 1920 on DGX A100 nodes, tensor 8 x pipeline 35 x data (nodes x 8 / 280), microbatch 1,
-    DeepSpeed's 1F1B pipeline sending whole activations with blocking sends (its ``TrainSchedule`` issues
-    each send and receive as its own instruction, ``p2p.send`` / ``p2p.recv`` = ``dist.send`` / ``dist.recv``:
-    deepspeed/runtime/pipe/schedule.py, p2p.py), its gradients reduced after the backward, full
-    recomputation; the paper's iteration time and TFLOP/s per GPU (its accounting, eq. 3 above)."""
+    2048, batch 1920 on DGX A100 nodes, tensor 8 x pipeline 35 x data (nodes x 8 / 280), full recomputation,
+    gradients reduced after the backward; the paper's iteration time and TFLOP/s per GPU (its accounting,
+    eq. 3 above). Its pipeline is DeepSpeed's engine (deepspeed/runtime/pipe/):
+    - ``TrainSchedule`` runs each stage's forwards and backwards in 1F1B's order (schedule.py
+      ``_step_to_micro_batch``; tests/passes/pipeline/test_deepspeed_train_order.py) and issues each send
+      and receive as its own blocking ``dist.send`` / ``dist.recv`` (p2p.py): ``blocking_p2p``;
+    - with tensor parallelism it sends a stage's output as each tp rank's 1/tp piece (plus a small
+      metadata tensor) and the receiver all-gathers it over tp (engine.py: ``is_pipe_partitioned =
+      is_model_parallel``, ``PartitionedTensor``, since the engine's first release of 2020-09; gradients
+      partitioned the same way since 2021-09-29, DeepSpeed #1407): ``scatter_gather_tensors_in_pipeline``.
+      Unpriced: the sender all-gathers its own output again before its backward (``part_output.full()``,
+      one NVLink all-gather of the stage output per microbatch, ~0.3 ms).
+    The paper does not give the microbatch size (``--microbatch`` reprices at another); 1 is assumed, as
+    in Megatron-LM's own 530B run (Table 1 above)."""
     layers, h, heads, seq, vocab, batch = 105, 20480, 128, 2048, 50272, 1920
     gpus = nodes * 8
     layout = layouts.megatron(tp=8, pp=35, microbatch_size=1, recompute="full", sequence_parallel=False,
-                              scatter_gather_tensors_in_pipeline=False, blocking_p2p=True)
+                              scatter_gather_tensors_in_pipeline=True, blocking_p2p=True)
     return Row(f"MT-NLG 530B, {nodes} nodes ({step_s} s)", gpus, lambda: megatron_gpt(layers, h, heads, seq, vocab),
                megatron_loss, batch, seq, (gpus // 8, 8), layout, "a100", measured, "TFLOP/s/GPU",
                optimizer="megatron_adam", flops=megatron_flops(batch, seq, layers, h, vocab),
@@ -203,7 +213,7 @@ def _mt_nlg(nodes: int, step_s: float, measured: float) -> Row:
 
 
 #: Held out: published runs not used while building the cost model (``--held-out``).
-HELD_OUT = [_mt_nlg(280, 60.1, 126), _mt_nlg(420, 44.4, 113)]
+HELD_OUT = [_mt_nlg(280, 60.1, 126), _mt_nlg(350, 50.2, 121), _mt_nlg(420, 44.4, 113)]
 
 
 def price(row: Row, hardware: Union[str, Hardware, None] = None) -> dict:
@@ -227,7 +237,7 @@ def price(row: Row, hardware: Union[str, Hardware, None] = None) -> dict:
         parts = {k: v for k, v in plan.solution.time_breakdown.items()}
         how = f"k {plan.solution.levers.accumulation}, " + ("overlapped" if overlapped else "additive")
     return {"step": step, "plan_s": seconds, "cpu_s": cpu, "memory": plan.estimated_memory, "parts": parts,
-            "how": how}
+            "how": how, "m": plan.microbatches if plan.pipelined else None}
 
 
 def main() -> None:
@@ -235,11 +245,18 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated substrings of row names")
     ap.add_argument("--json", default="", help="write the residuals here")
     ap.add_argument("--held-out", action="store_true", help="price the held-out published runs instead (HELD_OUT)")
+    ap.add_argument("--microbatch", type=int, default=0,
+                    help="what-if: price the rows at this microbatch size instead of their own (the MT-NLG paper "
+                         "does not state its own)")
     ap.add_argument("--sensitivity", action="store_true",
                     help="also reprice the A100 rows with each published A100 GEMM figure (none is applied)")
     args = ap.parse_args()
     rows = [r for r in (HELD_OUT if args.held_out else ROWS)
             if not args.only or any(k.strip() in r.name for k in args.only.split(","))]
+    if args.microbatch:
+        rows = [dataclasses.replace(r, name=f"{r.name} mbs {args.microbatch}",
+                                    layout=dataclasses.replace(r.layout, microbatch_size=args.microbatch))
+                for r in rows]
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
           "every row through autoshard.plan(layout=...)")
     print(f"{'run':<27} {'GPUs':>5} {'measured':>17} {'predicted':>9} {'error':>7}  {'step s (meas.)':>16} "
@@ -266,12 +283,35 @@ def main() -> None:
     print(f"throughput signed errors: median {100 * sorted(errs)[len(errs) // 2]:+.1f}%, min {100 * min(errs):+.1f}%, "
           f"max {100 * max(errs):+.1f}%; all rows planned in {total:.0f} s wall, {cpu:.0f} CPU s of this process "
           f"[goal <= 600 s on 2 quiet cores; load average now {os.getloadavg()[0]:.1f}]")
+    fit_per_microbatch(out)
     if args.sensitivity:
         sensitivity([r for r in rows if r.hardware == "a100"])
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({r.name: {"measured": r.measured, "predicted": p, "error": e, "step_s": g["step"],
                                 "plan_s": g["plan_s"]} for r, p, e, g in out}, fh, indent=1)
+
+
+def fit_per_microbatch(out: list) -> None:
+    """Where several pipelined rows run one model and pipeline at different microbatch counts m (the
+    held-out MT-NLG runs), the least-squares line step = a m + b through the measured steps and through
+    the predicted ones: a is what one more microbatch costs, b what a step costs whatever m (bubble,
+    gradient sync, optimizer)."""
+    groups: dict = {}
+    for r, _pred, _err, got in out:
+        if got["m"]:
+            groups.setdefault((r.layout.pp, r.layout.microbatch_size, r.batch), []).append((got["m"], r.measured_step(),
+                                                                                            got["step"]))
+    for (pp, mbs, _batch), pts in groups.items():
+        if len({m for m, _, _ in pts}) < 2:
+            continue
+        lines = []
+        for label, k in (("measured", 1), ("predicted", 2)):
+            n = len(pts)
+            mx, my = sum(p[0] for p in pts) / n, sum(p[k] for p in pts) / n
+            a = sum((p[0] - mx) * (p[k] - my) for p in pts) / sum((p[0] - mx) ** 2 for p in pts)
+            lines.append(f"{label} {a:.4f} s x m + {my - a * mx:.2f} s")
+        print(f"pp {pp}, microbatch {mbs}, m = {sorted(m for m, _, _ in pts)}: step = " + "; ".join(lines))
 
 
 def spearman(xs: list, ys: list) -> float:
