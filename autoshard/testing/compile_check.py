@@ -4,10 +4,12 @@ sweep (``tests/frontdoor/test_torch_compile_sweep.py``) and of ``benchmarks/comp
     results = run_ranks(compile_worker, 4, CASES)     # one spawn for every case
     for r in results[0]: print(r.label, r.failures, r.worst_ratio)
 
-Each case ``(model, seed[, backend])``: the model (``MODELS``) seeded alike on every rank; rank 0 plans it on
+Each case ``(model, seed[, backend])``: the model (``MODELS``) seeded alike on every rank, planned once on
 mesh (2, 2) (``seed`` None: the solver, else a random valid plan), every block checkpointed ("full") and
-resharded after forward, and every rank compiles it with ``CompileOptions(backend=backend)`` (default
-inductor) and trains it next to a
+resharded after forward: ``autoshard.plan`` with the options ``compile`` would plan with, the cases spread
+over the ranks (``shared_work.spread_over_ranks``; rank 0 planned every case while three ranks waited), the
+plans shared as JSON. Every rank then runs ``autoshard.compile(..., plan=)`` with
+``CompileOptions(backend=backend)`` (default inductor) and trains it next to a
 single-device copy (``equivalence.train_against_one_device``: the loss of each step, the first step's
 local gradients and the final state, within ``zoo_check.TOL``'s measured noise floor, plain SGD). Then
 every compiled region must have compiled, and the models in ``NO_BREAKS`` without a graph break.
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from autoshard.testing.equivalence import NoiseFloor, compiled_gradient_mismatches, train_against_one_device
+from autoshard.testing.shared_work import spread_over_ranks
 from autoshard.testing.zoo_check import TOL, sgd
 
 __all__ = ["MODELS", "CASES", "NO_BREAKS", "CompileResult", "compile_worker"]
@@ -59,21 +62,34 @@ def _model(name: str):
     return model, inputs, target, loss_fn
 
 
+def _plan_job(name: str, seed, mesh):
+    """The job planning one case: what ``autoshard.compile`` plans on rank 0 for these options (the same
+    ``driver.choose``; ``for_runtime`` only changes pipelines), as the plan's JSON."""
+    def solve() -> dict:
+        import autoshard
+        model, inputs, target, loss_fn = _model(name)
+        return autoshard.plan(model, mesh, example_inputs=inputs, loss_fn=loss_fn, example_target=target,
+                              hardware="cpu", random_seed=seed, checkpoint="full", reshard_after_forward=True,
+                              time_limit_s=10).to_json()
+    return solve
+
+
 def compile_worker(rank: int, world: int, cases=CASES, mesh=(2, 2), steps: int = 2) -> list:
     """Every case on this rank (see the module docstring); a list of ``CompileResult``."""
     import autoshard
+    from autoshard.plans import Plan
     from autoshard.runtime.compiled_regions import CompiledRegion
 
     torch.set_num_threads(1)
+    cases = [(tuple(case) + ("inductor",))[:3] for case in cases]
+    planned = spread_over_ranks([_plan_job(name, seed, mesh) for name, seed, _ in cases])
     out = []
-    for case in cases:
-        name, seed, backend = (tuple(case) + ("inductor",))[:3]
+    for (name, seed, backend), outcome in zip(cases, planned):
         label = f"{name} {'solver' if seed is None else f'random plan {seed}'} {backend}"
         model, inputs, target, loss_fn = _model(name)
         ref = copy.deepcopy(model)
         cm = autoshard.compile(model, mesh, example_inputs=inputs, loss_fn=loss_fn, example_target=target,
-                               hardware="cpu", random_seed=seed, checkpoint="full", reshard_after_forward=True,
-                               compile=autoshard.CompileOptions(backend=backend), time_limit_s=10)
+                               plan=Plan.from_json(outcome.value()), compile=autoshard.CompileOptions(backend=backend))
         ratios: list = []
         tol = NoiseFloor(TOL.factor, ratios, TOL.fallback)
         result = CompileResult(label)

@@ -13,7 +13,8 @@ one-device reference of gradient accumulation, and program wrappers.
   ``"hf:gpt_neox"``, ``"hf:gemma"``, or a held-out one of ``heldout_models``: ``"mid:llama"``, ...) and mesh, a ``Layout``: the model captured at ``MICRO`` samples,
   the rank's mesh env and its ``planned`` strategies (the one worker loop the lever and memory tests share;
   every model is captured before the first is yielded, and the plans are spread over the ranks,
-  ``shared_work.spread_over_ranks``);
+  ``shared_work.spread_over_ranks``); ``layout_captures(models)`` captures them once for every rank
+  (``run_ranks(..., prepare=)``, then ``layouts(rank, models, captures=)``);
   ``policy_levers(model_name, k, checkpoint, reshard)``: ``Levers`` with that policy on its block type.
 - ``accumulated_loss(loss_fn, k, twice=False)``: the ``reference_loss`` for
   ``equivalence.train_against_one_device`` of one device doing the same accumulation: k microbatches,
@@ -37,6 +38,7 @@ from autoshard.runtime.memory_probe import MemoryProbe
 from .models import BlockCNN, gpt, hf_llama, hf_lm_loss, lm_loss
 
 __all__ = ["MICRO", "BLOCK_TYPES", "build", "zero3", "zero3_plan", "layout_pins", "planned", "Layout", "layouts",
+           "layout_captures",
            "block_type", "policy_levers", "accumulated_loss", "Twice", "Probed"]
 
 MICRO = 8  # the (micro)batch programs are traced at; a global batch is MICRO * accumulation
@@ -153,10 +155,28 @@ def policy_levers(model_name: str, k: int, checkpoint: str, reshard: bool) -> Le
     return Levers(k, {block_type(model_name): BlockPolicy(checkpoint, reshard)})
 
 
-def layouts(rank: int, models) -> Iterator[Layout]:
-    """See the module docstring. ``models``: ``[(name, [mesh_shape, ...]), ...]``; run on every rank."""
-    from autoshard.api import plan_captured
+def layout_captures(models) -> list:
+    """Every model of ``models`` (``layouts``' argument) built (``torch.manual_seed(0)`` first) and captured
+    at ``MICRO`` samples, in order: ``[(model, batch, loss_fn, layers, captured), ...]``. Made once for
+    every rank as ``run_ranks(..., prepare=functools.partial(layout_captures, models))`` and handed to
+    ``layouts(..., captures=)``: four ranks on a 2-core machine each capturing the same models cost four
+    captures."""
     from autoshard.passes.capture.export import capture
+
+    torch.set_num_threads(1)
+    out = []
+    for model_name, _ in models:
+        torch.manual_seed(0)
+        model, batch, loss_fn, layers = _build_any(model_name)
+        inputs, target = batch(MICRO, 0)
+        out.append((model, batch, loss_fn, layers, capture(model, inputs, loss_fn=loss_fn, target=target)))
+    return out
+
+
+def layouts(rank: int, models, captures: Optional[list] = None) -> Iterator[Layout]:
+    """See the module docstring. ``models``: ``[(name, [mesh_shape, ...]), ...]``; run on every rank.
+    ``captures``: ``layout_captures(models)``, made once for every rank (else each rank captures here)."""
+    from autoshard.api import plan_captured
     from autoshard.passes.mesh import Mesh
     from autoshard.plans import Plan
     from autoshard.runtime.groups import setup_distributed
@@ -164,13 +184,11 @@ def layouts(rank: int, models) -> Iterator[Layout]:
     from .shared_work import spread_over_ranks
 
     torch.set_num_threads(1)
+    if captures is None:
+        captures = layout_captures(models)
     built, jobs = [], []
-    for model_name, meshes in models:  # every model captured first, so that the plans can be spread
-        torch.manual_seed(0)
-        model, batch, loss_fn, layers = _build_any(model_name)
-        inputs, target = batch(MICRO, 0)
-        captured = capture(model, inputs, loss_fn=loss_fn, target=target)
-        for mesh_shape in meshes:
+    for (model_name, meshes), (model, batch, loss_fn, layers, captured) in zip(models, captures):
+        for mesh_shape in meshes:  # every model captured first, so that the plans can be spread
             built.append((model_name, mesh_shape, captured, model, batch, loss_fn))
             jobs.append(lambda c=captured, m=model, s=mesh_shape, l=layers: plan_captured(
                 c, Mesh.of(s), hardware="cpu", time_limit_s=20, pins=layout_pins(m, s, l)).to_json())

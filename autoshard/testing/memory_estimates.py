@@ -112,14 +112,15 @@ class MicrostepTracker(MemTracker):
         super()._pre_fw_hook(module, inputs)
 
 
-def memory_against_estimates(rank: int, models, cases=LEVER_CASES) -> list[tuple]:
-    """See the module docstring. ``models``: ``[(name, [mesh_shape, ...]), ...]``."""
+def memory_against_estimates(rank: int, models, cases=LEVER_CASES, captures=None) -> list[tuple]:
+    """See the module docstring. ``models``: ``[(name, [mesh_shape, ...]), ...]``; ``captures``:
+    ``levers.layout_captures(models)`` made once for every rank (``run_ranks(prepare=)``), else made here."""
     from autoshard.passes.mesh import Mesh
     from autoshard.passes.solve.solution import evaluate
     from autoshard.runtime.executor import RankProgram
 
     rows = []
-    for lay in layouts(rank, models):
+    for lay in layouts(rank, models, captures):
         for case, k, checkpoint, reshard in cases:
             levers = policy_levers(lay.model_name, k, checkpoint, reshard)
             probed = Probed(RankProgram.of_strategies(lay.captured, lay.strategies, lay.mesh_shape, env=lay.env, model=lay.model,
@@ -133,15 +134,16 @@ def memory_against_estimates(rank: int, models, cases=LEVER_CASES) -> list[tuple
     return rows
 
 
-def peak_against_estimates(rank: int, models, cases=PEAK_CASES) -> list[tuple]:
-    """See the module docstring. ``models``: ``[(name, [mesh_shape, ...]), ...]``."""
+def peak_against_estimates(rank: int, models, cases=PEAK_CASES, captures=None) -> list[tuple]:
+    """See the module docstring. ``models``: ``[(name, [mesh_shape, ...]), ...]``; ``captures`` as in
+    ``memory_against_estimates``."""
     from autoshard.passes.mesh import Mesh
     from autoshard.passes.solve.solution import evaluate
     from autoshard.runtime.executor import RankProgram
     from autoshard.runtime.local_module import local_module
 
     rows = []
-    for lay in layouts(rank, models):
+    for lay in layouts(rank, models, captures):
         model_name, mesh_shape, captured, strategies, batch = (lay.model_name, lay.mesh_shape, lay.captured,
                                                                lay.strategies, lay.batch)
         for case, k, checkpoint, reshard in cases:

@@ -1,6 +1,7 @@
 """Expert-parallel plans of the Hugging Face MoE models, trained on gloo ranks against one device.
 
     results = run_ranks(moe_worker, 4, [("mixtral", (4,), ("ep",))])
+    results = run_moe(cases)        # the same, each model captured once for all ranks (``run_ranks(prepare=)``)
     failures, counts, summary, layers = results[0][0]
 
 ``roles`` names one ``moe_experts`` strategy per mesh axis (``ROLES``): "ep" (expert parallel, tokens
@@ -31,7 +32,7 @@ from autoshard.testing.hf_zoo import build
 from autoshard.testing.shared_work import spread_over_ranks
 from autoshard.testing.zoo_check import TOL, sgd
 
-__all__ = ["ROLES", "moe_nodes", "expert_pins", "moe_worker"]
+__all__ = ["ROLES", "moe_nodes", "expert_pins", "moe_captures", "moe_worker", "prepared_moe_worker", "run_moe"]
 
 _S0, _R, _P = Shard(0), Replicate(), Partial()
 #: role -> (placements of hidden, index, weights, gate, up, down), output, lowering
@@ -59,26 +60,53 @@ def expert_pins(captured: CapturedGraph, roles: Sequence[str], capacity: bool = 
     return {"strategies": {name: strategy for name in moe_nodes(captured)}}
 
 
-def moe_worker(rank: int, world: int, cases: Sequence, steps: int = 2, time_limit_s: float = 10.0) -> list:
-    """Each ``(model name, mesh shape, roles)`` case on this rank: see the module docstring."""
-    from autoshard.api import plan_captured
-    from autoshard.compiled import CompiledModel
+def moe_captures(cases: Sequence) -> dict:
+    """``(model name, capacity factor) -> capture`` for every one the cases use: the checkpoint lever and the
+    pins are the plan's, not the graph's."""
     from autoshard.passes.capture.export import capture
-    from autoshard.passes.mesh import Mesh
-    from autoshard.plans import Plan
-    from autoshard.runtime.groups import setup_distributed
 
     torch.set_num_threads(1)
-    captures = {}  # (name, factor) -> capture: the checkpoint lever and the pins are the plan's, not the graph's
-    jobs = []
-    for name, mesh_shape, roles, *options in cases:
+    captures = {}
+    for name, _, _, *options in cases:
         factor = options[0] if options else None
-        checkpoint = options[1] if len(options) > 1 else None
         if (name, factor) not in captures:
             torch.manual_seed(0)
             model, inputs, target, loss_fn = build(name)
             set_moe_capacity_factor(model, factor)
             captures[name, factor] = capture(model, inputs, loss_fn=loss_fn, target=target)
+    return captures
+
+
+def run_moe(cases: Sequence, world: int = 4, *, steps: int = 2, time_limit_s: float = 10.0,
+            timeout: float = 600.0) -> list:
+    """``run_ranks(moe_worker, world, cases)``'s result, every model captured once (``moe_captures``, as
+    ``run_ranks``' ``prepare``) in the process the ranks fork from, instead of on every rank."""
+    import functools
+
+    from autoshard.testing.ranks import run_ranks
+    return run_ranks(prepared_moe_worker, world, cases, steps, time_limit_s, timeout=timeout,
+                     prepare=functools.partial(moe_captures, list(cases)))
+
+
+def moe_worker(rank: int, world: int, cases: Sequence, steps: int = 2, time_limit_s: float = 10.0) -> list:
+    """Each ``(model name, mesh shape, roles)`` case on this rank: see the module docstring."""
+    return prepared_moe_worker(rank, world, moe_captures(cases), cases, steps, time_limit_s)
+
+
+def prepared_moe_worker(rank: int, world: int, captures: dict, cases: Sequence, steps: int = 2,
+                        time_limit_s: float = 10.0) -> list:
+    """``moe_worker`` with the cases' captures made (``moe_captures``, the same on every rank)."""
+    from autoshard.api import plan_captured
+    from autoshard.compiled import CompiledModel
+    from autoshard.passes.mesh import Mesh
+    from autoshard.plans import Plan
+    from autoshard.runtime.groups import setup_distributed
+
+    torch.set_num_threads(1)
+    jobs = []
+    for name, mesh_shape, roles, *options in cases:
+        factor = options[0] if options else None
+        checkpoint = options[1] if len(options) > 1 else None
         captured = captures[name, factor]
 
         def solve(captured=captured, mesh=Mesh.of(mesh_shape), roles=roles, factor=factor, checkpoint=checkpoint):

@@ -13,18 +13,29 @@ kills them and raises ``TimeoutError`` naming the ranks that had not finished.
 ``init="store"`` (default) joins the ranks with a FileStore before ``fn`` runs; ``init="env"``
 only sets RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT/LOCAL_RANK (as torchrun does), so ``fn`` starts
 with torch.distributed uninitialized.
+
+Work every rank would do alike (capturing the same models) can be done once:
+
+    results = run_ranks(fn, 4, arg1, prepare=functools.partial(capture_all, names))
+
+runs ``prepare()`` in one process (forked from the forkserver, one intra-op thread), which then forks
+the ranks; each rank gets its own copy-on-write copy of the result, nothing pickled:
+``fn(rank, world_size, prepared, arg1)``. Four ranks capturing the same model on a 2-core machine cost
+four captures' CPU; prepared, one. ``prepare`` must be picklable (a module-level function or a
+``functools.partial`` of one) and should leave no threads running (the ranks are forked).
 """
 from __future__ import annotations
 
 import os
-import shutil
 import pickle
 import queue as queue_mod
+import shutil
+import signal
 import socket
 import tempfile
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.multiprocessing as mp
@@ -69,6 +80,17 @@ def _unpack(obj):
     return obj
 
 
+def _report(out, rank: int, e: BaseException) -> None:
+    """Send ``e`` (picklable, or its text in a RuntimeError) with its traceback to the parent."""
+    tb = traceback.format_exc()
+    try:
+        pickle.dumps(e)
+        exc = e
+    except Exception:  # noqa: BLE001
+        exc = RuntimeError(f"{type(e).__name__}: {e}")
+    out.put((rank, False, exc, tb))
+
+
 def _worker(fn, rank, world, init, rendezvous, out, args, kwargs):
     torch.set_num_threads(1)
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
@@ -87,13 +109,7 @@ def _worker(fn, rank, world, init, rendezvous, out, args, kwargs):
         pickle.dumps(packed)  # fail here, with a traceback, rather than silently in the queue's thread
         out.put((rank, True, packed, None))
     except BaseException as e:  # noqa: BLE001 - every failure must reach the parent
-        tb = traceback.format_exc()
-        try:
-            pickle.dumps(e)
-            exc = e
-        except Exception:  # noqa: BLE001
-            exc = RuntimeError(f"{type(e).__name__}: {e}")
-        out.put((rank, False, exc, tb))
+        _report(out, rank, e)
     finally:
         try:
             if dist.is_initialized():
@@ -122,17 +138,64 @@ def _context():
         return mp.get_context("spawn")
 
 
+def _die_with_parent() -> None:
+    """Linux: this process is killed when its parent dies (a prepared rank's parent is the process that
+    prepared, which ``run_ranks`` kills on a failure or a timeout)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _prepared_ranks(prepare, fn, world, init, rendezvous, out, args, kwargs):
+    """The process that runs ``prepare()`` once, forks the ranks from its state and waits for them; a
+    failure of ``prepare`` or a rank that dies without reporting reaches the parent through ``out``."""
+    torch.set_num_threads(1)  # before any op: no OpenMP pool exists when the ranks fork
+    try:
+        prepared = prepare()
+    except BaseException as e:  # noqa: BLE001 - the parent must hear of it
+        _report(out, _PREPARE, e)
+        out.close()
+        out.join_thread()
+        os._exit(0)
+    pids = []
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:
+            _die_with_parent()
+            _worker(fn, rank, world, init, rendezvous, out, (prepared,) + tuple(args), kwargs)  # never returns
+        pids.append(pid)
+    for rank, pid in enumerate(pids):
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if code != 0:  # ``_worker`` always leaves through os._exit(0): this rank was killed
+            out.put((rank, False, RuntimeError(f"rank {rank} died with exit code {code}"), None))
+    out.close()
+    out.join_thread()
+    os._exit(0)
+
+
+#: the "rank" of a failure in ``prepare``
+_PREPARE = -1
+
+
 def run_ranks(fn: Callable, world_size: int, *args, timeout: float = 180.0, init: str = "store",
-              **kwargs) -> list[Any]:
-    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` spawned processes."""
+              prepare: Optional[Callable[[], Any]] = None, **kwargs) -> list[Any]:
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` spawned processes; with
+    ``prepare``, ``fn(rank, world_size, prepare(), *args, **kwargs)``, ``prepare`` run once (module
+    docstring)."""
     if init not in ("store", "env", None):
         raise ValueError(f"init must be 'store', 'env' or None, got {init!r}")
     ctx = _context()
     out = ctx.Queue()
     tmp = tempfile.mkdtemp(prefix="autoshard_ranks_")
     rendezvous = free_port() if init == "env" else os.path.join(tmp, "store")
-    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, init, rendezvous, out, args, kwargs),
-                         daemon=True) for r in range(world_size)]
+    if prepare is None:
+        procs = [ctx.Process(target=_worker, args=(fn, r, world_size, init, rendezvous, out, args, kwargs),
+                             daemon=True) for r in range(world_size)]
+    else:  # not a daemon: a daemonic process may not have children
+        procs = [ctx.Process(target=_prepared_ranks, args=(prepare, fn, world_size, init, rendezvous, out, args,
+                                                           kwargs))]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -148,12 +211,13 @@ def run_ranks(fn: Callable, world_size: int, *args, timeout: float = 180.0, init
             try:
                 rank, ok, value, tb = out.get(timeout=min(left, 1.0))
             except queue_mod.Empty:
-                dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in results
+                dead = [r for r, p in enumerate(procs) if not p.is_alive() and (prepare or r not in results)
                         and p.exitcode not in (0, None)]
                 if dead and failure is None:
                     time.sleep(0.5)  # its message may still be in flight
                     if out.empty():
-                        raise RuntimeError(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}")
+                        who = "the process preparing the ranks" if prepare else f"rank {dead[0]}"
+                        raise RuntimeError(f"{who} died with exit code {procs[dead[0]].exitcode}")
                 continue
             if ok:
                 results[rank] = _unpack(value)
@@ -164,14 +228,16 @@ def run_ranks(fn: Callable, world_size: int, *args, timeout: float = 180.0, init
         if failure is not None or len(results) < world_size:
             for p in procs:
                 if p.is_alive():
-                    p.kill()
+                    p.kill()  # a prepared world's ranks die with it (``_die_with_parent``)
         for p in procs:
             p.join(timeout=10)
         shutil.rmtree(tmp, ignore_errors=True)
     if failure is not None:
         rank, exc, tb = failure
+        where = "in prepare" if rank == _PREPARE else f"on rank {rank}"
         if hasattr(exc, "add_note"):
-            exc.add_note(f"--- raised on rank {rank} ---\n{tb}")
+            if tb:
+                exc.add_note(f"--- raised {where} ---\n{tb}")
             raise exc
-        raise RuntimeError(f"rank {rank} failed:\n{tb}")
+        raise RuntimeError(f"failed {where}:\n{tb}")
     return [results[r] for r in range(world_size)]

@@ -1,11 +1,11 @@
 """Run the Hugging Face zoo through autoshard on gloo ranks and say, per architecture, what happened.
 
-    results = run_ranks(zoo_worker, 4, ["llama", "bert"], CASES)      # one spawn for many models
-    table = merge_results(results)                                   # {"llama": ZooResult(...), ...}
+    table = run_zoo(["llama", "bert"])                               # {"llama": ZooResult(...), ...}
     assert all(r.status == "ok" for r in table.values())
 
-For each model (built by ``autoshard.testing.hf_zoo``, seeded identically on every rank): capture the
-training step; every case ``(mesh, seed)`` of every model is planned once (``seed`` None: the solver,
+For each model (built by ``autoshard.testing.hf_zoo``): capture the training step, once, in the process
+the ranks fork from (``run_zoo``: ``run_ranks(prepare=zoo_captures)``; ``zoo_worker`` captures on every
+rank, seeded identically, as four ranks each capturing the same model did before); every case ``(mesh, seed)`` of every model is planned once (``seed`` None: the solver,
 else a random valid plan drawn with that seed), the cases spread over the ranks
 (``shared_work.spread_over_ranks``); then every rank compiles each plan and trains it next to a
 single-device copy (``equivalence.train_against_one_device``: the loss every step, the first step's
@@ -20,7 +20,7 @@ import dataclasses
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 
@@ -28,7 +28,8 @@ from autoshard.testing.equivalence import NoiseFloor, Tolerance, compiled_gradie
 from autoshard.testing.hf_zoo import build
 from autoshard.testing.shared_work import spread_over_ranks
 
-__all__ = ["ZooResult", "CASES", "TOL", "FLOAT64_TOL", "zoo_worker", "merge_results", "narrower_on_gradient_path"]
+__all__ = ["ZooResult", "CASES", "TOL", "FLOAT64_TOL", "run_zoo", "zoo_captures", "zoo_worker", "prepared_zoo_worker",
+           "merge_results", "narrower_on_gradient_path"]
 
 #: (mesh, seed): the solver's plan on a 2-D mesh, random plans on both meshes.
 CASES: tuple = (((2, 2), None), ((4,), 1), ((2, 2), 2))
@@ -99,26 +100,21 @@ def _to_dtype(value, dtype: torch.dtype):
     return value
 
 
-def zoo_worker(rank: int, world: int, names: Sequence[str], cases: Sequence = CASES, steps: int = STEPS,
-               time_limit_s: float = 20.0, dtype: torch.dtype = torch.float32,
-               tol: Union[Tolerance, NoiseFloor] = TOL) -> list[ZooResult]:
-    """Every model in ``names`` through every case on this rank; a ``ZooResult`` per model.
-
-    ``dtype=torch.float64`` builds every model, input and target in double precision (with a matching
-    ``tol``, e.g. ``FLOAT64_TOL``): there a correct plan agrees with one device to ~1e-12, so a
-    difference is a bug, not rounding; a model that computes narrower on a gradient path
-    (``narrower_on_gradient_path``) fails at stage "premise" instead of being compared."""
-    from autoshard.compiled import CompiledModel
+def zoo_captures(names: Sequence[str], dtype: torch.dtype = torch.float32,
+                 setup: Optional[Callable[[], None]] = None) -> list:
+    """Every model of ``names`` built (``torch.manual_seed(0)`` first), cast to ``dtype`` and captured, in
+    order: ``[(ZooResult, (model, inputs, target, loss_fn, captured) or None when it failed), ...]``.
+    ``setup()`` runs first (a patch the run needs, e.g. ``test_hf_zoo_float64``'s). A model that computes
+    narrower than float64 on a gradient path (``narrower_on_gradient_path``) fails at stage "premise"
+    under ``dtype=torch.float64``; any other exception at stage "capture"."""
     from autoshard.passes.capture.export import capture
-    from autoshard.passes.mesh import Mesh
-    from autoshard.plans import Plan
-    from autoshard.runtime.groups import setup_distributed
 
+    if setup is not None:
+        setup()
     torch.set_num_threads(1)
-    out, built, jobs = [], {}, []
-    for name in names:  # capture every model first, so that their cases' plans can be spread over the ranks
-        result = ZooResult(name)
-        out.append(result)
+    out = []
+    for name in names:
+        result, built = ZooResult(name), None
         try:
             torch.manual_seed(0)
             model, inputs, target, loss_fn = build(name)
@@ -134,11 +130,55 @@ def zoo_worker(rank: int, world: int, names: Sequence[str], cases: Sequence = CA
                                    f"{' ...' if len(narrow) > 6 else ''}; make those ops compute in the input's "
                                    f"dtype for this run (as test_hf_zoo_float64 does for RMSNorm) or leave the "
                                    f"model out of the float64 sweep")
-            built[name] = (model, inputs, target, loss_fn, captured)
+            built = (model, inputs, target, loss_fn, captured)
         except Exception as e:  # noqa: BLE001 - one model's failure must not hide the others'
             _failed(result, "premise" if isinstance(e, _Premise) else "capture", e)
+        out.append((result, built))
+    return out
+
+
+def run_zoo(names: Sequence[str], world: int = 4, *, cases: Sequence = CASES, steps: int = STEPS,
+            time_limit_s: float = 20.0, dtype: torch.dtype = torch.float32, tol: Union[Tolerance, NoiseFloor] = TOL,
+            setup: Optional[Callable[[], None]] = None, timeout: float = 900.0) -> dict[str, ZooResult]:
+    """Every model of ``names`` through every case on ``world`` gloo ranks, one launch, merged
+    (``merge_results``): the models captured once (``zoo_captures``, ``run_ranks``' ``prepare``), the
+    ranks forked from that process; ``setup`` as in ``zoo_captures`` (the ranks inherit what it did)."""
+    import functools
+
+    from autoshard.testing.ranks import run_ranks
+    return merge_results(run_ranks(prepared_zoo_worker, world, cases, steps, time_limit_s, tol, timeout=timeout,
+                                   prepare=functools.partial(zoo_captures, list(names), dtype, setup)))
+
+
+def zoo_worker(rank: int, world: int, names: Sequence[str], cases: Sequence = CASES, steps: int = STEPS,
+               time_limit_s: float = 20.0, dtype: torch.dtype = torch.float32,
+               tol: Union[Tolerance, NoiseFloor] = TOL) -> list[ZooResult]:
+    """Every model in ``names`` through every case on this rank, each captured here (``zoo_captures``);
+    a ``ZooResult`` per model.
+
+    ``dtype=torch.float64`` builds every model, input and target in double precision (with a matching
+    ``tol``, e.g. ``FLOAT64_TOL``): there a correct plan agrees with one device to ~1e-12, so a
+    difference is a bug, not rounding; a model that computes narrower on a gradient path
+    (``narrower_on_gradient_path``) fails at stage "premise" instead of being compared."""
+    return prepared_zoo_worker(rank, world, zoo_captures(names, dtype), cases, steps, time_limit_s, tol)
+
+
+def prepared_zoo_worker(rank: int, world: int, captures: list, cases: Sequence = CASES, steps: int = STEPS,
+                        time_limit_s: float = 20.0, tol: Union[Tolerance, NoiseFloor] = TOL) -> list[ZooResult]:
+    """``zoo_worker`` for models already captured (``zoo_captures``' list, the same on every rank)."""
+    from autoshard.compiled import CompiledModel
+    from autoshard.passes.mesh import Mesh
+    from autoshard.plans import Plan
+    from autoshard.runtime.groups import setup_distributed
+
+    torch.set_num_threads(1)
+    out, built, jobs = [], {}, []
+    for result, made in captures:  # every case's plan job first, so that they can be spread over the ranks
+        out.append(result)
+        if made is not None:
+            built[result.name] = made
         for mesh_shape, seed in cases:  # one job per case on every rank, captured or not: the same count
-            jobs.append(_plan_job(built.get(name), mesh_shape, seed, time_limit_s))
+            jobs.append(_plan_job(made, mesh_shape, seed, time_limit_s))
     planned = iter(spread_over_ranks(jobs))  # each case planned once, on one rank
     for result in out:
         outcomes = [next(planned) for _ in cases]

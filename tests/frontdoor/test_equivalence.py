@@ -4,11 +4,13 @@ For each model (MLP, GPT with tied embeddings, a CNN with BatchNorm, Hugging Fac
 built from configs, a Llama whose rotary embedding multiplies complex numbers), on 4 gloo ranks with meshes (4,) and (2, 2), and for each layout (the solver's
 plan, pinned DP, FSDP and Megatron TP, and several randomly drawn valid plans): the loss at every
 step and the full parameters after 2 AdamW steps match a single-device copy (float32, rtol 1e-4).
-One process spawn per model; every case runs inside it, planned once on one of the ranks.
+One process spawn per model, captured once in the process the ranks fork from; every case runs inside
+it, planned once on one of the ranks.
 """
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -70,20 +72,28 @@ def layouts(model_name: str, model, mesh) -> list:
     return out
 
 
-def equivalence_worker(rank: int, world: int, model_name: str, meshes, only=None) -> list:
-    """Run every (mesh, layout) case for one model; return a list of failure descriptions."""
+def captured_model(model_name: str) -> tuple:
+    """``(model, inputs, target, loss_fn, captured)``: made once, in the process the ranks fork from
+    (``run_ranks(prepare=)``), instead of once on every rank."""
+    from autoshard.passes.capture.export import capture
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, inputs, target, loss_fn = BUILDERS[model_name]()
+    return model, inputs, target, loss_fn, capture(model, inputs, loss_fn=loss_fn, target=target)
+
+
+def equivalence_worker(rank: int, world: int, prepared: tuple, model_name: str, meshes, only=None) -> list:
+    """Run every (mesh, layout) case for one model (``prepared``: ``captured_model(model_name)``); return a
+    list of failure descriptions."""
     from autoshard.api import plan_captured
     from autoshard.compiled import CompiledModel
-    from autoshard.passes.capture.export import capture
     from autoshard.passes.mesh import Mesh
     from autoshard.plans import Plan
     from autoshard.runtime.groups import setup_distributed
 
     torch.set_num_threads(1)
     failures = []
-    torch.manual_seed(0)
-    model, inputs, target, loss_fn = BUILDERS[model_name]()
-    captured = capture(model, inputs, loss_fn=loss_fn, target=target)
+    model, inputs, target, loss_fn, captured = prepared
     cases = [(mesh_shape, name, pins, seed) for mesh_shape in meshes
              for name, pins, seed in layouts(model_name, model, mesh_shape) if not only or name in only]
 
@@ -110,5 +120,6 @@ def equivalence_worker(rank: int, world: int, model_name: str, meshes, only=None
 @pytest.mark.parametrize("model_name", ["mlp", "gpt", "cnn", pytest.param("hf_gpt2", marks=pytest.mark.slow), "hf_llama",
                                         pytest.param("complex_rope_llama", marks=pytest.mark.slow)])
 def test_matches_single_device(model_name):
-    failures = failures_of(run_ranks(equivalence_worker, 4, model_name, MESHES, timeout=900))
+    failures = failures_of(run_ranks(equivalence_worker, 4, model_name, MESHES, timeout=900,
+                                     prepare=functools.partial(captured_model, model_name)))
     assert not failures, "\n".join(failures)

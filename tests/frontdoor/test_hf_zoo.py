@@ -3,7 +3,8 @@ plan with no op lacking a sharding rule, and train equal to one device on 4 gloo
 solver's plan on a (2, 2) mesh and random valid plans on (4,) and (2, 2) (``autoshard.testing.zoo_check``:
 the loss at both steps, the first step's local gradients, the full state dict after 2 SGD steps).
 
-Every model runs in ONE spawn of 4 ranks (module fixture); each architecture is its own test item.
+Every model runs in ONE spawn of 4 ranks (module fixture), captured once in the process the ranks fork
+from (``zoo_check.run_zoo``); each architecture is its own test item.
 """
 from __future__ import annotations
 
@@ -12,13 +13,12 @@ import pytest
 pytest.importorskip("transformers")
 
 from autoshard.testing.hf_zoo import KINDS, ZOO  # noqa: E402
-from autoshard.testing.ranks import run_ranks  # noqa: E402
-from autoshard.testing.zoo_check import CASES, merge_results, zoo_worker  # noqa: E402
+from autoshard.testing.zoo_check import CASES, run_zoo  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def zoo_results():
-    return merge_results(run_ranks(zoo_worker, 4, list(ZOO), CASES, timeout=900))
+    return run_zoo(list(ZOO), 4, timeout=900)
 
 
 def test_the_zoo_covers_every_kind():

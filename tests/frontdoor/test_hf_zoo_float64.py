@@ -7,7 +7,7 @@ Models that compute parts in float32 whatever their dtype (Hugging Face's RMSNor
 Mixtral's router softmax) run with those parts computing in the input's dtype instead: there the two
 sides legitimately differ by float32 ulps (a plan that splits the work rounds a partial gradient to
 float32 per rank and then sums, one device rounds the whole sum once), which the float64 tolerance
-cannot tell from a bug; ``zoo_worker`` refuses a float64 model with such an op on a gradient path
+cannot tell from a bug; ``zoo_captures`` refuses a float64 model with such an op on a gradient path
 (``narrower_on_gradient_path``). The MoE models whose experts call ``torch._grouped_mm`` (no float64
 kernel) are not in this sweep.
 """
@@ -19,8 +19,7 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
-from autoshard.testing.ranks import run_ranks  # noqa: E402
-from autoshard.testing.zoo_check import CASES, FLOAT64_TOL, merge_results, narrower_on_gradient_path, zoo_worker  # noqa: E402
+from autoshard.testing.zoo_check import FLOAT64_TOL, narrower_on_gradient_path, run_zoo  # noqa: E402
 
 MODELS = ["bert", "bart", "whisper", "vit", "clip", "gpt2", "gpt_neox", "opt", "llama", "t5", "falcon",
           "phi", "mixtral_batched"]
@@ -47,14 +46,11 @@ def _float32_parts_in_input_dtype(set_attr=setattr) -> None:
     set_attr(modeling_mixtral.MixtralTopKRouter, "forward", route)
 
 
-def float64_worker(rank: int, world: int, names: list):
-    _float32_parts_in_input_dtype()
-    return zoo_worker(rank, world, names, CASES, 2, 20.0, torch.float64, FLOAT64_TOL)
-
-
 @pytest.fixture(scope="module")
 def results():
-    return merge_results(run_ranks(float64_worker, 4, MODELS, timeout=1800))
+    # the patch is made in the process that captures; the ranks fork from it and train with it
+    return run_zoo(MODELS, 4, steps=2, dtype=torch.float64, tol=FLOAT64_TOL, setup=_float32_parts_in_input_dtype,
+                   timeout=1800)
 
 
 @pytest.mark.slow

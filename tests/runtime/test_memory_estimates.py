@@ -9,18 +9,21 @@ the byte: ``python benchmarks/memory_estimates.py`` prints the table).
 """
 from __future__ import annotations
 
+import functools
+
+from autoshard.testing.levers import layout_captures
 from autoshard.testing.memory_estimates import memory_against_estimates
 from autoshard.testing.ranks import run_ranks
 
 MODELS = (("gpt", ((4,), (2, 2))), ("hf_llama", ((4,), (2, 2))), ("cnn", ((4,), (2, 2))))
 
 
-def estimates_worker(rank: int, world: int) -> list:
-    return memory_against_estimates(rank, MODELS)
+def estimates_worker(rank: int, world: int, captures: list) -> list:
+    return memory_against_estimates(rank, MODELS, captures=captures)
 
 
 def test_measured_memory_is_within_ten_percent_of_the_estimate_on_every_rank():
-    results = run_ranks(estimates_worker, 4, timeout=900)
+    results = run_ranks(estimates_worker, 4, timeout=900, prepare=functools.partial(layout_captures, MODELS))
     misses = []
     for rank, rows in enumerate(results):
         for *case, saved, saved_est, gathered, gathered_est in rows:

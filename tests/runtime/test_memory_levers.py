@@ -15,13 +15,15 @@ levers, through ``autoshard.compile``.
 from __future__ import annotations
 
 import copy
+import functools
 import random
 
 import pytest
 import torch
 
 from autoshard.testing.equivalence import Tolerance, adamw, failures_of, train_against_one_device
-from autoshard.testing.levers import MICRO, Probed, Twice, accumulated_loss, build, layouts, policy_levers
+from autoshard.testing.levers import (MICRO, Probed, Twice, accumulated_loss, build, layout_captures, layouts,
+                                     policy_levers)
 from autoshard.testing.ranks import run_ranks
 
 TOL = Tolerance(rtol=1e-4, atol=2e-5)
@@ -45,11 +47,11 @@ def _levers_acted(case: str, rp, levers) -> list:
     return out
 
 
-def levers_worker(rank: int, world: int, model_name: str, meshes, baseline: bool) -> dict:
+def levers_worker(rank: int, world: int, captures: list, model_name: str, meshes, baseline: bool) -> dict:
     from autoshard.runtime.executor import RankProgram
 
     failures, memory = [], {}
-    for lay in layouts(rank, [(model_name, meshes)]):
+    for lay in layouts(rank, [(model_name, meshes)], captures):
         for name, k, ckpt, reshard, twice in CASES[0 if baseline else 1:]:
             case = f"{model_name} mesh={lay.mesh_shape} {name}"
             levers = policy_levers(model_name, k, ckpt, reshard)
@@ -65,7 +67,9 @@ def levers_worker(rank: int, world: int, model_name: str, meshes, baseline: bool
 
 
 def _run(model_name: str, baseline: bool = False) -> list:
-    results = run_ranks(levers_worker, 4, model_name, ((4,), (2, 2)), baseline, timeout=900)
+    meshes = ((4,), (2, 2))
+    results = run_ranks(levers_worker, 4, model_name, meshes, baseline, timeout=900,
+                        prepare=functools.partial(layout_captures, [(model_name, meshes)]))  # captured once
     failures = failures_of([r["failures"] for r in results])
     assert not failures, "\n".join(failures)
     return results

@@ -13,9 +13,12 @@ the phase (forward, backward, optimizer step) where ``MemTracker`` saw the peak.
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
+from autoshard.testing.levers import layout_captures
 from autoshard.testing.memory_estimates import PEAK_CASES, peak_against_estimates
 from autoshard.testing.ranks import run_ranks
 
@@ -28,16 +31,16 @@ MODELS = (("gpt", ((4,), (2, 2))), ("hf_llama", ((4,), (2, 2))), ("cnn", ((4,),)
 KNOWN_MISSES: dict = {}
 
 
-def peak_worker(rank: int, world: int) -> list:
-    return peak_against_estimates(rank, MODELS)
+def peak_worker(rank: int, world: int, captures: list) -> list:
+    return peak_against_estimates(rank, MODELS, captures=captures)
 
 
 @pytest.fixture(scope="module")
 def peaks() -> dict:
     """(model, mesh, case) -> [(rank, measured, estimated, phase, measured phase), ...]: one spawn of 4
-    ranks for all."""
+    ranks for all, the models captured once in the process they fork from."""
     out: dict = {}
-    for rank, rows in enumerate(run_ranks(peak_worker, 4, timeout=1500)):
+    for rank, rows in enumerate(run_ranks(peak_worker, 4, timeout=1500, prepare=functools.partial(layout_captures, MODELS))):
         for model, mesh, case, measured, estimated, phase, measured_phase in rows:
             out.setdefault((model, mesh, case), []).append((rank, measured, estimated, phase, measured_phase))
     return out

@@ -5,7 +5,8 @@ gloo ranks equal to one device running the model's own code (loss, first-step gr
 capacity factor large enough that nothing drops, and with every block recomputed; the program has
 one pair of all-to-alls (dispatch, combine) per MoE layer, plus one route exchange when exact, and
 the plan summary says whether tokens can be dropped. All cases run in one spawn of 4 ranks, each
-planned once on one of them (``shared_work.spread_over_ranks``).
+planned once on one of them (``shared_work.spread_over_ranks``), each model captured once in the process the
+ranks fork from (``moe_check.run_moe``).
 """
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from autoshard.testing.moe_check import moe_worker  # noqa: E402
-from autoshard.testing.ranks import run_ranks  # noqa: E402
+from autoshard.testing.moe_check import run_moe  # noqa: E402
 
 CASES = [
     ("mixtral", (4,), ("ep",)),
@@ -36,7 +36,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def results():
-    return run_ranks(moe_worker, 4, CASES, timeout=600)
+    return run_moe(CASES, 4, timeout=600)
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
