@@ -15,6 +15,7 @@ layer instances a cluster node / edge stands for); a memory limit ``L`` (bytes p
     (4) pins                             x[i,s] = 0 for every s not allowed at node i
     (5) policy groups                    sum_r y[g,r] = 1;  sum_{s: pol_i(s)=r} x[i,s] = y[g,r]
                                          for every member i of group g and policy r
+    (6) a cost cap (optional)            the objective's terms of chosen nodes and edges <= B
     objective   minimize  sum_i m_i sum_s C[i,s] x[i,s] + sum_e m_e sum_pq c_e[p,q] e[p,q]
 
 A pair (p, q) of infinite cost is forbidden: it gets no variable (its row and column sums still
@@ -48,7 +49,12 @@ from autoshard.passes.solve.ilp_model import CPSAT_SEED, ILPResult, ShardingILP
 from autoshard.passes.solve.memory_search import cutoff_units, hint_objective, lagrangian_hint, reduced_cost_fixings
 from autoshard.passes.solve.strategy_graph import StrategyGraph, greedy, merge_followers
 
-__all__ = ["ILPResult", "ShardingILP", "solve", "lp_bound", "cost_floor", "CPSAT_SEED"]
+__all__ = ["ILPResult", "ShardingILP", "solve", "lp_bound", "cost_floor", "CPSAT_SEED", "CAP_PROBE_WORK"]
+
+#: the work (CP-SAT deterministic seconds) a memory-bound search of a solve given a ``cap`` gets before
+#: the cap joins the ILP: the searches that end sooner (most) answer as without a cap; a tiny GPT's
+#: published layout took 2.5 work-s to prove an optimum whose exposed floor the cap excludes
+CAP_PROBE_WORK = 0.05
 
 
 def _floors(graph: StrategyGraph) -> tuple[float, float]:
@@ -108,7 +114,8 @@ def lp_bound(graph: StrategyGraph) -> Optional[float]:
 
 def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float = 30.0, workers: int = 2,
           merge: bool = True, cutoff: Optional[float] = None, hints: Sequence[list[int]] = (),
-          kept: Optional[dict] = None) -> ILPResult:
+          kept: Optional[dict] = None, cap: Optional[tuple[set, set, float]] = None,
+          capped_now: bool = False) -> ILPResult:
     """Minimize ``objective`` ("cost" under the memory limit, or "memory") over ``graph``.
 
     Steps: fold followers (``merge_followers``, unless ``merge=False``); solve the LP relaxation
@@ -139,13 +146,23 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
     own, and the answer is never worse than it: when CP-SAT stops at something costlier (or at
     nothing), that hint is the answer (``stats["hint_kept"]``). So a problem never prices above a plan
     it was shown.
+
+    ``cap``: (nodes, edges, seconds), for a caller that wants nothing whose cost counted over those nodes
+    and edges (indices into ``graph.nodes`` / ``graph.edges``) exceeds ``seconds``. The answer is the one
+    without ``cap`` (the caller checks it) unless the memory-bound search (``memory_search``) does not
+    end within ``CAP_PROBE_WORK``: the ILP is then built again with the cap as a second budget row
+    (``ShardingILP.add_cost_cap``; followers not folded, since the indices name ``graph``'s own) and the
+    answer is the cheapest choice within it (``stats["capped"]``; ``stats["work"]`` counts both
+    searches). The sequential search is deterministic, so one that ends within the probe answers as
+    it would have with the whole limit. ``capped_now``: the cap is a row from the start.
     """
     again = kept is not None and kept.get("graph") is graph and objective == "cost" and graph.memory_limit
+    again = again and (not capped_now or kept["model"][2].capped)
     if again:  # the same graph, its memory limit lowered: the ILP and its LP solver are kept
         reduced, expand, ilp, (cost_floor, memory_floor) = kept["model"]
         reduced.memory_limit = graph.memory_limit
     else:
-        reduced, expand = merge_followers(graph) if merge else (graph, list)
+        reduced, expand = merge_followers(graph) if merge and not capped_now else (graph, list)
         cost_floor, memory_floor = _floors(reduced)
     t0 = time.perf_counter()
     if objective == "cost" and reduced.memory_limit is not None and memory_floor > reduced.memory_limit:
@@ -157,17 +174,9 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
     if again:
         ilp.set_memory_limit(graph.memory_limit)
     else:
-        ilp = ShardingILP(reduced)
-        ilp.add_one_strategy_per_node()
-        ilp.add_edge_consistency()
-        ilp.add_policy_groups()
-        if objective == "cost":
-            ilp.add_memory_constraint()
-        ilp.add_pins()
-        ilp.set_objective(objective)
+        ilp = _model(reduced, objective, cap if capped_now else None)
         if kept is not None and objective == "cost" and ilp.memory_row is not None:
             kept.update(graph=graph, model=(reduced, expand, ilp, (cost_floor, memory_floor)))
-    limit = reduced.memory_limit if objective == "cost" else None
 
     def fits(choice):  # (an inconsistent choice evaluates to infinity)
         cost, mem = reduced.evaluate(choice)
@@ -175,9 +184,10 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
 
     t0 = time.perf_counter()
     lp_status, rounded, bound, integral = ilp.lp_relaxation()
+    limit = reduced.memory_limit if objective == "cost" else None
     lp_s = time.perf_counter() - t0
     stats = dict(ilp_nodes=len(reduced.nodes), merged_followers=len(graph.nodes) - len(reduced.nodes),
-                 lp_s=round(lp_s, 4), lp_integral=integral)
+                 lp_s=round(lp_s, 4), lp_integral=integral, **({"capped": True} if ilp.capped else {}))
     if lp_status == "INFEASIBLE":  # the relaxation has no point under the limit: neither has the ILP
         return ILPResult(None, math.inf, math.inf, "INFEASIBLE", lp_s, ilp.num_vars, len(ilp.rows), stats)
     if cutoff is not None and bound is not None and bound / ilp.scale >= cutoff * (1 - 1e-6):
@@ -209,8 +219,18 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
         if bound is not None:
             fixed = reduced_cost_fixings(ilp, bound, hint if fits(hint) else None, upper)
         stats.update(memory_search=True, fixed_by_reduced_cost=len(fixed))
-    result = ilp.solve_cpsat(max(0.1, time_limit_s), workers, hint, bound, fixed_zero=fixed, portfolio=not binding,
-                             upper_bound=upper)
+    probe = cap is not None and binding and not ilp.capped and objective == "cost"
+    result = _confirmed(ilp, hint, rounded, bound, integral, binding)  # None whenever binding, so never probed
+    if result is None:
+        work = min(CAP_PROBE_WORK, max(0.1, time_limit_s)) if probe else max(0.1, time_limit_s)
+        result = ilp.solve_cpsat(work, workers, hint, bound, fixed_zero=fixed, portfolio=not binding, upper_bound=upper)
+    if probe and result.status not in ("OPTIMAL", "INFEASIBLE"):  # a long search ahead: within the cap
+        spent = float(result.stats.get("work", 0.0))
+        capped = solve(graph, objective=objective, time_limit_s=max(0.1, time_limit_s - spent), workers=workers,
+                       merge=merge, cutoff=cutoff, hints=hints, kept=kept, cap=cap, capped_now=True)
+        capped.stats["work"] = float(capped.stats.get("work", 0.0)) + spent
+        capped.stats["uncapped_probe"] = result.status
+        return capped
     if upper is not None and result.status == "INFEASIBLE":  # nothing here beats the cutoff
         result.status, result.cost = "CUTOFF", cutoff
         result.stats["memory_binding"] = True  # so no multiple of k is pruned on its account
@@ -232,6 +252,45 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
         result.status = "FEASIBLE" if result.status in ("OPTIMAL", "UNKNOWN", "GREEDY", "INFEASIBLE") else result.status
         result.stats["hint_kept"] = True
     return result
+
+
+def _model(graph: StrategyGraph, objective: str, cap: Optional[tuple[set, set, float]] = None) -> ShardingILP:
+    """The ILP of ``graph`` minimising ``objective`` (its memory row only for "cost"), with ``cap``'s row."""
+    ilp = ShardingILP(graph)
+    ilp.add_one_strategy_per_node()
+    ilp.add_edge_consistency()
+    ilp.add_policy_groups()
+    if objective == "cost":
+        ilp.add_memory_constraint()
+    ilp.add_pins()
+    ilp.set_objective(objective)
+    if cap is not None:
+        ilp.add_cost_cap(*cap)
+    return ilp
+
+
+#: CP-SAT's ``relative_gap_limit`` (``ShardingILP.solve_cpsat``)
+_GAP = 1e-5
+
+
+def _confirmed(ilp: ShardingILP, hint: list[int], rounded: Optional[list[int]], bound: Optional[float],
+               integral: bool, binding: bool) -> Optional[ILPResult]:
+    """The answer CP-SAT gives without searching, or None when it would search: the LP optimum is
+    integral, its memory row (if any) does not bind, and it is CP-SAT's warm start, so the warm start is
+    optimal; when its objective is within CP-SAT's relative gap of the lower bound CP-SAT is handed
+    (``solve_cpsat``'s, from the LP bound), CP-SAT stops at that first solution, spending no work
+    (measured: deterministic time 0.0 on the 405B's candidates), and returns it. Building its model
+    (a bulk proto of ~30 K variables) and loading it cost a 405B candidate's solve about as much as the
+    LP itself; the choice, status and work charged are the same as CP-SAT's."""
+    if not integral or binding or rounded is None or hint is not rounded or bound is None:
+        return None
+    objective = hint_objective(ilp, hint)
+    lo = math.floor(bound - 1e-6 * abs(bound) - 1)  # as solve_cpsat loosens the LP bound
+    if objective - lo > 0.99 * _GAP * max(1.0, abs(objective)):  # a hair inside: whichever side CP-SAT divides by
+        return None
+    cost, memory = ilp.g.evaluate(hint)
+    return ILPResult(list(hint), cost, memory, "OPTIMAL", 0.0, ilp.num_vars, len(ilp.rows),
+                     {"objective": float(objective), "bound": float(lo), "work": 0.0, "confirmed_by_lp": True})
 
 
 def _value(graph: StrategyGraph, choice: list[int], objective: str) -> float:

@@ -61,6 +61,8 @@ class ShardingILP:
         self.memory_unit = 1.0
         self._lp = None  # GLOP, kept from the first ``solve_lp`` (with ``_lp_costs``, its objective)
         self._lp_costs: list[float] = []
+        self._folds: list[Optional[list]] = []  # per edge of the graph, where ``_fold_edges`` put its prices
+        self.capped = False  # whether ``add_cost_cap`` added its row
         self._fold_edges()
 
     def _new_var(self) -> int:
@@ -78,21 +80,21 @@ class ShardingILP:
             ps, qs = self._classes(e)
             w = e.memory or [[0.0] * len(e.cost[0]) for _ in e.cost]
             if e.u == e.v:
-                for s in range(len(self.C[e.u])):
-                    p, q = e.u_class[s], e.v_class[s]
-                    self.C[e.u][s] += m * e.cost[p][q]
-                    self.M[e.u][s] += m * w[p][q]
+                pairs = [(e.u, s, e.u_class[s], e.v_class[s]) for s in range(len(self.C[e.u]))]
             elif len(ps) == 1 or len(qs) == 1:
                 node, fixed_p = (e.v, True) if len(ps) == 1 else (e.u, False)
-                for s in range(len(self.C[node])):
-                    p, q = (ps[0], e.v_class[s]) if fixed_p else (e.u_class[s], qs[0])
-                    self.C[node][s] += m * e.cost[p][q]
-                    self.M[node][s] += m * w[p][q]
+                pairs = [(node, s, *((ps[0], e.v_class[s]) if fixed_p else (e.u_class[s], qs[0])))
+                         for s in range(len(self.C[node]))]
             else:
                 pairs = [(p, q) for p in ps for q in qs if not math.isinf(e.cost[p][q])]
                 first = self.num_vars  # numbered in that order, as a _new_var per pair would
                 self.num_vars += len(pairs)
                 self.edge_terms.append((e, dict(zip(pairs, range(first, self.num_vars)))))
+                pairs = None  # kept as variables
+            self._folds.append(pairs)
+            for node, s, p, q in pairs or ():
+                self.C[node][s] += m * e.cost[p][q]
+                self.M[node][s] += m * w[p][q]
             self._drop_infinite(e.u)
             self._drop_infinite(e.v)
 
@@ -197,6 +199,33 @@ class ShardingILP:
                     ids.append(var)
                     coefs.append(c)
         self.objective = (ids, coefs)
+
+    def add_cost_cap(self, nodes: set, edges: set, seconds: float) -> None:
+        """(6) the cost counted over graph nodes ``nodes`` and edges ``edges`` (indices into the graph's
+        ``edges``; an edge's price wherever ``_fold_edges`` put it) at most ``seconds``, in the
+        objective's integer units rounded up by what rounding each term can add (``set_objective``
+        first): a choice within ``seconds`` is never cut off."""
+        coef: dict[int, float] = {}
+        for i in nodes:
+            m = self.g.nodes[i].multiplicity
+            for s in self.allowed[i]:
+                coef[self.x[i][s]] = coef.get(self.x[i][s], 0.0) + m * self.g.nodes[i].cost[s]
+        terms = iter(self.edge_terms)
+        for j, (e, folded) in enumerate(zip(self.g.edges, self._folds)):
+            evars = next(terms)[1] if folded is None else None
+            if j not in edges:
+                continue
+            m = e.multiplicity
+            for (p, q), var in (evars.items() if evars is not None else ()):
+                coef[var] = coef.get(var, 0.0) + m * e.cost[p][q]
+            for node, s, p, q in folded or ():
+                if s in self.allowed[node]:  # (a strategy folding made infinite is excluded)
+                    var = self.x[node][s]
+                    coef[var] = coef.get(var, 0.0) + m * e.cost[p][q]
+        ids = [k for k, c in coef.items() if round(c * self.scale)]
+        top = math.ceil(seconds * self.scale + 0.5 * (len(self.x) + len(self.edge_terms)) + 1)
+        self.rows.append(("linear", ids, [round(coef[k] * self.scale) for k in ids], -math.inf, top))
+        self.capped = True
 
     # ---- solving -------------------------------------------------------------------------------
     def choice_from(self, value: Callable[[int], float]) -> list[int]:

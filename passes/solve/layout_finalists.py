@@ -17,6 +17,11 @@ is non-decreasing in every kind of work. Each plan that fits becomes a finalist,
 returned is never worse under the overlapped step than these layouts' placements with the
 microstep counts and policies the search considered.
 
+Under a memory limit each solve is given the exposed-floor bound as a cap (``ilp.solve(cap=...)``): a
+memory-bound search that would run long (a tiny GPT's layout: 2.5 work-s to prove an optimum whose floor
+was above the bound, so discarded) is solved for the cheapest plan within the bound instead. Its answer,
+if any, is one more finalist; a solve that ends quickly answers as without the cap.
+
 When the search stopped at the plan without levers (its graph holds only the fastest policies), a
 layout whose fastest-policy plan does not fit is tried under every policy only if that plan, priced
 without the limit, beats the best finalist's overlapped step: its levered forms only add work.
@@ -205,6 +210,12 @@ def _solve_hint(search, base, kept: list[list[int]], limit: Optional[float], sol
         combos = [tuple(sorted((t, allowed[0]) for t, allowed in policies.items()))]
     ordered_by_work = all(list(a) == sorted(a) for a in search.policies.values())
     sliced_graph = replace(base.lever_graph, graph=part)
+    cap = None
+    if part.memory_limit is not None:
+        # only plans whose exposed floor is within ``above`` are wanted: the ILP is told so (its optimum is
+        # unchanged when it is not beaten; when it is, the old answer was discarded after a long search)
+        ops, params = _node_kinds(base.problem, base.lever_graph)
+        cap = (ops, {j for j, e in enumerate(part.edges) if e.u not in params}, above)
     k, cache, fitted, out = base.k, {}, [], []
 
     def found_of(result):
@@ -229,7 +240,7 @@ def _solve_hint(search, base, kept: list[list[int]], limit: Optional[float], sol
     for combo in combos:
         if ordered_by_work and any(_dominated(combo, by) for by in fitted):
             continue
-        for _, result in solve_policies(sliced_graph, [combo], policies, tighten):
+        for _, result in solve_policies(sliced_graph, [combo], policies, tighten, cap=cap):
             if result.choice is None:
                 continue
             if beaten(result):  # and so is every combination it dominates (each only adds work)

@@ -275,8 +275,8 @@ def _hinted(search: LeverSearch, finalists: list[_Found], hints_for: Optional[Hi
         return search.graph(problem, cm, limit)
 
     return layout_finalists(search, finalists, hints, limit=limit, evaluated=lambda f: _evaluated(search, f),
-                            solve_policies=lambda graph, combos, policies, tighten: solve_policies(
-                                graph, combos, policies, budget, workers, lambda: None, tighten=tighten),
+                            solve_policies=lambda graph, combos, policies, tighten, cap=None: solve_policies(
+                                graph, combos, policies, budget, workers, lambda: None, tighten=tighten, cap=cap),
                             graph_of_every_policy=every_policy)
 
 

@@ -21,14 +21,15 @@ PEAK_RETRIES = 4
 
 
 def solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, list[int]], budget: WorkBudget,
-                    workers: int, cutoff, objective: str = "cost", tighten=None):
+                    workers: int, cutoff, objective: str = "cost", tighten=None, cap=None):
     """Solve ``graph`` once per combination of block-type policies in ``combos`` (each a sorted
     tuple of (block type, policy index); answers mapped back to ``graph``'s strategy indices), or
     jointly when ``combos`` is ``[None]``. Yields (combination, ILPResult). ``cutoff()``: the
     per-microstep objective to beat, read before each solve. ``tighten(result)``: None when the
     answer stands, else a lower ILP memory limit for this combination, solved again (at most
     ``PEAK_RETRIES`` times; a limit the ILP finds nothing under is raised halfway back to the bytes of
-    the last plan that did not fit; the last answer is yielded either way)."""
+    the last plan that did not fit; the last answer is yielded either way). ``cap``: ``ilp.solve``'s, on
+    ``graph.graph``'s node and edge indices (which fixing the policies keeps)."""
     groups = graph.graph.groups
     for combo in combos:
         if combo is None or not groups:
@@ -40,7 +41,7 @@ def solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, l
         retry = PeakRetry()
         for attempt in range(PEAK_RETRIES + 1):
             result = solve(part, objective=objective, time_limit_s=budget.next_limit(),
-                           workers=workers, cutoff=cutoff() if objective == "cost" else None, kept=kept)
+                           workers=workers, cutoff=cutoff() if objective == "cost" else None, kept=kept, cap=cap)
             budget.charge(result)
             if result.choice is not None:
                 result.choice = expand(result.choice)

@@ -52,6 +52,8 @@ def _stop_cp_sat(monkeypatch, given: list) -> None:
         given.append(hint)
         return ILPResult(None, float("inf"), float("inf"), "UNKNOWN", 0.0, self.num_vars, len(self.rows), {"work": 0.0})
     monkeypatch.setattr(ilp.ShardingILP, "solve_cpsat", nothing)
+    # CP-SAT is always called: an integral LP optimum is not returned without it (``ilp._confirmed``)
+    monkeypatch.setattr(ilp, "_confirmed", lambda *args: None)
 
 
 def test_the_best_hint_is_the_warm_start_and_the_floor(cp_sat_stops_short):
