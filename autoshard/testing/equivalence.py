@@ -220,15 +220,15 @@ def train_against_one_device(label: str, program, reference: Union[torch.nn.Modu
     ``batches``: ``(inputs, target)`` used at every step, or a function ``step -> (inputs, target)``;
     ``inputs`` is a tuple, a dict of keyword inputs or one tensor. The reference's loss is
     ``reference_loss(reference, inputs, target)``, by default ``loss_fn(output, target)`` (``output`` exactly
-    what the model returns, as autoshard's loss receives it). ``optimizer(params)`` builds each side's optimizer.
+    what the model returns, as autoshard's loss receives it). ``optimizer(params)`` builds each side's optimizer, the program's first.
     ``reference`` may be a ``OneDeviceRun`` recorded once with the same batches, loss and optimizer: then it is
     replayed instead of trained (after a loss that differs, the state is compared with the recording's last)."""
     batch_at = _batch_at(batches)
+    opt = optimizer(program.parameters())  # first, as callers that keep the optimizers they build expect
     if isinstance(reference, OneDeviceRun):
         one = reference.replay(tol)
     else:
         one = _OneDevice(label, reference, batch_at, _reference_loss(loss_fn, reference_loss), optimizer, tol)
-    opt = optimizer(program.parameters())
     failures = []
     for step in range(steps):
         inputs, target = batch_at(step)
