@@ -21,10 +21,14 @@ the cost scales with the microbatch count ``m`` (the global batch cut into ``m``
     per step                 grad_sync, state bytes (parameters + gradients + optimizer state)
 
 ``*_batch`` is the full-global-batch amount of everything computed from the inputs (it shrinks with
-the microbatch); ``*_fixed`` is what every microbatch pays whatever its size: ops on parameters only
-and their collectives (an FSDP weight gather repeats per microbatch), and each collective's latency
-and launch terms (collective time is affine in bytes, ``passes.cost.collectives.collective_seconds``). With
-``m = 1`` the units add up exactly to ``evaluate``'s step time for the solution (tested).
+the microbatch; a batch-dependent op's efficiency beyond its even split of the work, a GEMM shard's
+tile and wave efficiency, is priced on one microbatch's shapes at the count the plan was chosen at,
+``solution.solver_stats["microbatches"]``, and scaled to the batch: exact at that count);
+``*_fixed`` is what every microbatch pays whatever its size: ops on parameters only and their
+collectives (an FSDP weight gather repeats per microbatch), each op's launch overhead, and each
+collective's latency and launch terms (collective time is affine in bytes, ``passes.cost.collectives.collective_seconds``). With
+``m = 1`` the units of a solution chosen for the whole batch add up exactly to ``evaluate``'s step time
+for it (tested).
 
 ``cut_fixed[c] / cut_batch[c]``: bytes per device of the values that cross the cut after unit
 ``c`` (produced at or before ``c``, read after it), at the producer's placement: what a stage
@@ -241,6 +245,9 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, ctx: Optional[P
     facts = GraphFacts(captured, hw)
     cm = CostModel(mesh, hw, optimizer)
     batch = batch_dependent(captured)
+    # the microbatch count the plan was chosen at (``plan_submesh``): its ops' shapes set their efficiency
+    m_ref = int(solution.solver_stats.get("microbatches") or 1)
+    microbatch_facts = MicrobatchFacts(captured, hw, m_ref) if m_ref > 1 else facts
     unit_of = {name: i for i, u in enumerate(units) for name in u.nodes}
     acc = [dict.fromkeys(UnitCost.__dataclass_fields__, 0.0) for _ in units]
     strategies = solution.strategies
@@ -255,10 +262,22 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, ctx: Optional[P
             acc[i][f"fwd_{part}"] += fwd / div
             acc[i][f"bwd_{part}"] += bwd / div
             price = cm.price_node(name, s, facts)
-            extra = price.compute - (fwd + bwd) / div  # per-op launch overhead
             share = fwd / (fwd + bwd) if fwd + bwd > 0 else 0.5
-            acc[i]["fwd_fixed"] += extra * share
-            acc[i]["bwd_fixed"] += extra * (1 - share)
+            overhead = facts.overhead(name)  # paid by every microbatch whatever its size
+            acc[i]["fwd_fixed"] += overhead * share
+            acc[i]["bwd_fixed"] += overhead * (1 - share)
+            # the price beyond the even split of the work (a GEMM shard's tile and wave efficiency, a
+            # kernel's floor, a lowering's own work) depends on the shapes: a batch-dependent op's is that
+            # of one microbatch of the plan's own count, charged once per microbatch (``*_batch`` m_ref
+            # times); the whole batch's was charged once per microbatch before, m times over (issue 27:
+            # the MT-NLG head, N = 50272 / 8, 11 ms per microbatch at dp 8 and 8 ms at dp 12 for the same work)
+            if part == "batch" and m_ref > 1:
+                per_mb = cm.price_node(name, s, microbatch_facts).compute - overhead - (fwd + bwd) / div / m_ref
+                excess = per_mb * m_ref
+            else:
+                excess = price.compute - overhead - (fwd + bwd) / div
+            acc[i][f"fwd_{part}"] += excess * share
+            acc[i][f"bwd_{part}"] += excess * (1 - share)
             # a lowering's own collectives: an MoE layer's all-to-alls carry its tokens (they follow the
             # batch); batch-norm statistics and a loss's total weight do not
             moved = part if is_moe_node(facts.nodes[name]) else "fixed"
