@@ -34,6 +34,7 @@ People read a plan through views the front door registers (``register_view``: ``
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
@@ -239,8 +240,8 @@ class Plan:
         pipeline stage's whole-step peak, ``stage_peak``; a rank group holding several stages: its
         stages' kept bytes at the schedule's worst moment plus the running one's working set, ``group_peak``):
         parameters, gradients, optimizer state, activations, gathered copies, buffers; ``memory_peak_phase``
-        says where."""
-        return int(max(self._group_memory().values(), default=0.0))
+        says where. Rounded up to whole bytes: given back as ``memory_limit``, it admits this plan."""
+        return math.ceil(max(self._group_memory().values(), default=0.0))
 
     @property
     def memory_peak_phase(self) -> str:

@@ -98,13 +98,20 @@ def _v_held(p: int, m: int) -> list[int]:
 @functools.lru_cache(maxsize=None)
 def interleaved(v: int) -> Schedule:
     """Megatron's interleaved 1F1B with ``v`` >= 2 stages per rank; named ``interleaved-1f1b`` for
-    v = 2, ``interleaved-1f1b-v<v>`` otherwise. Searched by ``pp="auto"`` for v <= 4."""
+    v = 2, ``interleaved-1f1b-v<v>`` otherwise. Searched by ``pp="auto"`` for v <= ``SEARCHED_VIRTUAL_STAGES``."""
     if not isinstance(v, int) or v < 2:
         raise ScheduleError(f"interleaved 1F1B needs v >= 2 stages per rank, got {v!r}; "
                             f"for one stage per rank use '1f1b'")
     name = "interleaved-1f1b" if v == 2 else f"interleaved-1f1b-v{v}"
     return Schedule(name, v, v_shape=False, split_backward=False, order=interleaved_order, held=_interleaved_held(v),
-                    searched=v <= 4, family="interleaved-1f1b")
+                    searched=v <= SEARCHED_VIRTUAL_STAGES, family="interleaved-1f1b")
+
+
+#: the most virtual stages per rank ``pp="auto"`` tries with interleaved 1F1B: every v from 2 up to this
+#: one whose pp x v stages the model's units allow. 8 is the most a published run used (Llama 3 405B:
+#: 126 layers plus the embedding and the head on pp 16 x v 8); fewer would leave such a layout out of
+#: the search, so the planner could lose to it at equal memory
+SEARCHED_VIRTUAL_STAGES = 8
 
 
 def _register(*schedules: Schedule) -> dict[str, Schedule]:
@@ -118,7 +125,7 @@ SCHEDULES: dict[str, Schedule] = _register(
     Schedule("1f1b", 1, v_shape=False, split_backward=False, order=one_f_one_b_order, searched=True),
     interleaved(2),
     interleaved(3),
-    interleaved(4),
+    *(interleaved(v) for v in range(4, SEARCHED_VIRTUAL_STAGES + 1)),
     Schedule("zb-h1", 1, v_shape=False, split_backward=True, order=zb_h1_order,
              held=lambda p, m: [min(m, p)] * p, searched=True),  # W is deferred: every stage holds p
     Schedule("zbv", 2, v_shape=True, split_backward=True, order=zbv_order, held=_v_held, searched=True),

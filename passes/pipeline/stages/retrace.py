@@ -24,11 +24,12 @@ import torch.fx as fx
 
 from autoshard.passes.errors import InfeasiblePlanError, PlanFormatError
 from autoshard.passes.graph import MODULE, CapturedGraph
+from autoshard.passes.pipeline.group_peak import group_peaks
 from autoshard.passes.pipeline.stages.boundary_pieces import sent_placements
 from autoshard.passes.pipeline.stages.stage_graphs import call_nodes, split_stages
 from autoshard.passes.pipeline.plan import Plan, Stage
 from autoshard.passes.pipeline.stages.stage_peak import stage_solution
-from autoshard.passes.pipeline.stages.stage_zero import planned_zero_pins, pins_name_zero_forms, step_storage_collectives
+from autoshard.passes.pipeline.stages.stage_zero import planned_zero_pins, storage_pins, pins_name_zero_forms, step_storage_collectives
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.levers import block_type, lever_rows
 from autoshard.passes.solve.context import PlanContext
@@ -204,16 +205,24 @@ def replan_at_microbatch(plan: Plan, full: CapturedGraph, small: CapturedGraph, 
     ``params``: the user's parameter pins, applied to the stages they concern; ``levers``: the memory
     levers, ``stage_levers`` of them for each stage: None pulls none). A Solution made at global
     shapes cannot be reused: its sizes differ, and it has no strategies for the values a stage
-    receives. ``ctx.memory_bytes`` bounds each stage's whole-step peak (``stage_peak``), not only the
-    microbatch walk ``plan_sharding`` constrains: ``_fitted_stage``. The plan's ``accumulation`` stays
-    in every stage's levers."""
+    receives. ``ctx.memory_bytes`` bounds each rank group's peak as the stage planner checked it
+    (``group_peak``: a group of several stages at the schedule's worst moment; one stage: its whole-step
+    peak, ``stage_peak``), not only the microbatch walk ``plan_sharding`` constrains: ``_fitted_stage``,
+    stage by stage, the stages not yet re-solved as the planner priced them. The plan's ``accumulation``
+    stays in every stage's levers."""
     stage_nodes = retrace_stage_nodes(full, small, [s.nodes for s in plan.stages])
     graphs = split_stages(small, stage_nodes)
     limit = ctx.memory_bytes
     rounds = plan.accumulation
     stages, sent = [], {}
+    solved: dict[int, Solution] = {}  # the stages re-solved so far: their records stand for them in the group's peak
+    shared: dict[str, tuple] = {}  # FQN of a tied weight -> the storage the first stage holding it gave it
+    holders: dict[str, int] = {}
+    for g in graphs:
+        for fqn in set(g.captured.params.values()):
+            holders[fqn] = holders.get(fqn, 0) + 1
     for i, s in enumerate(plan.stages):
-        planned = {fqn: v for fqn, v in planned_zero_pins(s.solution, full).items()
+        planned = {fqn: v for fqn, v in {**planned_zero_pins(s.solution, full), **shared}.items()
                    if not any(fnmatch.fnmatchcase(fqn, k) for k in params or {})}  # the user's pins win
         pins = stage_pins({**planned, **(params or {})}, graphs[i].captured)
 
@@ -225,10 +234,15 @@ def replan_at_microbatch(plan: Plan, full: CapturedGraph, small: CapturedGraph, 
         arrivals = {n: sent[n] for n, _ in graphs[i].receives if n in sent}
         solution = _fitted_stage(solve, lambda sol, i=i, s=s, arrivals=arrivals: stage_solution(
             sol, graphs[i], plan.schedule, plan.pp, plan.microbatches, s.recompute, arrivals=arrivals),
-            _stage_budget(plan, i, limit))
+            _stage_budget(plan, i, limit, solved), lambda sol, i=i: _group_peak(plan, i, sol, solved), limit)
         if rounds > 1:
             solution.levers = replace(solution.levers, accumulation=rounds)
         solution = step_storage_collectives(solution, graphs[i].captured, ctx, rounds * plan.microbatches)
+        solved[i] = solution
+        # a weight several stages hold (tied) is stored alike by all of them: the first holder's storage
+        # binds the later ones (the runtime refuses a weight stored two ways in a ZeRO form)
+        shared.update({fqn: v for fqn, v in storage_pins(solution, graphs[i].captured).items()
+                       if fqn not in shared and holders.get(fqn, 0) > 1})
         sent.update(sent_placements(graphs[i], solution.strategies, [st.mesh for st in plan.stages]))
         stages.append(Stage(s.index, stage_nodes[i], s.group, list(s.ranks), s.mesh, solution, s.recompute))
     return plan.with_stages(stages, captured=small)
@@ -238,22 +252,45 @@ def replan_at_microbatch(plan: Plan, full: CapturedGraph, small: CapturedGraph, 
 REFITS = 2
 
 
-def _stage_budget(plan: Plan, i: int, limit: float) -> float:
-    """Stage ``i``'s share of ``limit`` on its rank group: what the planner's other stages of the group
-    (virtual stages) leave of it (``limit / v`` if they leave nothing)."""
+def _group_peak(plan: Plan, i: int, solution: Solution, solved: dict[int, Solution]) -> float:
+    """Stage ``i``'s rank group's peak (``group_peak``: at the schedule's worst moment when every stage
+    has its memory record) with ``solution`` as stage ``i``, the stages already re-solved as ``solved``
+    and the others as the planner priced them: what the stage planner checked against the limit."""
+    def of(s):
+        sol = solution if s.index == i else solved.get(s.index, s.solution)
+        return (s.index, s.group, None if sol is None else sol.estimated,
+                0.0 if sol is None else float(sol.estimated_memory))
+    return group_peaks([of(s) for s in plan.stages], plan.schedule, plan.pp, plan.microbatches)[plan.stages[i].group]
+
+
+def _stage_budget(plan: Plan, i: int, limit: float, solved: dict[int, Solution]) -> float:
+    """Stage ``i``'s first walk limit on its rank group: ``limit`` less what the group's other stages
+    (virtual stages) keep whatever runs (their idle bytes, ``group_peak``; a stage without a record:
+    its whole peak), or ``limit / v`` if they leave nothing. Generous on purpose: at the group's worst
+    moment the others also hold microbatches, and ``_fitted_stage`` lowers the walk limit by how far
+    the group's peak overshoots, where a limit too low to solve at all would fail the compile."""
     mine = plan.stages[i]
     group = [s for s in plan.stages if s.group == mine.group]
-    others = sum(float(s.solution.estimated_memory) for s in group if s.index != mine.index and s.solution is not None)
+    others = 0.0
+    for s in group:
+        sol = solved.get(s.index, s.solution)
+        if s.index == mine.index or sol is None:
+            continue
+        others += float(sol.estimated.get("stage_idle_bytes", sol.estimated_memory))
     return limit - others if limit - others > 0 else limit / len(group)
 
 
-def _fitted_stage(solve, peak_of, budget: float):
-    """The stage's Solution with its whole-step peak (``peak_of``) within ``budget``: ``solve(limit)``
-    bounds one microbatch's walk only, so a stage whose peak (in-flight microbatches, accumulated
-    gradients, p2p buffers) overshoots is solved again under a walk limit lowered by the overshoot,
-    up to ``REFITS`` times; the leanest peak if none fits (an ``InfeasiblePlanError`` of the first
-    solve is raised)."""
-    walk_limit, best = budget, None
+def _fitted_stage(solve, peak_of, budget: float, group_peak=None, limit: Optional[float] = None):
+    """The stage's Solution with its memory within bounds: ``solve(walk_limit)`` bounds one microbatch's
+    walk only, and ``peak_of`` makes the stage's whole-step Solution of it. Its memory is
+    ``group_peak(solution)`` against ``limit`` (the rank group's peak with this stage in it) when both
+    are given, else its own whole-step peak against ``budget``. A stage that overshoots (in-flight
+    microbatches, accumulated gradients, p2p buffers, the group's other stages) is solved again under a
+    walk limit (first ``budget``) lowered by the overshoot, up to ``REFITS`` times; the leanest if none
+    fits (an ``InfeasiblePlanError`` of the first solve is raised)."""
+    if group_peak is None or limit is None:
+        group_peak, limit = (lambda sol: float(sol.estimated_memory)), budget
+    walk_limit, best, least = budget, None, None
     for _ in range(1 + REFITS):
         try:
             solution = peak_of(solve(walk_limit))
@@ -261,11 +298,12 @@ def _fitted_stage(solve, peak_of, budget: float):
             if best is None:
                 raise
             break
-        if best is None or solution.estimated_memory < best.estimated_memory:
-            best = solution
-        if solution.estimated_memory <= budget:
+        need = group_peak(solution)
+        if best is None or need < least:
+            best, least = solution, need
+        if need <= limit:
             return solution
-        walk_limit -= float(solution.estimated_memory) - budget
+        walk_limit -= need - limit
         if walk_limit <= 0:
             break
     return best

@@ -249,7 +249,8 @@ def search_stages(profiles: dict, mesh: Mesh, ctx: PlanContext, batch: int, sear
     re-cut with the simulator's in-flight counts and simulated, skipping those whose bound
     m * work / pp (no bubble, no communication) cannot beat the best so far.
     Phase 2 runs the stage ILP on the ``refine`` best simulated ones, and on configurations the
-    balanced cut could not fit (the ``refine`` with the smallest bounds, while they can still win).
+    balanced cut could not fit (the ``refine`` with the smallest bounds that can still win and that the
+    memory lower bound does not prove unfit: a proof costs no ILP, so it takes no place).
     Phase 3 (unpinned cuts) simulates the even cut of every configuration whose bound can still
     win, recompute on all stages or none (``_even_cuts``).
 
@@ -310,13 +311,14 @@ def search_stages(profiles: dict, mesh: Mesh, ctx: PlanContext, batch: int, sear
     unfit.sort(key=lambda u: u[0])
     scored.sort(key=lambda c: (c[0], c[1]))
     todo = [(c.step_time, prob, (c.pp, c.profile, c.m, c.schedule), c.stages, 0.0) for _, _, c, prob in scored[:refine]]
-    todo += [(bound, prob, key, None, floor) for bound, prob, key, floor in unfit[:refine]]
+    todo += [(bound, prob, key, None, floor) for bound, prob, key, floor in unfit]
+    unfit_solves = 0  # the ILP runs on at most ``refine`` unfit configurations; those proven unfit cost none
     for bound, prob, (p, prof, m, schedule), hint, floor in todo:
         left = budget.left()
         if left <= 0:
             stats["timed_out"] = True
             break
-        if hint is None and _below(best, bound, floor):
+        if hint is None and (unfit_solves >= refine or _below(best, bound, floor)):
             continue
         if hint is None:
             prob = StageProblem(**{**prob.__dict__, "held": list(held_microbatches(schedule, p, m)),
@@ -324,6 +326,7 @@ def search_stages(profiles: dict, mesh: Mesh, ctx: PlanContext, batch: int, sear
             if prob.memory_lower_bound() > memory_limit:  # no cut fits: proven without the ILP
                 stats["proven_unfit"] = stats.get("proven_unfit", 0) + 1
                 continue
+            unfit_solves += 1
         outcome: dict = {}
         sol = solve_stages(prob, time_limit_s=min(2.0, left), hint=hint, budget=budget, outcome=outcome)
         stats["ilp"] += 1
@@ -347,9 +350,12 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, c
     all stages or none, simulated when its closed form is within ``margin`` of the best so far: the
     closed form ranks one schedule against itself well but can misjudge across schedules (zbv's V
     against 1F1B), and this pass keeps such a miss from hiding a textbook layout that beats the answer.
-    The stage ILP that refines the winner spends from ``budget`` (deterministic work)."""
+    The stage ILP then refines every even cut that was the best when simulated (the winner first, then
+    the earlier ones while their floor can still win: a slower even cut can refine to a faster plan, e.g.
+    v 4 with an uneven cut and some recompute against v 8 cut one unit per stage; a few solves, since each
+    had to beat the one before), spending from ``budget`` (deterministic work)."""
     stats["even"] = 0
-    improved = None
+    improved: list[tuple[Choice, StageProblem, float, float]] = []
     for bound, p, prof, m, schedule, floor in configs:  # sorted by bound
         if best is not None and bound >= best.step_time:
             break
@@ -358,7 +364,9 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, c
         unpinned = PipelineSearch(recompute=recompute)  # an even cut: no pinned starts
         rough = stage_problem(prof, (p, m, schedule), mesh, ctx, approx_held(schedule, p, m), unpinned)
         for on in ((False, True) if recompute is None else (bool(recompute),)):
-            guess = even_stages(rough, on)
+            # the closed form's step decides whether to simulate; its memory does not: without the schedule's
+            # moments it sums each stage's own worst count, above what a group of several stages holds at once
+            guess = even_stages(rough, on, check_memory=get_schedule(schedule).virtual_stages == 1)
             if guess is None or (best is not None and guess.step_time >= margin * best.step_time):
                 continue
             # the floor reads no held count: the even cut priced with the schedule's exact ones below has
@@ -373,13 +381,18 @@ def _even_cuts(configs: list, best: Optional[Choice], stats: dict, mesh: Mesh, c
             stats["even"] += 1
             choice = _choice(prob, sol, p, prof, m, schedule, held)
             if best is None or choice.step_time < best.step_time:
-                best, improved = choice, prob
-    left = budget.left()
-    if improved is not None and left > 0:  # the stage ILP refines the even cut that won
-        sol = solve_stages(improved, time_limit_s=min(2.0, left), hint=best.stages, budget=budget)
+                best = choice
+                improved.append((choice, prob, bound, floor))
+    for even, prob, bound, floor in reversed(improved):  # the stage ILP refines the winner, then the runners-up
+        left = budget.left()
+        if left <= 0:
+            break
+        if even is not best and _below(best, bound, floor):
+            continue
+        sol = solve_stages(prob, time_limit_s=min(2.0, left), hint=even.stages, budget=budget)
         stats["ilp"] += 1
         if sol is not None:
-            choice = _choice(improved, sol, best.pp, best.profile, best.m, best.schedule, improved.held)
+            choice = _choice(prob, sol, even.pp, even.profile, even.m, even.schedule, prob.held)
             if choice.step_time < best.step_time:
                 best = choice
     return best

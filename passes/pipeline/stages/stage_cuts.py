@@ -66,12 +66,15 @@ def balanced_stages(prob: StageProblem) -> Optional[StageSolution]:
     return sol if fits_memory(prob, sol) and every_group_holds_params(prob, starts) else None
 
 
-def even_stages(prob: StageProblem, recompute: bool) -> Optional[StageSolution]:
-    """The textbook cut: stage s starts at unit round(s L / S) (Megatron's even split by layer count),
-    with recompute on every stage or none. None if it does not fit."""
+def even_stages(prob: StageProblem, recompute: bool, check_memory: bool = True) -> Optional[StageSolution]:
+    """The textbook cut: stage s starts at unit round(s L / S) (Megatron's even split by layer count;
+    with the embedding and the head as units of their own, Megatron-Core's split that counts them as
+    layers), with recompute on every stage or none. None if it does not fit (``check_memory`` False:
+    whatever its memory)."""
     L, S = len(prob.fwd), prob.num_stages
     if S > L or prob.starts is not None:
         return None
     starts = [round(s * L / S) for s in range(S)]
     sol = priced_solution(prob, starts, [recompute] * S, "EVEN", 0.0)
-    return sol if fits_memory(prob, sol) and every_group_holds_params(prob, starts) else None
+    fits = not check_memory or fits_memory(prob, sol)
+    return sol if fits and every_group_holds_params(prob, starts) else None

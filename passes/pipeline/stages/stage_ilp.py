@@ -26,9 +26,10 @@ microbatches in flight on stage s at its peak (the schedule simulator's count).
                                   (AdamW's temporaries: ``peak_timeline.optimizer_temporaries``)
     (3'') moments    with the schedule's moments given (``StageProblem.moments``: which stage runs, how many
                      microbatches each stage of its group holds), the in-step side is instead, per group
-                     and moment, sum_{s on g} [sum w_l + x_{start_s - 1} + x_{start_{s+1} - 1} + k_s(t) A_s
-                     (recomputing: k_s(t) x_{start_s - 1})] + the running stage's sum grad_l (+ its A_s if
-                     recomputing): one stage runs at a time (``passes.pipeline.group_peak``)
+                     and moment, sum_{s on g} [sum w_l + sum grad_l + (m + 1)(x_{start_s - 1} + x_{start_{s+1} - 1})
+                     + k_s(t) A_s (recomputing: k_s(t) x_{start_s - 1})] + the running stage's A_s if
+                     recomputing: one stage runs at a time (``passes.pipeline.group_peak``); every stage's
+                     accumulated gradients and the sends of the step's m microbatches are kept meanwhile
     (4) bottleneck   T >= sum_{s on g} t_s,   G >= sum_{s on g} sum_{l in s} g_l      for every group g
     (5) pins         start_s = pinned boundary; r_s = pinned recompute
     (6) parameters   every group's stages read at least one parameter (when any unit does): a rank
@@ -166,8 +167,8 @@ class StageILP:
 
     def _add_moments(self, pa: list, x: list, x_out: list, limit: int) -> None:
         """(3''), the schedule's moments given (``StageProblem.moments``): per group and moment, its
-        stages' states, p2p buffers and the microbatches each holds then, plus the running stage's
-        gradients (and, recomputing, its one microbatch of activations) <= M
+        stages' states, accumulated gradients, p2p buffers and the microbatches each holds then, plus
+        (recomputing) the running stage's one microbatch of activations <= M
         (``stage_problem.stage_memory_record``, as linear expressions)."""
         prob = self.prob
         pw = [self._at(self.PW, s, "mw") for s in range(self.S + 1)]
@@ -187,14 +188,16 @@ class StageILP:
             var = self.model.new_int_var(0, self.PA[-1], f"again{s}")
             self.model.add(var == acts[s]).only_enforce_if(self.r[s])
             self.model.add(var == 0).only_enforce_if(~self.r[s])
-            if prob.step_peak:
-                pg = self._at(self.PGR, s, "mg"), self._at(self.PGR, s + 1, "mg")
-                running.append(var + pg[1] - pg[0])
-            else:
-                running.append(var)
+            running.append(var)
+
+        def kept(s: int):  # a stage's idle bytes beyond its states: accumulated gradients, p2p buffers
+            if not prob.step_peak:
+                return 0
+            pg = self._at(self.PGR, s, "mg"), self._at(self.PGR, s + 1, "mg")
+            return pg[1] - pg[0] + (prob.m + 1) * (x[s] + x_out[s])
         for g, moments in enumerate(prob.moments):
             mine = [s for s in range(self.S) if prob.stage_group[s] == g]
-            idle = sum(pw[s + 1] - pw[s] + (x[s] + x_out[s] if prob.step_peak else 0) for s in mine)
+            idle = sum(pw[s + 1] - pw[s] + kept(s) for s in mine)
             for stage, counts in moments:
                 self.model.add(idle + sum(holding(s, k) for s, k in counts if k) + running[stage] <= limit)
 

@@ -167,11 +167,14 @@ def stage_memory_terms(prob: StageProblem, a: int, b: int, recompute: bool, s: i
 
 def stage_memory_record(prob: StageProblem, a: int, b: int, recompute: bool) -> tuple[float, float, float, float]:
     """(idle, per held microbatch, running, optimizer) bytes of a stage holding units a..b-1: the terms
-    of its group's peak over the schedule's moments (``passes.pipeline.group_peak``). With k
-    microbatches held, idle + k x per microbatch + running is ``stage_memory_terms``' in-step peak:
-    idle, its states (and the p2p buffers of both cuts); per microbatch, its activations (recomputing:
-    its received inputs); running, the gradients one backward makes before they are added in (and a
-    recomputing stage's one microbatch of activations)."""
+    of its group's peak over the schedule's moments (``passes.pipeline.group_peak``), as the runtime
+    re-solve's ``stage_peak.stage_memory_record`` splits its stage: idle, its states, its accumulated
+    gradients (alive from the stage's first backward to the optimizer step, whichever stage of the group
+    runs) and its p2p buffers: what it sent for every microbatch of the step (its outputs and its inputs'
+    gradients, kept until the step's last send is done) and one microbatch's receives; per microbatch,
+    its activations (recomputing: its received inputs); running, a recomputing stage's one microbatch of
+    activations. With k microbatches held, idle + k x per microbatch + running is ``stage_memory_terms``'
+    in-step peak, but for the m sent microbatches' buffers."""
     L = len(prob.fwd)
     acts = sum(prob.act[a:b])
     x_in = prob.cut_bytes[a - 1] if a > 0 else 0.0
@@ -181,7 +184,7 @@ def stage_memory_record(prob: StageProblem, a: int, b: int, recompute: bool) -> 
     if not prob.step_peak:
         return state, per, again, 0.0
     x_out = prob.cut_bytes[b - 1] if b < L else 0.0
-    return (state + x_in + x_out, per, sum(prob.grads[a:b]) + again,
+    return (state + sum(prob.grads[a:b]) + (prob.m + 1) * (x_in + x_out), per, again,
             state + sum(prob.opt_fixed[a:b]) + max(prob.opt_peak[a:b], default=0.0) + x_in)
 
 

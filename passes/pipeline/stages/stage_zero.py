@@ -31,7 +31,7 @@ from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.solve.solution import Solution
 from autoshard.passes.solve.storage_buckets import bucket_collectives
 
-__all__ = ["pins_name_zero_forms", "planned_zero_pins", "zero_step_costs", "stage_storage_collectives", "step_storage_collectives"]
+__all__ = ["pins_name_zero_forms", "planned_zero_pins", "storage_pins", "zero_step_costs", "stage_storage_collectives", "step_storage_collectives"]
 
 
 def planned_zero_pins(solution: Optional[Solution], captured: CapturedGraph) -> dict[str, tuple[str, ...]]:
@@ -47,6 +47,17 @@ def planned_zero_pins(solution: Optional[Solution], captured: CapturedGraph) -> 
             out[captured.params[name]] = tuple(fmt(p) + (f"/{f}" if f else "")
                                                for p, f in zip(strategy.outputs[0], strategy.lowerings))
     return out
+
+
+def storage_pins(solution: Optional[Solution], captured: CapturedGraph) -> dict[str, tuple[str, ...]]:
+    """Parameter pins (FQN -> per-axis storage with its form, as ``planned_zero_pins``) of every parameter
+    ``solution`` (of ``captured``) stores, ZeRO form or not. {} without a solution."""
+    if solution is None:
+        return {}
+    def pin(strategy):
+        forms = tuple(strategy.lowerings) or (None,) * len(strategy.outputs[0])
+        return tuple(fmt(p) + (f"/{f}" if f else "") for p, f in zip(strategy.outputs[0], forms))
+    return {captured.params[name]: pin(st) for name, st in solution.strategies.items() if name in captured.params}
 
 
 def stage_storage_collectives(solution: Solution, captured: CapturedGraph, ctx: PlanContext,

@@ -21,7 +21,8 @@ from autoshard.passes.pipeline.schedule.timeline import chrome_trace, draw_timel
 
 PS = range(2, 9)
 KINDS = {"gpipe": {"F", "BW"}, "1f1b": {"F", "BW"}, "interleaved-1f1b": {"F", "BW"}, "interleaved-1f1b-v3": {"F", "BW"},
-         "interleaved-1f1b-v4": {"F", "BW"}, "zb-h1": {"F", "B", "W"},
+         "interleaved-1f1b-v4": {"F", "BW"}, "interleaved-1f1b-v5": {"F", "BW"}, "interleaved-1f1b-v6": {"F", "BW"},
+         "interleaved-1f1b-v7": {"F", "BW"}, "interleaved-1f1b-v8": {"F", "BW"}, "zb-h1": {"F", "B", "W"},
          "zbv": {"F", "B", "W"}, "dualpipev": {"F", "B", "W", "BW"}}  # dualpipev splits only its last backwards
 
 
@@ -41,8 +42,8 @@ def _first_last(result, rank: int) -> tuple[float, float]:
 def test_every_generator_is_deadlock_free_and_complete():
     assert set(SCHEDULE_NAMES) == set(KINDS)
     for name in SCHEDULE_NAMES:
-        for p in PS:
-            v = get_schedule(name).virtual_stages
+        v = get_schedule(name).virtual_stages
+        for p in (PS if v <= 4 else (2, 3, 8)):  # v 5-8 run the same generator as v 2-4: a few p keep the test fast
             owner = stage_rank(name, p, v)
             assert len(owner) == p * v and sorted(set(owner)) == list(range(p))
             for m in _microbatches(name, p):
