@@ -35,6 +35,7 @@ from autoshard.passes.errors import InfeasiblePlanError, PlanFormatError
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision, block_levers, lever_rows
 from autoshard.passes.mesh import Mesh
+from autoshard.passes.pipeline.stages.pinned_shapes import usable_stage_shapes
 from autoshard.passes.pipeline.stages.planner import plan_pipeline
 from autoshard.passes.pipeline.stages.search_spec import PipelinePins
 from autoshard.passes.pipeline.stages.retrace import microbatch_plan, replan_at_microbatch
@@ -248,9 +249,13 @@ def _choose_pipeline(batch: ModelBatch, mesh: Mesh, options: PlanOptions, ctx: P
     mixed_precision = options.levers.get("mixed_precision")
     full = trace(batch, rounds, mixed_precision)
     check_block_levers(full, options.levers)
+    # a user's params pins hold on the chosen stage submesh as written: the search plans only those
+    pps = [options.pp_pin] if options.pp_pin else [p for p in range(2, mesh.size + 1) if mesh.size % p == 0]
+    shapes = usable_stage_shapes(full, mesh, ctx.spec, options.pins.get("params"), pps)
     chosen = plan_pipeline(full, mesh, ctx, PipelinePins(pp=options.pp_pin, schedule=options.schedule,
                                                          microbatches=options.microbatches,
-                                                         stages=planner_stage_starts(full, options.stages)),
+                                                         stages=planner_stage_starts(full, options.stages),
+                                                         shapes=shapes),
                            hints_for=published_layout_hints)
     if not chosen.pipelined:
         if options.levers:
