@@ -192,7 +192,7 @@ class SubmeshProfile:
     blocking_sends: bool = False  # sends block the sender's stream too (``scoring.send_seconds``)
     #: with ``scatter_gather``, the pieces are DeepSpeed's ``PartitionedTensor``s: copies around every
     #: gather and send, and the sender gathers its own output again before its backward
-    #: (``scoring.partitioned_tensor_copy_seconds``, ``scoring.regather_seconds``)
+    #: (``partitioned_tensors``; ``scoring.regather_seconds``, ``scoring.piece_copy_seconds``)
     deepspeed_gathers: bool = False
 
     def cut_bytes(self, m: int) -> list[float]:

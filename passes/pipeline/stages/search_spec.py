@@ -32,7 +32,7 @@ class PipelinePins:
     ``scatter_gather``: a value crossing a stage cut whole on tp is sent as 1/tp pieces and gathered.
     ``blocking_sends``: a stage's sends block its stream as its receives do (``scoring.send_seconds``).
     ``deepspeed_gathers``: the pieces are gathered as DeepSpeed's ``PartitionedTensor`` does
-    (``scoring.partitioned_tensor_copy_seconds``, ``scoring.regather_seconds``)."""
+    (``partitioned_tensors``; ``scoring.regather_seconds``, ``scoring.piece_copy_seconds``)."""
     pp: Optional[int] = None
     schedule: Optional[Union[str, Sequence[str]]] = None
     microbatches: Optional[int] = None
