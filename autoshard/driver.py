@@ -174,7 +174,8 @@ def _choose_layout(batch: ModelBatch, mesh: Mesh, options: PlanOptions, ctx: Pla
             pp=layout.pp, schedule=layout.schedule_name, microbatches=run.microbatches,
             stages=layout_stage_starts(full, layout), shapes=[run.submesh_shape], recompute=run.stage_recompute,
             pins_for=run.stage_pins, overlap_grad_sync=layout.overlaps_communication,
-            scatter_gather=layout.scatter_gathers_stage_boundaries, blocking_sends=layout.sends_block_the_sender))
+            scatter_gather=layout.scatter_gathers_stage_boundaries, blocking_sends=layout.sends_block_the_sender,
+            deepspeed_gathers=layout.gathers_as_deepspeed))
         stamp_layout([stage.solution for stage in chosen.stages], layout)
         return Chosen(replace(chosen, batch_coupled=warn_per_microbatch(full, chosen.microbatches)), chosen)
     captured = trace(batch, run.microsteps, mixed_precision)

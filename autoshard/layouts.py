@@ -57,12 +57,12 @@ KINDS = ("megatron", "fsdp")
 _MEGATRON_ONLY = ("sequence_parallel", "distributed_optimizer", "overlap_grad_reduce",
                   "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                   "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-                  "scatter_gather_tensors_in_pipeline", "blocking_p2p")
+                  "scatter_gather_tensors_in_pipeline", "blocking_p2p", "deepspeed_partitioned_tensors")
 #: fields ``describe`` leaves out at their default (added after the text form was fixed)
 _QUIET_DEFAULTS = {"overlap_grad_reduce": False, "decoder_first_pipeline_num_layers": None,
                    "decoder_last_pipeline_num_layers": None, "account_for_embedding_in_pipeline_split": False,
                    "account_for_loss_in_pipeline_split": False, "scatter_gather_tensors_in_pipeline": True,
-                   "blocking_p2p": False}
+                   "blocking_p2p": False, "deepspeed_partitioned_tensors": False}
 _FSDP_ONLY = ("reshard_after_forward", "replicas")
 
 
@@ -95,6 +95,7 @@ class Layout:
     account_for_loss_in_pipeline_split: bool = False
     scatter_gather_tensors_in_pipeline: bool = True
     blocking_p2p: bool = False
+    deepspeed_partitioned_tensors: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -128,6 +129,9 @@ class Layout:
         if any(uneven) and self.pp == 1:
             raise LayoutError("decoder_first/last_pipeline_num_layers and account_for_embedding/loss_in_pipeline_split "
                               "shape a pipeline's stages: pass pp= > 1")
+        if self.deepspeed_partitioned_tensors and not (self.pp > 1 and self.scatter_gather_tensors_in_pipeline):
+            raise LayoutError("deepspeed_partitioned_tensors prices how DeepSpeed's pipeline engine gathers stage boundaries "
+                              "sent as 1/tp pieces: it needs pp= > 1 and scatter_gather_tensors_in_pipeline=True")
         if (self.decoder_first_pipeline_num_layers is not None and self.account_for_embedding_in_pipeline_split) or (
                 self.decoder_last_pipeline_num_layers is not None and self.account_for_loss_in_pipeline_split):
             raise LayoutError("give the first (last) stage's layer count or count the embedding (loss) as a layer of "
@@ -214,6 +218,13 @@ class Layout:
         return self.kind == "megatron" and self.blocking_p2p
 
     @property
+    def gathers_as_deepspeed(self) -> bool:
+        """Stage boundaries sent in pieces are gathered the way DeepSpeed's pipeline engine does
+        (``deepspeed_partitioned_tensors``): ``PartitionedTensor.full()`` copies around each all-gather,
+        and the sending stage gathers its own output again before its backward."""
+        return self.kind == "megatron" and self.deepspeed_partitioned_tensors
+
+    @property
     def keeps_gathered_parameters(self) -> bool:
         """reshard_after_forward's value: FSDP's own; Megatron's distributed optimizer keeps its gathered copies
         from forward to backward (it gathers once per step; here once per accumulation microstep)."""
@@ -249,7 +260,7 @@ def megatron(tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1, ep
              account_for_embedding_in_pipeline_split: bool = False,
              account_for_loss_in_pipeline_split: bool = False,
              scatter_gather_tensors_in_pipeline: bool = True, etp: Optional[int] = None,
-             blocking_p2p: bool = False) -> Layout:
+             blocking_p2p: bool = False, deepspeed_partitioned_tensors: bool = False) -> Layout:
     """Megatron-LM's layout (module docstring). ``recompute``: "full" | "selective" | "none".
     ``overlap_grad_reduce``: gradient all-reduces start under the backward (Megatron-LM's
     ``--overlap-grad-reduce``; PyTorch DDP, ``--DDP-impl torch`` in 2021); off by default, as in
@@ -277,7 +288,8 @@ def megatron(tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1, ep
                   decoder_last_pipeline_num_layers=decoder_last_pipeline_num_layers,
                   account_for_embedding_in_pipeline_split=account_for_embedding_in_pipeline_split,
                   account_for_loss_in_pipeline_split=account_for_loss_in_pipeline_split,
-                  scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline, blocking_p2p=blocking_p2p)
+                  scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline, blocking_p2p=blocking_p2p,
+                  deepspeed_partitioned_tensors=deepspeed_partitioned_tensors)
 
 
 def fsdp(tp: int = 1, pp: int = 1, cp: int = 1, checkpoint: str = "none", reshard_after_forward: bool = True,

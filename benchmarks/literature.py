@@ -197,15 +197,18 @@ def _mt_nlg(nodes: int, step_s: float, measured: float) -> Row:
     - with tensor parallelism it sends a stage's output as each tp rank's 1/tp piece (plus a small
       metadata tensor) and the receiver all-gathers it over tp (engine.py: ``is_pipe_partitioned =
       is_model_parallel``, ``PartitionedTensor``, since the engine's first release of 2020-09; gradients
-      partitioned the same way since 2021-09-29, DeepSpeed #1407): ``scatter_gather_tensors_in_pipeline``.
-      Unpriced: the sender all-gathers its own output again before its backward (``part_output.full()``,
-      one NVLink all-gather of the stage output per microbatch, ~0.3 ms).
+      partitioned the same way since 2021-09-29, DeepSpeed #1407): ``scatter_gather_tensors_in_pipeline``;
+    - those pieces are ``PartitionedTensor``s: each gather (``full()``) fills, copies and clones the whole
+      tensor around its all-gather, each send clones its piece out first, and the sender all-gathers its
+      own output again before its backward (``part_output.full()``): ``deepspeed_partitioned_tensors``
+      (``passes/pipeline/stages/partitioned_tensors.py``).
     The paper does not give the microbatch size (``--microbatch`` reprices at another); 1 is assumed, as
     in Megatron-LM's own 530B run (Table 1 above)."""
     layers, h, heads, seq, vocab, batch = 105, 20480, 128, 2048, 50272, 1920
     gpus = nodes * 8
     layout = layouts.megatron(tp=8, pp=35, microbatch_size=1, recompute="full", sequence_parallel=False,
-                              scatter_gather_tensors_in_pipeline=True, blocking_p2p=True)
+                              scatter_gather_tensors_in_pipeline=True, blocking_p2p=True,
+                              deepspeed_partitioned_tensors=True)
     return Row(f"MT-NLG 530B, {nodes} nodes ({step_s} s)", gpus, lambda: megatron_gpt(layers, h, heads, seq, vocab),
                megatron_loss, batch, seq, (gpus // 8, 8), layout, "a100", measured, "TFLOP/s/GPU",
                optimizer="megatron_adam", flops=megatron_flops(batch, seq, layers, h, vocab),

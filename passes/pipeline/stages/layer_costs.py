@@ -190,6 +190,10 @@ class SubmeshProfile:
     cut_whole_batch: list = field(default_factory=list)
     scatter_gather: bool = False
     blocking_sends: bool = False  # sends block the sender's stream too (``scoring.send_seconds``)
+    #: with ``scatter_gather``, the pieces are DeepSpeed's ``PartitionedTensor``s: copies around every
+    #: gather and send, and the sender gathers its own output again before its backward
+    #: (``partitioned_tensors``; ``scoring.regather_seconds``, ``scoring.piece_copy_seconds``)
+    deepspeed_gathers: bool = False
 
     def cut_bytes(self, m: int) -> list[float]:
         return [f + b / m for f, b in zip(self.cut_fixed, self.cut_batch)]
@@ -224,7 +228,7 @@ class SubmeshProfile:
                               self.batch_shard, dict(self.stats, repeated_blocks=n), self.overlap_grad_sync,
                               cuts(self.cut_whole_fixed) if self.cut_whole_fixed else [],
                               cuts(self.cut_whole_batch) if self.cut_whole_batch else [], self.scatter_gather,
-                              self.blocking_sends)
+                              self.blocking_sends, self.deepspeed_gathers)
 
 
 def submesh_shapes(group_size: int, hardware: Hardware) -> list[tuple[int, int]]:

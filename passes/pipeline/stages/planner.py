@@ -137,6 +137,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, ctx: Optional[PlanContext] = No
         core_profile.overlap_grad_sync = pins.overlap_grad_sync
         core_profile.scatter_gather = pins.scatter_gather
         core_profile.blocking_sends = pins.blocking_sends
+        core_profile.deepspeed_gathers = pins.deepspeed_gathers
         core_step = single_stage_step(core_profile)
     shallow = shallow_program(captured, units) if fold_blocks else None
     candidates: dict = {}
@@ -148,7 +149,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, ctx: Optional[PlanContext] = No
     profiles = plan_candidates(shallow.captured if shallow else captured, mesh, pps, ctx, search, stats=candidates)
     for profile in profiles.values():
         profile.overlap_grad_sync, profile.scatter_gather = pins.overlap_grad_sync, pins.scatter_gather
-        profile.blocking_sends = pins.blocking_sends
+        profile.blocking_sends, profile.deepspeed_gathers = pins.blocking_sends, pins.deepspeed_gathers
     # what is left of the WORK limit (deterministic seconds, never the clock: the plan must not
     # depend on the machine's load) after the core plan's and the candidates' solves
     spent = candidates.get("work_s", 0.0) + (core.solver_stats.get("work_s", 0.0) if core is not None else 0.0)

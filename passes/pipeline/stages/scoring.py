@@ -30,6 +30,7 @@ from autoshard.passes.pipeline.schedule.generators import held_per_stage, prepar
 from autoshard.passes.pipeline.schedule.held_moments import held_moments
 from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.layer_costs import SubmeshProfile
+from autoshard.passes.pipeline.stages.partitioned_tensors import copy_seconds, gather_copy_bytes, piece_copy_bytes
 from autoshard.passes.pipeline.schedule.simulate import StageCosts, simulate
 from autoshard.passes.pipeline.stages.stage_problem import StageProblem, StageSolution
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_SCHEDULES", "Choice", "held_microbatches", "approx_held", "valid_schedule", "stage_problem",
            "group_moments",
            "score_stages", "busiest_rank_seconds", "step_floor", "config_floor", "overlapped_sync", "single_stage_step", "cut_seconds",
-           "accumulation_share", "send_seconds"]
+           "accumulation_share", "send_seconds", "regather_seconds", "piece_copy_seconds"]
 
 _BACKWARD = ("B", "W", "BW")
 
@@ -117,6 +118,8 @@ def stage_problem(profile: SubmeshProfile, config: tuple[int, int, str], mesh: M
         state=[c.state_bytes for c in costs], act=[c.act(m) for c in costs],
         cut_seconds=cut_seconds(profile, m, bw, lat, hw), cut_bytes=cut_bytes,
         send_seconds=send_seconds(profile, m, bw, lat) if profile.blocking_sends else None,
+        regather_seconds=regather_seconds(profile, m, hw) if _deepspeed_pieces(profile) else None,
+        piece_copy_seconds=piece_copy_seconds(profile, m, hw) if _deepspeed_pieces(profile) else None,
         stage_group=get_schedule(schedule).stage_rank(p), held=list(held), m=m, memory_limit=ctx.memory_bytes,
         recompute=recompute, starts=starts, holds_params=[c.param_reads > 0 for c in costs],
         grads=[c.grads for c in costs], opt_fixed=[c.opt_fixed for c in costs], opt_peak=[c.opt_peak for c in costs],
@@ -137,18 +140,52 @@ def cut_seconds(profile: SubmeshProfile, m: int, bw: float, lat: float, hw: Hard
     """Seconds to send what crosses each cut (forward, or its gradient backward) between two rank
     groups: the bytes each rank holds over the link, plus its latency. With ``profile.scatter_gather``
     (Megatron-LM's scatter/gather of stage-boundary tensors, ``gather_split_1d_tensor``) what a rank
-    holds whole on tp is sent as its 1/tp piece and the receiving group all-gathers it over tp."""
+    holds whole on tp is sent as its 1/tp piece and the receiving group all-gathers it over tp; with
+    ``profile.deepspeed_gathers`` that gather is DeepSpeed's ``PartitionedTensor.full()``, its copies
+    included (``partitioned_tensors.gather_copy_bytes``)."""
     cut_bytes = profile.cut_bytes(m)
     tp = profile.mesh.shape[-1]
     if not profile.scatter_gather or tp == 1:
         return [x / bw + lat if x > 0 else 0.0 for x in cut_bytes]
-    cm = CostModel(profile.mesh, hw)
     out = []
-    for x, whole in zip(cut_bytes, profile.cut_whole_bytes(m)):
+    for x, whole, gather in zip(cut_bytes, profile.cut_whole_bytes(m), _gather_seconds(profile, m, hw)):
         sent = x - whole + whole / tp
-        gather = cm.collective_time("all_gather", profile.mesh.ndim - 1, whole) if whole > 0 else 0.0
         out.append(sent / bw + lat + gather if x > 0 else 0.0)
     return out
+
+
+def _gather_seconds(profile: SubmeshProfile, m: int, hw: Hardware) -> list[float]:
+    """Per cut, seconds for a receiving rank to all-gather the pieces of what was held whole on tp
+    (with DeepSpeed's ``PartitionedTensor.full()`` copies under ``profile.deepspeed_gathers``)."""
+    tp = profile.mesh.shape[-1]
+    cm = CostModel(profile.mesh, hw)
+    out = []
+    for whole in profile.cut_whole_bytes(m):
+        gather = cm.collective_time("all_gather", profile.mesh.ndim - 1, whole) if whole > 0 else 0.0
+        if profile.deepspeed_gathers and whole > 0:
+            gather += copy_seconds(hw, gather_copy_bytes(whole, tp))
+        out.append(gather)
+    return out
+
+
+def _deepspeed_pieces(profile: SubmeshProfile) -> bool:
+    return profile.deepspeed_gathers and profile.scatter_gather and profile.mesh.shape[-1] > 1
+
+
+def regather_seconds(profile: SubmeshProfile, m: int, hw: Hardware) -> list[float]:
+    """Per cut, seconds the SENDING stage spends before its backward gathering its own output again
+    (DeepSpeed's ``part_output.full()``, ``partitioned_tensors``): one more all-gather over tp and its
+    copies per microbatch."""
+    return [g if x > 0 else 0.0 for x, g in zip(profile.cut_bytes(m), _gather_seconds(profile, m, hw))]
+
+
+def piece_copy_seconds(profile: SubmeshProfile, m: int, hw: Hardware) -> list[float]:
+    """Per cut, seconds a sending rank spends cutting its 1/tp piece out of what it sends (DeepSpeed's
+    ``_partition_tensor`` clone, ``partitioned_tensors.piece_copy_bytes``): its stage's output in the
+    forward, its input's gradient in the backward."""
+    tp = profile.mesh.shape[-1]
+    return [copy_seconds(hw, piece_copy_bytes(whole, tp)) if x > 0 else 0.0
+            for x, whole in zip(profile.cut_bytes(m), profile.cut_whole_bytes(m))]
 
 
 def send_seconds(profile: SubmeshProfile, m: int, bw: float, lat: float) -> list[float]:
@@ -167,16 +204,21 @@ def _stage_durations(prob: StageProblem, starts: Sequence[int], recompute: Seque
                      ) -> tuple[list[float], list[float]]:
     """Per stage, its F and B(+W) durations: its units' forward, plus receiving its input (and, when
     sends block, sending its output); its units' backward, the recomputed forward, receiving its
-    output's gradient (and, when sends block, sending its input's gradient)."""
+    output's gradient (and, when sends block, sending its input's gradient). With DeepSpeed's
+    partitioned boundaries (``prob.regather_seconds``, ``prob.piece_copy_seconds``) the forward also cuts
+    its output's piece out, and the backward gathers its own output again and cuts its input
+    gradient's piece out."""
     L = len(prob.fwd)
     ends = list(starts[1:]) + [L]
-    send = prob.send_seconds
+    send, regather, piece = prob.send_seconds, prob.regather_seconds, prob.piece_copy_seconds
     f, b = [], []
     for s, (a, e) in enumerate(zip(starts, ends)):
         fwd = sum(prob.fwd[a:e])
-        f.append(fwd + (prob.cut_seconds[a - 1] if a > 0 else 0.0) + (send[e - 1] if send and e < L else 0.0))
+        f.append(fwd + (prob.cut_seconds[a - 1] if a > 0 else 0.0) + (send[e - 1] if send and e < L else 0.0)
+                 + (piece[e - 1] if piece and e < L else 0.0))
         b.append(sum(prob.bwd[a:e]) + (fwd if recompute[s] else 0.0) + (prob.cut_seconds[e - 1] if e < L else 0.0)
-                 + (send[a - 1] if send and a > 0 else 0.0))
+                 + (send[a - 1] if send and a > 0 else 0.0)
+                 + (regather[e - 1] if regather and e < L else 0.0) + (piece[a - 1] if piece and a > 0 else 0.0))
     return f, b
 
 

@@ -30,7 +30,9 @@ class PipelinePins:
     submesh)``: decisions fixed on every intra-op solve (a layout's placements). ``overlap_grad_sync``:
     the runtime starts gradient all-reduces under the backward still running (False: after it).
     ``scatter_gather``: a value crossing a stage cut whole on tp is sent as 1/tp pieces and gathered.
-    ``blocking_sends``: a stage's sends block its stream as its receives do (``scoring.send_seconds``)."""
+    ``blocking_sends``: a stage's sends block its stream as its receives do (``scoring.send_seconds``).
+    ``deepspeed_gathers``: the pieces are gathered as DeepSpeed's ``PartitionedTensor`` does
+    (``partitioned_tensors``; ``scoring.regather_seconds``, ``scoring.piece_copy_seconds``)."""
     pp: Optional[int] = None
     schedule: Optional[Union[str, Sequence[str]]] = None
     microbatches: Optional[int] = None
@@ -41,6 +43,7 @@ class PipelinePins:
     overlap_grad_sync: bool = True
     scatter_gather: bool = False
     blocking_sends: bool = False
+    deepspeed_gathers: bool = False
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,11 @@ activations stage s holds at its peak under the schedule (k_s). ``recompute``: N
     #: per cut, seconds its send holds the sending rank's stream when sends block (separate blocking
     #: send calls, ``scoring.send_seconds``); None: sends are posted and cost the sender nothing
     send_seconds: Optional[list[float]] = None
+    #: per cut, DeepSpeed's partitioned boundaries (``partitioned_tensors``): seconds the sending stage's
+    #: backward spends gathering its own output again, and seconds a sender spends cutting its piece
+    #: out of each send (its output forward, its input's gradient backward); None: neither
+    regather_seconds: Optional[list[float]] = None
+    piece_copy_seconds: Optional[list[float]] = None
 
     @property
     def step_peak(self) -> bool:
