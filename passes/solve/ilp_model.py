@@ -19,7 +19,7 @@ from ortools.sat.python import cp_model
 from autoshard.passes.solve.cpsat_model import RowTerms, cpsat_model
 from autoshard.passes.solve.strategy_graph import SGEdge, StrategyGraph
 
-__all__ = ["ILPResult", "ShardingILP", "CPSAT_SEED"]
+__all__ = ["ILPResult", "ShardingILP", "CPSAT_SEED", "unit_variables"]
 
 #: GLOP's parameters for an LP solved again on a kept solver: presolve would rebuild a reduced problem
 #: (and lose the basis) whenever a bound changes; dual simplex restarts from the last optimal basis, which
@@ -30,7 +30,7 @@ _SCALE_TARGET = 1e9
 CPSAT_SEED = 0  # fixed: the same inputs give the same plan
 
 
-def _unit_variables(costs: list[float]) -> bytes:
+def unit_variables(costs: list[float]) -> bytes:
     """An ``MPModelProto``'s wire bytes holding one variable per cost: bounds 0 and 1, that objective
     coefficient, each field present (what ``variable.add()`` and setting the three fields makes), laid
     out by numpy: a Python call per field was a third of building a tiny Llama's LP (34 K variables)."""
@@ -291,7 +291,7 @@ class ShardingILP:
                 costs[k] += c
             for k, c in (extra_costs or {}).items():
                 costs[k] += c
-            model.MergeFromString(_unit_variables(costs))
+            model.MergeFromString(unit_variables(costs))
             for index, (_, ids, coefs, lo, hi) in enumerate(self.rows):
                 if index == skip_row:
                     continue
