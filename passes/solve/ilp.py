@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import time
-from operator import itemgetter
+from itertools import chain
 from typing import Optional, Sequence
 
 import numpy as np
@@ -71,25 +71,50 @@ def _floors(graph: StrategyGraph) -> tuple[float, float]:
         qs = sorted({e.v_class[s] for s in options[e.v]})
         if not ps or not qs:
             continue
-        # the (p, q) block read row by row in C (itemgetter) and reduced by numpy: a tiny Llama's edges
-        # hold up to 35 x 35 pairs, and a Python loop over them was most of a memory-bound solve's floors
-        prices = np.array(_block(e.cost, ps, qs), dtype=float)
+        # the (p, q) block of the matrix read flat in C and reduced by numpy: a tiny Llama's edges hold up to
+        # 35 x 35 pairs, and a Python loop over them (then numpy on nested lists) was most of a
+        # memory-bound solve's floors
+        prices = _block(e.cost, ps, qs)
         finite = np.isfinite(prices)
         if not finite.any():
             continue
         cost += e.multiplicity * float(prices[finite].min())
         if e.memory is not None:
-            memory += e.multiplicity * float(np.array(_block(e.memory, ps, qs), dtype=float)[finite].min())
+            memory += e.multiplicity * float(_block(e.memory, ps, qs)[finite].min())
     return cost, memory
 
 
-def _block(matrix: list[list[float]], ps: list[int], qs: list[int]) -> list:
-    """Rows ``ps``, columns ``qs`` of ``matrix``."""
-    if len(qs) == 1:
-        q = qs[0]
-        return [[matrix[p][q]] for p in ps]
-    pick = itemgetter(*qs)
-    return [pick(matrix[p]) for p in ps]
+def _block(matrix: list[list[float]], ps: list[int], qs: list[int]) -> np.ndarray:
+    """Rows ``ps``, columns ``qs`` (sorted, distinct) of ``matrix``, as a float array."""
+    whole = _as_array(matrix)
+    if len(ps) == whole.shape[0] and len(qs) == whole.shape[1]:
+        return whole
+    return whole[np.ix_(ps, qs)]
+
+
+#: ``_as_array``'s arrays by the id of the matrix read (kept with it, so the id is not reused while cached),
+#: and how many values they hold together; emptied past ``_CACHED_VALUES``
+_ARRAYS: dict[int, tuple[list, np.ndarray]] = {}
+_CACHED = [0]
+_CACHED_VALUES = 4_000_000
+
+
+def _as_array(matrix: list[list[float]]) -> np.ndarray:
+    """``matrix`` (an edge's prices: never changed once its edge is built, ``strategy_graph.SGEdge``) as a
+    float array, made once per matrix: the graphs a search solves (policies fixed, layouts sliced, followers
+    folded) share their edges' matrices, and reading them again per solve was most of a tiny Llama's
+    memory-bound floors (its graph of every policy holds 470 K prices)."""
+    hit = _ARRAYS.get(id(matrix))
+    if hit is not None and hit[0] is matrix:
+        return hit[1]
+    rows, cols = len(matrix), len(matrix[0])
+    array = np.fromiter(chain.from_iterable(matrix), dtype=float, count=rows * cols).reshape(rows, cols)
+    if _CACHED[0] + array.size > _CACHED_VALUES:
+        _ARRAYS.clear()
+        _CACHED[0] = 0
+    _ARRAYS[id(matrix)] = (matrix, array)
+    _CACHED[0] += array.size
+    return array
 
 
 def cost_floor(graph: StrategyGraph) -> float:

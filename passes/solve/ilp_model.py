@@ -11,13 +11,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
+
 from ortools.linear_solver import linear_solver_pb2, pywraplp
 from ortools.sat.python import cp_model
 
-from autoshard.passes.solve.cpsat_model import cpsat_model
+from autoshard.passes.solve.cpsat_model import RowTerms, cpsat_model
 from autoshard.passes.solve.strategy_graph import SGEdge, StrategyGraph
 
-__all__ = ["ILPResult", "ShardingILP", "CPSAT_SEED"]
+__all__ = ["ILPResult", "ShardingILP", "CPSAT_SEED", "unit_variables"]
 
 #: GLOP's parameters for an LP solved again on a kept solver: presolve would rebuild a reduced problem
 #: (and lose the basis) whenever a bound changes; dual simplex restarts from the last optimal basis, which
@@ -26,6 +28,19 @@ _WARM = "use_preprocessing:false use_dual_simplex:true"
 
 _SCALE_TARGET = 1e9
 CPSAT_SEED = 0  # fixed: the same inputs give the same plan
+
+
+def unit_variables(costs: list[float]) -> bytes:
+    """An ``MPModelProto``'s wire bytes holding one variable per cost: bounds 0 and 1, that objective
+    coefficient, each field present (what ``variable.add()`` and setting the three fields makes), laid
+    out by numpy: a Python call per field was a third of building a tiny Llama's LP (34 K variables)."""
+    n = len(costs)
+    wire = np.empty((n, 29), dtype=np.uint8)
+    wire[:, 0], wire[:, 1] = 3 << 3 | 2, 27  # MPModelProto.variable (3), length-delimited: 3 doubles and tags
+    for at, number, values in ((2, 1, np.zeros(n)), (11, 2, np.ones(n)), (20, 3, np.asarray(costs, dtype=float))):
+        wire[:, at] = number << 3 | 1  # lower_bound (1), upper_bound (2), objective_coefficient (3): 64-bit
+        wire[:, at + 1:at + 9] = values.astype("<f8").view(np.uint8).reshape(n, 8)
+    return wire.tobytes()
 
 
 @dataclass
@@ -61,8 +76,11 @@ class ShardingILP:
         self.memory_unit = 1.0
         self._lp = None  # GLOP, kept from the first ``solve_lp`` (with ``_lp_costs``, its objective)
         self._lp_costs: list[float] = []
+        self._lp_vars: list = []  # the kept solver's variables and rows, listed once (``lp.variables()`` wraps
+        self._lp_rows: list = []  # each anew: 34 K objects a retry on a tiny Llama)
         self._folds: list[Optional[list]] = []  # per edge of the graph, where ``_fold_edges`` put its prices
         self.capped = False  # whether ``add_cost_cap`` added its row
+        self._row_terms: Optional[RowTerms] = None  # the rows' and objective's terms for CP-SAT, laid out once
         self._fold_edges()
 
     def _new_var(self) -> int:
@@ -175,6 +193,7 @@ class ShardingILP:
         """Minimize estimated step time ("cost") or bytes per device ("memory"), scaled to integers
         so the largest possible total is about 1e9."""
         table = self.M if what == "memory" else self.C
+        self._row_terms = None
         def edge_value(e, p, q):
             return (e.memory[p][q] if e.memory else 0.0) if what == "memory" else e.cost[p][q]
 
@@ -272,10 +291,7 @@ class ShardingILP:
                 costs[k] += c
             for k, c in (extra_costs or {}).items():
                 costs[k] += c
-            for c in costs:
-                var = model.variable.add()
-                var.lower_bound, var.upper_bound = 0.0, 1.0
-                var.objective_coefficient = c
+            model.MergeFromString(unit_variables(costs))
             for index, (_, ids, coefs, lo, hi) in enumerate(self.rows):
                 if index == skip_row:
                     continue
@@ -291,10 +307,12 @@ class ShardingILP:
             self._lp, self._lp_costs = lp, costs
             return self._lp_answer(lp, lp.Solve())
         lp.SetSolverSpecificParametersAsString(_WARM)
-        variables, objective = lp.variables(), lp.Objective()
+        if not self._lp_vars:
+            self._lp_vars, self._lp_rows = lp.variables(), lp.constraints()
+        variables, objective = self._lp_vars, lp.Objective()
         for k, c in (extra_costs or {}).items():
             objective.SetCoefficient(variables[k], self._lp_costs[k] + c)
-        constraints = lp.constraints()
+        constraints = self._lp_rows
         if self.memory_row is not None:
             _, _, _, lo, hi = self.rows[self.memory_row]
             constraints[self.memory_row].SetBounds(lo, hi)
@@ -346,7 +364,9 @@ class ShardingILP:
         (``memory_search.reduced_cost_fixings``); ``upper_bound``: only answers whose objective is at
         most this are wanted (INFEASIBLE when there is none). ``portfolio``: with ``workers > 1``,
         CP-SAT's interleaved portfolio of subsolvers; False: one sequential LP-guided search."""
-        model, index_of = cpsat_model(self.num_vars, self.rows, self.objective, fixed_zero)
+        if self._row_terms is None or self._row_terms.num_rows != len(self.rows):
+            self._row_terms = RowTerms(self.rows, self.objective)  # (a peak retry changes only a bound)
+        model, index_of = cpsat_model(self.num_vars, self.rows, self.objective, fixed_zero, self._row_terms)
         if lower_bound is not None or upper_bound is not None:  # the LP bound, loosened against GLOP's tolerance
             lo = -2 ** 62 if lower_bound is None else math.floor(lower_bound - 1e-6 * abs(lower_bound) - 1)
             top = sum(c for c in self.objective[1] if c > 0)

@@ -129,7 +129,10 @@ class LeverPricer:
         self._move_sums: dict = {}
         self._op_level: Optional[dict[str, float]] = None
         self._block_reads: dict[tuple[str, int], int] = {}  # outside value -> edges reading it in blocks
-        for u, slot, v, _ in graph_edges(captured):
+        #: ``clustering.graph_edges(captured)``, listed once (walking every node's operands was a third of
+        #: pricing an assignment, ``solution.evaluate``, which read them three times)
+        self.edges = graph_edges(captured)
+        for u, slot, v, _ in self.edges:
             if v != OUTPUT and u not in blocks.instance and v in blocks.instance and facts.kind[u] == "op":
                 self._block_reads[(u, slot)] = self._block_reads.get((u, slot), 0) + 1
 
@@ -239,7 +242,7 @@ class LeverPricer:
         (an over-estimate by these bytes)."""
         holders: dict[tuple[str, int], set[bool]] = {}
         facts, inst = self.facts, self.blocks.instance
-        for u, slot, v, i in graph_edges(self.captured):
+        for u, slot, v, i in self.edges:
             if facts.kind.get(u) != "op":
                 continue
             if v == OUTPUT:

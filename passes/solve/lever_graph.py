@@ -28,7 +28,7 @@ from autoshard.passes.solve.lever_costs import LeverPricer
 from autoshard.passes.solve.strategy_graph import PolicyGroup, SGEdge, SGNode, StrategyGraph
 from autoshard.passes.spec import Strategy
 
-__all__ = ["LeverGraph", "build_lever_graph"]
+__all__ = ["LeverGraph", "build_lever_graph", "node_cost_floor"]
 
 
 @dataclass
@@ -56,6 +56,42 @@ class LeverGraph:
         return chosen, policies
 
 
+def _node_prices(pricer: LeverPricer, rep: str, strategies: list, rs: list) -> tuple[list[float], list[float]]:
+    """(seconds, bytes) of node ``rep`` for every policy in ``rs`` and strategy, at index ``r_position *
+    len(strategies) + s`` (``build_lever_graph``'s expanded node)."""
+    costs, mems = [], []
+    bases: list = [None] * len(strategies)  # a strategy's cost-model price is the same under every policy
+    for r in rs:
+        for j, s in enumerate(strategies):
+            base, lever = pricer.node(rep, s, r, base=bases[j])
+            bases[j] = base
+            costs.append(lever.seconds)
+            mems.append(base.params + base.grads + base.optimizer + base.held_grads + lever.memory)
+    return costs, mems
+
+
+def node_cost_floor(problem, pricer: LeverPricer, allowed_policies: dict[str, list[int]]) -> float:
+    """The nodes' part of ``ilp.cost_floor`` of ``build_lever_graph(problem, pricer, allowed_policies,
+    ...)``'s graph, without pricing an edge: every ILP node at its cheapest allowed strategy, times its
+    multiplicity. Edges price collectives and re-issued work, never below 0 seconds, so this is at most
+    that graph's ``cost_floor``: a count it already cuts off needs no lever graph (``planner``)."""
+    table, facts, blocks = problem.table, problem.facts, pricer.blocks
+    total = 0.0
+    for names in problem.clustering.members:
+        rep = names[0]
+        btype = blocks.type_of(rep) if facts.kind[rep] == "op" else None
+        rs: list[Optional[int]] = list(allowed_policies[btype]) if btype in allowed_policies else [None]
+        strategies = table[rep]
+        costs, _ = _node_prices(pricer, rep, strategies, rs)
+        pinned = problem.allowed.get(rep)
+        allowed = (range(len(costs)) if pinned is None else
+                   [j * len(strategies) + k for j in range(len(rs)) for k in sorted(pinned)])
+        finite = [costs[c] for c in allowed if math.isfinite(costs[c])]
+        if finite:
+            total += len(names) * min(finite)
+    return total
+
+
 def build_lever_graph(problem, pricer: LeverPricer, allowed_policies: dict[str, list[int]],
                       memory_limit: Optional[float]) -> LeverGraph:
     """The ILP's input for ``problem`` (a ``planner.ShardingProblem``), with the ops of every block
@@ -69,14 +105,7 @@ def build_lever_graph(problem, pricer: LeverPricer, allowed_policies: dict[str, 
         btype = blocks.type_of(rep) if facts.kind[rep] == "op" else None
         rs: list[Optional[int]] = list(allowed_policies[btype]) if btype in allowed_policies else [None]
         strategies = table[rep]
-        costs, mems = [], []
-        bases: list = [None] * len(strategies)  # a strategy's cost-model price is the same under every policy
-        for r in rs:
-            for j, s in enumerate(strategies):
-                base, lever = pricer.node(rep, s, r, base=bases[j])
-                bases[j] = base
-                costs.append(lever.seconds)
-                mems.append(base.params + base.grads + base.optimizer + base.held_grads + lever.memory)
+        costs, mems = _node_prices(pricer, rep, strategies, rs)
         pinned = problem.allowed.get(rep)
         allowed = None if pinned is None else [j * len(strategies) + k for j in range(len(rs)) for k in sorted(pinned)]
         nodes.append(SGNode(rep, costs, mems, len(names), allowed))

@@ -27,7 +27,7 @@ from autoshard.passes.levers import BlockPolicy, Levers, MixedPrecision
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.strategies import unruled_ops
 from autoshard.passes.solve.blocks import BlockMap, block_map
-from autoshard.passes.solve.clustering import OUTPUT, graph_edges, output_placements
+from autoshard.passes.solve.clustering import OUTPUT, output_placements
 from autoshard.passes.solve.fused_gathers import fused_gather_copies, fused_gather_correction
 from autoshard.passes.solve.gather_timeline import Segment, gathered_peak, segment_of
 from autoshard.passes.solve.lever_costs import LeverPricer, policy_index
@@ -255,7 +255,7 @@ def evaluate(captured: CapturedGraph, mesh, strategies: dict[str, Strategy], ctx
     made: set = set()  # (producer, slot, placement): the copies the runtime has made by this edge
     fused_moves: dict[tuple, tuple] = {}  # (parameter, placement) -> (flat gather axes, dtype, collectives)
     reader, stale = None, set()  # a reader that writes an operand in place: the runtime then drops its copies
-    for u, slot, v, i in graph_edges(captured):
+    for u, slot, v, i in pricer.edges:
         if v != reader:
             made = {key for key in made if key[0] not in stale} if stale else made
             reader, stale = v, set()

@@ -48,7 +48,9 @@ class SGNode:
 @dataclass
 class SGEdge:
     """Edge u -> v: ``u_class[s]`` / ``v_class[s]`` map strategies to placement classes; ``cost[p][q]``
-    (s) and ``memory[p][q]`` (bytes) price producer class p meeting consumer class q."""
+    (s) and ``memory[p][q]`` (bytes) price producer class p meeting consumer class q. The two matrices
+    are never changed once the edge is built: the graphs derived from it share them (``fix_policies``,
+    ``merge_followers``), and ``ilp`` keeps each one's array."""
     u: int
     v: int
     u_class: list[int]
