@@ -153,10 +153,13 @@ class CostModel(CollectivePricing):
         return NodePrice(compute=work + facts.overhead(name) + extra, collectives=colls,
                          activations=self.node_activation_bytes(name, strategy, facts) + moved)
 
-    def param_step_seconds(self, meta: TensorMeta, storage: Sequence[Placement], master_dtype=None) -> float:
+    def param_step_seconds(self, meta: TensorMeta, storage: Sequence[Placement], master_dtype=None,
+                           accumulated: Optional[Sequence[Placement]] = None) -> float:
         """Seconds one parameter's local shard adds to a step outside the program: the optimizer's update
         (``passes/cost/optimizer_step.py``); under accumulation ``MicrobatchCostModel`` adds the gradient
-        adds between microbatches, as each microbatch's share."""
+        adds between microbatches, as each microbatch's share, into the gradient as it is held between
+        them (``accumulated``: its placements when they are not ``storage``'s, e.g. a ``zero1``
+        parameter's unreduced gradient, whole over the ZeRO axes whose slice the optimizer updates)."""
         return self.optimizer_step_seconds(meta, storage, master_dtype)
 
     def optimizer_step_seconds(self, meta: TensorMeta, storage: Sequence[Placement], master_dtype=None) -> float:

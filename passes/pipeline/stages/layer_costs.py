@@ -427,12 +427,15 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, ctx: PlanContext, spec: Ca
     nodes = {n.name: n for n in captured.gm.graph.nodes}
     graph, result, status = None, None, None
     for k in dict.fromkeys((held, 1)):
-        # the optimizer step and accumulations: priced per rank group by the stage scorer, not per candidate
         key = (k, memory_limit, repeat, chain_repeat)
         if ("graph",) + key in memo:
             graph = memo[("graph",) + key]
         else:
-            cm = MicrobatchCostModel(mesh, hardware, optimizer, microbatches, k, price_step=False)
+            # every parameter's optimizer step (1/m of it) and gradient accumulations ((m-1)/m of one) per
+            # microbatch, as the stage scorer charges the profile's ``opt_step`` and ``accumulate`` per step:
+            # without them the ILP chose weights replicated over tp whose 8x larger updates and accumulations
+            # the stages then paid (Llama 3 405B, pp 16, (128, 8): 1.2 s per microbatch the ILP never saw)
+            cm = MicrobatchCostModel(mesh, hardware, optimizer, microbatches, k)
             # the held count changes what nodes keep, not what edges cost: the second graph reuses the first's edges
             graph = problem.strategy_graph(cm, memory_limit, edges_from=graph)
             if repeat != 1.0:
