@@ -108,8 +108,8 @@ class CostModel(CollectivePricing):
                          reduce_dtype=reduce_dtype, move_cache=move_cache)
         self.opt_bytes = optimizer_state_bytes(optimizer)
         self.optimizer = optimizer
-        #: a parameter's price includes its optimizer step (``param_step_seconds``); False for the stage
-        #: planner's candidates, whose stage scorer adds it per rank group (``UnitCost.opt_step``)
+        #: a parameter's price includes its optimizer step (``param_step_seconds``); False for a caller that
+        #: adds it elsewhere (the stage planner's candidates price it, as their stage scorer charges it)
         self.price_step = price_step
 
     # ---- whole nodes and edges ----------------------------------------------------------------

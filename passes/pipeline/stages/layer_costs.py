@@ -38,8 +38,9 @@ scatters and gathers stage boundaries (``SubmeshProfile.scatter_gather``) sends 
 
 ``plan_submesh`` chooses that intra-op plan for a pipeline stage rather than for a whole step: the
 core planner's problem (``solve.planner.build_problem``) priced per microbatch (batch-dependent
-compute, collectives and activations divided by m, gradient all-reduces by m since they run once
-per step) with activations counted ``held`` times (the microbatches a stage keeps in flight), under
+compute, collectives and activations divided by m, gradient all-reduces and each parameter's optimizer
+step by m since they run once per step, (m - 1) / m of its gradient accumulation: what the stage scorer
+charges the profile's ``opt_step`` and ``accumulate``) with activations counted ``held`` times (the microbatches a stage keeps in flight), under
 ``pp * memory_limit`` for the whole program (the stages' sum), and only with strategies that still
 divide the microbatch (``solve.microbatch.microbatch_strategies``: 16 sequences split 8 ways are fine, a
 microbatch of one sequence is not). Tensor parallelism then appears where data parallelism's
