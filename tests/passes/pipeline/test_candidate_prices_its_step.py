@@ -19,7 +19,6 @@ model's bandwidth efficiency rises with message size (``passes/cost/nccl.py``), 
 more (here 1-7% less on the tensor-parallel candidates; a known gap of the profile, not of the ILP)."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 import autoshard
