@@ -108,8 +108,8 @@ class CostModel(CollectivePricing):
                          reduce_dtype=reduce_dtype, move_cache=move_cache)
         self.opt_bytes = optimizer_state_bytes(optimizer)
         self.optimizer = optimizer
-        #: a parameter's price includes its optimizer step (``param_step_seconds``); False for the stage
-        #: planner's candidates, whose stage scorer adds it per rank group (``UnitCost.opt_step``)
+        #: a parameter's price includes its optimizer step (``param_step_seconds``); False for a caller that
+        #: adds it elsewhere (the stage planner's candidates price it, as their stage scorer charges it)
         self.price_step = price_step
 
     # ---- whole nodes and edges ----------------------------------------------------------------
@@ -153,10 +153,13 @@ class CostModel(CollectivePricing):
         return NodePrice(compute=work + facts.overhead(name) + extra, collectives=colls,
                          activations=self.node_activation_bytes(name, strategy, facts) + moved)
 
-    def param_step_seconds(self, meta: TensorMeta, storage: Sequence[Placement], master_dtype=None) -> float:
+    def param_step_seconds(self, meta: TensorMeta, storage: Sequence[Placement], master_dtype=None,
+                           accumulated: Optional[Sequence[Placement]] = None) -> float:
         """Seconds one parameter's local shard adds to a step outside the program: the optimizer's update
         (``passes/cost/optimizer_step.py``); under accumulation ``MicrobatchCostModel`` adds the gradient
-        adds between microbatches, as each microbatch's share."""
+        adds between microbatches, as each microbatch's share, into the gradient as it is held between
+        them (``accumulated``: its placements when they are not ``storage``'s, e.g. a ``zero1``
+        parameter's unreduced gradient, whole over the ZeRO axes whose slice the optimizer updates)."""
         return self.optimizer_step_seconds(meta, storage, master_dtype)
 
     def optimizer_step_seconds(self, meta: TensorMeta, storage: Sequence[Placement], master_dtype=None) -> float:

@@ -11,7 +11,9 @@ product ``z``, one of ``m`` microsteps per step (``MicrobatchCostModel.microbatc
   gradient ``B / f`` over the microsteps (``held_grads``), and ``once`` the gradients of its gathered
   copies, ``G`` (gathered over every sharded axis, FSDP's case: an upper bound);
 - time: the optimizer step over the local slice (``param_step_seconds`` of the ``1/(f z)`` piece, as a
-  plain parameter's price includes its whole update; none where the caller adds it per rank group);
+  plain parameter's price includes its whole update) and, under accumulation, each microstep's add into
+  the gradient as held between microsteps: whole (``B / f``) for a form reduced once per step (``zero1``,
+  ``once``), the ``1/(f z)`` slice for ``zero2`` (as ``stage_zero.zero_step_costs`` prices it);
 - ``zero1`` / ``zero2``: a reduce-scatter of ``G / f`` over the ZeRO axes flattened (``zero1`` once
   per step: ``1/m`` of it per microstep; ``zero2`` every microstep), an all-reduce of the reduced
   slice ``G / (f z)`` over the other ``R`` axes (once per step, as ``grad_sync`` prices it), and an
@@ -71,8 +73,10 @@ def storage_price(cm: "CostModel", name: str, strategy: Strategy, facts: "GraphF
         sliced = storage
         grads = own / f
         syncs.extend(cm.grad_sync(meta, storage, total))
-    # the optimizer updates the local slice (as a plain parameter's price includes its whole update)
-    step = cm.param_step_seconds(meta, sliced, master) if cm.price_step else 0.0
+    # the optimizer updates the local slice (as a plain parameter's price includes its whole update); a
+    # gradient reduced once per step accumulates whole between microsteps, a zero2 one into its slice
+    accumulated = storage if form.zero_reduced_once else sliced
+    step = cm.param_step_seconds(meta, sliced, master, accumulated=accumulated) if cm.price_step else 0.0
     if form.held_copies:
         held += meta.nbytes * cm.reduce_scale(meta)
     return {"step_seconds": step, "grad_sync": tuple(syncs), "collectives": collectives, "params": own / f, "grads": grads,

@@ -148,12 +148,14 @@ class MicrobatchCostModel(CostModel):
     def grad_sync(self, *args, **kwargs):
         return tuple(replace(c, seconds=c.seconds / self.microbatches) for c in super().grad_sync(*args, **kwargs))
 
-    def param_step_seconds(self, meta, storage, master_dtype=None) -> float:
+    def param_step_seconds(self, meta, storage, master_dtype=None, accumulated=None) -> float:
         """Per microbatch: ``1/m`` of the optimizer step and ``(m-1)/m`` of one gradient accumulation
-        (every microbatch after the first adds its gradient into the stored one)."""
+        (every microbatch after the first adds its gradient into the stored one, held as ``accumulated``
+        places it: ``storage`` when None)."""
         m = self.microbatches
+        held = storage if accumulated is None else accumulated
         return (self.optimizer_step_seconds(meta, storage, master_dtype) / m
-                + self.accumulate_seconds(meta, storage, master_dtype) * (m - 1) / m)
+                + self.accumulate_seconds(meta, held, master_dtype) * (m - 1) / m)
 
     def kept(self, nbytes: float) -> float:
         return self.held * nbytes

@@ -38,8 +38,9 @@ scatters and gathers stage boundaries (``SubmeshProfile.scatter_gather``) sends 
 
 ``plan_submesh`` chooses that intra-op plan for a pipeline stage rather than for a whole step: the
 core planner's problem (``solve.planner.build_problem``) priced per microbatch (batch-dependent
-compute, collectives and activations divided by m, gradient all-reduces by m since they run once
-per step) with activations counted ``held`` times (the microbatches a stage keeps in flight), under
+compute, collectives and activations divided by m, gradient all-reduces and each parameter's optimizer
+step by m since they run once per step, (m - 1) / m of its gradient accumulation: what the stage scorer
+charges the profile's ``opt_step`` and ``accumulate``) with activations counted ``held`` times (the microbatches a stage keeps in flight), under
 ``pp * memory_limit`` for the whole program (the stages' sum), and only with strategies that still
 divide the microbatch (``solve.microbatch.microbatch_strategies``: 16 sequences split 8 ways are fine, a
 microbatch of one sequence is not). Tensor parallelism then appears where data parallelism's
@@ -431,12 +432,15 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, ctx: PlanContext, spec: Ca
     nodes = {n.name: n for n in captured.gm.graph.nodes}
     graph, result, status = None, None, None
     for k in dict.fromkeys((held, 1)):
-        # the optimizer step and accumulations: priced per rank group by the stage scorer, not per candidate
         key = (k, memory_limit, repeat, chain_repeat)
         if ("graph",) + key in memo:
             graph = memo[("graph",) + key]
         else:
-            cm = MicrobatchCostModel(mesh, hardware, optimizer, microbatches, k, price_step=False)
+            # every parameter's optimizer step (1/m of it) and gradient accumulations ((m-1)/m of one) per
+            # microbatch, as the stage scorer charges the profile's ``opt_step`` and ``accumulate`` per step:
+            # without them the ILP chose weights replicated over tp whose 8x larger updates and accumulations
+            # the stages then paid (Llama 3 405B, pp 16, (128, 8): 1.2 s per microbatch the ILP never saw)
+            cm = MicrobatchCostModel(mesh, hardware, optimizer, microbatches, k)
             # the held count changes what nodes keep, not what edges cost: the second graph reuses the first's edges
             graph = problem.strategy_graph(cm, memory_limit, edges_from=graph)
             if repeat != 1.0:
