@@ -53,7 +53,7 @@ from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.levers import chosen_keywords
 
 from autoshard.passes.sharding.pins import HintsFor, PinError, Pins
-from autoshard.passes.solve.ilp import ILPResult, cost_floor, lp_bound
+from autoshard.passes.solve.ilp import ILPResult, cost_floor, lp_bound, memory_floor
 from autoshard.passes.solve.lever_costs import LeverPricer
 from autoshard.passes.solve.finalists import pick_finalist
 from autoshard.passes.solve.layout_finalists import layout_finalists
@@ -158,7 +158,7 @@ def _plan_within(search: LeverSearch, ctx: PlanContext, prune: bool = True, expl
     tried: dict[int, str] = {}
     pruned: dict[tuple, list[int]] = {}  # combination -> k's whose multiples cannot beat the best
     last = None
-    unlevered = _solve_unlevered(search, ks, budget, workers) if prune else None
+    unlevered = _solve_unlevered(search, ks, budget, workers, limit) if prune else None
     at_floor = _FloorCheck(combos, search.policies, unlevered)
     if unlevered is not None and unlevered.result.memory > limit:
         unlevered = None  # its additive bytes do not fit: levers are needed
@@ -234,6 +234,11 @@ def _plan_within(search: LeverSearch, ctx: PlanContext, prune: bool = True, expl
         if last is None:
             raise InfeasiblePlanError("no microstep count allows a plan: " + repr(tried))
         k, problem, graph = last  # the most microsteps: the least activation memory
+        if not explain and memory_floor(graph.graph) > limit:
+            # every plan's bytes exceed the limit (the floor is below the smallest plan's), and the error
+            # will not name what the smallest needs: its search (2.3 CPU s for Llama 3 405B's plan without
+            # a pipeline, which plan_pipeline asks for) decides nothing
+            raise _infeasible(search, k, problem, graph, None, limit, explain)
         found = [r for _, r in solve_policies(graph, combos, search.policies, budget, workers, lambda: None,
                                                objective="memory") if r.choice is not None]
         smallest = min(found, key=lambda r: r.memory) if found else None
@@ -296,18 +301,24 @@ def _evaluated(search: "LeverSearch", found: _Found) -> Solution:
 _PAYS = 1e-9
 
 
-def _solve_unlevered(search: "LeverSearch", ks: list[int], budget: WorkBudget, workers: int) -> Optional[_Found]:
+def _solve_unlevered(search: "LeverSearch", ks: list[int], budget: WorkBudget, workers: int,
+                     limit: Optional[float] = None) -> Optional[_Found]:
     """The fastest plan without levers (the fewest microsteps, the fastest policies the pins allow),
     solved without the memory limit on a lever graph of those policies alone, whatever its memory
     (None when the pins leave none). When it fits the limit it is the answer: every lever only adds
     work to a plan (``_fastest_bound``), so no lever can beat it, and pulling one then would only be
-    an artefact of comparing solves that stopped short of their optimum."""
+    an artefact of comparing solves that stopped short of their optimum. None, unsolved, when the
+    graph's memory floor (``ilp.memory_floor``, below the bytes of every answer) exceeds ``limit``:
+    its answer could not fit, and the caller drops such an answer (Llama 3 405B without a pipeline:
+    4.5 CPU s, 5.8 work-s, for a plan far over the limit)."""
     k = ks[0]
     try:
         problem, cm = search.problem(k)
     except PinError:
         return None
     fastest, only, graph = _fastest_graph(search, problem, cm)
+    if limit is not None and memory_floor(graph.graph) > limit:
+        return None
     for _, result in solve_policies(graph, [fastest], only, budget, workers, lambda: None):
         if result.choice is not None:
             return _Found(k, problem, graph, result, result.cost * k)

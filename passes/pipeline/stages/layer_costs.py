@@ -401,7 +401,7 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, ctx: PlanContext, spec: Ca
     ``memo``: a dict the caller keeps for calls on the same ``captured``, submesh shape, ``ctx`` (but its
     memory and time limits), ``spec.microbatches`` and ``hints``, without ``pins`` (a candidate planned
     again: re-solved longer, under a leaner budget, re-planned to fit). The problem is built once,
-    each strategy graph once per held count and memory limit, and each hint solved once per graph and
+    each strategy graph priced once per held count (limited anew per memory limit), and each hint solved once per graph and
     work limit (its work charged again as if solved): the answer is the one a fresh call gives."""
     hardware, optimizer, memory_limit, time_limit_s = ctx.spec, ctx.optimizer, ctx.memory_bytes, ctx.time_limit_s
     microbatches, held, repeat, chain_repeat = spec.microbatches, spec.held, spec.repeat, spec.chain_repeat
@@ -436,17 +436,22 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, ctx: PlanContext, spec: Ca
         if ("graph",) + key in memo:
             graph = memo[("graph",) + key]
         else:
-            # every parameter's optimizer step (1/m of it) and gradient accumulations ((m-1)/m of one) per
-            # microbatch, as the stage scorer charges the profile's ``opt_step`` and ``accumulate`` per step:
-            # without them the ILP chose weights replicated over tp whose 8x larger updates and accumulations
-            # the stages then paid (Llama 3 405B, pp 16, (128, 8): 1.2 s per microbatch the ILP never saw)
-            cm = MicrobatchCostModel(mesh, hardware, optimizer, microbatches, k)
-            # the held count changes what nodes keep, not what edges cost: the second graph reuses the first's edges
-            graph = problem.strategy_graph(cm, memory_limit, edges_from=graph)
-            if repeat != 1.0:
-                _repeat(graph, problem.clustering, nodes, captured, repeat,
-                        repeat if chain_repeat is None else chain_repeat)
-            memo[("graph",) + key] = graph
+            # the prices do not read the memory limit: a candidate planned again under another budget (the
+            # re-plans that fit its stages, the leaner finalist) reuses them, its graph only limited anew
+            priced = memo.get(("priced", k, repeat, chain_repeat))
+            if priced is None:
+                # every parameter's optimizer step (1/m of it) and gradient accumulations ((m-1)/m of one) per
+                # microbatch, as the stage scorer charges the profile's ``opt_step`` and ``accumulate`` per step:
+                # without them the ILP chose weights replicated over tp whose 8x larger updates and accumulations
+                # the stages then paid (Llama 3 405B, pp 16, (128, 8): 1.2 s per microbatch the ILP never saw)
+                cm = MicrobatchCostModel(mesh, hardware, optimizer, microbatches, k)
+                # the held count changes what nodes keep, not what edges cost: the second graph reuses the first's edges
+                priced = problem.strategy_graph(cm, memory_limit, edges_from=graph)
+                if repeat != 1.0:
+                    _repeat(priced, problem.clustering, nodes, captured, repeat,
+                            repeat if chain_repeat is None else chain_repeat)
+                memo[("priced", k, repeat, chain_repeat)] = priced
+            graph = memo[("graph",) + key] = replace(priced, memory_limit=memory_limit)
         hinted = []
         if hints:
             hint_s = min(_HINT_S, budget(0.1))

@@ -141,3 +141,19 @@ def test_a_candidate_planned_again_reuses_its_problem_graphs_and_hint_solves_wit
     for key, prof in profiles.items():
         assert prof.costs == fresh[key].costs, key
         assert prof.solution.solver_stats["objective"] == fresh[key].solution.solver_stats["objective"], key
+
+
+def test_core_plan_refused_by_its_memory_floor_runs_no_solver(gpt, monkeypatch):
+    # every plan's bytes exceed the limit (the graph's memory floor does): plan_pipeline's core plan
+    # (explain=False) refuses without solving the plan without levers or the least-memory plan, whose
+    # answers could not fit (Llama 3 405B without a pipeline: 6.8 CPU s for that refusal)
+    from autoshard.passes.solve.ilp_model import ShardingILP
+    searched = []
+    real_lp = ShardingILP.lp_relaxation
+    monkeypatch.setattr(ShardingILP, "lp_relaxation", lambda self: searched.append(1) or real_lp(self))
+    with pytest.raises(InfeasiblePlanError, match="explain=True"):
+        plan_sharding(gpt, (2, 2), PlanContext.of(HW, memory_limit=1e5), explain=False)
+    assert searched == []
+    with pytest.raises(InfeasiblePlanError, match=r"smallest plan needs \d"):  # explained: the smallest is solved
+        plan_sharding(gpt, (2, 2), PlanContext.of(HW, memory_limit=1e5))
+    assert searched

@@ -55,3 +55,29 @@ def test_fractional_or_binding_lps_still_run_cp_sat():
     got = ilp.solve(g, time_limit_s=5)
     assert not got.stats.get("confirmed_by_lp")
     assert got.cost == pytest.approx(3.5)  # one node at its lean strategy (1 + 2), one move (0.5)
+
+
+def test_an_lp_optimum_is_confirmed_whatever_the_objective_scale(monkeypatch):
+    # one strategy per node priced 1e5 times the others: CP-SAT's integer objective is scaled so that the
+    # costliest choice is ~1e9 units, leaving the optimum ~1e4 units, where one unit (the loosening of the
+    # LP bound CP-SAT is handed) exceeds its relative gap. The integral LP optimum is still optimal: it is
+    # returned without CP-SAT, as CP-SAT would return it, with no work charged (Llama 3 405B's least-memory
+    # and unlimited solves searched 1-6 work-s each to return their warm start)
+    rng = random.Random(7)
+    graphs = []
+    for seed in range(6):
+        g = _chain_graph(random.Random(seed), 10, limit=False)
+        for n in g.nodes:
+            n.cost[rng.randrange(len(n.cost))] = 1e5
+        graphs.append(g)
+    skipped = [ilp.solve(g, time_limit_s=5) for g in graphs]
+    monkeypatch.setattr(ilp, "_confirmed", lambda *args: None)
+    solved = [ilp.solve(g, time_limit_s=5) for g in graphs]
+    confirmed = 0
+    for a, b in zip(skipped, solved):
+        assert a.cost == pytest.approx(b.cost, rel=1e-9) and a.status == b.status == "OPTIMAL"
+        if a.stats.get("confirmed_by_lp"):
+            confirmed += 1
+            assert a.stats["work"] == 0.0 and a.choice == b.choice
+            assert b.stats["objective"] < 1e5  # the scale where one unit exceeds CP-SAT's relative gap
+    assert confirmed >= 3, confirmed
