@@ -25,9 +25,10 @@ from grid_search import traced
 from autoshard.passes.cost.hardware import PRESETS
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins
-from autoshard.passes.pipeline.stages.layer_costs import plan_submesh, profile_submesh
+from autoshard.passes.pipeline.stages.candidate_plan import plan_submesh
+from autoshard.passes.pipeline.stages.layer_costs import profile_submesh
 from autoshard.passes.pipeline.stages.search import profile_candidates, search_stages
-from autoshard.passes.pipeline.stages.layer_costs import CandidateSpec
+from autoshard.passes.pipeline.stages.candidate_plan import CandidateSpec
 from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.pipeline.stages.search_spec import PipelineSearch
 

@@ -36,7 +36,7 @@ PHASES = [
     ("autoshard.passes.capture.export", "capture", "trace (torch.export + normalization)"),
     ("autoshard.passes.solve.planner", "plan_sharding", "the no-pipeline plan on the whole mesh"),
     (_S + "search", "plan_candidates", "intra-op plans of every (pp, dp, tp) candidate"),
-    (_S + "layer_costs", "plan_submesh", "  one candidate's intra-op plan"),
+    (_S + "candidate_plan", "plan_submesh", "  one candidate's intra-op plan"),
     ("autoshard.passes.solve.problem", "build_strategy_graph", "    its strategy graph (cost tables)"),
     ("autoshard.passes.solve.hint_plans", "pinned_choices", "    published-layout hint solves"),
     ("autoshard.passes.solve.ilp", "solve", "    ILP solves (LP + CP-SAT, hints' included)"),

@@ -4,7 +4,7 @@ A ``ShardingProblem`` (``build_problem``) holds the strategy table, the pinned c
 clusters of identical layer nodes and the graph facts. It turns a cost model into the ILP's
 ``StrategyGraph`` (``build_strategy_graph``) and the ILP's answer into a priced ``Solution``.
 The planner (``passes.solve.planner``) builds one per microstep count it tries; the stage planner
-prices the same problem per microbatch (``passes.pipeline.stages.layer_costs.plan_submesh``):
+prices the same problem per microbatch (``passes.pipeline.stages.candidate_plan.plan_submesh``):
 
 >>> problem = build_problem(captured, (2, 2), hardware=PRESETS["h100"])              # doctest: +SKIP
 >>> result = solve(problem.strategy_graph(CostModel(problem.mesh, problem.hardware, "adamw"), 80e9))

@@ -167,9 +167,9 @@ def _no_planning(*args, **kwargs):
 
 def saved_plan_worker(rank: int, world: int, paths: list) -> list:
     """Every solver disabled, then each saved plan compiled, checked against the file and trained."""
-    import autoshard.passes.pipeline.stages.layer_costs as layer_costs
+    import autoshard.passes.pipeline.stages.candidate_plan as candidate_plan
     import autoshard.passes.solve.planner as core
-    core.solve = layer_costs.solve = _no_planning
+    core.solve = candidate_plan.solve = _no_planning
     failures, pieces = [], []
     for (label, name, mesh, _), path in zip(CASES, paths):
         saved = autoshard.load_plan(path)

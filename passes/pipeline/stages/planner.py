@@ -18,7 +18,7 @@ The search (Alpa's decomposition, Zheng et al. 2022, with CP-SAT for the inter-o
    groups uses the first axis's link (``Hardware.axis_link``: the NIC across nodes, NVLink within).
 3. Intra-op plan per (pp, submesh shape): the core ILP on the whole program priced per microbatch,
    with activations held as a 1F1B stage holds them, under pp x the memory limit
-   (``layer_costs.plan_submesh``; parameters may be stored in ZeRO-1/2 forms, chosen per parameter and
+   (``candidate_plan.plan_submesh``; parameters may be stored in ZeRO-1/2 forms, chosen per parameter and
    data axis where they pay or are needed to fit); then priced per unit (``layer_costs.profile_submesh``).
    Identical blocks share costs and decisions. Every candidate's ILP first runs with a short cap;
    the few whose plans search best are re-solved with a longer one, from what is left of half of

@@ -22,8 +22,8 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.solve.microbatch import global_batch
 from autoshard.passes.solve.work_budget import WorkBudget
-from autoshard.passes.pipeline.stages.layer_costs import (CandidateSpec, SubmeshProfile, layer_units, plan_submesh,
-                                                           profile_submesh, submesh_shapes)
+from autoshard.passes.pipeline.stages.candidate_plan import CandidateSpec, plan_submesh
+from autoshard.passes.pipeline.stages.layer_costs import SubmeshProfile, layer_units, profile_submesh, submesh_shapes
 from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, Choice, approx_held, config_floor,
                                                        group_moments, held_microbatches, score_stages, stage_problem,
@@ -43,7 +43,7 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
                        search: PipelineSearch, *, stats: Optional[dict] = None, budget_scale: float = 1.0,
                        memo: Optional[dict] = None) -> dict[tuple[int, tuple[int, int]], SubmeshProfile]:
     """``(pp, (dp, tp)) -> SubmeshProfile`` for every pp > 1 in ``pps`` and every submesh shape of
-    its rank groups: the intra-op plan of ``layer_costs.plan_submesh`` for one sequence per data-
+    its rank groups: the intra-op plan of ``candidate_plan.plan_submesh`` for one sequence per data-
     parallel rank per microbatch and a 1F1B stage's average in-flight count, priced per unit.
     ``ctx``: the hardware, optimizer and memory limit; ``ctx.time_limit_s``: the intra-op ILP's limit per
     candidate. From ``search``:
@@ -67,7 +67,7 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
     its shape), which its intra-op solve starts from and never prices worse than (unused with
     ``pins_for``: a pinned candidate has nothing to choose). ``memo``: a dict kept between calls with the
     same ``captured``, ``mesh``, ``ctx`` (but its time limit) and ``search`` (but its shapes): what a
-    candidate planned again reuses (``layer_costs.plan_submesh``'s ``memo``; the same plans)."""
+    candidate planned again reuses (``candidate_plan.plan_submesh``'s ``memo``; the same plans)."""
     units = search.units if search.units is not None else layer_units(captured)
     blocks, shapes, pins_for, hints_for = search.blocks, search.shapes, search.pins_for, search.hints_for
     microbatches, memory_limit = search.microbatches, ctx.memory_bytes

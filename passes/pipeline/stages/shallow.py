@@ -3,7 +3,7 @@
 A 96-block model traces in seconds, but pricing 96 copies of the same block for every candidate
 submesh is most of the stage planner's time. Identical blocks cost the same, so the planner prices a
 SHALLOW program, the deep one with all but its first ``keep`` blocks cut out, and counts each kept
-block ``blocks / keep`` times (``layer_costs.plan_submesh(repeat=...)``, ``SubmeshProfile.repeat_blocks``).
+block ``blocks / keep`` times (``candidate_plan.plan_submesh(repeat=...)``, ``SubmeshProfile.repeat_blocks``).
 Its answer is then written back onto the deep program: every node of a cut block takes the decision
 of its counterpart in the last kept block (``ShallowProgram.deep_solution``).
 
@@ -24,7 +24,7 @@ the last block of the deep one.
 Nothing is lost when the blocks are identical: the profile keeps block 0's own costs (it alone
 reads the embedding) and stands the kept block that reads a block for the other ``blocks - 1``
 (``SubmeshProfile.repeat_blocks``); the intra-op ILP counts each kept block's nodes and inner edges
-``blocks / keep`` times and the block-to-block edge ``blocks - 1`` times (``layer_costs.plan_submesh``),
+``blocks / keep`` times and the block-to-block edge ``blocks - 1`` times (``candidate_plan.plan_submesh``),
 as the deep program has them. ``tests/passes/pipeline/test_shallow_copy.py`` checks that the folded
 and the full-depth planner give the same plan and estimate.
 """

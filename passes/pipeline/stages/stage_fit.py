@@ -1,6 +1,6 @@
 """A candidate's intra-op plan that its stages can hold.
 
-The stage planner picks each (pp, submesh) candidate's intra-op plan (``layer_costs.plan_submesh``)
+The stage planner picks each (pp, submesh) candidate's intra-op plan (``candidate_plan.plan_submesh``)
 under a proxy budget: pp x the memory limit for the whole program, activations counted for a 1F1B
 stage's average in-flight count. It then cuts stages under the exact per-group constraint
 (``stage_ilp`` (3')): the whole-step stage peak with the accumulated gradients, the p2p buffers, the

@@ -121,14 +121,14 @@ def test_a_candidate_planned_again_reuses_its_problem_graphs_and_hint_solves_wit
     # graphs once per held count and budget, its hints solved once per graph; every plan is what a fresh
     # build gives, and every solve is charged the same work
     from autoshard.layout_plans import published_layout_hints
-    from autoshard.passes.pipeline.stages import layer_costs
+    from autoshard.passes.pipeline.stages import candidate_plan
     _unproven(monkeypatch)
     built = []
-    real_build = layer_costs.build_problem
-    monkeypatch.setattr(layer_costs, "build_problem", lambda *a, **k: built.append(1) or real_build(*a, **k))
+    real_build = candidate_plan.build_problem
+    monkeypatch.setattr(candidate_plan, "build_problem", lambda *a, **k: built.append(1) or real_build(*a, **k))
     profiles, stats = _candidates(gpt, hints_for=published_layout_hints)
     reused = len(built)
-    real_plan = layer_costs.plan_submesh
+    real_plan = candidate_plan.plan_submesh
     monkeypatch.setattr(search, "plan_submesh", lambda *a, memo=None, **k: real_plan(*a, **k))
     built.clear()
     fresh, fresh_stats = _candidates(gpt, hints_for=published_layout_hints)

@@ -1,6 +1,6 @@
 """A pipeline candidate's intra-op ILP prices what its stage profile prices (one cost model, not two).
 
-``layer_costs.plan_submesh`` chooses a candidate's intra-op plan by the core ILP's objective, per
+``candidate_plan.plan_submesh`` chooses a candidate's intra-op plan by the core ILP's objective, per
 microbatch; ``layer_costs.profile_submesh`` then prices the chosen plan per layer unit, and the stage
 scorer charges every rank group the optimizer's update of its parameters and a gradient accumulation
 inside every backward after the first (``scoring.accumulation_share``). The ILP left both out (its cost

@@ -8,14 +8,14 @@ from autoshard.passes.graph import operand_meta, operands, outputs
 from autoshard.passes.cost.hardware import PRESETS
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins
-from autoshard.passes.pipeline.stages.layer_costs import plan_submesh
+from autoshard.passes.pipeline.stages.candidate_plan import plan_submesh
 from autoshard.passes.solve.microbatch import (batch_dependent, batch_granularity, global_batch,
                                                   microbatch_strategies)
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.passes.spec import Shard
 from autoshard.passes.sharding.strategies import enumerate_strategies
 from autoshard.testing.models import GPT, lm_loss
-from autoshard.passes.pipeline.stages.layer_costs import CandidateSpec
+from autoshard.passes.pipeline.stages.candidate_plan import CandidateSpec
 from autoshard.passes.solve.context import PlanContext
 
 BATCH, SEQ = 8, 16

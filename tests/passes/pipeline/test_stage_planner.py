@@ -15,7 +15,8 @@ from autoshard.passes.cost.hardware import PRESETS
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.pipeline.schedule.generators import generate
-from autoshard.passes.pipeline.stages.layer_costs import layer_units, plan_submesh, profile_submesh
+from autoshard.passes.pipeline.stages.candidate_plan import plan_submesh
+from autoshard.passes.pipeline.stages.layer_costs import layer_units, profile_submesh
 from autoshard.passes.pipeline.stages.planner import plan_pipeline, profile_candidates, search_stages
 from autoshard.passes.pipeline.schedule.registry import get_schedule
 from autoshard.passes.pipeline.stages.scoring import (DEFAULT_SCHEDULES, approx_held, held_microbatches, score_stages,
@@ -27,7 +28,7 @@ from autoshard.passes.pipeline.stages.stage_ilp import solve_stages
 from autoshard.passes.pipeline.stages.stage_problem import StageProblem, group_memory, pipeline_step_time, stage_costs
 from autoshard.passes.solve.planner import plan_sharding
 from autoshard.testing.models import GPT, lm_loss
-from autoshard.passes.pipeline.stages.layer_costs import CandidateSpec
+from autoshard.passes.pipeline.stages.candidate_plan import CandidateSpec
 from autoshard.passes.pipeline.stages.search_spec import PipelinePins
 from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.pipeline.stages.search_spec import PipelineSearch

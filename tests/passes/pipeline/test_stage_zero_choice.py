@@ -1,5 +1,5 @@
 """The stage planner chooses ZeRO-1 / ZeRO-2 on its own (issue 28 item 1): each pipeline candidate's intra-op
-solve (``layer_costs.plan_submesh``) offers the parameters' storage forms, priced per microbatch (a ``zero2``
+solve (``candidate_plan.plan_submesh``) offers the parameters' storage forms, priced per microbatch (a ``zero2``
 reduce-scatter every microbatch) and per step (a ``zero1`` reduce-scatter, the parameter all-gather after the
 optimizer step: ``layer_costs._zero_step_costs``).
 

@@ -1,6 +1,6 @@
 """Known plans as solver hints (issue 28 item 4): ``ilp.solve(graph, hints=...)`` starts from the best hint
 and never returns anything costlier, and a pipeline candidate's intra-op plan
-(``layer_costs.plan_submesh(hints=...)``) is never priced above the published layout of its shape that it
+(``candidate_plan.plan_submesh(hints=...)``) is never priced above the published layout of its shape that it
 was shown, even when the solver stops short (simulated by a CP-SAT that finds nothing in its limit: the
 case Llama 3 405B's 4-virtual-stage layout hit, whose configuration's quick solve ranked it out).
 """
@@ -15,7 +15,7 @@ import autoshard.passes.solve.ilp as ilp
 from autoshard.layout_plans import published_layout_hints
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.mesh import Mesh
-from autoshard.passes.pipeline.stages.layer_costs import CandidateSpec, plan_submesh
+from autoshard.passes.pipeline.stages.candidate_plan import CandidateSpec, plan_submesh
 from autoshard.passes.solve.context import PlanContext
 from autoshard.passes.solve.ilp import ILPResult, solve
 from autoshard.passes.solve.strategy_graph import SGEdge, SGNode, StrategyGraph
