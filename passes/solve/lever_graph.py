@@ -56,9 +56,13 @@ class LeverGraph:
         return chosen, policies
 
 
-def _node_prices(pricer: LeverPricer, rep: str, strategies: list, rs: list) -> tuple[list[float], list[float]]:
-    """(seconds, bytes) of node ``rep`` for every policy in ``rs`` and strategy, at index ``r_position *
-    len(strategies) + s`` (``build_lever_graph``'s expanded node)."""
+def _expanded_node(problem, pricer: LeverPricer, allowed_policies: dict[str, list[int]], rep: str):
+    """Node ``rep`` expanded by its block type's allowed policies: (block type, policies, seconds, bytes,
+    allowed): the prices at index ``r_position * len(strategies) + s`` (``build_lever_graph``'s expanded
+    node) and the indices its pins allow (None: all)."""
+    btype = pricer.blocks.type_of(rep) if problem.facts.kind[rep] == "op" else None
+    rs: list[Optional[int]] = list(allowed_policies[btype]) if btype in allowed_policies else [None]
+    strategies = problem.table[rep]
     costs, mems = [], []
     bases: list = [None] * len(strategies)  # a strategy's cost-model price is the same under every policy
     for r in rs:
@@ -67,7 +71,9 @@ def _node_prices(pricer: LeverPricer, rep: str, strategies: list, rs: list) -> t
             bases[j] = base
             costs.append(lever.seconds)
             mems.append(base.params + base.grads + base.optimizer + base.held_grads + lever.memory)
-    return costs, mems
+    pinned = problem.allowed.get(rep)
+    allowed = None if pinned is None else [j * len(strategies) + k for j in range(len(rs)) for k in sorted(pinned)]
+    return btype, rs, costs, mems, allowed
 
 
 def node_cost_floor(problem, pricer: LeverPricer, allowed_policies: dict[str, list[int]]) -> float:
@@ -75,18 +81,10 @@ def node_cost_floor(problem, pricer: LeverPricer, allowed_policies: dict[str, li
     ...)``'s graph, without pricing an edge: every ILP node at its cheapest allowed strategy, times its
     multiplicity. Edges price collectives and re-issued work, never below 0 seconds, so this is at most
     that graph's ``cost_floor``: a count it already cuts off needs no lever graph (``planner``)."""
-    table, facts, blocks = problem.table, problem.facts, pricer.blocks
     total = 0.0
     for names in problem.clustering.members:
-        rep = names[0]
-        btype = blocks.type_of(rep) if facts.kind[rep] == "op" else None
-        rs: list[Optional[int]] = list(allowed_policies[btype]) if btype in allowed_policies else [None]
-        strategies = table[rep]
-        costs, _ = _node_prices(pricer, rep, strategies, rs)
-        pinned = problem.allowed.get(rep)
-        allowed = (range(len(costs)) if pinned is None else
-                   [j * len(strategies) + k for j in range(len(rs)) for k in sorted(pinned)])
-        finite = [costs[c] for c in allowed if math.isfinite(costs[c])]
+        _, _, costs, _, allowed = _expanded_node(problem, pricer, allowed_policies, names[0])
+        finite = [costs[c] for c in (range(len(costs)) if allowed is None else allowed) if math.isfinite(costs[c])]
         if finite:
             total += len(names) * min(finite)
     return total
@@ -96,21 +94,15 @@ def build_lever_graph(problem, pricer: LeverPricer, allowed_policies: dict[str, 
                       memory_limit: Optional[float]) -> LeverGraph:
     """The ILP's input for ``problem`` (a ``planner.ShardingProblem``), with the ops of every block
     type in ``allowed_policies`` expanded by its allowed policies (see the module docstring)."""
-    table, facts, cm = problem.table, problem.facts, pricer.cm
-    blocks = pricer.blocks
+    table, cm = problem.table, pricer.cm
     nodes: list[SGNode] = []
     members, tables, node_policies, node_types = [], [], [], []
     for names in problem.clustering.members:
         rep = names[0]
-        btype = blocks.type_of(rep) if facts.kind[rep] == "op" else None
-        rs: list[Optional[int]] = list(allowed_policies[btype]) if btype in allowed_policies else [None]
-        strategies = table[rep]
-        costs, mems = _node_prices(pricer, rep, strategies, rs)
-        pinned = problem.allowed.get(rep)
-        allowed = None if pinned is None else [j * len(strategies) + k for j in range(len(rs)) for k in sorted(pinned)]
+        btype, rs, costs, mems, allowed = _expanded_node(problem, pricer, allowed_policies, rep)
         nodes.append(SGNode(rep, costs, mems, len(names), allowed))
         members.append(list(names))
-        tables.append(list(strategies))
+        tables.append(list(table[rep]))
         node_policies.append(rs)
         node_types.append(btype if rs != [None] else None)
     out_index = len(nodes)
