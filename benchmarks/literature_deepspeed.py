@@ -118,11 +118,16 @@ def planner_stage_costs(row) -> tuple:
     return min(seen, key=lambda x: abs(x[0] - step))[1:] + (step,)
 
 
-def main() -> None:
+def held_out_row_of_args():
+    """The held-out row ``--row`` names (a substring of its name in ``literature.HELD_OUT``; default the 420-node run)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--row", default="420", help="substring of a held-out row's name (literature.HELD_OUT)")
     args = ap.parse_args()
-    row = next(r for r in literature.HELD_OUT if args.row in r.name)
+    return next(r for r in literature.HELD_OUT if args.row in r.name)
+
+
+def main() -> None:
+    row = held_out_row_of_args()
     prob, starts, recompute, step = planner_stage_costs(row)
     f, b = scoring._stage_durations(prob, starts, recompute)
     p, m, L = len(starts), prob.m, len(prob.fwd)

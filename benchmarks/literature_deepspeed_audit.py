@@ -23,13 +23,12 @@ Sources (DeepSpeed of 2021-10, 1fc74cb; Megatron-DeepSpeed of 2021-11, acc3e9b5)
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import literature  # noqa: E402
-from literature_deepspeed import planner_stage_costs  # noqa: E402
+from literature_deepspeed import held_out_row_of_args, planner_stage_costs  # noqa: E402
 from autoshard.passes.pipeline.stages.partitioned_tensors import copy_seconds, gather_copy_bytes, piece_copy_bytes  # noqa: E402
 
 #: DeepSpeed's allreduce_bucket besides the all-reduce, per fp16 element: flatten (2 + 2), post-scale
@@ -38,10 +37,7 @@ ALLREDUCE_BUCKET_COPY_BYTES = 12.0
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--row", default="420", help="substring of a held-out row's name (literature.HELD_OUT)")
-    args = ap.parse_args()
-    row = next(r for r in literature.HELD_OUT if args.row in r.name)
+    row = held_out_row_of_args()
     prob, starts, recompute, step = planner_stage_costs(row)
     hw = literature.HARDWARE[row.hardware]
     tp, p, m = row.layout.tp, len(starts), prob.m
