@@ -86,6 +86,14 @@ HARDWARE["h100-96gb-500w"] = dataclasses.replace(
     / (H100_SXM_WATTS - H100_NVL_WATTS), attention_efficiency=TORCH_2024_FLASH_ATTENTION_H100,
     attention_backward_factor=TORCH_2024_FLASH_BACKWARD_FACTOR)
 
+#: Jean Zay's A100 partition, where BLOOM trained (BigScience 2022, "BLOOM", sec. 3.4 / the model card's
+#: "Compute infrastructure"): 8 A100 80GB SXM per node on NVLink, and between nodes four Omni-Path
+#: 100 Gb/s links per node, shared by its 8 GPUs: 4 x 12.5 GB/s / 8 = 6.25 GB/s per GPU. The rest is the
+#: a100 preset (its NIC efficiency included: no published Omni-Path NCCL figure is used here).
+JEAN_ZAY_OMNIPATH_PER_GPU = 4 * 12.5e9 / 8
+HARDWARE["a100-jean-zay"] = dataclasses.replace(PRESETS["a100"], name="a100-jean-zay",
+                                                inter_node_bandwidth=JEAN_ZAY_OMNIPATH_PER_GPU)
+
 #: What the A100 rows' error depends on: the A100's sustained GEMM rate has no measurement here (the
 #: project's devices are H100 / H200), so ``--sensitivity`` reprices the A100 rows with each published
 #: A100 figure in turn. The preset uses the one measured as the H100 / H200 presets' figures are
@@ -215,8 +223,35 @@ def _mt_nlg(nodes: int, step_s: float, measured: float) -> Row:
                source="Smith et al. 2022, 'Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B', sec. 2.4")
 
 
+def _bloom() -> Row:
+    """BLOOM 176B (BigScience 2022) as it trained on Jean Zay, 384 A100 80GB (48 nodes): the run's launch
+    script (bigscience-workshop/bigscience ``train/tr11-176B-ml/tr11-176B-ml.slurm``): 70 blocks of 14336,
+    112 heads, sequence 2048, vocabulary padded to 250880, global batch 2048 in microbatches of 2, tensor 4
+    x pipeline 12 x data 8, full recomputation (``--checkpoint-activations``), bf16 with DeepSpeed's
+    ``BF16_Optimizer`` (its own ZeRO-1: optimizer state split over the data axis, ``distributed_optimizer``),
+    the pipeline DeepSpeed's engine as in the MT-NLG rows (blocking p2p, ``PartitionedTensor`` boundaries),
+    cut by ``--pp-partition-method 'type:transformer|embedding'``: 72 units (the tied embedding at both
+    ends) over 12 stages, so the first and the last stage hold 5 blocks. Measured: the run's log of
+    2022-03-18 (``chronicles.md``, iteration 12695 at global batch 2048): 105.22 s per iteration, 149.02
+    TFLOP/s per GPU (Megatron-DeepSpeed's accounting, eq. 3 above).
+    Not priced: ALiBi's score bias and the embedding LayerNorm (the model is Megatron's 2021 GPT with
+    learned positions), ``CUDA_LAUNCH_BLOCKING=1`` (set in the script), and ``BF16_Optimizer``'s fp32
+    gradients (accumulated per microbatch into fp32 and all-reduced in fp32: the layouts reduce gradients
+    in the model's dtype)."""
+    layers, h, heads, seq, vocab, batch = 70, 14336, 112, 2048, 250880, 2048
+    tp, pp, gpus = 4, 12, 384
+    layout = layouts.megatron(tp=tp, pp=pp, microbatch_size=2, recompute="full", sequence_parallel=False,
+                              distributed_optimizer=True, decoder_first_pipeline_num_layers=5,
+                              decoder_last_pipeline_num_layers=5, scatter_gather_tensors_in_pipeline=True,
+                              blocking_p2p=True, deepspeed_partitioned_tensors=True)
+    return Row("BLOOM 176B (105.22 s)", gpus, lambda: megatron_gpt(layers, h, heads, seq, vocab, torch.bfloat16),
+               megatron_loss, batch, seq, (gpus // tp, tp), layout, "a100-jean-zay", 149.02, "TFLOP/s/GPU",
+               optimizer="megatron_adam", flops=megatron_flops(batch, seq, layers, h, vocab),
+               source="BigScience, tr11-176B-ml.slurm and chronicles.md (2022-03-18 log line)")
+
+
 #: Held out: published runs not used while building the cost model (``--held-out``).
-HELD_OUT = [_mt_nlg(280, 60.1, 126), _mt_nlg(350, 50.2, 121), _mt_nlg(420, 44.4, 113)]
+HELD_OUT = [_mt_nlg(280, 60.1, 126), _mt_nlg(350, 50.2, 121), _mt_nlg(420, 44.4, 113), _bloom()]
 
 
 def price(row: Row, hardware: Union[str, Hardware, None] = None) -> dict:
