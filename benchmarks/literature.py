@@ -238,7 +238,10 @@ def _bloom() -> Row:
     fp32 gradient, ``get_grads_for_reduction`` hands the fp32 flat gradients to the data-parallel
     reduction): ``accumulate_allreduce_grads_in_fp32``, as Megatron-LM forces it with ``--bf16``.
     Not priced: ALiBi's score bias and the embedding LayerNorm (the model is Megatron's 2021 GPT with
-    learned positions) and ``CUDA_LAUNCH_BLOCKING=1`` (set in the script)."""
+    learned positions), ``CUDA_LAUNCH_BLOCKING=1`` (set in the script), and the bf16 gradients DeepSpeed's
+    pipeline engine keeps beside the fp32 ones (it calls ``update_hp_grads(clear_lp_grads=False)`` after
+    each backward; Megatron-LM frees each ``.grad`` once added, which is what the flag prices): 2 B per
+    element, about 5 GiB per GPU more than the estimate on a middle stage."""
     layers, h, heads, seq, vocab, batch = 70, 14336, 112, 2048, 250880, 2048
     tp, pp, gpus = 4, 12, 384
     layout = layouts.megatron(tp=tp, pp=pp, microbatch_size=2, recompute="full", sequence_parallel=False,

@@ -55,6 +55,7 @@ from typing import Optional
 
 from autoshard.passes.errors import AutoshardError, InfeasiblePlanError, StageCutError
 from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.levers import Levers
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import HintsFor
 from autoshard.passes.solve.context import PlanContext
@@ -351,7 +352,8 @@ def _stage_solution(prof: SubmeshProfile, full: Optional[Solution], rng: range, 
         mesh=prof.mesh, strategies=strategies,
         param_placements={k: v for k, v in full.param_placements.items() if k in fqns},
         estimated_step_time=sum(times.values()), estimated_memory=best.stages.memory[s], memory_breakdown=mem,
-        estimated=memory_record(*best.stages.records[s]) if best.stages.records else {}, levers=full.levers,
+        estimated=memory_record(*best.stages.records[s]) if best.stages.records else {},
+        levers=Levers(mixed_precision=full.levers.mixed_precision),  # what the stage's gradients were priced with
         time_breakdown=times, unruled_ops=list(full.unruled_ops),
         redistributions=[r for r in full.redistributions if r.consumer in mine],
         param_grad_syncs={k: v for k, v in full.param_grad_syncs.items() if k in fqns},
