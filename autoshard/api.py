@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 
 from autoshard.driver import ModelBatch, build, choose, compile_plan, hardware_label, resolve_hardware, to_microbatch
-from autoshard.lever_args import block_types, check_lever_values, lever_pins, microbatch, pin_levers
+from autoshard.lever_args import (block_types, check_lever_values, lever_pins, microbatch, pin_levers,
+                                  refuse_unrunnable_precision)
 from autoshard.options import PIN_KEYWORDS, PlanOptions
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import CapturedGraph
@@ -153,6 +154,8 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     mesh = Mesh.of(mesh)
     if plan is not None and mesh.shape != plan.mesh.shape:
         raise PlanFormatError(f"plan was made for mesh {plan.mesh.shape}, not {mesh.shape}: plan again")
+    if plan is not None:  # before any rank joins: the plan says it all
+        refuse_unrunnable_precision(plan)
     env = setup_distributed(mesh)
     started = time.perf_counter()
     batch = ModelBatch(model, example_inputs, loss_fn, example_target)
@@ -161,6 +164,7 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
         plan, planner, levers = chosen.plan, chosen.planner, None
     else:
         planner, levers = (plan if plan.pipelined else None), dict(opts.levers)
+    refuse_unrunnable_precision(plan)  # planned here from levers that ask for it
     batch.agree = same_program_as_rank0(env)  # from here on every rank traces; each runs rank 0's program
     runtime = to_microbatch(plan, batch, mesh, levers=levers)
     return build(runtime, batch, env, state_dict=state_dict, planner=planner, started=started,

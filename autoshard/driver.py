@@ -175,11 +175,11 @@ def _choose_layout(batch: ModelBatch, mesh: Mesh, options: PlanOptions, ctx: Pla
             stages=layout_stage_starts(full, layout), shapes=[run.submesh_shape], recompute=run.stage_recompute,
             pins_for=run.stage_pins, overlap_grad_sync=layout.overlaps_communication,
             scatter_gather=layout.scatter_gathers_stage_boundaries, blocking_sends=layout.sends_block_the_sender,
-            deepspeed_gathers=layout.gathers_as_deepspeed))
+            deepspeed_gathers=layout.gathers_as_deepspeed, mixed_precision=run.mixed_precision))
         stamp_layout([stage.solution for stage in chosen.stages], layout)
         return Chosen(replace(chosen, batch_coupled=warn_per_microbatch(full, chosen.microbatches)), chosen)
-    captured = trace(batch, run.microsteps, mixed_precision)
-    pins, levers = layout_pins_and_levers(captured, run, mixed_precision)
+    captured = trace(batch, run.microsteps, run.mixed_precision)
+    pins, levers = layout_pins_and_levers(captured, run, run.mixed_precision)
     solution = plan_sharding(captured, run.mesh, ctx, pins=pins, levers=levers, traced_at_microbatch=True)
     stamp_layout([solution], layout)
     return Chosen(Plan.of_solution(solution, run.mesh, ctx.hardware, captured))

@@ -47,7 +47,8 @@ from autoshard.passes.sharding.layout_placements import (LayoutAxes, check_tenso
 from autoshard.passes.sharding.pins import Pins
 from autoshard.passes.solve.lever_pins import LeverPins
 
-__all__ = ["check_layout_arguments", "global_batch_of", "LayoutRun", "layout_run", "layout_pins_and_levers",
+__all__ = ["check_layout_arguments", "global_batch_of", "LayoutRun", "layout_run", "layout_mixed_precision",
+           "layout_pins_and_levers",
            "check_pipelined_layout", "layout_stage_starts", "stage_block_counts", "stamp_layout", "published_layout_hints",
            "mesh_layout_hints"]
 
@@ -79,6 +80,8 @@ class LayoutRun:
 
     def __init__(self, layout: Layout, mesh: Mesh, global_batch: int):
         self.layout = layout
+        #: the mixed precision the layout runs with (``layout_mixed_precision``; ``layout_run`` sets it)
+        self.mixed_precision: Optional[MixedPrecision] = layout_mixed_precision(layout, None)
         self.mesh, self.axes = layout.planning_mesh(mesh)
         world = Mesh.of(mesh).size
         if layout.pp > 1:
@@ -138,13 +141,32 @@ def _residual_stream_between_units(captured: CapturedGraph, norm_pins: dict) -> 
 def layout_run(layout: Layout, mesh: Any, example_inputs, *, loss_fn, example_target,
                mixed_precision: Optional[MixedPrecision]) -> LayoutRun:
     """``LayoutRun`` of ``layout`` (``LayoutError`` for a forward-only program or a pipelined layout
-    with mixed precision, which the stage planner does not price yet)."""
+    with mixed precision, which the stage planner does not price yet); ``run.mixed_precision`` is
+    ``layout_mixed_precision`` of the one given."""
     if loss_fn is None or example_target is None:
         raise LayoutError("a layout is a training layout: pass loss_fn= and example_target=")
     if layout.pp > 1 and mixed_precision is not None:
         raise LayoutError("mixed_precision= with a pipelined layout is not priced yet (the stage planner traces "
                           "in the model's dtype); pass pp=1 or drop mixed_precision")
-    return LayoutRun(layout, Mesh.of(mesh), global_batch_of(example_inputs))
+    run = LayoutRun(layout, Mesh.of(mesh), global_batch_of(example_inputs))
+    run.mixed_precision = layout_mixed_precision(layout, mixed_precision)
+    return run
+
+
+def layout_mixed_precision(layout: Layout, mixed_precision: Optional[MixedPrecision]) -> Optional[MixedPrecision]:
+    """The mixed precision ``layout`` runs with, ``mixed_precision`` (the user's) as given unless the layout
+    accumulates and reduces gradients in fp32 (``accumulate_allreduce_grads_in_fp32``, Megatron-LM's main
+    gradients): then ``MixedPrecision(param_dtype=<given>, reduce_dtype=torch.float32,
+    accumulate_in_reduce_dtype=True)``, so that every price reading ``mixed_precision`` (the gradient
+    sync's bytes, the accumulations, the gradients held) takes it. ``LayoutError`` for a given
+    ``reduce_dtype`` other than float32."""
+    if not layout.accumulate_allreduce_grads_in_fp32:
+        return mixed_precision
+    if mixed_precision is not None and mixed_precision.reduce_dtype not in (None, torch.float32):
+        raise LayoutError(f"accumulate_allreduce_grads_in_fp32 reduces gradients in float32, but mixed_precision= "
+                          f"reduces them in {mixed_precision.reduce_dtype_name}: drop one of the two")
+    return MixedPrecision(param_dtype=None if mixed_precision is None else mixed_precision.param_dtype,
+                          reduce_dtype=torch.float32, accumulate_in_reduce_dtype=True)
 
 
 def layout_pins_and_levers(captured: CapturedGraph, run: LayoutRun,

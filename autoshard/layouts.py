@@ -13,7 +13,7 @@ True
 - ``megatron(tp, pp, dp=None, cp=1, ep=1, virtual_stages=1, microbatch_size=1, schedule="1f1b",
   recompute="full"|"selective"|"none", sequence_parallel=True, distributed_optimizer=False, etp=None,
   overlap_grad_reduce=False, decoder_first/last_pipeline_num_layers=None,
-  account_for_embedding/loss_in_pipeline_split=False)``:
+  account_for_embedding/loss_in_pipeline_split=False, accumulate_allreduce_grads_in_fp32=False)``:
   Megatron-LM's tensor parallel (column/row-parallel matmul pairs found from the graph, vocab-parallel
   embedding and head, sequence-parallel norms), data parallel with replicated parameters, gradient
   accumulation of ``batch / (dp x microbatch_size)`` microbatches. ``distributed_optimizer=True`` is
@@ -57,12 +57,14 @@ KINDS = ("megatron", "fsdp")
 _MEGATRON_ONLY = ("sequence_parallel", "distributed_optimizer", "overlap_grad_reduce",
                   "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                   "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
-                  "scatter_gather_tensors_in_pipeline", "blocking_p2p", "deepspeed_partitioned_tensors")
+                  "scatter_gather_tensors_in_pipeline", "blocking_p2p", "deepspeed_partitioned_tensors",
+                  "accumulate_allreduce_grads_in_fp32")
 #: fields ``describe`` leaves out at their default (added after the text form was fixed)
 _QUIET_DEFAULTS = {"overlap_grad_reduce": False, "decoder_first_pipeline_num_layers": None,
                    "decoder_last_pipeline_num_layers": None, "account_for_embedding_in_pipeline_split": False,
                    "account_for_loss_in_pipeline_split": False, "scatter_gather_tensors_in_pipeline": True,
-                   "blocking_p2p": False, "deepspeed_partitioned_tensors": False}
+                   "blocking_p2p": False, "deepspeed_partitioned_tensors": False,
+                   "accumulate_allreduce_grads_in_fp32": False}
 _FSDP_ONLY = ("reshard_after_forward", "replicas")
 
 
@@ -96,6 +98,7 @@ class Layout:
     scatter_gather_tensors_in_pipeline: bool = True
     blocking_p2p: bool = False
     deepspeed_partitioned_tensors: bool = False
+    accumulate_allreduce_grads_in_fp32: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -129,6 +132,12 @@ class Layout:
         if any(uneven) and self.pp == 1:
             raise LayoutError("decoder_first/last_pipeline_num_layers and account_for_embedding/loss_in_pipeline_split "
                               "shape a pipeline's stages: pass pp= > 1")
+        if not isinstance(self.accumulate_allreduce_grads_in_fp32, bool):
+            raise LayoutError(f"accumulate_allreduce_grads_in_fp32={self.accumulate_allreduce_grads_in_fp32!r}; pass "
+                              "True or False")
+        if self.accumulate_allreduce_grads_in_fp32 and self.kind != "megatron":
+            raise LayoutError("accumulate_allreduce_grads_in_fp32 is Megatron-LM's option: use layouts.megatron(...), "
+                              "or autoshard.MixedPrecision(reduce_dtype=torch.float32) with fsdp")
         if self.deepspeed_partitioned_tensors and not (self.pp > 1 and self.scatter_gather_tensors_in_pipeline):
             raise LayoutError("deepspeed_partitioned_tensors prices how DeepSpeed's pipeline engine gathers stage boundaries "
                               "sent as 1/tp pieces: it needs pp= > 1 and scatter_gather_tensors_in_pipeline=True")
@@ -260,7 +269,8 @@ def megatron(tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1, ep
              account_for_embedding_in_pipeline_split: bool = False,
              account_for_loss_in_pipeline_split: bool = False,
              scatter_gather_tensors_in_pipeline: bool = True, etp: Optional[int] = None,
-             blocking_p2p: bool = False, deepspeed_partitioned_tensors: bool = False) -> Layout:
+             blocking_p2p: bool = False, deepspeed_partitioned_tensors: bool = False,
+             accumulate_allreduce_grads_in_fp32: bool = False) -> Layout:
     """Megatron-LM's layout (module docstring). ``recompute``: "full" | "selective" | "none".
     ``overlap_grad_reduce``: gradient all-reduces start under the backward (Megatron-LM's
     ``--overlap-grad-reduce``; PyTorch DDP, ``--DDP-impl torch`` in 2021); off by default, as in
@@ -279,7 +289,14 @@ def megatron(tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1, ep
     ``async_op``; deepspeed/runtime/pipe/schedule.py and p2p.py). Megatron-LM batches a stage's send and
     receive into one exchange (``send_forward_recv_backward``), which the default prices. ``ep`` / ``etp``: the MoE layers'
     expert-parallel and expert-tensor-parallel sizes (``etp`` None: tp, Megatron's default), carved from the
-    same tp x cp x dp ranks (parallel folding: ``autoshard.layout_meshes``)."""
+    same tp x cp x dp ranks (parallel folding: ``autoshard.layout_meshes``).
+    ``accumulate_allreduce_grads_in_fp32``: Megatron-LM's ``--accumulate-allreduce-grads-in-fp32`` (forced
+    on with ``--bf16``, megatron/arguments.py; DeepSpeed's ``BF16_Optimizer`` does the same): every
+    microbatch's 16-bit gradient is added into an fp32 main gradient, the data-parallel all-reduce (or the
+    distributed optimizer's reduce-scatter) runs on those fp32 gradients, and they are held at 4 bytes
+    per element. Priced as ``MixedPrecision(reduce_dtype=torch.float32, accumulate_in_reduce_dtype=True)``
+    (``layout_plans.layout_mixed_precision``); off by default, the gradients then accumulated and reduced
+    in the model's dtype. ``autoshard.compile`` does not run it (it refuses such a plan)."""
     return Layout("megatron", tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, virtual_stages=virtual_stages,
                   microbatch_size=microbatch_size, schedule=schedule, recompute=recompute,
                   sequence_parallel=bool(sequence_parallel and tp > 1), distributed_optimizer=distributed_optimizer,
@@ -289,7 +306,8 @@ def megatron(tp: int = 1, pp: int = 1, dp: Optional[int] = None, cp: int = 1, ep
                   account_for_embedding_in_pipeline_split=account_for_embedding_in_pipeline_split,
                   account_for_loss_in_pipeline_split=account_for_loss_in_pipeline_split,
                   scatter_gather_tensors_in_pipeline=scatter_gather_tensors_in_pipeline, blocking_p2p=blocking_p2p,
-                  deepspeed_partitioned_tensors=deepspeed_partitioned_tensors)
+                  deepspeed_partitioned_tensors=deepspeed_partitioned_tensors,
+                  accumulate_allreduce_grads_in_fp32=accumulate_allreduce_grads_in_fp32)
 
 
 def fsdp(tp: int = 1, pp: int = 1, cp: int = 1, checkpoint: str = "none", reshard_after_forward: bool = True,

@@ -9,7 +9,8 @@ The levers themselves, their keywords and their value checks are one table,
 - ``block_types(captured)`` and ``check_block_levers(captured, lever_args)``: per-block levers name
   the model's repeated-block types (or fnmatch patterns over them);
 - ``pin_levers(captured, levers, ...)``: a plan's levers with the given ones applied;
-- ``microbatch(example_inputs, example_target, k)``: what one of k accumulation microsteps sees.
+- ``microbatch(example_inputs, example_target, k)``: what one of k accumulation microsteps sees;
+- ``refuse_unrunnable_precision(plan)``: ``compile`` refuses levers only the planner prices.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from autoshard.passes.pipeline.stages.retrace import block_types
 from autoshard.passes.solve.lever_pins import LeverPins
 
 __all__ = ["LEVER_KEYWORDS", "lever_pins", "check_lever_values", "block_types", "check_block_levers", "pin_levers",
-           "microbatch"]
+           "microbatch", "refuse_unrunnable_precision"]
 
 
 def lever_pins(**levers) -> LeverPins:
@@ -104,3 +105,23 @@ def microbatch(example_inputs, example_target, k: int, keyword: str = "accumulat
     else:
         inputs = cut("the input", example_inputs)
     return inputs, None if example_target is None else cut("example_target", example_target)
+
+
+def refuse_unrunnable_precision(plan) -> None:
+    """``compile`` runs a plan exactly as it was priced, or not at all: refuse a plan (any stage's levers)
+    whose mixed precision accumulates gradients in its ``reduce_dtype`` (``MixedPrecision(...,
+    accumulate_in_reduce_dtype=True)``, which ``layouts.megatron(accumulate_allreduce_grads_in_fp32=True)``
+    prices): the runtime accumulates each parameter's gradient in the parameter's own dtype and casts it
+    to ``reduce_dtype`` only for the reduction (``runtime.gradsync``), so it would not run what was priced."""
+    solutions = [s.solution for s in plan.stages] if plan.pipelined else [plan.solution]
+    for solution in solutions:
+        mp = solution.levers.mixed_precision if solution is not None and solution.levers is not None else None
+        if mp is not None and mp.accumulate_in_reduce_dtype:
+            raise PlanFormatError(
+                f"this plan accumulates gradients in {mp.reduce_dtype_name} and reduces them so ({mp!r}; a layout's "
+                "accumulate_allreduce_grads_in_fp32=True), which autoshard.compile does not run: its runtime adds "
+                "each microbatch's gradient in the parameter's own dtype. To train with gradients accumulated and "
+                "reduced in float32, keep the model's parameters in float32 and plan with "
+                "mixed_precision=autoshard.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) "
+                "(without layout=, or with a layout without accumulate_allreduce_grads_in_fp32); this plan prices "
+                "the layout, it cannot be compiled")

@@ -197,8 +197,10 @@ def lever_text(levers) -> str:
     blocks = "; ".join(f"{t}: {p.describe()}" for t, p in sorted(levers.blocks.items()))
     mp = levers.mixed_precision
     return (f"accumulation {levers.accumulation}" + (f"; {blocks}" if blocks else "")
-            + (f"; compute in {mp.param_dtype_name}, reduce gradients in "
-               f"{mp.reduce_dtype_name or mp.param_dtype_name}" if mp is not None else ""))
+            + (f"; compute in {mp.param_dtype_name or 'their own dtype'}, reduce gradients in "
+               f"{mp.reduce_dtype_name or mp.param_dtype_name}" if mp is not None else "")
+            + (f" (accumulated and held in {mp.reduce_dtype_name})" if mp is not None and mp.accumulate_in_reduce_dtype
+               else ""))
 
 
 def _lever_lines(plan) -> list[str]:

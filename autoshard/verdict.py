@@ -201,8 +201,12 @@ def _levers_text(solution) -> str:
             parts.append(f"{policy.checkpoint} checkpointing of {block}")
         elif policy.reshard_after_forward:
             parts.append(f"{block} resharded after forward")
-    if levers.mixed_precision is not None:
-        parts.append(f"compute in {levers.mixed_precision.param_dtype_name}")
+    mp = levers.mixed_precision
+    if mp is not None and mp.param_dtype_name is not None:
+        parts.append(f"compute in {mp.param_dtype_name}")
+    elif mp is not None:  # the parameters' own dtype: what differs is how gradients are reduced
+        parts.append(f"gradients {'accumulated and ' if mp.accumulate_in_reduce_dtype else ''}reduced in "
+                     f"{mp.reduce_dtype_name}")
     return "; " + ", ".join(parts) if parts else ""
 
 

@@ -233,17 +233,22 @@ def _bloom() -> Row:
     cut by ``--pp-partition-method 'type:transformer|embedding'``: 72 units (the tied embedding at both
     ends) over 12 stages, so the first and the last stage hold 5 blocks. Measured: the run's log of
     2022-03-18 (``chronicles.md``, iteration 12695 at global batch 2048): 105.22 s per iteration, 149.02
-    TFLOP/s per GPU (Megatron-DeepSpeed's accounting, eq. 3 above).
+    TFLOP/s per GPU (Megatron-DeepSpeed's accounting, eq. 3 above). ``BF16_Optimizer`` keeps fp32 gradients
+    (deepspeed/runtime/bf16_optimizer.py: ``update_hp_grads`` adds each microbatch's bf16 ``.grad`` into an
+    fp32 gradient, ``get_grads_for_reduction`` hands the fp32 flat gradients to the data-parallel
+    reduction): ``accumulate_allreduce_grads_in_fp32``, as Megatron-LM forces it with ``--bf16``.
     Not priced: ALiBi's score bias and the embedding LayerNorm (the model is Megatron's 2021 GPT with
-    learned positions), ``CUDA_LAUNCH_BLOCKING=1`` (set in the script), and ``BF16_Optimizer``'s fp32
-    gradients (accumulated per microbatch into fp32 and all-reduced in fp32: the layouts reduce gradients
-    in the model's dtype)."""
+    learned positions), ``CUDA_LAUNCH_BLOCKING=1`` (set in the script), and the bf16 gradients DeepSpeed's
+    pipeline engine keeps beside the fp32 ones (it calls ``update_hp_grads(clear_lp_grads=False)`` after
+    each backward; Megatron-LM frees each ``.grad`` once added, which is what the flag prices): 2 B per
+    element, about 5 GiB per GPU more than the estimate on a middle stage."""
     layers, h, heads, seq, vocab, batch = 70, 14336, 112, 2048, 250880, 2048
     tp, pp, gpus = 4, 12, 384
     layout = layouts.megatron(tp=tp, pp=pp, microbatch_size=2, recompute="full", sequence_parallel=False,
                               distributed_optimizer=True, decoder_first_pipeline_num_layers=5,
                               decoder_last_pipeline_num_layers=5, scatter_gather_tensors_in_pipeline=True,
-                              blocking_p2p=True, deepspeed_partitioned_tensors=True)
+                              blocking_p2p=True, deepspeed_partitioned_tensors=True,
+                              accumulate_allreduce_grads_in_fp32=True)
     return Row("BLOOM 176B (105.22 s)", gpus, lambda: megatron_gpt(layers, h, heads, seq, vocab, torch.bfloat16),
                megatron_loss, batch, seq, (gpus // tp, tp), layout, "a100-jean-zay", 149.02, "TFLOP/s/GPU",
                optimizer="megatron_adam", flops=megatron_flops(batch, seq, layers, h, vocab),

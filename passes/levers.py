@@ -136,13 +136,27 @@ class MixedPrecision:
     ``MixedPrecisionPolicy``: compute copies of floating parameters in ``param_dtype`` (None: the
     parameter's own dtype), gradients reduced across ranks in ``reduce_dtype`` (None: the compute
     dtype). The parameters themselves (the optimizer's master weights) keep their dtype. Dtypes are
-    stored by name (``param_dtype_name``); ``param_dtype`` gives the torch dtype."""
+    stored by name (``param_dtype_name``); ``param_dtype`` gives the torch dtype.
+
+    ``accumulate_in_reduce_dtype``: gradients are also accumulated over microbatches and held until
+    the optimizer step in ``reduce_dtype`` (Megatron-LM's fp32 main gradients,
+    ``--accumulate-allreduce-grads-in-fp32``: each microbatch's gradient is added into a
+    ``reduce_dtype`` buffer, which is what the all-reduce reduces), not in the parameters' dtype. The
+    planner prices it (``passes.cost.model.CostModel.grad_dtype``); the runtime does not run it
+    (``autoshard.compile`` refuses such a plan)."""
     param_dtype_name: Optional[str]
     reduce_dtype_name: Optional[str]
+    accumulate_in_reduce_dtype: bool = False
 
-    def __init__(self, param_dtype=None, reduce_dtype=None):
+    def __init__(self, param_dtype=None, reduce_dtype=None, accumulate_in_reduce_dtype: bool = False):
         object.__setattr__(self, "param_dtype_name", _dtype_name(param_dtype))
         object.__setattr__(self, "reduce_dtype_name", _dtype_name(reduce_dtype))
+        if not isinstance(accumulate_in_reduce_dtype, bool):
+            raise AutoshardError(f"accumulate_in_reduce_dtype takes True/False, got {accumulate_in_reduce_dtype!r}")
+        if accumulate_in_reduce_dtype and self.reduce_dtype_name is None:
+            raise AutoshardError("accumulate_in_reduce_dtype=True accumulates gradients in reduce_dtype: give "
+                                 "reduce_dtype= (e.g. torch.float32, Megatron-LM's fp32 main gradients)")
+        object.__setattr__(self, "accumulate_in_reduce_dtype", accumulate_in_reduce_dtype)
 
     @property
     def param_dtype(self):
@@ -155,14 +169,18 @@ class MixedPrecision:
         return None if self.reduce_dtype_name is None else getattr(torch, self.reduce_dtype_name)
 
     def to_json(self) -> dict:
-        return {"param_dtype": self.param_dtype_name, "reduce_dtype": self.reduce_dtype_name}
+        out = {"param_dtype": self.param_dtype_name, "reduce_dtype": self.reduce_dtype_name}
+        if self.accumulate_in_reduce_dtype:  # written only when set: plans made without it read as before
+            out["accumulate_in_reduce_dtype"] = True
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> "MixedPrecision":
-        return cls(d.get("param_dtype"), d.get("reduce_dtype"))
+        return cls(d.get("param_dtype"), d.get("reduce_dtype"), bool(d.get("accumulate_in_reduce_dtype", False)))
 
     def __repr__(self) -> str:
-        return f"MixedPrecision(param_dtype={self.param_dtype_name}, reduce_dtype={self.reduce_dtype_name})"
+        extra = ", accumulate_in_reduce_dtype=True" if self.accumulate_in_reduce_dtype else ""
+        return f"MixedPrecision(param_dtype={self.param_dtype_name}, reduce_dtype={self.reduce_dtype_name}{extra})"
 
 
 @dataclass

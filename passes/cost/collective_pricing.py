@@ -50,10 +50,13 @@ class CollectivePricing:
     a move's price depends on nothing else)."""
 
     def __init__(self, mesh: Mesh, hardware: Hardware, *, grad_bucket_bytes: float = 25 * 2 ** 20,
-                 hierarchical: bool = True, reduce_dtype=None, move_cache: Optional[dict] = None):
+                 hierarchical: bool = True, reduce_dtype=None, accumulate_in_reduce_dtype: bool = False,
+                 move_cache: Optional[dict] = None):
         self.mesh = mesh
         self.hardware = hardware
         self.reduce_dtype = reduce_dtype
+        #: gradients are accumulated and held in ``reduce_dtype`` (``passes.levers.MixedPrecision``)
+        self.accumulate_in_reduce_dtype = bool(accumulate_in_reduce_dtype and reduce_dtype is not None)
         self.grad_bucket_bytes = grad_bucket_bytes
         self.hierarchical = hierarchical
         self.links = [hardware.axis_link(mesh, a) for a in range(mesh.ndim)]

@@ -51,7 +51,7 @@ from autoshard.passes.layout.redistribution import encode, placement_code
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.spec import Placement, Strategy, TensorMeta
 
-__all__ = ["optimizer_state_bytes", "CostModel", "NodePrice", "ADJOINT", "encode", "placement_code"]
+__all__ = ["optimizer_state_bytes", "gradient_precision", "CostModel", "NodePrice", "ADJOINT", "encode", "placement_code"]
 
 
 _OPTIMIZERS = {"adamw": 8.0, "adam": 8.0, "sgd": 0.0, "sgd_momentum": 4.0, "momentum": 4.0,
@@ -71,6 +71,15 @@ def optimizer_state_bytes(optimizer: Union[str, float, int]) -> float:
         raise ValueError(f"unknown optimizer {optimizer!r}: use one of {sorted(_OPTIMIZERS)} or the number of "
                          "state bytes per parameter element (AdamW in fp32: 8)")
     return _OPTIMIZERS[key]
+
+
+def gradient_precision(mixed_precision) -> dict:
+    """``CostModel`` keywords for how ``mixed_precision`` (``passes.levers.MixedPrecision``, or None)
+    reduces and holds gradients: ``reduce_dtype`` and ``accumulate_in_reduce_dtype``."""
+    if mixed_precision is None:
+        return {}
+    return {"reduce_dtype": mixed_precision.reduce_dtype,
+            "accumulate_in_reduce_dtype": mixed_precision.accumulate_in_reduce_dtype}
 
 
 @dataclass
@@ -103,9 +112,11 @@ class CostModel(CollectivePricing):
 
     def __init__(self, mesh: Mesh, hardware: Hardware, optimizer: Union[str, float] = "adamw", *,
                  grad_bucket_bytes: float = 25 * 2 ** 20, hierarchical: bool = True, reduce_dtype=None,
-                 move_cache: Optional[dict] = None, price_step: bool = True):
+                 accumulate_in_reduce_dtype: bool = False, move_cache: Optional[dict] = None,
+                 price_step: bool = True):
         super().__init__(mesh, hardware, grad_bucket_bytes=grad_bucket_bytes, hierarchical=hierarchical,
-                         reduce_dtype=reduce_dtype, move_cache=move_cache)
+                         reduce_dtype=reduce_dtype, accumulate_in_reduce_dtype=accumulate_in_reduce_dtype,
+                         move_cache=move_cache)
         self.opt_bytes = optimizer_state_bytes(optimizer)
         self.optimizer = optimizer
         #: a parameter's price includes its optimizer step (``param_step_seconds``); False for a caller that
@@ -170,9 +181,18 @@ class CostModel(CollectivePricing):
         local = meta.numel / self.shard_factor(storage)
         return self._streamed(local * optimizer_step_bytes(self.optimizer, TensorMeta((), stored).nbytes))
 
+    def grad_dtype(self, meta: TensorMeta, master_dtype=None):
+        """The dtype a parameter's gradient is accumulated and held in until the optimizer step: its
+        master dtype (the parameter's own, None: the graph's), or ``reduce_dtype`` where gradients are
+        accumulated in it (``accumulate_in_reduce_dtype``: Megatron-LM's fp32 main gradients)."""
+        if self.accumulate_in_reduce_dtype and meta.dtype.is_floating_point:
+            return self.reduce_dtype
+        return master_dtype if master_dtype is not None else meta.dtype
+
     def accumulate_seconds(self, meta: TensorMeta, storage: Sequence[Placement], master_dtype=None) -> float:
-        """Seconds of adding one microbatch's gradient of a parameter into its stored gradient (local shard)."""
-        stored = master_dtype if master_dtype is not None else meta.dtype
+        """Seconds of adding one microbatch's gradient of a parameter into its stored gradient (local shard,
+        held in ``grad_dtype``)."""
+        stored = self.grad_dtype(meta, master_dtype)
         if not stored.is_floating_point:
             return 0.0
         local = meta.numel / self.shard_factor(storage)
@@ -205,10 +225,16 @@ class CostModel(CollectivePricing):
     def param_memory(self, meta: TensorMeta, storage: Sequence[Placement],
                      master_dtype=None) -> tuple[float, float, float]:
         """(parameter, gradient, optimizer-state) bytes per rank for one parameter; ``master_dtype``:
-        the dtype the parameter and its gradient are kept in when the graph computes with a cast copy."""
+        the dtype the parameter and its gradient are kept in when the graph computes with a cast copy; the
+        gradient is held in ``grad_dtype``."""
         f = self.shard_factor(storage)
         own = meta.nbytes if master_dtype is None else TensorMeta(meta.shape, master_dtype).nbytes
-        return own / f, own / f, meta.numel * self.opt_bytes / f
+        return own / f, self.grad_bytes(meta, master_dtype) / f, meta.numel * self.opt_bytes / f
+
+    def grad_bytes(self, meta: TensorMeta, master_dtype=None) -> float:
+        """Bytes of a parameter's whole gradient as held (``grad_dtype``)."""
+        dtype = self.grad_dtype(meta, master_dtype)
+        return meta.nbytes if dtype is meta.dtype else TensorMeta(meta.shape, dtype).nbytes
 
     def activation_bytes(self, metas: Sequence[TensorMeta], placements: Sequence[Sequence[Placement]]) -> float:
         """Local bytes of tensors ``metas`` kept for backward, each at its ``placements``."""

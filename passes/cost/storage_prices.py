@@ -8,7 +8,8 @@ product ``z``, one of ``m`` microsteps per step (``MicrobatchCostModel.microbatc
 
 - memory: the parameter ``B / f`` (whole over the ZeRO axes: it is computed with), optimizer state
   ``numel * state bytes / (f z)``, reduced gradient ``B / (f z)``; ``zero1`` also holds the unreduced
-  gradient ``B / f`` over the microsteps (``held_grads``), and ``once`` the gradients of its gathered
+  gradient ``B / f`` over the microsteps (gradients in ``CostModel.grad_dtype``: ``B`` counted in the
+  reduce dtype where gradients accumulate in it) (``held_grads``), and ``once`` the gradients of its gathered
   copies, ``G`` (gathered over every sharded axis, FSDP's case: an upper bound);
 - time: the optimizer step over the local slice (``param_step_seconds`` of the ``1/(f z)`` piece, as a
   plain parameter's price includes its whole update) and, under accumulation, each microstep's add into
@@ -46,6 +47,7 @@ def storage_price(cm: "CostModel", name: str, strategy: Strategy, facts: "GraphF
     meta: TensorMeta = facts.tensor_outputs(name)[0]
     master = facts.master_dtype(name)
     own = meta.nbytes if master is None else TensorMeta(meta.shape, master).nbytes
+    held_grad = cm.grad_bytes(meta, master)  # its gradient as held between microsteps (``grad_dtype``)
     storage = strategy.outputs[0]
     mesh = cm.mesh.shape
     form = form_of(strategy, meta.shape, mesh)
@@ -67,11 +69,11 @@ def storage_price(cm: "CostModel", name: str, strategy: Strategy, facts: "GraphF
         syncs.extend(cm.grad_sync(meta, sliced, total))  # the other R axes: the slice, once per step
         gather = cm.bucketed_seconds("all_gather", axes, own / f, total) + launch
         collectives = (Collective("all_gather", _axis(axes), int(own / f), gather / m, "step"),)
-        grads = own / (f * z)
-        held = own / f if form.zero_once else 0.0
+        grads = held_grad / (f * z)
+        held = held_grad / f if form.zero_once else 0.0
     else:
         sliced = storage
-        grads = own / f
+        grads = held_grad / f
         syncs.extend(cm.grad_sync(meta, storage, total))
     # the optimizer updates the local slice (as a plain parameter's price includes its whole update); a
     # gradient reduced once per step accumulates whole between microsteps, a zero2 one into its slice

@@ -21,6 +21,7 @@ from autoshard.passes.solve.context import DEFAULT_HARDWARE, PlanContext
 from autoshard.passes.cost.model import CostModel
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.layout.redistribution import R_CODE, encode
+from autoshard.passes.levers import Levers
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins, pins_name_zero_forms
 from autoshard.passes.sharding.strategies import StrategyTable, enumerate_strategies
@@ -167,13 +168,14 @@ class ShardingProblem:
                     break
 
     def solution(self, choice: list[int], *, optimizer: Union[str, float],
-                 solver_stats: Optional[dict] = None) -> Solution:
-        """The ILP's ``choice`` as a priced ``Solution``: strategies assigned, inputs settled, evaluated."""
+                 solver_stats: Optional[dict] = None, levers: Optional[Levers] = None) -> Solution:
+        """The ILP's ``choice`` as a priced ``Solution``: strategies assigned, inputs settled, evaluated
+        (under ``levers``, None: none pulled)."""
         chosen = self.strategies(choice)
         self.settle_inputs(chosen)
         return evaluate(self.captured, self.mesh, chosen, PlanContext.of(self.hardware, optimizer=optimizer),
                         unruled=self.table.unruled,
-                        solver_stats=solver_stats)
+                        solver_stats=solver_stats, levers=levers)
 
 
 def build_problem(captured: CapturedGraph, mesh, *, hardware: Hardware = PRESETS[DEFAULT_HARDWARE],

@@ -16,7 +16,7 @@ from autoshard.passes.cost.collectives import Collective
 from autoshard.passes.cost.facts import GraphFacts
 from autoshard.passes.cost.hardware import Hardware
 from autoshard.passes.solve.context import PlanContext
-from autoshard.passes.cost.model import CostModel, encode
+from autoshard.passes.cost.model import CostModel, encode, gradient_precision
 from autoshard.passes.cost.overlap import Overlap, compute_slowdown, overlap_step
 from autoshard.passes.errors import PlanFormatError
 from autoshard.passes.graph import CapturedGraph
@@ -412,10 +412,11 @@ def pricing_for(captured: CapturedGraph, mesh: Mesh, hardware: Hardware, optimiz
                 move_cache: Optional[dict] = None) -> tuple[GraphFacts, CostModel]:
     """The graph facts and cost model that price one microstep of a step cut into ``k``: the
     program's batch-dependent work and bytes divided by k (unless it was traced at the microbatch),
-    gradient syncs shared by the k microsteps, gradients reduced in the mixed-precision reduce dtype.
+    gradient syncs shared by the k microsteps, gradients reduced (and, where it says so, accumulated) in
+    the mixed-precision reduce dtype.
     ``move_cache``: a dict shared by the cost models of one mesh and hardware (``CostModel``)."""
-    reduce_dtype = None if mixed_precision is None else mixed_precision.reduce_dtype
+    precision = gradient_precision(mixed_precision)
     facts = MicrobatchFacts(captured, hardware, k) if k > 1 and not traced_at_microbatch else GraphFacts(captured, hardware)
     if k > 1:
-        return facts, MicrobatchCostModel(mesh, hardware, optimizer, k, reduce_dtype=reduce_dtype, move_cache=move_cache)
-    return facts, CostModel(mesh, hardware, optimizer, reduce_dtype=reduce_dtype, move_cache=move_cache)
+        return facts, MicrobatchCostModel(mesh, hardware, optimizer, k, move_cache=move_cache, **precision)
+    return facts, CostModel(mesh, hardware, optimizer, move_cache=move_cache, **precision)

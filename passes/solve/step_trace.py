@@ -116,11 +116,18 @@ class TraceBuilder:
         i = self.position[name]
         t = self.trace
         t.resident += base.params + base.optimizer
-        t.grads += base.grads
         t.kept[i] += price.kept
+        if self.facts.kind[name] != "param":
+            t.grads += base.grads
         if self.facts.kind[name] == "param":
-            self._param_grad[name] = base.grads
             form = self._form(name)
+            made = base.grads  # the gradient a backward makes and the step holds
+            in_bucket = base.grad_sync and (form is None or not form.zero) and self.cm.accumulate_in_reduce_dtype
+            if in_bucket:  # the held gradient is its bucket (below); a backward makes it in the compute dtype
+                meta = self.facts.tensor_outputs(name)[0]
+                made = base.grads * meta.dtype.itemsize / self.cm.grad_dtype(meta).itemsize
+            t.grads += made
+            self._param_grad[name] = made
             if form is not None:
                 z = math.prod(self.cm.mesh.shape[a] for a in form.zero_axes)
                 meta = self.facts.tensor_outputs(name)[0]
@@ -133,10 +140,15 @@ class TraceBuilder:
             else:
                 self._param_bytes.append(base.params)
             if base.grad_sync and (form is None or not form.zero):  # a ZeRO slice's all-reduce: runtime.zero's
-                scale = self._reduce_scale(name)
-                self._synced_grads += base.grads * scale
-                if scale == 1.0:  # the reduced bucket slice becomes the gradient (no cast back)
-                    self._grads_in_buckets += base.grads
+                if in_bucket:  # Megatron-LM's main-gradient buffer: each backward's gradient is added into its
+                    # bucket (held in the reduce dtype all step, reduced in place) and freed
+                    self._synced_grads += base.grads
+                    self._grads_in_buckets += made
+                else:
+                    scale = self._reduce_scale(name)
+                    self._synced_grads += base.grads * scale
+                    if scale == 1.0:  # the reduced bucket slice becomes the gradient (no cast back)
+                        self._grads_in_buckets += base.grads
         elif self.facts.kind[name] == "input":
             self._input_bytes += sum(m.nbytes for m in self.facts.tensor_outputs(name))
         elif self.facts.kind[name] == "op" and name not in self.facts.views:

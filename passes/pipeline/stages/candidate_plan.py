@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
+from autoshard.passes.cost.model import gradient_precision
 from autoshard.passes.errors import InfeasiblePlanError
+from autoshard.passes.levers import Levers, MixedPrecision
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins, PinError
@@ -34,11 +36,14 @@ class CandidateSpec:
     microbatches, activations held ``held`` times; the real model has ``repeat`` times the traced blocks
     (their ILP nodes and the edges inside one block count that many times more); ``chain_repeat``: how
     many times more an edge from one traced block to the next counts (default ``repeat``; traced b of n
-    blocks: (n - 1) / (b - 1))."""
+    blocks: (n - 1) / (b - 1)). ``mixed_precision``: how gradients are reduced and held
+    (``PipelinePins.mixed_precision``), priced here and recorded in the plan's levers, which
+    ``layer_costs.profile_submesh`` prices the profile by."""
     microbatches: int
     held: int
     repeat: float = 1.0
     chain_repeat: Optional[float] = None
+    mixed_precision: Optional[MixedPrecision] = None
 
 
 def plan_submesh(captured: CapturedGraph, mesh: Mesh, ctx: PlanContext, spec: CandidateSpec, *,
@@ -105,7 +110,8 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, ctx: PlanContext, spec: Ca
                 # microbatch, as the stage scorer charges the profile's ``opt_step`` and ``accumulate`` per step:
                 # without them the ILP chose weights replicated over tp whose 8x larger updates and accumulations
                 # the stages then paid (Llama 3 405B, pp 16, (128, 8): 1.2 s per microbatch the ILP never saw)
-                cm = MicrobatchCostModel(mesh, hardware, optimizer, microbatches, k)
+                cm = MicrobatchCostModel(mesh, hardware, optimizer, microbatches, k,
+                                         **gradient_precision(spec.mixed_precision))
                 # the held count changes what nodes keep, not what edges cost: the second graph reuses the first's edges
                 priced = problem.strategy_graph(cm, memory_limit, edges_from=graph)
                 if repeat != 1.0:
@@ -134,7 +140,8 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, ctx: PlanContext, spec: Ca
                                   f"{time_limit_s} s ({result.status}); raise time_limit_s")
     stats = {"status": status, "solve_s": round(result.wall_s, 4), "objective": result.cost, "microbatches": microbatches,
              "held": held, "memory_limit": memory_limit, "work_s": round(float(time_limit_s) - left[0], 4)}
-    return problem.solution(result.choice, optimizer=optimizer, solver_stats=stats)
+    return problem.solution(result.choice, optimizer=optimizer, solver_stats=stats,
+                            levers=Levers(mixed_precision=spec.mixed_precision))
 
 
 def _repeat(graph, clustering, nodes: dict, captured: CapturedGraph, repeat: float, chain: float) -> None:

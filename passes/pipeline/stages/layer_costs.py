@@ -58,7 +58,7 @@ from typing import Optional, Sequence
 from autoshard.passes.solve.clustering import (OUTPUT, block_instance, graph_edges, module_path,
                                                output_placements)
 from autoshard.passes.cost.facts import GraphFacts
-from autoshard.passes.cost.model import CostModel
+from autoshard.passes.cost.model import CostModel, gradient_precision
 from autoshard.passes.cost.moe import is_moe_node
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.cost.hardware import Hardware
@@ -128,7 +128,10 @@ class UnitCost:
     the step after the unit's group's gradient sync and the accumulations inside the backwards,
     ``scoring.accumulation_share``). ``held_grads``: a ``zero1`` parameter's unreduced
     gradient, held whole over the microbatches beside its reduced slice (``grads``: what one backward
-    adds in flight is counted from ``grads``, as for the other forms)."""
+    adds in flight is counted from ``grads``, as for the other forms). ``made_grads``: those bytes of
+    ``grads`` as one backward makes them, in the compute dtype, before they are added into the held
+    ones (they differ where gradients are held in the reduce dtype, ``CostModel.grad_dtype``; None:
+    ``grads``): ``in_flight_grads``."""
     fwd_fixed: float = 0.0
     fwd_batch: float = 0.0
     bwd_fixed: float = 0.0
@@ -145,6 +148,12 @@ class UnitCost:
     opt_step: float = 0.0
     accumulate: float = 0.0
     held_grads: float = 0.0
+    made_grads: Optional[float] = None
+
+    @property
+    def in_flight_grads(self) -> float:
+        """Bytes of the gradients one backward of the unit makes (``made_grads``, else ``grads``)."""
+        return self.grads if self.made_grads is None else self.made_grads
 
     @property
     def state_bytes(self) -> float:
@@ -241,7 +250,7 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, ctx: Optional[P
     units = units if units is not None else layer_units(captured)
     mesh = solution.mesh
     facts = GraphFacts(captured, hw)
-    cm = CostModel(mesh, hw, optimizer)
+    cm = CostModel(mesh, hw, optimizer, **gradient_precision(solution.levers.mixed_precision))
     batch = batch_dependent(captured)
     # the microbatch count the plan was chosen at (``plan_submesh``): its ops' shapes set their efficiency
     m_ref = int(solution.solver_stats.get("microbatches") or 1)
@@ -302,6 +311,11 @@ def profile_submesh(captured: CapturedGraph, solution: Solution, ctx: Optional[P
         price = cm.price_node(name, strategies[name], facts)
         for key in ("params", "grads", "optimizer"):
             acc[owner][key] += getattr(price, key)
+        made = price.grads
+        if kind == "param" and cm.accumulate_in_reduce_dtype:  # held in the reduce dtype, made in the compute one
+            meta = facts.tensor_outputs(name)[0]
+            made = price.grads * meta.dtype.itemsize / cm.grad_dtype(meta).itemsize
+        acc[owner]["made_grads"] += made
         acc[owner]["held_grads"] += price.held_grads  # zero1: the unreduced gradient, held over the microbatches
         if kind == "param" and price.grads > 0:
             temporaries = optimizer_temporaries([price.params], optimizer, foreach)

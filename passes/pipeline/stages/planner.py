@@ -55,6 +55,7 @@ from typing import Optional
 
 from autoshard.passes.errors import AutoshardError, InfeasiblePlanError, StageCutError
 from autoshard.passes.graph import CapturedGraph
+from autoshard.passes.levers import Levers
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import HintsFor
 from autoshard.passes.solve.context import PlanContext
@@ -145,7 +146,7 @@ def plan_pipeline(captured: CapturedGraph, mesh, ctx: Optional[PlanContext] = No
                             deep_chain=True, shapes=pins.shapes, pins_for=pins_for, hints_for=hints_for,
                             quick_s=min(2.0, time_limit_s / 4), thorough_s=min(30.0, time_limit_s / 2),
                             total_s=time_limit_s / 2, schedules=schedules, microbatches=microbatches, starts=starts,
-                            recompute=pins.recompute)
+                            recompute=pins.recompute, mixed_precision=pins.mixed_precision)
     profiles = plan_candidates(shallow.captured if shallow else captured, mesh, pps, ctx, search, stats=candidates)
     for profile in profiles.values():
         profile.overlap_grad_sync, profile.scatter_gather = pins.overlap_grad_sync, pins.scatter_gather
@@ -352,6 +353,7 @@ def _stage_solution(prof: SubmeshProfile, full: Optional[Solution], rng: range, 
         param_placements={k: v for k, v in full.param_placements.items() if k in fqns},
         estimated_step_time=sum(times.values()), estimated_memory=best.stages.memory[s], memory_breakdown=mem,
         estimated=memory_record(*best.stages.records[s]) if best.stages.records else {},
+        levers=Levers(mixed_precision=full.levers.mixed_precision),  # what the stage's gradients were priced with
         time_breakdown=times, unruled_ops=list(full.unruled_ops),
         redistributions=[r for r in full.redistributions if r.consumer in mine],
         param_grad_syncs={k: v for k, v in full.param_grad_syncs.items() if k in fqns},

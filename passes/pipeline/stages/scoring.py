@@ -122,7 +122,7 @@ def stage_problem(profile: SubmeshProfile, config: tuple[int, int, str], mesh: M
         piece_copy_seconds=piece_copy_seconds(profile, m, hw) if _deepspeed_pieces(profile) else None,
         stage_group=get_schedule(schedule).stage_rank(p), held=list(held), m=m, memory_limit=ctx.memory_bytes,
         recompute=recompute, starts=starts, holds_params=[c.param_reads > 0 for c in costs],
-        grads=[c.grads for c in costs], opt_fixed=[c.opt_fixed for c in costs], opt_peak=[c.opt_peak for c in costs],
+        grads=[c.in_flight_grads for c in costs], opt_fixed=[c.opt_fixed for c in costs], opt_peak=[c.opt_peak for c in costs],
         opt_step=[c.opt_step for c in costs], overlap_sync=profile.overlap_grad_sync, moments=moments)
 
 

@@ -98,7 +98,7 @@ def profile_candidates(captured: CapturedGraph, mesh: Mesh, pps: Sequence[int], 
             hints = mine["hints"]
 
             def plan(budget, shape=shape, m_ref=m_ref, p=p, pins=pins, hints=hints, mine=mine):
-                spec = CandidateSpec(m_ref, math.ceil((p + 1) / 2), repeat, chain)
+                spec = CandidateSpec(m_ref, math.ceil((p + 1) / 2), repeat, chain, search.mixed_precision)
                 sol = plan_submesh(captured, Mesh(shape), ctx.limited(budget), spec, pins=pins, hints=hints,
                                    memo=mine.setdefault("plan_submesh", {}))
                 work[0] += sol.solver_stats["work_s"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
+from autoshard.passes.levers import MixedPrecision
 from autoshard.passes.sharding.pins import HintsFor, PinsFor
 from autoshard.passes.pipeline.schedule.registry import searched_schedules
 
@@ -32,7 +33,11 @@ class PipelinePins:
     ``scatter_gather``: a value crossing a stage cut whole on tp is sent as 1/tp pieces and gathered.
     ``blocking_sends``: a stage's sends block its stream as its receives do (``scoring.send_seconds``).
     ``deepspeed_gathers``: the pieces are gathered as DeepSpeed's ``PartitionedTensor`` does
-    (``partitioned_tensors``; ``scoring.regather_seconds``, ``scoring.piece_copy_seconds``)."""
+    (``partitioned_tensors``; ``scoring.regather_seconds``, ``scoring.piece_copy_seconds``).
+    ``mixed_precision``: how the candidates' gradients are reduced and held (``passes.levers.MixedPrecision``
+    without ``param_dtype``: the program is traced in the model's dtype; a layout's
+    ``accumulate_allreduce_grads_in_fp32``), priced on every pp > 1 candidate and recorded in its stages'
+    levers (``candidate_plan.CandidateSpec``)."""
     pp: Optional[int] = None
     schedule: Optional[Union[str, Sequence[str]]] = None
     microbatches: Optional[int] = None
@@ -44,6 +49,7 @@ class PipelinePins:
     scatter_gather: bool = False
     blocking_sends: bool = False
     deepspeed_gathers: bool = False
+    mixed_precision: Optional[MixedPrecision] = None
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,8 @@ class PipelineSearch:
     pp = 1), ``deep_chain``, ``shapes``, ``pins_for``, ``hints_for``; the two passes of
     ``plan_candidates``: ``quick_s``, ``thorough_s``, ``finalists``, ``total_s``.
     Both searches: ``schedules``, ``microbatches`` (pinned count, None: searched). Stage search
-    (``search.search_stages``): ``starts`` (a pinned cut), ``recompute`` (pinned, None: per stage)."""
+    (``search.search_stages``): ``starts`` (a pinned cut), ``recompute`` (pinned, None: per stage).
+    ``mixed_precision``: ``PipelinePins.mixed_precision``."""
     units: Optional[list] = None
     blocks: Optional[int] = None
     single: bool = False
@@ -71,3 +78,4 @@ class PipelineSearch:
     microbatches: Optional[int] = None
     starts: Optional[list[int]] = None
     recompute: Optional[bool] = None
+    mixed_precision: Optional[MixedPrecision] = None

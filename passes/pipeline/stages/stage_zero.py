@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from autoshard.passes.cost.model import CostModel
+from autoshard.passes.cost.model import CostModel, gradient_precision
 from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.sharding.pins import pins_name_zero_forms
 from autoshard.passes.sharding.storage_forms import ZERO1, ZERO2, form_of
@@ -67,7 +67,7 @@ def stage_storage_collectives(solution: Solution, captured: CapturedGraph, ctx: 
     docstring); [] without ZeRO parameters. A plan read from JSON keeps none: this prices them again."""
     mp = solution.levers.mixed_precision if solution.levers is not None else None
     reduce_dtype = None if mp is None else (mp.reduce_dtype or mp.param_dtype)
-    cm = CostModel(solution.mesh, ctx.spec, ctx.optimizer, reduce_dtype=None if mp is None else mp.reduce_dtype)
+    cm = CostModel(solution.mesh, ctx.spec, ctx.optimizer, **gradient_precision(mp))
     return bucket_collectives(cm, captured, solution.strategies, microsteps, reduce_dtype)
 
 
