@@ -26,6 +26,15 @@ __all__ = ["ILPResult", "ShardingILP", "CPSAT_SEED", "unit_variables"]
 #: stays dual feasible when a row's bound moves
 _WARM = "use_preprocessing:false use_dual_simplex:true"
 
+#: GLOP's parameters for the first LP of an ILP with a memory row (the one a peak retry lowers): without
+#: presolve the solver's basis is one of the whole LP, from which the next solve (a Lagrangian price, a
+#: lowered bound) restarts; after a presolved solve it held the reduced problem's, and that next solve
+#: started cold (a tiny Llama: 0.17-0.25 CPU s each, against 0.02-0.05 from the kept basis). Primal
+#: simplex, GLOP's default: the plans of ``benchmarks/memory_limit_plan_time.py`` keep their estimates
+#: (dual simplex from the start reached another LP optimum, and the tiny Llama's peak retries a 0.26 %
+#: slower plan)
+_COLD_KEPT = "use_preprocessing:false"
+
 _SCALE_TARGET = 1e9
 CPSAT_SEED = 0  # fixed: the same inputs give the same plan
 
@@ -78,6 +87,7 @@ class ShardingILP:
         self._lp_costs: list[float] = []
         self._lp_vars: list = []  # the kept solver's variables and rows, listed once (``lp.variables()`` wraps
         self._lp_rows: list = []  # each anew: 34 K objects a retry on a tiny Llama)
+        self.lp_iterations: list[int] = []  # the simplex iterations of each LP solved on the kept solver
         self._folds: list[Optional[list]] = []  # per edge of the graph, where ``_fold_edges`` put its prices
         self.capped = False  # whether ``add_cost_cap`` added its row
         self._row_terms: Optional[RowTerms] = None  # the rows' and objective's terms for CP-SAT, laid out once
@@ -274,10 +284,10 @@ class ShardingILP:
         The first call loads the model into a GLOP solver that this ILP keeps; later calls (another
         objective, a row left out, the memory bound lowered by ``set_memory_limit``) change only those
         coefficients and bounds and solve again without presolve, by dual simplex from the last optimal
-        basis (``_WARM``): a tiny Llama's LP under a binding memory row, 0.4-0.5 CPU s cold, then takes
-        0.02-0.05 s once warm. The first solve keeps GLOP's defaults, so an ILP solved once sees the
-        same LP optimum as before the solver was kept (starting cold with ``_WARM`` instead reached
-        another LP optimum, and the tiny Llama's peak retries a 0.26 % slower plan)."""
+        basis (``_WARM``): a tiny Llama's LP under a binding memory row, 0.2-0.3 CPU s cold, then takes
+        0.02-0.05 s once warm. The first solve of an ILP whose memory row can bind runs without
+        presolve (``_COLD_KEPT``), so its basis is the whole LP's and the next solve starts from it;
+        without such a row (never solved again under a lowered bound) it keeps GLOP's defaults."""
         lp = self._lp
         if lp is None:
             lp = pywraplp.Solver.CreateSolver("GLOP")
@@ -305,7 +315,9 @@ class ShardingILP:
             if extra_costs or skip_row is not None:  # a changed model: not kept
                 return self._lp_answer(lp, lp.Solve())
             self._lp, self._lp_costs = lp, costs
-            return self._lp_answer(lp, lp.Solve())
+            if self._memory_row_can_bind():  # solved again under a lowered bound: from this basis
+                lp.SetSolverSpecificParametersAsString(_COLD_KEPT)
+            return self._kept_answer(lp)
         lp.SetSolverSpecificParametersAsString(_WARM)
         if not self._lp_vars:
             self._lp_vars, self._lp_rows = lp.variables(), lp.constraints()
@@ -318,7 +330,7 @@ class ShardingILP:
             constraints[self.memory_row].SetBounds(lo, hi)
         if skip_row is not None:
             constraints[skip_row].SetBounds(-lp.infinity(), lp.infinity())
-        answer = self._lp_answer(lp, lp.Solve())
+        answer = self._kept_answer(lp)
         for k in (extra_costs or {}):
             objective.SetCoefficient(variables[k], self._lp_costs[k])
         if skip_row is not None:
@@ -327,6 +339,21 @@ class ShardingILP:
         if answer[1] is not None and skip_row is not None:  # the rows as a fresh solve numbers its duals
             del answer[1].dual_value[skip_row]
         return answer
+
+    def _memory_row_can_bind(self) -> bool:
+        """Whether the memory row's bytes, every term at once, exceed its bound: a limit above them (the
+        hardware's memory on a small model) never binds, and its ILP is solved as one without the row
+        (presolved: the same LP optimum, so the same answer among plans of equal cost)."""
+        if self.memory_row is None:
+            return False
+        _, _, coefs, _, hi = self.rows[self.memory_row]
+        return sum(c for c in coefs if c > 0) > hi
+
+    def _kept_answer(self, lp) -> tuple[str, Optional["linear_solver_pb2.MPSolutionResponse"]]:
+        """``_lp_answer`` of the kept solver ``lp`` solved now, its simplex iterations counted."""
+        status = lp.Solve()
+        self.lp_iterations.append(lp.iterations())
+        return self._lp_answer(lp, status)
 
     @staticmethod
     def _lp_answer(lp, status) -> tuple[str, Optional["linear_solver_pb2.MPSolutionResponse"]]:
