@@ -89,10 +89,11 @@ class ShardingILP:
         self.memory_unit = 1.0
         self._lp = None  # GLOP, kept from the first ``solve_lp`` (with ``_lp_costs``, its objective)
         self._lp_costs: list[float] = []
-        self._lp_vars: list = []  # the kept solver's variables and rows, listed once (``lp.variables()`` wraps
-        self._lp_rows: list = []  # each anew: 34 K objects a retry on a tiny Llama)
+        # the kept solver's variables that a Lagrangian price sets, and its rows, each handle made once
+        # (``lp.variables()`` wraps all 34 K of a tiny Llama's anew, 0.09 CPU s, where 14 K are priced)
+        self._lp_vars: dict = {}
+        self._lp_rows: list = []
         self.lp_iterations: list[int] = []  # the simplex iterations of each LP solved on the kept solver
-        self._lp_priced = None  # the kept solver's column of the memory row's bytes (``solve_lp_priced``)
         self._folds: list[Optional[list]] = []  # per edge of the graph, where ``_fold_edges`` put its prices
         self.capped = False  # whether ``add_cost_cap`` added its row
         self._row_terms: Optional[RowTerms] = None  # the rows' and objective's terms for CP-SAT, laid out once
@@ -273,9 +274,8 @@ class ShardingILP:
         status, response = self.solve_lp()
         if status != "OPTIMAL":
             return status, None, None, False
-        values = list(response.variable_value)  # (the ILP's variables, then the kept solver's priced column)
-        self.lp_reduced_costs = list(response.reduced_cost)[:self.num_vars]
-        self.lp_duals = list(response.dual_value)
+        values = list(response.variable_value)
+        self.lp_reduced_costs, self.lp_duals = list(response.reduced_cost), list(response.dual_value)
         integral = all(min(values[k], 1 - values[k]) < 1e-6 for xs in self.x for k in xs)
         if self.memory_row is not None:
             _, ids, coefs, _, hi = self.rows[self.memory_row]
@@ -308,10 +308,6 @@ class ShardingILP:
             for k, c in (extra_costs or {}).items():
                 costs[k] += c
             model.MergeFromString(unit_variables(costs))
-            kept = not extra_costs and skip_row is None
-            priced = kept and self._memory_row_can_bind()
-            if priced:  # the memory row's bytes as a column, fixed at 0 until ``solve_lp_priced`` frees it
-                model.variable.add(lower_bound=0.0, upper_bound=0.0, objective_coefficient=0.0)
             for index, (_, ids, coefs, lo, hi) in enumerate(self.rows):
                 if index == skip_row:
                     continue
@@ -320,23 +316,22 @@ class ShardingILP:
                 row.coefficient.extend(coefs)
                 row.lower_bound = lo
                 row.upper_bound = hi
-                if priced and index == self.memory_row:
-                    row.var_index.append(self.num_vars)
-                    row.coefficient.append(-1.0)
             if lp.LoadModelFromProto(model):
                 return "UNKNOWN", None
-            if not kept:  # a changed model: not kept
+            if extra_costs or skip_row is not None:  # a changed model: not kept
                 return self._lp_answer(lp, lp.Solve())
             self._lp, self._lp_costs = lp, costs
-            if priced:  # solved again under a lowered bound: from this basis
-                self._lp_priced = lp.variable(self.num_vars)
+            if self._memory_row_can_bind():  # solved again under a lowered bound: from this basis
                 lp.SetSolverSpecificParametersAsString(_COLD_KEPT)
             return self._kept_answer(lp)
         lp.SetSolverSpecificParametersAsString(_WARM)
-        if not self._lp_vars:
-            self._lp_vars, self._lp_rows = lp.variables(), lp.constraints()
+        if not self._lp_rows:
+            self._lp_rows = lp.constraints()
         variables, objective = self._lp_vars, lp.Objective()
         costs = self._lp_costs
+        for k in (extra_costs or {}):  # handles of the variables priced, made once each
+            if k not in variables:
+                variables[k] = lp.variable(k)
         for k, c in (extra_costs or {}).items():  # (``Objective.SetCoefficient``'s own call, without its wrapper)
             _set_coefficient(objective, variables[k], costs[k] + c)
         constraints = self._lp_rows
@@ -353,35 +348,6 @@ class ShardingILP:
             constraints[skip_row].SetBounds(lo, hi)
         if answer[1] is not None and skip_row is not None:  # the rows as a fresh solve numbers its duals
             del answer[1].dual_value[skip_row]
-        return answer
-
-    def solve_lp_priced(self, per_unit: float) -> tuple[str, Optional["linear_solver_pb2.MPSolutionResponse"]]:
-        """GLOP on the relaxation without the memory row, its terms added to the objective at ``per_unit``
-        each (objective units per row unit): ``solve_lp`` with those extra costs and that row skipped, the
-        same LP. On the kept solver (``lp_relaxation`` first) the row's column ``t`` (fixed at 0 until now)
-        is freed at that price and the row becomes ``terms - t <= 0``: the optimum pays ``per_unit`` for
-        each unit of the terms, and three bounds and a coefficient change where setting and restoring each
-        term's price took 27 K calls and the solver's 34 K variable handles (a tiny Llama: 0.07 CPU s of
-        Python for 0.03 of GLOP)."""
-        row = self.memory_row
-        _, ids, coefs, lo, hi = self.rows[row]
-        lp = self._lp
-        if lp is None or self._lp_priced is None:
-            extra: dict[int, float] = {}
-            for k, c in zip(ids, coefs):
-                extra[k] = extra.get(k, 0.0) + per_unit * c
-            return self.solve_lp(extra, skip_row=row)
-        lp.SetSolverSpecificParametersAsString(_WARM)
-        if not self._lp_rows:
-            self._lp_rows = lp.constraints()
-        column, constraint, objective = self._lp_priced, self._lp_rows[row], lp.Objective()
-        column.SetBounds(0.0, lp.infinity())
-        objective.SetCoefficient(column, per_unit)
-        constraint.SetBounds(-lp.infinity(), 0.0)
-        answer = self._kept_answer(lp)
-        column.SetBounds(0.0, 0.0)
-        objective.SetCoefficient(column, 0.0)
-        constraint.SetBounds(lo, hi)
         return answer
 
     def _memory_row_can_bind(self) -> bool:

@@ -53,7 +53,14 @@ def lagrangian_hint(ilp, fits: Callable[[list[int]], bool]) -> Optional[list[int
     price = -duals[row]  # GLOP: a <= row of a minimisation has a non-positive dual
     if price <= 0:
         return None
-    status, response = ilp.solve_lp_priced(price * (1 + LAGRANGE_SLACK))
+    _, ids, coefs, _, _ = ilp.rows[row]
+    per_unit = price * (1 + LAGRANGE_SLACK)
+    extra = dict(zip(ids, [per_unit * c for c in coefs]))  # the row lists each variable once (``_memory_terms``)
+    if len(extra) < len(ids):  # (a row that repeats one: its terms summed)
+        extra = {}
+        for k, c in zip(ids, coefs):
+            extra[k] = extra.get(k, 0.0) + per_unit * c
+    status, response = ilp.solve_lp(extra, skip_row=row)
     if status != "OPTIMAL":
         return None
     values = response.variable_value
