@@ -96,6 +96,9 @@ class ShardingILP:
         self.lp_iterations: list[int] = []  # the simplex iterations of each LP solved on the kept solver
         self._folds: list[Optional[list]] = []  # per edge of the graph, where ``_fold_edges`` put its prices
         self.capped = False  # whether ``add_cost_cap`` added its row
+        #: whether the caller keeps this ILP to solve it again under lowered memory bounds (``ilp.solve(kept=)``,
+        #: the planner's peak retries): its first LP then leaves a basis of the whole LP (``_COLD_KEPT``)
+        self.solved_again = False
         self._row_terms: Optional[RowTerms] = None  # the rows' and objective's terms for CP-SAT, laid out once
         self._fold_edges()
 
@@ -291,9 +294,10 @@ class ShardingILP:
         objective, a row left out, the memory bound lowered by ``set_memory_limit``) change only those
         coefficients and bounds and solve again without presolve, by dual simplex from the last optimal
         basis (``_WARM``): a tiny Llama's LP under a binding memory row, 0.2-0.3 CPU s cold, then takes
-        0.02-0.05 s once warm. The first solve of an ILP whose memory row can bind runs without
-        presolve (``_COLD_KEPT``), so its basis is the whole LP's and the next solve starts from it;
-        without such a row (never solved again under a lowered bound) it keeps GLOP's defaults."""
+        0.02-0.05 s once warm. The first solve of an ILP kept for peak retries (``solved_again``) whose
+        memory row can bind runs without presolve (``_COLD_KEPT``), so its basis is the whole LP's and the
+        next solve starts from it; any other keeps GLOP's defaults (the pipeline candidates' ILPs, solved
+        once: presolved, their LP optimum and so their plans those of before)."""
         lp = self._lp
         if lp is None:
             lp = pywraplp.Solver.CreateSolver("GLOP")
@@ -321,7 +325,7 @@ class ShardingILP:
             if extra_costs or skip_row is not None:  # a changed model: not kept
                 return self._lp_answer(lp, lp.Solve())
             self._lp, self._lp_costs = lp, costs
-            if self._memory_row_can_bind():  # solved again under a lowered bound: from this basis
+            if self.solved_again and self._memory_row_can_bind():  # a lowered bound next: from this basis
                 lp.SetSolverSpecificParametersAsString(_COLD_KEPT)
             return self._kept_answer(lp)
         lp.SetSolverSpecificParametersAsString(_WARM)

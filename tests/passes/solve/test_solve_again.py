@@ -131,6 +131,7 @@ def test_the_first_lp_of_a_memory_bound_ilp_leaves_a_basis_the_next_lp_restarts_
     fast = g.evaluate([n.choices()[0] for n in g.nodes])[1]
     g.memory_limit = small + 0.6 * (fast - small)
     ilp = ShardingILP(g)
+    ilp.solved_again = True  # kept for peak retries, as ``ilp.solve(kept=...)`` marks it
     ilp.add_one_strategy_per_node()
     ilp.add_edge_consistency()
     ilp.add_memory_constraint()
