@@ -208,6 +208,7 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
         ilp.set_memory_limit(graph.memory_limit)
     else:
         ilp = _model(reduced, objective, cap if capped_now else None)
+        ilp.solved_again = kept is not None and objective == "cost"
         if kept is not None and objective == "cost" and ilp.memory_row is not None:
             kept.update(graph=graph, model=(reduced, expand, ilp, (cost_floor, memory_floor)))
 

@@ -26,7 +26,20 @@ __all__ = ["ILPResult", "ShardingILP", "CPSAT_SEED", "unit_variables"]
 #: stays dual feasible when a row's bound moves
 _WARM = "use_preprocessing:false use_dual_simplex:true"
 
+#: GLOP's parameters for the first LP of an ILP with a memory row (the one a peak retry lowers): without
+#: presolve the solver's basis is one of the whole LP, from which the next solve (a Lagrangian price, a
+#: lowered bound) restarts; after a presolved solve it held the reduced problem's, and that next solve
+#: started cold (a tiny Llama: 0.17-0.25 CPU s each, against 0.02-0.05 from the kept basis). Primal
+#: simplex, GLOP's default: the plans of ``benchmarks/memory_limit_plan_time.py`` keep their estimates
+#: (dual simplex from the start reached another LP optimum, and the tiny Llama's peak retries a 0.26 %
+#: slower plan)
+_COLD_KEPT = "use_preprocessing:false"
+
 _SCALE_TARGET = 1e9
+
+#: ``pywraplp.Objective.SetCoefficient`` is this call behind a Python method: a Lagrangian price sets and
+#: restores 14 K coefficients on a tiny Llama
+_set_coefficient = pywraplp._pywraplp.Objective_SetCoefficient
 CPSAT_SEED = 0  # fixed: the same inputs give the same plan
 
 
@@ -76,10 +89,16 @@ class ShardingILP:
         self.memory_unit = 1.0
         self._lp = None  # GLOP, kept from the first ``solve_lp`` (with ``_lp_costs``, its objective)
         self._lp_costs: list[float] = []
-        self._lp_vars: list = []  # the kept solver's variables and rows, listed once (``lp.variables()`` wraps
-        self._lp_rows: list = []  # each anew: 34 K objects a retry on a tiny Llama)
+        # the kept solver's variables that a Lagrangian price sets, and its rows, each handle made once
+        # (``lp.variables()`` wraps all 34 K of a tiny Llama's anew, 0.09 CPU s, where 14 K are priced)
+        self._lp_vars: dict = {}
+        self._lp_rows: list = []
+        self.lp_iterations: list[int] = []  # the simplex iterations of each LP solved on the kept solver
         self._folds: list[Optional[list]] = []  # per edge of the graph, where ``_fold_edges`` put its prices
         self.capped = False  # whether ``add_cost_cap`` added its row
+        #: whether the caller keeps this ILP to solve it again under lowered memory bounds (``ilp.solve(kept=)``,
+        #: the planner's peak retries): its first LP then leaves a basis of the whole LP (``_COLD_KEPT``)
+        self.solved_again = False
         self._row_terms: Optional[RowTerms] = None  # the rows' and objective's terms for CP-SAT, laid out once
         self._fold_edges()
 
@@ -274,10 +293,11 @@ class ShardingILP:
         The first call loads the model into a GLOP solver that this ILP keeps; later calls (another
         objective, a row left out, the memory bound lowered by ``set_memory_limit``) change only those
         coefficients and bounds and solve again without presolve, by dual simplex from the last optimal
-        basis (``_WARM``): a tiny Llama's LP under a binding memory row, 0.4-0.5 CPU s cold, then takes
-        0.02-0.05 s once warm. The first solve keeps GLOP's defaults, so an ILP solved once sees the
-        same LP optimum as before the solver was kept (starting cold with ``_WARM`` instead reached
-        another LP optimum, and the tiny Llama's peak retries a 0.26 % slower plan)."""
+        basis (``_WARM``): a tiny Llama's LP under a binding memory row, 0.2-0.3 CPU s cold, then takes
+        0.02-0.05 s once warm. The first solve of an ILP kept for peak retries (``solved_again``) whose
+        memory row can bind runs without presolve (``_COLD_KEPT``), so its basis is the whole LP's and the
+        next solve starts from it; any other keeps GLOP's defaults (the pipeline candidates' ILPs, solved
+        once: presolved, their LP optimum and so their plans those of before)."""
         lp = self._lp
         if lp is None:
             lp = pywraplp.Solver.CreateSolver("GLOP")
@@ -305,28 +325,49 @@ class ShardingILP:
             if extra_costs or skip_row is not None:  # a changed model: not kept
                 return self._lp_answer(lp, lp.Solve())
             self._lp, self._lp_costs = lp, costs
-            return self._lp_answer(lp, lp.Solve())
+            if self.solved_again and self._memory_row_can_bind():  # a lowered bound next: from this basis
+                lp.SetSolverSpecificParametersAsString(_COLD_KEPT)
+            return self._kept_answer(lp)
         lp.SetSolverSpecificParametersAsString(_WARM)
-        if not self._lp_vars:
-            self._lp_vars, self._lp_rows = lp.variables(), lp.constraints()
+        if not self._lp_rows:
+            self._lp_rows = lp.constraints()
         variables, objective = self._lp_vars, lp.Objective()
-        for k, c in (extra_costs or {}).items():
-            objective.SetCoefficient(variables[k], self._lp_costs[k] + c)
+        costs = self._lp_costs
+        for k in (extra_costs or {}):  # handles of the variables priced, made once each
+            if k not in variables:
+                variables[k] = lp.variable(k)
+        for k, c in (extra_costs or {}).items():  # (``Objective.SetCoefficient``'s own call, without its wrapper)
+            _set_coefficient(objective, variables[k], costs[k] + c)
         constraints = self._lp_rows
         if self.memory_row is not None:
             _, _, _, lo, hi = self.rows[self.memory_row]
             constraints[self.memory_row].SetBounds(lo, hi)
         if skip_row is not None:
             constraints[skip_row].SetBounds(-lp.infinity(), lp.infinity())
-        answer = self._lp_answer(lp, lp.Solve())
+        answer = self._kept_answer(lp)
         for k in (extra_costs or {}):
-            objective.SetCoefficient(variables[k], self._lp_costs[k])
+            _set_coefficient(objective, variables[k], costs[k])
         if skip_row is not None:
             _, _, _, lo, hi = self.rows[skip_row]
             constraints[skip_row].SetBounds(lo, hi)
         if answer[1] is not None and skip_row is not None:  # the rows as a fresh solve numbers its duals
             del answer[1].dual_value[skip_row]
         return answer
+
+    def _memory_row_can_bind(self) -> bool:
+        """Whether the memory row's bytes, every term at once, exceed its bound: a limit above them (the
+        hardware's memory on a small model) never binds, and its ILP is solved as one without the row
+        (presolved: the same LP optimum, so the same answer among plans of equal cost)."""
+        if self.memory_row is None:
+            return False
+        _, _, coefs, _, hi = self.rows[self.memory_row]
+        return sum(c for c in coefs if c > 0) > hi
+
+    def _kept_answer(self, lp) -> tuple[str, Optional["linear_solver_pb2.MPSolutionResponse"]]:
+        """``_lp_answer`` of the kept solver ``lp`` solved now, its simplex iterations counted."""
+        status = lp.Solve()
+        self.lp_iterations.append(lp.iterations())
+        return self._lp_answer(lp, status)
 
     @staticmethod
     def _lp_answer(lp, status) -> tuple[str, Optional["linear_solver_pb2.MPSolutionResponse"]]:
@@ -374,10 +415,13 @@ class ShardingILP:
         if hint is not None:
             on = self.hint_literals(hint)
             # what add_hint does var by var (a positive literal: its index, its value), in one call each:
-            # a million Python calls across the stage planner's solves
-            free = [k for k in range(self.num_vars) if k not in fixed_zero]
-            model.proto.solution_hint.vars.extend(index_of[k] for k in free)
-            model.proto.solution_hint.values.extend(int(k in on) for k in free)
+            # a million Python calls across the stage planner's solves; the lists laid out by numpy
+            free = np.ones(self.num_vars, dtype=bool)
+            free[np.fromiter(fixed_zero, dtype=np.int64, count=len(fixed_zero))] = False
+            ones = np.zeros(self.num_vars, dtype=np.int64)
+            ones[np.fromiter(on, dtype=np.int64, count=len(on))] = 1
+            model.proto.solution_hint.vars.extend(np.asarray(index_of, dtype=np.int64)[free].tolist())
+            model.proto.solution_hint.values.extend(ones[free].tolist())
         solver = cp_model.CpSolver()
         # A work limit, not a clock: the same model gives the same answer however busy the machine
         # is. CP-SAT's deterministic time counts its own work units, about one second of a quiet core

@@ -193,11 +193,14 @@ def _plan_within(search: LeverSearch, ctx: PlanContext, prune: bool = True, expl
         if prune and k == ks[0] and ks[0] == 1:
             at_floor.graph = graph
         statuses = []
+        priced: dict[int, tuple[ILPResult, _Found]] = {}  # the answers ``tighten`` priced, by id
+
         def tighten(result, k=k, problem=problem, graph=graph):
             """The ILP bounds additive bytes: a plan whose peak exceeds the limit is solved again
             below its own additive bytes by the excess (at least ``_PEAK_STEP`` of the limit), or, when
             the excess is more than those bytes, at those bytes times limit / peak."""
-            sol = _evaluated(search, _Found(k, problem, graph, result, result.cost * k))
+            found = priced[id(result)] = (result, _Found(k, problem, graph, result, result.cost * k))
+            sol = _evaluated(search, found[1])
             if sol.estimated_memory <= limit:
                 return None
             # the ILP's own additive bytes (what its limit bounds: a zero1 gradient held over the
@@ -218,7 +221,9 @@ def _plan_within(search: LeverSearch, ctx: PlanContext, prune: bool = True, expl
                 # of k no slower: no multiple of k can beat the best with this combination either
                 pruned.setdefault(combo, []).append(k)
             if result.choice is not None and (best is None or result.cost * k < best.step_time * (1 - _PAYS)):
-                found = _Found(k, problem, graph, result, result.cost * k)
+                hit = priced.get(id(result))  # the last answer of a combination: ``tighten`` priced it
+                found = hit[1] if hit is not None and hit[0] is result else _Found(k, problem, graph, result,
+                                                                                    result.cost * k)
                 if _evaluated(search, found).estimated_memory <= limit:
                     best = found
                     finalists.append(best)

@@ -124,3 +124,20 @@ def test_variables_as_wire_bytes_are_the_fields_set_one_by_one(n):
     by_bytes = linear_solver_pb2.MPModelProto()
     by_bytes.MergeFromString(unit_variables(costs))
     assert by_bytes == by_fields and by_bytes.SerializeToString() == by_fields.SerializeToString()
+
+
+def test_each_answer_of_the_search_is_priced_once(monkeypatch, tiny_gpt):
+    """A policy combination's last answer was priced (its whole-step peak, ``evaluate``) by the peak retry
+    that let it stand, and again when the search kept it as its best (a tiny Llama: 2 of 15 pricings, 0.03
+    CPU s each); the search reuses the first pricing."""
+    captured, limit = tiny_gpt
+    seen: list[tuple] = []
+    evaluate = planner.evaluate
+
+    def counted(captured_, mesh, strategies, ctx, **kw):
+        seen.append((tuple(sorted((n, str(s)) for n, s in strategies.items())), str(kw.get("levers"))))
+        return evaluate(captured_, mesh, strategies, ctx, **kw)
+    monkeypatch.setattr(planner, "evaluate", counted)
+    plan = _search(captured, limit)
+    assert "OPTIMAL" in str(plan.solver_stats["accumulation_tried"])  # the premise: the search solved under the limit
+    assert len(seen) > 2 and len(set(seen)) == len(seen)

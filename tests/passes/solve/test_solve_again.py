@@ -104,3 +104,42 @@ def _fresh_lp_bound(g: StrategyGraph) -> float:
     ilp.add_pins()
     ilp.set_objective("cost")
     return ilp.lp_relaxation()[2] / ilp.scale
+
+
+def _pinned_chain(seed: int, n: int = 40, size: int = 6, classes: int = 3) -> StrategyGraph:
+    """A chain of ``n`` nodes of ``size`` strategies, four of them allowed (pins, which GLOP's presolve
+    removes), where speed costs memory."""
+    rng = random.Random(seed)
+    nodes = [SGNode(f"n{i}", sorted(rng.uniform(1, 5) for _ in range(size)),
+                    sorted((rng.uniform(1, 10) for _ in range(size)), reverse=True),
+                    allowed=sorted(rng.sample(range(size), 4))) for i in range(n)]
+    edges = [SGEdge(v - 1, v, [rng.randrange(classes) for _ in range(size)],
+                    [rng.randrange(classes) for _ in range(size)],
+                    [[rng.uniform(0, 2) for _ in range(classes)] for _ in range(classes)],
+                    [[rng.uniform(0, 2) for _ in range(classes)] for _ in range(classes)]) for v in range(1, n)]
+    return StrategyGraph(nodes, edges, None)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_first_lp_of_a_memory_bound_ilp_leaves_a_basis_the_next_lp_restarts_from(seed):
+    """The LP solved after the first on a kept ILP (a peak retry's lowered bound, the Lagrangian price)
+    restarts from the first one's basis: a handful of simplex iterations, not the first one's hundred. The
+    first was presolved, its basis then the reduced problem's, and the second started cold (a tiny Llama:
+    0.17-0.25 CPU s each, 4 policies and 2 layouts a memory-limited plan)."""
+    g = _pinned_chain(seed)
+    small = sum(min(n.memory) for n in g.nodes) + sum(min(map(min, e.memory)) for e in g.edges)
+    fast = g.evaluate([n.choices()[0] for n in g.nodes])[1]
+    g.memory_limit = small + 0.6 * (fast - small)
+    ilp = ShardingILP(g)
+    ilp.solved_again = True  # kept for peak retries, as ``ilp.solve(kept=...)`` marks it
+    ilp.add_one_strategy_per_node()
+    ilp.add_edge_consistency()
+    ilp.add_memory_constraint()
+    ilp.add_pins()
+    ilp.set_objective("cost")
+    assert ilp.lp_relaxation()[0] == "OPTIMAL" and ilp.memory_binding
+    ilp.set_memory_limit(small + 0.5 * (fast - small))
+    status, _, bound, _ = ilp.lp_relaxation()
+    assert status == "OPTIMAL" and bound / ilp.scale == pytest.approx(_fresh_lp_bound(g), rel=1e-6)
+    first, again = ilp.lp_iterations
+    assert first >= 50 and again * 2 <= first
