@@ -162,9 +162,9 @@ def compile(model: torch.nn.Module, mesh: Any, *, example_inputs, loss_fn=None, 
     if plan is None:
         chosen = compile_plan(batch, mesh, opts, env)
         plan, planner, levers = chosen.plan, chosen.planner, None
+        refuse_unrunnable_precision(plan)  # planned here from a layout that asks for it
     else:
         planner, levers = (plan if plan.pipelined else None), dict(opts.levers)
-    refuse_unrunnable_precision(plan)  # planned here from levers that ask for it
     batch.agree = same_program_as_rank0(env)  # from here on every rank traces; each runs rank 0's program
     runtime = to_microbatch(plan, batch, mesh, levers=levers)
     return build(runtime, batch, env, state_dict=state_dict, planner=planner, started=started,
