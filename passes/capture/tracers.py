@@ -150,7 +150,10 @@ def _depends_on(node: fx.Node, sources: set) -> bool:
 
 
 def _inline_regions(gm: fx.GraphModule, param_nodes: set) -> None:
-    """Inline export's grad-mode / autocast(enabled=False) regions into the main graph."""
+    """Inline export's grad-mode / autocast(enabled=False) regions into the main graph. A no-grad region's
+    operands computed from parameters are read through ``detach`` (its ops build no autograd graph, as in
+    eager: spectral norm's power iteration writes its buffers with ``out=``, which autograd refuses on a
+    value that requires grad) and its results are detached."""
     graph = gm.graph
     while True:
         hops = [n for n in graph.nodes
@@ -168,6 +171,10 @@ def _inline_regions(gm: fx.GraphModule, param_nodes: set) -> None:
         env = dict(zip([p for p in sub.graph.nodes if p.op == "placeholder"], ops))
         results = ()
         with graph.inserting_before(node):
+            if detach:  # a no-grad region reads what it is given as constants, as eager autograd does
+                for p, op in list(env.items()):
+                    if p.users and isinstance(op, fx.Node) and _depends_on(op, param_nodes):
+                        env[p] = _detached(graph, op)
             for n in sub.graph.nodes:
                 if n.op == "placeholder":
                     continue

@@ -23,6 +23,7 @@ from autoshard.passes.graph import CapturedGraph
 from autoshard.passes.layout.redistribution import R_CODE, encode
 from autoshard.passes.levers import Levers
 from autoshard.passes.mesh import Mesh
+from autoshard.passes.sharding.aliased_state_writes import narrow_for_aliased_writes
 from autoshard.passes.sharding.pins import Pins, pins_name_zero_forms
 from autoshard.passes.sharding.strategies import StrategyTable, enumerate_strategies
 from autoshard.passes.solve.clustering import (OUTPUT, Clustering, cluster_edges, cluster_nodes, graph_edges,
@@ -109,13 +110,14 @@ def build_strategy_graph(captured: CapturedGraph, table: StrategyTable, allowed:
 def strategy_choices(captured: CapturedGraph, mesh, pins, storage_forms: bool = False) -> tuple[Mesh, StrategyTable, dict]:
     """The mesh, every node's strategies and the pinned nodes' allowed indices (``storage_forms``: the
     parameters' ZeRO-1/2 and reduce-once forms too, ``enumerate_strategies``; also when the pins name a
-    ZeRO form, as a layout's distributed optimizer does)."""
+    ZeRO form, as a layout's distributed optimizer does); a parameter or buffer written in place through
+    an alias is held whole (``passes.sharding.aliased_state_writes``)."""
     mesh = Mesh.of(mesh)
     table = enumerate_strategies(captured, mesh, storage_forms=storage_forms or pins_name_zero_forms(pins))
     if pins is not None and not isinstance(pins, Pins):
         pins = Pins(**pins)
     allowed = pins.resolve(captured, table, mesh) if pins is not None else {}
-    return mesh, table, allowed
+    return mesh, table, narrow_for_aliased_writes(captured, table, allowed)
 
 
 @dataclass

@@ -362,6 +362,28 @@ def test_buffer_reassignment_and_no_grad_region():
     torch.testing.assert_close(g, e)  # no gradient through the no_grad scale
 
 
+def test_a_no_grad_region_computed_from_parameters_builds_no_autograd_graph():
+    """Spectral norm's power iteration runs under ``torch.no_grad`` from the weight and writes its ``_u``/``_v``
+    buffers with ``out=``; inlined with grad on, the captured program raised (autograd refuses ``out=`` on a
+    value that requires grad). Now it runs as eager: same loss, buffers and weight gradient."""
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    torch.manual_seed(0)
+    model = nn.Sequential(spectral_norm(nn.Linear(6, 5)), nn.Tanh(), spectral_norm(nn.Linear(5, 1))).double()
+    x = torch.randn(8, 6, dtype=torch.float64)
+    eager_model = copy.deepcopy(model)
+    cg = capture(model, (x,), loss_fn=lambda out, t: out.square().mean(), target=torch.zeros(8, 1, dtype=torch.float64))
+    loss, buffers = run_captured(cg, model, (x,), torch.zeros(8, 1, dtype=torch.float64))
+    eager = eager_model(x).square().mean()
+    torch.testing.assert_close(loss, eager)
+    for got, (_, want) in zip(buffers, eager_model.named_buffers()):
+        torch.testing.assert_close(got, want)  # the power iteration's u and v, written in place
+    weight = model[0].parametrizations.weight.original
+    (g,) = torch.autograd.grad(loss, [weight])
+    (e,) = torch.autograd.grad(eager, [eager_model[0].parametrizations.weight.original])
+    torch.testing.assert_close(g, e)
+
+
 def test_builders_are_meta_constructible_and_deterministic():
     for name in BUILDERS:
         with torch.device("meta"):
