@@ -22,7 +22,9 @@ What is detected (conservative: when in doubt an op is reported):
   normalised dims reach the batch dimension), unless it is a MEAN over the batch on the way to the
   scalar loss through linear ops only (``mean``, the loss functions' default mean reduction,
   ``add``/``sub``/``neg``, multiplying or dividing by a value not computed from the batch, views):
-  that is the usual loss and averages exactly over equal microbatches;
+  that is the usual loss and averages exactly over equal microbatches (a class loss's mean over its
+  non-ignored targets included: the runtime weighs each microbatch by its count, ``runtime.step_weights``;
+  a class-weighted one is reported);
 - an opaque call (``passes.capture.opaque``: a custom ``autograd.Function``, a loss run as written)
   that reads a value carrying the batch: autoshard cannot see inside it.
 
@@ -148,6 +150,9 @@ def _coupling(node: fx.Node, packet: Optional[str], axis: dict) -> Optional[str]
         reduction = _arg(node, _LOSSES[packet], "reduction", _MEAN)
         if reduction == 0:
             return None  # per-row losses: whatever follows decides
+        if (reduction == _MEAN and packet in ("cross_entropy_loss", "nll_loss", "nll_loss2d", "nll_loss_forward",
+                                               "nll_loss2d_forward") and _arg(node, 2, "weight", None) is not None):
+            return "a class-weighted mean loss divides by its microbatch's total class weight"
         return _LINEAR_MEAN if reduction == _MEAN else "a sum loss: averaged over microsteps it becomes 1/k of itself"
     if packet in ("layer_norm", "native_layer_norm"):
         shape = _arg(node, 1, "normalized_shape", ())

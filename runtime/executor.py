@@ -22,7 +22,9 @@ One program type runs every plan (``passes.pipeline.plan.Plan``: a list of stage
   (``step_inputs``); the schedule runs once per round of accumulation, each round on its
   ``microbatches`` consecutive slices (torchtitan's gradient accumulation under a pipeline: the
   schedule run k times per step); every backward is seeded 1 / (accumulation x microbatches), so the
-  gradients summed over the rounds and microbatches are the full-batch mean loss's. Each stage's
+  gradients summed over the rounds and microbatches are the full-batch mean loss's (a mean class loss
+  whose microbatches count different numbers of non-ignored targets: each seeded with its share of the
+  step's count instead, ``step_weights``). Each stage's
   replicated gradients are all-reduced over its mesh (``gradsync.GradSync``, one per stage, with
   ``reduce_dtype`` under mixed precision), armed for the last round's last weight-gradient action of
   the stage only, so the reduction overlaps that action and the rest of the step. Parameters in ZeRO
@@ -78,6 +80,7 @@ from .state_dict import ModelState
 from .stage_zeros import StageZeros
 from .step_inputs import StepInputs
 from .step_results import LossReduction, assembled
+from .step_weights import StepWeights
 
 __all__ = ["RankProgram"]
 
@@ -151,6 +154,7 @@ class RankProgram:
                       if plan.pp > 1 else None)
         cast = any(st.levers.mixed_precision is not None for st in self.stages.values())
         self._inputs = StepInputs(self.captured, n, self.device, cast=cast)
+        self._weights = StepWeights(self.captured, self.device, n)
         # random ops draw what one device running the microbatches in order draws (rng_streams); one
         # stage runs them in that order already
         self._streams = (MicrobatchStreams([g.captured for g in self.graphs], list(self.stages), self.microbatches,
@@ -310,6 +314,7 @@ class RankProgram:
             raise BatchError("step() needs a program traced with a loss function (loss_fn=...); "
                              "this one returns outputs: call forward()")
         user, targets = self._prepared(inputs, target, local_batch)
+        weights = self._microbatch_weights(user, targets, local_batch)
         gatherers = [st.gatherer for st in self.stages.values() if st.gatherer is not None]
         self._zeros.begin_step()
         for g in gatherers:
@@ -318,7 +323,7 @@ class RankProgram:
         holds_loss = self.group == self.plan.stages[-1].group
         losses: list = []
         loss = LossReduction(self.rounds * self.microbatches, self.device, self._loss_comm, holds_loss,
-                             early=self._early_loss)
+                             early=self._early_loss, weights=weights)
         m = self.microbatches
         last_stage = self.plan.stages[-1].index
 
@@ -336,6 +341,8 @@ class RankProgram:
                     g.final = final  # storage form ``once``: the copies' gradients are reduced in the last round
                 if self._streams is not None:
                     self._streams.begin()
+                for st in self.stages.values():
+                    st.seed_scales = None if weights is None else weights[r * m:(r + 1) * m]
                 if self._zeros:  # ZeRO buckets reduce around every weight action (zero1's: the step's last)
                     hooks.update(around_weights=lambda s, after, last, final=final: self._zeros.around(
                                      s, after, final and last),
@@ -347,6 +354,7 @@ class RankProgram:
         finally:
             for st in self.stages.values():
                 st.end_step()
+                st.seed_scales = None
             for g in gatherers:
                 g.final = True
         with watching(action=f"the gradient and loss reductions after the step of stages {sorted(self.stages)}"):
@@ -356,6 +364,14 @@ class RankProgram:
                                self._ties)
             self._restore(stashed)
             return loss.result(losses)
+
+    def _microbatch_weights(self, user: list, targets: list, local_batch: bool) -> Optional[list[float]]:
+        """Each microbatch's share of the step's mean loss (``step_weights``; None: 1 / n each). With
+        ``local_batch`` the counts of every data-parallel slice are summed over the world."""
+        replicas = None
+        if local_batch and self._weights.counts:
+            replicas = (dist.get_world_size() if dist.is_initialized() else 1) // max(self.data_layout().size, 1)
+        return self._weights(user, targets, replicas=replicas)
 
     def _set_aside(self) -> dict:
         """Take the gradients present before the step off the parameters: each grad sync takes its own
@@ -389,7 +405,8 @@ class RankProgram:
         outs = [stage.forward_only([u[i] for u in user] + ([targets[i]] if reads_target else []))
                 for i in range(self._inputs.n)]
         stage.end_step()
-        return assembled(self.captured, outs, self._loss_comm)
+        weights = self._microbatch_weights(user, targets, local_batch) if self.captured.loss_output else None
+        return assembled(self.captured, outs, self._loss_comm, weights)
 
     __call__ = forward
 

@@ -100,6 +100,8 @@ class LoweredStage:
                        for ph in self.param_names]
         self.buffers = [local[b] for b in self.buffer_names]
         self.seed_scale = seed_scale
+        #: this round's seed per microbatch (``runtime.step_weights``), set by the executor; None: ``seed_scale``
+        self.seed_scales: Optional[list[float]] = None
         self.saved: dict[int, _Saved] = {}
         self.memory_probe = None  # a ``memory_probe.MemoryProbe`` while one measures the step
 
@@ -221,11 +223,13 @@ class LoweredStage:
             saved.replay = None
         return saved
 
-    def _seeds(self, outputs: list, grads: Optional[list]) -> tuple[list, list]:
-        """(outputs to differentiate, their seeds): the scaled loss on the last stage, else each output
-        that requires grad with the gradient summed from its consumers."""
+    def _seeds(self, mb: int, outputs: list, grads: Optional[list]) -> tuple[list, list]:
+        """(outputs to differentiate, their seeds): the scaled loss on the last stage (microbatch ``mb``'s
+        weight in ``seed_scales`` when the executor set them for the round, else ``seed_scale``), else each
+        output that requires grad with the gradient summed from its consumers."""
         if self.graph.is_last:
-            return [outputs[0]], [torch.full_like(outputs[0], self.seed_scale)]
+            scale = self.seed_scales[mb] if self.seed_scales is not None else self.seed_scale
+            return [outputs[0]], [torch.full_like(outputs[0], scale)]
         outs, seeds = [], []
         for o, g in zip(outputs, grads):
             if o.requires_grad and g is not None:
@@ -241,7 +245,7 @@ class LoweredStage:
         """B: gradients of the received values (zeros where unused; None for non-float values). Runs only
         the backward nodes on paths to the received values (``split_backward``)."""
         saved = self._with_graph(mb)
-        outs, seeds = self._seeds(saved.outputs, grads)
+        outs, seeds = self._seeds(mb, saved.outputs, grads)
         wanted = [t for t in saved.leaves if t.requires_grad]
         saved.split = SplitBackward(outs, seeds, wanted, [p for p in self.params if p.requires_grad])
         got = saved.split.input_grads() if outs else [None] * len(wanted)
@@ -260,7 +264,7 @@ class LoweredStage:
         """BW: input and weight gradients in one pass; frees the microbatch's graph."""
         saved = self._with_graph(mb)
         del self.saved[mb]
-        outs, seeds = self._seeds(saved.outputs, grads)
+        outs, seeds = self._seeds(mb, saved.outputs, grads)
         if outs:
             torch.autograd.backward(outs, seeds)
         return self._input_grads(saved.leaves, [t.grad if t.requires_grad else None for t in saved.leaves])

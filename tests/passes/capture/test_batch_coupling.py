@@ -73,3 +73,12 @@ def test_losses_that_do_not_average_over_microbatches_are_reported():
     assert len(product) == 2  # a product of two batch means is not linear in the rows
     linear = _coupled(nn.Linear(4, 4), x, lambda out, t: 2 * F.mse_loss(out, t, reduction="mean") - out.mean(), y)
     assert linear == []
+
+
+def test_a_class_weighted_mean_loss_is_reported_and_the_plain_one_is_not():
+    """A class-weighted mean divides by its microbatch's total class weight, which no weight per microbatch
+    can undo; the unweighted mean divides by its non-ignored targets, which ``runtime.step_weights`` weighs."""
+    x, t = torch.randn(8, 4), torch.randint(0, 3, (8,))
+    weighted = _coupled(nn.Linear(4, 3), x, lambda out, t: F.cross_entropy(out, t, weight=torch.tensor([1., 2., 3.])), t)
+    assert len(weighted) == 1 and "class-weighted" in weighted[0].why
+    assert _coupled(nn.Linear(4, 3), x, lambda out, t: F.cross_entropy(out, t, ignore_index=0), t) == []
