@@ -26,7 +26,12 @@ What is detected (conservative: when in doubt an op is reported):
   non-ignored targets included: the runtime weighs each microbatch by its count, ``runtime.step_weights``;
   a class-weighted one is reported);
 - an opaque call (``passes.capture.opaque``: a custom ``autograd.Function``, a loss run as written)
-  that reads a value carrying the batch: autoshard cannot see inside it.
+  that reads a value carrying the batch: autoshard cannot see inside it;
+- a matrix product pairing the batch's rows with each other (``a @ b.T``, a contrastive similarity
+  matrix), a class loss whose class dimension is the batch's, an ``embedding_bag`` whose offsets come
+  from the inputs (they index the whole batch's flat ids);
+- a write into a buffer in forward (spectral norm's power iteration, a step counter, a moving
+  average): one device writes it once a step, a step of k microbatches k times.
 
 The batch dimension of a value follows ``microbatch.py``'s convention (dim 0, when it is a multiple
 of the global batch) and is carried through ``transpose`` / ``permute`` / ``movedim``; a value whose
@@ -44,6 +49,7 @@ import torch.fx as fx
 
 from autoshard.passes.errors import BatchCouplingWarning
 from autoshard.passes.graph import META, MODULE, CapturedGraph
+from autoshard.passes.sharding.aliased_state_writes import state_writes
 
 __all__ = ["BatchCouplingWarning", "CoupledOp", "batch_coupled_ops", "describe_coupled"]
 
@@ -92,6 +98,9 @@ _LOSSES = {"cross_entropy_loss": 3, "nll_loss": 3, "nll_loss_forward": 3, "nll_l
            "soft_margin_loss": 2, "multilabel_margin_loss": 2, "hinge_embedding_loss": 3,
            "poisson_nll_loss": 5, "margin_ranking_loss": 4, "cosine_embedding_loss": 4}
 _MEAN = 1
+_CLASS_LOSSES = {"cross_entropy_loss", "nll_loss", "nll_loss_nd", "nll_loss2d", "nll_loss_forward", "nll_loss2d_forward"}
+_PRODUCTS = {"mm", "bmm", "matmul"}
+_BAGS = {"_embedding_bag", "embedding_bag", "_embedding_bag_forward_only"}
 
 # ops through which a mean over the batch stays a linear function of the rows' contributions
 _LINEAR = {"add", "sub", "neg", "mul", "div", "view", "reshape", "_unsafe_view", "squeeze", "unsqueeze",
@@ -120,6 +129,15 @@ def batch_coupled_ops(captured: CapturedGraph) -> list[CoupledOp]:
             why = "reduces over the batch dimension before the loss (a microbatch computes it on its own rows)"
         found.append(CoupledOp(node.name, f"aten.{packet}" if packet else str(node.target),
                                str(node.meta.get(MODULE, "")), why))
+    reported = {c.node for c in found}
+    normed = {c.module for c in found if c.why.startswith("BatchNorm")}  # its counter: the BatchNorm says it
+    for node, name in state_writes(captured):
+        if (name in captured.buffers and node.name not in reported and _packet(node) not in _BATCH_NORMS
+                and str(node.meta.get(MODULE, "")) not in normed):
+            reported.add(node.name)
+            found.append(CoupledOp(node.name, f"aten.{_packet(node)}", str(node.meta.get(MODULE, "")),
+                                   f"writes buffer {captured.buffers[name]!r} in forward: one device writes it once "
+                                   "a step, a step of k microbatches k times"))
     return found
 
 
@@ -141,11 +159,18 @@ def _coupling(node: fx.Node, packet: Optional[str], axis: dict) -> Optional[str]
             return (f"an opaque call ({_opaque_call(node)}) on the batch: autoshard cannot see whether it mixes "
                     "the rows")
         return None
+    paired = _pairs_rows(node, packet, axis)
+    if paired is not None:
+        return paired
+    if packet in _BAGS and _from_inputs(_arg(node, 2, "offsets", None), axis):
+        return "offsets index into the whole batch's flat ids: a microbatch's slice of them points at other rows"
     src = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
     if src is None or axis.get(src.name) is None:
         return None
     b = axis[src.name]
     rank = _rank(src)
+    if packet in _CLASS_LOSSES and b == 1 and rank >= 2:
+        return "a class loss whose classes are the batch's rows (a contrastive loss): a microbatch scores its own rows only"
     if packet in _LOSSES:
         reduction = _arg(node, _LOSSES[packet], "reduction", _MEAN)
         if reduction == 0:
@@ -177,6 +202,30 @@ def _coupling(node: fx.Node, packet: Optional[str], axis: dict) -> Optional[str]
     if packet in ("mean", "nanmean"):
         return _LINEAR_MEAN
     return f"{packet} over the batch dimension mixes the rows of the batch"
+
+
+def _from_inputs(value, axis: dict) -> bool:
+    """Whether ``value`` is computed from the inputs or the target (``axis`` holds every such node)."""
+    return isinstance(value, fx.Node) and value.name in axis
+
+
+def _pairs_rows(node: fx.Node, packet: Optional[str], axis: dict) -> Optional[str]:
+    """Why a matrix product couples rows: its second operand carries the batch on a dimension that is
+    contracted or becomes a column (``a @ b.t()``: each row scored against every row of the batch), or
+    its first operand's batch is contracted (``a.t() @ b``: a sum over the rows). A batched product whose
+    operands both carry the batch on dim 0 keeps rows apart."""
+    if packet not in _PRODUCTS or len(node.args) < 2:
+        return None
+    a, b = node.args[0], node.args[1]
+    if not isinstance(a, fx.Node) or not isinstance(b, fx.Node):
+        return None
+    ba, bb = axis.get(a.name), axis.get(b.name)
+    ra, rb = _rank(a), _rank(b)
+    if bb is None and (ba is None or ba != ra - 1 or ra < 2):
+        return None  # rows of the first operand stay rows of the output
+    if ba == 0 and bb == 0 and ra >= 3 and rb >= 3:
+        return None  # a batched product over the batch dimension
+    return f"{packet} pairs the rows of the batch with each other (e.g. a similarity matrix a @ b.T)"
 
 
 def _opaque_call(node: fx.Node) -> Optional[str]:

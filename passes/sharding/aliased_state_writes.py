@@ -30,7 +30,7 @@ from autoshard.passes.sharding.pins import PinError
 from autoshard.passes.spec import Replicate
 from autoshard.passes.writes import written_operands
 
-__all__ = ["AliasedWrites", "aliased_state_writes", "narrow_for_aliased_writes", "ALIAS_OPS"]
+__all__ = ["AliasedWrites", "aliased_state_writes", "state_writes", "narrow_for_aliased_writes", "ALIAS_OPS"]
 
 aten = torch.ops.aten
 
@@ -79,6 +79,24 @@ def aliased_state_writes(captured: CapturedGraph) -> AliasedWrites:
                 found.aliases.update(chain)
                 found.writers.setdefault(node.name, set()).add(i)
                 found.why.setdefault(src.name, f"{node.name} ({node.target})")
+    return found
+
+
+def state_writes(captured: CapturedGraph) -> list[tuple[fx.Node, str]]:
+    """(writing node, parameter or buffer placeholder name) for every in-place write of ``captured`` into a
+    parameter or buffer, directly or through a chain of aliases, in graph order."""
+    state = set(captured.params) | set(captured.buffers)
+    found = []
+    for node in captured.gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        ops = operands(node)
+        for i in written_operands(node):
+            src = ops[i].node
+            while isinstance(src, fx.Node) and src.op == "call_function" and src.args and _aliases_first(src):
+                src = src.args[0]
+            if isinstance(src, fx.Node) and src.op == "placeholder" and src.name in state:
+                found.append((node, src.name))
     return found
 
 

@@ -82,3 +82,37 @@ def test_a_class_weighted_mean_loss_is_reported_and_the_plain_one_is_not():
     weighted = _coupled(nn.Linear(4, 3), x, lambda out, t: F.cross_entropy(out, t, weight=torch.tensor([1., 2., 3.])), t)
     assert len(weighted) == 1 and "class-weighted" in weighted[0].why
     assert _coupled(nn.Linear(4, 3), x, lambda out, t: F.cross_entropy(out, t, ignore_index=0), t) == []
+
+
+class _Contrastive(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 6), nn.Linear(4, 6)
+
+    def forward(self, x, y):
+        return F.normalize(self.a(x), dim=-1) @ F.normalize(self.b(y), dim=-1).t()
+
+
+def test_rows_paired_with_each_other_and_bag_offsets_are_reported():
+    """CLIP's similarity matrix scores every row against every other (and its loss's classes are the rows);
+    an ``EmbeddingBag``'s offsets index the whole batch's flat ids: neither splits into microbatches."""
+    from autoshard.passes.capture.export import capture as trace
+    x, y = torch.randn(8, 4), torch.randn(8, 4)
+    symmetric = lambda logits, t: (F.cross_entropy(logits, t) + F.cross_entropy(logits.t(), t)) / 2  # noqa: E731
+    found = batch_coupled_ops(trace(_Contrastive(), (x, y), loss_fn=symmetric, target=torch.arange(8)))
+    assert {c.op for c in found} >= {"aten.matmul", "aten.cross_entropy_loss"}
+    assert any("pairs the rows" in c.why for c in found)
+
+    bag = nn.EmbeddingBag(40, 8, mode="mean")
+    ids, offsets = torch.randint(0, 40, (20,)), torch.tensor([0, 2, 5, 6, 10, 12, 15, 17])
+    found = batch_coupled_ops(trace(bag, (ids, offsets), loss_fn=lambda out, t: out.square().mean(), target=torch.zeros(8)))
+    assert [c.op for c in found] == ["aten.embedding_bag"] and "offsets" in found[0].why
+
+
+def test_buffers_written_in_forward_are_reported():
+    """Spectral norm's power iteration writes ``_u``/``_v`` once per forward: k times in a step of k microbatches."""
+    from torch.nn.utils.parametrizations import spectral_norm
+    model = nn.Sequential(spectral_norm(nn.Linear(4, 4)), nn.Tanh(), nn.Linear(4, 4))
+    found = _coupled(model, torch.randn(8, 4), F.mse_loss, torch.randn(8, 4))
+    assert sorted(c.why.split("'")[1] for c in found) == ["0.parametrizations.weight.0._u",
+                                                           "0.parametrizations.weight.0._v"]
