@@ -58,6 +58,11 @@ def test_sub_group_collectives_alternate_over_both_axes_of_a_2d_mesh():
         assert n_world == 1 and len(rows) == 1 and rows[0][0] == 4096 and rows[0][1] > 0
 
 
+#: 400 KB: ``calls_per_batch`` gives 10 calls per timed batch (a 4 KiB call gets 50), so the 200 ms of work
+#: runs 42 times rather than 202 (8 s of sleeping instead of 40); the call itself still takes milliseconds
+AFTER_WORK_BYTES = 400_000
+
+
 def _after_work_rank(rank: int, world: int):
     import time
     from autoshard.profiling.collectives import rank_groups, time_collective
@@ -68,7 +73,7 @@ def _after_work_rank(rank: int, world: int):
         ran[0] += 1
         time.sleep(0.2)
     timer = Timer(torch.device("cpu"), 2, world)
-    rows = time_collective(timer, "all_reduce", world, rank_groups(world, world, rank), rank, (4096,),
+    rows = time_collective(timer, "all_reduce", world, rank_groups(world, world, rank), rank, (AFTER_WORK_BYTES,),
                            torch.device("cpu"), "gloo", local_work=work)
     return rows, ran[0]
 
@@ -76,7 +81,7 @@ def _after_work_rank(rank: int, world: int):
 def test_a_collective_timed_after_local_work_counts_only_what_the_call_adds():
     """Each timed call follows the local work on every rank; the work's own time is subtracted."""
     for rows, ran in run_ranks(_after_work_rank, 2):
-        assert ran > 0 and len(rows) == 1 and rows[0][0] == 4096
-        # a 4 KiB all-reduce, not the 200 ms of work before it (the bound leaves room for a loaded machine:
-        # one CI run under load 20 timed the call alone at 10.9 ms)
+        assert ran > 0 and len(rows) == 1 and rows[0][0] == AFTER_WORK_BYTES
+        # a 400 KB all-reduce, not the 200 ms of work before it (the bound leaves room for a loaded machine:
+        # one CI run under load 20 timed a 4 KiB call alone at 10.9 ms)
         assert 0 < rows[0][1] < 0.1, rows
