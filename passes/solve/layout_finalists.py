@@ -81,8 +81,9 @@ def layout_finalists(search, finalists: list, hints: Sequence[Pins], *, limit: f
     """The plans of ``hints``' placements that fit ``limit`` (module docstring), as the planner's
     ``_Found`` records (copies of a finalist with another result), in hint order.
 
-    ``finalists``: the search's, in order; ``solve_policies(lever_graph, combos, policies, tighten)``:
-    the planner's ``policy_solves.solve_policies`` with its budget, workers and no cutoff; ``evaluated(found)``: a
+    ``finalists``: the search's, in order; ``solve_policies(lever_graph, combos, policies, tighten, cap=,
+    carry=)``: the planner's ``policy_solves.solve_policies`` with its budget, workers and no cutoff (a
+    layout's combinations are solved one call each, sharing one ``carry``); ``evaluated(found)``: a
     record's priced ``Solution``; ``graph_of_every_policy(found)``: the lever graph of every policy at
     ``found``'s microstep count (for a search that stopped at its plan without levers)."""
     if not hints or not finalists:
@@ -217,6 +218,7 @@ def _solve_hint(search, base, kept: list[list[int]], limit: Optional[float], sol
         ops, params = _node_kinds(base.problem, base.lever_graph)
         cap = (ops, {j for j, e in enumerate(part.edges) if e.u not in params}, above)
     k, cache, fitted, out = base.k, {}, [], []
+    carry: dict = {}  # each combination's ILP takes over the last one's LP solver (``solve_policies``)
 
     def found_of(result):
         choice = tuple(keep[j] for keep, j in zip(kept, result.choice))
@@ -240,7 +242,7 @@ def _solve_hint(search, base, kept: list[list[int]], limit: Optional[float], sol
     for combo in combos:
         if ordered_by_work and any(_dominated(combo, by) for by in fitted):
             continue
-        for _, result in solve_policies(sliced_graph, [combo], policies, tighten, cap=cap):
+        for _, result in solve_policies(sliced_graph, [combo], policies, tighten, cap=cap, carry=carry):
             if result.choice is None:
                 continue
             if beaten(result):  # and so is every combination it dominates (each only adds work)
