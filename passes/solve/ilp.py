@@ -227,7 +227,7 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
     lp_s = time.perf_counter() - t0
     stats = dict(ilp_nodes=len(reduced.nodes), merged_followers=len(graph.nodes) - len(reduced.nodes),
                  lp_s=round(lp_s, 4), lp_integral=integral, **({"capped": True} if ilp.capped else {}),
-                 **({"lp_adopted": True} if ilp.lp_adopted else {}))
+                 **({"lp_adopted": True} if ilp.lp_adopted and not again else {}))
     if lp_status == "INFEASIBLE":  # the relaxation has no point under the limit: neither has the ILP
         return ILPResult(None, math.inf, math.inf, "INFEASIBLE", lp_s, ilp.num_vars, len(ilp.rows), stats)
     if cutoff is not None and bound is not None and bound / ilp.scale >= cutoff * (1 - 1e-6):
