@@ -33,7 +33,7 @@ _COLD_KEPT = "use_preprocessing:false"
 #: ``pywraplp.Objective.SetCoefficient`` is this call behind a Python method: a Lagrangian price sets and
 #: restores 14 K coefficients on a tiny Llama
 _set_coefficient = pywraplp._pywraplp.Objective_SetCoefficient
-#: ``pywraplp.Constraint.SetCoefficient``'s own call (``adopt_lp`` sets a memory row's changed terms)
+#: ``pywraplp.Constraint.SetCoefficient``'s own call (``adopt_lp`` sets the changed terms of the rows)
 _set_row_coefficient = pywraplp._pywraplp.Constraint_SetCoefficient
 
 
@@ -142,12 +142,13 @@ class LPRelaxation:
         """Take over ``donor``'s kept GLOP solver for this ILP's LPs, when both are kept for peak retries
         (``solved_again``), this one has solved no LP, its memory row can bind, and the two ILPs have as
         many variables and rows, the memory row at the same place (the ILPs of two policy combinations of
-        one lever graph: ``policy_solves.solve_policies``). The solver's objective, and the terms and
-        bounds of the rows that differ (the memory row's bytes, a few edges' class indicators), are set to
-        this ILP's: the LP is then this ILP's, and its first solve restarts from ``donor``'s last optimal
-        basis (``_WARM``) at the optimum a fresh solver would reach (a tiny Llama's policies: 100-400
-        simplex iterations, 0.04 CPU s, instead of 2,000-2,700 cold, 0.25-0.35). ``donor`` keeps no
-        solver (its next LP would start cold). False, nothing changed, otherwise."""
+        one lever graph, or of two layouts' slices of it: ``policy_solves.solve_policies``). The solver's
+        objective, and the terms and bounds of every row that differs (the memory row's bytes, a few edges'
+        class indicators), are set to this ILP's: the LP is then this ILP's whatever ``donor`` was, and its
+        first solve restarts from ``donor``'s last optimal basis (``_WARM``) at the optimum a fresh solver
+        would reach (a tiny Llama's policies: 100-500 simplex iterations, 0.04-0.07 CPU s, instead of
+        2,000-2,700 cold, 0.25-0.35). ``donor`` keeps no solver (its next LP would start cold). False,
+        nothing changed, otherwise."""
         lp, m = donor._lp, self.memory_row
         if lp is None or self._lp is not None or not (self.solved_again and donor.solved_again):
             return False

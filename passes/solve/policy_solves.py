@@ -2,7 +2,8 @@
 
 ``solve_policies`` is the planner's inner loop (``planner._plan_within``, and the published layouts'
 finalists through it): each combination's ILP is solved, and while its plan's peak exceeds the memory
-limit, solved again under a lower ILP limit (``PeakRetry`` chooses it), keeping its LP between tries.
+limit, solved again under a lower ILP limit (``PeakRetry`` chooses it), keeping its LP between tries and
+handing its LP solver to the next combination's ILP (its first LP then starts from that basis, not cold).
 """
 from __future__ import annotations
 
@@ -33,9 +34,10 @@ def solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, l
     ``graph.graph``'s node and edge indices (which fixing the policies keeps).
 
     Each combination's ILP takes over the GLOP solver of the last combination's (``kept["donor"]`` of
-    ``ilp.solve``: the same rows but the memory row's, so its first LP restarts from that basis instead
-    of cold). ``carry``: a dict a caller that solves ``graph``'s combinations one call at a time keeps
-    between its calls, so that ILP passes from one call to the next."""
+    ``ilp.solve``, ``ShardingILP.adopt_lp``: as many variables and rows, the changed ones set in place),
+    so its first LP restarts from that basis instead of cold. ``carry``: a dict a caller that solves
+    ``graph``'s combinations one call at a time keeps between its calls, so that ILP passes from one call
+    to the next (``carry["ilp"]``: the last ILP kept)."""
     groups = graph.graph.groups
     carry = {} if carry is None else carry
     for combo in combos:
