@@ -172,7 +172,9 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
     ``kept``: a dict the caller keeps between solves of one ``graph`` whose memory limit it lowers (the
     planner's peak retries): the first solve leaves its ILP there, later ones change only the memory
     row's bound (in the units the row was built in), and their LPs start from the last optimal basis
-    (``ShardingILP.solve_lp``).
+    (``ShardingILP.solve_lp``). ``kept["donor"]``: an ILP done with (another policy combination's of the
+    same lever graph) whose GLOP solver the first solve's ILP takes over when their rows match
+    (``ShardingILP.adopt_lp``; ``stats["lp_adopted"]``), so its first LP restarts from that basis too.
 
     ``hints``: known choices of ``graph`` (one strategy index per node, e.g. a published layout's plan
     on this problem). The cheapest one that fits becomes CP-SAT's warm start when it beats the solver's
@@ -210,6 +212,9 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
         ilp = _model(reduced, objective, cap if capped_now else None)
         ilp.solved_again = kept is not None and objective == "cost"
         if kept is not None and objective == "cost" and ilp.memory_row is not None:
+            donor = kept.pop("donor", None)
+            if donor is not None:
+                ilp.adopt_lp(donor)
             kept.update(graph=graph, model=(reduced, expand, ilp, (cost_floor, memory_floor)))
 
     def fits(choice):  # (an inconsistent choice evaluates to infinity)
@@ -221,7 +226,8 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
     limit = reduced.memory_limit if objective == "cost" else None
     lp_s = time.perf_counter() - t0
     stats = dict(ilp_nodes=len(reduced.nodes), merged_followers=len(graph.nodes) - len(reduced.nodes),
-                 lp_s=round(lp_s, 4), lp_integral=integral, **({"capped": True} if ilp.capped else {}))
+                 lp_s=round(lp_s, 4), lp_integral=integral, **({"capped": True} if ilp.capped else {}),
+                 **({"lp_adopted": True} if ilp.lp_adopted and not again else {}))
     if lp_status == "INFEASIBLE":  # the relaxation has no point under the limit: neither has the ILP
         return ILPResult(None, math.inf, math.inf, "INFEASIBLE", lp_s, ilp.num_vars, len(ilp.rows), stats)
     if cutoff is not None and bound is not None and bound / ilp.scale >= cutoff * (1 - 1e-6):

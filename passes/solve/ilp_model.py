@@ -65,6 +65,7 @@ class ShardingILP(LPRelaxation):
         self._lp_vars: dict = {}
         self._lp_rows: list = []
         self.lp_iterations: list[int] = []  # the simplex iterations of each LP solved on the kept solver
+        self.lp_adopted = False  # whether the kept solver was another ILP's (``adopt_lp``), not built cold
         self._folds: list[Optional[list]] = []  # per edge of the graph, where ``_fold_edges`` put its prices
         self.capped = False  # whether ``add_cost_cap`` added its row
         #: whether the caller keeps this ILP to solve it again under lowered memory bounds (``ilp.solve(kept=)``,

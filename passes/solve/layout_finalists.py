@@ -81,8 +81,11 @@ def layout_finalists(search, finalists: list, hints: Sequence[Pins], *, limit: f
     """The plans of ``hints``' placements that fit ``limit`` (module docstring), as the planner's
     ``_Found`` records (copies of a finalist with another result), in hint order.
 
-    ``finalists``: the search's, in order; ``solve_policies(lever_graph, combos, policies, tighten)``:
-    the planner's ``policy_solves.solve_policies`` with its budget, workers and no cutoff; ``evaluated(found)``: a
+    ``finalists``: the search's, in order; ``solve_policies(lever_graph, combos, policies, tighten, cap=,
+    carry=)``: the planner's ``policy_solves.solve_policies`` with its budget, workers and no cutoff (each
+    combination of each layout solved in a call of its own, one ``carry`` shared by the calls on one
+    finalist's lever graph: a layout's ILP takes over the last one's LP solver, as the policy combinations'
+    do; the layouts of a mesh's two axes have ILPs of one shape); ``evaluated(found)``: a
     record's priced ``Solution``; ``graph_of_every_policy(found)``: the lever graph of every policy at
     ``found``'s microstep count (for a search that stopped at its plan without levers)."""
     if not hints or not finalists:
@@ -94,13 +97,14 @@ def layout_finalists(search, finalists: list, hints: Sequence[Pins], *, limit: f
     out, seen = [], set()
     for base in last_at.values():
         wide = None  # the lever graph of every policy at base.k, built once when needed
+        carry: dict = {}  # the last ILP solved on base's graph, whose LP solver the next one takes over
         for pins in hints:
             pins = _at_microsteps(pins, base.k)
             kept = kept_strategies(base.problem, base.lever_graph, pins)
             if kept is None:
                 continue
             unfit: list[float] = []
-            found = _solve_hint(search, base, kept, limit, solve_policies, evaluated, seen, target, unfit)
+            found = _solve_hint(search, base, kept, limit, solve_policies, evaluated, seen, target, unfit, carry)
             if not found and not _every_policy(search, base.lever_graph):
                 # the search's graph of the fastest policies has no ILP memory limit: ``unfit`` holds the
                 # overlapped step of the layout's fastest plan, which its levered plans can only exceed
@@ -110,7 +114,7 @@ def layout_finalists(search, finalists: list, hints: Sequence[Pins], *, limit: f
                     wide_kept = kept_strategies(wide.problem, wide.lever_graph, pins)
                     if wide_kept is not None:
                         found = _solve_hint(search, wide, wide_kept, limit, solve_policies, evaluated, seen, target,
-                                            [])
+                                            [], carry)
             out.extend(found)
             target[0] = min([target[0]] + [_overlapped(evaluated(f)) for f in found])
     return out
@@ -185,14 +189,14 @@ _FLOOR_SLACK = 1e-3
 
 
 def _solve_hint(search, base, kept: list[list[int]], limit: Optional[float], solve_policies, evaluated,
-                seen: set, target: list, unfit: list) -> list:
+                seen: set, target: list, unfit: list, carry: Optional[dict] = None) -> list:
     """The plans on ``base``'s lever graph within ``kept`` (``kept_strategies`` of a layout's pins),
     one per policy combination that fits ``limit`` (fastest first; a combination no faster in any
     block type than one that fitted is skipped), those already ``seen`` left out. ``limit`` None: only
     the fastest combination, solved and kept whatever its memory. A plan whose ``exposed_floor`` is
     above ``target[0]`` (the best overlapped step so far) cannot win and is not priced; when the floor of
     every choice within ``kept`` is (every node and edge at its cheapest), nothing is solved. ``unfit`` gets the overlapped steps of the
-    plans priced that did not fit."""
+    plans priced that did not fit. ``carry``: ``solve_policies``'s, kept by the caller across layouts."""
     part = slice_graph(base.lever_graph.graph, kept)
     exposed = _exposed_only(part, base.problem, base.lever_graph)
     above = target[0] * (1 + _FLOOR_SLACK) / base.k
@@ -217,6 +221,7 @@ def _solve_hint(search, base, kept: list[list[int]], limit: Optional[float], sol
         ops, params = _node_kinds(base.problem, base.lever_graph)
         cap = (ops, {j for j, e in enumerate(part.edges) if e.u not in params}, above)
     k, cache, fitted, out = base.k, {}, [], []
+    carry = {} if carry is None else carry  # each ILP takes over the last one's LP solver (``solve_policies``)
 
     def found_of(result):
         choice = tuple(keep[j] for keep, j in zip(kept, result.choice))
@@ -240,7 +245,7 @@ def _solve_hint(search, base, kept: list[list[int]], limit: Optional[float], sol
     for combo in combos:
         if ordered_by_work and any(_dominated(combo, by) for by in fitted):
             continue
-        for _, result in solve_policies(sliced_graph, [combo], policies, tighten, cap=cap):
+        for _, result in solve_policies(sliced_graph, [combo], policies, tighten, cap=cap, carry=carry):
             if result.choice is None:
                 continue
             if beaten(result):  # and so is every combination it dominates (each only adds work)

@@ -285,8 +285,9 @@ def _hinted(search: LeverSearch, finalists: list[_Found], hints_for: Optional[Hi
         return search.graph(problem, cm, limit)
 
     return layout_finalists(search, finalists, hints, limit=limit, evaluated=lambda f: _evaluated(search, f),
-                            solve_policies=lambda graph, combos, policies, tighten, cap=None: solve_policies(
-                                graph, combos, policies, budget, workers, lambda: None, tighten=tighten, cap=cap),
+                            solve_policies=lambda graph, combos, policies, tighten, cap=None, carry=None: solve_policies(
+                                graph, combos, policies, budget, workers, lambda: None, tighten=tighten, cap=cap,
+                                carry=carry),
                             graph_of_every_policy=every_policy)
 
 

@@ -2,7 +2,8 @@
 
 ``solve_policies`` is the planner's inner loop (``planner._plan_within``, and the published layouts'
 finalists through it): each combination's ILP is solved, and while its plan's peak exceeds the memory
-limit, solved again under a lower ILP limit (``PeakRetry`` chooses it), keeping its LP between tries.
+limit, solved again under a lower ILP limit (``PeakRetry`` chooses it), keeping its LP between tries and
+handing its LP solver to the next combination's ILP (its first LP then starts from that basis, not cold).
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ PEAK_RETRIES = 4
 
 
 def solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, list[int]], budget: WorkBudget,
-                    workers: int, cutoff, objective: str = "cost", tighten=None, cap=None):
+                    workers: int, cutoff, objective: str = "cost", tighten=None, cap=None,
+                    carry: Optional[dict] = None):
     """Solve ``graph`` once per combination of block-type policies in ``combos`` (each a sorted
     tuple of (block type, policy index); answers mapped back to ``graph``'s strategy indices), or
     jointly when ``combos`` is ``[None]``. Yields (combination, ILPResult). ``cutoff()``: the
@@ -29,15 +31,23 @@ def solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, l
     answer stands, else a lower ILP memory limit for this combination, solved again (at most
     ``PEAK_RETRIES`` times; a limit the ILP finds nothing under is raised halfway back to the bytes of
     the last plan that did not fit; the last answer is yielded either way). ``cap``: ``ilp.solve``'s, on
-    ``graph.graph``'s node and edge indices (which fixing the policies keeps)."""
+    ``graph.graph``'s node and edge indices (which fixing the policies keeps).
+
+    Each combination's ILP takes over the GLOP solver of the last combination's (``kept["donor"]`` of
+    ``ilp.solve``, ``ShardingILP.adopt_lp``: as many variables and rows, the changed ones set in place),
+    so its first LP restarts from that basis instead of cold. ``carry``: a dict a caller that solves
+    ``graph``'s combinations one call at a time keeps between its calls, so that ILP passes from one call
+    to the next (``carry["ilp"]``: the last ILP kept)."""
     groups = graph.graph.groups
+    carry = {} if carry is None else carry
     for combo in combos:
         if combo is None or not groups:
             part, expand = replace(graph.graph), list
         else:
             chosen = dict(combo)
             part, expand = fix_policies(graph.graph, [policies[g.name].index(chosen[g.name]) for g in groups])
-        kept: dict = {}  # the ILP of ``part``, solved again under a lower limit by a retry
+        # the ILP of ``part``, solved again under a lower limit by a retry; its LP solver the last one's
+        kept: dict = {"donor": carry["ilp"]} if carry.get("ilp") is not None else {}
         retry = PeakRetry()
         for attempt in range(PEAK_RETRIES + 1):
             result = solve(part, objective=objective, time_limit_s=budget.next_limit(),
@@ -51,6 +61,8 @@ def solve_policies(graph: LeverGraph, combos: list[tuple], policies: dict[str, l
             if lower is None:
                 break
             part.memory_limit = lower
+        if "model" in kept:
+            carry["ilp"] = kept["model"][2]
         yield combo, result
 
 
