@@ -13,14 +13,14 @@ free problem's table does not have, which no choice of its graph can name.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from autoshard.passes.sharding.pins import PinError, Pins
 from autoshard.passes.solve.ilp import solve
 from autoshard.passes.solve.problem import ShardingProblem
 from autoshard.passes.solve.strategy_graph import PolicyGroup, SGEdge, SGNode, StrategyGraph
 
-__all__ = ["pinned_choices", "slice_graph"]
+__all__ = ["pinned_choices", "slice_graph", "LazyHints"]
 
 
 def _kept(problem: ShardingProblem, graph: StrategyGraph, pins: Pins) -> Optional[list[list[int]]]:
@@ -79,3 +79,34 @@ def pinned_choices(problem: ShardingProblem, graph: StrategyGraph, hints: Sequen
         if result.choice is not None:
             choices.append([keep[j] for keep, j in zip(kept, result.choice)])
     return choices, work
+
+
+class LazyHints:
+    """Known plans' choices for ``ilp.solve(graph, hints=LazyHints(...))``, priced only when they can matter.
+
+    ``ilp.solve`` reads ``kept()`` first: per layout that holds here, the strategies its pins leave each
+    node of ``graph`` (``_kept``, no solver). When the LP relaxation's optimum is integral and confirmed
+    without CP-SAT, its reduced costs bound what every choice within those strategies can cost
+    (``ilp._hints_bound``); when that bound proves each layout's best costlier than the LP optimum, no
+    hint can be the warm start or the answer, and none is solved (Llama 3 405B's pipeline candidates: 12
+    of them, 3 layouts each). Otherwise ``load()`` solves them (``solve_hints()``: the choices and the
+    work they spent, which ``charge`` takes off the caller's budget before ``limit()`` gives the solve's
+    own work limit): the same choices, work and answer as solving them before the call. (A hint not
+    solved spends no work: the caller's later solves may get what it would have spent.)"""
+
+    def __init__(self, problem, graph: StrategyGraph, hints: Sequence[Pins], solve_hints: Callable,
+                 charge: Callable[[float], None], limit: Callable[[], float]):
+        self.problem, self.graph, self.hints = problem, graph, hints
+        self.solve_hints, self.charge, self.limit = solve_hints, charge, limit
+        self.loaded: Optional[list[list[int]]] = None
+
+    def kept(self) -> list[list[list[int]]]:
+        """Per layout that holds on the problem, the strategies it leaves each node of ``graph``."""
+        return [kept for kept in (_kept(self.problem, self.graph, pins) for pins in self.hints) if kept is not None]
+
+    def load(self) -> tuple[list[list[int]], float]:
+        """(the hints' choices, the solve's work limit once their work is charged)."""
+        if self.loaded is None:
+            self.loaded, work = self.solve_hints()
+            self.charge(work)
+        return self.loaded, self.limit()

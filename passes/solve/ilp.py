@@ -238,6 +238,9 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
         hint = greedy(reduced, "memory")
     if rounded is not None and fits(rounded):
         hint = rounded
+    if not isinstance(hints, (list, tuple)):  # ``hint_plans.LazyHints``: solved only if they can matter
+        hints, time_limit_s = _lazy_hints(hints, graph, reduced, ilp, expand, rounded, bound, integral, fits,
+                                          time_limit_s)
     shown = _best_hint(graph, hints, limit, objective)
     if shown is not None:
         index = {n.name: i for i, n in enumerate(graph.nodes)}
@@ -292,6 +295,58 @@ def solve(graph: StrategyGraph, *, objective: str = "cost", time_limit_s: float 
         result.status = "FEASIBLE" if result.status in ("OPTIMAL", "UNKNOWN", "GREEDY", "INFEASIBLE") else result.status
         result.stats["hint_kept"] = True
     return result
+
+
+def _lazy_hints(lazy, graph: StrategyGraph, reduced: StrategyGraph, ilp: ShardingILP, expand, rounded, bound,
+                integral: bool, fits, time_limit_s: float) -> tuple[Sequence[list[int]], float]:
+    """``lazy``'s hints and the work limit left after them, or none when they cannot change the answer:
+    the LP optimum ``rounded`` is integral, fits, is what ``_confirmed`` returns without CP-SAT, and every
+    hint costs more (``_hints_bound``), so none is the warm start or replaces the answer."""
+    if rounded is not None and fits(rounded) and _confirmed(ilp, rounded, rounded, bound, integral, False) is not None:
+        # a hint beats ``rounded`` only if its integer objective is within one unit per term of it (each
+        # term rounded by half a unit, in both), beyond GLOP's tolerance on the bound
+        slack = len(ilp.x) + len(ilp.edge_terms) + 1e-6 * abs(bound) + 1
+        if _hints_bound(ilp, graph, reduced, rounded, bound, lazy.kept()) > hint_objective(ilp, rounded) + slack:
+            return (), time_limit_s
+    return lazy.load()
+
+
+def _hints_bound(ilp: ShardingILP, graph: StrategyGraph, reduced: StrategyGraph, rounded: list[int], bound: float,
+                 kept: list[list[list[int]]]) -> float:
+    """A lower bound (objective units) on every choice of ``graph`` within one of the strategy sets ``kept``
+    (per layout, per node of ``graph``) that fits the memory row, from the integral LP optimum ``rounded``
+    of value ``bound`` and its reduced costs d: a feasible x costs at least ``bound + d.(x - x*)`` (the
+    equality rows cancel, the memory row's dual only adds), and x* is 0/1, so moving node i from
+    ``rounded[i]`` to s adds d[i, s] - d[i, rounded[i]] >= 0 and every other term is >= 0 too."""
+    costs = getattr(ilp, "lp_reduced_costs", None)
+    if not costs:
+        return -math.inf
+    index = {n.name: i for i, n in enumerate(graph.nodes)}
+    where = [index[n.name] for n in reduced.nodes]
+    least = math.inf
+    for sets in kept:
+        total = 0.0
+        for i, xs in enumerate(ilp.x):
+            keep = sets[where[i]]
+            r = rounded[i]
+            if r in keep:
+                continue
+            options = [costs[xs[s]] for s in keep if s in ilp.allowed[i]]
+            if not options:  # no finite-cost choice here: this layout has no plan to show
+                total = math.inf
+                break
+            total += min(options) - costs[xs[r]]
+        for e, evars in ilp.edge_terms if math.isfinite(total) else ():  # one pair of classes per edge, likewise
+            ps = {e.u_class[s] for s in sets[where[e.u]] if s in ilp.allowed[e.u]}
+            qs = {e.v_class[s] for s in sets[where[e.v]] if s in ilp.allowed[e.v]}
+            now = evars.get((e.u_class[rounded[e.u]], e.v_class[rounded[e.v]]))
+            if now is None or (e.u_class[rounded[e.u]] in ps and e.v_class[rounded[e.v]] in qs):
+                continue
+            options = [costs[k] for (p, q), k in evars.items() if p in ps and q in qs]
+            if options:
+                total += min(options) - costs[now]
+        least = min(least, total)
+    return bound + least
 
 
 def _model(graph: StrategyGraph, objective: str, cap: Optional[tuple[set, set, float]] = None) -> ShardingILP:

@@ -16,7 +16,7 @@ from autoshard.passes.mesh import Mesh
 from autoshard.passes.sharding.pins import Pins, PinError
 from autoshard.passes.solve.clustering import OUTPUT, block_instance, cluster_edges, graph_edges, module_path
 from autoshard.passes.solve.context import PlanContext
-from autoshard.passes.solve.hint_plans import pinned_choices
+from autoshard.passes.solve.hint_plans import LazyHints, pinned_choices
 from autoshard.passes.solve.ilp import solve
 from autoshard.passes.solve.lever_search import free_forms
 from autoshard.passes.solve.microbatch import MicrobatchCostModel, MicrobatchFacts, microbatch_strategies
@@ -122,10 +122,17 @@ def plan_submesh(captured: CapturedGraph, mesh: Mesh, ctx: PlanContext, spec: Ca
         hinted = []
         if hints:
             hint_s = min(_HINT_S, budget(0.1))
-            if ("hinted", hint_s) + key not in memo:
-                memo[("hinted", hint_s) + key] = pinned_choices(problem, graph, hints, time_limit_s=hint_s)
-            hinted, work = memo[("hinted", hint_s) + key]
-            left[0] -= work
+
+            def solve_hints(graph=graph, hint_s=hint_s, key=key):
+                if ("hinted", hint_s) + key not in memo:
+                    memo[("hinted", hint_s) + key] = pinned_choices(problem, graph, hints, time_limit_s=hint_s)
+                return memo[("hinted", hint_s) + key]
+
+            def charge(work):
+                left[0] -= work
+
+            # priced only when they can change the answer (``LazyHints``): as if solved first, else
+            hinted = LazyHints(problem, graph, hints, solve_hints, charge, lambda: budget(0.5))
         result = solve(graph, time_limit_s=budget(0.5), hints=hinted)
         spend(result)
         if result.choice is not None:
