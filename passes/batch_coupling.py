@@ -49,7 +49,7 @@ import torch.fx as fx
 
 from autoshard.passes.errors import BatchCouplingWarning
 from autoshard.passes.graph import META, MODULE, CapturedGraph
-from autoshard.passes.sharding.aliased_state_writes import state_writes
+from autoshard.passes.writes import state_writes
 
 __all__ = ["BatchCouplingWarning", "CoupledOp", "batch_coupled_ops", "describe_coupled"]
 

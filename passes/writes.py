@@ -1,5 +1,6 @@
 """Which operands an op writes in place: its schema's write annotations, plus the composite ops
-that update arguments in place without saying so (batch norm's running statistics in training).
+that update arguments in place without saying so (batch norm's running statistics in training);
+and which parameters or buffers a program writes, directly or through aliases (``state_writes``).
 
 The runtime's lowering gives such an op a private copy of a redistributed operand and moves the
 update back to the operand's own placement afterwards (``runtime/lower.py``, ``write_backs``); the
@@ -10,17 +11,19 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from autoshard.passes.graph import META
+from autoshard.passes.graph import META, CapturedGraph, operands
 from autoshard.passes.schema import bind_args, schema_of
 from autoshard.passes.spec import TensorMeta
 
-__all__ = ["written_operands"]
+aten = torch.ops.aten
+
+__all__ = ["written_operands", "aliases_first_operand", "state_writes", "ALIAS_OPS"]
 
 
 # Composite ops that update arguments in place without saying so in their schema (training mode).
 _IMPLICIT_WRITES = {
-    torch.ops.aten.batch_norm.default: (("running_mean", "running_var"), "training"),
-    torch.ops.aten.instance_norm.default: (("running_mean", "running_var"), "use_input_stats"),
+    aten.batch_norm.default: (("running_mean", "running_var"), "training"),
+    aten.instance_norm.default: (("running_mean", "running_var"), "use_input_stats"),
 }
 
 
@@ -63,3 +66,40 @@ def written_operands(node: fx.Node) -> list[int]:
     for k, v in node.kwargs.items():
         visit(v, k)
     return [i for i, top in enumerate(origin) if top in keys]
+
+
+#: Ops whose output aliases their first operand's storage (a write into the output is a write into it).
+ALIAS_OPS = frozenset({
+    aten.detach.default, aten.alias.default, aten.view.default, aten._unsafe_view.default, aten.reshape.default,
+    aten.flatten.using_ints, aten.unflatten.int, aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim,
+    aten.squeeze.dims, aten.slice.Tensor, aten.select.int, aten.transpose.int, aten.permute.default, aten.t.default,
+    aten.expand.default, aten.narrow.default, aten.view_as.default,
+})
+
+
+def state_writes(captured: CapturedGraph) -> list[tuple[fx.Node, str]]:
+    """(writing node, parameter or buffer placeholder name) for every in-place write of ``captured`` into a
+    parameter or buffer, directly or through a chain of aliases, in graph order."""
+    state = set(captured.params) | set(captured.buffers)
+    found = []
+    for node in captured.gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        ops = operands(node)
+        for i in written_operands(node):
+            src = ops[i].node
+            while isinstance(src, fx.Node) and src.op == "call_function" and src.args and aliases_first_operand(src):
+                src = src.args[0]
+            if isinstance(src, fx.Node) and src.op == "placeholder" and src.name in state:
+                found.append((node, src.name))
+    return found
+
+
+def aliases_first_operand(node: fx.Node) -> bool:
+    """Whether ``node``'s output is its first operand's storage: an alias op, or an in-place op that
+    returns what it wrote (``avg.detach().mul_(0.9).add_(x)``: ``add_`` writes through ``mul_``)."""
+    if node.target in ALIAS_OPS:
+        return True
+    schema = schema_of(node.target)
+    return (schema is not None and len(schema.returns) == 1 and schema.returns[0].alias_info is not None
+            and schema.returns[0].alias_info.is_write and 0 in written_operands(node))

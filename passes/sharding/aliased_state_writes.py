@@ -21,26 +21,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 import torch.fx as fx
 
 from autoshard.passes.graph import CapturedGraph, operands
-from autoshard.passes.schema import schema_of
 from autoshard.passes.sharding.pins import PinError
 from autoshard.passes.spec import Replicate
-from autoshard.passes.writes import written_operands
+from autoshard.passes.writes import aliases_first_operand, written_operands
 
-__all__ = ["AliasedWrites", "aliased_state_writes", "state_writes", "narrow_for_aliased_writes", "ALIAS_OPS"]
+__all__ = ["AliasedWrites", "aliased_state_writes", "narrow_for_aliased_writes"]
 
-aten = torch.ops.aten
 
-#: Ops whose output aliases their first operand's storage (a write into the output is a write into it).
-ALIAS_OPS = frozenset({
-    aten.detach.default, aten.alias.default, aten.view.default, aten._unsafe_view.default, aten.reshape.default,
-    aten.flatten.using_ints, aten.unflatten.int, aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim,
-    aten.squeeze.dims, aten.slice.Tensor, aten.select.int, aten.transpose.int, aten.permute.default, aten.t.default,
-    aten.expand.default, aten.narrow.default, aten.view_as.default,
-})
 
 
 @dataclass
@@ -71,7 +61,7 @@ def aliased_state_writes(captured: CapturedGraph) -> AliasedWrites:
         ops = operands(node)
         for i in written:
             chain, src = [], ops[i].node
-            while isinstance(src, fx.Node) and src.op == "call_function" and src.args and _aliases_first(src):
+            while isinstance(src, fx.Node) and src.op == "call_function" and src.args and aliases_first_operand(src):
                 chain.append(src.name)
                 src = src.args[0]
             if chain and isinstance(src, fx.Node) and src.op == "placeholder" and src.name in state:
@@ -80,34 +70,6 @@ def aliased_state_writes(captured: CapturedGraph) -> AliasedWrites:
                 found.writers.setdefault(node.name, set()).add(i)
                 found.why.setdefault(src.name, f"{node.name} ({node.target})")
     return found
-
-
-def state_writes(captured: CapturedGraph) -> list[tuple[fx.Node, str]]:
-    """(writing node, parameter or buffer placeholder name) for every in-place write of ``captured`` into a
-    parameter or buffer, directly or through a chain of aliases, in graph order."""
-    state = set(captured.params) | set(captured.buffers)
-    found = []
-    for node in captured.gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        ops = operands(node)
-        for i in written_operands(node):
-            src = ops[i].node
-            while isinstance(src, fx.Node) and src.op == "call_function" and src.args and _aliases_first(src):
-                src = src.args[0]
-            if isinstance(src, fx.Node) and src.op == "placeholder" and src.name in state:
-                found.append((node, src.name))
-    return found
-
-
-def _aliases_first(node: fx.Node) -> bool:
-    """Whether ``node``'s output is its first operand's storage: an alias op, or an in-place op that
-    returns what it wrote (``avg.detach().mul_(0.9).add_(x)``: ``add_`` writes through ``mul_``)."""
-    if node.target in ALIAS_OPS:
-        return True
-    schema = schema_of(node.target)
-    return (schema is not None and len(schema.returns) == 1 and schema.returns[0].alias_info is not None
-            and schema.returns[0].alias_info.is_write and 0 in written_operands(node))
 
 
 def _whole(placements) -> bool:
