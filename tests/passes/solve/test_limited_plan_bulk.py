@@ -7,10 +7,8 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 from ortools.linear_solver import linear_solver_pb2
 
-from autoshard.passes.capture.export import capture
 from autoshard.passes.cost.hardware_lookup import get_hardware
 from autoshard.passes.mesh import Mesh
 from autoshard.passes.solve import lever_search, planner
@@ -21,24 +19,8 @@ from autoshard.passes.solve.ilp_model import unit_variables
 from autoshard.passes.solve.lever_graph import node_cost_floor
 from autoshard.passes.solve.lever_pins import LeverPins
 from autoshard.passes.solve.lever_search import LeverSearch
-from autoshard.testing.models import GPT, lm_loss
 
 H100 = get_hardware("h100")
-
-
-@pytest.fixture(scope="module")
-def tiny_gpt():
-    with torch.device("meta"):
-        model = GPT(256, 64, 2, 4, 64, False)
-    ids = torch.empty(8, 64, dtype=torch.long, device="meta")
-    captured = capture(model, (ids,), loss_fn=lm_loss, target=ids)
-    free = _search(captured, H100.memory_bytes)
-    return captured, 0.55 * free.estimated_memory
-
-
-def _search(captured, limit):
-    ctx = PlanContext.of(H100, limit, "adamw", 30.0)
-    return planner._plan_within(LeverSearch(captured, Mesh.of((2, 2)), ctx, None, LeverPins(), False), ctx)
 
 
 def _decisions(sol) -> tuple:
@@ -46,7 +28,7 @@ def _decisions(sol) -> tuple:
             sol.solver_stats["accumulation_tried"])
 
 
-def test_a_count_its_nodes_floor_cuts_off_has_no_edge_priced(monkeypatch, tiny_gpt):
+def test_a_count_its_nodes_floor_cuts_off_has_no_edge_priced(monkeypatch, tiny_gpt, plan_within):
     """Under a binding limit the count of 2 microsteps is cut off by the floor of its nodes alone (edges
     only add seconds): no lever graph of that count is built, and the plan and the search's record are
     those of the search that builds the fastest policies' graph to read its floor."""
@@ -58,12 +40,12 @@ def test_a_count_its_nodes_floor_cuts_off_has_no_edge_priced(monkeypatch, tiny_g
         built.append(getattr(pricer.cm, "microbatches", 1))
         return build(problem, pricer, policies, memory_limit)
     monkeypatch.setattr(lever_search, "build_lever_graph", counted)
-    by_nodes = _search(captured, limit)
+    by_nodes = plan_within(captured, limit)
     assert by_nodes.solver_stats["accumulation_tried"]["2"].startswith("CUTOFF")  # the premise
     assert 2 not in built
     monkeypatch.setattr(planner, "node_cost_floor", lambda *a: 0.0)  # the nodes' floor decides nothing
     built.clear()
-    by_graph = _search(captured, limit)
+    by_graph = plan_within(captured, limit)
     assert 2 in built
     assert _decisions(by_nodes) == _decisions(by_graph)
 
@@ -126,7 +108,7 @@ def test_variables_as_wire_bytes_are_the_fields_set_one_by_one(n):
     assert by_bytes == by_fields and by_bytes.SerializeToString() == by_fields.SerializeToString()
 
 
-def test_each_answer_of_the_search_is_priced_once(monkeypatch, tiny_gpt):
+def test_each_answer_of_the_search_is_priced_once(monkeypatch, tiny_gpt, plan_within):
     """A policy combination's last answer was priced (its whole-step peak, ``evaluate``) by the peak retry
     that let it stand, and again when the search kept it as its best (a tiny Llama: 2 of 15 pricings, 0.03
     CPU s each); the search reuses the first pricing."""
@@ -138,6 +120,6 @@ def test_each_answer_of_the_search_is_priced_once(monkeypatch, tiny_gpt):
         seen.append((tuple(sorted((n, str(s)) for n, s in strategies.items())), str(kw.get("levers"))))
         return evaluate(captured_, mesh, strategies, ctx, **kw)
     monkeypatch.setattr(planner, "evaluate", counted)
-    plan = _search(captured, limit)
+    plan = plan_within(captured, limit)
     assert "OPTIMAL" in str(plan.solver_stats["accumulation_tried"])  # the premise: the search solved under the limit
     assert len(seen) > 2 and len(set(seen)) == len(seen)

@@ -8,47 +8,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from autoshard.passes.capture.export import capture
-from autoshard.passes.cost.hardware_lookup import get_hardware
-from autoshard.passes.mesh import Mesh
-from autoshard.passes.solve import planner, policy_solves
-from autoshard.passes.solve.context import PlanContext
-from autoshard.passes.solve.lever_pins import LeverPins
-from autoshard.passes.solve.lever_search import LeverSearch
+from autoshard.passes.solve import policy_solves
 from autoshard.passes.solve.lp_relaxation import LPRelaxation
-from autoshard.testing.models import GPT, lm_loss
-
-H100 = get_hardware("h100")
 
 
-@pytest.fixture(scope="module")
-def tiny_gpt():
-    with torch.device("meta"):
-        model = GPT(256, 64, 2, 4, 64, False)
-    ids = torch.empty(8, 64, dtype=torch.long, device="meta")
-    captured = capture(model, (ids,), loss_fn=lm_loss, target=ids)
-    free = _search(captured, H100.memory_bytes)
-    return captured, 0.55 * free.estimated_memory
-
-
-def _search(captured, limit):
-    ctx = PlanContext.of(H100, limit, "adamw", 30.0)
-    return planner._plan_within(LeverSearch(captured, Mesh.of((2, 2)), ctx, None, LeverPins(), False), ctx)
-
-
-def _first_solves(monkeypatch, captured, limit):
+def _first_solves(monkeypatch, plan_within, captured, limit):
     """The plan under ``limit`` and, per policy combination solved under it, its first solve's (whether
     its ILP's solver was another's, its LP bound in seconds)."""
-    return _recorded_plan(monkeypatch, lambda: _search(captured, limit))
+    return _recorded_plan(monkeypatch, lambda: plan_within(captured, limit))
 
 
-def test_each_policy_combination_after_the_first_restarts_from_the_last_ones_lp(monkeypatch, tiny_gpt):
+def test_each_policy_combination_after_the_first_restarts_from_the_last_ones_lp(monkeypatch, tiny_gpt, plan_within):
     captured, limit = tiny_gpt
     with monkeypatch.context() as m:
-        plan, shared = _first_solves(m, captured, limit)
+        plan, shared = _first_solves(m, plan_within, captured, limit)
     with monkeypatch.context() as m:
         m.setattr(LPRelaxation, "adopt_lp", lambda self, donor: False)
-        alone, cold = _first_solves(m, captured, limit)
+        alone, cold = _first_solves(m, plan_within, captured, limit)
     assert len(shared) == len(cold) >= 3  # the policy combinations of one microstep count, each solved
     assert [adopted for adopted, _ in shared] == [False] + [True] * (len(shared) - 1)  # one cold first LP
     assert not any(adopted for adopted, _ in cold)
